@@ -1,0 +1,1 @@
+"""Engine adapters and tensor backends. Nothing here imports from `gateway`."""

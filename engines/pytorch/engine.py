@@ -1,0 +1,81 @@
+"""The native PyTorch `StepEngine`: loader + paged model runner + sampler."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from engines.hf_tokenizer import HFTokenizer
+from engines.interface import StepEngine, Tokenizer
+from engines.pytorch.loader import load_hf, resolve_hf_folder
+from engines.pytorch.model_runner import PagedModelRunner
+from engines.pytorch.sampler import sample
+from engines.types import EngineInfo, SequenceStep, StepResult
+
+log = logging.getLogger("switchyard.engines.pytorch")
+
+
+class PyTorchEngine(StepEngine):
+    def __init__(
+        self,
+        source: Path,
+        *,
+        gguf_file: str | None = None,
+        dtype: str = "float32",
+        max_model_len: int | None = None,
+        block_size: int = 16,
+        kv_cache_tokens: int = 16384,
+        cache_dir: Path | None = None,
+    ) -> None:
+        folder = resolve_hf_folder(source, gguf_file, cache_dir)
+        model, hf_tok = load_hf(folder, dtype)
+        num_blocks = max(1, kv_cache_tokens // block_size)
+        self._runner = PagedModelRunner(model, num_blocks, block_size)
+        self._tokenizer = HFTokenizer(hf_tok)
+        config = model.config
+        eos = model.generation_config.eos_token_id if model.generation_config else None
+        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        if hf_tok.eos_token_id is not None and hf_tok.eos_token_id not in eos_ids:
+            eos_ids.append(hf_tok.eos_token_id)
+        native_len = getattr(config, "max_position_embeddings", None) or 2048
+        self._info = EngineInfo(
+            model_type=config.model_type,
+            dtype=dtype,
+            max_model_len=min(max_model_len or native_len, native_len, num_blocks * block_size),
+            vocab_size=config.vocab_size,
+            eos_token_ids=eos_ids,
+            block_size=block_size,
+            num_kv_blocks=num_blocks,
+            kv_bytes_per_token=self._runner.kv_bytes_per_token,
+        )
+        self._generators: dict[str, torch.Generator] = {}
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    def _generator(self, step: SequenceStep) -> torch.Generator:
+        gen = self._generators.get(step.seq_id)
+        if gen is None:
+            seed = step.sampling.seed if step.sampling.seed is not None else random.getrandbits(63)
+            gen = self._generators[step.seq_id] = torch.Generator().manual_seed(seed)
+        return gen
+
+    def execute(self, batch: Sequence[SequenceStep]) -> StepResult:
+        logits = self._runner.forward(batch)
+        sampling_steps = [s for s in batch if s.sample]
+        for step in sampling_steps:
+            if not step.sampling.greedy:
+                self._generator(step)
+        return sample(logits, sampling_steps, self._info.eos_token_ids, self._generators)
+
+    def release(self, seq_id: str) -> None:
+        self._generators.pop(seq_id, None)

@@ -1,0 +1,77 @@
+"""Per-request sampling over a batch of logits.
+
+Each row carries its own parameters. Seeded requests draw from their own `torch.Generator`, so a seed gives the
+same output whatever else is in the batch. Order of operations follows vLLM: penalties and logit bias on the raw
+logits, then logprobs (of the penalised distribution), then temperature, top-k, top-p, min-p, and the draw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engines.types import SequenceStep, StepResult, TokenLogprob
+
+
+def _apply_penalties(row: torch.Tensor, step: SequenceStep) -> None:
+    p = step.sampling
+    if p.repetition_penalty != 1.0 and step.history:
+        seen = torch.tensor(sorted(set(step.history)), dtype=torch.long)
+        vals = row[seen]
+        row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if (p.presence_penalty or p.frequency_penalty) and step.num_output_tokens:
+        out = torch.tensor(step.history[step.num_prompt_tokens :], dtype=torch.long)
+        counts = torch.bincount(out, minlength=row.shape[0])[: row.shape[0]].to(row.dtype)
+        row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+
+
+def _filter(row: torch.Tensor, step: SequenceStep) -> torch.Tensor:
+    p = step.sampling
+    row = row / p.temperature
+    if p.top_k and p.top_k < row.shape[0]:
+        kth = torch.topk(row, p.top_k).values[-1]
+        row = row.masked_fill(row < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_logits, order = torch.sort(row, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop = cum - torch.softmax(sorted_logits, dim=-1) >= p.top_p  # keep the smallest set reaching top_p
+        row = row.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
+    if p.min_p > 0.0:
+        probs = torch.softmax(row, dim=-1)
+        row = row.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
+    return row
+
+
+def sample(
+    logits: torch.Tensor,
+    steps: Sequence[SequenceStep],
+    eos_token_ids: Sequence[int],
+    generators: dict[str, torch.Generator],
+) -> StepResult:
+    """Pick one token per row of `logits` ([S, V] float32; row i belongs to `steps[i]`)."""
+    result = StepResult(token_ids={})
+    for i, step in enumerate(steps):
+        p = step.sampling
+        row = logits[i]
+        _apply_penalties(row, step)
+        for token, bias in p.logit_bias.items():
+            if 0 <= token < row.shape[0]:
+                row[token] += bias
+        if step.num_output_tokens < p.min_tokens:
+            banned = [t for t in [*eos_token_ids, *p.stop_token_ids] if 0 <= t < row.shape[0]]
+            row[banned] = float("-inf")
+        if p.greedy:
+            token = int(torch.argmax(row))
+        else:
+            probs = torch.softmax(_filter(row, step), dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=generators.get(step.seq_id)))
+        result.token_ids[step.seq_id] = token
+        if p.logprobs is not None:
+            logp = torch.log_softmax(row, dim=-1)
+            top = []
+            if p.logprobs > 0:
+                values, ids = torch.topk(logp, p.logprobs)
+                top = list(zip(ids.tolist(), values.tolist(), strict=True))
+            result.logprobs[step.seq_id] = TokenLogprob(token, float(logp[token]), top)
+    return result

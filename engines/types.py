@@ -1,0 +1,114 @@
+"""Plain data passed across the gateway/engine boundary.
+
+These are dataclasses, not pydantic models: they are built once per request or per step on the hot path,
+and they must stay free of any HTTP concern.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """How to pick each next token. Defaults mean "plain sampling at temperature 1"."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = disabled
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    logprobs: int | None = None  # None = no logprobs; k >= 0 = sampled token's logprob plus k alternatives
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class GenerationRequest:
+    """One sequence to generate. `n>1` is fanned out by the gateway into several of these."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    priority: int = 0  # lower value = served first (vLLM's convention)
+    session_id: str | None = None
+    arrival_time: float = 0.0
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class GenerationOutput:
+    """An incremental update for one request: the tokens and text produced since the previous update."""
+
+    request_id: str
+    new_token_ids: list[int]
+    text: str
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    error: str | None = None
+
+
+@dataclass
+class SequenceStep:
+    """One sequence's share of a model step.
+
+    The engine appends `token_ids` to the KV cache at positions `[start_pos, start_pos + len(token_ids))`,
+    using `block_table` (block ids from the scheduler's KV manager) to find the slots. When `sample` is true it
+    samples the next token from the last position's logits; a non-final chunk of a chunked prefill does not sample.
+    `history` is every token of the sequence so far (prompt + output), needed for penalties.
+    """
+
+    seq_id: str
+    token_ids: list[int]
+    start_pos: int
+    block_table: list[int]
+    sample: bool
+    sampling: SamplingParams
+    history: list[int]
+    num_prompt_tokens: int
+    num_output_tokens: int
+
+
+@dataclass
+class StepResult:
+    """What a model step produced, one entry per sequence that sampled."""
+
+    token_ids: dict[str, int]
+    logprobs: dict[str, TokenLogprob] = field(default_factory=dict)
+
+
+@dataclass
+class EngineInfo:
+    """Static facts the gateway needs to schedule and to describe the model."""
+
+    model_type: str
+    dtype: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    block_size: int = 16
+    num_kv_blocks: int = 0
+    kv_bytes_per_token: int = 0

@@ -1,0 +1,123 @@
+"""Builds the ASGI app: routes, error handlers in the protocols' shapes, and the model lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway import __version__
+from gateway.body_limit import BodyLimitMiddleware
+from gateway.config import ServerConfig
+from gateway.errors import (
+    InternalError,
+    InvalidRequestError,
+    MethodNotAllowedError,
+    NotFoundError,
+    ServiceUnavailableError,
+    SwitchyardError,
+)
+from gateway.openai.router import router as openai_router
+from gateway.repository.registry import ModelRegistry
+
+log = logging.getLogger("switchyard")
+
+MAX_ERROR_CHARS = 500
+
+
+def _error_response(request: Request, error: SwitchyardError) -> JSONResponse:
+    body = error.kserve_body() if request.url.path.startswith("/v2") else error.openai_body()
+    return JSONResponse(body, status_code=error.status, headers=error.headers)
+
+
+def _validation_error(exc: RequestValidationError) -> InvalidRequestError:
+    errors = exc.errors()
+    if not errors:
+        return InvalidRequestError("invalid request body")
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") in ("json_invalid", "json_type"):
+        return InvalidRequestError("the request body is not valid JSON")
+    if first.get("type") == "model_attributes_type" or not loc:
+        return InvalidRequestError("the request body must be a JSON object")
+    # pydantic reports union alternatives as extra path parts (e.g. "str", "list[str]"); keep the field path.
+    param = ".".join(p for p in loc if not any(c in p for c in "[]") and p not in ("str", "int", "float", "bool"))
+    message = str(first.get("msg", "invalid value"))[:200]
+    more = f" ({len(errors) - 1} more errors)" if len(errors) > 1 else ""
+    return InvalidRequestError(f"{param}: {message}{more}"[:MAX_ERROR_CHARS], param=param or None)
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(SwitchyardError)
+    async def _switchyard(request: Request, exc: SwitchyardError) -> JSONResponse:
+        return _error_response(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error_response(request, _validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            err: SwitchyardError = NotFoundError(f"no route for {request.method} {request.url.path[:200]}")
+        elif exc.status_code == 405:
+            err = MethodNotAllowedError(f"method {request.method} is not allowed on {request.url.path[:200]}")
+        else:
+            err = SwitchyardError(str(exc.detail)[:MAX_ERROR_CHARS])
+            err.status = exc.status_code
+            err.type = "invalid_request_error" if exc.status_code < 500 else "internal_error"
+        return _error_response(request, err)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return _error_response(request, InternalError("internal server error; see the server log"))
+
+
+def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> FastAPI:
+    """The app; its lifespan loads the repository (off the event loop) and starts each model's scheduler."""
+    registry = registry or ModelRegistry(config.model_repository, config.cache_dir)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loaded = await asyncio.to_thread(registry.load_all)
+        for model in loaded:
+            await model.scheduler.start()
+        app.state.ready = True
+        log.info(
+            "Switchyard %s serving %s on http://%s:%d/v1",
+            __version__, ", ".join(m.name for m in loaded), config.host, config.http_port,
+        )
+        try:
+            yield
+        finally:
+            app.state.ready = False
+            for model in registry.models():
+                await model.scheduler.stop()
+
+    app = FastAPI(title="Switchyard", version=__version__, lifespan=lifespan)
+    app.state.config = config
+    app.state.registry = registry
+    app.state.ready = False
+    add_error_handlers(app)
+    app.include_router(openai_router)
+
+    @app.get("/health")
+    async def health(request: Request) -> dict[str, Any]:
+        if not request.app.state.ready:
+            raise ServiceUnavailableError("models are loading", headers={"Retry-After": "5"})
+        return {"status": "ok"}
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
+
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    return app

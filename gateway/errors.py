@@ -1,0 +1,105 @@
+"""One error tree for the whole gateway.
+
+Every error carries its HTTP status and renders itself in the protocol's own shape: OpenAI's
+`{"error": {"message", "type", "param", "code"}}` on /v1 and KServe's `{"error": "..."}` on /v2. Messages are
+written for the user: they never contain stack traces, file system paths or secrets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SwitchyardError(Exception):
+    status: int = 500
+    type: str = "internal_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers = headers or {}
+
+    def openai_body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def kserve_body(self) -> dict[str, Any]:
+        return {"error": self.message}
+
+
+class InvalidRequestError(SwitchyardError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class ContextLengthExceededError(InvalidRequestError):
+    code = "context_length_exceeded"
+
+
+class AuthenticationError(SwitchyardError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFoundError(SwitchyardError):
+    status = 404
+    type = "not_found_error"
+
+
+class ModelNotFoundError(NotFoundError):
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model '{model}' does not exist or is not loaded.", param="model")
+
+
+class MethodNotAllowedError(SwitchyardError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class PayloadTooLargeError(SwitchyardError):
+    status = 413
+    type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class UnsupportedMediaTypeError(SwitchyardError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+class RateLimitError(SwitchyardError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class ServiceUnavailableError(SwitchyardError):
+    status = 503
+    type = "service_unavailable"
+    code = "service_unavailable"
+
+
+class InternalError(SwitchyardError):
+    status = 500
+    type = "internal_error"
+    code = "internal_error"
+
+
+class ConfigError(Exception):
+    """A configuration problem found at startup. The message names the file, the field and the fix."""

@@ -1,0 +1,104 @@
+"""POST /v1/completions: prompts as text or token ids, `echo`, `logprobs`, n choices per prompt."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gateway.errors import InvalidRequestError
+from gateway.openai.fanout import Choice, merged_stream
+from gateway.openai.protocol import CompletionRequest
+from gateway.openai.results import check_output, collect, completion_logprobs, new_id, now, usage
+from gateway.openai.sampling import resolve_max_tokens, to_sampling_params
+from gateway.repository.registry import LoadedModel
+
+MAX_PROMPTS = 256
+
+
+def _prompts(req: CompletionRequest, model: LoadedModel) -> list[list[int]]:
+    tokenizer = model.scheduler.tokenizer
+    vocab = model.scheduler.info.vocab_size
+    raw = req.prompt
+    if isinstance(raw, str):
+        items: list[str | list[int]] = [raw]
+    elif raw and all(isinstance(t, int) for t in raw):
+        items = [raw]  # type: ignore[list-item]
+    else:
+        items = list(raw)  # type: ignore[arg-type]
+    if not items:
+        raise InvalidRequestError("prompt must not be empty", param="prompt")
+    if len(items) > MAX_PROMPTS:
+        raise InvalidRequestError(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+    prompts = []
+    for item in items:
+        ids = tokenizer.encode(item) if isinstance(item, str) else list(item)
+        if not ids:
+            raise InvalidRequestError("prompt must not be empty", param="prompt")
+        if any(not 0 <= t < vocab for t in ids):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        prompts.append(ids)
+    return prompts
+
+
+async def completion(req: CompletionRequest, model: LoadedModel, force_usage: bool) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
+    if req.suffix:
+        raise InvalidRequestError("suffix is not supported by this model (no fill-in-the-middle)", param="suffix")
+    if req.best_of is not None and req.best_of != req.n:
+        raise InvalidRequestError("best_of different from n is not supported", param="best_of")
+    scheduler = model.scheduler
+    info = scheduler.info
+    prompts = _prompts(req, model)
+    choices = []
+    for p, prompt in enumerate(prompts):
+        max_tokens = resolve_max_tokens(req.max_tokens, len(prompt), info.max_model_len)
+        for i in range(req.n):
+            sampling = to_sampling_params(req, max_tokens, info.vocab_size, req.logprobs, p * req.n + i)
+            choices.append(Choice(p * req.n + i, prompt, sampling))
+    prompt_tokens = sum(len(p) for p in prompts)
+    tokenizer = scheduler.tokenizer
+    echo_text = [tokenizer.decode(p) if req.echo else "" for p in prompts]
+    stream = merged_stream(scheduler, choices, req.priority)
+    if req.stream:
+        include_usage = force_usage or bool(req.stream_options and req.stream_options.include_usage)
+        return _chunks(model, req, stream, echo_text, prompt_tokens, include_usage)
+
+    collected = await collect(stream)
+    out_choices = []
+    for index, c in sorted(collected.items()):
+        prefix = echo_text[index // req.n]
+        logprobs = completion_logprobs(tokenizer, c.logprobs, len(prefix)) if req.logprobs is not None else None
+        out_choices.append({"index": index, "text": prefix + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason})
+    return {
+        "id": new_id("cmpl"),
+        "object": "text_completion",
+        "created": now(),
+        "model": model.name,
+        "choices": out_choices,
+        "usage": usage(prompt_tokens, sum(c.completion_tokens for c in collected.values())),
+        "system_fingerprint": None,
+    }
+
+
+async def _chunks(model: LoadedModel, req: CompletionRequest, stream: AsyncIterator[Any], echo_text: list[str], prompt_tokens: int, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+    head = {"id": new_id("cmpl"), "object": "text_completion", "created": now(), "model": model.name}
+    tokenizer = model.scheduler.tokenizer
+    offsets = {i: len(echo_text[i // req.n]) for i in range(len(echo_text) * req.n)}
+    completion_tokens: dict[int, int] = {}
+
+    def chunk(index: int, text: str, finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
+
+    if req.echo:
+        for index in offsets:
+            yield chunk(index, echo_text[index // req.n])
+    async for index, out in stream:
+        check_output(out)
+        completion_tokens[index] = out.completion_tokens
+        lp = None
+        if req.logprobs is not None and out.logprobs:
+            lp = completion_logprobs(tokenizer, out.logprobs, offsets[index])
+        offsets[index] += len(out.text)
+        if out.text or lp or out.finished:
+            yield chunk(index, out.text, out.finish_reason if out.finished else None, lp)
+    if include_usage:
+        yield {**head, "choices": [], "usage": usage(prompt_tokens, sum(completion_tokens.values()))}

@@ -1,0 +1,59 @@
+"""Run one engine request per choice (prompts x n) and merge their update streams.
+
+Each choice is pumped by its own task into one queue, so choices interleave as they are produced. Closing the
+merged stream (client gone, error) cancels the pumps, which closes each engine stream and aborts its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from engines.types import GenerationOutput, GenerationRequest, SamplingParams
+from gateway.scheduler.llm_scheduler import LLMScheduler
+
+
+@dataclass
+class Choice:
+    index: int
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+
+
+async def merged_stream(
+    scheduler: LLMScheduler, choices: list[Choice], priority: int = 0, session_id: str | None = None
+) -> AsyncIterator[tuple[int, GenerationOutput]]:
+    base = uuid.uuid4().hex
+    requests = [
+        GenerationRequest(f"{base}-{c.index}", c.prompt_token_ids, c.sampling, priority, session_id) for c in choices
+    ]
+    if len(requests) == 1:
+        async for out in scheduler.generate(requests[0]):
+            yield choices[0].index, out
+        return
+
+    queue: asyncio.Queue[tuple[int, GenerationOutput] | BaseException] = asyncio.Queue()
+
+    async def pump(choice: Choice, request: GenerationRequest) -> None:
+        try:
+            async for out in scheduler.generate(request):
+                queue.put_nowait((choice.index, out))
+        except Exception as exc:  # surfaced to the consumer, which decides the response
+            queue.put_nowait(exc)
+
+    tasks = [asyncio.create_task(pump(c, r)) for c, r in zip(choices, requests, strict=True)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item[1].finished:
+                remaining -= 1
+            yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

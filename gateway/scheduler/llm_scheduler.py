@@ -1,0 +1,49 @@
+"""What the OpenAI and v2 frontends need from any LLM model, whatever engine serves it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from engines.interface import Tokenizer
+from engines.types import EngineInfo, GenerationOutput, GenerationRequest
+
+
+@dataclass
+class SchedulerStats:
+    """Scheduler state as data, for metrics and health."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+    preemptions: int = 0
+    steps: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+class LLMScheduler(ABC):
+    @property
+    @abstractmethod
+    def info(self) -> EngineInfo: ...
+
+    @property
+    @abstractmethod
+    def tokenizer(self) -> Tokenizer: ...
+
+    @abstractmethod
+    async def start(self) -> None: ...
+
+    @abstractmethod
+    async def stop(self) -> None: ...
+
+    @abstractmethod
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        """Queue `request` and stream its updates. Closing the iterator early aborts the request."""
+
+    @abstractmethod
+    def stats(self) -> SchedulerStats: ...

@@ -1,0 +1,280 @@
+"""Continuous batching for step engines, at iteration level (vLLM V1's scheduling model).
+
+Every step: running sequences get their next tokens first (one for a decode, a chunk for an unfinished prefill),
+then waiting sequences are admitted in (priority, arrival) order while the token budget, the sequence cap and
+the KV pool allow. When the pool runs dry, the most recently admitted running sequence is preempted: its blocks
+are freed and it is recomputed later from its prompt plus what it already generated. Requests are never failed
+for lack of KV space and the scheduler never waits on itself.
+
+All state is touched only on the event loop; the model step runs in one worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from engines.interface import StepEngine, Tokenizer
+from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SequenceStep, TokenLogprob
+from gateway.errors import RateLimitError, ServiceUnavailableError
+from gateway.kv_cache.manager import KVCacheManager
+from gateway.scheduler.llm_scheduler import LLMScheduler, SchedulerStats
+from gateway.scheduler.output_processor import OutputProcessor
+
+log = logging.getLogger("switchyard.scheduler")
+
+
+@dataclass
+class BatcherLimits:
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    max_queue_size: int = 1024
+
+
+@dataclass
+class _Sequence:
+    request: GenerationRequest
+    processor: OutputProcessor
+    queue: asyncio.Queue[GenerationOutput]
+    order: int
+    tokens: list[int] = field(default_factory=list)  # prompt + output
+    num_computed: int = 0  # tokens already in the KV cache
+    aborted: bool = False
+    finished: bool = False
+
+    @property
+    def seq_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    def sort_key(self) -> tuple[int, int]:
+        return (self.request.priority, self.order)
+
+
+class SequenceBatcher(LLMScheduler):
+    def __init__(self, engine: StepEngine, limits: BatcherLimits | None = None) -> None:
+        self._engine = engine
+        self._limits = limits or BatcherLimits()
+        info = engine.info
+        self._kv = KVCacheManager(info.num_kv_blocks, info.block_size)
+        self._waiting: list[_Sequence] = []
+        self._running: list[_Sequence] = []
+        self._by_id: dict[str, _Sequence] = {}
+        self._order = itertools.count()
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="switchyard-step")
+        self._task: asyncio.Task[None] | None = None
+        self._stats = SchedulerStats(kv_blocks_total=info.num_kv_blocks)
+        self._dead: str | None = None
+
+    # -- LLMScheduler -------------------------------------------------------------------------------------------
+    @property
+    def info(self) -> EngineInfo:
+        return self._engine.info
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._engine.tokenizer
+
+    async def start(self) -> None:
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.create_task(self._loop(), name="switchyard-sequence-batcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        for seq in [*self._running, *self._waiting]:
+            self._finish(seq, "abort", error="the model was unloaded")
+        self._executor.shutdown(wait=True)
+        self._engine.shutdown()
+
+    def stats(self) -> SchedulerStats:
+        self._stats.running = len(self._running)
+        self._stats.waiting = len(self._waiting)
+        self._stats.kv_blocks_used = self._kv.pool.num_used
+        return self._stats
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        seq = self._add(request)
+        try:
+            while True:
+                out = await seq.queue.get()
+                yield out
+                if out.finished:
+                    return
+        finally:
+            if not seq.finished:
+                seq.aborted = True
+                self._wakeup.set()
+
+    # -- admission ----------------------------------------------------------------------------------------------
+    def _add(self, request: GenerationRequest) -> _Sequence:
+        if self._dead is not None:
+            raise ServiceUnavailableError("the model's engine has stopped; try again later",
+                                          headers={"Retry-After": "5"})
+        if len(self._waiting) >= self._limits.max_queue_size:
+            raise RateLimitError("the model's queue is full; retry shortly", headers={"Retry-After": "1"})
+        if request.request_id in self._by_id:
+            raise ValueError(f"duplicate request id {request.request_id}")
+        info = self._engine.info
+        processor = OutputProcessor(self.tokenizer, request.prompt_token_ids, request.sampling, info.eos_token_ids)
+        seq = _Sequence(request, processor, asyncio.Queue(), next(self._order), list(request.prompt_token_ids))
+        if not request.arrival_time:
+            request.arrival_time = time.monotonic()
+        self._waiting.append(seq)
+        self._by_id[seq.seq_id] = seq
+        self._wakeup.set()
+        return seq
+
+    # -- the step loop ------------------------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._reap_aborted()
+            if not self._running and not self._waiting:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            batch = self._schedule()
+            if not batch:
+                # Nothing fits (e.g. a huge prompt waiting for blocks held by nobody): should not happen, since
+                # admission checks context length against the pool; back off instead of spinning.
+                await asyncio.sleep(0.01)
+                continue
+            steps = [step for _, step in batch]
+            try:
+                result = await loop.run_in_executor(self._executor, self._engine.execute, steps)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("model step failed; failing the %d sequences in it", len(batch))
+                for seq, _ in batch:
+                    self._finish(seq, "error", error="the model failed while generating; see the server log")
+                continue
+            self._stats.steps += 1
+            self._update(batch, result.token_ids, result.logprobs)
+
+    def _reap_aborted(self) -> None:
+        for seq in [s for s in (*self._running, *self._waiting) if s.aborted]:
+            self._finish(seq, "abort")
+
+    def _schedule(self) -> list[tuple[_Sequence, SequenceStep]]:
+        budget = self._limits.max_num_batched_tokens
+        scheduled: list[tuple[_Sequence, SequenceStep]] = []
+        running = sorted(self._running, key=_Sequence.sort_key)
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            n = min(len(seq.tokens) - seq.num_computed, budget)
+            while self._kv.allocate(seq.seq_id, seq.num_computed + n) is None:
+                victim = running.pop()  # lowest priority, latest arrival
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                scheduled.append((seq, self._step(seq, n)))
+                budget -= n
+                i += 1
+                continue
+            break
+        self._waiting.sort(key=_Sequence.sort_key)
+        while self._waiting and budget > 0 and len(self._running) < self._limits.max_num_seqs:
+            seq = self._waiting[0]
+            n = min(len(seq.tokens) - seq.num_computed, budget)
+            if self._kv.allocate(seq.seq_id, seq.num_computed + n) is None:
+                break
+            self._waiting.pop(0)
+            self._running.append(seq)
+            scheduled.append((seq, self._step(seq, n)))
+            budget -= n
+        return scheduled
+
+    def _step(self, seq: _Sequence, n: int) -> SequenceStep:
+        start = seq.num_computed
+        return SequenceStep(
+            seq_id=seq.seq_id,
+            token_ids=seq.tokens[start : start + n],
+            start_pos=start,
+            block_table=self._kv.block_table(seq.seq_id),
+            sample=start + n == len(seq.tokens),
+            sampling=seq.request.sampling,
+            history=seq.tokens,
+            num_prompt_tokens=seq.num_prompt,
+            num_output_tokens=len(seq.tokens) - seq.num_prompt,
+        )
+
+    def _preempt(self, seq: _Sequence) -> None:
+        log.debug("preempting %s (KV pool exhausted)", seq.seq_id)
+        self._kv.free(seq.seq_id)
+        seq.num_computed = 0
+        self._running.remove(seq)
+        self._waiting.insert(0, seq)
+        self._stats.preemptions += 1
+
+    def _update(
+        self,
+        batch: list[tuple[_Sequence, SequenceStep]],
+        tokens: dict[str, int],
+        logprobs: dict[str, TokenLogprob],
+    ) -> None:
+        max_len = self._engine.info.max_model_len
+        for seq, step in batch:
+            seq.num_computed += len(step.token_ids)
+            if seq.finished or seq.aborted or seq.seq_id not in tokens:
+                continue
+            token = tokens[seq.seq_id]
+            seq.tokens.append(token)
+            text = seq.processor.add_token(token, max_total_reached=len(seq.tokens) >= max_len)
+            reason = seq.processor.finish_reason
+            lp = logprobs.get(seq.seq_id)
+            out = GenerationOutput(
+                request_id=seq.seq_id,
+                new_token_ids=[token],
+                text=text,
+                finished=reason is not None,
+                finish_reason=reason,
+                prompt_tokens=seq.num_prompt,
+                completion_tokens=seq.processor.num_tokens,
+                logprobs=[lp] if lp else None,
+            )
+            seq.queue.put_nowait(out)
+            if reason is not None:
+                self._release(seq)
+
+    def _finish(self, seq: _Sequence, reason: str, error: str | None = None) -> None:
+        if not seq.finished:
+            seq.queue.put_nowait(
+                GenerationOutput(
+                    request_id=seq.seq_id,
+                    new_token_ids=[],
+                    text="",
+                    finished=True,
+                    finish_reason=reason,
+                    prompt_tokens=seq.num_prompt,
+                    completion_tokens=seq.processor.num_tokens,
+                    error=error,
+                )
+            )
+        self._release(seq)
+
+    def _release(self, seq: _Sequence) -> None:
+        seq.finished = True
+        self._kv.free(seq.seq_id)
+        if seq in self._running:
+            self._running.remove(seq)
+        if seq in self._waiting:
+            self._waiting.remove(seq)
+        self._by_id.pop(seq.seq_id, None)
+        self._engine.release(seq.seq_id)
