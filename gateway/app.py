@@ -10,7 +10,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, start_http_server
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import __version__
@@ -24,6 +25,7 @@ from gateway.errors import (
     ServiceUnavailableError,
     SwitchyardError,
 )
+from gateway.metrics import build_metrics_registry, render
 from gateway.openai.router import router as openai_router
 from gateway.repository.registry import ModelRegistry
 
@@ -90,6 +92,9 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
         loaded = await asyncio.to_thread(registry.load_all)
         for model in loaded:
             await model.scheduler.start()
+        metrics_server = None
+        if config.metrics_port:
+            metrics_server, _ = start_http_server(config.metrics_port, addr=config.host, registry=metrics_registry)
         app.state.ready = True
         log.info(
             "Switchyard %s serving %s on http://%s:%d/v1",
@@ -99,9 +104,12 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
             yield
         finally:
             app.state.ready = False
+            if metrics_server is not None:
+                metrics_server.shutdown()
             for model in registry.models():
                 await model.scheduler.stop()
 
+    metrics_registry = build_metrics_registry(registry)
     app = FastAPI(title="Switchyard", version=__version__, lifespan=lifespan)
     app.state.config = config
     app.state.registry = registry
@@ -110,10 +118,21 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     app.include_router(openai_router)
 
     @app.get("/health")
+    @app.get("/v2/health/ready")
     async def health(request: Request) -> dict[str, Any]:
+        """Ready: every model in the repository is loaded and serving."""
         if not request.app.state.ready:
             raise ServiceUnavailableError("models are loading", headers={"Retry-After": "5"})
         return {"status": "ok"}
+
+    @app.get("/v2/health/live")
+    async def live() -> dict[str, Any]:
+        """Live: the process answers (models may still be loading)."""
+        return {"status": "ok"}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(render(metrics_registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/version")
     async def version() -> dict[str, str]:

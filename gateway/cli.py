@@ -24,6 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="interface to listen on; 0.0.0.0 in containers (default: %(default)s)")
     serve.add_argument("--http-port", type=int, default=int(env("SWITCHYARD_HTTP_PORT", "8000")),
                        help="port for /v1, /v2, /health and /metrics (default: %(default)s)")
+    serve.add_argument("--grpc-port", type=int, default=int(env("SWITCHYARD_GRPC_PORT", "8001")),
+                       help="port for the KServe v2 gRPC service; 0 disables it (default: %(default)s)")
+    serve.add_argument("--metrics-port", type=int, default=int(env("SWITCHYARD_METRICS_PORT", "8002")),
+                       help="extra port serving only /metrics; 0 disables it (default: %(default)s)")
     serve.add_argument("--log-level", default=env("SWITCHYARD_LOG_LEVEL", "info"),
                        choices=["debug", "info", "warning", "error"], help="(default: %(default)s)")
     serve.add_argument("--cache-dir", type=Path, default=env("SWITCHYARD_CACHE_DIR"),
@@ -56,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
             model_repository=args.model_repository,
             host=args.host,
             http_port=args.http_port,
+            grpc_port=args.grpc_port,
+            metrics_port=args.metrics_port,
             log_level=args.log_level,
             cache_dir=args.cache_dir,
             max_body_bytes=args.max_body_bytes,

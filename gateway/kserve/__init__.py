@@ -1,0 +1,1 @@
+"""KServe v2 (Triton) protocol: wire codecs and, later, the HTTP and gRPC front ends."""

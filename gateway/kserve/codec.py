@@ -1,0 +1,511 @@
+"""KServe v2 tensors between the wire and numpy.
+
+One module decides what a v2 tensor looks like on the wire, so the HTTP and gRPC front
+ends cannot drift apart: JSON ``data`` lists, the binary tensor extension (a JSON header
+followed by raw blobs, its length in ``Inference-Header-Content-Length``) and gRPC's
+``raw_input_contents`` / ``raw_output_contents`` all go through here.
+
+Everything a client can get wrong raises :class:`TensorCodecError`, whose message is safe
+to return in a 400. Sizes a client claims are checked against the bytes actually received
+before anything is allocated from them.
+
+Arrays: fixed-size datatypes map to the numpy dtype of the same name (little-endian on the
+wire); BYTES is an object array of ``bytes``; BF16, which numpy lacks,
+is carried as float32 (rounded to nearest-even when written as binary). gRPC's typed
+``contents`` can be decoded with :func:`decode_json_tensor` (BYTES elements may be ``bytes``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+HEADER_LENGTH_HEADER = "Inference-Header-Content-Length"
+
+
+class TensorCodecError(ValueError):
+    """A tensor or infer request that cannot be decoded; the message is client-safe."""
+
+
+_FIXED: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    **{f"{sign}INT{bits}": np.dtype(f"{sign.lower()}int{bits}") for sign in ("U", "") for bits in (8, 16, 32, 64)},
+    **{f"FP{bits}": np.dtype(f"float{bits}") for bits in (16, 32, 64)},
+}
+#: Wire datatype -> numpy dtype of the decoded array.
+DATATYPES: Mapping[str, np.dtype] = {**_FIXED, "BF16": np.dtype(np.float32), "BYTES": np.dtype(object)}
+_WIRE_SIZE: dict[str, int] = {**{k: v.itemsize for k, v in _FIXED.items()}, "BF16": 2}
+_BY_DTYPE: dict[np.dtype, str] = {v: k for k, v in _FIXED.items()}
+_U32 = struct.Struct("<I")
+_MAX_NESTING = 64
+_MAX_DIM = 2**63 - 1
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    """repr() clipped, so an error never echoes a megabyte back to the client."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def numpy_dtype(datatype: Any) -> np.dtype:
+    """The numpy dtype used for a wire datatype (BYTES -> object, BF16 -> float32)."""
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        raise TensorCodecError(f"unknown datatype {_short(datatype)}")
+    return DATATYPES[datatype]
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """The wire datatype for a numpy array (str/bytes/object arrays are BYTES)."""
+    dtype = np.asarray(array).dtype
+    if dtype.kind in "OSU":
+        return "BYTES"
+    name = _BY_DTYPE.get(dtype.newbyteorder("="))
+    if name is None:
+        raise TensorCodecError(f"numpy dtype {dtype} has no KServe v2 datatype")
+    return name
+
+
+def parse_shape(shape: Any, label: str = "tensor") -> tuple[int, ...]:
+    """Validate a wire shape: a list of non-negative integers."""
+    if not isinstance(shape, (list, tuple)):
+        raise TensorCodecError(f"{label}: shape must be a list of integers")
+    for dim in shape:
+        if type(dim) is not int or dim < 0 or dim > _MAX_DIM:
+            raise TensorCodecError(f"{label}: shape dimensions must be non-negative integers, got {_short(dim)}")
+    return tuple(shape)
+
+
+def _reshape(flat: np.ndarray, shape: tuple[int, ...], label: str) -> np.ndarray:
+    try:
+        return flat.reshape(shape)
+    except ValueError:
+        raise TensorCodecError(f"{label}: shape {_short(list(shape))} is too large") from None
+
+
+def _count_error(label: str, shape: tuple[int, ...], datatype: str, got: str) -> TensorCodecError:
+    want = math.prod(shape)
+    return TensorCodecError(f"{label}: shape {_short(list(shape))} needs {want} {datatype} element(s), got {got}")
+
+
+@dataclass
+class InputTensor:
+    """A decoded request input."""
+    name: str
+    datatype: str
+    array: np.ndarray
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OutputTensor:
+    """A model output to encode; ``datatype`` defaults to the array's (set it for BF16)."""
+    name: str
+    array: np.ndarray
+    datatype: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- JSON tensors
+
+
+def _flatten(data: Any, label: str) -> list[Any]:
+    """Row-major flattening of nested lists, iterative so deep nesting cannot recurse."""
+    if not isinstance(data, list):
+        raise TensorCodecError(f"{label}: data must be a list")
+    if not any(isinstance(item, list) for item in data):
+        return data
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                if len(stack) >= _MAX_NESTING:
+                    raise TensorCodecError(f"{label}: data is nested too deeply")
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+def _values_to_array(flat: list[Any], datatype: str, label: str) -> np.ndarray:
+    """Typed 1-D array from JSON scalars, rejecting values the datatype cannot hold."""
+    types = set(map(type, flat))
+    dtype = DATATYPES[datatype]
+    if datatype == "BYTES":
+        if not types <= {str, bytes}:
+            raise TensorCodecError(f"{label}: BYTES data must be strings")
+        out = np.empty(len(flat), dtype=object)
+        try:
+            out[:] = [v.encode("utf-8") if isinstance(v, str) else v for v in flat]
+        except UnicodeEncodeError:
+            raise TensorCodecError(f"{label}: BYTES data is not valid UTF-8") from None
+        return out
+    if datatype == "BOOL":
+        if not types <= {bool}:
+            raise TensorCodecError(f"{label}: BOOL data must be true/false")
+        return np.array(flat, dtype=np.bool_)
+    if dtype.kind in "iu":
+        if not types <= {int}:
+            raise TensorCodecError(f"{label}: {datatype} data must be integers")
+        info = np.iinfo(dtype)
+        if flat and (min(flat) < info.min or max(flat) > info.max):
+            raise TensorCodecError(f"{label}: value out of range for {datatype}")
+        return np.array(flat, dtype=dtype)
+    if not types <= {int, float}:
+        raise TensorCodecError(f"{label}: {datatype} data must be numbers")
+    try:
+        wide = np.array(flat, dtype=np.float64)
+    except OverflowError:
+        raise TensorCodecError(f"{label}: value out of range for {datatype}") from None
+    if dtype != np.float64 and wide.size:
+        finite = wide[np.isfinite(wide)]
+        if finite.size and np.abs(finite).max() > np.finfo(dtype).max:
+            raise TensorCodecError(f"{label}: value out of range for {datatype}")
+    return wide.astype(dtype)
+
+
+def _tensor_header(tensor: Any, where: str) -> tuple[str, str, tuple[int, ...], dict[str, Any]]:
+    """Common checks on an input's name, datatype, shape and parameters."""
+    if not isinstance(tensor, Mapping):
+        raise TensorCodecError(f"{where} must be a JSON object")
+    name = tensor.get("name")
+    if not isinstance(name, str) or not name:
+        raise TensorCodecError(f"{where} needs a non-empty string 'name'")
+    datatype = tensor.get("datatype")
+    numpy_dtype(datatype)
+    if "shape" not in tensor:
+        raise TensorCodecError(f"input {_short(name)} has no 'shape'")
+    shape = parse_shape(tensor["shape"], f"input {_short(name)}")
+    params = tensor.get("parameters")
+    if params is None:
+        params = {}
+    elif not isinstance(params, Mapping):
+        raise TensorCodecError(f"input {_short(name)}: parameters must be a JSON object")
+    return name, datatype, shape, dict(params)
+
+
+def decode_json_tensor(tensor: Any) -> InputTensor:
+    """Decode ``{"name","datatype","shape","data","parameters"?}`` into an :class:`InputTensor`."""
+    name, datatype, shape, params = _tensor_header(tensor, "input")
+    if "data" not in tensor:
+        raise TensorCodecError(f"input {_short(name)} has no 'data'")
+    label = f"input {_short(name)}"
+    flat = _flatten(tensor["data"], label)
+    if len(flat) != math.prod(shape):
+        raise _count_error(label, shape, datatype, str(len(flat)))
+    array = _reshape(_values_to_array(flat, datatype, label), shape, label)
+    return InputTensor(name, datatype, array, params)
+
+
+def encode_json_tensor(
+    name: str, array: np.ndarray, datatype: str | None = None, parameters: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """A JSON output entry with flat row-major ``data`` (BYTES must be UTF-8 to fit JSON)."""
+    array = np.asarray(array)
+    datatype = datatype or datatype_of(array)
+    dtype = numpy_dtype(datatype)
+    if datatype == "BYTES":
+        try:
+            data: list[Any] = [_as_bytes(v).decode("utf-8") for v in array.ravel()]
+        except UnicodeDecodeError:
+            raise TensorCodecError(f"output {_short(name)} is not UTF-8; request it with binary_data") from None
+    else:
+        data = array.astype(dtype, copy=False).ravel().tolist()
+    entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+    if parameters:
+        entry["parameters"] = dict(parameters)
+    entry["data"] = data
+    return entry
+
+
+# ---------------------------------------------------------------- binary tensors
+
+
+def _split_bytes(view: memoryview, count: int, label: str) -> np.ndarray:
+    """BYTES elements from 4-byte little-endian length prefixes, each checked against what is left."""
+    total = len(view)
+    if count * 4 > total:
+        raise TensorCodecError(f"{label}: {total} bytes cannot hold {count} BYTES element(s)")
+    out = np.empty(count, dtype=object)
+    offset = 0
+    for i in range(count):
+        if total - offset < 4:
+            raise TensorCodecError(f"{label}: BYTES data ends before element {i}")
+        (length,) = _U32.unpack_from(view, offset)
+        offset += 4
+        if length > total - offset:
+            raise TensorCodecError(f"{label}: BYTES element {i} claims {length} bytes but only {total - offset} remain")
+        out[i] = bytes(view[offset : offset + length])
+        offset += length
+    if offset != total:
+        raise TensorCodecError(f"{label}: {total - offset} unexpected byte(s) after the BYTES elements")
+    return out
+
+
+def decode_binary_tensor(
+    datatype: Any, shape: Any, blob: bytes | bytearray | memoryview, label: str = "tensor"
+) -> np.ndarray:
+    """Decode one raw tensor (binary extension blob or gRPC raw content) into an array."""
+    numpy_dtype(datatype)
+    shape = parse_shape(shape, label)
+    view = memoryview(blob).cast("B")
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return _reshape(_split_bytes(view, count, label), shape, label)
+    size = count * _WIRE_SIZE[datatype]
+    if len(view) != size:
+        raise _count_error(label, shape, datatype, f"{len(view)} bytes instead of {size}")
+    if datatype == "BOOL":
+        flat = np.frombuffer(view, dtype=np.uint8) != 0
+    elif datatype == "BF16":
+        flat = (np.frombuffer(view, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    else:
+        dtype = _FIXED[datatype]
+        flat = np.frombuffer(view, dtype=dtype.newbyteorder("<")).astype(dtype)
+    return _reshape(flat, shape, label)
+
+
+def _as_bytes(item: Any) -> bytes:
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return bytes(item)
+    return str(item).encode("utf-8")
+
+
+def _to_bf16_bits(array: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns, rounding to nearest-even and keeping NaN a NaN."""
+    f32 = np.ascontiguousarray(array, dtype=np.float32)
+    bits = f32.view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    rounded[np.isnan(f32)] = 0x7FC0
+    return rounded.astype("<u2")
+
+
+def encode_binary_tensor(array: np.ndarray, datatype: str | None = None) -> bytes:
+    """Raw little-endian, row-major bytes for a tensor (BYTES: length-prefixed elements)."""
+    array = np.asarray(array)
+    datatype = datatype or datatype_of(array)
+    numpy_dtype(datatype)
+    if datatype == "BYTES":
+        parts: list[bytes] = []
+        for item in array.ravel():
+            data = _as_bytes(item)
+            if len(data) > 0xFFFFFFFF:
+                raise TensorCodecError("BYTES element longer than 4 GiB")
+            parts.append(_U32.pack(len(data)))
+            parts.append(data)
+        return b"".join(parts)
+    if datatype == "BF16":
+        return _to_bf16_bits(array).tobytes()
+    return np.ascontiguousarray(array, dtype=_FIXED[datatype].newbyteorder("<")).tobytes()
+
+
+# ---------------------------------------------------------------- HTTP infer requests / responses
+
+
+@dataclass
+class RequestedOutput:
+    """An entry of the request's ``outputs``; ``binary`` already folds in ``binary_data_output``."""
+    name: str
+    binary: bool
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class InferRequest:
+    """A decoded v2 infer request; ``outputs`` empty means "all outputs"."""
+    inputs: list[InputTensor]
+    outputs: list[RequestedOutput] = field(default_factory=list)
+    id: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    binary_data_output: bool = False
+
+    def wants_binary(self, output_name: str) -> bool:
+        """Whether this output goes in the binary section of the response."""
+        for out in self.outputs:
+            if out.name == output_name:
+                return out.binary
+        return self.binary_data_output
+
+
+def parse_header_length(value: Any, body_length: int) -> int | None:
+    """Validate ``Inference-Header-Content-Length`` (None when the header is absent)."""
+    if value is None:
+        return None
+    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,19}\s*", value):
+        value = int(value)
+    if type(value) is not int or value < 0:
+        raise TensorCodecError(f"{HEADER_LENGTH_HEADER} must be a non-negative integer")
+    if value > body_length:
+        raise TensorCodecError(f"{HEADER_LENGTH_HEADER} ({value}) is larger than the body ({body_length} bytes)")
+    return value
+
+
+def _bool_param(params: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
+    value = params.get(key, default)
+    if type(value) is not bool:
+        raise TensorCodecError(f"{where}: parameter {key!r} must be true or false")
+    return value
+
+
+def _parse_outputs(raw: Any, default_binary: bool) -> list[RequestedOutput]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise TensorCodecError("'outputs' must be a list")
+    outputs: list[RequestedOutput] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str) or not entry["name"]:
+            raise TensorCodecError(f"outputs[{i}] must be an object with a non-empty string 'name'")
+        name = entry["name"]
+        if name in seen:
+            raise TensorCodecError(f"output {_short(name)} is requested twice")
+        seen.add(name)
+        params = entry.get("parameters", {})
+        if not isinstance(params, Mapping):
+            raise TensorCodecError(f"output {_short(name)}: parameters must be a JSON object")
+        binary = _bool_param(params, "binary_data", default_binary, f"output {_short(name)}")
+        outputs.append(RequestedOutput(name, binary, dict(params)))
+    return outputs
+
+
+def parse_infer_request(body: bytes, header_length: Any = None) -> InferRequest:
+    """Decode a v2 infer request body: plain JSON, or JSON header + binary blobs when
+    ``header_length`` (the ``Inference-Header-Content-Length`` value) is given."""
+    view = memoryview(body).cast("B")
+    length = parse_header_length(header_length, len(view))
+    head = view if length is None else view[:length]
+    try:
+        doc = json.loads(bytes(head))
+    except (ValueError, RecursionError):
+        raise TensorCodecError("request body is not valid JSON") from None
+    if not isinstance(doc, dict):
+        raise TensorCodecError("request body must be a JSON object")
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise TensorCodecError("'id' must be a string")
+    params = doc.get("parameters", {})
+    if not isinstance(params, dict):
+        raise TensorCodecError("'parameters' must be a JSON object")
+    binary_output = _bool_param(params, "binary_data_output", False, "request")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list):
+        raise TensorCodecError("request needs an 'inputs' list")
+
+    blobs = view[len(view) if length is None else length :]
+    offset = 0
+    inputs: list[InputTensor] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_inputs):
+        name, datatype, shape, tparams = _tensor_header(raw, f"inputs[{i}]")
+        label = f"input {_short(name)}"
+        if name in seen:
+            raise TensorCodecError(f"{label} is given twice")
+        seen.add(name)
+        if "shared_memory_region" in tparams:
+            raise TensorCodecError(f"{label}: shared-memory inputs are not supported")
+        size = tparams.get("binary_data_size")
+        if size is None:
+            inputs.append(decode_json_tensor(raw))
+            continue
+        if length is None:
+            raise TensorCodecError(f"{label} has binary_data_size but no {HEADER_LENGTH_HEADER} was sent")
+        if type(size) is not int or size < 0:
+            raise TensorCodecError(f"{label}: binary_data_size must be a non-negative integer")
+        if "data" in raw:
+            raise TensorCodecError(f"{label} has both 'data' and binary_data_size")
+        if size > len(blobs) - offset:
+            left = len(blobs) - offset
+            raise TensorCodecError(f"{label}: binary_data_size {size} is larger than the {left} byte(s) left")
+        array = decode_binary_tensor(datatype, shape, blobs[offset : offset + size], label)
+        offset += size
+        inputs.append(InputTensor(name, datatype, array, tparams))
+    if offset != len(blobs):
+        raise TensorCodecError(f"request body has {len(blobs) - offset} byte(s) not claimed by any input")
+    return InferRequest(
+        inputs=inputs,
+        outputs=_parse_outputs(doc.get("outputs"), binary_output),
+        id=request_id,
+        parameters=dict(params),
+        binary_data_output=binary_output,
+    )
+
+
+def build_infer_response(
+    model_name: str,
+    outputs: Sequence[OutputTensor],
+    *,
+    request: InferRequest | None = None,
+    model_version: str | None = None,
+    request_id: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+) -> tuple[bytes, int | None]:
+    """Encode a v2 infer response. Outputs the request asked for as binary go after the JSON
+    header; returns ``(body, header_length)``, header_length None when the body is plain JSON
+    (otherwise send it as ``Inference-Header-Content-Length``)."""
+    doc: dict[str, Any] = {"model_name": model_name}
+    if model_version is not None:
+        doc["model_version"] = str(model_version)
+    rid = request_id if request_id is not None else (request.id if request is not None else None)
+    if rid:
+        doc["id"] = rid
+    if parameters:
+        doc["parameters"] = dict(parameters)
+    entries: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for out in outputs:
+        array = np.asarray(out.array)
+        datatype = out.datatype or datatype_of(array)
+        if request is not None and request.wants_binary(out.name):
+            blob = encode_binary_tensor(array, datatype)
+            blobs.append(blob)
+            params = {**out.parameters, "binary_data_size": len(blob)}
+            entries.append({"name": out.name, "datatype": datatype, "shape": list(array.shape), "parameters": params})
+        else:
+            entries.append(encode_json_tensor(out.name, array, datatype, out.parameters))
+    doc["outputs"] = entries
+    head = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    if not blobs:
+        return head, None
+    return b"".join([head, *blobs]), len(head)
+
+
+# ---------------------------------------------------------------- gRPC raw contents
+
+
+def decode_raw_input_contents(inputs: Sequence[Any], raw_contents: Sequence[bytes]) -> list[InputTensor]:
+    """Decode gRPC ``raw_input_contents``: ``inputs`` are ``{"name","datatype","shape","parameters"?}``
+    mappings (one per ModelInferRequest input), ``raw_contents[i]`` belongs to ``inputs[i]``."""
+    if len(raw_contents) != len(inputs):
+        raise TensorCodecError(f"raw_input_contents has {len(raw_contents)} entries for {len(inputs)} inputs")
+    decoded: list[InputTensor] = []
+    seen: set[str] = set()
+    for i, (spec, blob) in enumerate(zip(inputs, raw_contents)):
+        name, datatype, shape, params = _tensor_header(spec, f"inputs[{i}]")
+        if name in seen:
+                raise TensorCodecError(f"input {_short(name)} is given twice")
+        seen.add(name)
+        array = decode_binary_tensor(datatype, shape, blob, f"input {_short(name)}")
+        decoded.append(InputTensor(name, datatype, array, params))
+    return decoded
+
+
+def encode_raw_output_contents(outputs: Sequence[OutputTensor]) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """gRPC response pieces: per-output ``{"name","datatype","shape"}`` metadata and the matching
+    ``raw_output_contents`` blobs, in the same order."""
+    metadata: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for out in outputs:
+        array = np.asarray(out.array)
+        datatype = out.datatype or datatype_of(array)
+        metadata.append({"name": out.name, "datatype": datatype, "shape": list(array.shape)})
+        blobs.append(encode_binary_tensor(array, datatype))
+    return metadata, blobs

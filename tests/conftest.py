@@ -1,0 +1,75 @@
+"""Shared fixtures: a real Switchyard server in a subprocess, serving the default repository."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, repository: Path, *extra: str, startup_timeout: float = 600.0) -> None:
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"switchyard-test-{self.port}.log"
+        self._log = self.log_path.open("w")
+        cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(repository),
+               "--host", "127.0.0.1", "--http-port", str(self.port),
+               "--metrics-port", str(self.metrics_port), "--grpc-port", "0", *extra]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"server did not become ready:\n{self.log()}")
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()[-5000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[ServerProcess]:
+    proc = ServerProcess(ROOT / "model_repository")
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def base_url(server: ServerProcess) -> str:
+    return server.base_url
