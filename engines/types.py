@@ -7,6 +7,10 @@ and they must stay free of any HTTP concern.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engines.interface import TokenConstraint
 
 
 @dataclass
@@ -30,6 +34,8 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None  # None = no logprobs; k >= 0 = sampled token's logprob plus k alternatives
+    # Guided decoding (JSON schema, grammar, forced tool call): stateful, so one object per sequence.
+    constraint: TokenConstraint | None = None
 
     @property
     def greedy(self) -> bool:

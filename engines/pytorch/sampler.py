@@ -61,6 +61,10 @@ def sample(
         if step.num_output_tokens < p.min_tokens:
             banned = [t for t in [*eos_token_ids, *p.stop_token_ids] if 0 <= t < row.shape[0]]
             row[banned] = float("-inf")
+        if p.constraint is not None:
+            allowed = p.constraint.allowed_mask(row.shape[0])
+            if allowed is not None:
+                row.masked_fill_(~allowed, float("-inf"))
         if p.greedy:
             token = int(torch.argmax(row))
         else:

@@ -236,6 +236,8 @@ class SequenceBatcher(LLMScheduler):
                 continue
             token = tokens[seq.seq_id]
             seq.tokens.append(token)
+            if seq.request.sampling.constraint is not None:
+                seq.request.sampling.constraint.accept(token)
             text = seq.processor.add_token(token, max_total_reached=len(seq.tokens) >= max_len)
             reason = seq.processor.finish_reason
             lp = logprobs.get(seq.seq_id)
