@@ -27,6 +27,7 @@ from gateway.errors import (
 )
 from gateway.metrics import build_metrics_registry, render
 from gateway.openai.router import router as openai_router
+from gateway.openai.sessions import router as sessions_router
 from gateway.repository.registry import ModelRegistry
 
 log = logging.getLogger("switchyard")
@@ -116,6 +117,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     app.state.ready = False
     add_error_handlers(app)
     app.include_router(openai_router)
+    app.include_router(sessions_router)
 
     @app.get("/health")
     @app.get("/v2/health/ready")

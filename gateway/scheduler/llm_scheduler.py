@@ -20,6 +20,10 @@ class SchedulerStats:
     kv_blocks_used: int = 0
     preemptions: int = 0
     steps: int = 0
+    prefix_cache_queried_tokens: int = 0
+    prefix_cache_hit_tokens: int = 0
+    sessions: int = 0
+    session_pinned_blocks: int = 0
 
     @property
     def kv_usage(self) -> float:
@@ -47,3 +51,7 @@ class LLMScheduler(ABC):
 
     @abstractmethod
     def stats(self) -> SchedulerStats: ...
+
+    def delete_session(self, session_id: str) -> bool:
+        """End a stateful KV session; False if this model holds no such session."""
+        return False

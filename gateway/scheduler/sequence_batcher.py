@@ -23,6 +23,7 @@ from engines.interface import StepEngine, Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SequenceStep, TokenLogprob
 from gateway.errors import RateLimitError, ServiceUnavailableError
 from gateway.kv_cache.manager import KVCacheManager
+from gateway.kv_cache.sessions import SessionStore
 from gateway.scheduler.llm_scheduler import LLMScheduler, SchedulerStats
 from gateway.scheduler.output_processor import OutputProcessor
 
@@ -34,6 +35,10 @@ class BatcherLimits:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
     max_queue_size: int = 1024
+    enable_prefix_caching: bool = True
+    aging_seconds: float = 30.0  # a request waiting longer than this is admitted ahead of every priority
+    session_ttl_seconds: float = 600.0
+    session_max_tokens: int | None = None  # pinned-session cap; default a quarter of the KV pool
 
 
 @dataclass
@@ -46,6 +51,7 @@ class _Sequence:
     num_computed: int = 0  # tokens already in the KV cache
     aborted: bool = False
     finished: bool = False
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
 
     @property
     def seq_id(self) -> str:
@@ -55,8 +61,9 @@ class _Sequence:
     def num_prompt(self) -> int:
         return len(self.request.prompt_token_ids)
 
-    def sort_key(self) -> tuple[int, int]:
-        return (self.request.priority, self.order)
+    def sort_key(self, now: float = 0.0, aging_seconds: float = float("inf")) -> tuple[float, int]:
+        starving = now - self.request.arrival_time > aging_seconds
+        return (float("-inf") if starving else self.request.priority, self.order)
 
 
 class SequenceBatcher(LLMScheduler):
@@ -64,7 +71,11 @@ class SequenceBatcher(LLMScheduler):
         self._engine = engine
         self._limits = limits or BatcherLimits()
         info = engine.info
-        self._kv = KVCacheManager(info.num_kv_blocks, info.block_size)
+        self._kv = KVCacheManager(info.num_kv_blocks, info.block_size, self._limits.enable_prefix_caching)
+        max_session_tokens = self._limits.session_max_tokens or info.num_kv_blocks * info.block_size // 4
+        self._sessions = SessionStore(
+            self._kv.pool, self._limits.session_ttl_seconds, max(0, max_session_tokens // info.block_size)
+        )
         self._waiting: list[_Sequence] = []
         self._running: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
@@ -104,7 +115,14 @@ class SequenceBatcher(LLMScheduler):
         self._stats.running = len(self._running)
         self._stats.waiting = len(self._waiting)
         self._stats.kv_blocks_used = self._kv.pool.num_used
+        self._stats.prefix_cache_queried_tokens = self._kv.prefix_stats.queried_tokens
+        self._stats.prefix_cache_hit_tokens = self._kv.prefix_stats.hit_tokens
+        self._stats.sessions = len(self._sessions)
+        self._stats.session_pinned_blocks = self._sessions.pinned_blocks
         return self._stats
+
+    def delete_session(self, session_id: str) -> bool:
+        return self._sessions.release(session_id)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         seq = self._add(request)
@@ -143,9 +161,13 @@ class SequenceBatcher(LLMScheduler):
         loop = asyncio.get_running_loop()
         while True:
             self._reap_aborted()
+            self._sessions.expire()
             if not self._running and not self._waiting:
                 self._wakeup.clear()
-                await self._wakeup.wait()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), timeout=1.0)
+                except TimeoutError:
+                    pass
                 continue
             batch = self._schedule()
             if not batch:
@@ -173,7 +195,9 @@ class SequenceBatcher(LLMScheduler):
     def _schedule(self) -> list[tuple[_Sequence, SequenceStep]]:
         budget = self._limits.max_num_batched_tokens
         scheduled: list[tuple[_Sequence, SequenceStep]] = []
-        running = sorted(self._running, key=_Sequence.sort_key)
+        now = time.monotonic()
+        aging = self._limits.aging_seconds
+        running = sorted(self._running, key=lambda s: s.sort_key(now, aging))
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
@@ -189,16 +213,29 @@ class SequenceBatcher(LLMScheduler):
                 i += 1
                 continue
             break
-        self._waiting.sort(key=_Sequence.sort_key)
+        self._waiting.sort(key=lambda s: s.sort_key(now, aging))
         while self._waiting and budget > 0 and len(self._running) < self._limits.max_num_seqs:
             seq = self._waiting[0]
+            if seq.num_computed == 0:
+                seq.num_computed = self._kv.admit(seq.seq_id, seq.tokens)
+                if seq.request.session_id:
+                    self._sessions.touch(seq.request.session_id)
+                if not seq.processor.num_tokens:
+                    seq.cached_tokens = seq.num_computed
             n = min(len(seq.tokens) - seq.num_computed, budget)
-            if self._kv.allocate(seq.seq_id, seq.num_computed + n) is None:
-                break
-            self._waiting.pop(0)
-            self._running.append(seq)
-            scheduled.append((seq, self._step(seq, n)))
-            budget -= n
+            while self._kv.allocate(seq.seq_id, seq.num_computed + n) is None:
+                # Pinned sessions yield to live requests when nothing else would free blocks.
+                if self._running or scheduled or not self._sessions.evict_lru():
+                    break
+            else:
+                self._waiting.pop(0)
+                self._running.append(seq)
+                scheduled.append((seq, self._step(seq, n)))
+                budget -= n
+                continue
+            self._kv.free(seq.seq_id)  # drop prefix-cache references taken by admit; retry next step
+            seq.num_computed = 0
+            break
         return scheduled
 
     def _step(self, seq: _Sequence, n: int) -> SequenceStep:
@@ -232,6 +269,7 @@ class SequenceBatcher(LLMScheduler):
         max_len = self._engine.info.max_model_len
         for seq, step in batch:
             seq.num_computed += len(step.token_ids)
+            self._kv.commit(seq.seq_id, seq.tokens, seq.num_computed)
             if seq.finished or seq.aborted or seq.seq_id not in tokens:
                 continue
             token = tokens[seq.seq_id]
@@ -249,6 +287,7 @@ class SequenceBatcher(LLMScheduler):
                 finish_reason=reason,
                 prompt_tokens=seq.num_prompt,
                 completion_tokens=seq.processor.num_tokens,
+                cached_prompt_tokens=seq.cached_tokens,
                 logprobs=[lp] if lp else None,
             )
             seq.queue.put_nowait(out)
@@ -273,6 +312,8 @@ class SequenceBatcher(LLMScheduler):
 
     def _release(self, seq: _Sequence) -> None:
         seq.finished = True
+        if seq.request.session_id and not seq.aborted:
+            self._sessions.pin(seq.request.session_id, self._kv.cached_blocks(seq.seq_id))
         self._kv.free(seq.seq_id)
         if seq in self._running:
             self._running.remove(seq)

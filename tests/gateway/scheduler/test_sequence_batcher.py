@@ -188,3 +188,97 @@ async def test_engine_failure_fails_only_that_step() -> None:
         assert batcher.stats().kv_blocks_used == 0
     finally:
         await batcher.stop()
+
+
+def _prefill_tokens(engine: CountingEngine, seq_id: str) -> int:
+    return sum(len(s.token_ids) for step in engine.steps for s in step if s.seq_id == seq_id and s.num_output_tokens == 0)
+
+
+async def test_prefix_cache_reuses_full_blocks(setup) -> None:
+    engine, batcher = setup
+    prompt = "abcdefghijklmnopq"  # 17 tokens: 4 full blocks of 4
+    assert (await drain(batcher, req("a", prompt, max_tokens=2)))[0] == "rs"
+    assert (await drain(batcher, req("b", prompt, max_tokens=2)))[0] == "rs"
+    assert _prefill_tokens(engine, "a") == 17
+    assert _prefill_tokens(engine, "b") == 1  # 16 cached tokens, only the last one is computed
+    stats = batcher.stats()
+    assert stats.prefix_cache_hit_tokens == 16 and stats.prefix_cache_queried_tokens == 34
+    # a different prefix shares nothing
+    await drain(batcher, req("c", "x" + prompt[1:], max_tokens=1))
+    assert _prefill_tokens(engine, "c") == 17
+
+
+async def test_full_prompt_hit_still_recomputes_last_token(setup) -> None:
+    engine, batcher = setup
+    await drain(batcher, req("a", "abcdefgh", max_tokens=1))
+    await drain(batcher, req("b", "abcdefgh", max_tokens=1))
+    assert _prefill_tokens(engine, "b") == 4  # (8 - 1) // 4 = 1 block reused; the rest is computed
+
+
+async def test_session_keeps_conversation_warm_and_can_be_deleted() -> None:
+    engine = CountingEngine(num_blocks=16, block_size=4)
+    batcher = SequenceBatcher(engine, BatcherLimits(max_num_batched_tokens=64, session_max_tokens=32))
+    await batcher.start()
+    try:
+        turn1 = req("t1", "abcdefghij", max_tokens=6)
+        turn1.session_id = "s1"
+        text, _, _ = await drain(batcher, turn1)
+        assert batcher.stats().sessions == 1
+        # 10 prompt + 6 output tokens, the last one not yet in the cache: 15 computed = 3 full blocks
+        assert batcher.stats().session_pinned_blocks == 3
+        # filler traffic that would otherwise evict the unreferenced blocks
+        for i in range(6):
+            await drain(batcher, req(f"f{i}", "zyxwvutsrqponm"[i:] + "ab", max_tokens=4))
+        turn2 = req("t2", "abcdefghij" + text + "kk", max_tokens=1)
+        turn2.session_id = "s1"
+        await drain(batcher, turn2)
+        assert _prefill_tokens(engine, "t2") == len("abcdefghij" + text + "kk") - 12
+        assert batcher.delete_session("s1") is True
+        assert batcher.delete_session("s1") is False
+        assert batcher.stats().session_pinned_blocks == 0
+    finally:
+        await batcher.stop()
+
+
+async def test_sessions_expire_and_respect_memory_cap() -> None:
+    engine = CountingEngine(num_blocks=16, block_size=4)
+    batcher = SequenceBatcher(engine, BatcherLimits(max_num_batched_tokens=64, session_max_tokens=12, session_ttl_seconds=0.2))
+    await batcher.start()
+    try:
+        for sid in ("s1", "s2"):
+            r = req(sid, "abcdefghijkl", max_tokens=1)
+            r.session_id = sid
+            await drain(batcher, r)
+        stats = batcher.stats()
+        assert stats.sessions == 1 and stats.session_pinned_blocks == 3  # cap of 12 tokens = 3 blocks: s1 evicted
+        await asyncio.sleep(1.5)  # idle loop expires sessions about once a second
+        assert batcher.stats().sessions == 0
+    finally:
+        await batcher.stop()
+
+
+async def test_pinned_sessions_yield_when_pool_is_needed() -> None:
+    engine = CountingEngine(num_blocks=4, block_size=4)
+    batcher = SequenceBatcher(engine, BatcherLimits(max_num_batched_tokens=64, session_max_tokens=16))
+    await batcher.start()
+    try:
+        r = req("a", "abcdefghijklm", max_tokens=1)
+        r.session_id = "s"
+        await drain(batcher, r)
+        assert batcher.stats().session_pinned_blocks == 3
+        # needs all 4 blocks with different content: the session must give way, not deadlock
+        assert (await asyncio.wait_for(drain(batcher, req("b", "mlkjihgfedcb", max_tokens=4)), 5))[1] == "length"
+    finally:
+        await batcher.stop()
+
+
+async def test_starving_request_is_admitted_ahead_of_higher_priority() -> None:
+    engine = CountingEngine()
+    batcher = SequenceBatcher(engine, BatcherLimits(max_num_seqs=1, max_num_batched_tokens=64))
+    # not started: queue both, then age the low-priority one and schedule by hand
+    low = batcher._add(req("low", "a", priority=9))
+    high = batcher._add(req("high", "a", priority=-9))
+    low.request.arrival_time -= 3600  # low has waited an hour, high just arrived
+    batcher._limits.aging_seconds = 1800
+    scheduled = batcher._schedule()
+    assert [s.seq_id for s, _ in scheduled] == ["low"]

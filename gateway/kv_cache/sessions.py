@@ -1,0 +1,77 @@
+"""Stateful KV sessions: a conversation's KV blocks stay pinned between turns.
+
+When a turn of session S finishes, its full blocks are pinned (one extra reference each), replacing the
+previous turn's pins. The next turn re-renders the whole conversation, and prefix caching finds the pinned blocks,
+so only the new tokens are prefilled. Pins end on TTL, on `DELETE /v1/sessions/{id}`, when pinned memory goes
+over its cap (least recently used session first), or when the pool is needed to admit a request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from gateway.kv_cache.block_pool import BlockPool
+
+
+@dataclass
+class _Session:
+    blocks: list[int]
+    last_used: float
+
+
+class SessionStore:
+    def __init__(self, pool: BlockPool, ttl_seconds: float, max_pinned_blocks: int) -> None:
+        self._pool = pool
+        self.ttl_seconds = ttl_seconds
+        self.max_pinned_blocks = max_pinned_blocks
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
+        self._pinned = 0
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._sessions
+
+    @property
+    def pinned_blocks(self) -> int:
+        return self._pinned
+
+    def pin(self, session_id: str, blocks: list[int], now: float | None = None) -> None:
+        """Pin `blocks` for the session, replacing what it pinned before."""
+        for b in blocks:
+            self._pool.touch(b)
+        self.release(session_id)
+        self._sessions[session_id] = _Session(blocks, time.monotonic() if now is None else now)
+        self._pinned += len(blocks)
+        while self._pinned > self.max_pinned_blocks and self._sessions:
+            self.evict_lru()
+
+    def touch(self, session_id: str, now: float | None = None) -> None:
+        if session_id in self._sessions:
+            self._sessions[session_id].last_used = time.monotonic() if now is None else now
+            self._sessions.move_to_end(session_id)
+
+    def release(self, session_id: str) -> bool:
+        """Unpin a session's blocks (they stay in the prefix cache until evicted); False if unknown."""
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return False
+        self._pool.free(session.blocks)
+        self._pinned -= len(session.blocks)
+        return True
+
+    def evict_lru(self) -> bool:
+        if not self._sessions:
+            return False
+        return self.release(next(iter(self._sessions)))
+
+    def expire(self, now: float | None = None) -> int:
+        """Release sessions idle for longer than the TTL; return how many."""
+        now = time.monotonic() if now is None else now
+        stale = [sid for sid, s in self._sessions.items() if now - s.last_used > self.ttl_seconds]
+        for sid in stale:
+            self.release(sid)
+        return len(stale)
