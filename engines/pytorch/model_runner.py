@@ -43,6 +43,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class PagedModelRunner:
     def __init__(self, hf_model: Any, num_blocks: int, block_size: int) -> None:
+        """Take over `hf_model`'s weights; q/k/v and gate/up projections are fused into one matmul each."""
         config = hf_model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -58,9 +59,29 @@ class PagedModelRunner:
         self.num_layers = config.num_hidden_layers
         self.block_size = block_size
         self.num_blocks = num_blocks
+        self._fused = [self._fuse(layer) for layer in self.model.layers]
         shape = (self.num_layers, num_blocks * block_size, self.num_kv_heads, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype)
         self.v_cache = torch.zeros(shape, dtype=self.dtype)
+
+    @staticmethod
+    def _fuse(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """One weight for q/k/v and one for gate/up: fewer, larger matmuls (the same dot products).
+
+        The separate projections are dropped afterwards so the weights are not held twice.
+        """
+        attn, mlp = layer.self_attn, layer.mlp
+        projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+        qkv = torch.cat([p.weight for p in projs]).contiguous()
+        bias = torch.cat([p.bias for p in projs]).contiguous() if attn.q_proj.bias is not None else None
+        if mlp.gate_proj.bias is not None:
+            raise ValueError("MLP projections with bias are not supported by the native engine; use backend: vllm")
+        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous()
+        for name in ("q_proj", "k_proj", "v_proj"):
+            delattr(attn, name)
+        for name in ("gate_proj", "up_proj"):
+            delattr(mlp, name)
+        return qkv, bias, gate_up
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -110,9 +131,12 @@ class PagedModelRunner:
 
     def _attention(self, layer_idx: int, attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lay: _StepLayout) -> torch.Tensor:
         t = x.shape[0]
-        q = attn.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = attn.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = attn.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        qkv_weight, qkv_bias, _ = self._fused[layer_idx]
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = F.linear(x, qkv_weight, qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
         if hasattr(attn, "q_norm"):  # qwen3
             q = attn.q_norm(q)
             k = attn.k_norm(k)
@@ -133,6 +157,10 @@ class PagedModelRunner:
         out = out.transpose(1, 2).reshape(lay.batch * lay.max_q, self.num_heads * self.head_dim)[lay.q_index]
         return attn.o_proj(out)
 
+    def _mlp(self, layer_idx: int, mlp: Any, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self._fused[layer_idx][2]).chunk(2, dim=-1)
+        return mlp.down_proj(mlp.act_fn(gate) * up)
+
     @torch.inference_mode()
     def forward(self, batch: Sequence[SequenceStep]) -> torch.Tensor:
         """Write the batch's new tokens into the cache; return float32 logits of the rows that sample, [S, V]."""
@@ -144,7 +172,7 @@ class PagedModelRunner:
             residual = hidden
             hidden = residual + self._attention(i, layer.self_attn, layer.input_layernorm(hidden), cos, sin, lay)
             residual = hidden
-            hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = residual + self._mlp(i, layer.mlp, layer.post_attention_layernorm(hidden))
         if lay.sample_rows.numel() == 0:
             return hidden.new_empty(0, self.lm_head.out_features, dtype=torch.float32)
         last = self.model.norm(hidden[lay.sample_rows])

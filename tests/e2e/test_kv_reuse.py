@@ -1,0 +1,36 @@
+"""Prefix caching and KV sessions seen from outside: metrics show reused prompt tokens; answers do not change."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from tests.conftest import DEFAULT_MODEL, ServerProcess
+
+HISTORY = " ".join(f"Fact {i}: {i} squared is {i * i}." for i in range(30))
+
+
+def _counter(server: ServerProcess, name: str) -> float:
+    text = httpx.get(server.base_url + "/metrics").text
+    match = re.search(rf'^{name}_total{{model="{DEFAULT_MODEL}"}} (\S+)$', text, re.M)
+    assert match, name
+    return float(match.group(1))
+
+
+def _complete(server: ServerProcess, prompt: str, headers: dict[str, str] | None = None) -> tuple[str, int]:
+    body = {"model": DEFAULT_MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+    resp = httpx.post(server.base_url + "/v1/completions", json=body, headers=headers or {}, timeout=120)
+    resp.raise_for_status()
+    return resp.json()["choices"][0]["text"], resp.json()["usage"]["prompt_tokens"]
+
+
+def test_repeated_prefix_is_served_from_cache_with_identical_output(server: ServerProcess) -> None:
+    prompt = f"{HISTORY}\nQuestion: what is 7 squared?\nAnswer:"
+    first, prompt_tokens = _complete(server, prompt)
+    hits_before = _counter(server, "switchyard_prefix_cache_hits")
+    second, _ = _complete(server, prompt)
+    hits = _counter(server, "switchyard_prefix_cache_hits") - hits_before
+    assert second == first
+    assert prompt_tokens > 200
+    assert hits == (prompt_tokens - 1) // 16 * 16  # every full block but the one holding the last token
