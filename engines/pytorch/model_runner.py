@@ -3,8 +3,9 @@
 The KV cache is a fixed pool of `num_blocks * block_size` slots per layer. A step takes any mix of prefill
 chunks and decodes: the new tokens of every sequence are packed into one flat batch for the dense layers
 (projections, MLP, norms -- where the time goes), and attention reads each sequence's keys and values through
-its block table. Norms, MLPs and rotary embeddings are the transformers modules themselves, so numerics match
-transformers; only attention and the cache are ours.
+its block table. Norms, rotary embeddings, activations and the down/output projections are the transformers
+modules themselves and q/k/v and gate/up run as fused copies of the same weights, so greedy output matches
+transformers token for token; attention over the paged cache is ours.
 """
 
 from __future__ import annotations
@@ -148,13 +149,18 @@ class PagedModelRunner:
         v_cache.index_copy_(0, lay.slots, v)
         keys = k_cache[lay.kv_index].transpose(1, 2)  # [B, kvh, ctx, d]
         values = v_cache[lay.kv_index].transpose(1, 2)
-        q_pad = q.new_zeros(lay.batch * lay.max_q, self.num_heads, self.head_dim)
-        q_pad[lay.q_index] = q
-        q_pad = q_pad.view(lay.batch, lay.max_q, self.num_heads, self.head_dim).transpose(1, 2)
+        if lay.max_q == 1:  # pure decode: one query per sequence, already in batch order
+            q_pad = q.view(lay.batch, 1, self.num_heads, self.head_dim).transpose(1, 2)
+        else:
+            q_pad = q.new_zeros(lay.batch * lay.max_q, self.num_heads, self.head_dim)
+            q_pad[lay.q_index] = q
+            q_pad = q_pad.view(lay.batch, lay.max_q, self.num_heads, self.head_dim).transpose(1, 2)
         out = F.scaled_dot_product_attention(
             q_pad, keys, values, attn_mask=lay.mask, scale=attn.scaling, enable_gqa=self.num_heads != self.num_kv_heads
         )
-        out = out.transpose(1, 2).reshape(lay.batch * lay.max_q, self.num_heads * self.head_dim)[lay.q_index]
+        out = out.transpose(1, 2).reshape(lay.batch * lay.max_q, self.num_heads * self.head_dim)
+        if lay.max_q > 1:
+            out = out[lay.q_index]
         return attn.o_proj(out)
 
     def _mlp(self, layer_idx: int, mlp: Any, x: torch.Tensor) -> torch.Tensor:
