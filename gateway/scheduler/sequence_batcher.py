@@ -222,9 +222,17 @@ class SequenceBatcher(LLMScheduler):
                 continue
             break
         self._waiting.sort(key=lambda s: s.sort_key(now, aging))
-        while self._waiting and budget > 0 and len(self._running) < self._limits.max_num_seqs:
-            seq = self._waiting[0]
+        # Requests whose first block is being prefilled right now (n>1 choices, the same system prompt arriving
+        # together) wait one step and then find the shared prefix in the cache instead of computing it again.
+        prefilling = {self._first_block(s) for s in self._running if s.num_computed < s.num_prompt} - {None}
+        i = 0
+        while i < len(self._waiting) and budget > 0 and len(self._running) < self._limits.max_num_seqs:
+            seq = self._waiting[i]
             if seq.num_computed == 0:
+                first = self._first_block(seq)
+                if first is not None and first in prefilling and self._kv.enable_prefix_caching:
+                    i += 1
+                    continue
                 seq.num_computed = self._kv.admit(seq.seq_id, seq.tokens)
                 if seq.request.session_id:
                     self._sessions.touch(seq.request.session_id)
@@ -236,15 +244,20 @@ class SequenceBatcher(LLMScheduler):
                 if self._running or scheduled or not self._sessions.evict_lru():
                     break
             else:
-                self._waiting.pop(0)
+                self._waiting.pop(i)
                 self._running.append(seq)
                 scheduled.append((seq, self._step(seq, n)))
                 budget -= n
+                prefilling.add(self._first_block(seq))
                 continue
             self._kv.free(seq.seq_id)  # drop prefix-cache references taken by admit; retry next step
             seq.num_computed = 0
             break
         return scheduled
+
+    def _first_block(self, seq: _Sequence) -> tuple[int, ...] | None:
+        bs = self._kv.block_size
+        return tuple(seq.tokens[:bs]) if seq.num_prompt > bs else None
 
     def _step(self, seq: _Sequence, n: int) -> SequenceStep:
         start = seq.num_computed

@@ -34,3 +34,31 @@ def test_repeated_prefix_is_served_from_cache_with_identical_output(server: Serv
     assert second == first
     assert prompt_tokens > 200
     assert hits == (prompt_tokens - 1) // 16 * 16  # every full block but the one holding the last token
+
+
+def _gauge(server: ServerProcess, name: str) -> float:
+    text = httpx.get(server.base_url + "/metrics").text
+    match = re.search(rf'^{name}{{model="{DEFAULT_MODEL}"}} (\S+)$', text, re.M)
+    assert match, name
+    return float(match.group(1))
+
+
+def test_session_pins_conversation_and_delete_ends_it(server: ServerProcess) -> None:
+    turn1 = f"Session test. {HISTORY}\nQuestion: what is 9 squared?\nAnswer:"
+    answer, turn1_tokens = _complete(server, turn1, {"X-Session-ID": "conv-1"})
+    assert _gauge(server, "switchyard_kv_sessions") >= 1
+    assert _gauge(server, "switchyard_kv_session_pinned_blocks") >= turn1_tokens // 16
+    hits_before = _counter(server, "switchyard_prefix_cache_hits")
+    _complete(server, turn1 + answer + "\nQuestion: and 3 squared?\nAnswer:", {"X-Session-ID": "conv-1"})
+    assert _counter(server, "switchyard_prefix_cache_hits") - hits_before >= turn1_tokens // 16 * 16
+    assert httpx.delete(server.base_url + "/v1/sessions/conv-1").json()["deleted"] is True
+    resp = httpx.delete(server.base_url + "/v1/sessions/conv-1")
+    assert resp.status_code == 404 and resp.json()["error"]["type"] == "not_found_error"
+    assert _gauge(server, "switchyard_kv_sessions") == 0
+
+
+def test_session_id_in_body_is_accepted(server: ServerProcess) -> None:
+    body = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "session_id": "conv-body"}
+    assert httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+    assert httpx.delete(server.base_url + "/v1/sessions/conv-body").status_code == 200

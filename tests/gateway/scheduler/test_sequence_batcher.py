@@ -283,3 +283,12 @@ async def test_starving_request_is_admitted_ahead_of_higher_priority() -> None:
     batcher._limits.aging_seconds = 1800
     scheduled = batcher._schedule()
     assert [s.seq_id for s, _ in scheduled] == ["low"]
+
+
+async def test_siblings_with_the_same_prompt_share_its_prefill(setup) -> None:
+    engine, batcher = setup
+    prompt = "abcdefghijklmnopq"  # 4 full blocks + 1 token
+    results = await asyncio.gather(*(drain(batcher, req(f"n{i}", prompt, max_tokens=2)) for i in range(3)))
+    assert all(r[0] == "rs" for r in results)
+    prefill = sorted(_prefill_tokens(engine, f"n{i}") for i in range(3))
+    assert prefill == [1, 1, 17]  # computed once, then reused by the two siblings
