@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,16 @@ from engines.types import EngineInfo, SequenceStep, StepResult
 log = logging.getLogger("switchyard.engines.pytorch")
 
 
+def _set_threads() -> None:
+    """Leave one core to the server (HTTP, SSE, detokenization), as vLLM-CPU does; OMP_NUM_THREADS overrides.
+
+    Matmul threads that share their cores with the event loop wait on each other at every parallel region; on a
+    2-core machine one dedicated thread measured faster than two contended ones.
+    """
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
+
+
 class PyTorchEngine(StepEngine):
     def __init__(
         self,
@@ -31,6 +42,7 @@ class PyTorchEngine(StepEngine):
         kv_cache_tokens: int = 16384,
         cache_dir: Path | None = None,
     ) -> None:
+        _set_threads()
         folder = resolve_hf_folder(source, gguf_file, cache_dir)
         model, hf_tok = load_hf(folder, dtype)
         num_blocks = max(1, kv_cache_tokens // block_size)
@@ -75,7 +87,8 @@ class PyTorchEngine(StepEngine):
         for step in sampling_steps:
             if not step.sampling.greedy:
                 self._generator(step)
-        return sample(logits, sampling_steps, self._info.eos_token_ids, self._generators)
+        with torch.inference_mode():  # logits are inference tensors: penalties, bias and masks edit them in place
+            return sample(logits, sampling_steps, self._info.eos_token_ids, self._generators)
 
     def release(self, seq_id: str) -> None:
         self._generators.pop(seq_id, None)
