@@ -94,8 +94,21 @@ class StepEngine(ABC):
         """Free resources. Called once when the model is unloaded."""
 
 
+class EngineUnavailableError(RuntimeError):
+    """The engine cannot take or finish requests right now (dead, stopped, every upstream down).
+
+    The gateway answers 503 with Retry-After. Engines raise `ValueError` for a request they cannot serve as asked
+    (the gateway answers 400 with the message) and end a stream with finish_reason "error" for a failure inside it.
+    """
+
+
 class AsyncGenerateEngine(ABC):
-    """An engine that schedules internally and streams results for each request."""
+    """An engine that schedules internally and streams results for each request.
+
+    Errors: `generate` raises `ValueError` (bad request, 400) or `EngineUnavailableError` (503) before its first
+    update; a failure after that ends the stream with an update whose finish_reason is "error" (or "abort" when
+    the request may simply be retried).
+    """
 
     @property
     @abstractmethod
@@ -113,5 +126,49 @@ class AsyncGenerateEngine(ABC):
     async def abort(self, request_id: str) -> None:
         """Stop generating for `request_id`; idempotent."""
 
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Begin background work (health checks, event-loop-bound clients). Called once, on the event loop."""
+
     async def shutdown(self) -> None:  # noqa: B027 - optional hook
         """Free resources. Called once when the model is unloaded."""
+
+    @property
+    def healthy(self) -> bool:
+        """False once the engine cannot serve (dead engine, no live upstream): the model reports not ready."""
+        return True
+
+    def delete_session(self, session_id: str) -> bool:
+        """Forget a session's affinity and state (e.g. its upstream pin); False if none was held."""
+        return False
+
+
+class TensorBackend(ABC):
+    """A KServe v2 tensor model instance (python, onnxruntime, pytorch, transformers backends).
+
+    The gateway creates one object per model instance (`instance_group.count` of them), calls `load` once, then
+    `execute` from one worker thread at a time per instance (different instances run concurrently), and `unload`
+    once at the end. Arrays are numpy; BYTES tensors are object arrays of `bytes`.
+
+    `execute` gets a batch of requests -- each a dict of input name -> array, optional inputs possibly missing --
+    and returns one dict of output name -> array per request, in order. When the model has `max_batch_size > 0`,
+    every array of a request has a leading batch dimension (the request's own batch size). An entry may be an
+    `Exception` instead of a dict: that request alone fails with the exception's message. Raising fails every
+    request of the batch. Decoupled models (`spec.decoupled`) return, per request, an iterable of response dicts
+    (zero or more), produced lazily if they like.
+    """
+
+    @abstractmethod
+    def load(self, spec: Any) -> None:
+        """Load the model for `spec` (an `engines.types.TensorModelSpec`); raise `ValueError` with a fix on bad files."""
+
+    @abstractmethod
+    def execute(self, requests: list[dict[str, Any]]) -> list[Any]:
+        """Run one batch; see the class docstring for the shapes."""
+
+    def unload(self) -> None:  # noqa: B027 - optional hook
+        """Free resources."""
+
+    def describe(self) -> dict[str, Any]:
+        """Facts learned while loading, for the gateway: may hold `inputs`/`outputs` (lists of TensorSpec, to fill
+        in a config that omits them), `max_model_len` and `vocab_size` (text models)."""
+        return {}

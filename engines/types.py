@@ -118,3 +118,45 @@ class EngineInfo:
     block_size: int = 16
     num_kv_blocks: int = 0
     kv_bytes_per_token: int = 0
+
+
+# ---------------------------------------------------------------- tensor (KServe v2) models
+
+
+@dataclass
+class TensorSpec:
+    """One input or output of a tensor model, as the backend sees it.
+
+    `datatype` is the KServe wire name (FP32, INT64, BYTES, ...). `dims` exclude the batch dimension; -1 means
+    variable. `optional` inputs may be absent from a request.
+    """
+
+    name: str
+    datatype: str
+    dims: list[int]
+    optional: bool = False
+
+
+@dataclass
+class TensorModelSpec:
+    """Everything a tensor backend needs to load one instance of one model version.
+
+    `model_dir` is the model's folder, `version_dir` the version folder being served (it may not exist for models
+    whose weights live elsewhere, e.g. `source`). `source` is a resolved path to weights outside the version folder
+    (a `package://` resource), or None. `config` is the model's whole configuration as plain JSON data (Triton's
+    field names), for backends that want more than the fields lifted out here.
+    """
+
+    name: str
+    version: int
+    model_dir: str
+    version_dir: str
+    max_batch_size: int
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    parameters: dict[str, str] = field(default_factory=dict)
+    default_model_filename: str | None = None
+    source: str | None = None
+    instance_index: int = 0
+    decoupled: bool = False
+    config: dict = field(default_factory=dict)

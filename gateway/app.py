@@ -25,7 +25,9 @@ from gateway.errors import (
     ServiceUnavailableError,
     SwitchyardError,
 )
+from gateway.kserve.http import router as kserve_router
 from gateway.metrics import build_metrics_registry, render
+from gateway.openai.embeddings import router as embeddings_router
 from gateway.openai.router import router as openai_router
 from gateway.openai.sessions import router as sessions_router
 from gateway.repository.registry import ModelRegistry
@@ -92,23 +94,31 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loaded = await asyncio.to_thread(registry.load_all)
         for model in loaded:
-            await model.scheduler.start()
+            await model.start()
         metrics_server = None
         if config.metrics_port:
             metrics_server, _ = start_http_server(config.metrics_port, addr=config.host, registry=metrics_registry)
+        grpc_server = None
+        if config.grpc_port:
+            from gateway.kserve.grpc import start_grpc_server  # grpc loads only when the service is enabled
+
+            grpc_server = await start_grpc_server(app, config.host, config.grpc_port, config.max_body_bytes)
         app.state.ready = True
         log.info(
-            "Switchyard %s serving %s on http://%s:%d/v1",
+            "Switchyard %s serving %s on http://%s:%d/v1%s",
             __version__, ", ".join(m.name for m in loaded), config.host, config.http_port,
+            f" and gRPC {config.host}:{config.grpc_port}" if grpc_server else "",
         )
         try:
             yield
         finally:
             app.state.ready = False
+            if grpc_server is not None:
+                await grpc_server.stop(grace=5)
             if metrics_server is not None:
                 metrics_server.shutdown()
-            for model in registry.models():
-                await model.scheduler.stop()
+            for model in registry.all_models():
+                await model.stop()
 
     metrics_registry = build_metrics_registry(registry)
     app = FastAPI(title="Switchyard", version=__version__, lifespan=lifespan)
@@ -117,14 +127,19 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     app.state.ready = False
     add_error_handlers(app)
     app.include_router(openai_router)
+    app.include_router(kserve_router)
+    app.include_router(embeddings_router)
     app.include_router(sessions_router)
 
     @app.get("/health")
     @app.get("/v2/health/ready")
     async def health(request: Request) -> dict[str, Any]:
-        """Ready: every model in the repository is loaded and serving."""
+        """Ready: every model in the repository is loaded and its engine is healthy."""
         if not request.app.state.ready:
             raise ServiceUnavailableError("models are loading", headers={"Retry-After": "5"})
+        failing = [m.name for m in registry.models() if not m.scheduler.healthy]
+        if failing:
+            raise ServiceUnavailableError(f"engine not healthy: {', '.join(failing)}", headers={"Retry-After": "5"})
         return {"status": "ok"}
 
     @app.get("/v2/health/live")

@@ -73,3 +73,52 @@ def server() -> Iterator[ServerProcess]:
 @pytest.fixture(scope="session")
 def base_url(server: ServerProcess) -> str:
     return server.base_url
+
+
+KSERVE_REPOSITORY = ROOT / "tests" / "kserve_repository"
+
+
+def write_torchscript_model(repo: Path) -> None:
+    """`scale_shift` (platform pytorch_libtorch): OUTPUT__0 = INPUT__0 * 2 + 1, as a TorchScript file."""
+    import torch
+
+    class ScaleShift(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2 + 1
+
+    folder = repo / "scale_shift"
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    torch.jit.save(torch.jit.script(ScaleShift()), str(folder / "1" / "model.pt"))
+    (folder / "config.pbtxt").write_text(
+        'platform: "pytorch_libtorch"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+        "dynamic_batching { }\n"
+    )
+
+
+@pytest.fixture(scope="session")
+def kserve_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A private copy of tests/kserve_repository plus the default repository's ONNX / ensemble examples, the
+    default LLM and a TorchScript model (tests may load, unload and reconfigure models in it)."""
+    import shutil
+
+    repo = tmp_path_factory.mktemp("kserve_repository")
+    shutil.copytree(KSERVE_REPOSITORY, repo, dirs_exist_ok=True)
+    for name in ("circle_classifier", "circle_preprocess", "circle_postprocess", "circle_pipeline"):
+        shutil.copytree(ROOT / "model_repository" / name, repo / name)
+    shutil.copytree(ROOT / "model_repository" / DEFAULT_MODEL, repo / DEFAULT_MODEL)  # LLM over v2 generate / gRPC
+    write_torchscript_model(repo)
+    return repo
+
+
+@pytest.fixture(scope="session")
+def kserve_server(kserve_repository: Path) -> Iterator[ServerProcess]:
+    """A server over the KServe test repository with HTTP and gRPC (`.grpc_port`)."""
+    grpc_port = free_port()
+    proc = ServerProcess(kserve_repository, "--grpc-port", str(grpc_port))
+    proc.grpc_port = grpc_port  # type: ignore[attr-defined]
+    try:
+        yield proc
+    finally:
+        proc.stop()

@@ -1,100 +1,107 @@
-"""POST /v1/chat/completions: messages -> the model's chat template -> generation -> OpenAI's shapes."""
+"""POST /v1/chat/completions: messages -> the model's chat template -> generation -> OpenAI's shapes.
+
+Tools (tools.py, tool_parsers.py) and `response_format` (guided.py) shape both ends: they add to the prompt and
+constrain sampling, and the answer is read back into `message.tool_calls` or streamed as tool-call deltas.
+"""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import jinja2
-
-from gateway.errors import InvalidRequestError
-from gateway.openai.fanout import Choice, merged_stream
-from gateway.openai.protocol import ChatCompletionRequest, ChatMessage
-from gateway.openai.results import check_output, chat_logprobs, collect, new_id, now, usage
+from gateway.openai.chat_template import render_chat
+from gateway.openai.fanout import Choice, merged_stream, primed
+from gateway.openai.guided import request_grammar
+from gateway.openai.protocol import ChatCompletionRequest
+from gateway.openai.results import CollectedChoice, chat_logprobs, check_output, collect, new_id, now, usage
 from gateway.openai.sampling import resolve_max_tokens, to_sampling_params
+from gateway.openai.tool_parsers import ToolCallDelta, new_call_id
+from gateway.openai.tools import ToolPlan, parser_for, plan_tools, tool_grammar
 from gateway.repository.registry import LoadedModel
 
 
-def _message_dict(i: int, msg: ChatMessage) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": msg.role}
-    if isinstance(msg.content, list):
-        texts = []
-        for part in msg.content:
-            if part.type != "text" or part.text is None:
-                raise InvalidRequestError(
-                    f"content part type '{part.type[:32]}' is not supported by this model; send text parts",
-                    param=f"messages.{i}.content",
-                )
-            texts.append(part.text)
-        out["content"] = "\n".join(texts)
-    elif msg.content is not None:
-        out["content"] = msg.content
-    elif not msg.tool_calls:
-        raise InvalidRequestError("a message needs content", param=f"messages.{i}.content")
-    else:
-        out["content"] = ""
-    for key in ("name", "tool_calls", "tool_call_id"):
-        if getattr(msg, key) is not None:
-            out[key] = getattr(msg, key)
-    return out
+def _finish_reason(reason: str | None, called: bool) -> str | None:
+    return "tool_calls" if called and reason == "stop" else reason
 
 
-async def _render_prompt(model: LoadedModel, req: ChatCompletionRequest) -> list[int]:
-    messages = [_message_dict(i, m) for i, m in enumerate(req.messages)]
-    kwargs = dict(req.chat_template_kwargs or {})
-    for reserved in ("messages", "tools", "add_generation_prompt", "tokenize", "chat_template"):
-        kwargs.pop(reserved, None)
-    try:
-        # Templates are Jinja run in transformers' sandbox; keep the rendering off the event loop.
-        prompt = await asyncio.to_thread(model.scheduler.tokenizer.apply_chat_template, messages, None, True, **kwargs)
-    except jinja2.TemplateError as exc:
-        raise InvalidRequestError(f"the chat template rejected the messages: {str(exc)[:200]}", param="messages") from None
-    if not prompt:
-        raise InvalidRequestError("the messages render to an empty prompt", param="messages")
-    return prompt
+def _message(c: CollectedChoice, plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
+    if plan.active and plan.parser is not None:
+        content, calls = plan.parser.parse(c.text, plan.names)
+        calls = calls[: plan.max_calls]
+        if calls:
+            tool_calls = [
+                {"id": new_call_id(), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                for call in calls
+            ]
+            message = {"role": "assistant", "content": content, "tool_calls": tool_calls}
+            return message, _finish_reason(c.finish_reason, True)
+    return {"role": "assistant", "content": c.text}, c.finish_reason
 
 
-async def chat_completion(req: ChatCompletionRequest, model: LoadedModel, force_usage: bool) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
+async def chat_completion(
+    req: ChatCompletionRequest, model: LoadedModel, force_usage: bool, session_id: str | None = None
+) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
     """Return the response body, or (when `req.stream`) an iterator of chunk bodies for SSE."""
     scheduler = model.scheduler
     info = scheduler.info
-    prompt = await _render_prompt(model, req)
+    plan = plan_tools(req, model)
+    # The dialect is also needed to write past calls into the prompt when the template cannot.
+    parser = plan.parser or (parser_for(model) if any(m.tool_calls for m in req.messages) else None)
+    prompt = await render_chat(
+        scheduler.tokenizer, req.messages, plan.tools if plan.active else None, parser, req.chat_template_kwargs
+    )
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = resolve_max_tokens(requested, len(prompt), info.max_model_len)
+    grammar = await tool_grammar(plan, model) if plan.constrained else None
+    if grammar is None:
+        grammar = await request_grammar(req, scheduler)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     choices = [
-        Choice(i, prompt, to_sampling_params(req, max_tokens, info.vocab_size, logprobs, i)) for i in range(req.n)
+        Choice(i, prompt, to_sampling_params(req, max_tokens, info.vocab_size, logprobs, i, grammar))
+        for i in range(req.n)
     ]
-    stream = merged_stream(scheduler, choices, req.priority)
+    stream = merged_stream(scheduler, choices, req.priority, session_id)
     if req.stream:
         include_usage = force_usage or bool(req.stream_options and req.stream_options.include_usage)
-        return _chunks(model, req, stream, len(prompt), include_usage)
+        return _chunks(model, req, plan, await primed(stream), len(prompt), include_usage)
 
     collected = await collect(stream)
     tokenizer = scheduler.tokenizer
+    out_choices = []
+    for i, c in sorted(collected.items()):
+        message, finish = _message(c, plan)
+        out_choices.append({
+            "index": i,
+            "message": message,
+            "logprobs": chat_logprobs(tokenizer, c.logprobs) if logprobs is not None else None,
+            "finish_reason": finish,
+        })
     return {
         "id": new_id("chatcmpl"),
         "object": "chat.completion",
         "created": now(),
         "model": model.name,
-        "choices": [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": chat_logprobs(tokenizer, c.logprobs) if logprobs is not None else None,
-                "finish_reason": c.finish_reason,
-            }
-            for i, c in sorted(collected.items())
-        ],
+        "choices": out_choices,
         "usage": usage(len(prompt), sum(c.completion_tokens for c in collected.values())),
         "system_fingerprint": None,
     }
 
 
-async def _chunks(model: LoadedModel, req: ChatCompletionRequest, stream: AsyncIterator[Any], prompt_len: int, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+async def _chunks(
+    model: LoadedModel,
+    req: ChatCompletionRequest,
+    plan: ToolPlan,
+    stream: AsyncIterator[Any],
+    prompt_len: int,
+    include_usage: bool,
+) -> AsyncIterator[dict[str, Any]]:
     head = {"id": new_id("chatcmpl"), "object": "chat.completion.chunk", "created": now(), "model": model.name}
     tokenizer = model.scheduler.tokenizer
+    streamers = (
+        {i: plan.parser.streamer(plan.names, plan.constrained, plan.max_calls) for i in range(req.n)}
+        if plan.active and plan.parser is not None
+        else {}
+    )
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
         return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
@@ -102,13 +109,41 @@ async def _chunks(model: LoadedModel, req: ChatCompletionRequest, stream: AsyncI
     for i in range(req.n):
         yield chunk(i, {"role": "assistant", "content": ""})
     completion_tokens: dict[int, int] = {}
-    async for index, out in stream:
-        check_output(out)
-        completion_tokens[index] = out.completion_tokens
-        if out.text or out.logprobs:
+    try:
+        async for index, out in stream:
+            check_output(out)
+            completion_tokens[index] = out.completion_tokens
             lp = chat_logprobs(tokenizer, out.logprobs) if req.logprobs and out.logprobs else None
-            yield chunk(index, {"content": out.text}, logprobs=lp)
-        if out.finished:
-            yield chunk(index, {}, finish=out.finish_reason)
+            streamer = streamers.get(index)
+            if streamer is None:
+                events: list[Any] = [out.text] if out.text else []
+            else:
+                events = streamer.feed(out.text) + (streamer.finish() if out.finished else [])
+            for delta in _deltas(events):
+                yield chunk(index, delta, logprobs=lp)
+                lp = None
+            if lp is not None:
+                yield chunk(index, {"content": ""}, logprobs=lp)
+            if out.finished:
+                yield chunk(index, {}, finish=_finish_reason(out.finish_reason, bool(streamer and streamer.calls)))
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
     if include_usage:
         yield {**head, "choices": [], "usage": usage(prompt_len, sum(completion_tokens.values()))}
+
+
+def _deltas(events: list[Any]) -> list[dict[str, Any]]:
+    """Content runs become one `content` delta; each tool-call piece its own `tool_calls` delta, in order."""
+    out: list[dict[str, Any]] = []
+    text = ""
+    for event in events:
+        if isinstance(event, ToolCallDelta):
+            if text:
+                out.append({"content": text})
+                text = ""
+            out.append({"tool_calls": [event.to_openai()]})
+        else:
+            text += event
+    if text:
+        out.append({"content": text})
+    return out

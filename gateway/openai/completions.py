@@ -6,7 +6,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.errors import InvalidRequestError
-from gateway.openai.fanout import Choice, merged_stream
+from gateway.openai.fanout import Choice, merged_stream, primed
+from gateway.openai.guided import request_grammar
 from gateway.openai.protocol import CompletionRequest
 from gateway.openai.results import check_output, collect, completion_logprobs, new_id, now, usage
 from gateway.openai.sampling import resolve_max_tokens, to_sampling_params
@@ -40,7 +41,9 @@ def _prompts(req: CompletionRequest, model: LoadedModel) -> list[list[int]]:
     return prompts
 
 
-async def completion(req: CompletionRequest, model: LoadedModel, force_usage: bool) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
+async def completion(
+    req: CompletionRequest, model: LoadedModel, force_usage: bool, session_id: str | None = None
+) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
     if req.suffix:
         raise InvalidRequestError("suffix is not supported by this model (no fill-in-the-middle)", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
@@ -48,26 +51,29 @@ async def completion(req: CompletionRequest, model: LoadedModel, force_usage: bo
     scheduler = model.scheduler
     info = scheduler.info
     prompts = _prompts(req, model)
+    grammar = await request_grammar(req, scheduler)  # vLLM accepts response_format here too
     choices = []
     for p, prompt in enumerate(prompts):
         max_tokens = resolve_max_tokens(req.max_tokens, len(prompt), info.max_model_len)
         for i in range(req.n):
-            sampling = to_sampling_params(req, max_tokens, info.vocab_size, req.logprobs, p * req.n + i)
+            sampling = to_sampling_params(req, max_tokens, info.vocab_size, req.logprobs, p * req.n + i, grammar)
             choices.append(Choice(p * req.n + i, prompt, sampling))
     prompt_tokens = sum(len(p) for p in prompts)
     tokenizer = scheduler.tokenizer
     echo_text = [tokenizer.decode(p) if req.echo else "" for p in prompts]
-    stream = merged_stream(scheduler, choices, req.priority)
+    stream = merged_stream(scheduler, choices, req.priority, session_id)
     if req.stream:
         include_usage = force_usage or bool(req.stream_options and req.stream_options.include_usage)
-        return _chunks(model, req, stream, echo_text, prompt_tokens, include_usage)
+        return _chunks(model, req, await primed(stream), echo_text, prompt_tokens, include_usage)
 
     collected = await collect(stream)
     out_choices = []
     for index, c in sorted(collected.items()):
         prefix = echo_text[index // req.n]
         logprobs = completion_logprobs(tokenizer, c.logprobs, len(prefix)) if req.logprobs is not None else None
-        out_choices.append({"index": index, "text": prefix + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason})
+        out_choices.append(
+            {"index": index, "text": prefix + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason}
+        )
     return {
         "id": new_id("cmpl"),
         "object": "text_completion",
@@ -79,7 +85,14 @@ async def completion(req: CompletionRequest, model: LoadedModel, force_usage: bo
     }
 
 
-async def _chunks(model: LoadedModel, req: CompletionRequest, stream: AsyncIterator[Any], echo_text: list[str], prompt_tokens: int, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+async def _chunks(
+    model: LoadedModel,
+    req: CompletionRequest,
+    stream: AsyncIterator[Any],
+    echo_text: list[str],
+    prompt_tokens: int,
+    include_usage: bool,
+) -> AsyncIterator[dict[str, Any]]:
     head = {"id": new_id("cmpl"), "object": "text_completion", "created": now(), "model": model.name}
     tokenizer = model.scheduler.tokenizer
     offsets = {i: len(echo_text[i // req.n]) for i in range(len(echo_text) * req.n)}

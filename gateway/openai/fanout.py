@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from engines.types import GenerationOutput, GenerationRequest, SamplingParams
+from gateway.openai.results import check_output
 from gateway.scheduler.llm_scheduler import LLMScheduler
 
 
@@ -57,3 +58,28 @@ async def merged_stream(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def primed(stream: AsyncIterator[tuple[int, GenerationOutput]]) -> AsyncIterator[tuple[int, GenerationOutput]]:
+    """Wait for the first update before a stream's response starts.
+
+    Failures that only show once the request reaches the scheduler (queue full, engine stopped, a failed first step)
+    then surface as ordinary HTTP errors with their status and Retry-After, instead of as an error event inside a
+    200 stream. Costs nothing: the first SSE chunk could not be sent before the first token anyway.
+    """
+    try:
+        first = await anext(stream)
+        check_output(first[1])
+    except BaseException:
+        await stream.aclose()  # type: ignore[attr-defined]
+        raise
+
+    async def chained() -> AsyncIterator[tuple[int, GenerationOutput]]:
+        try:
+            yield first
+            async for item in stream:
+                yield item
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+
+    return chained()

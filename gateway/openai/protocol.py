@@ -10,8 +10,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.errors import InvalidRequestError
+
 MAX_STOP_SEQUENCES = 64
 MAX_STOP_LENGTH = 1024
+MAX_TOOLS = 128
+MAX_PATTERN_CHARS = 4096
+NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function and response_format names
 
 
 class _Lenient(BaseModel):
@@ -20,6 +25,76 @@ class _Lenient(BaseModel):
 
 class StreamOptions(_Lenient):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(_Lenient):
+    name: str = Field("response", pattern=NAME_PATTERN)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_present(self) -> ResponseFormat:
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise ValueError("type json_schema needs json_schema.schema")
+        return self
+
+
+class StructuredOutputs(_Lenient):
+    """vLLM's `structured_outputs` (and its older top-level `guided_*` fields): exactly one constraint."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = Field(None, min_length=1, max_length=MAX_PATTERN_CHARS)
+    choice: list[Annotated[str, Field(min_length=1, max_length=MAX_PATTERN_CHARS)]] | None = Field(
+        None, min_length=1, max_length=256
+    )
+    grammar: str | None = Field(None, min_length=1, max_length=64 * 1024)  # Lark, llguidance's dialect
+    json_object: bool | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputs:
+        keys = ("json_", "regex", "choice", "grammar", "json_object")
+        given = [k for k in keys if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("set exactly one of json, regex, choice, grammar, json_object")
+        return self
+
+
+class FunctionDefinition(_Lenient):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(_Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_Lenient):
+    name: str = Field(max_length=64)
+
+
+class NamedToolChoice(_Lenient):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class FunctionCall(_Lenient):
+    name: str = Field(max_length=64)
+    arguments: str | dict[str, Any] = ""  # OpenAI sends a JSON string; some clients send the object
+
+
+class ToolCall(_Lenient):
+    id: str = Field("", max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class SamplingFields(_Lenient):
@@ -47,6 +122,15 @@ class SamplingFields(_Lenient):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     priority: int = 0
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    # vLLM's older spellings of structured_outputs
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = Field(None, min_length=1, max_length=MAX_PATTERN_CHARS)
+    guided_choice: list[str] | None = Field(None, min_length=1, max_length=256)
+    guided_grammar: str | None = Field(None, min_length=1, max_length=64 * 1024)
+    # Routes a conversation's turns to the same KV session; the X-Session-ID header wins over this field.
+    session_id: str | None = Field(None, min_length=1, max_length=256)
 
     @field_validator("stop")
     @classmethod
@@ -74,11 +158,24 @@ class SamplingFields(_Lenient):
                 raise ValueError("logit_bias values must be between -100 and 100")
         return value
 
-    @model_validator(mode="after")
-    def _stream_options_need_stream(self) -> SamplingFields:
+    def check(self) -> None:
+        """Rules across fields. Not pydantic validators: an error on the whole body could not name a `param`."""
         if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed when stream is true")
-        return self
+            raise InvalidRequestError("stream_options is only allowed when stream is true", param="stream_options")
+        legacy = {"json": self.guided_json, "regex": self.guided_regex, "choice": self.guided_choice,
+                  "grammar": self.guided_grammar}
+        legacy = {k: v for k, v in legacy.items() if v is not None}
+        if legacy:
+            if self.structured_outputs is not None:
+                raise InvalidRequestError("use structured_outputs or the guided_* fields, not both",
+                                          param="structured_outputs")
+            if len(legacy) > 1:
+                raise InvalidRequestError("set one guided_* field", param=f"guided_{sorted(legacy)[0]}")
+            self.structured_outputs = StructuredOutputs.model_validate(legacy)
+        if self.structured_outputs is not None and self.response_format is not None:
+            if self.response_format.type != "text":
+                raise InvalidRequestError("use response_format or structured_outputs, not both",
+                                          param="structured_outputs")
 
 
 class ContentPart(_Lenient):
@@ -90,8 +187,8 @@ class ChatMessage(_Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = None
+    tool_calls: list[ToolCall] | None = Field(None, max_length=MAX_TOOLS)
+    tool_call_id: str | None = Field(None, max_length=256)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -101,12 +198,14 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
-    @model_validator(mode="after")
-    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+    def check(self) -> None:
+        super().check()
         if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs requires logprobs to be true")
-        return self
+            raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
 
 
 PromptType = str | list[str] | list[int] | list[list[int]]

@@ -8,16 +8,22 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from gateway.errors import InvalidRequestError
+from gateway.openai.body_depth import NestingAwareRoute
 from gateway.openai.chat import chat_completion
 from gateway.openai.completions import completion
 from gateway.openai.disconnect import cancel_on_disconnect
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest, _Lenient
 from gateway.openai.sse import sse_response
+from gateway.openai.tokenize import router as tokenize_router
 from gateway.repository.registry import LoadedModel, ModelRegistry
 
 log = logging.getLogger("switchyard.openai")
 
-router = APIRouter()
+router = APIRouter(route_class=NestingAwareRoute)
+router.include_router(tokenize_router)
+
+MAX_SESSION_ID = 256
 
 
 def _registry(request: Request) -> ModelRegistry:
@@ -37,13 +43,13 @@ def _model_card(m: LoadedModel) -> dict[str, Any]:
         "owned_by": m.config.owned_by,
         "root": m.name,
         "parent": None,
-        "max_model_len": m.scheduler.info.max_model_len,
+        "max_model_len": m.max_model_len,
     }
 
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    return {"object": "list", "data": [_model_card(m) for m in _registry(request).models()]}
+    return {"object": "list", "data": [_model_card(m) for m in _registry(request).all_models()]}
 
 
 @router.get("/v1/models/{model_id:path}")
@@ -51,21 +57,36 @@ async def get_model(model_id: str, request: Request) -> dict[str, Any]:
     return _model_card(_registry(request).get(model_id))
 
 
+def _session_id(request: Request, body: ChatCompletionRequest | CompletionRequest) -> str | None:
+    """The conversation's session: the X-Session-ID header, else the body's `session_id`."""
+    header = request.headers.get("x-session-id")
+    if header is None:
+        return body.session_id
+    if not header or len(header) > MAX_SESSION_ID:
+        raise InvalidRequestError(f"X-Session-ID must be 1 to {MAX_SESSION_ID} characters", param="session_id")
+    return header
+
+
+def _respond(result: Any) -> Response:
+    # Streams were primed (first update awaited) inside the work, so queue-full and friends are HTTP errors.
+    return sse_response(result) if not isinstance(result, dict) else JSONResponse(result)
+
+
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     _log_unknown(body, "chat.completions")
-    model = _registry(request).get(body.model)
+    body.check()
+    model = _registry(request).llm(body.model)
     force_usage = request.app.state.config.always_include_usage
-    if body.stream:
-        return sse_response(await chat_completion(body, model, force_usage))  # type: ignore[arg-type]
-    return JSONResponse(await cancel_on_disconnect(request, chat_completion(body, model, force_usage)))
+    work = chat_completion(body, model, force_usage, _session_id(request, body))
+    return _respond(await cancel_on_disconnect(request, work))
 
 
 @router.post("/v1/completions")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     _log_unknown(body, "completions")
-    model = _registry(request).get(body.model)
+    body.check()
+    model = _registry(request).llm(body.model)
     force_usage = request.app.state.config.always_include_usage
-    if body.stream:
-        return sse_response(await completion(body, model, force_usage))  # type: ignore[arg-type]
-    return JSONResponse(await cancel_on_disconnect(request, completion(body, model, force_usage)))
+    work = completion(body, model, force_usage, _session_id(request, body))
+    return _respond(await cancel_on_disconnect(request, work))

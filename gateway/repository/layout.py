@@ -1,8 +1,9 @@
 """The on-disk layout of a Triton-style model repository, and safe path resolution inside it.
 
-`<repo>/<model>/config.yaml` plus optional numeric version folders `<repo>/<model>/<N>/`. Model names come
-from folder names (and, later, from admin requests), so every name and path is checked: nothing outside the
-repository -- or outside a declared Python package -- is ever read.
+`<repo>/<model>/config.yaml` (or Triton's `config.pbtxt`) plus optional numeric version folders
+`<repo>/<model>/<N>/`. Model names come from folder names and from admin requests (repository load/unload), so
+every name and path is checked: nothing outside the repository -- or outside a declared Python package -- is
+ever read, and a model folder that is a symlink pointing outside the repository is refused.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from pathlib import Path
 
 from gateway.errors import ConfigError
 
-CONFIG_FILES = ("config.yaml", "config.yml")
+CONFIG_FILES = ("config.yaml", "config.yml", "config.pbtxt")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 PACKAGE_SCHEME = "package://"
 
 
 def is_valid_model_name(name: str) -> bool:
-    return bool(_NAME_RE.match(name)) and ".." not in name
+    return isinstance(name, str) and bool(_NAME_RE.fullmatch(name)) and ".." not in name
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,28 @@ class ModelDir:
         return self.path / str(self.versions[-1]) if self.versions else None
 
 
+def _inside(root: Path, path: Path) -> bool:
+    real_root, real = root.resolve(), path.resolve()
+    return real != real_root and real_root in real.parents
+
+
+def read_model_dir(root: Path, child: Path) -> ModelDir | None:
+    """The model in folder `child` of `root`, or None if it holds no config file."""
+    configs = [child / f for f in CONFIG_FILES if (child / f).is_file()]
+    if not configs:
+        return None
+    if len(configs) > 1:
+        names = " and ".join(c.name for c in configs)
+        raise ConfigError(f"{child}: has both {names}; keep one configuration file.")
+    if not is_valid_model_name(child.name):
+        raise ConfigError(f"{child}: '{child.name}' is not a valid model name; use letters, digits, '.', '_' and '-'.")
+    if not _inside(root, child) or not _inside(root, configs[0]):
+        raise ConfigError(f"{child}: the model folder or its config is a link that leaves the repository; "
+                          "copy the model into the repository instead.")
+    versions = tuple(sorted(int(v.name) for v in child.iterdir() if v.is_dir() and v.name.isdigit()))
+    return ModelDir(child.name, child, configs[0], versions)
+
+
 def scan_repository(root: Path) -> list[ModelDir]:
     """List the models in `root` (folders holding a config file), sorted by name."""
     if not root.is_dir():
@@ -43,16 +66,24 @@ def scan_repository(root: Path) -> list[ModelDir]:
     for child in sorted(root.iterdir()):
         if not child.is_dir() or child.name.startswith("."):
             continue
-        config = next((child / f for f in CONFIG_FILES if (child / f).is_file()), None)
-        if config is None:
-            continue
-        if not is_valid_model_name(child.name):
-            raise ConfigError(
-                f"{child}: '{child.name}' is not a valid model name; use letters, digits, '.', '_' and '-'."
-            )
-        versions = tuple(sorted(int(v.name) for v in child.iterdir() if v.is_dir() and v.name.isdigit()))
-        models.append(ModelDir(child.name, child, config, versions))
+        model = read_model_dir(root, child)
+        if model is not None:
+            models.append(model)
     return models
+
+
+def find_model_dir(root: Path, name: str) -> ModelDir | None:
+    """The model folder for a name that came over the network; None if there is no such model.
+
+    The name must be a plain folder name (no separators, no '..', no NUL); anything else raises `ValueError`,
+    before the file system is touched.
+    """
+    if not is_valid_model_name(name):
+        raise ValueError(f"'{name[:80]}' is not a valid model name; use letters, digits, '.', '_' and '-'")
+    child = root / name
+    if not child.is_dir():
+        return None
+    return read_model_dir(root, child)
 
 
 def resolve_source(model: ModelDir, source: str, field: str) -> Path:

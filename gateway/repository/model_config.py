@@ -1,7 +1,9 @@
-"""Typed model configuration read from `<model>/config.yaml`.
+"""Typed model configuration read from `<model>/config.yaml` or Triton's `<model>/config.pbtxt`.
 
-One pydantic model describes every model; unknown fields are errors (a typo must not be ignored silently), and
-every error names the file, the field and how to fix it.
+An LLM is described by `ModelConfig`; a tensor (KServe v2) model by `TensorModelConfig` (Triton's field names,
+see `tensor_config.py`). A `config.pbtxt` is always a tensor model; a `config.yaml` is one when its backend is a
+tensor backend or it declares Triton fields such as `input` or `max_batch_size`. Unknown fields are errors (a typo
+must not be ignored silently), and every error names the file, the field and how to fix it.
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gateway.errors import ConfigError
+from gateway.repository.engine_config import RemoteSection, TensorRTLLMSection, VllmSection
+from gateway.repository.pbtxt import PbtxtError, parse_pbtxt
+from gateway.repository.tensor_config import TensorModelConfig, is_tensor_config
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -29,6 +34,9 @@ class SchedulerConfig(_Strict):
         512, ge=16, description="Token budget of one step; longer prompts are prefilled in chunks of this size."
     )
     max_queue_size: int = Field(1024, ge=1, description="Waiting requests beyond this are rejected with 429.")
+    aging_seconds: float = Field(
+        30.0, gt=0, description="A request waiting longer than this is admitted ahead of every priority."
+    )
 
 
 class KVCacheConfig(_Strict):
@@ -36,6 +44,11 @@ class KVCacheConfig(_Strict):
 
     block_size: int = Field(16, ge=1, le=256, description="Tokens per KV block.")
     max_tokens: int = Field(16384, ge=16, description="Pool size in tokens (all sequences together).")
+    enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of earlier requests with the same prefix.")
+    session_ttl_seconds: float = Field(600.0, gt=0, description="Idle KV sessions are released after this long.")
+    session_max_tokens: int | None = Field(
+        None, ge=0, description="Cap on KV tokens pinned by sessions (least recently used evicted); default 1/4 of the pool."
+    )
 
 
 class ModelSource(_Strict):
@@ -62,11 +75,22 @@ class ModelConfig(_Strict):
     scheduler: SchedulerConfig = SchedulerConfig()
     kv_cache: KVCacheConfig = KVCacheConfig()
     parameters: dict[str, Any] = Field(default_factory=dict, description="Free-form engine parameters.")
+    vllm: VllmSection = VllmSection()
+    tensorrt_llm: TensorRTLLMSection = TensorRTLLMSection()
+    remote: RemoteSection | None = Field(None, description="Required for backend: remote (see engine_config.py).")
 
     @field_validator("model", mode="before")
     @classmethod
     def _source_shorthand(cls, value: Any) -> Any:
         return {"source": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _remote_needs_upstreams(self) -> ModelConfig:
+        if self.backend == "remote" and self.remote is None:
+            raise ValueError("backend 'remote' needs a 'remote:' section with 'upstreams: [http://host:port, ...]'")
+        if self.backend != "remote" and self.remote is not None:
+            raise ValueError("a 'remote:' section needs 'backend: remote'; set the backend or remove the section")
+        return self
 
 
 _HINTS = {
@@ -76,26 +100,53 @@ _HINTS = {
 }
 
 
-def parse_model_config(path: Path, folder_name: str) -> ModelConfig:
-    """Read and validate one `config.yaml`; raise `ConfigError` that says exactly what to fix."""
+AnyModelConfig = ModelConfig | TensorModelConfig
+
+
+def read_raw_config(path: Path) -> dict[str, Any]:
+    """The config file as plain data: YAML, or protobuf text for `config.pbtxt`."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.__class__.__name__}); check the file.") from None
+    if path.suffix == ".pbtxt":
+        try:
+            return parse_pbtxt(text)
+        except PbtxtError as exc:
+            raise ConfigError(f"{path}: not valid protobuf text format ({exc}). Fix the syntax.") from None
+    try:
+        raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__}: {exc}). Fix the syntax.") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of fields (e.g. `backend: pytorch`).")
+    return raw
+
+
+def parse_model_config(path: Path, folder_name: str) -> AnyModelConfig:
+    """Read and validate one config file; raise `ConfigError` that says exactly what to fix."""
+    raw = read_raw_config(path)
+    return validate_model_config(raw, str(path), folder_name, tensor=path.suffix == ".pbtxt")
+
+
+def validate_model_config(raw: dict[str, Any], origin: str, folder_name: str, tensor: bool = False) -> AnyModelConfig:
+    """Validate raw config data (from a file, or a load request's override; `origin` names it in errors)."""
+    kind: type[ModelConfig] | type[TensorModelConfig] = (
+        TensorModelConfig if tensor or is_tensor_config(raw) else ModelConfig
+    )
     try:
-        config = ModelConfig.model_validate(raw)
+        config = kind.model_validate(raw)
     except ValidationError as exc:
         lines = []
         for err in exc.errors()[:10]:
             field = ".".join(str(p) for p in err["loc"]) or "(top level)"
             hint = _HINTS.get(err["type"], "correct the value")
-            lines.append(f"  field '{field}': {err['msg']} -- {hint}")
-        raise ConfigError(f"{path}: invalid model configuration:\n" + "\n".join(lines)) from None
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            lines.append(f"  field '{field}': {msg} -- {hint}")
+        raise ConfigError(f"{origin}: invalid model configuration:\n" + "\n".join(lines)) from None
     if config.name is not None and config.name != folder_name:
         raise ConfigError(
-            f"{path}: field 'name' is '{config.name}' but the folder is '{folder_name}'; "
+            f"{origin}: field 'name' is '{config.name}' but the folder is '{folder_name}'; "
             "make them equal or remove 'name'."
         )
     return config

@@ -55,3 +55,8 @@ class LLMScheduler(ABC):
     def delete_session(self, session_id: str) -> bool:
         """End a stateful KV session; False if this model holds no such session."""
         return False
+
+    @property
+    def healthy(self) -> bool:
+        """False when the model cannot serve (its engine died, no upstream is reachable): health reports not ready."""
+        return True

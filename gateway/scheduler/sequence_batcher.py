@@ -110,6 +110,10 @@ class SequenceBatcher(LLMScheduler):
         self._executor.shutdown(wait=True)
         self._engine.shutdown()
 
+    @property
+    def healthy(self) -> bool:
+        return self._task is not None and not self._task.done()
+
     def stats(self) -> SchedulerStats:
         self._stats.running = len(self._running)
         self._stats.waiting = len(self._waiting)

@@ -1,0 +1,362 @@
+"""`RemoteEngine`: forwards each sequence to one of several upstream OpenAI-compatible servers and streams back.
+
+Per request: pick an upstream (routing.py), POST a streaming `/v1/completions` with the prompt's token ids
+(wire.py), and turn its chunks into `GenerationOutput` updates. Until the first token has been passed on, a
+connect error, a timeout, a broken stream, a 408/429 or a 5xx is retried on another upstream (`retries` times);
+after that a failure ends the stream cleanly with finish_reason "abort" (retryable, 503) -- text already sent to
+a client cannot be taken back. Closing the stream closes the upstream connection, which aborts the request there.
+
+Usage comes from the upstream (we always ask for `stream_options.include_usage`). An upstream that sends none is
+counted with the model's tokenizer: the completion text's tokens, plus one for an end-of-sequence token when the
+upstream says it stopped on one. (tiktoken is no fallback here: its encodings are downloaded at run time, and the
+gateway needs the model's own tokenizer anyway to render chat templates.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from engines.hf_tokenizer import HFTokenizer
+from engines.interface import AsyncGenerateEngine, EngineUnavailableError, Tokenizer
+from engines.remote.routing import Router
+from engines.remote.tokenizer import load_tokenizer
+from engines.remote.upstream import Upstream, UpstreamSettings
+from engines.remote.wire import Delta, TokenIds, UpstreamError, completion_body, parse_chunk, sse_data
+from engines.types import EngineInfo, GenerationOutput, GenerationRequest, TokenLogprob
+
+log = logging.getLogger("switchyard.engines.remote")
+
+MAX_TRACKED_SESSIONS = 65536
+MAX_ERROR_CHARS = 300
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """A remote model: its upstreams, the name they serve it under, and how hard to try."""
+
+    upstreams: list[UpstreamSettings]
+    model: str
+    retries: int = 2  # extra attempts on other upstreams before the first token
+    health_check_seconds: float = 5.0
+    api_key: str | None = None  # sent as `Authorization: Bearer ...` to every upstream
+
+
+class _Retry(Exception):
+    """This attempt failed before anything reached the caller: try another upstream."""
+
+
+@dataclass
+class _Progress:
+    """One sequence's state across the chunks of one attempt."""
+
+    text: str = ""
+    tokens: int = 0  # estimate until the upstream's usage arrives
+    started: bool = False  # an update has been passed on (no retry after this)
+    finish_reason: str | None = None
+    stop_reason: Any = None
+    usage: dict[str, Any] | None = None
+    held_text: str = ""  # text that arrived with or after the finish, sent with the final update
+    held_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+class RemoteEngine(AsyncGenerateEngine):
+    def __init__(
+        self,
+        settings: RemoteSettings,
+        tokenizer: HFTokenizer,
+        info: EngineInfo,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        """`transport` replaces the network (tests script upstreams with `httpx.MockTransport`)."""
+        if not settings.upstreams:
+            raise ValueError("a remote model needs at least one upstream URL")
+        self._settings = settings
+        self._tokenizer = tokenizer
+        self._info = info
+        self._router = Router([Upstream(u) for u in settings.upstreams])
+        self._token_ids = TokenIds(tokenizer)
+        self._headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+        self._client: httpx.AsyncClient | None = None
+        self._transport = transport
+        self._health_task: asyncio.Task[None] | None = None
+        self._aborted: set[str] = set()
+        self._sessions: OrderedDict[str, None] = OrderedDict()  # sessions seen, for delete_session
+        self._background: set[asyncio.Task[None]] = set()
+
+    # -- AsyncGenerateEngine -------------------------------------------------------------------------------------
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    @property
+    def upstreams(self) -> list[Upstream]:
+        return self._router.upstreams
+
+    @property
+    def healthy(self) -> bool:
+        return any(u.healthy for u in self._router.upstreams)
+
+    async def start(self) -> None:
+        if logging.getLogger("httpx").level == logging.NOTSET:  # httpx logs every request at INFO: too chatty here
+            logging.getLogger("httpx").setLevel(logging.WARNING)
+        # No connection cap here: the admission scheduler bounds requests in flight, and a pool timeout would
+        # wrongly look like a dead upstream.
+        self._client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64), transport=self._transport
+        )
+        await self._check_all()
+        self._health_task = asyncio.create_task(self._health_loop(), name="switchyard-remote-health")
+
+    async def shutdown(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def abort(self, request_id: str) -> None:
+        # The caller closes our stream, which closes the upstream connection; this only stops a stream that is
+        # still being read by someone else.
+        self._aborted.add(request_id)
+        if len(self._aborted) > 4096:
+            self._aborted.clear()
+
+    def delete_session(self, session_id: str) -> bool:
+        if session_id not in self._sessions:
+            return False
+        del self._sessions[session_id]
+        upstream = self._router.affinity(session_id)
+        if upstream is not None and self._client is not None:  # release its KV session there too (best effort)
+            task = asyncio.get_running_loop().create_task(self._delete_upstream_session(upstream, session_id))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        return True
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        if self._client is None:
+            raise EngineUnavailableError("the remote engine is not started")
+        body = completion_body(self._settings.model, request)
+        headers = dict(self._headers)
+        if request.session_id:
+            headers["X-Session-ID"] = request.session_id
+            self._sessions[request.session_id] = None
+            self._sessions.move_to_end(request.session_id)
+            while len(self._sessions) > MAX_TRACKED_SESSIONS:
+                self._sessions.popitem(last=False)
+        tried: list[Upstream] = []
+        failures: list[str] = []
+        for _ in range(1 + max(0, self._settings.retries)):
+            upstream = self._router.pick(request.session_id, tried)
+            if upstream is None:
+                break
+            tried.append(upstream)
+            upstream.outstanding += 1
+            try:
+                async with contextlib.aclosing(self._attempt(upstream, body, headers, request)) as updates:
+                    async for out in updates:
+                        yield out
+                return
+            except _Retry as exc:
+                failures.append(str(exc))
+                log.info("request %s: %s; trying another upstream", request.request_id, exc)
+            finally:
+                upstream.outstanding -= 1
+        reason = "; ".join(failures[-3:]) if failures else "no upstream is healthy"
+        raise EngineUnavailableError(f"no upstream could serve the request ({reason})"[:1000])
+
+    # -- one attempt on one upstream ------------------------------------------------------------------------------
+    async def _attempt(
+        self, upstream: Upstream, body: dict[str, Any], headers: dict[str, str], request: GenerationRequest
+    ) -> AsyncIterator[GenerationOutput]:
+        assert self._client is not None
+        url = f"{upstream.base_url}/v1/completions"
+        p = _Progress()
+        try:
+            async with self._client.stream("POST", url, json=body, headers=headers, timeout=upstream.timeout) as resp:
+                if resp.status_code != 200:
+                    detail = await _error_detail(resp)
+                    if resp.status_code in (408, 429) or resp.status_code >= 500:
+                        if resp.status_code == 503:
+                            upstream.mark_down(f"answered 503: {detail}")
+                        raise _Retry(f"{upstream.base_url} answered {resp.status_code}: {detail}")
+                    raise ValueError(f"the upstream refused the request: {detail}")
+                upstream.served += 1
+                async for line in resp.aiter_lines():
+                    data = sse_data(line)
+                    if data is None:
+                        continue
+                    if data.strip() == "[DONE]":
+                        break
+                    if request.request_id in self._aborted:
+                        self._aborted.discard(request.request_id)
+                        return
+                    try:
+                        delta = parse_chunk(data, self._token_ids)
+                    except (UpstreamError, ValueError) as exc:
+                        yield self._final(request, p, "error", f"the upstream failed: {str(exc)[:MAX_ERROR_CHARS]}")
+                        return
+                    update = self._apply(request, p, delta)
+                    if update is not None:
+                        p.started = True
+                        yield update
+        except httpx.TransportError as exc:
+            what = f"{exc.__class__.__name__}" + (f": {exc}" if str(exc) else "")
+            if p.finish_reason is None:
+                upstream.mark_down(what[:MAX_ERROR_CHARS])
+                if not p.started:
+                    raise _Retry(f"{upstream.base_url} failed ({what[:MAX_ERROR_CHARS]})") from None
+                yield self._final(request, p, "abort", "the upstream serving this request failed mid-response; "
+                                  "retry the request")
+                return
+            # The stream broke after the finish (only the usage chunk or [DONE] was lost): the answer is whole.
+        if p.finish_reason is None:
+            if not p.started:
+                raise _Retry(f"{upstream.base_url} ended its stream before answering")
+            yield self._final(request, p, "abort", "the upstream ended its stream before finishing; retry the request")
+            return
+        yield self._final(request, p, p.finish_reason, None)
+
+    def _apply(self, request: GenerationRequest, p: _Progress, delta: Delta) -> GenerationOutput | None:
+        """Fold a chunk into the progress; return the update to pass on now, if any."""
+        if delta.usage is not None:
+            p.usage = delta.usage
+        if p.finish_reason is not None or delta.finish_reason is not None:
+            # Hold the finish until the usage chunk (or the end) so the final update carries exact counts.
+            p.finish_reason = p.finish_reason or delta.finish_reason
+            p.stop_reason = delta.stop_reason if delta.finish_reason else p.stop_reason
+            p.held_text += delta.text
+            p.held_logprobs.extend(delta.logprobs)
+            p.text += delta.text
+            p.tokens += len(delta.logprobs) or (1 if delta.text else 0)
+            return None
+        if not delta.text and not delta.logprobs:
+            return None
+        p.text += delta.text
+        p.tokens += len(delta.logprobs) or 1
+        return GenerationOutput(
+            request_id=request.request_id,
+            new_token_ids=[lp.token_id for lp in delta.logprobs],
+            text=delta.text,
+            prompt_tokens=len(request.prompt_token_ids),
+            completion_tokens=p.tokens,
+            logprobs=delta.logprobs or None,
+        )
+
+    def _final(self, request: GenerationRequest, p: _Progress, reason: str, error: str | None) -> GenerationOutput:
+        usage = p.usage or {}
+        completion = usage.get("completion_tokens")
+        if not isinstance(completion, int):
+            completion = self._count(request, p) if error is None else p.tokens
+        details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        return GenerationOutput(
+            request_id=request.request_id,
+            new_token_ids=[lp.token_id for lp in p.held_logprobs],
+            text=p.held_text if error is None else "",
+            finished=True,
+            finish_reason=reason,
+            prompt_tokens=len(request.prompt_token_ids),
+            completion_tokens=completion,
+            cached_prompt_tokens=cached if isinstance(cached, int) else 0,
+            logprobs=(p.held_logprobs or None) if error is None else None,
+            error=error,
+        )
+
+    def _count(self, request: GenerationRequest, p: _Progress) -> int:
+        """Completion tokens when the upstream sent no usage: "length" means the cap was reached; otherwise count
+        the text with the model's tokenizer, plus the end-of-sequence token it stopped on (not in the text)."""
+        if p.finish_reason == "length":
+            return request.sampling.max_tokens
+        count = len(self._tokenizer.encode(p.text, add_special_tokens=False)) if p.text else 0
+        stopped_on_token = p.finish_reason == "stop" and not isinstance(p.stop_reason, str)
+        return count + (1 if stopped_on_token else 0)
+
+    # -- health ---------------------------------------------------------------------------------------------------
+    async def _check_all(self) -> None:
+        assert self._client is not None
+        await asyncio.gather(*(u.check(self._client, self._headers) for u in self._router.upstreams))
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.health_check_seconds)
+            try:
+                await self._check_all()
+            except Exception:  # a bug here must not stop health checking for good
+                log.exception("remote health check failed")
+
+    async def _delete_upstream_session(self, upstream: Upstream, session_id: str) -> None:
+        assert self._client is not None
+        try:
+            await self._client.delete(f"{upstream.base_url}/v1/sessions/{session_id}", headers=self._headers,
+                                      timeout=upstream.timeout)
+        except httpx.HTTPError:
+            log.debug("deleting session on %s failed", upstream.base_url, exc_info=True)
+
+
+async def _error_detail(resp: httpx.Response) -> str:
+    """The message of an upstream's error response, short and without its internals."""
+    try:
+        raw = await resp.aread()
+        obj = httpx.Response(resp.status_code, content=raw).json()
+        err = obj.get("error") if isinstance(obj, dict) else None
+        message = err.get("message") if isinstance(err, dict) else (err or obj.get("message") or obj.get("detail"))
+        return str(message)[:MAX_ERROR_CHARS]
+    except Exception:
+        return f"HTTP {resp.status_code}"
+
+
+def probe_max_model_len(settings: RemoteSettings) -> int | None:
+    """Ask the upstreams' `/v1/models` for the model's context length (vLLM and Switchyard report it)."""
+    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+    for up in settings.upstreams:
+        try:
+            resp = httpx.get(f"{up.base_url}/v1/models", headers=headers, timeout=up.connect_timeout + 2.0)
+            entries = resp.json().get("data") or []
+        except (httpx.HTTPError, ValueError, AttributeError):
+            continue
+        for entry in entries:
+            if isinstance(entry, dict) and entry.get("id") == settings.model:
+                value = entry.get("max_model_len")
+                if isinstance(value, int) and value > 0:
+                    return value
+        names = [e.get("id") for e in entries if isinstance(e, dict)]
+        log.warning("upstream %s does not list model '%s' (it serves %s)", up.base_url, settings.model, names)
+    return None
+
+
+def build_remote_engine(
+    settings: RemoteSettings, tokenizer_source: Path, cache_dir: Path, max_model_len: int | None = None
+) -> RemoteEngine:
+    """Load the tokenizer and learn the context length (blocking). ValueError says what to configure."""
+    tokenizer = load_tokenizer(tokenizer_source, cache_dir)
+    if max_model_len is None:
+        max_model_len = probe_max_model_len(settings)
+    if max_model_len is None:
+        raise ValueError(
+            "no upstream reported the model's context length (GET /v1/models with max_model_len); "
+            "set max_model_len in the model's config"
+        )
+    hf = tokenizer.hf
+    eos = [hf.eos_token_id] if getattr(hf, "eos_token_id", None) is not None else []
+    info = EngineInfo(
+        model_type="remote",
+        dtype="remote",
+        max_model_len=max_model_len,
+        vocab_size=tokenizer.vocab_size,
+        eos_token_ids=eos,
+    )
+    return RemoteEngine(settings, tokenizer, info)

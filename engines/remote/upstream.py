@@ -1,0 +1,85 @@
+"""One upstream server: where it is, how long to wait for it, whether it is alive, how busy we keep it.
+
+Health is both active and passive. A background check asks every upstream `GET /health` (falling back to
+`GET /v1/models` for servers without it) every `health_check_seconds`; a request that cannot connect, or gets a 503,
+marks its upstream down at once, so the next request goes elsewhere without waiting for the next check. A down
+upstream comes back when a check succeeds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import httpx
+
+log = logging.getLogger("switchyard.engines.remote")
+
+
+@dataclass(frozen=True)
+class UpstreamSettings:
+    """Where an upstream is and how long to wait for it.
+
+    `url` is the server's base URL (`http://host:port`; a trailing `/v1` is accepted and dropped).
+    `read_timeout` bounds the wait for each piece of a response, the first token included.
+    """
+
+    url: str
+    connect_timeout: float = 5.0
+    read_timeout: float = 600.0
+
+    @property
+    def base_url(self) -> str:
+        url = self.url.rstrip("/")
+        return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+class Upstream:
+    def __init__(self, settings: UpstreamSettings) -> None:
+        self.settings = settings
+        self.base_url = settings.base_url
+        self.outstanding = 0  # requests in flight on it from this gateway
+        self.served = 0  # requests it has started answering (for stats and tests)
+        self.healthy = True  # optimistic until the first check says otherwise
+        self.last_error = ""
+        self.down_since: float | None = None
+
+    @property
+    def timeout(self) -> httpx.Timeout:
+        s = self.settings
+        return httpx.Timeout(
+            connect=s.connect_timeout, read=s.read_timeout, write=s.read_timeout, pool=s.connect_timeout
+        )
+
+    def mark_down(self, reason: str) -> None:
+        if self.healthy:
+            log.warning("upstream %s is down: %s", self.base_url, reason)
+            self.down_since = time.monotonic()
+        self.healthy = False
+        self.last_error = reason
+
+    def mark_up(self) -> None:
+        if not self.healthy:
+            log.info("upstream %s is back", self.base_url)
+        self.healthy = True
+        self.down_since = None
+
+    async def check(self, client: httpx.AsyncClient, headers: dict[str, str]) -> bool:
+        """Ask the upstream whether it serves; update `healthy`."""
+        timeout = httpx.Timeout(self.settings.connect_timeout + 2.0)
+        try:
+            resp = await client.get(f"{self.base_url}/health", headers=headers, timeout=timeout)
+            if resp.status_code == 404:  # servers without /health: a model list means it serves
+                resp = await client.get(f"{self.base_url}/v1/models", headers=headers, timeout=timeout)
+        except httpx.HTTPError as exc:
+            self.mark_down(f"health check failed ({exc.__class__.__name__})")
+            return False
+        if resp.status_code == 200:
+            self.mark_up()
+            return True
+        self.mark_down(f"health check answered {resp.status_code}")
+        return False
+
+    def __repr__(self) -> str:
+        return f"Upstream({self.base_url}, healthy={self.healthy}, outstanding={self.outstanding})"

@@ -1,0 +1,28 @@
+"""Which scheduler serves a tensor model version: the dynamic batcher (default), the stateful sequence batcher
+(`sequence_batching`) or the ensemble runner (`ensemble_scheduling`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def scheduler_factory(registry: Any) -> Callable[[Any, Any], Any]:
+    """A `TensorModel.load` hook; returns None to get the default dynamic batcher."""
+
+    def make(model: Any, entry: Any) -> Any:
+        config = model.config
+        if config.sequence_batching is not None:
+            from gateway.scheduler.sequence import SequenceBatcher
+
+            return SequenceBatcher(model.name, entry.instances, config, entry.stats)
+        if config.ensemble_scheduling is not None:
+            from gateway.kserve.ensemble import EnsembleScheduler, check_graph
+
+            steps = list(config.ensemble_scheduling.step)
+            check_graph(model.dir.config_path, [s.name for s in entry.inputs], [s.name for s in entry.outputs], steps,
+                        registry)
+            return EnsembleScheduler(model.name, registry, steps, [s.name for s in entry.outputs], entry.stats)
+        return None
+
+    return make

@@ -1,0 +1,65 @@
+"""Name the field of a JSON body that is nested too deeply to parse.
+
+Python's JSON parser gives up on bodies nested deeper than the interpreter's recursion limit (a 10k-level
+`response_format` schema is a known attack) and FastAPI then answers a bare "error parsing the body". This route
+class turns that into a 400 whose `param` names the top-level field at fault, found by a flat scan of the bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.errors import InvalidRequestError
+
+TOO_DEEP = 100  # the depth from which we blame a field; the parser itself fails near ~1000
+
+
+def deepest_field(raw: bytes, limit: int = TOO_DEEP) -> str | None:
+    """The top-level key whose value first nests deeper than `limit` (no recursion, one pass)."""
+    depth, in_string, escaped = 0, False, False
+    string_start, last_string, key = 0, "", None
+    for i, byte in enumerate(raw):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # closing quote
+                in_string = False
+                last_string = raw[string_start:i].decode("utf-8", "replace")
+            continue
+        if byte == 0x22:
+            in_string, string_start = True, i + 1
+        elif byte == 0x3A and depth == 1:  # ':' after a top-level key
+            key = last_string
+        elif byte in (0x7B, 0x5B):  # { [
+            depth += 1
+            if depth > limit:
+                return key
+        elif byte in (0x7D, 0x5D):
+            depth -= 1
+    return None
+
+
+class NestingAwareRoute(APIRoute):
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except HTTPException as exc:
+                if not isinstance(exc.__cause__, RecursionError):
+                    raise
+                field = deepest_field(await request.body())
+                where = f"'{field[:64]}'" if field else "the request body"
+                param = field[:64] if field else None
+                raise InvalidRequestError(f"{where} is nested too deeply", param=param) from None
+
+        return route

@@ -1,0 +1,145 @@
+"""Chat messages -> the model's own chat template -> prompt token ids, tools included.
+
+Templates differ in what they know: some render `tools` and assistant `tool_calls` themselves (Qwen, Hermes,
+Llama 3.1), many small models' templates ignore both (SmolLM2). We probe each template once; where it ignores
+them, the tools are described in the system message and past calls are written as text, both in the model's
+tool-call dialect, so a conversation with tool results round-trips on any model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+
+from engines.interface import Tokenizer
+from gateway.errors import InvalidRequestError
+from gateway.openai.protocol import ChatMessage
+from gateway.openai.tool_parsers import ToolParser
+
+RESERVED_KWARGS = ("messages", "tools", "add_generation_prompt", "tokenize", "chat_template", "documents")
+_PROBE_NAME = "zq_probe_fn"
+_PROBE_TOOL = {"type": "function", "function": {"name": _PROBE_NAME, "description": "probe",
+                                                 "parameters": {"type": "object", "properties": {}}}}
+
+
+@dataclass(frozen=True)
+class TemplateSupport:
+    tools: bool
+    tool_calls: bool
+
+
+_SUPPORT: weakref.WeakKeyDictionary[Tokenizer, TemplateSupport] = weakref.WeakKeyDictionary()
+
+
+def _renders_probe(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                   generation_prompt: bool) -> bool:
+    try:
+        ids = tokenizer.apply_chat_template(messages, tools, generation_prompt)
+    except Exception:  # a template that refuses the probe does not support it
+        return False
+    return _PROBE_NAME in tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def _probe(tokenizer: Tokenizer) -> TemplateSupport:
+    user = {"role": "user", "content": "hi"}
+    call = {"id": "call_probe", "type": "function", "function": {"name": _PROBE_NAME, "arguments": {}}}
+    history = [user, {"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_probe", "content": "ok"}]
+    return TemplateSupport(
+        tools=_renders_probe(tokenizer, [user], [_PROBE_TOOL], True),
+        tool_calls=_renders_probe(tokenizer, history, [_PROBE_TOOL], False),
+    )
+
+
+def template_support(tokenizer: Tokenizer) -> TemplateSupport:
+    support = _SUPPORT.get(tokenizer)
+    if support is None:
+        support = _SUPPORT[tokenizer] = _probe(tokenizer)
+    return support
+
+
+def _text(i: int, msg: ChatMessage) -> str | None:
+    if not isinstance(msg.content, list):
+        return msg.content
+    texts = []
+    for part in msg.content:
+        if part.type != "text" or part.text is None:
+            raise InvalidRequestError(
+                f"content part type '{part.type[:32]}' is not supported by this model; send text parts",
+                param=f"messages.{i}.content",
+            )
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def _arguments(arguments: str | dict[str, Any]) -> Any:
+    """Templates expect arguments as a mapping (vLLM passes them so too); keep text that is not a JSON object."""
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return value if isinstance(value, dict) else arguments
+
+
+def message_dicts(
+    messages: list[ChatMessage], support: TemplateSupport, parser: ToolParser | None
+) -> list[dict[str, Any]]:
+    out = []
+    for i, msg in enumerate(messages):
+        content = _text(i, msg)
+        if content is None and not msg.tool_calls:
+            raise InvalidRequestError("a message needs content", param=f"messages.{i}.content")
+        item: dict[str, Any] = {"role": msg.role, "content": content or ""}
+        if msg.name is not None:
+            item["name"] = msg.name
+        if msg.tool_call_id is not None:
+            item["tool_call_id"] = msg.tool_call_id
+        if msg.tool_calls:
+            calls = [{"id": c.id, "type": "function",
+                      "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                     for c in msg.tool_calls]
+            if support.tool_calls or parser is None:
+                item["tool_calls"] = calls
+            else:
+                written = parser.render_calls([c["function"] for c in calls])
+                item["content"] = f"{item['content']}\n{written}" if item["content"] else written
+        out.append(item)
+    return out
+
+
+def _with_tool_prompt(messages: list[dict[str, Any]], prompt: str) -> list[dict[str, Any]]:
+    if messages and messages[0]["role"] in ("system", "developer"):
+        first = {**messages[0], "content": f"{messages[0]['content']}\n\n{prompt}".strip()}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]
+
+
+def _render(tokenizer: Tokenizer, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
+            parser: ToolParser | None, add_generation_prompt: bool, kwargs: dict[str, Any]) -> list[int]:
+    support = template_support(tokenizer)
+    dicts = message_dicts(messages, support, parser)
+    if tools and not support.tools and parser is not None:
+        dicts, tools = _with_tool_prompt(dicts, parser.system_prompt(tools)), None
+    return tokenizer.apply_chat_template(dicts, tools or None, add_generation_prompt, **kwargs)
+
+
+async def render_chat(tokenizer: Tokenizer, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
+                      parser: ToolParser | None, template_kwargs: dict[str, Any] | None,
+                      add_generation_prompt: bool = True) -> list[int]:
+    """Prompt token ids. Templates are Jinja run in transformers' sandbox; rendering stays off the event loop."""
+    kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_KWARGS}
+    try:
+        prompt = await asyncio.to_thread(_render, tokenizer, messages, tools, parser, add_generation_prompt, kwargs)
+    except jinja2.TemplateError as exc:
+        message = f"the chat template rejected the messages: {str(exc)[:200]}"
+        raise InvalidRequestError(message, param="messages") from None
+    if not prompt:
+        raise InvalidRequestError("the messages render to an empty prompt", param="messages")
+    return prompt

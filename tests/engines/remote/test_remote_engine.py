@@ -1,0 +1,288 @@
+"""RemoteEngine against scripted upstreams (httpx.MockTransport): retries, failover, usage, logprobs, affinity.
+
+The real-server counterpart is tests/e2e/test_remote_upstreams.py; these cover the failure shapes that are hard to
+produce on demand with real servers (a 500 before the first byte, an error event, a missing usage chunk).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import httpx
+import pytest
+
+from engines.interface import EngineUnavailableError, Tokenizer
+from engines.remote.engine import RemoteEngine, RemoteSettings
+from engines.remote.upstream import UpstreamSettings
+from engines.remote.wire import completion_body
+from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SamplingParams
+
+A, B = "http://up-a:8000", "http://up-b:8000/v1"  # a trailing /v1 is accepted
+EOS = 0
+
+
+class CharTokenizer(Tokenizer):
+    """One token per character: 'a' = 1 ... ; 0 is EOS."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) - 96 for c in text]
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(t + 96) for t in token_ids if t)
+
+    def convert_ids_to_tokens(self, token_ids: Sequence[int]) -> list[str]:
+        return [self.decode([t]) for t in token_ids]
+
+    def apply_chat_template(self, messages, tools=None, add_generation_prompt=True, **kw):  # type: ignore[no-untyped-def]
+        return self.encode("".join(m["content"] for m in messages))
+
+    @property
+    def vocab_size(self) -> int:
+        return 27
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return [EOS]
+
+
+def sse(*events: dict | str) -> list[bytes]:
+    return [f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n".encode() for e in events]
+
+
+def chunk(text: str, finish: str | None = None, **extra: object) -> dict:
+    return {"object": "text_completion", "choices": [{"index": 0, "text": text, "finish_reason": finish, **extra}]}
+
+
+def usage(prompt: int, completion: int, cached: int = 0) -> dict:
+    return {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                                     "total_tokens": prompt + completion,
+                                     "prompt_tokens_details": {"cached_tokens": cached}}}
+
+
+Script = Callable[[httpx.Request], object]
+
+
+class Upstreams:
+    """Per-host scripts; records every request. A script returns a list of SSE byte chunks (200), an
+    httpx.Response, or raises (e.g. httpx.ConnectError)."""
+
+    def __init__(self, **scripts: Script) -> None:
+        self.scripts = scripts
+        self.calls: list[tuple[str, httpx.Request]] = []
+        self.deleted: list[str] = []
+        self.health = {"up-a": 200, "up-b": 200}
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        if request.url.path == "/health":
+            return httpx.Response(self.health[host])
+        if request.method == "DELETE":
+            self.deleted.append(f"{host}{request.url.path}")
+            return httpx.Response(200, json={"deleted": True})
+        self.calls.append((host, request))
+        out = self.scripts[host.replace("-", "_")](request)
+        if isinstance(out, httpx.Response):
+            return out
+        return httpx.Response(200, content=_stream(out), headers={"content-type": "text/event-stream"})
+
+    def hosts(self) -> list[str]:
+        return [h for h, _ in self.calls]
+
+
+async def _stream(parts: object) -> AsyncIterator[bytes]:
+    for part in parts:  # type: ignore[attr-defined]
+        if isinstance(part, Exception):
+            raise part
+        yield part
+
+
+def answer(text: str = "paris", finish: str = "stop", with_usage: bool = True) -> Script:
+    def script(request: httpx.Request) -> list[bytes]:
+        events: list[dict | str] = [chunk(c) for c in text[:-1]] + [chunk(text[-1], finish)]
+        if with_usage:
+            events.append(usage(len(json.loads(request.content)["prompt"]), len(text) + (finish == "stop")))
+        return sse(*events, "[DONE]")
+
+    return script
+
+
+def refuse(exc: Exception) -> Script:
+    def script(request: httpx.Request) -> object:
+        raise exc
+
+    return script
+
+
+async def engine_for(upstreams: Upstreams, retries: int = 2) -> RemoteEngine:
+    settings = RemoteSettings([UpstreamSettings(A), UpstreamSettings(B)], model="m", retries=retries,
+                              health_check_seconds=3600)
+    engine = RemoteEngine(settings, CharTokenizer(), EngineInfo("remote", "remote", 512, 27, [EOS]),  # type: ignore[arg-type]
+                          transport=httpx.MockTransport(upstreams.handle))
+    await engine.start()
+    return engine
+
+
+def request(rid: str = "r", session: str | None = None, **sampling: object) -> GenerationRequest:
+    params = SamplingParams(**{"max_tokens": 8, "temperature": 0.0, **sampling})  # type: ignore[arg-type]
+    return GenerationRequest(rid, [1, 2, 3], params, session_id=session)
+
+
+async def collect(engine: RemoteEngine, req: GenerationRequest) -> list[GenerationOutput]:
+    return [out async for out in engine.generate(req)]
+
+
+def text_of(outs: list[GenerationOutput]) -> str:
+    return "".join(o.text for o in outs)
+
+
+async def test_streams_deltas_and_takes_usage_from_the_upstream() -> None:
+    ups = Upstreams(up_a=answer("paris"), up_b=answer("paris"))
+    engine = await engine_for(ups)
+    outs = await collect(engine, request())
+    assert text_of(outs) == "paris"
+    assert [o.finished for o in outs] == [False] * 4 + [True]
+    final = outs[-1]
+    assert (final.finish_reason, final.prompt_tokens, final.completion_tokens) == ("stop", 3, 6)
+    body = json.loads(ups.calls[0][1].content)
+    assert body["prompt"] == [1, 2, 3] and body["stream"] and body["stream_options"] == {"include_usage": True}
+    await engine.shutdown()
+
+
+async def test_without_usage_the_tokenizer_counts() -> None:
+    ups = Upstreams(up_a=answer("lyon", with_usage=False), up_b=answer("abcdefgh", "length", with_usage=False))
+    engine = await engine_for(ups)
+    stopped = await collect(engine, request("1"))
+    capped = await collect(engine, request("2", max_tokens=8))
+    assert stopped[-1].completion_tokens == 5  # four characters plus the end-of-sequence token they stopped on
+    assert capped[-1].finish_reason == "length" and capped[-1].completion_tokens == 8
+
+
+async def test_least_outstanding_with_rotation_balances_sequential_requests() -> None:
+    ups = Upstreams(up_a=answer(), up_b=answer())
+    engine = await engine_for(ups)
+    for i in range(6):
+        await collect(engine, request(str(i)))
+    assert sorted(ups.hosts()) == ["up-a"] * 3 + ["up-b"] * 3
+    assert ups.hosts()[:2] in (["up-a", "up-b"], ["up-b", "up-a"])
+
+
+async def test_a_session_always_goes_to_the_same_upstream_and_carries_its_header() -> None:
+    ups = Upstreams(up_a=answer(), up_b=answer())
+    engine = await engine_for(ups)
+    for i in range(4):
+        await collect(engine, request(str(i), session="conversation-7"))
+    assert len(set(ups.hosts())) == 1
+    assert all(r.headers["x-session-id"] == "conversation-7" for _, r in ups.calls)
+    assert engine.delete_session("conversation-7") and not engine.delete_session("never-seen")
+    for _ in range(20):  # the upstream's KV session is released in the background
+        await asyncio.sleep(0.01)
+    assert ups.deleted == [f"{ups.hosts()[0]}/v1/sessions/conversation-7"]
+
+
+async def test_connect_errors_and_5xx_before_the_first_byte_are_retried_elsewhere() -> None:
+    ups = Upstreams(up_a=refuse(httpx.ConnectError("refused")), up_b=answer("ok"))
+    engine = await engine_for(ups)
+    pinned_to_a = next(f"s{i}" for i in range(100) if engine._router.affinity(f"s{i}") is engine.upstreams[0])
+    outs = await collect(engine, request(session=pinned_to_a))  # even a pinned session fails over
+    assert text_of(outs) == "ok" and ups.hosts() == ["up-a", "up-b"]
+    assert not engine.upstreams[0].healthy and engine.upstreams[1].healthy
+
+    ups = Upstreams(up_a=lambda r: httpx.Response(500, json={"error": {"message": "boom"}}), up_b=answer("ok"))
+    engine = await engine_for(ups)
+    for i in range(2):
+        assert text_of(await collect(engine, request(str(i)))) == "ok"
+    assert engine.upstreams[0].healthy  # a 500 may be this request's problem: the upstream stays in rotation
+
+
+async def test_a_4xx_is_the_clients_problem_and_is_not_retried() -> None:
+    ups = Upstreams(up_a=lambda r: httpx.Response(400, json={"error": {"message": "prompt too long"}}),
+                    up_b=lambda r: httpx.Response(400, json={"error": {"message": "prompt too long"}}))
+    engine = await engine_for(ups)
+    with pytest.raises(ValueError, match="prompt too long"):
+        await collect(engine, request())
+    assert len(ups.calls) == 1
+
+
+async def test_when_every_attempt_fails_the_engine_is_unavailable() -> None:
+    ups = Upstreams(up_a=lambda r: httpx.Response(503, json={"error": {"message": "loading"}}),
+                    up_b=refuse(httpx.ConnectTimeout("slow")))
+    engine = await engine_for(ups)
+    with pytest.raises(EngineUnavailableError, match="no upstream could serve"):
+        await collect(engine, request())
+    assert not engine.healthy  # both marked down: the model reports not ready until a health check succeeds
+    ups.health = {"up-a": 200, "up-b": 503}
+    await engine._check_all()
+    assert engine.healthy and [u.healthy for u in engine.upstreams] == [True, False]
+
+
+async def test_an_upstream_dying_mid_stream_ends_the_stream_cleanly() -> None:
+    def dies(request: httpx.Request) -> list:
+        return [*sse(chunk("pa"), chunk("r")), httpx.RemoteProtocolError("peer closed connection")]
+
+    ups = Upstreams(up_a=dies, up_b=dies)
+    engine = await engine_for(ups)
+    outs = await collect(engine, request())
+    assert text_of(outs) == "par"  # what was sent stays sent; no retry after the first token
+    assert outs[-1].finished and outs[-1].finish_reason == "abort" and "retry" in (outs[-1].error or "")
+    assert len(ups.calls) == 1
+    dead = {u.base_url: u.healthy for u in engine.upstreams}[f"http://{ups.calls[0][0]}:8000"]
+    assert dead is False  # the next request goes elsewhere
+
+
+async def test_a_stream_that_breaks_before_the_first_token_is_retried() -> None:
+    ups = Upstreams(up_a=lambda r: [httpx.ReadError("reset")], up_b=answer("ok"))
+    engine = await engine_for(ups)
+    for i in range(2):
+        assert text_of(await collect(engine, request(str(i)))) == "ok"
+
+
+async def test_an_error_event_in_the_stream_fails_the_request() -> None:
+    def errs(request: httpx.Request) -> list[bytes]:
+        return sse(chunk("x"), {"error": {"message": "CUDA error", "type": "internal_error"}}, "[DONE]")
+
+    engine = await engine_for(Upstreams(up_a=errs, up_b=errs))
+    outs = await collect(engine, request())
+    assert outs[-1].finish_reason == "error" and "CUDA error" in (outs[-1].error or "")
+
+
+async def test_logprobs_map_back_to_token_ids() -> None:
+    def with_logprobs(request: httpx.Request) -> list[bytes]:
+        body = json.loads(request.content)
+        assert body["logprobs"] == 1 and body["return_tokens_as_token_ids"] is True
+        lp_vllm = {"tokens": ["token_id:16"], "token_logprobs": [-0.5], "top_logprobs": [{"token_id:16": -0.5}]}
+        lp_text = {"tokens": ["a"], "token_logprobs": [-1.5], "top_logprobs": [{"a": -1.5, "b": -2.0}]}
+        return sse(chunk("p", logprobs=lp_vllm), chunk("a", "stop", logprobs=lp_text), usage(3, 2), "[DONE]")
+
+    engine = await engine_for(Upstreams(up_a=with_logprobs, up_b=with_logprobs))
+    outs = await collect(engine, request(logprobs=1))
+    lps = [lp for o in outs for lp in (o.logprobs or [])]
+    assert [(lp.token_id, lp.logprob, lp.top) for lp in lps] == [(16, -0.5, [(16, -0.5)]),
+                                                                  (1, -1.5, [(1, -1.5), (2, -2.0)])]
+    assert [t for o in outs for t in o.new_token_ids] == [16, 1]
+
+
+def test_only_non_default_vllm_extras_are_sent() -> None:
+    plain = completion_body("m", request())
+    assert set(plain) == {"model", "prompt", "max_tokens", "temperature", "top_p", "stream", "stream_options"}
+    rich = completion_body("m", request(top_k=5, min_p=0.1, repetition_penalty=1.2, min_tokens=2, stop=["\n"],
+                                        stop_token_ids=[7], ignore_eos=True, skip_special_tokens=False, seed=4,
+                                        logit_bias={3: -100.0}, presence_penalty=0.5))
+    assert {k: rich[k] for k in ("top_k", "min_p", "repetition_penalty", "min_tokens", "stop", "stop_token_ids",
+                                 "ignore_eos", "skip_special_tokens", "seed", "logit_bias", "presence_penalty")} == {
+        "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2, "min_tokens": 2, "stop": ["\n"], "stop_token_ids": [7],
+        "ignore_eos": True, "skip_special_tokens": False, "seed": 4, "logit_bias": {"3": -100.0},
+        "presence_penalty": 0.5}
+
+
+def test_guided_decoding_is_refused_clearly() -> None:
+    class Anything:
+        def allowed_mask(self, vocab_size: int) -> None:
+            return None
+
+        def accept(self, token_id: int) -> None:
+            pass
+
+    with pytest.raises(ValueError, match="guided decoding"):
+        completion_body("m", request(constraint=Anything()))
