@@ -14,6 +14,7 @@ EXPECTED = {
     "openai_chat.py": ["Paris", "usage:"],
     "openai_streaming.py": ["tokens]"],
     "openai_completions.py": ["Paris"],
+    "openai_embeddings.py": ["dimensions: 384", "truncated: 128 dims"],
     "openai_tools.py": ["finish_reason: tool_calls", "get_weather({'city':", "answer:"],
     "openai_structured_output.py": ["{'city': 'Paris'", "Person(name="],
     "langchain_chat.py": ["Paris", "City(name=", "'name': 'get_weather'"],
