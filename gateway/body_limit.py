@@ -7,7 +7,6 @@ body streams in, so chunked uploads cannot exceed the limit either. Malformed le
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from engines.interface import AsyncGenerateEngine, EngineUnavailableError, Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest
 from gateway.errors import InvalidRequestError, RateLimitError, ServiceUnavailableError
-from gateway.scheduler.llm_scheduler import LLMScheduler, SchedulerStats
+from gateway.scheduler.llm_scheduler import LLMScheduler, SchedulerStats, admission_key
 
 log = logging.getLogger("switchyard.scheduler.admission")
 
@@ -43,8 +43,7 @@ class _Ticket:
     granted: asyncio.Future[None]
 
     def sort_key(self, now: float, aging_seconds: float) -> tuple[float, int]:
-        starving = now - self.request.arrival_time > aging_seconds
-        return (float("-inf") if starving else self.request.priority, self.order)
+        return admission_key(self.request, self.order, now, aging_seconds)
 
 
 class AdmissionScheduler(LLMScheduler):

@@ -60,3 +60,10 @@ class LLMScheduler(ABC):
     def healthy(self) -> bool:
         """False when the model cannot serve (its engine died, no upstream is reachable): health reports not ready."""
         return True
+
+
+def admission_key(request: GenerationRequest, order: int, now: float, aging_seconds: float) -> tuple[float, int]:
+    """Admission order: lower `priority` first, then arrival; a request that has waited longer than
+    `aging_seconds` goes ahead of every priority, so low priorities cannot starve."""
+    starving = now - request.arrival_time > aging_seconds
+    return (float("-inf") if starving else request.priority, order)

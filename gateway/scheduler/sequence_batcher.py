@@ -24,7 +24,7 @@ from engines.types import EngineInfo, GenerationOutput, GenerationRequest, Seque
 from gateway.errors import RateLimitError, ServiceUnavailableError
 from gateway.kv_cache.manager import KVCacheManager
 from gateway.kv_cache.sessions import SessionStore
-from gateway.scheduler.llm_scheduler import LLMScheduler, SchedulerStats
+from gateway.scheduler.llm_scheduler import LLMScheduler, SchedulerStats, admission_key
 from gateway.scheduler.output_processor import OutputProcessor
 
 log = logging.getLogger("switchyard.scheduler")
@@ -61,9 +61,8 @@ class _Sequence:
     def num_prompt(self) -> int:
         return len(self.request.prompt_token_ids)
 
-    def sort_key(self, now: float = 0.0, aging_seconds: float = float("inf")) -> tuple[float, int]:
-        starving = now - self.request.arrival_time > aging_seconds
-        return (float("-inf") if starving else self.request.priority, self.order)
+    def sort_key(self, now: float, aging_seconds: float) -> tuple[float, int]:
+        return admission_key(self.request, self.order, now, aging_seconds)
 
 
 class SequenceBatcher(LLMScheduler):

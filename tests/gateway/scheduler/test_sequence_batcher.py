@@ -278,7 +278,7 @@ async def test_starving_request_is_admitted_ahead_of_higher_priority() -> None:
     # loop not started (a pending future stands in for it): queue both, age the low one, schedule by hand
     batcher._task = asyncio.get_running_loop().create_future()
     low = batcher._add(req("low", "a", priority=9))
-    high = batcher._add(req("high", "a", priority=-9))
+    batcher._add(req("high", "a", priority=-9))
     low.request.arrival_time -= 3600  # low has waited an hour, high just arrived
     batcher._limits.aging_seconds = 1800
     scheduled = batcher._schedule()
