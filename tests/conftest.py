@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -21,6 +22,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def metric_sample(metrics_text: str, name: str, model: str = DEFAULT_MODEL) -> float:
+    """The value of `name{model="..."}` in a /metrics exposition; fails the test if the sample is missing."""
+    match = re.search(rf'^{name}{{model="{model}"}} (\S+)$', metrics_text, re.M)
+    assert match, f"metric {name} for model {model} not exposed"
+    return float(match.group(1))
 
 
 class ServerProcess:
@@ -46,6 +54,10 @@ class ServerProcess:
             time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"server did not become ready:\n{self.log()}")
+
+    def metric(self, name: str, model: str = DEFAULT_MODEL) -> float:
+        """One sample of the server's /metrics (counters need their `_total` suffix)."""
+        return metric_sample(httpx.get(f"{self.base_url}/metrics").text, name, model)
 
     def log(self) -> str:
         self._log.flush()

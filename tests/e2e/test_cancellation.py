@@ -3,28 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 
 import httpx
 
-from tests.conftest import DEFAULT_MODEL, ServerProcess
+from tests.conftest import DEFAULT_MODEL, ServerProcess, metric_sample
 
 LONG = {"model": DEFAULT_MODEL, "prompt": "Tell me a very long story.", "max_tokens": 2000, "ignore_eos": True}
-
-
-def _gauge(text: str, name: str) -> float:
-    match = re.search(rf'^{name}{{model="{DEFAULT_MODEL}"}} (\S+)$', text, re.M)
-    assert match, name
-    return float(match.group(1))
 
 
 def _wait_idle(server: ServerProcess, timeout: float = 30.0) -> tuple[float, float]:
     deadline = time.monotonic() + timeout
     while True:
         text = httpx.get(server.base_url + "/metrics").text
-        state = _gauge(text, "switchyard_num_requests_running") + _gauge(text, "switchyard_num_requests_waiting")
-        blocks = _gauge(text, "switchyard_kv_cache_blocks_used")
+        state = metric_sample(text, "switchyard_num_requests_running") + metric_sample(text, "switchyard_num_requests_waiting")
+        blocks = metric_sample(text, "switchyard_kv_cache_blocks_used")
         if (state, blocks) == (0, 0) or time.monotonic() > deadline:
             return state, blocks
         time.sleep(0.2)

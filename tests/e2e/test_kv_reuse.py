@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import re
-
 import httpx
 
 from tests.conftest import DEFAULT_MODEL, ServerProcess
 
 HISTORY = " ".join(f"Fact {i}: {i} squared is {i * i}." for i in range(30))
-
-
-def _counter(server: ServerProcess, name: str) -> float:
-    text = httpx.get(server.base_url + "/metrics").text
-    match = re.search(rf'^{name}_total{{model="{DEFAULT_MODEL}"}} (\S+)$', text, re.M)
-    assert match, name
-    return float(match.group(1))
 
 
 def _complete(server: ServerProcess, prompt: str, headers: dict[str, str] | None = None) -> tuple[str, int]:
@@ -28,33 +19,26 @@ def _complete(server: ServerProcess, prompt: str, headers: dict[str, str] | None
 def test_repeated_prefix_is_served_from_cache_with_identical_output(server: ServerProcess) -> None:
     prompt = f"{HISTORY}\nQuestion: what is 7 squared?\nAnswer:"
     first, prompt_tokens = _complete(server, prompt)
-    hits_before = _counter(server, "switchyard_prefix_cache_hits")
+    hits_before = server.metric("switchyard_prefix_cache_hits_total")
     second, _ = _complete(server, prompt)
-    hits = _counter(server, "switchyard_prefix_cache_hits") - hits_before
+    hits = server.metric("switchyard_prefix_cache_hits_total") - hits_before
     assert second == first
     assert prompt_tokens > 200
     assert hits == (prompt_tokens - 1) // 16 * 16  # every full block but the one holding the last token
 
 
-def _gauge(server: ServerProcess, name: str) -> float:
-    text = httpx.get(server.base_url + "/metrics").text
-    match = re.search(rf'^{name}{{model="{DEFAULT_MODEL}"}} (\S+)$', text, re.M)
-    assert match, name
-    return float(match.group(1))
-
-
 def test_session_pins_conversation_and_delete_ends_it(server: ServerProcess) -> None:
     turn1 = f"Session test. {HISTORY}\nQuestion: what is 9 squared?\nAnswer:"
     answer, turn1_tokens = _complete(server, turn1, {"X-Session-ID": "conv-1"})
-    assert _gauge(server, "switchyard_kv_sessions") >= 1
-    assert _gauge(server, "switchyard_kv_session_pinned_blocks") >= turn1_tokens // 16
-    hits_before = _counter(server, "switchyard_prefix_cache_hits")
+    assert server.metric("switchyard_kv_sessions") >= 1
+    assert server.metric("switchyard_kv_session_pinned_blocks") >= turn1_tokens // 16
+    hits_before = server.metric("switchyard_prefix_cache_hits_total")
     _complete(server, turn1 + answer + "\nQuestion: and 3 squared?\nAnswer:", {"X-Session-ID": "conv-1"})
-    assert _counter(server, "switchyard_prefix_cache_hits") - hits_before >= turn1_tokens // 16 * 16
+    assert server.metric("switchyard_prefix_cache_hits_total") - hits_before >= turn1_tokens // 16 * 16
     assert httpx.delete(server.base_url + "/v1/sessions/conv-1").json()["deleted"] is True
     resp = httpx.delete(server.base_url + "/v1/sessions/conv-1")
     assert resp.status_code == 404 and resp.json()["error"]["type"] == "not_found_error"
-    assert _gauge(server, "switchyard_kv_sessions") == 0
+    assert server.metric("switchyard_kv_sessions") == 0
 
 
 def test_session_id_in_body_is_accepted(server: ServerProcess) -> None:
