@@ -8,43 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
 
-from engines.interface import EngineUnavailableError, Tokenizer
+from engines.interface import EngineUnavailableError
 from engines.remote.engine import RemoteEngine, RemoteSettings
 from engines.remote.upstream import UpstreamSettings
 from engines.remote.wire import completion_body
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SamplingParams
+from tests.char_tokenizer import EOS, CharTokenizer
 
 A, B = "http://up-a:8000", "http://up-b:8000/v1"  # a trailing /v1 is accepted
-EOS = 0
-
-
-class CharTokenizer(Tokenizer):
-    """One token per character: 'a' = 1 ... ; 0 is EOS."""
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [ord(c) - 96 for c in text]
-
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return "".join(chr(t + 96) for t in token_ids if t)
-
-    def convert_ids_to_tokens(self, token_ids: Sequence[int]) -> list[str]:
-        return [self.decode([t]) for t in token_ids]
-
-    def apply_chat_template(self, messages, tools=None, add_generation_prompt=True, **kw):  # type: ignore[no-untyped-def]
-        return self.encode("".join(m["content"] for m in messages))
-
-    @property
-    def vocab_size(self) -> int:
-        return 27
-
-    @property
-    def all_special_ids(self) -> list[int]:
-        return [EOS]
 
 
 def sse(*events: dict | str) -> list[bytes]:

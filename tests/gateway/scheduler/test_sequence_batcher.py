@@ -10,32 +10,7 @@ import pytest
 from engines.interface import StepEngine, Tokenizer
 from engines.types import EngineInfo, GenerationRequest, SamplingParams, SequenceStep, StepResult
 from gateway.scheduler.sequence_batcher import BatcherLimits, SequenceBatcher
-
-EOS = 0
-
-
-class CharTokenizer(Tokenizer):
-    """Token id i <-> chr(ord('a') + i - 1); 0 is EOS."""
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [ord(c) - ord("a") + 1 for c in text]
-
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return "".join(chr(ord("a") + t - 1) for t in token_ids if t != EOS)
-
-    def convert_ids_to_tokens(self, token_ids: Sequence[int]) -> list[str]:
-        return [self.decode([t]) for t in token_ids]
-
-    def apply_chat_template(self, messages, tools=None, add_generation_prompt=True, **kw):  # type: ignore[no-untyped-def]
-        return self.encode("".join(m["content"] for m in messages))
-
-    @property
-    def vocab_size(self) -> int:
-        return 27
-
-    @property
-    def all_special_ids(self) -> list[int]:
-        return [EOS]
+from tests.char_tokenizer import EOS, CharTokenizer
 
 
 class CountingEngine(StepEngine):
