@@ -10,11 +10,14 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, start_http_server
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import __version__
+from gateway.access import AccessControl, AccessMiddleware
+from gateway.auth import KeyStore
 from gateway.body_limit import BodyLimitMiddleware
 from gateway.config import ServerConfig
 from gateway.errors import (
@@ -26,11 +29,14 @@ from gateway.errors import (
     SwitchyardError,
 )
 from gateway.kserve.http import router as kserve_router
+from gateway.lifecycle import Lifecycle
 from gateway.metrics import build_metrics_registry, render
 from gateway.openai.embeddings import router as embeddings_router
 from gateway.openai.router import router as openai_router
 from gateway.openai.sessions import router as sessions_router
+from gateway.rate_limit import RateLimiter
 from gateway.repository.registry import ModelRegistry
+from gateway.request_log import RequestIdMiddleware
 
 log = logging.getLogger("switchyard")
 
@@ -88,7 +94,9 @@ def add_error_handlers(app: FastAPI) -> None:
 
 def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> FastAPI:
     """The app; its lifespan loads the repository (off the event loop) and starts each model's scheduler."""
-    registry = registry or ModelRegistry(config.model_repository, config.cache_dir)
+    registry = registry or ModelRegistry(config.model_repository, config.cache_dir,
+                                         control_mode=config.model_control_mode, load_models=config.load_models,
+                                         drain_timeout_s=config.drain_seconds)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -102,7 +110,9 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
         if config.grpc_port:
             from gateway.kserve.grpc import start_grpc_server  # grpc loads only when the service is enabled
 
-            grpc_server = await start_grpc_server(app, config.host, config.grpc_port, config.max_body_bytes)
+            grpc_server = await start_grpc_server(app, config.host, config.grpc_port, config.max_body_bytes, access)
+        if config.model_control_mode == "poll":
+            registry.start_polling(config.repository_poll_secs)
         app.state.ready = True
         log.info(
             "Switchyard %s serving %s on http://%s:%d/v1%s",
@@ -117,14 +127,24 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
                 await grpc_server.stop(grace=5)
             if metrics_server is not None:
                 metrics_server.shutdown()
+            await registry.close()  # stop polling; replaced or unloaded copies finish
             for model in registry.all_models():
                 await model.stop()
 
+    keys = KeyStore(
+        [k.get_secret_value() for k in config.api_keys],
+        [k.get_secret_value() for k in config.admin_keys],
+        config.public_paths,
+    )
+    if keys.inference_open and config.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("no API key is configured: anyone who reaches %s can run inference", config.host)
     metrics_registry = build_metrics_registry(registry)
     app = FastAPI(title="Switchyard", version=__version__, lifespan=lifespan)
     app.state.config = config
     app.state.registry = registry
     app.state.ready = False
+    app.state.lifecycle = lifecycle = Lifecycle()
+    access = AccessControl(keys, RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm), lifecycle)
     add_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(kserve_router)
@@ -137,6 +157,8 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
         """Ready: every model in the repository is loaded and its engine is healthy."""
         if not request.app.state.ready:
             raise ServiceUnavailableError("models are loading", headers={"Retry-After": "5"})
+        if lifecycle.draining:
+            raise ServiceUnavailableError("the server is shutting down", headers={"Retry-After": "5"})
         failing = [m.name for m in registry.models() if not m.scheduler.healthy]
         if failing:
             raise ServiceUnavailableError(f"engine not healthy: {', '.join(failing)}", headers={"Retry-After": "5"})
@@ -155,5 +177,16 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     async def version() -> dict[str, str]:
         return {"version": __version__}
 
+    # Outermost last: CORS answers preflights, then every request gets its id, then access checks, then the body limit.
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    app.add_middleware(AccessMiddleware, access=access)
+    app.add_middleware(RequestIdMiddleware)
+    if config.cors_allow_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.cors_allow_origins),
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+            allow_headers=["authorization", "content-type", "x-request-id", "x-session-id"],
+            expose_headers=["x-request-id", "retry-after"],
+        )
     return app

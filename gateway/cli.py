@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from pathlib import Path
 
 from gateway import __version__
@@ -37,22 +36,76 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--always-include-usage", action="store_true",
                        default=env("SWITCHYARD_ALWAYS_INCLUDE_USAGE", "") in ("1", "true", "yes"),
                        help="send a usage chunk on every stream (LangChain does not ask for one)")
+    security = serve.add_argument_group("access control (see README: Security)")
+    security.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                          help="an API key for /v1 and /v2 inference (repeatable; also SWITCHYARD_API_KEYS, "
+                               "comma-separated). Without any key, inference is open.")
+    security.add_argument("--api-key-file", type=Path, default=env("SWITCHYARD_API_KEY_FILE"),
+                          help="file with one API key per line ('#' starts a comment)")
+    security.add_argument("--admin-key-file", type=Path, default=env("SWITCHYARD_ADMIN_KEY_FILE"),
+                          help="file with the admin key(s) for the repository API (also SWITCHYARD_ADMIN_KEY). "
+                               "Without one, the repository API is disabled.")
+    security.add_argument("--public-path", action="append", default=None, metavar="PATH",
+                          help="an exact path served without a key (repeatable; default: the health routes "
+                               "and /metrics)")
+    security.add_argument("--cors-allow-origin", action="append", default=None, metavar="ORIGIN",
+                          help="allow browsers from ORIGIN ('*' for any; repeatable; default: CORS off)")
+    security.add_argument("--rate-limit-rpm", type=int, default=int(env("SWITCHYARD_RATE_LIMIT_RPM", "0")),
+                          help="requests per minute per API key, or per address without one; 0 = off "
+                               "(default: %(default)s)")
+    security.add_argument("--rate-limit-tpm", type=int, default=int(env("SWITCHYARD_RATE_LIMIT_TPM", "0")),
+                          help="prompt + generated tokens per minute per API key; 0 = off (default: %(default)s)")
+    serve.add_argument("--drain-seconds", type=float, default=float(env("SWITCHYARD_DRAIN_SECONDS", "30")),
+                       help="after SIGTERM, how long in-flight requests may take to finish (default: %(default)s)")
+    serve.add_argument("--log-format", default=env("SWITCHYARD_LOG_FORMAT", "text"), choices=["text", "json"],
+                       help="json: one JSON object per line, with the request id (default: %(default)s)")
+    control = serve.add_argument_group("model control (Triton's modes; see README: Model control)")
+    control.add_argument("--model-control-mode", type=str.lower, choices=["none", "explicit", "poll"],
+                         default=env("SWITCHYARD_MODEL_CONTROL_MODE", "none").lower(),
+                         help="none: load every model at startup, repository load/unload refused; explicit: load "
+                              "only --load-model models, load/unload through the repository API; poll: load every "
+                              "model and apply repository changes as they appear (default: %(default)s)")
+    control.add_argument("--load-model", action="append", default=None, metavar="NAME",
+                         help="explicit mode: a model to load at startup (repeatable; '*' = all; also "
+                              "SWITCHYARD_LOAD_MODEL, comma-separated)")
+    control.add_argument("--repository-poll-secs", type=float, default=env("SWITCHYARD_REPOSITORY_POLL_SECS"),
+                         help="poll mode: seconds between two scans of the repository (default: 15)")
     return parser
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", stream=sys.stderr
-    )
+def _read_keys(path: Path | None, what: str) -> list[str]:
+    """Keys from a file, one per line; a clear ConfigError if it cannot be read."""
+    if path is None:
+        return []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {what} file {path}: {exc.strerror}; check the path and permissions.")
+    keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:
+        raise ConfigError(f"the {what} file {path} holds no key; write one key per line.")
+    return keys
+
+
+def _env_keys(name: str) -> list[str]:
+    return [k.strip() for k in os.environ.get(name, "").split(",") if k.strip()]
+
+
+def _env_list(name: str) -> list[str]:
+    return [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _setup_logging(args.log_level)
+    from gateway.request_log import setup_logging
+
+    setup_logging(args.log_level, args.log_format)
     import uvicorn
 
     from gateway.app import create_app
     from gateway.config import build_config
+    from gateway.http_limits import BoundedHeadHttpToolsProtocol  # huge request heads: 431
+    from gateway.lifecycle import DrainingServer
     from gateway.repository.registry import ModelRegistry
 
     try:
@@ -66,12 +119,26 @@ def main(argv: list[str] | None = None) -> int:
             cache_dir=args.cache_dir,
             max_body_bytes=args.max_body_bytes,
             always_include_usage=args.always_include_usage,
+            api_keys=[*args.api_key, *_env_keys("SWITCHYARD_API_KEYS"), *_read_keys(args.api_key_file, "API key")],
+            admin_keys=[*_env_keys("SWITCHYARD_ADMIN_KEY"), *_read_keys(args.admin_key_file, "admin key")],
+            public_paths=args.public_path,
+            cors_allow_origins=args.cors_allow_origin,
+            rate_limit_rpm=args.rate_limit_rpm,
+            rate_limit_tpm=args.rate_limit_tpm,
+            drain_seconds=args.drain_seconds,
+            log_format=args.log_format,
+            model_control_mode=args.model_control_mode,
+            load_models=args.load_model if args.load_model is not None else _env_list("SWITCHYARD_LOAD_MODEL"),
+            repository_poll_secs=args.repository_poll_secs,
         )
-        registry = ModelRegistry(config.model_repository, config.cache_dir)
+        registry = ModelRegistry(config.model_repository, config.cache_dir, control_mode=config.model_control_mode,
+                                 load_models=config.load_models, drain_timeout_s=config.drain_seconds)
         registry.prepare()  # fail fast on config errors, before the server starts
         app = create_app(config, registry)
-        uvicorn.run(app, host=config.host, port=config.http_port, log_level=config.log_level,
-                    timeout_graceful_shutdown=30, log_config=None)
+        server_config = uvicorn.Config(app, host=config.host, port=config.http_port, log_level=config.log_level,
+                                       timeout_graceful_shutdown=5, log_config=None, access_log=False,
+                                       http=BoundedHeadHttpToolsProtocol)
+        DrainingServer(server_config, app.state.lifecycle, config.drain_seconds).run()
     except ConfigError as exc:
         logging.getLogger("switchyard").error("configuration error: %s", exc)
         return 2

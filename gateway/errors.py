@@ -52,6 +52,12 @@ class AuthenticationError(SwitchyardError):
     code = "invalid_api_key"
 
 
+class PermissionDeniedError(SwitchyardError):
+    status = 403
+    type = "permission_denied"
+    code = "permission_denied"
+
+
 class NotFoundError(SwitchyardError):
     status = 404
     type = "not_found_error"

@@ -1,25 +1,44 @@
-"""Prometheus exposition. Scheduler state is read at scrape time from each model's `SchedulerStats`.
+"""Prometheus exposition: one `CollectorRegistry` per app, every number read at scrape time.
 
-Names follow vLLM's where one exists (`switchyard_` prefix instead of `vllm:`); Triton's `nv_*` request metrics
-come with the operations work.
+Nothing here is updated per request: schedulers, batchers and `gateway/request_metrics.py` keep plain numbers on
+the event loop and these collectors read them when Prometheus scrapes, so several apps in one process never share
+state (no default registry) and the hot path takes no lock.
+
+* LLM metrics use vLLM's names with a `switchyard_` prefix instead of `vllm:`, labelled `model`.
+* Triton's `nv_*` metrics, labelled `model` and `version`, for tensor models (from the KServe statistics) and LLMs
+  (version "1"). prometheus_client would add `_total` to a counter's name, and Triton's have none, so the `nv_*`
+  counters are exposed untyped under their exact Triton names; they are cumulative like counters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
+import psutil
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
+from gateway.kserve.statistics import FAILURE_REASONS, ModelStats
 from gateway.repository.registry import ModelRegistry
+from gateway.request_metrics import Histogram
 
 
 class SchedulerCollector(Collector):
+    """LLM scheduler state (running/waiting sequences, KV cache, preemptions, prefix cache, sessions)."""
+
     def __init__(self, registry: ModelRegistry) -> None:
         self._models = registry
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         running = GaugeMetricFamily("switchyard_num_requests_running", "Sequences in the running batch.", labels=["model"])
         waiting = GaugeMetricFamily("switchyard_num_requests_waiting", "Sequences waiting for admission.", labels=["model"])
         kv_used = GaugeMetricFamily("switchyard_kv_cache_blocks_used", "KV-cache blocks in use.", labels=["model"])
@@ -31,6 +50,9 @@ class SchedulerCollector(Collector):
         )
         prefix_h = CounterMetricFamily(
             "switchyard_prefix_cache_hits", "Prompt tokens found in the prefix cache.", labels=["model"]
+        )
+        hit_rate = GaugeMetricFamily(
+            "switchyard_prefix_cache_hit_rate", "Prefix-cache hits / queries since the model loaded.", labels=["model"]
         )
         sessions = GaugeMetricFamily("switchyard_kv_sessions", "Stateful KV sessions holding pinned blocks.", labels=["model"])
         pinned = GaugeMetricFamily("switchyard_kv_session_pinned_blocks", "KV blocks pinned by sessions.", labels=["model"])
@@ -44,14 +66,141 @@ class SchedulerCollector(Collector):
             steps.add_metric([model.name], s.steps)
             prefix_q.add_metric([model.name], s.prefix_cache_queried_tokens)
             prefix_h.add_metric([model.name], s.prefix_cache_hit_tokens)
+            queried = s.prefix_cache_queried_tokens
+            hit_rate.add_metric([model.name], s.prefix_cache_hit_tokens / queried if queried else 0.0)
             sessions.add_metric([model.name], s.sessions)
             pinned.add_metric([model.name], s.session_pinned_blocks)
-        yield from (running, waiting, kv_used, kv_usage, preempt, steps, prefix_q, prefix_h, sessions, pinned)
+        yield from (running, waiting, kv_used, kv_usage, preempt, steps, prefix_q, prefix_h, hit_rate, sessions, pinned)
+
+
+def _histogram(family: HistogramMetricFamily, labels: list[str], histogram: Histogram) -> None:
+    buckets, total = histogram.cumulative()
+    family.add_metric(labels, [(floatToGoString(bound), float(n)) for bound, n in buckets], total)
+
+
+class LLMRequestCollector(Collector):
+    """Per-request LLM metrics (vLLM's names): latency histograms, token counters, finished requests."""
+
+    def __init__(self, registry: ModelRegistry) -> None:
+        self._models = registry
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model"]
+        ttft = HistogramMetricFamily(
+            "switchyard_time_to_first_token_seconds", "Time from arrival to the first output token.", labels=labels
+        )
+        tpot = HistogramMetricFamily(
+            "switchyard_time_per_output_token_seconds", "Time between output tokens (inter-token latency).",
+            labels=labels,
+        )
+        e2e = HistogramMetricFamily(
+            "switchyard_e2e_request_latency_seconds", "Time from arrival to the final output.", labels=labels
+        )
+        queue = HistogramMetricFamily(
+            "switchyard_request_queue_time_seconds", "Time from arrival to admission by the scheduler.", labels=labels
+        )
+        prompt = CounterMetricFamily("switchyard_prompt_tokens", "Prompt tokens prefilled.", labels=labels)
+        generation = CounterMetricFamily("switchyard_generation_tokens", "Output tokens generated.", labels=labels)
+        success = CounterMetricFamily(
+            "switchyard_request_success", "Finished requests by finish reason.", labels=[*labels, "finished_reason"]
+        )
+        for model in self._models.models():
+            r = model.scheduler.stats().requests
+            name = [model.name]
+            _histogram(ttft, name, r.ttft)
+            _histogram(tpot, name, r.inter_token)
+            _histogram(e2e, name, r.e2e)
+            _histogram(queue, name, r.queue_time)
+            prompt.add_metric(name, r.prompt_tokens)
+            generation.add_metric(name, r.generation_tokens)
+            finished = {"stop": 0, "length": 0, **r.finished}
+            for reason, count in sorted(finished.items()):
+                success.add_metric([model.name, reason], count)
+        yield from (ttft, tpot, e2e, queue, prompt, generation, success)
+
+
+def _versions(model: Any) -> Iterable[tuple[str, ModelStats, int]]:
+    """(version, statistics, pending requests) for each served version of a loaded model."""
+    if model.scheduler is not None:
+        s = model.scheduler.stats()
+        yield "1", s.requests.model_stats, s.waiting
+        return
+    for version, entry in sorted(model.tensor.versions.items()):
+        yield str(version), entry.stats, int(getattr(entry.batcher, "queued", 0))
+
+
+class TritonCollector(Collector):
+    """Triton's per-model `nv_inference_*` metrics and `nv_model_load_duration_secs`, for every loaded model."""
+
+    _COUNTERS = (
+        ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
+         lambda s: s.success.count),
+        ("nv_inference_count", "Number of inferences performed (does not include cached requests)",
+         lambda s: s.inference_count),
+        ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)",
+         lambda s: s.execution_count),
+        ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds",
+         lambda s: s.success.ns // 1000),
+        ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds",
+         lambda s: s.queue.ns // 1000),
+        ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds",
+         lambda s: s.compute_input.ns // 1000),
+        ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds",
+         lambda s: s.compute_infer.ns // 1000),
+        ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds",
+         lambda s: s.compute_output.ns // 1000),
+    )
+
+    def __init__(self, registry: ModelRegistry) -> None:
+        self._models = registry
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model", "version"]
+        counters = [(UnknownMetricFamily(name, doc, labels=labels), read) for name, doc, read in self._COUNTERS]
+        failure = UnknownMetricFamily(
+            "nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
+            labels=[*labels, "reason"],
+        )
+        pending = GaugeMetricFamily(
+            "nv_inference_pending_request_count", "Instantaneous number of pending requests awaiting execution per-model.",
+            labels=labels,
+        )
+        load = GaugeMetricFamily("nv_model_load_duration_secs", "Model load time in seconds", labels=labels)
+        for model in self._models.all_models():
+            for version, stats, waiting in _versions(model):
+                key = [model.name, version]
+                for family, read in counters:
+                    family.add_metric(key, read(stats))
+                for reason in FAILURE_REASONS:
+                    failure.add_metric([*key, reason], stats.fail_reasons.get(reason, 0))
+                pending.add_metric(key, waiting)
+                load.add_metric(key, getattr(model, "load_seconds", 0.0))
+        yield from (family for family, _ in counters[:1])
+        yield failure
+        yield from (family for family, _ in counters[1:])
+        yield from (pending, load)
+
+
+class CpuCollector(Collector):
+    """Triton's host metrics: CPU utilization since the previous scrape and RAM (used = total - available)."""
+
+    def __init__(self) -> None:
+        psutil.cpu_percent(interval=None)  # starts the interval the first scrape reports on
+
+    def collect(self) -> Iterator[Metric]:
+        memory = psutil.virtual_memory()
+        yield GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]",
+                                value=psutil.cpu_percent(interval=None) / 100.0)
+        yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", value=memory.total)
+        yield GaugeMetricFamily("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes",
+                                value=memory.total - memory.available)
 
 
 def build_metrics_registry(models: ModelRegistry) -> CollectorRegistry:
+    """A fresh registry for one app (never prometheus_client's global one)."""
     registry = CollectorRegistry()
-    registry.register(SchedulerCollector(models))
+    for collector in (SchedulerCollector(models), LLMRequestCollector(models), TritonCollector(models), CpuCollector()):
+        registry.register(collector)
     return registry
 
 

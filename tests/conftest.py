@@ -124,11 +124,19 @@ def kserve_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
+ADMIN_KEY = "test-admin-key-0123456789"
+ADMIN_HEADERS = {"authorization": f"Bearer {ADMIN_KEY}"}  # gRPC metadata keys are lowercase
+
+
 @pytest.fixture(scope="session")
-def kserve_server(kserve_repository: Path) -> Iterator[ServerProcess]:
-    """A server over the KServe test repository with HTTP and gRPC (`.grpc_port`)."""
+def kserve_server(kserve_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server over the KServe test repository with HTTP and gRPC (`.grpc_port`); the repository API takes
+    `ADMIN_KEY`."""
     grpc_port = free_port()
-    proc = ServerProcess(kserve_repository, "--grpc-port", str(grpc_port))
+    admin_key_file = tmp_path_factory.mktemp("keys") / "admin"
+    admin_key_file.write_text(ADMIN_KEY + "\n")
+    proc = ServerProcess(kserve_repository, "--grpc-port", str(grpc_port), "--admin-key-file", str(admin_key_file),
+                         "--model-control-mode", "explicit", "--load-model", "*")  # tests load and unload models
     proc.grpc_port = grpc_port  # type: ignore[attr-defined]
     try:
         yield proc

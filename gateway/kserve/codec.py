@@ -26,6 +26,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from gateway.openai.body_depth import has_lone_surrogate
+
 HEADER_LENGTH_HEADER = "Inference-Header-Content-Length"
 
 
@@ -387,6 +389,8 @@ def parse_infer_request(body: bytes, header_length: Any = None) -> InferRequest:
         doc = json.loads(bytes(head))
     except (ValueError, RecursionError):
         raise TensorCodecError("request body is not valid JSON") from None
+    if has_lone_surrogate(bytes(head), doc):
+        raise TensorCodecError("request body is not valid JSON: it holds an unpaired UTF-16 surrogate")
     if not isinstance(doc, dict):
         raise TensorCodecError("request body must be a JSON object")
     request_id = doc.get("id")

@@ -17,6 +17,7 @@ import numpy as np
 
 from gateway.errors import ConfigError, InternalError, ServiceUnavailableError
 from gateway.kserve.codec import InputTensor, datatype_of
+from gateway.kserve.statistics import failure_reason
 
 
 def check_graph(config_path: Any, inputs: list[str], outputs: list[str], steps: list[Any], registry: Any) -> None:
@@ -88,8 +89,8 @@ class EnsembleScheduler:
                     pending.remove(step)
                 for produced in await asyncio.gather(*(self._run_step(s, tensors, parameters) for s in ready)):
                     tensors.update(produced)
-        except BaseException:
-            self.stats.fail.add(time.monotonic_ns() - start)
+        except BaseException as exc:
+            self.stats.record_failure(time.monotonic_ns() - start, failure_reason(exc))
             raise
         elapsed = time.monotonic_ns() - start
         self.stats.success.add(elapsed)

@@ -21,6 +21,7 @@ import grpc
 from google.protobuf import json_format
 
 from gateway import __version__
+from gateway.access import AccessControl
 from gateway.errors import ConfigError, InvalidRequestError, NotFoundError, SwitchyardError
 from gateway.kserve import llm_bridge
 from gateway.kserve.codec import (
@@ -31,6 +32,7 @@ from gateway.kserve.codec import (
     decode_raw_input_contents,
     encode_raw_output_contents,
 )
+from gateway.kserve.grpc_access import AccessInterceptor
 from gateway.kserve.http import EXTENSIONS
 from gateway.kserve.proto import kserve_inference_pb2 as pb
 from gateway.kserve.proto import kserve_inference_pb2_grpc as pb_grpc
@@ -333,9 +335,12 @@ def _check_version(model: LoadedModel, version: str) -> None:
         raise NotFoundError(f"model '{model.name}' has no version '{version[:40]}'")
 
 
-async def start_grpc_server(app: Any, host: str, port: int, max_message_bytes: int) -> grpc.aio.Server:
+async def start_grpc_server(
+    app: Any, host: str, port: int, max_message_bytes: int, access: AccessControl
+) -> grpc.aio.Server:
     """Start the service on host:port (in the running event loop); ConfigError if the port cannot be bound."""
     server = grpc.aio.server(
+        interceptors=[AccessInterceptor(access)],
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max(max_message_bytes, 256 * 1024 * 1024)),

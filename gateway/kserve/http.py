@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from sse_starlette.sse import EventSourceResponse
 
 from gateway import __version__
 from gateway.errors import InvalidRequestError, NotFoundError, SwitchyardError
@@ -30,8 +29,9 @@ from gateway.kserve.codec import (
     decode_json_tensor,
     parse_infer_request,
 )
-from gateway.kserve.statistics import ModelStats
+from gateway.openai.body_depth import has_lone_surrogate
 from gateway.openai.disconnect import cancel_on_disconnect
+from gateway.openai.sse import EventStream
 from gateway.repository.registry import LoadedModel, ModelRegistry
 
 log = logging.getLogger("switchyard.kserve")
@@ -63,9 +63,12 @@ async def _json_body(request: Request, default: Any = None) -> Any:
     if not raw.strip():
         return default
     try:
-        return json.loads(raw)
+        doc = json.loads(raw)
     except (ValueError, RecursionError):
         raise InvalidRequestError("the request body is not valid JSON") from None
+    if has_lone_surrogate(raw, doc):
+        raise InvalidRequestError("the request body is not valid JSON: it holds an unpaired UTF-16 surrogate")
+    return doc
 
 
 async def _body(request: Request) -> bytes:
@@ -244,7 +247,7 @@ async def generate_stream(name: str, request: Request, version: str | None = Non
         prompt, values = llm_bridge.generate_body(body)
         docs = _llm_docs(model, name, prompt, values)
     first = await _first(docs)  # errors before the first event get a proper status
-    return EventSourceResponse(_events(first, docs), sep="\n", ping=15, headers={"Cache-Control": "no-cache"})
+    return EventStream(_events(first, docs))
 
 
 async def _llm_docs(model: LoadedModel, name: str, prompt: str, values: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -279,7 +282,7 @@ async def _events(first: dict[str, Any] | None, docs: AsyncIterator[dict[str, An
 def _stats(model: LoadedModel, version: str | None) -> list[dict[str, Any]]:
     if model.tensor is None:
         _check_version(model, version)
-        return [ModelStats().as_dict(model.name, "1")]
+        return [model.scheduler.stats().requests.model_stats.as_dict(model.name, "1")]
     if version not in (None, ""):
         entry = model.tensor.version(version)
         return [entry.stats.as_dict(model.name, str(entry.version))]

@@ -7,6 +7,7 @@ Loading is blocking (weights, warmup) and happens off the event loop; inference 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from gateway.kserve.config_view import config_json
 from gateway.kserve.statistics import ModelStats
 from gateway.kserve.validation import finish_outputs, prepare_inputs
 from gateway.repository.layout import ModelDir, resolve_source
+from gateway.repository.serving import InFlight
 from gateway.repository.tensor_config import TensorModelConfig
 from gateway.scheduler.dynamic_batcher import BatchingPolicy, DynamicBatcher, QueueRules
 
@@ -77,6 +79,7 @@ class TensorModel:
         self.config = config
         self.backend = config.resolved_backend
         self.versions: dict[int, TensorVersion] = {}
+        self.in_flight = InFlight(self.name)  # requests running here; a reload hands new ones to the successor
 
     # ------------------------------------------------------------------ loading (blocking)
 
@@ -258,11 +261,16 @@ class TensorModel:
         parameters: dict[str, Any] | None = None,
     ) -> tuple[TensorVersion, list[OutputTensor]]:
         """One request through the batcher; returns the version that served it and its outputs."""
-        entry = self.version(version)
-        arrays, rows = prepare_inputs(self.name, self.config, entry.inputs, inputs)
-        priority, timeout = _scheduling(parameters or {})
-        result = await entry.batcher.infer(arrays, rows, priority, timeout, **_sequence_kwargs(entry, parameters))
-        return entry, finish_outputs(self.name, self.config, entry.outputs, result, wanted)
+        if self.in_flight.successor is not None:  # reloaded since the caller looked this copy up
+            return await self.in_flight.successor.infer(inputs, wanted, version, parameters)
+        self.in_flight.enter()
+        try:
+            entry = self.version(version)
+            arrays, rows, priority, timeout = self._prepare(entry, inputs, parameters)
+            result = await entry.batcher.infer(arrays, rows, priority, timeout, **_sequence_kwargs(entry, parameters))
+            return entry, finish_outputs(self.name, self.config, entry.outputs, result, wanted)
+        finally:
+            self.in_flight.leave()
 
     async def infer_stream(
         self,
@@ -272,14 +280,36 @@ class TensorModel:
         parameters: dict[str, Any] | None = None,
     ) -> AsyncIterator[tuple[TensorVersion, list[OutputTensor]]]:
         """Like `infer`, for decoupled models: one item per response."""
-        entry = self.version(version)
-        arrays, rows = prepare_inputs(self.name, self.config, entry.inputs, inputs)
-        priority, timeout = _scheduling(parameters or {})
-        async for result in entry.batcher.infer_stream(arrays, rows, priority, timeout, **_sequence_kwargs(entry, parameters)):
-            if not isinstance(result, dict):
-                log.error("model '%s' streamed a %s instead of a dict", self.name, type(result).__name__)
-                raise InternalError(f"model '{self.name}' returned an invalid response")
-            yield entry, finish_outputs(self.name, self.config, entry.outputs, result, wanted)
+        if self.in_flight.successor is not None:  # reloaded since the caller looked this copy up
+            async with contextlib.aclosing(self.in_flight.successor.infer_stream(inputs, wanted, version, parameters)) as rest:
+                async for item in rest:
+                    yield item
+            return
+        self.in_flight.enter()
+        try:
+            entry = self.version(version)
+            arrays, rows, priority, timeout = self._prepare(entry, inputs, parameters)
+            stream = entry.batcher.infer_stream(arrays, rows, priority, timeout, **_sequence_kwargs(entry, parameters))
+            async with contextlib.aclosing(stream):
+                async for result in stream:
+                    if not isinstance(result, dict):
+                        log.error("model '%s' streamed a %s instead of a dict", self.name, type(result).__name__)
+                        raise InternalError(f"model '{self.name}' returned an invalid response")
+                    yield entry, finish_outputs(self.name, self.config, entry.outputs, result, wanted)
+        finally:
+            self.in_flight.leave()
+
+    def _prepare(
+        self, entry: TensorVersion, inputs: Sequence[InputTensor], parameters: dict[str, Any] | None
+    ) -> tuple[dict[str, np.ndarray], int, int | None, int | None]:
+        """Validated inputs and scheduling parameters; a refused request counts as a failure (reason OTHER), as an
+        input Triton rejects does."""
+        try:
+            arrays, rows = prepare_inputs(self.name, self.config, entry.inputs, inputs)
+            return (arrays, rows, *_scheduling(parameters or {}))
+        except InvalidRequestError:
+            entry.stats.record_failure(0, "OTHER")
+            raise
 
     def describe(self) -> dict[str, Any]:
         """Facts for /v1/models: the latest version's `max_model_len` etc., as the backend reported them."""

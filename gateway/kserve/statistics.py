@@ -2,14 +2,32 @@
 
 Durations are nanoseconds. A request's queue time runs from arrival to the start of its batch; its compute
 time is its batch's backend call (Triton attributes the whole batch time to each request of the batch).
-Recorded on the event loop only.
+Failures also count by Triton's reason (REJECTED, CANCELED, BACKEND, OTHER) for `nv_inference_request_failure`.
+Recorded on the event loop only; `gateway/metrics.py` exports the same numbers as Triton's `nv_*` metrics.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from gateway.errors import InternalError, RateLimitError
+
+#: Triton's `reason` label values of nv_inference_request_failure.
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+
+def failure_reason(error: BaseException) -> str:
+    """Triton's failure reason for an exception that ended a request."""
+    if isinstance(error, RateLimitError):
+        return "REJECTED"  # queue full
+    if isinstance(error, (GeneratorExit, asyncio.CancelledError)):
+        return "CANCELED"  # the client went away
+    if isinstance(error, InternalError):
+        return "BACKEND"
+    return "OTHER"
 
 
 @dataclass
@@ -44,6 +62,12 @@ class ModelStats:
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
     batches: dict[int, BatchStat] = field(default_factory=dict)
+    fail_reasons: dict[str, int] = field(default_factory=dict)
+
+    def record_failure(self, ns: int, reason: str = "OTHER") -> None:
+        """A failed request that took `ns`; `reason` is one of FAILURE_REASONS."""
+        self.fail.add(ns)
+        self.fail_reasons[reason] = self.fail_reasons.get(reason, 0) + 1
 
     def record_batch(self, rows: int, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One backend call over `rows` rows from `requests` requests."""

@@ -3,21 +3,45 @@
 Python's JSON parser gives up on bodies nested deeper than the interpreter's recursion limit (a 10k-level
 `response_format` schema is a known attack) and FastAPI then answers a bare "error parsing the body". This route
 class turns that into a 400 whose `param` names the top-level field at fault, found by a flat scan of the bytes.
+It also refuses bodies holding an unpaired UTF-16 surrogate (`"\\ud800"`): Python's parser accepts them, but no
+tokenizer or UTF-8 encoder does, so they would fail deep inside a request (or while rendering its error) as a 500.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.errors import InvalidRequestError
 
 TOO_DEEP = 100  # the depth from which we blame a field; the parser itself fails near ~1000
+
+# An escaped surrogate (\uD800-\uDFFF) or one encoded as UTF-8 bytes (which json.loads decodes with surrogatepass).
+_SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_UNSET = object()
+
+
+def has_lone_surrogate(raw: bytes, doc: Any = _UNSET) -> bool:
+    """True when the JSON text `raw` (already parsed into `doc`, if given) holds an unpaired UTF-16 surrogate.
+    A cheap scan of the bytes rules out almost every body; only suspects are checked in full."""
+    if not _SURROGATE_HINT.search(raw) and not raw[:4].count(0) and not raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return False
+    try:
+        if doc is _UNSET:
+            doc = json.loads(raw)
+        json.dumps(doc, ensure_ascii=False).encode("utf-8")  # a surrogate pair was joined by the parser; a lone one fails
+    except UnicodeEncodeError:
+        return True
+    except (ValueError, RecursionError):  # not JSON at all: the parser reports that itself
+        return False
+    return False
 
 
 def deepest_field(raw: bytes, limit: int = TOO_DEEP) -> str | None:
@@ -52,6 +76,13 @@ class NestingAwareRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:
+            if request.method in ("POST", "PUT", "PATCH"):
+                try:
+                    raw = await request.body()
+                except ClientDisconnect:
+                    raise InvalidRequestError("the client closed the connection before the body ended") from None
+                if has_lone_surrogate(raw):
+                    raise InvalidRequestError("the request body is not valid JSON: it holds an unpaired UTF-16 surrogate")
             try:
                 return await handler(request)
             except HTTPException as exc:

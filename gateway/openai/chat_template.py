@@ -21,7 +21,12 @@ from gateway.errors import InvalidRequestError
 from gateway.openai.protocol import ChatMessage
 from gateway.openai.tool_parsers import ToolParser
 
-RESERVED_KWARGS = ("messages", "tools", "add_generation_prompt", "tokenize", "chat_template", "documents")
+RESERVED_KWARGS = (
+    "messages", "tools", "add_generation_prompt", "tokenize", "chat_template", "documents",
+    # the rest of transformers' apply_chat_template parameters: a request may not steer the call itself
+    "self", "conversation", "continue_final_message", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "processor_kwargs",
+)
 _PROBE_NAME = "zq_probe_fn"
 _PROBE_TOOL = {"type": "function", "function": {"name": _PROBE_NAME, "description": "probe",
                                                  "parameters": {"type": "object", "properties": {}}}}
@@ -140,6 +145,12 @@ async def render_chat(tokenizer: Tokenizer, messages: list[ChatMessage], tools: 
     except jinja2.TemplateError as exc:
         message = f"the chat template rejected the messages: {str(exc)[:200]}"
         raise InvalidRequestError(message, param="messages") from None
+    except (TypeError, ValueError) as exc:
+        if not kwargs:
+            raise
+        # e.g. a kwarg that shadows a name the template calls (`range`, `raise_exception`)
+        message = f"the chat template cannot be rendered with these chat_template_kwargs: {str(exc)[:200]}"
+        raise InvalidRequestError(message, param="chat_template_kwargs") from None
     if not prompt:
         raise InvalidRequestError("the messages render to an empty prompt", param="messages")
     return prompt

@@ -22,12 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from gateway.errors import InvalidRequestError
 from gateway.kserve.codec import InputTensor
+from gateway.openai.body_depth import NestingAwareRoute
 from gateway.openai.disconnect import cancel_on_disconnect
 from gateway.repository.registry import LoadedModel
 
 log = logging.getLogger("switchyard.openai")
 
-router = APIRouter()
+router = APIRouter(route_class=NestingAwareRoute)  # bodies too deep or holding lone surrogates: a clean 400
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
 MAX_TEXT_CHARS = 100_000

@@ -152,7 +152,8 @@ class SamplingFields(_Lenient):
         if len(value) > 1024:
             raise ValueError("at most 1024 logit_bias entries are allowed")
         for key, bias in value.items():
-            if not key.lstrip("-").isdigit():
+            digits = key.removeprefix("-")
+            if not (digits.isascii() and digits.isdigit() and len(digits) <= 12):  # int() refuses > 4300 digits
                 raise ValueError(f"logit_bias keys must be token ids (integers), got '{key[:32]}'")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError("logit_bias values must be between -100 and 100")

@@ -1,23 +1,41 @@
 """Server-sent events framing for /v1 streams: `data: {json}` events, in-stream errors, and `data: [DONE]`.
 
 sse-starlette sends the events, pings idle streams with comment lines and notices client disconnects (which
-cancels our generator and so aborts generation).
+cancels our generator and so aborts generation). A client that stops reading (its socket buffers full) has its
+stream closed, and so its generation aborted, once one send has waited `SEND_TIMEOUT_S`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sse_starlette.sse import EventSourceResponse
+from sse_starlette.sse import EventSourceResponse, SendTimeoutError
+from starlette.types import Receive, Scope, Send
 
 from gateway.errors import InternalError, SwitchyardError
 
 log = logging.getLogger("switchyard.openai")
 
 DONE = "[DONE]"
+# How long one send may wait for a client that does not read (SWITCHYARD_STREAM_SEND_TIMEOUT_S overrides).
+SEND_TIMEOUT_S = float(os.environ.get("SWITCHYARD_STREAM_SEND_TIMEOUT_S", "30"))
+
+
+class EventStream(EventSourceResponse):
+    """An SSE response (also used by /v2 generate_stream) that gives up on clients that stopped reading."""
+
+    def __init__(self, events: AsyncIterator[Any]) -> None:
+        super().__init__(events, sep="\n", ping=15, send_timeout=SEND_TIMEOUT_S, headers={"Cache-Control": "no-cache"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:  # the events' generator was closed (aborting the work); drop the connection
+            log.warning("closed a stream whose client stopped reading for %.0f s", SEND_TIMEOUT_S)
 
 
 def _dump(obj: dict[str, Any]) -> str:
@@ -37,4 +55,4 @@ async def _frames(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[s
 
 
 def sse_response(chunks: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:
-    return EventSourceResponse(_frames(chunks), sep="\n", ping=15, headers={"Cache-Control": "no-cache"})
+    return EventStream(_frames(chunks))

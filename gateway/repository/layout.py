@@ -8,7 +8,9 @@ ever read, and a model folder that is a symlink pointing outside the repository 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +86,42 @@ def find_model_dir(root: Path, name: str) -> ModelDir | None:
     if not child.is_dir():
         return None
     return read_model_dir(root, child)
+
+
+_SKIPPED_DIRS = frozenset({"__pycache__"})
+MAX_FINGERPRINT_FILES = 10_000
+
+
+def folder_fingerprint(folder: Path) -> str:
+    """A digest of a model folder as it is on disk, to notice changes (repository polling).
+
+    Config files count by content (an edit within the file system's mtime resolution is still seen); every other
+    file by path, size and mtime, so large weight files are never read. Hidden files and `__pycache__` folders
+    (written by the python backend's imports, or by editors) are ignored. Symlinked subfolders are not followed.
+    """
+    digest = hashlib.sha256()
+    count = 0
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _SKIPPED_DIRS)
+        base = Path(dirpath)
+        for name in sorted(filenames):
+            if name.startswith(".") or name.endswith(".pyc"):
+                continue
+            count += 1
+            if count > MAX_FINGERPRINT_FILES:
+                digest.update(b"\0truncated")
+                return digest.hexdigest()
+            path = base / name
+            rel = str(path.relative_to(folder)).encode("utf-8", "surrogateescape")
+            try:
+                st = path.stat()
+                content = path.read_bytes() if base == folder and name in CONFIG_FILES else b""
+            except OSError:  # removed or unreadable while we looked: part of the change
+                digest.update(b"\0missing\0" + rel)
+                continue
+            digest.update(b"\0" + rel + f"\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+            digest.update(hashlib.sha256(content).digest())
+    return digest.hexdigest()
 
 
 def resolve_source(model: ModelDir, source: str, field: str) -> Path:

@@ -101,7 +101,10 @@ class AdmissionScheduler(LLMScheduler):
     def delete_session(self, session_id: str) -> bool:
         return self._engine.delete_session(session_id)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        return self._stats.requests.observe(request, self._generate(request))
+
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         self._check_open()
         if len(self._waiting) >= self._limits.max_queue_size:
             raise RateLimitError("the model's queue is full; retry shortly", headers={"Retry-After": "1"})
@@ -110,6 +113,7 @@ class AdmissionScheduler(LLMScheduler):
         if not request.arrival_time:
             request.arrival_time = time.monotonic()
         await self._acquire(request)
+        self._stats.requests.scheduled(request.request_id)
         try:
             async with contextlib.aclosing(self._run(request)) as updates:
                 async for out in updates:

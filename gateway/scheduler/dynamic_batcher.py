@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -35,6 +36,8 @@ from gateway.kserve.statistics import ModelStats
 log = logging.getLogger("switchyard.batcher")
 
 _DONE = object()
+# Responses of a decoupled model that may wait unread; past this the model's generator waits for the client.
+MAX_PENDING_RESPONSES = 64
 
 
 @dataclass(frozen=True)
@@ -75,10 +78,20 @@ class _Item:
     arrival_ns: int
     future: asyncio.Future[Any] | None = None
     stream: asyncio.Queue[Any] | None = None
+    room: threading.Semaphore | None = None  # free slots in `stream` (decoupled backpressure)
     timer: asyncio.TimerHandle | None = None
     queued: bool = True
     delayed: bool = False
     cancelled: bool = False
+
+
+def _wait_for_room(item: _Item) -> bool:
+    """On the worker thread: wait while the client has MAX_PENDING_RESPONSES unread (bounded buffering for slow
+    readers); False once the client is gone."""
+    while not item.cancelled:
+        if item.room is None or item.room.acquire(timeout=0.2):
+            return True
+    return False
 
 
 def _signature(inputs: dict[str, np.ndarray], batched: bool) -> tuple[Any, ...]:
@@ -127,7 +140,7 @@ class DynamicBatcher:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
         for item in [*itertools.chain(*self._queues.values()), *self._delayed]:
-            self._fail(item, ServiceUnavailableError(f"model '{self.name}' is unloading"))
+            self._fail(item, ServiceUnavailableError(f"model '{self.name}' is unloading"), "OTHER")
         self._queues.clear()
         self._delayed.clear()
         if self._running:
@@ -157,6 +170,7 @@ class DynamicBatcher:
         rules = self.policy.rules(level)
         queue = self._queues.setdefault(level, deque())
         if rules.max_queue_size and len(queue) >= rules.max_queue_size:
+            self.stats.record_failure(0, "REJECTED")
             raise RateLimitError(
                 f"model '{self.name}': the request queue is full ({rules.max_queue_size}); retry later",
                 headers={"Retry-After": "1"},
@@ -198,6 +212,7 @@ class DynamicBatcher:
             return
         item = self._enqueue(inputs, rows, priority, timeout_us)
         item.stream = asyncio.Queue()
+        item.room = threading.Semaphore(MAX_PENDING_RESPONSES)
         try:
             while True:
                 got = await item.stream.get()
@@ -205,6 +220,7 @@ class DynamicBatcher:
                     return
                 if isinstance(got, BaseException):
                     raise got
+                item.room.release()
                 yield got
         finally:
             self._cancel(item)
@@ -214,6 +230,7 @@ class DynamicBatcher:
         item.cancelled = True
         if item.queued:
             self._remove(item)
+            self.stats.record_failure(time.monotonic_ns() - item.arrival_ns, "CANCELED")
             self._settle(item, lambda: None)
             self._arrived.set()  # the batch being gathered may have lost its head
 
@@ -236,7 +253,7 @@ class DynamicBatcher:
             self._arrived.set()
             return
         self._remove(item)
-        self._fail(item, ServiceUnavailableError(f"model '{self.name}': request timed out in the queue"))
+        self._fail(item, ServiceUnavailableError(f"model '{self.name}': request timed out in the queue"), "REJECTED")
         self._arrived.set()
 
     # ------------------------------------------------------------------ responses
@@ -251,8 +268,8 @@ class DynamicBatcher:
             self._ready.pop(self._next_release)()
             self._next_release += 1
 
-    def _fail(self, item: _Item, error: BaseException) -> None:
-        self.stats.fail.add(time.monotonic_ns() - item.arrival_ns)
+    def _fail(self, item: _Item, error: BaseException, reason: str = "BACKEND") -> None:
+        self.stats.record_failure(time.monotonic_ns() - item.arrival_ns, reason)
 
         def deliver() -> None:
             if item.future is not None and not item.future.done():
@@ -387,7 +404,7 @@ class DynamicBatcher:
                         loop.call_soon_threadsafe(item.stream.put_nowait, refused)
                     else:
                         for response in responses:
-                            if item.cancelled:
+                            if not _wait_for_room(item):
                                 break
                             loop.call_soon_threadsafe(item.stream.put_nowait, response)
                 except Exception:  # one request's generator failed: that request alone fails

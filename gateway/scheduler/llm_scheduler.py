@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engines.interface import Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest
+from gateway.request_metrics import LLMRequestStats
 
 
 @dataclass
 class SchedulerStats:
-    """Scheduler state as data, for metrics and health."""
+    """Scheduler state as data, for metrics and health. `requests` holds the per-request metrics, which every
+    scheduler records by passing its `generate` stream through `requests.observe`."""
 
     running: int = 0
     waiting: int = 0
@@ -24,6 +26,7 @@ class SchedulerStats:
     prefix_cache_hit_tokens: int = 0
     sessions: int = 0
     session_pinned_blocks: int = 0
+    requests: LLMRequestStats = field(default_factory=LLMRequestStats)
 
     @property
     def kv_usage(self) -> float:
@@ -47,7 +50,10 @@ class LLMScheduler(ABC):
 
     @abstractmethod
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
-        """Queue `request` and stream its updates. Closing the iterator early aborts the request."""
+        """Queue `request` and stream its updates. Closing the iterator early aborts the request.
+
+        Implementations return `self.stats().requests.observe(request, <their stream>)` and call
+        `requests.scheduled(request_id)` on admission: that is where every engine's LLM metrics are recorded."""
 
     @abstractmethod
     def stats(self) -> SchedulerStats: ...

@@ -126,7 +126,10 @@ class SequenceBatcher(LLMScheduler):
     def delete_session(self, session_id: str) -> bool:
         return self._sessions.release(session_id)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        return self._stats.requests.observe(request, self._generate(request))
+
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         seq = self._add(request)
         try:
             while True:
@@ -249,6 +252,7 @@ class SequenceBatcher(LLMScheduler):
             else:
                 self._waiting.pop(i)
                 self._running.append(seq)
+                self._stats.requests.scheduled(seq.seq_id)
                 scheduled.append((seq, self._step(seq, n)))
                 budget -= n
                 prefilling.add(self._first_block(seq))

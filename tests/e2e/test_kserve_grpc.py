@@ -11,7 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ServerProcess
+from tests.conftest import ADMIN_HEADERS, ServerProcess
 
 
 @pytest.fixture(scope="module")
@@ -163,22 +163,22 @@ def test_stream_infer_on_ordinary_model(client: grpcclient.InferenceServerClient
 
 
 def test_repository_over_grpc(client: grpcclient.InferenceServerClient) -> None:
-    index = client.get_model_repository_index(as_json=True)["models"]
+    index = client.get_model_repository_index(headers=ADMIN_HEADERS, as_json=True)["models"]
     assert {"name": "add_sub", "version": "1", "state": "READY"} in [
         {k: m.get(k, "") for k in ("name", "version", "state")} for m in index
     ]
-    client.unload_model("scale_shift")
+    client.unload_model("scale_shift", headers=ADMIN_HEADERS)
     assert not client.is_model_ready("scale_shift")
-    client.load_model("scale_shift")
+    client.load_model("scale_shift", headers=ADMIN_HEADERS)
     assert client.is_model_ready("scale_shift")
     x = grpcclient.InferInput("INPUT__0", [2, 3], "FP32")
     x.set_data_from_numpy(np.ones((2, 3), dtype=np.float32))
     np.testing.assert_array_equal(client.infer("scale_shift", [x]).as_numpy("OUTPUT__0"), np.full((2, 3), 3.0, np.float32))
     with pytest.raises(InferenceServerException) as escape:
-        client.load_model("../etc")
+        client.load_model("../etc", headers=ADMIN_HEADERS)
     assert escape.value.status() == "StatusCode.INVALID_ARGUMENT"
     with pytest.raises(InferenceServerException):
-        client.load_model("scale_shift", config=json.dumps({"platform": "tensorflow_graphdef"}))
+        client.load_model("scale_shift", config=json.dumps({"platform": "tensorflow_graphdef"}), headers=ADMIN_HEADERS)
     assert client.is_model_ready("scale_shift")  # a failed reload keeps the loaded copy
 
 

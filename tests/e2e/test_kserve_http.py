@@ -13,7 +13,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ServerProcess
+from tests.conftest import ADMIN_HEADERS, ServerProcess
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def client(kserve_server: ServerProcess):
 
 @pytest.fixture(scope="module")
 def http(kserve_server: ServerProcess):
-    with httpx.Client(base_url=kserve_server.base_url, timeout=60) as c:
+    with httpx.Client(base_url=kserve_server.base_url, timeout=60, headers=ADMIN_HEADERS) as c:
         yield c
 
 
@@ -263,14 +263,14 @@ def test_unknown_model_and_route(http: httpx.Client) -> None:
 
 
 def test_repository_index_unload_and_load(client: httpclient.InferenceServerClient, http: httpx.Client) -> None:
-    index = {(m["name"], m.get("version", "")): m["state"] for m in client.get_model_repository_index()}
+    index = {(m["name"], m.get("version", "")): m["state"] for m in client.get_model_repository_index(headers=ADMIN_HEADERS)}
     assert index[("add_sub", "1")] == "READY" and index[("add_sub", "2")] == "READY"
-    client.unload_model("text_echo")
+    client.unload_model("text_echo", headers=ADMIN_HEADERS)
     assert not client.is_model_ready("text_echo")
-    rows = [m for m in client.get_model_repository_index() if m["name"] == "text_echo"]
+    rows = [m for m in client.get_model_repository_index(headers=ADMIN_HEADERS) if m["name"] == "text_echo"]
     assert rows == [{"name": "text_echo", "version": "", "state": "UNAVAILABLE", "reason": "unloaded"}]
     assert_v2_error(http.post("/v2/models/text_echo/generate", json={"TEXT": "x"}), 404)
-    client.load_model("text_echo")
+    client.load_model("text_echo", headers=ADMIN_HEADERS)
     assert client.is_model_ready("text_echo")
     assert http.post("/v2/models/text_echo/generate", json={"TEXT": "x"}).json()["UPPER"] == "X!"
     # reload with a config override: a new parameter value, same files
@@ -278,10 +278,10 @@ def test_repository_index_unload_and_load(client: httpclient.InferenceServerClie
                 "input": [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [1]}],
                 "output": [{"name": "UPPER", "data_type": "TYPE_STRING", "dims": [1]},
                            {"name": "LENGTH", "data_type": "TYPE_INT32", "dims": [1]}]}
-    client.load_model("text_echo", config=json.dumps(override))
+    client.load_model("text_echo", config=json.dumps(override), headers=ADMIN_HEADERS)
     assert http.post("/v2/models/text_echo/generate", json={"TEXT": "x"}).json()["UPPER"] == "X?"
     assert client.get_model_config("text_echo")["max_batch_size"] == 4
-    client.load_model("text_echo")  # back to the file's config
+    client.load_model("text_echo", headers=ADMIN_HEADERS)  # back to the file's config
     assert http.post("/v2/models/text_echo/generate", json={"TEXT": "x"}).json()["UPPER"] == "X!"
 
 

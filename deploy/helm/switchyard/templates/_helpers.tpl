@@ -74,6 +74,10 @@ app.kubernetes.io/component: {{ index . 1 }}
 - {{ .Values.server.metricsPort | quote }}
 - --log-level
 - {{ .Values.server.logLevel | quote }}
+- --log-format
+- {{ .Values.server.logFormat | quote }}
+- --drain-seconds
+- {{ .Values.server.drainSeconds | quote }}
 {{- range .Values.server.extraArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -112,6 +116,20 @@ app.kubernetes.io/component: {{ index . 1 }}
   value: {{ .Values.server.cacheDir | quote }}
 - name: HF_HOME
   value: {{ printf "%s/huggingface" .Values.server.cacheDir | quote }}
+{{- with .Values.auth.existingSecret }}
+- name: SWITCHYARD_API_KEYS
+  valueFrom:
+    secretKeyRef:
+      name: {{ . | quote }}
+      key: api-keys
+      optional: true
+- name: SWITCHYARD_ADMIN_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . | quote }}
+      key: admin-key
+      optional: true
+{{- end }}
 {{- end }}
 
 {{/* Liveness and readiness probes; include "switchyard.probes" (list $ .Values.engine.startupProbe) */}}

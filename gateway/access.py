@@ -1,0 +1,73 @@
+"""The checks every request passes before it reaches a handler: draining, canonical path, API key, rate limit.
+
+`AccessControl` holds the policy for both protocols; `AccessMiddleware` applies it to HTTP (errors answered here,
+in the protocol's own shape, so a refused request never reaches a handler) and `kserve/grpc_access.py` to gRPC.
+Admitted HTTP requests are counted in flight until their response is fully sent, which is what a drain waits for.
+CORS preflights are answered by the CORS middleware outside this one, without a key, as browsers expect.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.auth import ANONYMOUS, KeyStore, Principal, Role, canonical_path
+from gateway.body_limit import send_error
+from gateway.errors import AuthenticationError, ServiceUnavailableError, SwitchyardError
+from gateway.lifecycle import Lifecycle
+from gateway.rate_limit import RateLimiter, bind_caller
+
+
+class AccessControl:
+    def __init__(self, keys: KeyStore, limiter: RateLimiter, lifecycle: Lifecycle) -> None:
+        self.keys = keys
+        self.limiter = limiter
+        self.lifecycle = lifecycle
+
+    def admit(self, role: Role, authorization: str | None, client_address: str) -> Principal:
+        """The caller, if a request of `role` may start now; else the SwitchyardError to answer with."""
+        if role is Role.PUBLIC:
+            return ANONYMOUS
+        if self.lifecycle.draining:
+            raise ServiceUnavailableError("the server is shutting down; retry on another replica",
+                                          headers={"Retry-After": "5"})
+        principal = self.keys.authorize(role, authorization)
+        if self.limiter.enabled and not principal.admin:  # operators are not throttled by their own limits
+            caller = f"ip:{client_address}" if principal is ANONYMOUS else f"key:{principal.key_id}"
+            self.limiter.admit(caller)
+            bind_caller(self.limiter, caller)
+        return principal
+
+
+class AccessMiddleware:
+    def __init__(self, app: ASGIApp, access: AccessControl) -> None:
+        self.app = app
+        self.access = access
+
+    def _admit(self, scope: Scope) -> Role:
+        path = canonical_path(scope.get("raw_path", b""), scope.get("path", ""))
+        role = self.access.keys.role_of(path)
+        authorization = dict(scope.get("headers", [])).get(b"authorization")
+        client = scope.get("client") or ("unknown", 0)
+        self.access.admit(role, authorization.decode("latin-1") if authorization is not None else None, client[0])
+        return role
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            role = self._admit(scope)
+        except SwitchyardError as error:
+            if isinstance(error, AuthenticationError):
+                error.headers.setdefault("WWW-Authenticate", "Bearer")
+            await send_error(scope, send, error)
+            return
+        if role is Role.PUBLIC:
+            await self.app(scope, receive, send)
+            return
+        lifecycle = self.access.lifecycle
+        lifecycle.enter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            lifecycle.leave()

@@ -1,0 +1,134 @@
+"""API keys: who may call what.
+
+Three kinds of route: *public* ones (health, metrics; configurable) answer everyone; *admin* ones (the model
+repository API) need the admin key; everything else needs an API key (or the admin key). When no API key is
+configured the inference routes are open, as in vLLM and Triton, but the admin routes stay closed unless an
+admin key is configured: nobody can load models over the network by accident.
+
+Routes are classified on a canonical form of the path, and non-canonical paths (`//`, `.` or `..` segments,
+encoded slashes or dots) are refused outright, so no spelling of an admin path reaches it as something else.
+Keys are compared by their SHA-256 digests with `hmac.compare_digest`, against every key, so timing says
+nothing about a key's content or length; keys are never logged, only a short fingerprint of their digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+from gateway.errors import AuthenticationError, InvalidRequestError, PermissionDeniedError
+
+
+class Role(Enum):
+    PUBLIC = "public"
+    INFERENCE = "inference"
+    ADMIN = "admin"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: `key_id` is a fingerprint of the key (safe to log and to label rate limits by)."""
+
+    key_id: str
+    admin: bool = False
+
+
+ANONYMOUS = Principal("anonymous")
+
+DEFAULT_PUBLIC_PATHS = ("/health", "/v2/health/live", "/v2/health/ready", "/metrics")
+ADMIN_PREFIXES = ("/v2/repository",)
+GRPC_PUBLIC_METHODS = ("ServerLive", "ServerReady")
+GRPC_ADMIN_METHODS = ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def canonical_path(raw_path: bytes, path: str) -> str:
+    """The path routing will see, or InvalidRequestError if it could be read in two ways."""
+    raw = raw_path.decode("latin-1").lower() if raw_path else ""
+    if any(enc in raw for enc in ("%2f", "%2e", "%5c")) or "\\" in path or "\x00" in path:
+        raise InvalidRequestError("the request path must not contain encoded slashes, dots or backslashes")
+    segments = path.split("/")[1:]
+    if not path.startswith("/") or any(s in ("", ".", "..") for s in segments[:-1]) or segments[-1] in (".", ".."):
+        raise InvalidRequestError("the request path must be canonical (no '//', '.' or '..' segments)")
+    return path
+
+
+class KeyStore:
+    """The configured keys and the route policy; `authorize` is the one entry point for HTTP and gRPC."""
+
+    def __init__(
+        self,
+        api_keys: Iterable[str] = (),
+        admin_keys: Iterable[str] = (),
+        public_paths: Iterable[str] = DEFAULT_PUBLIC_PATHS,
+    ) -> None:
+        self._api = [_digest(k) for k in api_keys if k]
+        self._admin = [_digest(k) for k in admin_keys if k]
+        self.public_paths = frozenset(public_paths)
+
+    @property
+    def inference_open(self) -> bool:
+        return not self._api
+
+    def role_of(self, path: str) -> Role:
+        if path in self.public_paths:
+            return Role.PUBLIC
+        if any(path == p or path.startswith(p + "/") for p in ADMIN_PREFIXES):
+            return Role.ADMIN
+        return Role.INFERENCE
+
+    @staticmethod
+    def grpc_role(method: str) -> Role:
+        name = method.rsplit("/", 1)[-1]
+        if name in GRPC_PUBLIC_METHODS:
+            return Role.PUBLIC
+        return Role.ADMIN if name in GRPC_ADMIN_METHODS else Role.INFERENCE
+
+    def _match(self, presented: bytes, keys: list[bytes]) -> bool:
+        found = False
+        for key in keys:  # no early exit: the time taken does not depend on which key matched
+            found |= hmac.compare_digest(presented, key)
+        return found
+
+    def identify(self, authorization: str | None) -> Principal:
+        """The caller named by an `Authorization: Bearer <key>` header; AuthenticationError (401) otherwise."""
+        if authorization is None:
+            raise AuthenticationError("You didn't provide an API key: send 'Authorization: Bearer <api key>'.")
+        scheme, _, key = authorization.strip().partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            raise AuthenticationError("the Authorization header must be 'Bearer <api key>'")
+        presented = _digest(key)
+        fingerprint = presented.hex()[:12]
+        if self._match(presented, self._admin):
+            return Principal(fingerprint, admin=True)
+        if self._match(presented, self._api):
+            return Principal(fingerprint)
+        raise AuthenticationError("Incorrect API key provided.")
+
+    def authorize(self, role: Role, authorization: str | None) -> Principal:
+        """The caller if it may use a route of `role`; AuthenticationError (401) or PermissionDeniedError (403)."""
+        if role is Role.PUBLIC:
+            return ANONYMOUS
+        if role is Role.ADMIN:
+            if not self._admin:
+                raise PermissionDeniedError(
+                    "the model repository API is disabled; start the server with an admin key "
+                    "(--admin-key-file or SWITCHYARD_ADMIN_KEY) to enable it"
+                )
+            principal = self.identify(authorization)
+            if not principal.admin:
+                raise PermissionDeniedError("this route needs the admin key")
+            return principal
+        if not self.inference_open:
+            return self.identify(authorization)
+        try:  # open inference: any key (or none) is welcome; a known key still names its caller
+            return self.identify(authorization)
+        except AuthenticationError:
+            return ANONYMOUS

@@ -1,0 +1,105 @@
+"""Hand-over between two copies of a model, so a reload or an unload drops no request.
+
+A model copy counts the requests it is serving (`InFlight`). When a reload replaces it, new requests that still
+reach the old copy (they looked the model up just before the swap) are forwarded to its successor; the old copy
+stops only once its own requests have finished (or a drain timeout has passed). When an unload removes it, new
+requests are refused with 503 while the running ones finish. `ServingScheduler` adds this to any LLM scheduler;
+tensor models do it in `TensorModel.infer` with the same `InFlight`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from engines.interface import Tokenizer
+from engines.types import EngineInfo, GenerationOutput, GenerationRequest
+from gateway.errors import ServiceUnavailableError
+from gateway.scheduler.llm_scheduler import LLMScheduler, SchedulerStats
+
+
+class InFlight:
+    """Requests running on one model copy, and where new ones go once the copy is retired."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.count = 0
+        self.successor: Any = None  # the copy that replaced this one (a reload)
+        self.closed = False  # retired: no new request starts here
+        self._idle: asyncio.Event | None = None
+
+    def retire(self, successor: Any = None) -> None:
+        self.successor = successor
+        self.closed = True
+
+    def enter(self) -> None:
+        if self.closed:
+            raise ServiceUnavailableError(f"model '{self.name}' is unloading", headers={"Retry-After": "5"})
+        self.count += 1
+
+    def leave(self) -> None:
+        self.count -= 1
+        if self.count == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Return once no request runs here (call after `retire`, so the count only goes down)."""
+        while self.count > 0:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+
+
+class ServingScheduler(LLMScheduler):
+    """An LLM scheduler that counts its requests and hands new ones to a successor after a reload.
+
+    Everything else (stats, sessions, health, engine-specific attributes) is the wrapped scheduler's."""
+
+    def __init__(self, inner: LLMScheduler, name: str) -> None:
+        self.inner = inner
+        self.in_flight = InFlight(name)
+
+    def __getattr__(self, name: str) -> Any:  # engine-specific extras (e.g. `engine`) of the wrapped scheduler
+        if name in ("inner", "in_flight"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def info(self) -> EngineInfo:
+        return self.inner.info
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.inner.tokenizer
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def stop(self) -> None:
+        await self.inner.stop()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        successor = self.in_flight.successor
+        if successor is not None:
+            async with contextlib.aclosing(successor.generate(request)) as stream:
+                async for out in stream:
+                    yield out
+            return
+        self.in_flight.enter()
+        try:
+            async with contextlib.aclosing(self.inner.generate(request)) as stream:  # closing early aborts it
+                async for out in stream:
+                    yield out
+        finally:
+            self.in_flight.leave()
+
+    def stats(self) -> SchedulerStats:
+        return self.inner.stats()
+
+    def delete_session(self, session_id: str) -> bool:
+        return self.inner.delete_session(session_id)
+
+    @property
+    def healthy(self) -> bool:
+        return self.inner.healthy

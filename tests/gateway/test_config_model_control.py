@@ -1,0 +1,87 @@
+"""--model-control-mode, --load-model, --repository-poll-secs: parsing, environment variables and the checks that
+tell the user how to fix a wrong combination."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from gateway.cli import build_parser, main
+from gateway.config import build_config
+from gateway.errors import ConfigError
+
+
+def parse(*argv: str):
+    return build_parser().parse_args(["serve", *argv])
+
+
+def test_defaults_are_tritons() -> None:
+    args = parse()
+    config = build_config(model_control_mode=args.model_control_mode, load_models=args.load_model,
+                          repository_poll_secs=args.repository_poll_secs)
+    assert (config.model_control_mode, config.load_models, config.repository_poll_secs) == ("none", [], 15.0)
+
+
+def test_flags() -> None:
+    args = parse("--model-control-mode", "EXPLICIT", "--load-model", "a", "--load-model=b")
+    assert args.model_control_mode == "explicit" and args.load_model == ["a", "b"]
+    config = build_config(model_control_mode=args.model_control_mode, load_models=args.load_model)
+    assert config.load_models == ["a", "b"]
+    args = parse("--model-control-mode=poll", "--repository-poll-secs", "0.5")
+    assert build_config(model_control_mode="poll", repository_poll_secs=args.repository_poll_secs).repository_poll_secs == 0.5
+    with pytest.raises(SystemExit):
+        parse("--model-control-mode", "sometimes")
+
+
+def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("SWITCHYARD_MODEL_CONTROL_MODE", "Poll")
+    monkeypatch.setenv("SWITCHYARD_REPOSITORY_POLL_SECS", "2.5")
+    args = parse()
+    assert (args.model_control_mode, args.repository_poll_secs) == ("poll", 2.5)
+    monkeypatch.setenv("SWITCHYARD_MODEL_CONTROL_MODE", "explicit")
+    monkeypatch.delenv("SWITCHYARD_REPOSITORY_POLL_SECS")
+    monkeypatch.setenv("SWITCHYARD_LOAD_MODEL", "a, b")
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_registry(root, cache_dir, **kw):
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr("gateway.repository.registry.ModelRegistry", fake_registry)
+    with pytest.raises(Stop):
+        main(["serve", "--model-repository", str(tmp_path)])
+    assert seen["control_mode"] == "explicit" and seen["load_models"] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"load_models": ["a"]}, "--load-model is only used with --model-control-mode=explicit"),
+        ({"model_control_mode": "poll", "load_models": ["a"]}, "add --model-control-mode=explicit or drop --load-model"),
+        ({"model_control_mode": "explicit", "load_models": ["*", "a"]}, "must be the only --load-model"),
+        ({"model_control_mode": "explicit", "load_models": ["../etc"]}, "is not a model name"),
+        ({"model_control_mode": "explicit", "repository_poll_secs": 5}, "--repository-poll-secs is only used with"),
+        ({"model_control_mode": "poll", "repository_poll_secs": 0}, "repository_poll_secs"),
+        ({"model_control_mode": "poll", "repository_poll_secs": -1}, "greater than 0"),
+        ({"model_control_mode": "sometimes"}, "model-control-mode"),
+    ],
+)
+def test_wrong_combinations_say_how_to_fix_them(values: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("*", r"\*")):
+        build_config(**values)
+
+
+@pytest.fixture(autouse=True)
+def _keep_logging(monkeypatch: pytest.MonkeyPatch) -> None:
+    """main() would reconfigure the test process's logging."""
+    monkeypatch.setattr("gateway.request_log.setup_logging", lambda *a, **k: None)
+
+
+def test_cli_exits_2_with_the_message(caplog: pytest.LogCaptureFixture, tmp_path) -> None:
+    with caplog.at_level(logging.ERROR):
+        assert main(["serve", "--model-repository", str(tmp_path), "--load-model", "x"]) == 2
+    assert "--load-model is only used with --model-control-mode=explicit" in caplog.text
