@@ -70,11 +70,12 @@ def start_switchyard(dtype: str, workdir: Path) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
-def start_vllm(python: str, dtype: str, hf_dir: Path) -> tuple[subprocess.Popen, str]:
+def start_vllm(python: str, dtype: str, hf_dir: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     port = _port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_dir), "--served-model-name", MODEL,
-           "--dtype", dtype, "--max-model-len", "2048", "--port", str(port), "--disable-log-stats"]
+           "--dtype", dtype, "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port),
+           "--disable-log-stats", *extra]
     log = open(Path(tempfile.gettempdir()) / f"vllm-bench-{port}.log", "w")  # noqa: SIM115 - lives with the process
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
     _wait_ready(f"http://127.0.0.1:{port}/health", proc)

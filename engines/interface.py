@@ -21,7 +21,7 @@ from engines.types import EngineInfo, GenerationOutput, GenerationRequest, Seque
 
 
 class TokenConstraint(ABC):
-    """Restricts which token may come next, for one sequence (guided decoding).
+    """Restricts which token may come next, for one sequence (guided decoding): a compiled `GuidedSpec`.
 
     The engine asks for the mask right before sampling (on its worker thread); the scheduler reports each
     sampled token with `accept` (on the event loop) before the next step. A finished constraint allows only
@@ -136,6 +136,18 @@ class AsyncGenerateEngine(ABC):
     def healthy(self) -> bool:
         """False once the engine cannot serve (dead engine, no live upstream): the model reports not ready."""
         return True
+
+    @property
+    def enforces_guided_spec(self) -> bool:
+        """How this engine takes guided decoding (`response_format`, `structured_outputs`, forced tool calls).
+
+        False (the default): the gateway compiles each request's `SamplingParams.guided` into a `TokenConstraint`
+        (`SamplingParams.constraint`, with llguidance) and the engine applies its mask before sampling.
+        True: the engine enforces `SamplingParams.guided` itself (vLLM's own structured outputs, an upstream
+        server) and `constraint` stays None; the gateway only checks the request. Such an engine raises
+        `ValueError` (400) for a `guided` it cannot enforce, and for a bare `constraint` it cannot apply.
+        """
+        return False
 
     def delete_session(self, session_id: str) -> bool:
         """Forget a session's affinity and state (e.g. its upstream pin); False if none was held."""

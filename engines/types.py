@@ -7,10 +7,44 @@ and they must stay free of any HTTP concern.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from engines.interface import TokenConstraint
+
+GuidedKind = Literal["json", "regex", "choice", "lark"]
+
+# How guided JSON is written wherever the engine can choose: compact, with Python's `json.dumps` separators, and
+# `oneOf` read as `anyOf`. Spelled as llguidance's `x-guidance` options, the form that both the native engine's
+# compiler and vLLM's `guidance` structured-output backend read from a schema.
+JSON_FORMAT: dict[str, Any] = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "coerce_one_of": True,
+}
+
+
+@dataclass(frozen=True)
+class GuidedSpec:
+    """What guided decoding must enforce, as plain data any engine can read (the engine-agnostic half of guided
+    decoding; `SamplingParams.constraint` is the compiled half, for engines that take a logits mask).
+
+    * `json`   -- `value` is a JSON Schema (dict) the whole output must validate against. The gateway has already
+                  checked it and closed its objects (`additionalProperties: false` where the schema said nothing),
+                  so engines enforce it as given; `{"type": "object"}` is OpenAI's `json_object`. Output should be
+                  formatted as `JSON_FORMAT` says where the engine can choose.
+    * `regex`  -- `value` is a regular expression (Rust `regex` syntax) the whole output must match.
+    * `choice` -- `value` is a list of strings; the output is exactly one of them.
+    * `lark`   -- `value` is a Lark grammar in llguidance's dialect (`%json {...}` embeds a JSON Schema); forced
+                  tool calls use it to pin the tool parser's call format.
+
+    These are exactly the constraints of vLLM's `StructuredOutputsParams` (`json`, `regex`, `choice`, `grammar`),
+    so an engine can pass them on unchanged.
+    """
+
+    kind: GuidedKind
+    value: Any
 
 
 @dataclass
@@ -34,7 +68,10 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None  # None = no logprobs; k >= 0 = sampled token's logprob plus k alternatives
-    # Guided decoding (JSON schema, grammar, forced tool call): stateful, so one object per sequence.
+    # Guided decoding (JSON schema, grammar, forced tool call). `guided` describes it and is always set when a
+    # request asks for it; `constraint` is that description compiled into a per-sequence logits mask, set only for
+    # engines that apply masks (see `AsyncGenerateEngine.enforces_guided_spec`). Stateful: one per sequence.
+    guided: GuidedSpec | None = None
     constraint: TokenConstraint | None = None
 
     @property

@@ -37,6 +37,7 @@ log = logging.getLogger("switchyard.engines.remote")
 
 MAX_TRACKED_SESSIONS = 65536
 MAX_ERROR_CHARS = 300
+DRAIN_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,10 @@ class RemoteEngine(AsyncGenerateEngine):
     @property
     def healthy(self) -> bool:
         return any(u.healthy for u in self._router.upstreams)
+
+    @property
+    def enforces_guided_spec(self) -> bool:
+        return True  # forwarded as `structured_outputs` (wire.py)
 
     async def start(self) -> None:
         if logging.getLogger("httpx").level == logging.NOTSET:  # httpx logs every request at INFO: too chatty here
@@ -195,11 +200,13 @@ class RemoteEngine(AsyncGenerateEngine):
                         raise _Retry(f"{upstream.base_url} answered {resp.status_code}: {detail}")
                     raise ValueError(f"the upstream refused the request: {detail}")
                 upstream.served += 1
-                async for line in resp.aiter_lines():
+                lines = resp.aiter_lines()
+                async for line in lines:
                     data = sse_data(line)
                     if data is None:
                         continue
                     if data.strip() == "[DONE]":
+                        await _drain(lines)
                         break
                     if request.request_id in self._aborted:
                         self._aborted.discard(request.request_id)
@@ -305,6 +312,16 @@ class RemoteEngine(AsyncGenerateEngine):
                                       timeout=upstream.timeout)
         except httpx.HTTPError:
             log.debug("deleting session on %s failed", upstream.base_url, exc_info=True)
+
+
+async def _drain(lines: AsyncIterator[str]) -> None:
+    """Read the (empty) rest of a finished stream, so its connection goes back to the pool: leaving the body
+    unread makes httpx close the connection, and every request would then pay a new connection to the upstream.
+    Bounded: an upstream that keeps the stream open after `[DONE]` only loses its connection."""
+    with contextlib.suppress(TimeoutError, httpx.HTTPError):
+        async with asyncio.timeout(DRAIN_TIMEOUT_S):
+            async for _ in lines:
+                pass
 
 
 async def _error_detail(resp: httpx.Response) -> str:

@@ -4,7 +4,8 @@ Why `/v1/completions` with token ids: the gateway has already rendered the chat 
 (with the model's own tokenizer), so sending the ids keeps the prompt exact -- no second template rendering that
 could differ, and prompt token counts agree on both sides. vLLM, SGLang and Switchyard accept token-id prompts.
 vLLM's extra sampling fields (top_k, min_p, ...) are sent only when they differ from their defaults, so a strict
-upstream sees only the fields it must know.
+upstream sees only the fields it must know. Guided decoding travels as vLLM's `structured_outputs` (the upstream
+enforces it; vLLM 0.32 no longer reads the older `guided_*` fields).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.interface import Tokenizer
-from engines.types import GenerationRequest, SamplingParams, TokenLogprob
+from engines.types import GenerationRequest, GuidedSpec, SamplingParams, TokenLogprob
 
 _TOKEN_ID_PREFIX = "token_id:"  # vLLM's `return_tokens_as_token_ids` spelling of a logprob token
 
@@ -22,11 +23,8 @@ _TOKEN_ID_PREFIX = "token_id:"  # vLLM's `return_tokens_as_token_ids` spelling o
 def completion_body(model: str, request: GenerationRequest) -> dict[str, Any]:
     """The upstream request for one sequence; ValueError for what an upstream cannot be asked to do."""
     s: SamplingParams = request.sampling
-    if s.constraint is not None:
-        raise ValueError(
-            "guided decoding (response_format json_schema/json_object, forced tool calls) is not available for "
-            "models served by the remote backend yet; send the request without it"
-        )
+    if s.constraint is not None and s.guided is None:
+        raise ValueError("this guided-decoding constraint cannot be sent to an upstream (it needs a GuidedSpec)")
     body: dict[str, Any] = {
         "model": model,
         "prompt": list(request.prompt_token_ids),
@@ -60,7 +58,19 @@ def completion_body(model: str, request: GenerationRequest) -> dict[str, Any]:
         "skip_special_tokens": (s.skip_special_tokens, True),
     }
     body.update({name: value for name, (value, default) in extras.items() if value != default})
+    if s.guided is not None:
+        body["structured_outputs"] = structured_outputs(s.guided)
     return body
+
+
+def structured_outputs(spec: GuidedSpec) -> dict[str, Any]:
+    """A `GuidedSpec` in vLLM's `structured_outputs` shape, which Switchyard and recent vLLM upstreams read on
+    `/v1/completions`. JSON schemas go as they are (already closed by the gateway); Lark grammars use llguidance's
+    dialect, which a vLLM upstream hands to its guidance backend when xgrammar cannot read them."""
+    field_name = {"json": "json", "regex": "regex", "choice": "choice", "lark": "grammar"}.get(spec.kind)
+    if field_name is None:
+        raise ValueError(f"guided decoding of kind '{spec.kind}' cannot be sent to an upstream")
+    return {field_name: spec.value}
 
 
 def sse_data(line: str) -> str | None:

@@ -55,8 +55,15 @@ def engine_args(
         "enforce_eager": enforce_eager,
         "scheduling_policy": "priority",  # our requests carry priorities; vLLM refuses them under "fcfs"
         "disable_log_stats": True,
+        # Guided decoding with llguidance, as on the native engine: it reads our `x-guidance` JSON formatting and
+        # the Lark tool-call grammars (`%json`), which xgrammar (vLLM's "auto" first pick) does not.
+        "structured_outputs_config": {"backend": "guidance"},
     }
     args.update(extra or {})
+    if isinstance(args["structured_outputs_config"], dict):
+        from vllm.config import StructuredOutputsConfig
+
+        args["structured_outputs_config"] = StructuredOutputsConfig(**args["structured_outputs_config"])
     return AsyncEngineArgs(**args)
 
 
@@ -101,6 +108,10 @@ class VllmEngine(AsyncGenerateEngine):
     @property
     def healthy(self) -> bool:
         return not self._llm.errored
+
+    @property
+    def enforces_guided_spec(self) -> bool:
+        return True  # vLLM's structured outputs (sampling.py)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         from vllm.exceptions import VLLMClientError

@@ -2,6 +2,11 @@
 
 Every field maps one to one (vLLM is where most of them come from). Output is requested as deltas
 (`RequestOutputKind.DELTA`): each update carries only the new tokens and text, which is what we stream.
+
+Guided decoding goes to vLLM's own structured outputs: our `GuidedSpec` kinds are its `StructuredOutputsParams`
+fields (`json`, `regex`, `choice`, `grammar`). JSON schemas carry our formatting (`JSON_FORMAT`) as llguidance's
+`x-guidance` options, which vLLM's `guidance` backend (the one our engine args select) honours, so answers are
+formatted as on the native engine.
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engines.types import SamplingParams, TokenLogprob
+from engines.types import JSON_FORMAT, GuidedSpec, SamplingParams, TokenLogprob
 
 
 def to_vllm_sampling_params(s: SamplingParams) -> Any:
@@ -17,11 +22,8 @@ def to_vllm_sampling_params(s: SamplingParams) -> Any:
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    if s.constraint is not None:
-        raise ValueError(
-            "guided decoding (response_format json_schema/json_object, forced tool calls) is not available for "
-            "models served by the vllm backend yet; send the request without it"
-        )
+    if s.constraint is not None and s.guided is None:
+        raise ValueError("this guided-decoding constraint cannot be passed to vLLM (it needs a GuidedSpec)")
     return VllmSamplingParams(
         n=1,
         temperature=s.temperature,
@@ -42,7 +44,26 @@ def to_vllm_sampling_params(s: SamplingParams) -> Any:
         skip_special_tokens=s.skip_special_tokens,
         logprobs=s.logprobs,
         output_kind=RequestOutputKind.DELTA,
+        structured_outputs=to_structured_outputs(s.guided) if s.guided is not None else None,
     )
+
+
+def to_structured_outputs(spec: GuidedSpec) -> Any:
+    """A `vllm.sampling_params.StructuredOutputsParams` for our spec."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if spec.kind == "json":
+        schema = spec.value
+        if isinstance(schema, dict) and "x-guidance" not in schema:
+            schema = {"x-guidance": JSON_FORMAT, **schema}
+        return StructuredOutputsParams(json=schema)
+    if spec.kind == "regex":
+        return StructuredOutputsParams(regex=spec.value)
+    if spec.kind == "choice":
+        return StructuredOutputsParams(choice=list(spec.value))
+    if spec.kind == "lark":
+        return StructuredOutputsParams(grammar=spec.value)
+    raise ValueError(f"guided decoding of kind '{spec.kind}' is not supported by the vllm backend")
 
 
 def to_token_logprobs(

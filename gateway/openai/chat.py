@@ -11,12 +11,12 @@ from typing import Any
 
 from gateway.openai.chat_template import render_chat
 from gateway.openai.fanout import Choice, merged_stream, primed
-from gateway.openai.guided import request_grammar
+from gateway.openai.guided import request_guidance
 from gateway.openai.protocol import ChatCompletionRequest
 from gateway.openai.results import CollectedChoice, chat_logprobs, check_output, collect, new_id, now, usage
 from gateway.openai.sampling import resolve_max_tokens, to_sampling_params
 from gateway.openai.tool_parsers import ToolCallDelta, new_call_id
-from gateway.openai.tools import ToolPlan, parser_for, plan_tools, tool_grammar
+from gateway.openai.tools import ToolPlan, parser_for, plan_tools, tool_guidance
 from gateway.repository.registry import LoadedModel
 
 
@@ -52,12 +52,12 @@ async def chat_completion(
     )
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = resolve_max_tokens(requested, len(prompt), info.max_model_len)
-    grammar = await tool_grammar(plan, model) if plan.constrained else None
-    if grammar is None:
-        grammar = await request_grammar(req, scheduler)
+    guidance = await tool_guidance(plan, model) if plan.constrained else None
+    if guidance is None:
+        guidance = await request_guidance(req, scheduler)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     choices = [
-        Choice(i, prompt, to_sampling_params(req, max_tokens, info.vocab_size, logprobs, i, grammar))
+        Choice(i, prompt, to_sampling_params(req, max_tokens, info.vocab_size, logprobs, i, guidance))
         for i in range(req.n)
     ]
     stream = merged_stream(scheduler, choices, req.priority, session_id)

@@ -7,7 +7,7 @@ from typing import Any
 
 from gateway.errors import InvalidRequestError
 from gateway.openai.fanout import Choice, merged_stream, primed
-from gateway.openai.guided import request_grammar
+from gateway.openai.guided import request_guidance
 from gateway.openai.protocol import CompletionRequest
 from gateway.openai.results import check_output, collect, completion_logprobs, new_id, now, usage
 from gateway.openai.sampling import resolve_max_tokens, to_sampling_params
@@ -51,12 +51,12 @@ async def completion(
     scheduler = model.scheduler
     info = scheduler.info
     prompts = _prompts(req, model)
-    grammar = await request_grammar(req, scheduler)  # vLLM accepts response_format here too
+    guidance = await request_guidance(req, scheduler)  # vLLM accepts response_format here too
     choices = []
     for p, prompt in enumerate(prompts):
         max_tokens = resolve_max_tokens(req.max_tokens, len(prompt), info.max_model_len)
         for i in range(req.n):
-            sampling = to_sampling_params(req, max_tokens, info.vocab_size, req.logprobs, p * req.n + i, grammar)
+            sampling = to_sampling_params(req, max_tokens, info.vocab_size, req.logprobs, p * req.n + i, guidance)
             choices.append(Choice(p * req.n + i, prompt, sampling))
     prompt_tokens = sum(len(p) for p in prompts)
     tokenizer = scheduler.tokenizer

@@ -22,6 +22,11 @@ no dependencies, whereas xgrammar pulls in `triton` (a GPU compiler) and `apache
 
 Compiles run on a small dedicated thread pool with a deadline, never on the event loop; compiled grammars are kept
 in a bounded LRU cache per model, and each sequence gets a cheap deep copy of the cached matcher.
+
+A request's constraint is first described as an engine-agnostic `GuidedSpec` (engines/types.py); it is compiled
+here only for engines that apply masks. Engines that enforce specs themselves (vLLM's structured outputs, remote
+upstreams; `AsyncGenerateEngine.enforces_guided_spec`) get the spec alone, so llguidance is imported lazily: a
+vLLM-backed model never loads it here (vLLM brings its own).
 """
 
 from __future__ import annotations
@@ -34,14 +39,18 @@ import threading
 import weakref
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import llguidance
 import numpy as np
 import torch
 
 from engines.interface import TokenConstraint, Tokenizer
+from engines.types import JSON_FORMAT, GuidedSpec
 from gateway.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    import llguidance
 
 log = logging.getLogger("switchyard.guided")
 
@@ -52,14 +61,15 @@ CACHE_SIZE = 256
 
 # Output is compact and deterministic: no free whitespace (a small model could emit newlines forever), the same
 # separators as Python's json.dumps. oneOf is treated as anyOf (pydantic emits oneOf for tagged unions).
-JSON_OPTIONS: dict[str, Any] = {
-    "whitespace_flexible": False,
-    "item_separator": ", ",
-    "key_separator": ": ",
-    "coerce_one_of": True,
-}
+JSON_OPTIONS: dict[str, Any] = JSON_FORMAT
 
 _EXECUTOR = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar-compile")
+
+
+def _llg() -> Any:
+    import llguidance  # deferred: only models whose engine applies our masks compile grammars
+
+    return llguidance
 
 
 def _depth(value: Any) -> int:
@@ -199,7 +209,7 @@ class GuidedDecoder:
             return self._ll_tokenizer
 
     def _compile(self, grammar: str, param: str) -> CompiledGrammar:
-        matcher = llguidance.LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
+        matcher = _llg().LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
         if not matcher.is_error():
             probe = matcher.deep_copy()  # some grammars (e.g. {"$ref": "#"}) only fail at their first mask
             probe.compute_logit_bias()
@@ -239,19 +249,32 @@ class GuidedDecoder:
     async def json_schema(self, schema: dict[str, Any], param: str, where: str = "schema") -> CompiledGrammar:
         """Compile a JSON Schema (checked first: size, depth, meta-schema)."""
         text = check_json_schema(schema, param, where)
+        return await self._json(schema, "json:" + text, param)
 
+    async def _json(self, schema: dict[str, Any], key: str, param: str) -> CompiledGrammar:
         def grammar() -> str:
-            return llguidance.LLMatcher.grammar_from_json_schema(close_objects(schema), defaults=JSON_OPTIONS)
+            return _llg().LLMatcher.grammar_from_json_schema(close_objects(schema), defaults=JSON_OPTIONS)
 
-        return await self._get("json:" + text, grammar, param)
+        return await self._get(key, grammar, param)
 
     async def lark(self, source: str, param: str) -> CompiledGrammar:
         """Compile a Lark grammar (llguidance's dialect; `%json {...}` embeds a JSON Schema)."""
-        return await self._get("lark:" + source, lambda: llguidance.LLMatcher.grammar_from_lark(source), param)
+        return await self._get("lark:" + source, lambda: _llg().LLMatcher.grammar_from_lark(source), param)
 
     async def regex(self, pattern: str, param: str) -> CompiledGrammar:
         """Compile a regular expression (Rust `regex` syntax); the whole output must match it."""
-        return await self._get("regex:" + pattern, lambda: llguidance.LLMatcher.grammar_from_regex(pattern), param)
+        return await self._get("regex:" + pattern, lambda: _llg().LLMatcher.grammar_from_regex(pattern), param)
+
+    async def compile(self, spec: GuidedSpec, param: str) -> CompiledGrammar:
+        """Compile a spec built by `json_spec` / `request_spec` / a tool parser (schemas already checked)."""
+        if spec.kind == "json":
+            key = "json:" + json.dumps(spec.value, ensure_ascii=False, separators=(",", ":"))
+            return await self._json(spec.value, key, param)
+        if spec.kind == "regex":
+            return await self.regex(spec.value, param)
+        if spec.kind == "choice":
+            return await self.lark(choice_grammar(spec.value), param)
+        return await self.lark(spec.value, param)
 
     def cache_len(self) -> int:
         return len(self._cache)
@@ -270,20 +293,52 @@ def decoder_for(scheduler: Any) -> GuidedDecoder:
     return decoder
 
 
-async def request_grammar(req: Any, scheduler: Any) -> CompiledGrammar | None:
-    """The grammar a request asks for with `response_format` (OpenAI) or `structured_outputs` (vLLM), or None."""
+def engine_enforces_specs(scheduler: Any) -> bool:
+    """Whether the model's engine enforces `GuidedSpec`s itself (vLLM, remote) instead of applying our masks."""
+    return getattr(getattr(scheduler, "engine", None), "enforces_guided_spec", False) is True
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """The Lark grammar accepting exactly one of `choices`."""
+    return "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+def json_spec(schema: Any, param: str, where: str = "schema") -> GuidedSpec:
+    """A checked JSON Schema as a spec, its objects closed (what every engine then enforces as given)."""
+    check_json_schema(schema, param, where)
+    return GuidedSpec("json", close_objects(schema))
+
+
+@dataclass
+class Guidance:
+    """A request's guided decoding: the spec every engine gets, and its compiled grammar when the engine applies
+    our masks (None when the engine enforces the spec itself)."""
+
+    spec: GuidedSpec
+    compiled: CompiledGrammar | None = None
+
+
+async def guidance_for(spec: GuidedSpec, scheduler: Any, param: str) -> Guidance:
+    """Compile `spec` for the model when its engine needs masks; otherwise pass it on as it is."""
+    if engine_enforces_specs(scheduler):
+        return Guidance(spec)
+    return Guidance(spec, await decoder_for(scheduler).compile(spec, param))
+
+
+def request_spec(req: Any) -> tuple[GuidedSpec, str] | None:
+    """The constraint a request asks for with `response_format` (OpenAI) or `structured_outputs` (vLLM), checked,
+    with the request field that errors name; None for none."""
     fmt, wanted = req.response_format, req.structured_outputs
-    decoder = decoder_for(scheduler) if (fmt is not None and fmt.type != "text") or wanted is not None else None
-    if decoder is None:
-        return None
     if fmt is not None and fmt.type == "json_object":
-        return await decoder.json_schema({"type": "object"}, param="response_format")
+        return json_spec({"type": "object"}, "response_format"), "response_format"
     if fmt is not None and fmt.type == "json_schema":
-        return await decoder.json_schema(fmt.json_schema.schema_, param="response_format",
-                                         where="response_format.json_schema.schema")
+        where = "response_format.json_schema.schema"
+        return json_spec(fmt.json_schema.schema_, "response_format", where), "response_format"
+    if wanted is None:
+        return None
     param = "structured_outputs"
     if wanted.json_object:
-        return await decoder.json_schema({"type": "object"}, param=param)
+        return json_spec({"type": "object"}, param), param
     if wanted.json_ is not None:
         schema = wanted.json_
         if isinstance(schema, str):
@@ -291,10 +346,18 @@ async def request_grammar(req: Any, scheduler: Any) -> CompiledGrammar | None:
                 schema = json.loads(schema)
             except ValueError:
                 raise InvalidRequestError("structured_outputs.json is not valid JSON", param=param) from None
-        return await decoder.json_schema(schema, param=param, where="structured_outputs.json")
+        return json_spec(schema, param, "structured_outputs.json"), param
     if wanted.regex is not None:
-        return await decoder.regex(wanted.regex, param=param)
+        return GuidedSpec("regex", wanted.regex), param
     if wanted.choice is not None:
-        return await decoder.lark("start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in wanted.choice),
-                                  param=param)
-    return await decoder.lark(wanted.grammar, param=param)
+        return GuidedSpec("choice", list(wanted.choice)), param
+    return GuidedSpec("lark", wanted.grammar), param
+
+
+async def request_guidance(req: Any, scheduler: Any) -> Guidance | None:
+    """`request_spec`, prepared for the model's engine."""
+    found = request_spec(req)
+    if found is None:
+        return None
+    spec, param = found
+    return await guidance_for(spec, scheduler, param)

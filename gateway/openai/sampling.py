@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engines.types import SamplingParams
 from gateway.errors import ContextLengthExceededError, InvalidRequestError
-from gateway.openai.guided import CompiledGrammar
+from gateway.openai.guided import Guidance
 from gateway.openai.protocol import SamplingFields
 
 
@@ -27,11 +27,12 @@ def to_sampling_params(
     vocab_size: int,
     logprobs: int | None,
     choice: int = 0,
-    grammar: CompiledGrammar | None = None,
+    guidance: Guidance | None = None,
 ) -> SamplingParams:
     """Build one choice's sampling parameters; choice i > 0 of a seeded request uses seed + i.
 
-    With a grammar, each choice gets its own constraint (they advance independently).
+    With guided decoding, each choice gets the spec and, when compiled, its own constraint (they advance
+    independently).
     """
     bias: dict[int, float] = {}
     for key, value in (req.logit_bias or {}).items():
@@ -44,7 +45,7 @@ def to_sampling_params(
             raise InvalidRequestError(f"stop token id {token} is outside the vocabulary", param="stop_token_ids")
     if req.min_tokens > max_tokens:
         raise InvalidRequestError("min_tokens must not exceed max_tokens", param="min_tokens")
-    if grammar is not None and req.min_tokens:
+    if guidance is not None and req.min_tokens:
         # A finished grammar allows only end-of-sequence, which min_tokens forbids: nothing could be sampled.
         raise InvalidRequestError("min_tokens cannot be combined with guided decoding", param="min_tokens")
     seed = None if req.seed is None else (req.seed + choice) % 2**63
@@ -66,5 +67,6 @@ def to_sampling_params(
         ignore_eos=req.ignore_eos,
         skip_special_tokens=req.skip_special_tokens,
         logprobs=logprobs,
-        constraint=grammar.constraint() if grammar is not None else None,
+        guided=guidance.spec if guidance is not None else None,
+        constraint=guidance.compiled.constraint() if guidance is not None and guidance.compiled is not None else None,
     )

@@ -13,8 +13,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from engines.types import GuidedSpec
 from gateway.errors import InternalError, InvalidRequestError
-from gateway.openai.guided import CompiledGrammar, check_json_schema, decoder_for
+from gateway.openai.guided import Guidance, check_json_schema, decoder_for, engine_enforces_specs
 from gateway.openai.protocol import ChatCompletionRequest, NamedToolChoice
 from gateway.openai.tool_parsers import PARSERS, ToolParser
 from gateway.repository.registry import LoadedModel
@@ -93,10 +94,17 @@ def plan_tools(req: ChatCompletionRequest, model: LoadedModel) -> ToolPlan:
     return plan
 
 
-async def tool_grammar(plan: ToolPlan, model: LoadedModel) -> CompiledGrammar | None:
-    """The grammar forcing a call (required / named), or None."""
+async def tool_guidance(plan: ToolPlan, model: LoadedModel) -> Guidance | None:
+    """The grammar forcing a call (required / named) in the dialect's own format, or None.
+
+    The spec is the dialect's Lark grammar with each tool's schema embedded, so whichever engine enforces it (our
+    masks, vLLM's guidance backend, an upstream) the answer parses with the same tool parser.
+    """
     if not plan.constrained or plan.parser is None:
         return None
+    spec = GuidedSpec("lark", plan.parser.grammar(plan.forced, plan.parallel and plan.choice == "required"))
+    if engine_enforces_specs(model.scheduler):
+        return Guidance(spec)  # the schemas were checked by plan_tools; the engine compiles
     decoder = decoder_for(model.scheduler)
     for tool in plan.forced:
         # Each schema on its own first: an unsatisfiable one (e.g. {"$ref": "#"}) shows at its first mask, which
@@ -104,5 +112,4 @@ async def tool_grammar(plan: ToolPlan, model: LoadedModel) -> CompiledGrammar | 
         if "parameters" in tool["function"]:
             where = f"tools[{plan.tools.index(tool)}].function.parameters"
             await decoder.json_schema(tool["function"]["parameters"], "tools", where)
-    source = plan.parser.grammar(plan.forced, plan.parallel and plan.choice == "required")
-    return await decoder.lark(source, param="tools")
+    return Guidance(spec, await decoder.compile(spec, "tools"))

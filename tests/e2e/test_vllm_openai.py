@@ -8,11 +8,14 @@ Needs vLLM (skipped without it): run with the vLLM environment, e.g.
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -177,6 +180,96 @@ async def test_concurrent_streams_equal_their_twins(vllm_server: ServerProcess) 
         streamed = await asyncio.gather(*(stream(p) for p in prompts))
         twins = [await plain(p) for p in prompts]
     assert streamed == twins and all(streamed)
+
+
+CAPITAL = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
+                                            "country": {"type": "string", "maxLength": 24}},
+           "required": ["city", "country"]}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Current local time in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
+                   "required": ["city"]}}}
+TOOL_SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+ASK_TOOLS = [{"role": "user", "content": "What is the weather in Paris and the time in Rome?"}]
+
+
+def test_json_schema_is_enforced_by_vllm(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Give the capital and the country: Paris is the capital of France."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "capital", "schema": CAPITAL, "strict": True}}
+    resp = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=100,
+                                          response_format=fmt)
+    choice = resp.choices[0]
+    assert choice.finish_reason == "stop"
+    data = json.loads(choice.message.content)
+    jsonschema.validate(data, CAPITAL)
+    assert choice.message.content == json.dumps(data, ensure_ascii=False)  # compact, as on the native engine
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=100, response_format=fmt, stream=True) if c.choices)
+    assert streamed == choice.message.content
+    # /v1/completions takes response_format and vLLM's structured_outputs too
+    done = client.completions.create(model=MODEL, prompt="Is Paris in France? Answer:", temperature=0, max_tokens=5,
+                                     extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    assert done.choices[0].text in ("yes", "no") and done.choices[0].finish_reason == "stop"
+    done = client.completions.create(model=MODEL, prompt="Call me at", temperature=0, max_tokens=20,
+                                     extra_body={"structured_outputs": {"regex": r" [0-9]{3}-[0-9]{4}"}})
+    assert re.fullmatch(r" [0-9]{3}-[0-9]{4}", done.choices[0].text)
+
+
+def test_json_object_is_enforced_by_vllm(client: openai.OpenAI) -> None:
+    resp = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Describe Paris as a JSON object."}], temperature=0,
+        max_tokens=60, response_format={"type": "json_object"})
+    content = resp.choices[0].message.content
+    assert content.startswith("{")
+    if resp.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(content), dict)
+
+
+def _calls(calls) -> list[str]:  # type: ignore[no-untyped-def]
+    for call in calls:
+        assert call.id.startswith("call_") and call.type == "function"
+        jsonschema.validate(json.loads(call.function.arguments), TOOL_SCHEMAS[call.function.name])
+    return [call.function.name for call in calls]
+
+
+def test_forced_tool_calls_are_enforced_by_vllm(client: openai.OpenAI) -> None:
+    resp = client.chat.completions.create(model=MODEL, messages=ASK_TOOLS, tools=[WEATHER, TIME],
+                                          tool_choice="required", temperature=0, max_tokens=200)
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert _calls(choice.message.tool_calls)
+    named = {"type": "function", "function": {"name": "get_time"}}
+    resp = client.chat.completions.create(model=MODEL, messages=ASK_TOOLS, tools=[WEATHER, TIME], tool_choice=named,
+                                          temperature=0, max_tokens=200)
+    assert resp.choices[0].finish_reason == "tool_calls" and _calls(resp.choices[0].message.tool_calls) == ["get_time"]
+    args = ""
+    names = []
+    for c in client.chat.completions.create(model=MODEL, messages=ASK_TOOLS, tools=[WEATHER, TIME],
+                                            tool_choice=named, temperature=0, max_tokens=200, stream=True):
+        for delta in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+            names += [delta.function.name] if delta.function.name else []
+            args += delta.function.arguments or ""
+    assert names == ["get_time"] and args == resp.choices[0].message.tool_calls[0].function.arguments
+
+
+def test_bad_guided_requests_are_400_and_the_engine_lives_on(vllm_server: ServerProcess) -> None:
+    url = f"{vllm_server.base_url}/v1/chat/completions"
+    for fmt, param in (({"type": "strnig"}, "response_format"), ({"type": "object", "minProperties": -1},
+                                                                 "response_format")):
+        body = {"model": MODEL, "messages": QUESTION, "max_tokens": 5,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": fmt}}}
+        resp = httpx.post(url, json=body, timeout=60)
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 5, "structured_outputs": {"grammar": "start: nowhere"}}
+    resp = httpx.post(url, json=body, timeout=60)
+    assert resp.status_code == 400, resp.text  # refused by vLLM's own grammar check
+    ok = httpx.post(url, json={"model": MODEL, "messages": QUESTION, "max_tokens": 3, "temperature": 0}, timeout=60)
+    assert ok.status_code == 200
 
 
 def test_client_disconnect_aborts_the_request_in_vllm(vllm_server: ServerProcess) -> None:

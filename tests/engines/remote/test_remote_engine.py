@@ -17,7 +17,7 @@ from engines.interface import EngineUnavailableError
 from engines.remote.engine import RemoteEngine, RemoteSettings
 from engines.remote.upstream import UpstreamSettings
 from engines.remote.wire import completion_body
-from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SamplingParams
+from engines.types import EngineInfo, GenerationOutput, GenerationRequest, GuidedSpec, SamplingParams
 from tests.char_tokenizer import EOS, CharTokenizer
 
 A, B = "http://up-a:8000", "http://up-b:8000/v1"  # a trailing /v1 is accepted
@@ -123,6 +123,27 @@ async def test_streams_deltas_and_takes_usage_from_the_upstream() -> None:
     assert (final.finish_reason, final.prompt_tokens, final.completion_tokens) == ("stop", 3, 6)
     body = json.loads(ups.calls[0][1].content)
     assert body["prompt"] == [1, 2, 3] and body["stream"] and body["stream_options"] == {"include_usage": True}
+    await engine.shutdown()
+
+
+async def test_the_stream_is_read_to_its_end_so_the_connection_can_be_reused() -> None:
+    # Leaving anything after [DONE] unread (the chunked terminator, here a comment) makes httpx close the
+    # connection: every request would then open a new one to the upstream.
+    read_to_end: list[bool] = []
+
+    def script(request: httpx.Request) -> httpx.Response:
+        async def parts() -> AsyncIterator[bytes]:
+            for part in sse(chunk("ok", "stop"), usage(3, 2), "[DONE]"):
+                yield part
+            yield b": end of stream\n\n"
+            read_to_end.append(True)
+
+        return httpx.Response(200, content=parts(), headers={"content-type": "text/event-stream"})
+
+    engine = await engine_for(Upstreams(up_a=script, up_b=script))
+    outs = await collect(engine, request())
+    assert text_of(outs) == "ok" and outs[-1].finish_reason == "stop"
+    assert read_to_end == [True]
     await engine.shutdown()
 
 
@@ -252,7 +273,17 @@ def test_only_non_default_vllm_extras_are_sent() -> None:
         "presence_penalty": 0.5}
 
 
-def test_guided_decoding_is_refused_clearly() -> None:
+def test_guided_decoding_is_forwarded_as_structured_outputs() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False}
+    cases = [(GuidedSpec("json", schema), {"json": schema}), (GuidedSpec("regex", "[0-9]+"), {"regex": "[0-9]+"}),
+             (GuidedSpec("choice", ["yes", "no"]), {"choice": ["yes", "no"]}),
+             (GuidedSpec("lark", 'start: "x"'), {"grammar": 'start: "x"'})]
+    for spec, wire in cases:
+        assert completion_body("m", request(guided=spec))["structured_outputs"] == wire
+    assert "structured_outputs" not in completion_body("m", request())
+
+
+def test_a_compiled_constraint_without_its_spec_is_refused_clearly() -> None:
     class Anything:
         def allowed_mask(self, vocab_size: int) -> None:
             return None
@@ -260,5 +291,5 @@ def test_guided_decoding_is_refused_clearly() -> None:
         def accept(self, token_id: int) -> None:
             pass
 
-    with pytest.raises(ValueError, match="guided decoding"):
+    with pytest.raises(ValueError, match="guided-decoding"):
         completion_body("m", request(constraint=Anything()))

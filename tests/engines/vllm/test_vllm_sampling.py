@@ -9,7 +9,7 @@ pytest.importorskip("vllm")
 from vllm.logprobs import Logprob  # noqa: E402
 from vllm.sampling_params import RequestOutputKind  # noqa: E402
 
-from engines.types import SamplingParams, TokenLogprob  # noqa: E402
+from engines.types import JSON_FORMAT, GuidedSpec, SamplingParams, TokenLogprob  # noqa: E402
 from engines.vllm.engine import engine_args  # noqa: E402
 from engines.vllm.sampling import to_token_logprobs, to_vllm_sampling_params  # noqa: E402
 
@@ -39,7 +39,20 @@ def test_defaults_stay_defaults() -> None:
     assert not v.stop and not v.stop_token_ids and not v.logit_bias and v.seed is None
 
 
-def test_guided_decoding_is_refused_clearly() -> None:
+def test_guided_specs_become_vllm_structured_outputs() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False}
+    so = to_vllm_sampling_params(SamplingParams(guided=GuidedSpec("json", schema))).structured_outputs
+    assert so.json == {"x-guidance": JSON_FORMAT, **schema}  # our compact formatting, read by the guidance backend
+    so = to_vllm_sampling_params(SamplingParams(guided=GuidedSpec("regex", "[0-9]+"))).structured_outputs
+    assert so.regex == "[0-9]+" and so.json is None
+    so = to_vllm_sampling_params(SamplingParams(guided=GuidedSpec("choice", ["yes", "no"]))).structured_outputs
+    assert so.choice == ["yes", "no"]
+    so = to_vllm_sampling_params(SamplingParams(guided=GuidedSpec("lark", 'start: "x"'))).structured_outputs
+    assert so.grammar == 'start: "x"'
+    assert to_vllm_sampling_params(SamplingParams()).structured_outputs is None
+
+
+def test_a_compiled_constraint_without_its_spec_is_refused_clearly() -> None:
     class Anything:
         def allowed_mask(self, vocab_size: int) -> None:
             return None
@@ -47,7 +60,7 @@ def test_guided_decoding_is_refused_clearly() -> None:
         def accept(self, token_id: int) -> None:
             pass
 
-    with pytest.raises(ValueError, match="guided decoding"):
+    with pytest.raises(ValueError, match="guided-decoding"):
         to_vllm_sampling_params(SamplingParams(constraint=Anything()))  # type: ignore[arg-type]
 
 
@@ -69,6 +82,11 @@ def test_engine_args_from_config(tmp_path) -> None:  # type: ignore[no-untyped-d
     assert (args.model, args.dtype, args.max_model_len, args.max_num_seqs) == (str(tmp_path), "float32", 2048, 8)
     assert args.kv_cache_memory_bytes == 2**29 and args.enable_prefix_caching and args.enforce_eager
     assert args.scheduling_policy == "priority" and args.max_num_batched_tokens == 1024
+    assert args.structured_outputs_config.backend == "guidance"  # llguidance, as on the native engine
+    xgr = engine_args(tmp_path, dtype="float32", max_model_len=None, max_num_seqs=8, kv_cache_memory_gib=1,
+                      enable_prefix_caching=True, enforce_eager=False,
+                      extra={"structured_outputs_config": {"backend": "xgrammar"}})
+    assert xgr.structured_outputs_config.backend == "xgrammar"
     with pytest.raises(ValueError, match="unknown vLLM engine argument"):
         engine_args(tmp_path, dtype="float32", max_model_len=None, max_num_seqs=8, kv_cache_memory_gib=1,
                     enable_prefix_caching=True, enforce_eager=False, extra={"max_num_seq": 4})
