@@ -12,7 +12,7 @@ import torch
 
 from engines.hf_tokenizer import HFTokenizer
 from engines.interface import StepEngine, Tokenizer
-from engines.pytorch.loader import load_hf, resolve_hf_folder
+from engines.pytorch.loader import default_cache_dir, load_hf, resolve_hf_folder
 from engines.pytorch.model_runner import PagedModelRunner
 from engines.pytorch.sampler import sample
 from engines.types import EngineInfo, SequenceStep, StepResult
@@ -30,6 +30,13 @@ def _set_threads() -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
 
 
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class PyTorchEngine(StepEngine):
     def __init__(
         self,
@@ -41,12 +48,20 @@ class PyTorchEngine(StepEngine):
         block_size: int = 16,
         kv_cache_tokens: int = 16384,
         cache_dir: Path | None = None,
+        fast_kernels: bool = True,
+        gemm_threads: int | None = None,
     ) -> None:
+        """`fast_kernels`: our C kernels for projections, decode attention and norms (see model_runner.py);
+        false runs torch ops only. `gemm_threads`: threads sharing the projections of large steps (default: the
+        CPUs this process may use)."""
         _set_threads()
         folder = resolve_hf_folder(source, gguf_file, cache_dir)
         model, hf_tok = load_hf(folder, dtype)
         num_blocks = max(1, kv_cache_tokens // block_size)
-        self._runner = PagedModelRunner(model, num_blocks, block_size)
+        self._runner = PagedModelRunner(
+            model, num_blocks, block_size, fast_kernels=fast_kernels, kernel_cache_dir=cache_dir or default_cache_dir(),
+            gemm_threads=gemm_threads or _usable_cpus(),
+        )
         self._tokenizer = HFTokenizer(hf_tok)
         config = model.config
         eos = model.generation_config.eos_token_id if model.generation_config else None

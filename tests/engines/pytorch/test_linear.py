@@ -1,0 +1,69 @@
+"""The packed GEMM kernel against F.linear: shapes, bias, residual epilogue, strided input, batch invariance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engines.pytorch.linear import Linear
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the kernel is single-threaded; the engine uses it with one torch thread
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "bias"),
+    [(96, 64, True), (50, 37, False), (64, 2100, False)],  # padded columns; a K split into two blocks
+)
+def test_kernel_matches_f_linear(n: int, k: int, bias: bool, tmp_path: Path) -> None:
+    gen = torch.Generator().manual_seed(n + k)
+    weight = torch.randn(n, k, generator=gen) * 0.05
+    b = torch.randn(n, generator=gen) if bias else None
+    lin = Linear(weight, b, True, tmp_path)
+    if lin.kind != "kernel":
+        pytest.skip("no C compiler or no AVX2/FMA here: the engine uses oneDNN or torch")
+    for m in (1, 2, 5, 6, 7, 13, 40):
+        x = torch.randn(m, k, generator=gen)
+        residual = torch.randn(m, n, generator=gen)
+        ref = F.linear(x, weight, b)
+        out = lin(x)
+        assert out.shape == ref.shape
+        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(lin(x, residual), residual + ref, atol=1e-4, rtol=1e-4)
+        # a row's result does not depend on the other rows of the batch
+        assert torch.equal(lin(x[m // 2 : m // 2 + 1]), out[m // 2 : m // 2 + 1])
+    strided = torch.randn(4, 2 * k, generator=gen)[:, :k]
+    torch.testing.assert_close(lin(strided), F.linear(strided, weight, b), atol=1e-4, rtol=1e-4)
+
+
+def test_without_fast_kernels_is_f_linear(tmp_path: Path) -> None:
+    weight, x = torch.randn(32, 16), torch.randn(3, 16)
+    lin = Linear(weight, None, False, tmp_path)
+    assert lin.kind == "torch"
+    assert torch.equal(lin(x), F.linear(x, weight))
+
+
+def test_bfloat16_weights_match_f_linear(tmp_path: Path) -> None:
+    gen = torch.Generator().manual_seed(1)
+    weight = (torch.randn(80, 96, generator=gen) * 0.05).bfloat16()
+    bias = torch.randn(80, generator=gen).bfloat16()
+    lin = Linear(weight, bias, True, tmp_path)
+    if lin.kind != "kernel":
+        pytest.skip("no C compiler or no AVX2/FMA here")
+    for m in (1, 3, 7, 20):
+        x = torch.randn(m, 96, generator=gen).bfloat16()
+        residual = torch.randn(m, 80, generator=gen).bfloat16()
+        out = lin(x)
+        assert out.dtype == torch.bfloat16
+        # float32 sums of exact products, rounded once: within one bfloat16 step of torch's
+        torch.testing.assert_close(out, F.linear(x, weight, bias), atol=2e-2, rtol=1e-2)
+        torch.testing.assert_close(lin(x, residual), residual + F.linear(x, weight, bias), atol=3e-2, rtol=2e-2)
+        assert torch.equal(lin(x[:1]), out[:1])

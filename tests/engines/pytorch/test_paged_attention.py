@@ -1,0 +1,88 @@
+"""The decode-attention C kernel against the torch path (the fallback without a compiler) and a plain reference."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engines.pytorch.paged_attention import DecodeTables, PagedDecodeAttention, rotate
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
+
+
+def _case(dtype: torch.dtype, batch: int = 5, seed: int = 0) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    rnd = random.Random(seed)
+    ctx_lens = [rnd.randint(1, 70) for _ in range(batch)]
+    ctx_lens[0] = 1  # a sequence's first decode attends to its own new token only
+    num_blocks = sum((c + BLOCK - 1) // BLOCK for c in ctx_lens) + 3
+    blocks = list(range(num_blocks))
+    rnd.shuffle(blocks)  # fragmented tables
+    tables, used = [], 0
+    for c in ctx_lens:
+        n = (c + BLOCK - 1) // BLOCK
+        tables.append(blocks[used : used + n])
+        used += n
+    shape = (num_blocks * BLOCK, KV_HEADS, HEAD_DIM)
+    qkv = torch.randn(batch, (HEADS + 2 * KV_HEADS) * HEAD_DIM, generator=gen).to(dtype)
+    angles = torch.rand(batch, HEAD_DIM // 2, generator=gen) * 6
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    return {
+        "q": qkv[:, : HEADS * HEAD_DIM].view(batch, HEADS, HEAD_DIM),  # strided views, as the runner passes them
+        "k": qkv[:, HEADS * HEAD_DIM : (HEADS + KV_HEADS) * HEAD_DIM].view(batch, KV_HEADS, HEAD_DIM),
+        "v": qkv[:, (HEADS + KV_HEADS) * HEAD_DIM :].view(batch, KV_HEADS, HEAD_DIM),
+        "cos": cos,
+        "sin": sin,
+        "sin_folded": torch.cat((-sin[:, : HEAD_DIM // 2], sin[:, HEAD_DIM // 2 :]), dim=-1),
+        "k_cache": torch.randn(shape, generator=gen).to(dtype),
+        "v_cache": torch.randn(shape, generator=gen).to(dtype),
+        "tables": DecodeTables(tables, ctx_lens, BLOCK),
+    }
+
+
+def _transformers_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def _run(attn: PagedDecodeAttention, case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    k_cache, v_cache = case["k_cache"].clone(), case["v_cache"].clone()
+    out = attn(case["q"], case["k"], case["v"], case["cos"], case["sin_folded"], k_cache, v_cache, case["tables"],
+               HEAD_DIM**-0.5)
+    return out, k_cache, v_cache
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_matches_torch_path_and_reference(dtype: torch.dtype, tmp_path: Path) -> None:
+    kernel = PagedDecodeAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path)
+    if not kernel.uses_kernel:
+        pytest.skip("no C compiler here: the engine runs the torch path")
+    fallback = PagedDecodeAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path, use_kernel=False)
+    assert not fallback.uses_kernel
+    case = _case(dtype)
+    out, k_cache, v_cache = _run(kernel, case)
+    ref_out, ref_k, ref_v = _run(fallback, case)
+    # both write the same (rotated) keys and values, bit for bit what transformers computes
+    assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
+    slots, kv_index, mask = case["tables"].torch_index()
+    cos, sin = case["cos"][:, None], case["sin"][:, None]
+    assert torch.equal(k_cache[slots], _transformers_rotary(case["k"], cos, sin))
+    # attention output: the same up to float rounding, and the same as a plain SDPA over the gathered cache
+    q = _transformers_rotary(case["q"], cos, sin)
+    keys, values = ref_k[kv_index].transpose(1, 2), ref_v[kv_index].transpose(1, 2)
+    plain = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask, scale=HEAD_DIM**-0.5,
+                                           enable_gqa=True)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(out.float(), plain.reshape(out.shape).float(), atol=tol, rtol=tol)
+
+
+def test_rotate_is_transformers_rotary_bit_for_bit() -> None:
+    case = _case(torch.float32)
+    cos, sin = case["cos"][:, None], case["sin"][:, None]
+    assert torch.equal(rotate(case["q"], cos, case["sin_folded"][:, None]), _transformers_rotary(case["q"], cos, sin))
