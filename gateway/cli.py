@@ -87,11 +87,8 @@ def _read_keys(path: Path | None, what: str) -> list[str]:
     return keys
 
 
-def _env_keys(name: str) -> list[str]:
-    return [k.strip() for k in os.environ.get(name, "").split(",") if k.strip()]
-
-
 def _env_list(name: str) -> list[str]:
+    """A comma-separated environment variable as a list (empty items dropped)."""
     return [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
 
 
@@ -119,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             cache_dir=args.cache_dir,
             max_body_bytes=args.max_body_bytes,
             always_include_usage=args.always_include_usage,
-            api_keys=[*args.api_key, *_env_keys("SWITCHYARD_API_KEYS"), *_read_keys(args.api_key_file, "API key")],
-            admin_keys=[*_env_keys("SWITCHYARD_ADMIN_KEY"), *_read_keys(args.admin_key_file, "admin key")],
+            api_keys=[*args.api_key, *_env_list("SWITCHYARD_API_KEYS"), *_read_keys(args.api_key_file, "API key")],
+            admin_keys=[*_env_list("SWITCHYARD_ADMIN_KEY"), *_read_keys(args.admin_key_file, "admin key")],
             public_paths=args.public_path,
             cors_allow_origins=args.cors_allow_origin,
             rate_limit_rpm=args.rate_limit_rpm,
