@@ -28,6 +28,7 @@ from gateway.errors import (
     ServiceUnavailableError,
     SwitchyardError,
 )
+from gateway.heap import freeze_loaded
 from gateway.kserve.http import router as kserve_router
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import build_metrics_registry, render
@@ -113,6 +114,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
             grpc_server = await start_grpc_server(app, config.host, config.grpc_port, config.max_body_bytes, access)
         if config.model_control_mode == "poll":
             registry.start_polling(config.repository_poll_secs)
+        freeze_loaded()
         app.state.ready = True
         log.info(
             "Switchyard %s serving %s on http://%s:%d/v1%s",

@@ -32,6 +32,7 @@ from gateway.errors import (
     NotFoundError,
     ServiceUnavailableError,
 )
+from gateway.heap import collect_retired
 from gateway.repository.layout import (
     ModelDir,
     find_model_dir,
@@ -357,6 +358,7 @@ class ModelRegistry:
                         old.name, old.in_flight, self.drain_timeout_s)
         finally:
             await self._stop_quietly(old)
+            collect_retired()
             if folder is not None and self._states.get(folder, ("", ""))[0] == "UNLOADING":
                 self._states[folder] = ("UNAVAILABLE", "unloaded")
 

@@ -1,0 +1,24 @@
+"""Keep the Python garbage collector off the objects that loading models creates.
+
+Importing torch and transformers and loading weights leaves ~200k long-lived Python objects. Left in the collector's
+generations, each full collection walks them all (~130 ms with the GIL held, stalling the event loop and every model
+thread), and young collections cost ~15% of a small request's CPU. Freezing them after loading (as vLLM does) takes
+/v1/embeddings at c=32 from 157 to 189 texts/s on 2 cores. Frozen objects are never collected, so after a model is
+retired they are thawed once, collected, and the survivors frozen again.
+"""
+
+from __future__ import annotations
+
+import gc
+
+
+def freeze_loaded() -> None:
+    """Call once the models are loaded: what exists now is long-lived."""
+    gc.collect()
+    gc.freeze()
+
+
+def collect_retired() -> None:
+    """Call after a model copy stops: its cyclic garbage may sit in the frozen set (one full collection, ~0.1 s)."""
+    gc.unfreeze()
+    freeze_loaded()
