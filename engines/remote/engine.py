@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import urllib.error
+import urllib.request
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
 from engines.hf_tokenizer import HFTokenizer
 from engines.interface import AsyncGenerateEngine, EngineUnavailableError, Tokenizer
@@ -38,6 +41,9 @@ log = logging.getLogger("switchyard.engines.remote")
 MAX_TRACKED_SESSIONS = 65536
 MAX_ERROR_CHARS = 300
 DRAIN_TIMEOUT_S = 1.0
+MAX_LINE_BYTES = 4 << 20  # an SSE line longer than this is not a chunk any upstream sends: fail the attempt
+# What a broken connection or a silent upstream raises (aiohttp's read timeouts are TimeoutErrors).
+TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
 @dataclass(frozen=True)
@@ -70,14 +76,7 @@ class _Progress:
 
 
 class RemoteEngine(AsyncGenerateEngine):
-    def __init__(
-        self,
-        settings: RemoteSettings,
-        tokenizer: HFTokenizer,
-        info: EngineInfo,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        """`transport` replaces the network (tests script upstreams with `httpx.MockTransport`)."""
+    def __init__(self, settings: RemoteSettings, tokenizer: HFTokenizer, info: EngineInfo) -> None:
         if not settings.upstreams:
             raise ValueError("a remote model needs at least one upstream URL")
         self._settings = settings
@@ -86,8 +85,7 @@ class RemoteEngine(AsyncGenerateEngine):
         self._router = Router([Upstream(u) for u in settings.upstreams])
         self._token_ids = TokenIds(tokenizer)
         self._headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-        self._client: httpx.AsyncClient | None = None
-        self._transport = transport
+        self._client: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._aborted: set[str] = set()
         self._sessions: OrderedDict[str, None] = OrderedDict()  # sessions seen, for delete_session
@@ -115,12 +113,12 @@ class RemoteEngine(AsyncGenerateEngine):
         return True  # forwarded as `structured_outputs` (wire.py)
 
     async def start(self) -> None:
-        if logging.getLogger("httpx").level == logging.NOTSET:  # httpx logs every request at INFO: too chatty here
-            logging.getLogger("httpx").setLevel(logging.WARNING)
-        # No connection cap here: the admission scheduler bounds requests in flight, and a pool timeout would
-        # wrongly look like a dead upstream.
-        self._client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64), transport=self._transport
+        # aiohttp, not httpx: measured on this relay at 8 streams of 50 tokens/s, httpx spent 0.33 ms of CPU per
+        # token and 2.5 ms per request, aiohttp 0.09 and 0.7 -- the gateway shares the upstream's CPUs.
+        # No connection cap here: the admission scheduler bounds requests in flight, and a pool wait would
+        # wrongly look like a dead upstream. No cookies: upstreams are stateless APIs.
+        self._client = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), cookie_jar=aiohttp.DummyCookieJar(), raise_for_status=False
         )
         await self._check_all()
         self._health_task = asyncio.create_task(self._health_loop(), name="switchyard-remote-health")
@@ -131,7 +129,7 @@ class RemoteEngine(AsyncGenerateEngine):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
 
     async def abort(self, request_id: str) -> None:
         # The caller closes our stream, which closes the upstream connection; this only stops a stream that is
@@ -191,16 +189,16 @@ class RemoteEngine(AsyncGenerateEngine):
         url = f"{upstream.base_url}/v1/completions"
         p = _Progress()
         try:
-            async with self._client.stream("POST", url, json=body, headers=headers, timeout=upstream.timeout) as resp:
-                if resp.status_code != 200:
+            async with self._client.post(url, json=body, headers=headers, timeout=upstream.timeout) as resp:
+                if resp.status != 200:
                     detail = await _error_detail(resp)
-                    if resp.status_code in (408, 429) or resp.status_code >= 500:
-                        if resp.status_code == 503:
+                    if resp.status in (408, 429) or resp.status >= 500:
+                        if resp.status == 503:
                             upstream.mark_down(f"answered 503: {detail}")
-                        raise _Retry(f"{upstream.base_url} answered {resp.status_code}: {detail}")
+                        raise _Retry(f"{upstream.base_url} answered {resp.status}: {detail}")
                     raise ValueError(f"the upstream refused the request: {detail}")
                 upstream.served += 1
-                lines = resp.aiter_lines()
+                lines = _lines(resp)
                 async for line in lines:
                     data = sse_data(line)
                     if data is None:
@@ -220,7 +218,7 @@ class RemoteEngine(AsyncGenerateEngine):
                     if update is not None:
                         p.started = True
                         yield update
-        except httpx.TransportError as exc:
+        except TRANSPORT_ERRORS as exc:
             what = f"{exc.__class__.__name__}" + (f": {exc}" if str(exc) else "")
             if p.finish_reason is None:
                 upstream.mark_down(what[:MAX_ERROR_CHARS])
@@ -308,42 +306,58 @@ class RemoteEngine(AsyncGenerateEngine):
     async def _delete_upstream_session(self, upstream: Upstream, session_id: str) -> None:
         assert self._client is not None
         try:
-            await self._client.delete(f"{upstream.base_url}/v1/sessions/{session_id}", headers=self._headers,
-                                      timeout=upstream.timeout)
-        except httpx.HTTPError:
+            async with self._client.delete(f"{upstream.base_url}/v1/sessions/{session_id}", headers=self._headers,
+                                           timeout=upstream.timeout) as resp:
+                await resp.read()
+        except TRANSPORT_ERRORS:
             log.debug("deleting session on %s failed", upstream.base_url, exc_info=True)
+
+
+async def _lines(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    """The body's lines as they arrive (LF or CRLF endings). A line that grows past MAX_LINE_BYTES fails the
+    attempt instead of the gateway's memory."""
+    pending = b""
+    async for data in resp.content.iter_any():
+        *complete, pending = (pending + data).split(b"\n")
+        for line in complete:
+            yield line.removesuffix(b"\r").decode("utf-8", "replace")
+        if len(pending) > MAX_LINE_BYTES:
+            raise aiohttp.ClientPayloadError(f"an SSE line longer than {MAX_LINE_BYTES} bytes")
+    if pending:
+        yield pending.decode("utf-8", "replace")
 
 
 async def _drain(lines: AsyncIterator[str]) -> None:
     """Read the (empty) rest of a finished stream, so its connection goes back to the pool: leaving the body
-    unread makes httpx close the connection, and every request would then pay a new connection to the upstream.
+    unread closes the connection, and every request would then pay a new connection to the upstream.
     Bounded: an upstream that keeps the stream open after `[DONE]` only loses its connection."""
-    with contextlib.suppress(TimeoutError, httpx.HTTPError):
+    with contextlib.suppress(*TRANSPORT_ERRORS):
         async with asyncio.timeout(DRAIN_TIMEOUT_S):
             async for _ in lines:
                 pass
 
 
-async def _error_detail(resp: httpx.Response) -> str:
+async def _error_detail(resp: aiohttp.ClientResponse) -> str:
     """The message of an upstream's error response, short and without its internals."""
     try:
-        raw = await resp.aread()
-        obj = httpx.Response(resp.status_code, content=raw).json()
+        obj = json.loads(await resp.read())
         err = obj.get("error") if isinstance(obj, dict) else None
         message = err.get("message") if isinstance(err, dict) else (err or obj.get("message") or obj.get("detail"))
         return str(message)[:MAX_ERROR_CHARS]
     except Exception:
-        return f"HTTP {resp.status_code}"
+        return f"HTTP {resp.status}"
 
 
 def probe_max_model_len(settings: RemoteSettings) -> int | None:
-    """Ask the upstreams' `/v1/models` for the model's context length (vLLM and Switchyard report it)."""
+    """Ask the upstreams' `/v1/models` for the model's context length (vLLM and Switchyard report it). Blocking:
+    it runs once, while the model loads."""
     headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
     for up in settings.upstreams:
         try:
-            resp = httpx.get(f"{up.base_url}/v1/models", headers=headers, timeout=up.connect_timeout + 2.0)
-            entries = resp.json().get("data") or []
-        except (httpx.HTTPError, ValueError, AttributeError):
+            ask = urllib.request.Request(f"{up.base_url}/v1/models", headers=headers)
+            with urllib.request.urlopen(ask, timeout=up.connect_timeout + 2.0) as resp:  # noqa: S310 - config URL
+                entries = json.loads(resp.read()).get("data") or []
+        except (OSError, urllib.error.URLError, ValueError, AttributeError):
             continue
         for entry in entries:
             if isinstance(entry, dict) and entry.get("id") == settings.model:

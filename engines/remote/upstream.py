@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 
 log = logging.getLogger("switchyard.engines.remote")
 
@@ -46,11 +46,10 @@ class Upstream:
         self.down_since: float | None = None
 
     @property
-    def timeout(self) -> httpx.Timeout:
+    def timeout(self) -> aiohttp.ClientTimeout:
+        """No bound on the whole response (a long generation is fine); each read waits at most `read_timeout`."""
         s = self.settings
-        return httpx.Timeout(
-            connect=s.connect_timeout, read=s.read_timeout, write=s.read_timeout, pool=s.connect_timeout
-        )
+        return aiohttp.ClientTimeout(total=None, connect=s.connect_timeout, sock_read=s.read_timeout)
 
     def mark_down(self, reason: str) -> None:
         if self.healthy:
@@ -65,21 +64,28 @@ class Upstream:
         self.healthy = True
         self.down_since = None
 
-    async def check(self, client: httpx.AsyncClient, headers: dict[str, str]) -> bool:
+    async def check(self, session: aiohttp.ClientSession, headers: dict[str, str]) -> bool:
         """Ask the upstream whether it serves; update `healthy`."""
-        timeout = httpx.Timeout(self.settings.connect_timeout + 2.0)
+        timeout = aiohttp.ClientTimeout(total=self.settings.connect_timeout + 2.0)
         try:
-            resp = await client.get(f"{self.base_url}/health", headers=headers, timeout=timeout)
-            if resp.status_code == 404:  # servers without /health: a model list means it serves
-                resp = await client.get(f"{self.base_url}/v1/models", headers=headers, timeout=timeout)
-        except httpx.HTTPError as exc:
+            status = await self._status(session, "/health", headers, timeout)
+            if status == 404:  # servers without /health: a model list means it serves
+                status = await self._status(session, "/v1/models", headers, timeout)
+        except (aiohttp.ClientError, TimeoutError) as exc:
             self.mark_down(f"health check failed ({exc.__class__.__name__})")
             return False
-        if resp.status_code == 200:
+        if status == 200:
             self.mark_up()
             return True
-        self.mark_down(f"health check answered {resp.status_code}")
+        self.mark_down(f"health check answered {status}")
         return False
+
+    async def _status(
+        self, session: aiohttp.ClientSession, path: str, headers: dict[str, str], timeout: aiohttp.ClientTimeout
+    ) -> int:
+        async with session.get(f"{self.base_url}{path}", headers=headers, timeout=timeout) as resp:
+            await resp.read()  # so the connection can be reused
+            return resp.status
 
     def __repr__(self) -> str:
         return f"Upstream({self.base_url}, healthy={self.healthy}, outstanding={self.outstanding})"

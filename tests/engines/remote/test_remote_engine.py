@@ -1,17 +1,21 @@
-"""RemoteEngine against scripted upstreams (httpx.MockTransport): retries, failover, usage, logprobs, affinity.
+"""RemoteEngine against scripted upstreams (real aiohttp servers on 127.0.0.1): retries, failover, usage,
+logprobs, affinity, connection reuse.
 
-The real-server counterpart is tests/e2e/test_remote_upstreams.py; these cover the failure shapes that are hard to
-produce on demand with real servers (a 500 before the first byte, an error event, a missing usage chunk).
+The real-Switchyard counterpart is tests/e2e/test_remote_upstreams.py; these cover the failure shapes that are hard
+to produce on demand with real model servers (a 500 before the first byte, a connection cut mid-stream, an error
+event, a missing usage chunk).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+import socket
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 
-import httpx
 import pytest
+from aiohttp import web
 
 from engines.interface import EngineUnavailableError
 from engines.remote.engine import RemoteEngine, RemoteSettings
@@ -20,7 +24,7 @@ from engines.remote.wire import completion_body
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest, GuidedSpec, SamplingParams
 from tests.char_tokenizer import EOS, CharTokenizer
 
-A, B = "http://up-a:8000", "http://up-b:8000/v1"  # a trailing /v1 is accepted
+HOSTS = ("up-a", "up-b")
 
 
 def sse(*events: dict | str) -> list[bytes]:
@@ -37,66 +41,117 @@ def usage(prompt: int, completion: int, cached: int = 0) -> dict:
                                      "prompt_tokens_details": {"cached_tokens": cached}}}
 
 
-Script = Callable[[httpx.Request], object]
+@dataclass(frozen=True)
+class Call:
+    """One completion request as the upstream saw it."""
+
+    host: str
+    headers: Mapping[str, str]
+    content: bytes
+    peer_port: int  # the gateway's side of the connection: equal ports mean a reused connection
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A script's plain JSON answer (an error status, say)."""
+
+    status: int
+    body: dict
+
+
+BREAK = object()  # in a script's parts: cut the connection here
+DOWN = object()  # as a script: that upstream is not listening (connections are refused)
+
+Script = Callable[[Call], object]
 
 
 class Upstreams:
-    """Per-host scripts; records every request. A script returns a list of SSE byte chunks (200), an
-    httpx.Response, or raises (e.g. httpx.ConnectError)."""
+    """Two real HTTP servers, `up-a` and `up-b`, run by per-host scripts; records every request. A script returns
+    the parts of a 200 event stream (bytes, or BREAK), or a Reply."""
 
-    def __init__(self, **scripts: Script) -> None:
+    def __init__(self, **scripts: object) -> None:
         self.scripts = scripts
-        self.calls: list[tuple[str, httpx.Request]] = []
+        self.calls: list[Call] = []
         self.deleted: list[str] = []
-        self.health = {"up-a": 200, "up-b": 200}
+        self.health = dict.fromkeys(HOSTS, 200)
+        self.url: dict[str, str] = {}
+        self._runners: list[web.AppRunner] = []
 
-    async def handle(self, request: httpx.Request) -> httpx.Response:
-        host = request.url.host
-        if request.url.path == "/health":
-            return httpx.Response(self.health[host])
+    async def start(self) -> None:
+        for host in HOSTS:
+            if self.scripts[host.replace("-", "_")] is DOWN:
+                with socket.socket() as probe:  # a port nothing listens on
+                    probe.bind(("127.0.0.1", 0))
+                    self.url[host] = f"http://127.0.0.1:{probe.getsockname()[1]}"
+                continue
+            app = web.Application()
+            app.router.add_route("*", "/{path:.*}", lambda r, h=host: self._handle(h, r))
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            self._runners.append(runner)
+            self.url[host] = f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    async def close(self) -> None:
+        for runner in self._runners:
+            await runner.cleanup()
+
+    async def _handle(self, host: str, request: web.Request) -> web.StreamResponse:
+        if request.path == "/health":
+            return web.Response(status=self.health[host])
+        content = await request.read()
         if request.method == "DELETE":
-            self.deleted.append(f"{host}{request.url.path}")
-            return httpx.Response(200, json={"deleted": True})
-        self.calls.append((host, request))
-        out = self.scripts[host.replace("-", "_")](request)
-        if isinstance(out, httpx.Response):
-            return out
-        return httpx.Response(200, content=_stream(out), headers={"content-type": "text/event-stream"})
+            self.deleted.append(f"{host}{request.path}")
+            return web.json_response({"deleted": True})
+        call = Call(host, request.headers, content, request.transport.get_extra_info("peername")[1])
+        self.calls.append(call)
+        out = self.scripts[host.replace("-", "_")](call)  # type: ignore[operator]
+        if isinstance(out, Reply):
+            return web.json_response(out.body, status=out.status)
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for part in out:  # type: ignore[attr-defined]
+            if part is BREAK:
+                request.transport.close()
+                return resp
+            await resp.write(part)
+        await resp.write_eof()
+        return resp
 
     def hosts(self) -> list[str]:
-        return [h for h, _ in self.calls]
-
-
-async def _stream(parts: object) -> AsyncIterator[bytes]:
-    for part in parts:  # type: ignore[attr-defined]
-        if isinstance(part, Exception):
-            raise part
-        yield part
+        return [c.host for c in self.calls]
 
 
 def answer(text: str = "paris", finish: str = "stop", with_usage: bool = True) -> Script:
-    def script(request: httpx.Request) -> list[bytes]:
+    def script(call: Call) -> list[bytes]:
         events: list[dict | str] = [chunk(c) for c in text[:-1]] + [chunk(text[-1], finish)]
         if with_usage:
-            events.append(usage(len(json.loads(request.content)["prompt"]), len(text) + (finish == "stop")))
+            events.append(usage(len(json.loads(call.content)["prompt"]), len(text) + (finish == "stop")))
         return sse(*events, "[DONE]")
 
     return script
 
 
-def refuse(exc: Exception) -> Script:
-    def script(request: httpx.Request) -> object:
-        raise exc
+_cleanup: list[Upstreams | RemoteEngine] = []
 
-    return script
+
+@pytest.fixture(autouse=True)
+async def _stop_servers_and_engines() -> AsyncIterator[None]:
+    yield
+    while _cleanup:
+        item = _cleanup.pop()
+        await (item.shutdown() if isinstance(item, RemoteEngine) else item.close())
 
 
 async def engine_for(upstreams: Upstreams, retries: int = 2) -> RemoteEngine:
-    settings = RemoteSettings([UpstreamSettings(A), UpstreamSettings(B)], model="m", retries=retries,
-                              health_check_seconds=3600)
-    engine = RemoteEngine(settings, CharTokenizer(), EngineInfo("remote", "remote", 512, 27, [EOS]),  # type: ignore[arg-type]
-                          transport=httpx.MockTransport(upstreams.handle))
+    await upstreams.start()
+    _cleanup.append(upstreams)
+    a, b = upstreams.url["up-a"], upstreams.url["up-b"] + "/v1"  # a trailing /v1 is accepted
+    settings = RemoteSettings([UpstreamSettings(a, connect_timeout=2.0), UpstreamSettings(b, connect_timeout=2.0)],
+                              model="m", retries=retries, health_check_seconds=3600)
+    engine = RemoteEngine(settings, CharTokenizer(), EngineInfo("remote", "remote", 512, 27, [EOS]))  # type: ignore[arg-type]
     await engine.start()
+    _cleanup.append(engine)
     return engine
 
 
@@ -121,30 +176,42 @@ async def test_streams_deltas_and_takes_usage_from_the_upstream() -> None:
     assert [o.finished for o in outs] == [False] * 4 + [True]
     final = outs[-1]
     assert (final.finish_reason, final.prompt_tokens, final.completion_tokens) == ("stop", 3, 6)
-    body = json.loads(ups.calls[0][1].content)
+    body = json.loads(ups.calls[0].content)
     assert body["prompt"] == [1, 2, 3] and body["stream"] and body["stream_options"] == {"include_usage": True}
-    await engine.shutdown()
 
 
-async def test_the_stream_is_read_to_its_end_so_the_connection_can_be_reused() -> None:
-    # Leaving anything after [DONE] unread (the chunked terminator, here a comment) makes httpx close the
-    # connection: every request would then open a new one to the upstream.
-    read_to_end: list[bool] = []
+async def test_the_stream_is_read_to_its_end_so_the_connection_is_reused() -> None:
+    # Leaving anything after [DONE] unread (the chunked terminator, here also a comment) closes the connection:
+    # every request would then open a new one to the upstream.
+    def script(call: Call) -> list[bytes]:
+        return [*sse(chunk("ok", "stop"), usage(3, 2), "[DONE]"), b": end of stream\n\n"]
 
-    def script(request: httpx.Request) -> httpx.Response:
-        async def parts() -> AsyncIterator[bytes]:
-            for part in sse(chunk("ok", "stop"), usage(3, 2), "[DONE]"):
-                yield part
-            yield b": end of stream\n\n"
-            read_to_end.append(True)
+    ups = Upstreams(up_a=script, up_b=DOWN)
+    engine = await engine_for(ups, retries=0)
+    engine.upstreams[1].mark_down("test: one upstream only")
+    for i in range(3):
+        outs = await collect(engine, request(str(i)))
+        assert text_of(outs) == "ok" and outs[-1].finish_reason == "stop"
+    assert len({c.peer_port for c in ups.calls}) == 1
 
-        return httpx.Response(200, content=parts(), headers={"content-type": "text/event-stream"})
 
-    engine = await engine_for(Upstreams(up_a=script, up_b=script))
+async def test_events_split_across_writes_and_crlf_line_ends_are_reassembled() -> None:
+    def ragged(call: Call) -> list[bytes]:
+        whole = b"".join(sse(chunk("pa"), chunk("ris", "stop"), usage(3, 6), "[DONE]")).replace(b"\n", b"\r\n")
+        return [whole[i : i + 7] for i in range(0, len(whole), 7)]
+
+    engine = await engine_for(Upstreams(up_a=ragged, up_b=ragged))
     outs = await collect(engine, request())
-    assert text_of(outs) == "ok" and outs[-1].finish_reason == "stop"
-    assert read_to_end == [True]
-    await engine.shutdown()
+    assert text_of(outs) == "paris" and outs[-1].completion_tokens == 6
+
+
+async def test_a_line_without_end_fails_the_attempt_not_the_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("engines.remote.engine.MAX_LINE_BYTES", 4096)
+    ups = Upstreams(up_a=lambda c: [b"data: " + b"x" * 1024] * 8, up_b=answer("ok"))
+    engine = await engine_for(ups)
+    for i in range(2):  # whichever upstream is tried first, the answer comes from up-b
+        assert text_of(await collect(engine, request(str(i)))) == "ok"
+    assert "up-a" in ups.hosts()
 
 
 async def test_without_usage_the_tokenizer_counts() -> None:
@@ -171,7 +238,7 @@ async def test_a_session_always_goes_to_the_same_upstream_and_carries_its_header
     for i in range(4):
         await collect(engine, request(str(i), session="conversation-7"))
     assert len(set(ups.hosts())) == 1
-    assert all(r.headers["x-session-id"] == "conversation-7" for _, r in ups.calls)
+    assert all(c.headers["x-session-id"] == "conversation-7" for c in ups.calls)
     assert engine.delete_session("conversation-7") and not engine.delete_session("never-seen")
     for _ in range(20):  # the upstream's KV session is released in the background
         await asyncio.sleep(0.01)
@@ -179,23 +246,25 @@ async def test_a_session_always_goes_to_the_same_upstream_and_carries_its_header
 
 
 async def test_connect_errors_and_5xx_before_the_first_byte_are_retried_elsewhere() -> None:
-    ups = Upstreams(up_a=refuse(httpx.ConnectError("refused")), up_b=answer("ok"))
+    ups = Upstreams(up_a=DOWN, up_b=answer("ok"))
     engine = await engine_for(ups)
+    engine.upstreams[0].mark_up()  # it went down after the last health check: the request finds out
     pinned_to_a = next(f"s{i}" for i in range(100) if engine._router.affinity(f"s{i}") is engine.upstreams[0])
     outs = await collect(engine, request(session=pinned_to_a))  # even a pinned session fails over
-    assert text_of(outs) == "ok" and ups.hosts() == ["up-a", "up-b"]
+    assert text_of(outs) == "ok" and ups.hosts() == ["up-b"]  # up-a refused the connection
     assert not engine.upstreams[0].healthy and engine.upstreams[1].healthy
 
-    ups = Upstreams(up_a=lambda r: httpx.Response(500, json={"error": {"message": "boom"}}), up_b=answer("ok"))
+    ups = Upstreams(up_a=lambda c: Reply(500, {"error": {"message": "boom"}}), up_b=answer("ok"))
     engine = await engine_for(ups)
     for i in range(2):
         assert text_of(await collect(engine, request(str(i)))) == "ok"
+    assert "up-a" in ups.hosts()
     assert engine.upstreams[0].healthy  # a 500 may be this request's problem: the upstream stays in rotation
 
 
 async def test_a_4xx_is_the_clients_problem_and_is_not_retried() -> None:
-    ups = Upstreams(up_a=lambda r: httpx.Response(400, json={"error": {"message": "prompt too long"}}),
-                    up_b=lambda r: httpx.Response(400, json={"error": {"message": "prompt too long"}}))
+    ups = Upstreams(up_a=lambda c: Reply(400, {"error": {"message": "prompt too long"}}),
+                    up_b=lambda c: Reply(400, {"error": {"message": "prompt too long"}}))
     engine = await engine_for(ups)
     with pytest.raises(ValueError, match="prompt too long"):
         await collect(engine, request())
@@ -203,8 +272,7 @@ async def test_a_4xx_is_the_clients_problem_and_is_not_retried() -> None:
 
 
 async def test_when_every_attempt_fails_the_engine_is_unavailable() -> None:
-    ups = Upstreams(up_a=lambda r: httpx.Response(503, json={"error": {"message": "loading"}}),
-                    up_b=refuse(httpx.ConnectTimeout("slow")))
+    ups = Upstreams(up_a=lambda c: Reply(503, {"error": {"message": "loading"}}), up_b=DOWN)
     engine = await engine_for(ups)
     with pytest.raises(EngineUnavailableError, match="no upstream could serve"):
         await collect(engine, request())
@@ -215,8 +283,8 @@ async def test_when_every_attempt_fails_the_engine_is_unavailable() -> None:
 
 
 async def test_an_upstream_dying_mid_stream_ends_the_stream_cleanly() -> None:
-    def dies(request: httpx.Request) -> list:
-        return [*sse(chunk("pa"), chunk("r")), httpx.RemoteProtocolError("peer closed connection")]
+    def dies(call: Call) -> list:
+        return [*sse(chunk("pa"), chunk("r")), BREAK]
 
     ups = Upstreams(up_a=dies, up_b=dies)
     engine = await engine_for(ups)
@@ -224,19 +292,20 @@ async def test_an_upstream_dying_mid_stream_ends_the_stream_cleanly() -> None:
     assert text_of(outs) == "par"  # what was sent stays sent; no retry after the first token
     assert outs[-1].finished and outs[-1].finish_reason == "abort" and "retry" in (outs[-1].error or "")
     assert len(ups.calls) == 1
-    dead = {u.base_url: u.healthy for u in engine.upstreams}[f"http://{ups.calls[0][0]}:8000"]
+    dead = {u.base_url: u.healthy for u in engine.upstreams}[ups.url[ups.calls[0].host]]
     assert dead is False  # the next request goes elsewhere
 
 
 async def test_a_stream_that_breaks_before_the_first_token_is_retried() -> None:
-    ups = Upstreams(up_a=lambda r: [httpx.ReadError("reset")], up_b=answer("ok"))
+    ups = Upstreams(up_a=lambda c: [BREAK], up_b=answer("ok"))
     engine = await engine_for(ups)
     for i in range(2):
         assert text_of(await collect(engine, request(str(i)))) == "ok"
+    assert "up-a" in ups.hosts()
 
 
 async def test_an_error_event_in_the_stream_fails_the_request() -> None:
-    def errs(request: httpx.Request) -> list[bytes]:
+    def errs(call: Call) -> list[bytes]:
         return sse(chunk("x"), {"error": {"message": "CUDA error", "type": "internal_error"}}, "[DONE]")
 
     engine = await engine_for(Upstreams(up_a=errs, up_b=errs))
@@ -245,8 +314,8 @@ async def test_an_error_event_in_the_stream_fails_the_request() -> None:
 
 
 async def test_logprobs_map_back_to_token_ids() -> None:
-    def with_logprobs(request: httpx.Request) -> list[bytes]:
-        body = json.loads(request.content)
+    def with_logprobs(call: Call) -> list[bytes]:
+        body = json.loads(call.content)
         assert body["logprobs"] == 1 and body["return_tokens_as_token_ids"] is True
         lp_vllm = {"tokens": ["token_id:16"], "token_logprobs": [-0.5], "top_logprobs": [{"token_id:16": -0.5}]}
         lp_text = {"tokens": ["a"], "token_logprobs": [-1.5], "top_logprobs": [{"a": -1.5, "b": -2.0}]}
