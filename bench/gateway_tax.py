@@ -13,12 +13,19 @@ Order: Switchyard-vLLM alone; then vLLM's server with the remote gateway beside 
 after the other at each concurrency (the gateway is idle while the direct run goes). Servers listen on
 127.0.0.1 free ports; every start and the whole run are bounded in time.
 
-    python bench/gateway_tax.py --vllm-python /path/to/vllm-venv/bin/python [--quick] [--levels 1,8]
+`--paired` measures (b)'s throughput differently: half the clients go straight to vLLM and half through the gateway,
+at the same time, so both halves meet the same engine (one after the other, tok/s and TTFT move with the engine's
+drift: TTFT p50 at c=32 by +-500 ms between runs). Its TTFT is not the gateway's latency: the two closed loops
+phase-lock, and the later arrival waits out one engine step (~0.4 s of prefill); the latency tax is the c=1 figure
+of the sequential run.
+
+    python bench/gateway_tax.py --vllm-python /path/to/vllm-venv/bin/python [--quick] [--levels 1,8] [--paired]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import os
 import subprocess
@@ -29,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.loadgen import random_prompts, run_load  # noqa: E402
 from bench.serve_bench import GGUF, LEVELS, MODEL, _port, _wait_ready, measure, start_vllm, stop  # noqa: E402
 from engines.pytorch.loader import resolve_hf_folder  # noqa: E402
 
@@ -91,6 +99,37 @@ def measure_level(url: str, level: tuple[int, int], output_len: int, frontends: 
     return out
 
 
+def measure_paired(direct_url: str, gateway_url: str, level: tuple[int, int], output_len: int) -> tuple[dict, dict]:
+    """Clients split in two halves running at once, one straight to the server and one through the gateway
+    (alternate prompts of the same length); each half's summary over its own duration."""
+    concurrency, count = level
+    half = max(1, concurrency // 2)
+    prompts = random_prompts(2 * max(half, count // 2), 128, 49152, seed=concurrency)
+
+    async def both() -> list:
+        return await asyncio.gather(run_load(direct_url, MODEL, prompts[0::2], output_len, half),
+                                    run_load(gateway_url, MODEL, prompts[1::2], output_len, half))
+
+    direct, through = asyncio.run(both())
+    return direct.summary(), through.summary()
+
+
+def paired_table(rows: list[tuple[int, dict, dict]], output_len: int) -> None:
+    print(f"\nfloat32, 128 in / {output_len} out, paired: half the clients direct, half through the gateway, at once")
+    print("| clients | direct tok/s | remote tok/s | tok/s ratio (>= 0.97) | TTFT p50 direct / remote ms "
+          "| TTFT p50 diff ms | TPOT p50 diff ms | |")
+    print("|---|---|---|---|---|---|---|---|")
+    for clients, d, g in rows:
+        ratio = g["output_tok_s"] / d["output_tok_s"]
+        ttft = g["ttft_p50_ms"] - d["ttft_p50_ms"]
+        flag = "ok" if ratio >= 0.97 else "OVER"
+        print(f"| {clients // 2 or 1}+{clients // 2 or 1} | {d['output_tok_s']:.1f} | {g['output_tok_s']:.1f} "
+              f"| {ratio:.3f} | {d['ttft_p50_ms']:.0f} / {g['ttft_p50_ms']:.0f} | {ttft:+.1f} "
+              f"| {g['tpot_p50_ms'] - d['tpot_p50_ms']:+.2f} | {flag} |")
+    print("TTFT side by side is not the gateway's latency: two closed loops phase-lock, and the later arrival (by the "
+          "gateway's few ms) waits out one engine step of the other's prefill; read it from the sequential run at c=1.")
+
+
 class Watchdog:
     """Stops every registered server when the run's deadline passes, so a hung run ends (with an error)."""
 
@@ -150,6 +189,7 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true", help="skip torch.compile on both sides (fast start)")
     parser.add_argument("--only", choices=["a", "b"], help="run one comparison only")
     parser.add_argument("--deadline", type=float, default=None, help="stop everything after this many seconds")
+    parser.add_argument("--paired", action="store_true", help="(b) only, direct and remote side by side at once")
     args = parser.parse_args()
     wanted = {int(x) for x in args.levels.split(",")}
     levels = [(c, n) for c, n in LEVELS if c in wanted]
@@ -163,11 +203,12 @@ def main() -> None:
     vllm_extra = ("--max-num-seqs", str(MAX_NUM_SEQS), "--disable-uvicorn-access-log",
                   *(("--enforce-eager",) if args.enforce_eager else ()))
     results: dict[str, dict[int, dict[str, float]]] = {}
+    paired: list[tuple[int, dict, dict]] = []
     watchdog = Watchdog(deadline)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
-            if args.only in (None, "a"):
+            if args.only in (None, "a") and not args.paired:
                 print("switchyard, backend vllm", flush=True)
                 proc, url = start_switchyard(args.vllm_python, vllm_config(args.enforce_eager), work, "sw-vllm",
                                              start_timeout)
@@ -188,7 +229,11 @@ def main() -> None:
                     watchdog.add(gateway[0])
                 try:
                     results["vllm-direct"], results["switchyard-remote"] = {}, {}
-                    for level in levels:
+                    for level in levels if args.paired else ():
+                        print(f"paired c={level[0]}", flush=True)
+                        assert gateway is not None, "--paired measures (b)"
+                        paired.append((level[0], *measure_paired(vurl, gateway[1], level, output_len)))
+                    for level in () if args.paired else levels:
                         print(f"direct c={level[0]}", flush=True)
                         results["vllm-direct"].update(measure_level(vurl, level, output_len, [vproc.pid]))
                         if gateway is not None:
@@ -205,7 +250,10 @@ def main() -> None:
         watchdog.cancel()
     if watchdog.fired:
         raise SystemExit("the run passed its deadline")
-    table(results, levels, output_len)
+    if args.paired:
+        paired_table(paired, output_len)
+    else:
+        table(results, levels, output_len)
 
 
 if __name__ == "__main__":

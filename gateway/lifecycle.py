@@ -22,31 +22,42 @@ import uvicorn
 log = logging.getLogger("switchyard.lifecycle")
 
 
-class Lifecycle:
-    """Counts requests in flight and says whether the server is draining."""
+class InFlightCount:
+    """Requests running somewhere (the whole server, or one model copy), and a way to wait until none is."""
 
     def __init__(self) -> None:
-        self.draining = False
-        self.inflight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self.count = 0
+        self._idle: asyncio.Event | None = None
 
     def enter(self) -> None:
-        self.inflight += 1
-        self._idle.clear()
+        self.count += 1
 
     def leave(self) -> None:
-        self.inflight -= 1
-        if self.inflight == 0:
+        self.count -= 1
+        if self.count == 0 and self._idle is not None:
             self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Return once no request runs (call after new ones are refused, so the count only goes down)."""
+        while self.count > 0:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+
+
+class Lifecycle(InFlightCount):
+    """The server's requests in flight, and whether it is draining."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.draining = False
 
     async def drain(self, grace_seconds: float) -> bool:
         """Stop admitting and wait for in-flight requests; True if they all finished within the grace period."""
         self.draining = True
-        if self.inflight == 0:
+        if self.count == 0:
             return True
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout=grace_seconds)
+            await asyncio.wait_for(self.wait_idle(), timeout=grace_seconds)
             return True
         except TimeoutError:
             return False
@@ -72,10 +83,10 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain(self, name: str) -> None:
         started = time.monotonic()
-        log.info("%s: draining %d request(s) in flight (grace %.0f s)", name, self._lifecycle.inflight, self._grace)
+        log.info("%s: draining %d request(s) in flight (grace %.0f s)", name, self._lifecycle.count, self._grace)
         finished = await self._lifecycle.drain(self._grace)
         if finished:
             log.info("drained in %.1f s; shutting down", time.monotonic() - started)
         else:
-            log.warning("grace period over with %d request(s) in flight; shutting down", self._lifecycle.inflight)
+            log.warning("grace period over with %d request(s) in flight; shutting down", self._lifecycle.count)
         self.should_exit = True

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engines.pytorch.native import load_library
+from engines.pytorch.native import EXP8_AVX2, load_library
 
 _COMMON = r"""
 #include <math.h>
@@ -198,27 +198,7 @@ void gemm_bf16w(const float* x, int64_t ldx, const uint16_t* wp, const uint16_t*
 
 /* ---- elementwise helpers of the dense layers (float32) ---- */
 
-/* exp(x) for |x| <= 88: Cody-Waite range reduction and a degree-6 polynomial, within 2 ulp of expf. */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    /* 2^n in two halves so that n = 128 does not overflow the exponent field */
-    __m256i e = _mm256_cvtps_epi32(n);
-    __m256i e1 = _mm256_srai_epi32(e, 1), e2 = _mm256_sub_epi32(e, e1);
-    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e1, _mm256_set1_epi32(127)), 23));
-    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e2, _mm256_set1_epi32(127)), 23));
-    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-}
+EXP8_AVX2
 
 /* y = silu(gu[:, :I]) * gu[:, I:], silu(g) = g / (1 + exp(-g)) as torch computes it (each op rounded). */
 void silu_mul_f32(const float* gu, int64_t ldg, float* y, int64_t ldy, int M, int I) {
@@ -263,7 +243,8 @@ void rms_norm_f32(const float* x, int64_t ldx, const float* w, float eps, float*
 }
 """
 
-_SOURCE = _COMMON + "".join(_TEMPLATE.replace("SFX", sfx) for sfx in ("f32", "bf16w")) + _TAIL
+_SOURCE = (_COMMON + "".join(_TEMPLATE.replace("SFX", sfx) for sfx in ("f32", "bf16w")) + _TAIL).replace(
+    "EXP8_AVX2", EXP8_AVX2)
 
 _lib: ctypes.CDLL | None = None
 SHARE_MIN_ROWS = 8  # below this a decode step is memory-bound: one thread streams the weights as fast as two

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engines.pytorch.native import load_library
+from engines.pytorch.native import EXP8_AVX2, load_library
 
 _COMMON = r"""
 #include <stdint.h>
@@ -59,22 +59,7 @@ static inline float exp_neg(float x) {
     return p * scale;
 }
 #if VEC
-static inline __m256 exp_neg8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
+EXP8_AVX2
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -171,7 +156,7 @@ static void sequence_SFX(const T_SFX* q, const T_SFX* kc, const T_SFX* vc, const
 #if VEC
         __m256 vm = _mm256_set1_ps(m), vsum = _mm256_setzero_ps();
         for (; t + 8 <= ctx; t += 8) {
-            __m256 e = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(sc + t), vm));
+            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + t), vm));
             _mm256_storeu_ps(sc + t, e);
             vsum = _mm256_add_ps(vsum, e);
         }
@@ -265,9 +250,8 @@ int paged_decode_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* k_new, int64
 }
 """
 
-_SOURCE = _COMMON + "".join(
-    _TEMPLATE.replace("SFX", sfx) for sfx in ("f32", "bf16")
-)
+_SOURCE = (_COMMON + "".join(_TEMPLATE.replace("SFX", sfx) for sfx in ("f32", "bf16"))).replace(
+    "EXP8_AVX2", EXP8_AVX2)
 
 
 

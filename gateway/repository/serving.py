@@ -9,7 +9,6 @@ tensor models do it in `TensorModel.infer` with the same `InFlight`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,18 +16,18 @@ from typing import Any
 from engines.interface import Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest
 from gateway.errors import ServiceUnavailableError
+from gateway.lifecycle import InFlightCount
 from gateway.scheduler.llm_scheduler import LLMScheduler, SchedulerStats
 
 
-class InFlight:
+class InFlight(InFlightCount):
     """Requests running on one model copy, and where new ones go once the copy is retired."""
 
     def __init__(self, name: str) -> None:
+        super().__init__()
         self.name = name
-        self.count = 0
         self.successor: Any = None  # the copy that replaced this one (a reload)
         self.closed = False  # retired: no new request starts here
-        self._idle: asyncio.Event | None = None
 
     def retire(self, successor: Any = None) -> None:
         self.successor = successor
@@ -37,18 +36,7 @@ class InFlight:
     def enter(self) -> None:
         if self.closed:
             raise ServiceUnavailableError(f"model '{self.name}' is unloading", headers={"Retry-After": "5"})
-        self.count += 1
-
-    def leave(self) -> None:
-        self.count -= 1
-        if self.count == 0 and self._idle is not None:
-            self._idle.set()
-
-    async def wait_idle(self) -> None:
-        """Return once no request runs here (call after `retire`, so the count only goes down)."""
-        while self.count > 0:
-            self._idle = asyncio.Event()
-            await self._idle.wait()
+        super().enter()
 
 
 class ServingScheduler(LLMScheduler):

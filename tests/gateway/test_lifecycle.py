@@ -20,7 +20,7 @@ async def test_drain_waits_for_in_flight_requests() -> None:
 
     task = asyncio.ensure_future(finish_later())
     assert await life.drain(grace_seconds=5) is True
-    assert life.draining and life.inflight == 0
+    assert life.draining and life.count == 0
     await task
 
 
@@ -28,7 +28,7 @@ async def test_drain_gives_up_after_the_grace_period() -> None:
     life = Lifecycle()
     life.enter()
     assert await life.drain(grace_seconds=0.05) is False
-    assert life.inflight == 1
+    assert life.count == 1
 
 
 async def test_idle_server_drains_at_once() -> None:
