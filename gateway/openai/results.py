@@ -35,6 +35,7 @@ class CollectedChoice:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache (or KV session)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
@@ -49,16 +50,25 @@ async def collect(stream: AsyncIterator[tuple[int, GenerationOutput]]) -> dict[i
         c.logprobs.extend(out.logprobs or [])
         c.prompt_tokens = out.prompt_tokens
         c.completion_tokens = out.completion_tokens
+        c.cached_tokens = max(c.cached_tokens, out.cached_prompt_tokens)
         if out.finished:
             c.finish_reason = out.finish_reason
     return choices
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached: dict[int, int] | None = None, n: int = 1
+) -> dict[str, Any]:
+    """OpenAI's usage object. `cached` maps choice index -> prompt tokens served from the prefix cache; the `n`
+    choices of one prompt share it, so each prompt counts once."""
+    per_prompt: dict[int, int] = {}
+    for index, tokens in (cached or {}).items():
+        per_prompt[index // n] = max(per_prompt.get(index // n, 0), tokens)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": sum(per_prompt.values())},
     }
 
 

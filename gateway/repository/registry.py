@@ -86,6 +86,10 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
         max_num_seqs=config.scheduler.max_num_seqs,
         max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
         max_queue_size=config.scheduler.max_queue_size,
+        aging_seconds=config.scheduler.aging_seconds,
+        enable_prefix_caching=config.kv_cache.enable_prefix_caching,
+        session_ttl_seconds=config.kv_cache.session_ttl_seconds,
+        session_max_tokens=config.kv_cache.session_max_tokens,
     )
     return SequenceBatcher(engine, limits)
 

