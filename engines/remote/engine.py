@@ -32,7 +32,7 @@ from engines.hf_tokenizer import HFTokenizer
 from engines.interface import AsyncGenerateEngine, EngineUnavailableError, Tokenizer
 from engines.remote.routing import Router
 from engines.remote.tokenizer import load_tokenizer
-from engines.remote.upstream import Upstream, UpstreamSettings
+from engines.remote.upstream import TRANSPORT_ERRORS, Upstream, UpstreamSettings
 from engines.remote.wire import Delta, TokenIds, UpstreamError, completion_body, parse_chunk, sse_data
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest, TokenLogprob
 
@@ -42,8 +42,6 @@ MAX_TRACKED_SESSIONS = 65536
 MAX_ERROR_CHARS = 300
 DRAIN_TIMEOUT_S = 1.0
 MAX_LINE_BYTES = 4 << 20  # an SSE line longer than this is not a chunk any upstream sends: fail the attempt
-# What a broken connection or a silent upstream raises (aiohttp's read timeouts are TimeoutErrors).
-TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
 @dataclass(frozen=True)

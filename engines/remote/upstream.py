@@ -16,6 +16,9 @@ import aiohttp
 
 log = logging.getLogger("switchyard.engines.remote")
 
+# What a refused or broken connection or a silent upstream raises (aiohttp's read timeouts are TimeoutErrors).
+TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
+
 
 @dataclass(frozen=True)
 class UpstreamSettings:
@@ -71,7 +74,7 @@ class Upstream:
             status = await self._status(session, "/health", headers, timeout)
             if status == 404:  # servers without /health: a model list means it serves
                 status = await self._status(session, "/v1/models", headers, timeout)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except TRANSPORT_ERRORS as exc:
             self.mark_down(f"health check failed ({exc.__class__.__name__})")
             return False
         if status == 200:
