@@ -13,11 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -64,24 +62,6 @@ def start_upstream(delay: float) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
-async def first_token_ms(url: str, prompt: list[int], count: int) -> float:
-    """Median time to the first streamed token of `count` sequential requests (after 5 warm-ups)."""
-    import httpx
-
-    times = []
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-        for i in range(count + 5):
-            started = time.perf_counter()
-            body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "stream": True}
-            async with client.stream("POST", "/v1/completions", json=body) as resp:
-                async for line in resp.aiter_lines():
-                    if line.startswith("data:") and '"text":' in line and '"text":""' not in line.replace(" ", ""):
-                        break
-            if i >= 5:
-                times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=40)
@@ -99,8 +79,8 @@ def main() -> None:
             gateway, gw_url = start_switchyard(sys.executable, remote_config(up_url), Path(tmp), f"gw{delay}", 300)
             try:
                 if delay == 0.0:
-                    direct = asyncio.run(first_token_ms(up_url, prompt, args.requests))
-                    through = asyncio.run(first_token_ms(gw_url, prompt, args.requests))
+                    direct, through = (asyncio.run(run_load(url, MODEL, [prompt] * args.requests, 4, 1)).summary()[
+                        "ttft_p50_ms"] for url in (up_url, gw_url))
                     rows.append(f"| TTFT p50, c=1, upstream answers at once | {direct:.1f} ms | {through:.1f} ms "
                                 f"| {through - direct:+.1f} ms |")
                 else:
