@@ -190,6 +190,8 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=None, help="stop everything after this many seconds")
     parser.add_argument("--paired", action="store_true", help="(b) only, direct and remote side by side at once")
     args = parser.parse_args()
+    if args.paired and args.only == "a":
+        parser.error("--paired measures (b), the remote engine, only")
     wanted = {int(x) for x in args.levels.split(",")}
     levels = [(c, n) for c, n in LEVELS if c in wanted]
     if args.quick:
@@ -228,11 +230,11 @@ def main() -> None:
                     watchdog.add(gateway[0])
                 try:
                     results["vllm-direct"], results["switchyard-remote"] = {}, {}
-                    for level in levels if args.paired else ():
-                        print(f"paired c={level[0]}", flush=True)
-                        assert gateway is not None, "--paired measures (b)"
-                        paired.append((level[0], *measure_paired(vurl, gateway[1], level, output_len)))
-                    for level in () if args.paired else levels:
+                    for level in levels:
+                        if args.paired and gateway is not None:
+                            print(f"paired c={level[0]}", flush=True)
+                            paired.append((level[0], *measure_paired(vurl, gateway[1], level, output_len)))
+                            continue
                         print(f"direct c={level[0]}", flush=True)
                         results["vllm-direct"].update(measure_level(vurl, level, output_len, [vproc.pid]))
                         if gateway is not None:
