@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Self
 
 import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -98,16 +99,12 @@ class PeakRSS:
     every 0.2 s while a level runs."""
 
     def __init__(self, pid: int) -> None:
-        import psutil
-
         self._root = psutil.Process(pid)
         self.peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
-        import psutil
-
         while not self._stop.wait(0.2):
             total = 0
             for proc in [self._root, *self._root.children(recursive=True)]:
