@@ -46,6 +46,13 @@ class GuidedSpec:
     kind: GuidedKind
     value: Any
 
+    def structured_outputs(self) -> dict[str, Any]:
+        """The spec as vLLM's `structured_outputs` fields (one of json, regex, choice, grammar)."""
+        field_name = {"json": "json", "regex": "regex", "choice": "choice", "lark": "grammar"}.get(self.kind)
+        if field_name is None:
+            raise ValueError(f"guided decoding of kind '{self.kind}' is not supported")
+        return {field_name: list(self.value) if self.kind == "choice" else self.value}
+
 
 @dataclass
 class SamplingParams:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.interface import Tokenizer
-from engines.types import GenerationRequest, GuidedSpec, SamplingParams, TokenLogprob
+from engines.types import GenerationRequest, SamplingParams, TokenLogprob
 
 _TOKEN_ID_PREFIX = "token_id:"  # vLLM's `return_tokens_as_token_ids` spelling of a logprob token
 
@@ -59,18 +59,10 @@ def completion_body(model: str, request: GenerationRequest) -> dict[str, Any]:
     }
     body.update({name: value for name, (value, default) in extras.items() if value != default})
     if s.guided is not None:
-        body["structured_outputs"] = structured_outputs(s.guided)
+        # Lark grammars use llguidance's dialect, which a vLLM upstream hands to its guidance backend when xgrammar
+        # cannot read them; JSON schemas go as they are (already closed by the gateway).
+        body["structured_outputs"] = s.guided.structured_outputs()
     return body
-
-
-def structured_outputs(spec: GuidedSpec) -> dict[str, Any]:
-    """A `GuidedSpec` in vLLM's `structured_outputs` shape, which Switchyard and recent vLLM upstreams read on
-    `/v1/completions`. JSON schemas go as they are (already closed by the gateway); Lark grammars use llguidance's
-    dialect, which a vLLM upstream hands to its guidance backend when xgrammar cannot read them."""
-    field_name = {"json": "json", "regex": "regex", "choice": "choice", "lark": "grammar"}.get(spec.kind)
-    if field_name is None:
-        raise ValueError(f"guided decoding of kind '{spec.kind}' cannot be sent to an upstream")
-    return {field_name: spec.value}
 
 
 def sse_data(line: str) -> str | None:

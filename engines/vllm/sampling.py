@@ -52,18 +52,11 @@ def to_structured_outputs(spec: GuidedSpec) -> Any:
     """A `vllm.sampling_params.StructuredOutputsParams` for our spec."""
     from vllm.sampling_params import StructuredOutputsParams
 
-    if spec.kind == "json":
-        schema = spec.value
-        if isinstance(schema, dict) and "x-guidance" not in schema:
-            schema = {"x-guidance": JSON_FORMAT, **schema}
-        return StructuredOutputsParams(json=schema)
-    if spec.kind == "regex":
-        return StructuredOutputsParams(regex=spec.value)
-    if spec.kind == "choice":
-        return StructuredOutputsParams(choice=list(spec.value))
-    if spec.kind == "lark":
-        return StructuredOutputsParams(grammar=spec.value)
-    raise ValueError(f"guided decoding of kind '{spec.kind}' is not supported by the vllm backend")
+    fields = spec.structured_outputs()
+    schema = fields.get("json")
+    if isinstance(schema, dict) and "x-guidance" not in schema:
+        fields["json"] = {"x-guidance": JSON_FORMAT, **schema}
+    return StructuredOutputsParams(**fields)
 
 
 def to_token_logprobs(
