@@ -13,7 +13,16 @@ from gateway.openai.chat_template import render_chat
 from gateway.openai.fanout import Choice, merged_stream, primed
 from gateway.openai.guided import request_guidance
 from gateway.openai.protocol import ChatCompletionRequest
-from gateway.openai.results import CollectedChoice, chat_logprobs, check_output, collect, new_id, now, usage
+from gateway.openai.results import (
+    CollectedChoice,
+    UsageTally,
+    chat_logprobs,
+    check_output,
+    collect,
+    new_id,
+    now,
+    usage,
+)
 from gateway.openai.sampling import resolve_max_tokens, to_sampling_params
 from gateway.openai.tool_parsers import ToolCallDelta, new_call_id
 from gateway.openai.tools import ToolPlan, parser_for, plan_tools, tool_guidance
@@ -109,13 +118,11 @@ async def _chunks(
 
     for i in range(req.n):
         yield chunk(i, {"role": "assistant", "content": ""})
-    completion_tokens: dict[int, int] = {}
-    cached: dict[int, int] = {}
+    tally = UsageTally(req.n)
     try:
         async for index, out in stream:
             check_output(out)
-            completion_tokens[index] = out.completion_tokens
-            cached[index] = max(cached.get(index, 0), out.cached_prompt_tokens)
+            tally.add(index, out)
             lp = chat_logprobs(tokenizer, out.logprobs) if req.logprobs and out.logprobs else None
             streamer = streamers.get(index)
             if streamer is None:
@@ -132,7 +139,7 @@ async def _chunks(
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
     if include_usage:
-        yield {**head, "choices": [], "usage": usage(prompt_len, sum(completion_tokens.values()), cached, req.n)}
+        yield {**head, "choices": [], "usage": tally.usage(prompt_len)}
 
 
 def _deltas(events: list[Any]) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ from gateway.errors import InvalidRequestError
 from gateway.openai.fanout import Choice, merged_stream, primed
 from gateway.openai.guided import request_guidance
 from gateway.openai.protocol import CompletionRequest
-from gateway.openai.results import check_output, collect, completion_logprobs, new_id, now, usage
+from gateway.openai.results import UsageTally, check_output, collect, completion_logprobs, new_id, now, usage
 from gateway.openai.sampling import resolve_max_tokens, to_sampling_params
 from gateway.repository.registry import LoadedModel
 
@@ -97,8 +97,7 @@ async def _chunks(
     head = {"id": new_id("cmpl"), "object": "text_completion", "created": now(), "model": model.name}
     tokenizer = model.scheduler.tokenizer
     offsets = {i: len(echo_text[i // req.n]) for i in range(len(echo_text) * req.n)}
-    completion_tokens: dict[int, int] = {}
-    cached: dict[int, int] = {}
+    tally = UsageTally(req.n)
 
     def chunk(index: int, text: str, finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
         return {**head, "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
@@ -108,8 +107,7 @@ async def _chunks(
             yield chunk(index, echo_text[index // req.n])
     async for index, out in stream:
         check_output(out)
-        completion_tokens[index] = out.completion_tokens
-        cached[index] = max(cached.get(index, 0), out.cached_prompt_tokens)
+        tally.add(index, out)
         lp = None
         if req.logprobs is not None and out.logprobs:
             lp = completion_logprobs(tokenizer, out.logprobs, offsets[index])
@@ -117,4 +115,4 @@ async def _chunks(
         if out.text or lp or out.finished:
             yield chunk(index, out.text, out.finish_reason if out.finished else None, lp)
     if include_usage:
-        yield {**head, "choices": [], "usage": usage(prompt_tokens, sum(completion_tokens.values()), cached, req.n)}
+        yield {**head, "choices": [], "usage": tally.usage(prompt_tokens)}

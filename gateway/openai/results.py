@@ -72,6 +72,22 @@ def usage(
     }
 
 
+@dataclass
+class UsageTally:
+    """A streamed response's token counts per choice, for its closing usage chunk."""
+
+    n: int  # choices per prompt
+    completion: dict[int, int] = field(default_factory=dict)
+    cached: dict[int, int] = field(default_factory=dict)
+
+    def add(self, index: int, out: GenerationOutput) -> None:
+        self.completion[index] = out.completion_tokens
+        self.cached[index] = max(self.cached.get(index, 0), out.cached_prompt_tokens)
+
+    def usage(self, prompt_tokens: int) -> dict[str, Any]:
+        return usage(prompt_tokens, sum(self.completion.values()), self.cached, self.n)
+
+
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:
     return tokenizer.decode([token_id], skip_special_tokens=False)
 
