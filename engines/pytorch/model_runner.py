@@ -26,7 +26,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engines.pytorch.linear import DenseOps, GemmHelpers, Linear
+from engines.pytorch.linear import DenseOps, Linear
+from engines.pytorch.native import HelperThreads
 from engines.pytorch.paged_attention import DecodeTables, PagedDecodeAttention, rotate
 from engines.types import SequenceStep
 
@@ -100,8 +101,8 @@ class PagedModelRunner:
                 getattr(layer.self_attn, "k_norm", None)) if m is not None)]:
             for param in module.parameters():
                 param.data = param.data.clone()
-        # helper threads for the GEMM kernel of large steps; they only run while a projection runs
-        self._helpers = GemmHelpers(gemm_threads - 1) if fast_kernels and gemm_threads > 1 else None
+        # helper threads for the C kernels of large steps (projections, decode attention); they only run with them
+        self._helpers = HelperThreads(gemm_threads - 1) if fast_kernels and gemm_threads > 1 else None
         self.layers = [self._take(layer, fast_kernels, kernel_cache_dir, self._helpers) for layer in hf_model.model.layers]
         lm_head = hf_model.lm_head
         self.lm_head = Linear(lm_head.weight, lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers)
@@ -111,7 +112,7 @@ class PagedModelRunner:
         self.v_cache = torch.zeros(shape, dtype=self.dtype)
         self.decode_attention = PagedDecodeAttention(
             self.num_heads, self.num_kv_heads, self.head_dim, block_size, self.dtype, kernel_cache_dir,
-            use_kernel=fast_kernels,
+            use_kernel=fast_kernels, helpers=self._helpers,
         )
         self.dense = DenseOps(fast_kernels, self.dtype, kernel_cache_dir)
         log.info("native engine: projections: %s (%d threads for large steps), decode attention: %s",
@@ -119,7 +120,7 @@ class PagedModelRunner:
                  "C kernel" if self.decode_attention.uses_kernel else "torch")
 
     @staticmethod
-    def _take(layer: Any, fast: bool, cache_dir: Path | None, helpers: GemmHelpers | None) -> _Layer:
+    def _take(layer: Any, fast: bool, cache_dir: Path | None, helpers: HelperThreads | None) -> _Layer:
         """One weight for q/k/v and one for gate/up: fewer, larger matmuls (the same dot products)."""
         attn, mlp = layer.self_attn, layer.mlp
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)

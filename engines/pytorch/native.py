@@ -15,6 +15,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 log = logging.getLogger("switchyard.engines.pytorch")
@@ -101,3 +103,18 @@ def load_library(name: str, source: str, cache_dir: Path | None) -> ctypes.CDLL 
             log.warning("C kernel %s unavailable (%s); using the torch path", name, exc)
         _loaded[name] = lib
     return _loaded[name]
+
+
+class HelperThreads:
+    """Threads that join the caller in one C kernel call on large steps (ctypes releases the GIL while C runs),
+    blocked on a queue the rest of the time. The kernels hand out work through an atomic counter in the
+    arguments, so a thread that gets less CPU simply does less, and the results do not depend on who did what."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._pool = ThreadPoolExecutor(count, thread_name_prefix="switchyard-kernel")
+
+    def run(self, fn: Callable[..., object], *args: object) -> list[object]:
+        """`fn(*args)` on the caller and on every helper at once; the return values, the caller's first."""
+        futures = [self._pool.submit(fn, *args) for _ in range(self.count)]
+        return [fn(*args), *(future.result() for future in futures)]

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engines.pytorch.native import EXP8_AVX2, load_library
+from engines.pytorch.native import EXP8_AVX2, HelperThreads, load_library
 
 _COMMON = r"""
 #include <stdint.h>
@@ -208,17 +208,19 @@ static void sequence_SFX(const T_SFX* q, const T_SFX* kc, const T_SFX* vc, const
    cos/sin: [B, D] (sin with rotate_half's sign folded in), or NULL when q and k are already rotated. The new
    key (rotated) and value are written to the cache slot of position ctx_lens[b] - 1 first. caches: [slots, KVH,
    D] of one layer; tables: [B, max_blocks]; out: [B, H, D] contiguous. H is a multiple of KVH, D is even.
-   Returns 0, or -1 without memory. */
+   Sequences are taken one at a time from *next (an atomic counter starting at 0), so several threads may call
+   this with the same arguments and share the batch; each sequence is computed the same whichever thread takes
+   it. Returns 0, or -1 without memory. */
 int paged_decode_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* k_new, int64_t k_stride, const T_SFX* v_new,
                      int64_t v_stride, const T_SFX* cos, const T_SFX* sin, T_SFX* kc, T_SFX* vc,
                      const int32_t* tables, int max_blocks, const int32_t* ctx_lens, T_SFX* out,
-                     int B, int H, int KVH, int D, int BS, float scale) {
+                     int B, int H, int KVH, int D, int BS, float scale, int* next) {
     const int half = D / 2;
     int max_ctx = 1;
     for (int b = 0; b < B; b++) if (ctx_lens[b] > max_ctx) max_ctx = ctx_lens[b];
     float* buf = (float*)malloc(sizeof(float) * (size_t)H * ((size_t)max_ctx + 2 * (size_t)D));
     if (!buf) return -1;
-    for (int b = 0; b < B; b++) {
+    for (int b; (b = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < B;) {
         const int32_t* table = tables + (int64_t)b * max_blocks;
         const int pos = ctx_lens[b] - 1;
         const int64_t slot = (int64_t)table[pos / BS] * BS + pos % BS;
@@ -253,6 +255,7 @@ int paged_decode_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* k_new, int64
 _SOURCE = (_COMMON + "".join(_TEMPLATE.replace("SFX", sfx) for sfx in ("f32", "bf16"))).replace(
     "EXP8_AVX2", EXP8_AVX2)
 
+SHARE_MIN_SEQS = 4  # fewer sequences are not worth waking a helper thread for
 
 
 def _load(cache_dir: Path | None) -> ctypes.CDLL | None:
@@ -261,7 +264,7 @@ def _load(cache_dir: Path | None) -> ctypes.CDLL | None:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         for name in ("paged_decode_f32", "paged_decode_bf16"):
             fn = getattr(lib, name)
-            fn.argtypes = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, i32, i32, i32, i32, i32, ctypes.c_float]
+            fn.argtypes = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, i32, i32, i32, i32, i32, ctypes.c_float, p]
             fn.restype = ctypes.c_int
         lib._typed = True
     return lib
@@ -272,8 +275,10 @@ class PagedDecodeAttention:
 
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
-        cache_dir: Path | None, use_kernel: bool = True,
+        cache_dir: Path | None, use_kernel: bool = True, helpers: HelperThreads | None = None,
     ) -> None:
+        """`helpers`: threads that share the kernel's sequences on steps of SHARE_MIN_SEQS sequences or more."""
+        self._helpers = helpers
         self.num_heads, self.num_kv_heads, self.head_dim, self.block_size = num_heads, num_kv_heads, head_dim, block_size
         fits = num_heads % num_kv_heads == 0 and dtype in (torch.float32, torch.bfloat16)
         lib = _load(cache_dir) if use_kernel and fits else None
@@ -296,11 +301,17 @@ class PagedDecodeAttention:
         if self._fn is not None and all(x.stride(2) == 1 and x.stride(1) == d for x in (q, k, v)) \
                 and cos.is_contiguous() and sin.is_contiguous() and cos.shape == (b, d):
             out = q.new_empty(b, h * d)
-            rc = self._fn(
+            next_seq = ctypes.c_int(0)
+            args = (
                 q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), cos.data_ptr(),
                 sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), step.tables.data_ptr(), step.tables.shape[1],
                 step.ctx_lens.data_ptr(), out.data_ptr(), b, h, self.num_kv_heads, d, self.block_size, scale,
+                ctypes.byref(next_seq),
             )
+            if self._helpers is not None and b >= SHARE_MIN_SEQS:
+                rc = min(self._helpers.run(self._fn, *args))
+            else:
+                rc = self._fn(*args)
             if rc != 0:
                 raise MemoryError("paged attention kernel could not allocate its score buffer")
             return out

@@ -21,7 +21,7 @@ def _one_thread():
 
 @pytest.mark.parametrize(
     ("n", "k", "bias"),
-    [(96, 64, True), (50, 37, False), (64, 2100, False)],  # padded columns; a K split into two blocks
+    [(96, 64, True), (50, 37, False), (80, 64, True), (64, 2100, False)],  # padded columns; an odd panel count; a K split
 )
 def test_kernel_matches_f_linear(n: int, k: int, bias: bool, tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(n + k)

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engines.pytorch.native import HelperThreads
 from engines.pytorch.paged_attention import DecodeTables, PagedDecodeAttention, rotate
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
@@ -80,6 +81,18 @@ def test_kernel_matches_torch_path_and_reference(dtype: torch.dtype, tmp_path: P
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float(), ref_out.float(), atol=tol, rtol=tol)
     torch.testing.assert_close(out.float(), plain.reshape(out.shape).float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_helper_threads_give_the_same_bits(dtype: torch.dtype, tmp_path: Path) -> None:
+    """Sequences shared out between threads are computed exactly as by one thread."""
+    alone = PagedDecodeAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path)
+    if not alone.uses_kernel:
+        pytest.skip("no C compiler here: the engine runs the torch path")
+    shared = PagedDecodeAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path, helpers=HelperThreads(2))
+    case = _case(dtype, batch=24, seed=3)
+    for got, want in zip(_run(shared, case), _run(alone, case), strict=True):
+        assert torch.equal(got, want)
 
 
 def test_rotate_is_transformers_rotary_bit_for_bit() -> None:
