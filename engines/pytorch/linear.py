@@ -136,9 +136,13 @@ static void gemm_core_SFX(const float* x, int64_t ldx, const WT_SFX* wp, float* 
             if (mc >= ZMIN_ROWS)
                 for (; nb + 2 <= NB; nb += 2) {
                     const WT_SFX* w = wp + nb * panel + (int64_t)k0 * 16;
+                    /* the first row block also pulls the next panel pair towards the core: the weights of a
+                       large step stream from memory, and the prefetcher alone leaves the FMAs waiting */
+                    const WT_SFX* next = nb + 4 <= NB ? w + 2 * panel : 0;
                     for (int m = m0; m < m0 + mc; m += ZROWS) {
                         const int r = m0 + mc - m < ZROWS ? m0 + mc - m : ZROWS;
-                        mkz_SFX(r, x + m * ldx + k0, ldx, w, panel, y + m * ldy + nb * 16, ldy, kc, init);
+                        mkz_SFX(r, x + m * ldx + k0, ldx, w, panel, y + m * ldy + nb * 16, ldy, kc, init,
+                                m == m0 ? next : 0);
                     }
                 }
 #endif
@@ -274,11 +278,13 @@ def _zkernels() -> str:
         rows = range(r)
         out.append(
             f"static inline void mkz_{r}_SFX(const float* x, int64_t ldx, const WT_SFX* w, int64_t panel, float* y, "
-            "int64_t ldy, int kc, int init) {\n"
+            "int64_t ldy, int kc, int init, const WT_SFX* pf) {\n"
             + "".join(f"  __m512 a{i}0, a{i}1;\n" for i in rows)
             + "".join(f"  if (init) {{ a{i}0 = _mm512_loadu_ps(y + {i} * ldy); a{i}1 = _mm512_loadu_ps(y + {i} * ldy + 16); }}"
                       f" else {{ a{i}0 = _mm512_setzero_ps(); a{i}1 = _mm512_setzero_ps(); }}\n" for i in rows)
             + "  for (int k = 0; k < kc; k++) {\n"
+            "    if (pf) { _mm_prefetch((const char*)(pf + k * 16), _MM_HINT_T1); "
+            "_mm_prefetch((const char*)(pf + panel + k * 16), _MM_HINT_T1); }\n"
             "    const __m512 w0 = LOADZ_SFX(w + k * 16), w1 = LOADZ_SFX(w + panel + k * 16);\n"
             + "".join(f"    {{ const __m512 xb = _mm512_set1_ps(x[{i} * ldx + k]); a{i}0 = _mm512_fmadd_ps(xb, w0, a{i}0);"
                       f" a{i}1 = _mm512_fmadd_ps(xb, w1, a{i}1); }}\n" for i in rows)
@@ -287,10 +293,10 @@ def _zkernels() -> str:
                       for i in rows)
             + "}"
         )
-    cases = "".join(f"    case {r}: mkz_{r}_SFX(x, ldx, w, panel, y, ldy, kc, init); break;\n" for r in range(1, ZROWS + 1))
+    cases = "".join(f"    case {r}: mkz_{r}_SFX(x, ldx, w, panel, y, ldy, kc, init, pf); break;\n" for r in range(1, ZROWS + 1))
     out.append(
         "static inline void mkz_SFX(int r, const float* x, int64_t ldx, const WT_SFX* w, int64_t panel, "
-        "float* y, int64_t ldy, int kc, int init) {\n  switch (r) {\n" + cases + "  }\n}"
+        "float* y, int64_t ldy, int kc, int init, const WT_SFX* pf) {\n  switch (r) {\n" + cases + "  }\n}"
     )
     out.append("#endif")
     return "\n".join(out)

@@ -77,6 +77,12 @@ static inline float load1_f32(const float* p) { return *p; }
 static inline float load1_bf16(const uint16_t* p) { return bf16_to_f32(*p); }
 static inline void store1_f32(float* p, float v) { *p = v; }
 static inline void store1_bf16(uint16_t* p, float v) { *p = f32_to_bf16(v); }
+/* Ask for the cache block that comes next in a table while this one is used: blocks are scattered over the
+   pool, and the hardware prefetcher does not follow a sequence from one block to the next (nor across pages). */
+static inline void prefetch_block(const void* p, int64_t bytes) {
+    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char*)p + i, 0, 3);
+}
+
 /* Rounding of one elementwise op's result to the storage type, as torch does after each op. */
 static inline float round_f32(float v) { return v; }
 static inline float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
@@ -136,6 +142,8 @@ static void sequence_SFX(const T_SFX* q, const T_SFX* kc, const T_SFX* vc, const
     for (int t0 = 0; t0 < ctx; t0 += BS) {
         const T_SFX* kb = kc + (int64_t)table[t0 / BS] * BS * row;
         const int n = ctx - t0 < BS ? ctx - t0 : BS;
+        if (t0 + BS < ctx) prefetch_block(kc + (int64_t)table[t0 / BS + 1] * BS * row, sizeof(T_SFX) * BS * row);
+        else prefetch_block(vc + (int64_t)table[0] * BS * row, sizeof(T_SFX) * BS * row);  /* the values' first */
         for (int h = 0; h < H; h++) {
             const T_SFX* k = kb + (int64_t)(h / G) * D;
             float* sc = scores + (int64_t)h * ctx + t0;
@@ -170,6 +178,7 @@ static void sequence_SFX(const T_SFX* q, const T_SFX* kc, const T_SFX* vc, const
     for (int t0 = 0; t0 < ctx; t0 += BS) {
         const T_SFX* vb = vc + (int64_t)table[t0 / BS] * BS * row;
         const int n = ctx - t0 < BS ? ctx - t0 : BS;
+        if (t0 + BS < ctx) prefetch_block(vc + (int64_t)table[t0 / BS + 1] * BS * row, sizeof(T_SFX) * BS * row);
         for (int h = 0; h < H; h++) {
             const T_SFX* v = vb + (int64_t)(h / G) * D;
             const float* p = scores + (int64_t)h * ctx + t0;
