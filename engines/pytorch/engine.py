@@ -51,8 +51,8 @@ class PyTorchEngine(StepEngine):
         fast_kernels: bool = True,
         gemm_threads: int | None = None,
     ) -> None:
-        """`fast_kernels`: our C kernels for projections, decode attention and norms (see model_runner.py);
-        false runs torch ops only. `gemm_threads`: threads sharing the projections and decode attention of large
+        """`fast_kernels`: our C kernels for projections, attention and norms (see model_runner.py);
+        false runs torch ops only. `gemm_threads`: threads sharing the projections and attention of large
         steps (default: the CPUs this process may use)."""
         _set_threads()
         folder = resolve_hf_folder(source, gguf_file, cache_dir)

@@ -2,13 +2,14 @@
 
 The KV cache is a fixed pool of `num_blocks * block_size` slots per layer. A step takes any mix of prefill
 chunks and decodes: the new tokens of every sequence are packed into one flat batch for the dense layers
-(projections, MLP, norms -- where the time goes), decodes first. Decode rows (one new token per sequence) attend
-through `PagedDecodeAttention`, which reads keys and values in place through the block tables; prefill rows gather
-their sequences' keys and values and use `scaled_dot_product_attention` with a causal mask.
+(projections, MLP, norms -- where the time goes), decodes first. Attention reads keys and values in place through
+the block tables (`PagedAttention`'s C kernels): decode rows (one new token per sequence) and prefill rows (causal
+over their sequence's cache). Without the kernels, prefill rows gather their sequences' keys and values and use
+`scaled_dot_product_attention` with a causal mask.
 
 Numerics follow transformers: rotary embeddings, activations and residual adds compute what the transformers
 modules compute (bit for bit), q/k/v and gate/up run as fused copies of the same weights. With `fast_kernels` (the
-default) the projections run our packed GEMM kernel (linear.py), decode attention a C kernel
+default) the projections run our packed GEMM kernel (linear.py), attention C kernels
 (paged_attention.py) and float32 RMSNorm a C kernel: they sum in another order than torch's kernels, so logits
 differ in the last bits, and greedy output still equals transformers' on the parity tests (tests/engines/pytorch).
 Without them (`fast_kernels=False`, or no C compiler) it is torch ops only: oneDNN with prepacked weights for
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 
 from engines.pytorch.linear import DenseOps, Linear
 from engines.pytorch.native import HelperThreads
-from engines.pytorch.paged_attention import DecodeTables, PagedDecodeAttention, rotate
+from engines.pytorch.paged_attention import DecodeTables, PagedAttention, PrefillRows, rotate
 from engines.types import SequenceStep
 
 log = logging.getLogger("switchyard.engines.pytorch")
@@ -61,6 +62,7 @@ class _StepLayout:
     decode: DecodeTables | None
     # prefill rows (T - num_decode of them, P sequences)
     slots: torch.Tensor | None = None  # [T_p] cache slot each new token is written to
+    prefill: PrefillRows | None = None  # for the attention kernel; without it, the gather + SDPA tensors below
     kv_index: torch.Tensor | None = None  # [P, max_ctx] cache slots each sequence attends to
     mask: torch.Tensor | None = None  # [P, 1, max_q, max_ctx] True where attention is allowed
     q_index: torch.Tensor | None = None  # [T_p] row of each new token in the padded [P * max_q] query layout
@@ -101,7 +103,7 @@ class PagedModelRunner:
                 getattr(layer.self_attn, "k_norm", None)) if m is not None)]:
             for param in module.parameters():
                 param.data = param.data.clone()
-        # helper threads for the C kernels of large steps (projections, decode attention); they only run with them
+        # helper threads for the C kernels of large steps (projections, attention); they only run with them
         self._helpers = HelperThreads(gemm_threads - 1) if fast_kernels and gemm_threads > 1 else None
         self.layers = [self._take(layer, fast_kernels, kernel_cache_dir, self._helpers) for layer in hf_model.model.layers]
         lm_head = hf_model.lm_head
@@ -110,14 +112,14 @@ class PagedModelRunner:
         shape = (self.num_layers, num_blocks * block_size, self.num_kv_heads, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype)
         self.v_cache = torch.zeros(shape, dtype=self.dtype)
-        self.decode_attention = PagedDecodeAttention(
+        self.attention = PagedAttention(
             self.num_heads, self.num_kv_heads, self.head_dim, block_size, self.dtype, kernel_cache_dir,
             use_kernel=fast_kernels, helpers=self._helpers,
         )
         self.dense = DenseOps(fast_kernels, self.dtype, kernel_cache_dir)
-        log.info("native engine: projections: %s (%d threads for large steps), decode attention: %s",
+        log.info("native engine: projections: %s (%d threads for large steps), attention: %s",
                  self.lm_head.kind, gemm_threads if self._helpers else 1,
-                 "C kernel" if self.decode_attention.uses_kernel else "torch")
+                 "C kernels" if self.attention.uses_kernel else "torch")
 
     @staticmethod
     def _take(layer: Any, fast: bool, cache_dir: Path | None, helpers: HelperThreads | None) -> _Layer:
@@ -181,6 +183,15 @@ class PagedModelRunner:
 
     def _prefill_layout(self, batch: list[SequenceStep], lay: _StepLayout) -> None:
         bs = self.block_size
+        if self.attention.uses_kernel:
+            tables = [s.block_table[: (s.start_pos + len(s.token_ids) + bs - 1) // bs] for s in batch]
+            lay.slots = torch.cat([
+                (torch.tensor(table, dtype=torch.long)[:, None] * bs + torch.arange(bs)).flatten()[
+                    s.start_pos : s.start_pos + len(s.token_ids)]
+                for table, s in zip(tables, batch, strict=True)
+            ])
+            lay.prefill = PrefillRows(tables, [s.start_pos for s in batch], [len(s.token_ids) for s in batch])
+            return
         slots: list[int] = []
         q_index: list[int] = []
         max_q = max(len(s.token_ids) for s in batch)
@@ -217,6 +228,8 @@ class PagedModelRunner:
         k_cache, v_cache = self.k_cache[layer_idx], self.v_cache[layer_idx]
         k_cache.index_copy_(0, lay.slots, k)
         v_cache.index_copy_(0, lay.slots, v)
+        if lay.prefill is not None:
+            return self.attention.prefill(q, k_cache, v_cache, lay.prefill, scale)
         b, ctx = lay.kv_index.shape
         keys = k_cache.index_select(0, lay.kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2)
         values = v_cache.index_select(0, lay.kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2)
@@ -240,7 +253,7 @@ class PagedModelRunner:
         nd = lay.num_decode
         parts = []
         if nd:  # the decode kernel rotates q and k itself
-            parts.append(self.decode_attention(
+            parts.append(self.attention.decode(
                 q[:nd], k[:nd], v[:nd], cos[:nd], sin[:nd], self.k_cache[i], self.v_cache[i], lay.decode, layer.scaling
             ))
         if nd < t:

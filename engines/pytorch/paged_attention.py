@@ -7,14 +7,18 @@ projections at batch 32. The kernel below writes the step's new key/value rows i
 for each sequence and KV head, scores the query heads of that group against the cached keys (found through the
 block table), takes a softmax and sums the values, all in one pass over the cache with no copy.
 
-The kernel is built by `native.py`. Without a compiler, or if the build fails, `PagedDecodeAttention` falls back to
-a torch gather + SDPA path with the same results up to float rounding.
+Prefill rows (a chunk of new queries per sequence, their keys and values already written) use the same per-query
+routine, causally: each row attends to its sequence's cached positions up to its own.
+
+The kernels are built by `native.py`. Without a compiler, or if the build fails, `PagedAttention` falls back to a
+torch gather + SDPA path with the same results up to float rounding.
 """
 
 from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -259,47 +263,80 @@ int paged_decode_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* k_new, int64
     free(buf);
     return 0;
 }
+
+/* Attention of a prefill chunk: row r of q ([R, H, D], already rotated, rows q_stride apart) is the query at
+   position row_pos[r] of sequence row_seq[r] (whose block table is tables + row_seq[r] * max_blocks) and attends
+   to the cached positions 0..row_pos[r]: causal, with the step's keys and values already in the cache. Rows are
+   taken one at a time from *next (an atomic counter starting at 0), as paged_decode takes sequences. max_ctx:
+   the largest row_pos + 1. out: [R, H, D] contiguous. Returns 0, or -1 without memory. */
+int paged_prefill_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* kc, const T_SFX* vc, const int32_t* tables,
+                      int max_blocks, const int32_t* row_seq, const int32_t* row_pos, T_SFX* out, int R, int H,
+                      int KVH, int D, int BS, float scale, int max_ctx, int* next) {
+    float* buf = (float*)malloc(sizeof(float) * (size_t)H * ((size_t)max_ctx + 2 * (size_t)D));
+    if (!buf) return -1;
+    for (int r; (r = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < R;) {
+        const T_SFX* qr = q + r * q_stride;
+        for (int i = 0; i < H * D; i++) buf[i] = load1_SFX(qr + i);
+        sequence_SFX(qr, kc, vc, tables + (int64_t)row_seq[r] * max_blocks, row_pos[r] + 1, out + (int64_t)r * H * D,
+                     H, KVH, D, BS, scale, buf, buf + (size_t)H * D, buf + (size_t)H * (D + max_ctx));
+    }
+    free(buf);
+    return 0;
+}
 """
 
 _SOURCE = (_COMMON + "".join(_TEMPLATE.replace("SFX", sfx) for sfx in ("f32", "bf16"))).replace(
     "EXP8_AVX2", EXP8_AVX2)
 
-SHARE_MIN_SEQS = 4  # fewer sequences are not worth waking a helper thread for
+SHARE_MIN_SEQS = 4  # fewer sequences (or prefill rows) are not worth waking a helper thread for
 
 
 def _load(cache_dir: Path | None) -> ctypes.CDLL | None:
     lib = load_library("paged_attention", _SOURCE, cache_dir)
     if lib is not None and not getattr(lib, "_typed", False):
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        for name in ("paged_decode_f32", "paged_decode_bf16"):
-            fn = getattr(lib, name)
+        for sfx in ("f32", "bf16"):
+            fn = getattr(lib, f"paged_decode_{sfx}")
             fn.argtypes = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, i32, i32, i32, i32, i32, ctypes.c_float, p]
+            fn.restype = ctypes.c_int
+            fn = getattr(lib, f"paged_prefill_{sfx}")
+            fn.argtypes = [p, i64, p, p, p, i32, p, p, p, i32, i32, i32, i32, i32, ctypes.c_float, i32, p]
             fn.restype = ctypes.c_int
         lib._typed = True
     return lib
 
 
-class PagedDecodeAttention:
-    """Attention of one new query per sequence over the paged cache, with the new key/value written first."""
+class PagedAttention:
+    """Attention over the paged cache: `decode` (one new query per sequence, its key and value written first) and
+    `prefill` (a chunk of new queries per sequence, causal)."""
 
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
         cache_dir: Path | None, use_kernel: bool = True, helpers: HelperThreads | None = None,
     ) -> None:
-        """`helpers`: threads that share the kernel's sequences on steps of SHARE_MIN_SEQS sequences or more."""
+        """`helpers`: threads that share the kernels' work (sequences, prefill rows) on large steps."""
         self._helpers = helpers
         self.num_heads, self.num_kv_heads, self.head_dim, self.block_size = num_heads, num_kv_heads, head_dim, block_size
         fits = num_heads % num_kv_heads == 0 and dtype in (torch.float32, torch.bfloat16)
         lib = _load(cache_dir) if use_kernel and fits else None
-        self._fn = None
+        self._decode = self._prefill = None
         if lib is not None:
-            self._fn = lib.paged_decode_f32 if dtype == torch.float32 else lib.paged_decode_bf16
+            sfx = "f32" if dtype == torch.float32 else "bf16"
+            self._decode, self._prefill = getattr(lib, f"paged_decode_{sfx}"), getattr(lib, f"paged_prefill_{sfx}")
 
     @property
     def uses_kernel(self) -> bool:
-        return self._fn is not None
+        return self._decode is not None
 
-    def __call__(
+    def _run(self, fn: Any, work: int, *args: object) -> None:
+        """One kernel call handing out `work` items, shared with the helper threads when there are enough."""
+        next_item = ctypes.c_int(0)
+        args = (*args, ctypes.byref(next_item))
+        rc = min(self._helpers.run(fn, *args)) if self._helpers is not None and work >= SHARE_MIN_SEQS else fn(*args)
+        if rc != 0:
+            raise MemoryError("paged attention kernel could not allocate its score buffer")
+
+    def decode(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         k_cache: torch.Tensor, v_cache: torch.Tensor, step: DecodeTables, scale: float,
     ) -> torch.Tensor:
@@ -307,24 +344,32 @@ class PagedDecodeAttention:
         rotate_half's sign folded in, see `rotate`), write k and v [B, KVH, D] to their cache slots and attend.
         Caches: [slots, KVH, D]. Returns [B, H * D]."""
         b, h, d = q.shape
-        if self._fn is not None and all(x.stride(2) == 1 and x.stride(1) == d for x in (q, k, v)) \
+        if self._decode is not None and all(x.stride(2) == 1 and x.stride(1) == d for x in (q, k, v)) \
                 and cos.is_contiguous() and sin.is_contiguous() and cos.shape == (b, d):
             out = q.new_empty(b, h * d)
-            next_seq = ctypes.c_int(0)
-            args = (
-                q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), cos.data_ptr(),
-                sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), step.tables.data_ptr(), step.tables.shape[1],
-                step.ctx_lens.data_ptr(), out.data_ptr(), b, h, self.num_kv_heads, d, self.block_size, scale,
-                ctypes.byref(next_seq),
+            self._run(
+                self._decode, b, q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+                cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), step.tables.data_ptr(),
+                step.tables.shape[1], step.ctx_lens.data_ptr(), out.data_ptr(), b, h, self.num_kv_heads, d,
+                self.block_size, scale,
             )
-            if self._helpers is not None and b >= SHARE_MIN_SEQS:
-                rc = min(self._helpers.run(self._fn, *args))
-            else:
-                rc = self._fn(*args)
-            if rc != 0:
-                raise MemoryError("paged attention kernel could not allocate its score buffer")
             return out
         return self._torch(rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None]), v, k_cache, v_cache, step, scale)
+
+    def prefill(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: PrefillRows,
+                scale: float) -> torch.Tensor | None:
+        """Causal attention of the rotated queries q [R, H, D] over the cache, which already holds the chunk's keys
+        and values; [R, H * D], or None without the kernel (the caller then gathers and uses SDPA)."""
+        r, h, d = q.shape
+        if self._prefill is None or q.stride(2) != 1 or q.stride(1) != d:
+            return None
+        out = q.new_empty(r, h * d)
+        self._run(
+            self._prefill, r, q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+            rows.tables.data_ptr(), rows.tables.shape[1], rows.row_seq.data_ptr(), rows.row_pos.data_ptr(),
+            out.data_ptr(), r, h, self.num_kv_heads, d, self.block_size, scale, rows.max_ctx,
+        )
+        return out
 
     def _torch(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -375,3 +420,14 @@ class DecodeTables:
                 mask[:, None, None, :],
             )
         return self._torch_index
+
+
+class PrefillRows:
+    """Per-step index tensors of the prefill rows, shared by every layer: each row's sequence and position."""
+
+    def __init__(self, block_tables: list[list[int]], starts: list[int], lengths: list[int]) -> None:
+        width = max(len(t) for t in block_tables)
+        self.tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
+        self.row_seq = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32), torch.tensor(lengths))
+        self.row_pos = torch.cat([torch.arange(s, s + n, dtype=torch.int32) for s, n in zip(starts, lengths, strict=True)])
+        self.max_ctx = max(s + n for s, n in zip(starts, lengths, strict=True))

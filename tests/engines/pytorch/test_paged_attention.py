@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from engines.pytorch.native import HelperThreads
-from engines.pytorch.paged_attention import DecodeTables, PagedDecodeAttention, rotate
+from engines.pytorch.paged_attention import DecodeTables, PagedAttention, PrefillRows, rotate
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 
@@ -51,19 +51,19 @@ def _transformers_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) 
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def _run(attn: PagedDecodeAttention, case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _run(attn: PagedAttention, case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     k_cache, v_cache = case["k_cache"].clone(), case["v_cache"].clone()
-    out = attn(case["q"], case["k"], case["v"], case["cos"], case["sin_folded"], k_cache, v_cache, case["tables"],
+    out = attn.decode(case["q"], case["k"], case["v"], case["cos"], case["sin_folded"], k_cache, v_cache, case["tables"],
                HEAD_DIM**-0.5)
     return out, k_cache, v_cache
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_matches_torch_path_and_reference(dtype: torch.dtype, tmp_path: Path) -> None:
-    kernel = PagedDecodeAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path)
+    kernel = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path)
     if not kernel.uses_kernel:
         pytest.skip("no C compiler here: the engine runs the torch path")
-    fallback = PagedDecodeAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path, use_kernel=False)
+    fallback = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path, use_kernel=False)
     assert not fallback.uses_kernel
     case = _case(dtype)
     out, k_cache, v_cache = _run(kernel, case)
@@ -86,13 +86,47 @@ def test_kernel_matches_torch_path_and_reference(dtype: torch.dtype, tmp_path: P
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_helper_threads_give_the_same_bits(dtype: torch.dtype, tmp_path: Path) -> None:
     """Sequences shared out between threads are computed exactly as by one thread."""
-    alone = PagedDecodeAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path)
+    alone = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path)
     if not alone.uses_kernel:
         pytest.skip("no C compiler here: the engine runs the torch path")
-    shared = PagedDecodeAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path, helpers=HelperThreads(2))
+    shared = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path, helpers=HelperThreads(2))
     case = _case(dtype, batch=24, seed=3)
     for got, want in zip(_run(shared, case), _run(alone, case), strict=True):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threads", [0, 2])
+def test_prefill_kernel_is_causal_attention_over_the_cache(dtype: torch.dtype, threads: int, tmp_path: Path) -> None:
+    """Chunks that start at 0 and chunks that continue a sequence (a prefix already cached), against SDPA."""
+    kernel = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path,
+                            helpers=HelperThreads(threads) if threads else None)
+    if not kernel.uses_kernel:
+        pytest.skip("no C compiler here: the engine runs the torch path")
+    gen = torch.Generator().manual_seed(5)
+    starts, lengths = [0, 20, 0, 33], [7, 13, 40, 1]
+    num_blocks = sum((s + n + BLOCK - 1) // BLOCK for s, n in zip(starts, lengths, strict=True))
+    blocks = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, used = [], 0
+    for s, n in zip(starts, lengths, strict=True):
+        need = (s + n + BLOCK - 1) // BLOCK
+        tables.append(blocks[used : used + need])
+        used += need
+    k_cache = torch.randn(num_blocks * BLOCK, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks * BLOCK, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+    q = torch.randn(sum(lengths), HEADS, HEAD_DIM, generator=gen).to(dtype)
+    out = kernel.prefill(q, k_cache, v_cache, PrefillRows(tables, starts, lengths), HEAD_DIM**-0.5)
+    row = 0
+    for table, s, n in zip(tables, starts, lengths, strict=True):
+        slots = (torch.tensor(table)[:, None] * BLOCK + torch.arange(BLOCK)).flatten()[: s + n]
+        keys, values = k_cache[slots].transpose(0, 1)[None], v_cache[slots].transpose(0, 1)[None]
+        mask = torch.arange(s + n)[None, :] <= torch.arange(s, s + n)[:, None]
+        want = F.scaled_dot_product_attention(q[row : row + n].transpose(0, 1)[None], keys, values, attn_mask=mask,
+                                              scale=HEAD_DIM**-0.5, enable_gqa=True)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(out[row : row + n].float(), want[0].transpose(0, 1).reshape(n, -1).float(),
+                                   atol=tol, rtol=tol)
+        row += n
 
 
 def test_rotate_is_transformers_rotary_bit_for_bit() -> None:
