@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -57,10 +58,11 @@ static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even, as torc
     return (uint16_t)(u >> 16);
 }
 
-/* (KC, MC) K is split only when a panel (K x 16 floats) would not stay in L2; no M blocking: for the sizes served here x
-   streams from L3 well enough (measured: blocking M at 120 rows and K at 512 was 20% slower). */
+/* (KC, MC) K is split only when a panel (K x 16 floats) would not stay in L2. M is blocked at 96 rows (8 row blocks
+   of the 512-bit kernel, x block in L2) for large prefills: +15% at 2048 x 576 against streaming all of x from L3
+   for every panel pair, no change at 512 rows or below. */
 #define KC 2048
-#define MC (1 << 30)
+#define MC 96
 """
 
 # Micro-kernels and the blocked loop, once per weight type: SFX f32 (float32 weights) | bf16w (bfloat16 weights,
@@ -223,10 +225,21 @@ void gemm_bf16w(const float* x, int64_t ldx, const uint16_t* wp, const uint16_t*
 
 EXP8_AVX2
 
+/* Rows of an elementwise kernel: all of them, or (next != NULL) chunks of ROW_CHUNK taken from the atomic counter
+   *next, so helper threads can share a large step. Loops `for (int m0, m1; next_rows(...);) for (m = m0; m < m1...`. */
+#define ROW_CHUNK 32
+static inline int next_rows(int* next, int M, int* m0, int* m1, int* done) {
+    if (!next) { if (*done) return 0; *done = 1; *m0 = 0; *m1 = M; return 1; }
+    *m0 = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED) * ROW_CHUNK;
+    *m1 = *m0 + ROW_CHUNK < M ? *m0 + ROW_CHUNK : M;
+    return *m0 < M;
+}
+
 /* y = silu(gu[:, :I]) * gu[:, I:], silu(g) = g / (1 + exp(-g)) as torch computes it (each op rounded). */
-void silu_mul_f32(const float* gu, int64_t ldg, float* y, int64_t ldy, int M, int I) {
+void silu_mul_f32(const float* gu, int64_t ldg, float* y, int64_t ldy, int M, int I, int* next) {
     const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
-    for (int m = 0; m < M; m++) {
+    for (int m0, m1, done = 0; next_rows(next, M, &m0, &m1, &done);)
+    for (int m = m0; m < m1; m++) {
         const float* g = gu + m * ldg;
         const float* u = g + I;
         float* ym = y + m * ldy;
@@ -246,8 +259,10 @@ void silu_mul_f32(const float* gu, int64_t ldg, float* y, int64_t ldy, int M, in
 }
 
 /* y = w * (x * (1 / sqrt(mean(x * x) + eps))): transformers' float32 RMSNorm; only the order of the sum differs. */
-void rms_norm_f32(const float* x, int64_t ldx, const float* w, float eps, float* y, int64_t ldy, int M, int H) {
-    for (int m = 0; m < M; m++) {
+void rms_norm_f32(const float* x, int64_t ldx, const float* w, float eps, float* y, int64_t ldy, int M, int H,
+                  int* next) {
+    for (int m0, m1, done = 0; next_rows(next, M, &m0, &m1, &done);)
+    for (int m = m0; m < m1; m++) {
         const float* xm = x + m * ldx;
         float* ym = y + m * ldy;
         __m256 acc = _mm256_setzero_ps();
@@ -310,6 +325,7 @@ _SOURCE = (
 
 _lib: ctypes.CDLL | None = None
 SHARE_MIN_ROWS = 8  # below this a decode step is memory-bound: one thread streams the weights as fast as two
+SHARE_MIN_ELEMENTWISE_ROWS = 128  # norms and activations of fewer rows take less than waking a helper
 
 
 def _load(cache_dir: Path | None) -> ctypes.CDLL | None:
@@ -321,8 +337,8 @@ def _load(cache_dir: Path | None) -> ctypes.CDLL | None:
             lib.gemm_f32.argtypes = [p, i64, p, p, p, i64, p, i64, i32, i32, i32]
             lib.gemm_bf16w.argtypes = [p, i64, p, p, p, i64, p, p, i64, i32, i32, i32]
             lib.gemm_f32_shared.argtypes = [p, i64, p, p, p, i64, p, i64, i32, i32, i32, p, i32]
-            lib.silu_mul_f32.argtypes = [p, i64, p, i64, i32, i32]
-            lib.rms_norm_f32.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32]
+            lib.silu_mul_f32.argtypes = [p, i64, p, i64, i32, i32, p]
+            lib.rms_norm_f32.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32, p]
             for fn in (lib.gemm_f32, lib.gemm_bf16w, lib.gemm_f32_shared, lib.silu_mul_f32, lib.rms_norm_f32):
                 fn.restype = None
         _lib = lib
@@ -421,16 +437,25 @@ def _is_silu(act: torch.nn.Module) -> bool:
 
 
 class DenseOps:
-    """RMSNorm and SiLU-and-multiply of the dense layers: C kernels in float32 when the GEMM kernel is in use,
-    else what transformers computes (`module(x)`, `act(gate) * up`)."""
+    """RMSNorm and SiLU-and-multiply of the dense layers: C kernels in float32 when the GEMM kernel is in use
+    (rows shared with the helper threads on steps of SHARE_MIN_ELEMENTWISE_ROWS or more), else what transformers
+    computes (`module(x)`, `act(gate) * up`)."""
 
-    def __init__(self, fast: bool, dtype: torch.dtype, cache_dir: Path | None) -> None:
+    def __init__(self, fast: bool, dtype: torch.dtype, cache_dir: Path | None,
+                 helpers: HelperThreads | None = None) -> None:
         lib = _load(cache_dir) if fast and dtype == torch.float32 and torch.get_num_threads() == 1 and _avx2() else None
         self._lib = lib
+        self._helpers = helpers
 
     @property
     def uses_kernel(self) -> bool:
         return self._lib is not None
+
+    def _run(self, fn: Any, m: int, *args: object) -> None:
+        if self._helpers is not None and m >= SHARE_MIN_ELEMENTWISE_ROWS:
+            self._helpers.run(fn, *args, ctypes.byref(ctypes.c_int(0)))
+        else:
+            fn(*args, None)
 
     def rms_norm(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         if self._lib is None:
@@ -441,8 +466,8 @@ class DenseOps:
             x = x.contiguous()
         m, h = x.shape
         y = x.new_empty(m, h)
-        self._lib.rms_norm_f32(x.data_ptr(), x.stride(0), module.weight.data_ptr(), module.variance_epsilon,
-                               y.data_ptr(), h, m, h)
+        self._run(self._lib.rms_norm_f32, m, x.data_ptr(), x.stride(0), module.weight.data_ptr(),
+                  module.variance_epsilon, y.data_ptr(), h, m, h)
         return y
 
     def act_mul(self, act: torch.nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
@@ -452,6 +477,5 @@ class DenseOps:
             return act(gate) * up
         m, i2 = gate_up.shape
         y = gate_up.new_empty(m, i2 // 2)
-        self._lib.silu_mul_f32(gate_up.data_ptr(), gate_up.stride(0), y.data_ptr(), i2 // 2, m, i2 // 2)
+        self._run(self._lib.silu_mul_f32, m, gate_up.data_ptr(), gate_up.stride(0), y.data_ptr(), i2 // 2, m, i2 // 2)
         return y
-

@@ -116,7 +116,7 @@ class PagedModelRunner:
             self.num_heads, self.num_kv_heads, self.head_dim, block_size, self.dtype, kernel_cache_dir,
             use_kernel=fast_kernels, helpers=self._helpers,
         )
-        self.dense = DenseOps(fast_kernels, self.dtype, kernel_cache_dir)
+        self.dense = DenseOps(fast_kernels, self.dtype, kernel_cache_dir, self._helpers)
         log.info("native engine: projections: %s (%d threads for large steps), attention: %s",
                  self.lm_head.kind, gemm_threads if self._helpers else 1,
                  "C kernels" if self.attention.uses_kernel else "torch")

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engines.pytorch.linear import Linear
+from engines.pytorch.linear import DenseOps, Linear
+from engines.pytorch.native import HelperThreads
 
 
 @pytest.fixture(autouse=True)
@@ -67,3 +68,24 @@ def test_bfloat16_weights_match_f_linear(tmp_path: Path) -> None:
         torch.testing.assert_close(out, F.linear(x, weight, bias), atol=2e-2, rtol=1e-2)
         torch.testing.assert_close(lin(x, residual), residual + F.linear(x, weight, bias), atol=3e-2, rtol=2e-2)
         assert torch.equal(lin(x[:1]), out[:1])
+
+
+def test_helper_threads_give_the_same_bits(tmp_path: Path) -> None:
+    """Large steps shared with helper threads (column chunks of the GEMM, row chunks of the norm and activation)
+    are computed exactly as on one thread, past the 96-row M block as well."""
+    gen = torch.Generator().manual_seed(7)
+    weight = torch.randn(160, 64, generator=gen) * 0.05
+    alone, shared = Linear(weight, None, True, tmp_path), Linear(weight, None, True, tmp_path, HelperThreads(2))
+    if alone.kind != "kernel":
+        pytest.skip("no C compiler or no AVX2/FMA here")
+    x = torch.randn(300, 64, generator=gen)
+    assert torch.equal(shared(x), alone(x))
+    assert torch.equal(alone(x)[250:251], alone(x[250:251]))
+    norm = torch.nn.Module()
+    norm.weight, norm.variance_epsilon = torch.nn.Parameter(torch.rand(64, generator=gen)), 1e-5
+    ops, shared_ops = DenseOps(True, torch.float32, tmp_path), DenseOps(True, torch.float32, tmp_path, HelperThreads(2))
+    assert torch.equal(shared_ops.rms_norm(norm, x), ops.rms_norm(norm, x))
+    torch.testing.assert_close(ops.rms_norm(norm, x), F.rms_norm(x, (64,), norm.weight, 1e-5), atol=1e-5, rtol=1e-5)
+    gate_up = torch.randn(300, 128, generator=gen)
+    assert torch.equal(shared_ops.act_mul(torch.nn.SiLU(), gate_up), ops.act_mul(torch.nn.SiLU(), gate_up))
+    torch.testing.assert_close(ops.act_mul(torch.nn.SiLU(), gate_up), F.silu(gate_up[:, :64]) * gate_up[:, 64:])
