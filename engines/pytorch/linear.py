@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from engines.pytorch.native import EXP8_AVX2, HelperThreads, load_library
+from engines.pytorch.native import EXP8_AVX2, POOL_CLIENT, HelperThreads, load_library
 
 _COMMON = r"""
 #include <math.h>
@@ -279,6 +278,38 @@ void rms_norm_f32(const float* x, int64_t ldx, const float* w, float eps, float*
         for (i = 0; i < H; i++) ym[i] = w[i] * (xm[i] * r);
     }
 }
+
+/* ---- the same on the helper-thread pool (native.py): one job, the work handed out by a counter in it ---- */
+
+POOL_CLIENT
+
+typedef struct {
+    const float *x, *wp, *bias, *residual; float* y; int64_t ldx, ldr, ldy; int M, NB, K, chunk, next;
+} gemm_job;
+static void gemm_task(void* p) {
+    gemm_job* j = (gemm_job*)p;
+    gemm_f32_shared(j->x, j->ldx, j->wp, j->bias, j->residual, j->ldr, j->y, j->ldy, j->M, j->NB, j->K, &j->next, j->chunk);
+}
+void gemm_f32_par(const float* x, int64_t ldx, const float* wp, const float* bias, const float* residual, int64_t ldr,
+                  float* y, int64_t ldy, int M, int NB, int K, int chunk) {
+    gemm_job j = {x, wp, bias, residual, y, ldx, ldr, ldy, M, NB, K, chunk, 0};
+    POOL_RUN(gemm_task, &j);
+}
+
+typedef struct { const float *x, *w; float* y; int64_t ldx, ldy; float eps; int M, N, next; } rows_job;
+static void silu_task(void* p) { rows_job* j = (rows_job*)p; silu_mul_f32(j->x, j->ldx, j->y, j->ldy, j->M, j->N, &j->next); }
+static void rms_task(void* p) {
+    rows_job* j = (rows_job*)p;
+    rms_norm_f32(j->x, j->ldx, j->w, j->eps, j->y, j->ldy, j->M, j->N, &j->next);
+}
+void silu_mul_f32_par(const float* gu, int64_t ldg, float* y, int64_t ldy, int M, int I) {
+    rows_job j = {gu, 0, y, ldg, ldy, 0.0f, M, I, 0};
+    POOL_RUN(silu_task, &j);
+}
+void rms_norm_f32_par(const float* x, int64_t ldx, const float* w, float eps, float* y, int64_t ldy, int M, int H) {
+    rows_job j = {x, w, y, ldx, ldy, eps, M, H, 0};
+    POOL_RUN(rms_task, &j);
+}
 """
 
 ZROWS = 12  # rows of the 512-bit micro-kernel: 12 x 2 panels = 24 of the 32 vector registers accumulate
@@ -321,7 +352,7 @@ _SOURCE = (
     _COMMON + f"#define ZROWS {ZROWS}\n#define ZMIN_ROWS {ZMIN_ROWS}\n"
     + "".join(_TEMPLATE.replace("ZKERNELS_SFX", _zkernels()).replace("SFX", sfx) for sfx in ("f32", "bf16w"))
     + _TAIL
-).replace("EXP8_AVX2", EXP8_AVX2)
+).replace("EXP8_AVX2", EXP8_AVX2).replace("POOL_CLIENT", POOL_CLIENT)
 
 _lib: ctypes.CDLL | None = None
 SHARE_MIN_ROWS = 8  # below this a decode step is memory-bound: one thread streams the weights as fast as two
@@ -336,10 +367,13 @@ def _load(cache_dir: Path | None) -> ctypes.CDLL | None:
             p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
             lib.gemm_f32.argtypes = [p, i64, p, p, p, i64, p, i64, i32, i32, i32]
             lib.gemm_bf16w.argtypes = [p, i64, p, p, p, i64, p, p, i64, i32, i32, i32]
-            lib.gemm_f32_shared.argtypes = [p, i64, p, p, p, i64, p, i64, i32, i32, i32, p, i32]
+            lib.gemm_f32_par.argtypes = [p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32]
             lib.silu_mul_f32.argtypes = [p, i64, p, i64, i32, i32, p]
+            lib.silu_mul_f32_par.argtypes = [p, i64, p, i64, i32, i32]
             lib.rms_norm_f32.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32, p]
-            for fn in (lib.gemm_f32, lib.gemm_bf16w, lib.gemm_f32_shared, lib.silu_mul_f32, lib.rms_norm_f32):
+            lib.rms_norm_f32_par.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32]
+            for fn in (lib.gemm_f32, lib.gemm_bf16w, lib.gemm_f32_par, lib.silu_mul_f32, lib.silu_mul_f32_par,
+                       lib.rms_norm_f32, lib.rms_norm_f32_par):
                 fn.restype = None
         _lib = lib
     return _lib
@@ -367,6 +401,8 @@ class Linear:
         """`helpers`: threads that share the float32 kernel's work on batches of SHARE_MIN_ROWS rows or more."""
         weight = weight.detach()
         self._helpers = helpers
+        if helpers is not None and (lib := _load(cache_dir)) is not None:
+            helpers.attach(lib)
         self.out_features = weight.shape[0]
         self.bias = bias.detach() if bias is not None else None
         self.kind, self._fn, self._bias_padded = "torch", None, None
@@ -408,13 +444,10 @@ class Linear:
                     residual = residual.contiguous()
             bias = self._bias_padded.data_ptr() if self._bias_padded is not None else None
             res, ldr = (residual.data_ptr(), residual.stride(0)) if residual is not None else (None, 0)
-            helpers = self._helpers
-            if x.dtype == torch.float32 and helpers is not None and m >= SHARE_MIN_ROWS and nb >= 8:
-                # helper threads take column chunks too (ctypes releases the GIL while C runs)
-                next_chunk, chunk = ctypes.c_int(0), max(4, nb // 32 * 4)
-                args = (x.data_ptr(), x.stride(0), self.weight.data_ptr(), bias, res, ldr, y.data_ptr(), y.stride(0),
-                        m, nb, k, ctypes.byref(next_chunk), chunk)
-                helpers.run(_lib.gemm_f32_shared, *args)
+            if x.dtype == torch.float32 and self._helpers is not None and m >= SHARE_MIN_ROWS and nb >= 8:
+                # the helper threads take column chunks too
+                _lib.gemm_f32_par(x.data_ptr(), x.stride(0), self.weight.data_ptr(), bias, res, ldr, y.data_ptr(),
+                                  y.stride(0), m, nb, k, max(4, nb // 32 * 4))
             elif x.dtype == torch.float32:
                 self._fn(x.data_ptr(), x.stride(0), self.weight.data_ptr(), bias, res, ldr, y.data_ptr(), y.stride(0),
                          m, nb, k)
@@ -445,17 +478,19 @@ class DenseOps:
                  helpers: HelperThreads | None = None) -> None:
         lib = _load(cache_dir) if fast and dtype == torch.float32 and torch.get_num_threads() == 1 and _avx2() else None
         self._lib = lib
-        self._helpers = helpers
+        self._share = helpers is not None and lib is not None
+        if self._share:
+            helpers.attach(lib)
 
     @property
     def uses_kernel(self) -> bool:
         return self._lib is not None
 
-    def _run(self, fn: Any, m: int, *args: object) -> None:
-        if self._helpers is not None and m >= SHARE_MIN_ELEMENTWISE_ROWS:
-            self._helpers.run(fn, *args, ctypes.byref(ctypes.c_int(0)))
+    def _run(self, name: str, m: int, *args: object) -> None:
+        if self._share and m >= SHARE_MIN_ELEMENTWISE_ROWS:
+            getattr(self._lib, f"{name}_par")(*args)
         else:
-            fn(*args, None)
+            getattr(self._lib, name)(*args, None)
 
     def rms_norm(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         if self._lib is None:
@@ -466,7 +501,7 @@ class DenseOps:
             x = x.contiguous()
         m, h = x.shape
         y = x.new_empty(m, h)
-        self._run(self._lib.rms_norm_f32, m, x.data_ptr(), x.stride(0), module.weight.data_ptr(),
+        self._run("rms_norm_f32", m, x.data_ptr(), x.stride(0), module.weight.data_ptr(),
                   module.variance_epsilon, y.data_ptr(), h, m, h)
         return y
 
@@ -477,5 +512,5 @@ class DenseOps:
             return act(gate) * up
         m, i2 = gate_up.shape
         y = gate_up.new_empty(m, i2 // 2)
-        self._run(self._lib.silu_mul_f32, m, gate_up.data_ptr(), gate_up.stride(0), y.data_ptr(), i2 // 2, m, i2 // 2)
+        self._run("silu_mul_f32", m, gate_up.data_ptr(), gate_up.stride(0), y.data_ptr(), i2 // 2, m, i2 // 2)
         return y

@@ -15,8 +15,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 log = logging.getLogger("switchyard.engines.pytorch")
@@ -105,16 +103,109 @@ def load_library(name: str, source: str, cache_dir: Path | None) -> ctypes.CDLL 
     return _loaded[name]
 
 
+# The helper-thread pool (its own library, so every kernel library shares one set of threads). Helpers are plain
+# pthreads that never touch Python: after a job they spin briefly (the next kernel of a step follows within
+# microseconds), then sleep on a futex. A job is `fn(arg)` run by the caller and by every helper that joins
+# before the caller is done; kernels hand out work through an atomic counter in `arg`, so a helper that joins
+# late (or not at all, when its core is busy) simply does less, and the results do not depend on who did what.
+_POOL_SOURCE = r"""
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <immintrin.h>
+
+#define CLOSED (1 << 30)
+#define SPINS 4000
+typedef void (*task_fn)(void*);
+static unsigned gen;         /* bumped for every job */
+static int state;            /* helpers inside the current job, | CLOSED once the caller is done */
+static int sleepers, started;
+static task_fn job_fn;
+static void* job_arg;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void* helper(void* unused) {
+    (void)unused;
+    unsigned seen = __atomic_load_n(&gen, __ATOMIC_SEQ_CST);
+    for (;;) {
+        unsigned g;
+        int spins = 0;
+        while ((g = __atomic_load_n(&gen, __ATOMIC_SEQ_CST)) == seen) {
+            if (spins++ < SPINS) { _mm_pause(); continue; }
+            __atomic_add_fetch(&sleepers, 1, __ATOMIC_SEQ_CST);
+            syscall(SYS_futex, &gen, FUTEX_WAIT_PRIVATE, seen, 0, 0, 0);
+            __atomic_sub_fetch(&sleepers, 1, __ATOMIC_SEQ_CST);
+            spins = 0;
+        }
+        seen = g;
+        int s = __atomic_load_n(&state, __ATOMIC_SEQ_CST);
+        while (!(s & CLOSED))
+            if (__atomic_compare_exchange_n(&state, &s, s + 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+                job_fn(job_arg);
+                __atomic_sub_fetch(&state, 1, __ATOMIC_SEQ_CST);
+                break;
+            }
+    }
+    return 0;
+}
+
+/* Start helpers until `count` run (process-wide); returns how many run. */
+int pool_start(int count) {
+    pthread_mutex_lock(&lock);
+    while (started < count) {
+        pthread_t t;
+        if (pthread_create(&t, 0, helper, 0) != 0) break;
+        pthread_detach(t);
+        started++;
+    }
+    pthread_mutex_unlock(&lock);
+    return started;
+}
+
+/* fn(arg) on the caller and on the helpers; returns when all of them are out of it. One job at a time: a
+   second caller (another engine's step) runs its job alone rather than wait. */
+void pool_run(task_fn fn, void* arg) {
+    if (pthread_mutex_trylock(&lock) != 0) { fn(arg); return; }
+    job_fn = fn;
+    job_arg = arg;
+    __atomic_store_n(&state, 0, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&gen, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&sleepers, __ATOMIC_SEQ_CST) > 0) syscall(SYS_futex, &gen, FUTEX_WAKE_PRIVATE, INT_MAX, 0, 0, 0);
+    fn(arg);
+    __atomic_fetch_or(&state, CLOSED, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&state, __ATOMIC_SEQ_CST) & ~CLOSED) _mm_pause();
+    pthread_mutex_unlock(&lock);
+}
+"""
+
+# Put in a kernel library's source where it writes POOL_CLIENT: `POOL_RUN(fn, arg)` runs a job on the pool once
+# Python has handed the library the pool (`set_pool`), else on the caller alone.
+POOL_CLIENT = r"""
+typedef void (*pool_task_fn)(void*);
+static void (*pool_run_fn)(pool_task_fn, void*);
+void set_pool(void* run) { pool_run_fn = (void (*)(pool_task_fn, void*))run; }
+#define POOL_RUN(fn, arg) (pool_run_fn ? pool_run_fn((fn), (arg)) : (fn)(arg))
+"""
+
+
 class HelperThreads:
-    """Threads that join the caller in one C kernel call on large steps (ctypes releases the GIL while C runs),
-    blocked on a queue the rest of the time. The kernels hand out work through an atomic counter in the
-    arguments, so a thread that gets less CPU simply does less, and the results do not depend on who did what."""
+    """`count` helper threads that join the caller inside the kernels' `*_par` entry points on large steps."""
 
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self._pool = ThreadPoolExecutor(count, thread_name_prefix="switchyard-kernel")
+    def __init__(self, count: int, cache_dir: Path | None) -> None:
+        """Raises OSError when the pool cannot be built here (no compiler): the caller then runs alone."""
+        lib = load_library("pool", _POOL_SOURCE, cache_dir)
+        if lib is None:
+            raise OSError("the helper-thread pool did not build")
+        lib.pool_start.argtypes = [ctypes.c_int]
+        lib.pool_start.restype = ctypes.c_int
+        self.count = lib.pool_start(count)
+        self._run = ctypes.cast(lib.pool_run, ctypes.c_void_p)
 
-    def run(self, fn: Callable[..., object], *args: object) -> list[object]:
-        """`fn(*args)` on the caller and on every helper at once; the return values, the caller's first."""
-        futures = [self._pool.submit(fn, *args) for _ in range(self.count)]
-        return [fn(*args), *(future.result() for future in futures)]
+    def attach(self, lib: ctypes.CDLL) -> None:
+        """Let a kernel library (built with POOL_CLIENT) run its `*_par` jobs on these threads."""
+        lib.set_pool.argtypes = [ctypes.c_void_p]
+        lib.set_pool.restype = None
+        lib.set_pool(self._run)

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from engines.pytorch.native import EXP8_AVX2, HelperThreads, load_library
+from engines.pytorch.native import EXP8_AVX2, POOL_CLIENT, HelperThreads, load_library
 
 _COMMON = r"""
 #include <stdint.h>
@@ -283,9 +282,49 @@ int paged_prefill_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* kc, const T
     free(buf);
     return 0;
 }
+/* Both on the helper-thread pool (native.py): one job each, sequences or rows handed out by the counter in it. */
+typedef struct {
+    const T_SFX *q, *k_new, *v_new, *cos, *sin; T_SFX *kc, *vc, *out; const int32_t *tables, *ctx_lens;
+    int64_t q_stride, k_stride, v_stride; int max_blocks, B, H, KVH, D, BS; float scale; int next, rc;
+} decode_job_SFX;
+static void decode_task_SFX(void* p) {
+    decode_job_SFX* j = (decode_job_SFX*)p;
+    if (paged_decode_SFX(j->q, j->q_stride, j->k_new, j->k_stride, j->v_new, j->v_stride, j->cos, j->sin, j->kc, j->vc,
+                         j->tables, j->max_blocks, j->ctx_lens, j->out, j->B, j->H, j->KVH, j->D, j->BS, j->scale,
+                         &j->next) != 0)
+        __atomic_store_n(&j->rc, -1, __ATOMIC_RELAXED);
+}
+int paged_decode_par_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* k_new, int64_t k_stride, const T_SFX* v_new,
+                         int64_t v_stride, const T_SFX* cos, const T_SFX* sin, T_SFX* kc, T_SFX* vc,
+                         const int32_t* tables, int max_blocks, const int32_t* ctx_lens, T_SFX* out,
+                         int B, int H, int KVH, int D, int BS, float scale) {
+    decode_job_SFX j = {q, k_new, v_new, cos, sin, kc, vc, out, tables, ctx_lens, q_stride, k_stride, v_stride,
+                        max_blocks, B, H, KVH, D, BS, scale, 0, 0};
+    POOL_RUN(decode_task_SFX, &j);
+    return j.rc;
+}
+
+typedef struct {
+    const T_SFX *q, *kc, *vc; T_SFX* out; const int32_t *tables, *row_seq, *row_pos; int64_t q_stride;
+    int max_blocks, R, H, KVH, D, BS; float scale; int max_ctx, next, rc;
+} prefill_job_SFX;
+static void prefill_task_SFX(void* p) {
+    prefill_job_SFX* j = (prefill_job_SFX*)p;
+    if (paged_prefill_SFX(j->q, j->q_stride, j->kc, j->vc, j->tables, j->max_blocks, j->row_seq, j->row_pos, j->out,
+                          j->R, j->H, j->KVH, j->D, j->BS, j->scale, j->max_ctx, &j->next) != 0)
+        __atomic_store_n(&j->rc, -1, __ATOMIC_RELAXED);
+}
+int paged_prefill_par_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* kc, const T_SFX* vc, const int32_t* tables,
+                          int max_blocks, const int32_t* row_seq, const int32_t* row_pos, T_SFX* out, int R, int H,
+                          int KVH, int D, int BS, float scale, int max_ctx) {
+    prefill_job_SFX j = {q, kc, vc, out, tables, row_seq, row_pos, q_stride, max_blocks, R, H, KVH, D, BS, scale,
+                         max_ctx, 0, 0};
+    POOL_RUN(prefill_task_SFX, &j);
+    return j.rc;
+}
 """
 
-_SOURCE = (_COMMON + "".join(_TEMPLATE.replace("SFX", sfx) for sfx in ("f32", "bf16"))).replace(
+_SOURCE = (_COMMON + POOL_CLIENT + "".join(_TEMPLATE.replace("SFX", sfx) for sfx in ("f32", "bf16"))).replace(
     "EXP8_AVX2", EXP8_AVX2)
 
 SHARE_MIN_SEQS = 4  # fewer sequences (or prefill rows) are not worth waking a helper thread for
@@ -295,13 +334,14 @@ def _load(cache_dir: Path | None) -> ctypes.CDLL | None:
     lib = load_library("paged_attention", _SOURCE, cache_dir)
     if lib is not None and not getattr(lib, "_typed", False):
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        decode = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, i32, i32, i32, i32, i32, ctypes.c_float]
+        prefill = [p, i64, p, p, p, i32, p, p, p, i32, i32, i32, i32, i32, ctypes.c_float, i32]
         for sfx in ("f32", "bf16"):
-            fn = getattr(lib, f"paged_decode_{sfx}")
-            fn.argtypes = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, i32, i32, i32, i32, i32, ctypes.c_float, p]
-            fn.restype = ctypes.c_int
-            fn = getattr(lib, f"paged_prefill_{sfx}")
-            fn.argtypes = [p, i64, p, p, p, i32, p, p, p, i32, i32, i32, i32, i32, ctypes.c_float, i32, p]
-            fn.restype = ctypes.c_int
+            for name, argtypes in (("paged_decode", decode), ("paged_prefill", prefill)):
+                getattr(lib, f"{name}_{sfx}").argtypes = [*argtypes, p]  # + the work counter
+                getattr(lib, f"{name}_par_{sfx}").argtypes = argtypes
+                for fn in (getattr(lib, f"{name}_{sfx}"), getattr(lib, f"{name}_par_{sfx}")):
+                    fn.restype = ctypes.c_int
         lib._typed = True
     return lib
 
@@ -315,24 +355,24 @@ class PagedAttention:
         cache_dir: Path | None, use_kernel: bool = True, helpers: HelperThreads | None = None,
     ) -> None:
         """`helpers`: threads that share the kernels' work (sequences, prefill rows) on large steps."""
-        self._helpers = helpers
         self.num_heads, self.num_kv_heads, self.head_dim, self.block_size = num_heads, num_kv_heads, head_dim, block_size
         fits = num_heads % num_kv_heads == 0 and dtype in (torch.float32, torch.bfloat16)
-        lib = _load(cache_dir) if use_kernel and fits else None
-        self._decode = self._prefill = None
-        if lib is not None:
-            sfx = "f32" if dtype == torch.float32 else "bf16"
-            self._decode, self._prefill = getattr(lib, f"paged_decode_{sfx}"), getattr(lib, f"paged_prefill_{sfx}")
+        self._lib = _load(cache_dir) if use_kernel and fits else None
+        self._sfx = "f32" if dtype == torch.float32 else "bf16"
+        self._share = helpers is not None and self._lib is not None
+        if self._share:
+            helpers.attach(self._lib)
 
     @property
     def uses_kernel(self) -> bool:
-        return self._decode is not None
+        return self._lib is not None
 
-    def _run(self, fn: Any, work: int, *args: object) -> None:
+    def _run(self, name: str, work: int, *args: object) -> None:
         """One kernel call handing out `work` items, shared with the helper threads when there are enough."""
-        next_item = ctypes.c_int(0)
-        args = (*args, ctypes.byref(next_item))
-        rc = min(self._helpers.run(fn, *args)) if self._helpers is not None and work >= SHARE_MIN_SEQS else fn(*args)
+        if self._share and work >= SHARE_MIN_SEQS:
+            rc = getattr(self._lib, f"{name}_par_{self._sfx}")(*args)
+        else:
+            rc = getattr(self._lib, f"{name}_{self._sfx}")(*args, ctypes.byref(ctypes.c_int(0)))
         if rc != 0:
             raise MemoryError("paged attention kernel could not allocate its score buffer")
 
@@ -344,11 +384,11 @@ class PagedAttention:
         rotate_half's sign folded in, see `rotate`), write k and v [B, KVH, D] to their cache slots and attend.
         Caches: [slots, KVH, D]. Returns [B, H * D]."""
         b, h, d = q.shape
-        if self._decode is not None and all(x.stride(2) == 1 and x.stride(1) == d for x in (q, k, v)) \
+        if self._lib is not None and all(x.stride(2) == 1 and x.stride(1) == d for x in (q, k, v)) \
                 and cos.is_contiguous() and sin.is_contiguous() and cos.shape == (b, d):
             out = q.new_empty(b, h * d)
             self._run(
-                self._decode, b, q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+                "paged_decode", b, q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
                 cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), step.tables.data_ptr(),
                 step.tables.shape[1], step.ctx_lens.data_ptr(), out.data_ptr(), b, h, self.num_kv_heads, d,
                 self.block_size, scale,
@@ -361,11 +401,11 @@ class PagedAttention:
         """Causal attention of the rotated queries q [R, H, D] over the cache, which already holds the chunk's keys
         and values; [R, H * D], or None without the kernel (the caller then gathers and uses SDPA)."""
         r, h, d = q.shape
-        if self._prefill is None or q.stride(2) != 1 or q.stride(1) != d:
+        if self._lib is None or q.stride(2) != 1 or q.stride(1) != d:
             return None
         out = q.new_empty(r, h * d)
         self._run(
-            self._prefill, r, q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+            "paged_prefill", r, q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
             rows.tables.data_ptr(), rows.tables.shape[1], rows.row_seq.data_ptr(), rows.row_pos.data_ptr(),
             out.data_ptr(), r, h, self.num_kv_heads, d, self.block_size, scale, rows.max_ctx,
         )

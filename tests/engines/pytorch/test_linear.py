@@ -75,7 +75,7 @@ def test_helper_threads_give_the_same_bits(tmp_path: Path) -> None:
     are computed exactly as on one thread, past the 96-row M block as well."""
     gen = torch.Generator().manual_seed(7)
     weight = torch.randn(160, 64, generator=gen) * 0.05
-    alone, shared = Linear(weight, None, True, tmp_path), Linear(weight, None, True, tmp_path, HelperThreads(2))
+    alone, shared = Linear(weight, None, True, tmp_path), Linear(weight, None, True, tmp_path, HelperThreads(2, tmp_path))
     if alone.kind != "kernel":
         pytest.skip("no C compiler or no AVX2/FMA here")
     x = torch.randn(300, 64, generator=gen)
@@ -83,7 +83,7 @@ def test_helper_threads_give_the_same_bits(tmp_path: Path) -> None:
     assert torch.equal(alone(x)[250:251], alone(x[250:251]))
     norm = torch.nn.Module()
     norm.weight, norm.variance_epsilon = torch.nn.Parameter(torch.rand(64, generator=gen)), 1e-5
-    ops, shared_ops = DenseOps(True, torch.float32, tmp_path), DenseOps(True, torch.float32, tmp_path, HelperThreads(2))
+    ops, shared_ops = DenseOps(True, torch.float32, tmp_path), DenseOps(True, torch.float32, tmp_path, HelperThreads(2, tmp_path))
     assert torch.equal(shared_ops.rms_norm(norm, x), ops.rms_norm(norm, x))
     torch.testing.assert_close(ops.rms_norm(norm, x), F.rms_norm(x, (64,), norm.weight, 1e-5), atol=1e-5, rtol=1e-5)
     gate_up = torch.randn(300, 128, generator=gen)

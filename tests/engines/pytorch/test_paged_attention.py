@@ -89,7 +89,7 @@ def test_helper_threads_give_the_same_bits(dtype: torch.dtype, tmp_path: Path) -
     alone = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path)
     if not alone.uses_kernel:
         pytest.skip("no C compiler here: the engine runs the torch path")
-    shared = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path, helpers=HelperThreads(2))
+    shared = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path, helpers=HelperThreads(2, tmp_path))
     case = _case(dtype, batch=24, seed=3)
     for got, want in zip(_run(shared, case), _run(alone, case), strict=True):
         assert torch.equal(got, want)
@@ -100,7 +100,7 @@ def test_helper_threads_give_the_same_bits(dtype: torch.dtype, tmp_path: Path) -
 def test_prefill_kernel_is_causal_attention_over_the_cache(dtype: torch.dtype, threads: int, tmp_path: Path) -> None:
     """Chunks that start at 0 and chunks that continue a sequence (a prefix already cached), against SDPA."""
     kernel = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path,
-                            helpers=HelperThreads(threads) if threads else None)
+                            helpers=HelperThreads(threads, tmp_path) if threads else None)
     if not kernel.uses_kernel:
         pytest.skip("no C compiler here: the engine runs the torch path")
     gen = torch.Generator().manual_seed(5)
