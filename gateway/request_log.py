@@ -13,10 +13,11 @@ import logging
 import re
 import sys
 import time
-import uuid
 from contextvars import ContextVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.ids import random_hex
 
 _REQUEST_ID: ContextVar[str | None] = ContextVar("switchyard_request_id", default=None)
 _VALID_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -83,7 +84,7 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send)
             return
         offered = dict(scope.get("headers", [])).get(b"x-request-id", b"").decode("latin-1")
-        request_id = offered if _VALID_ID.fullmatch(offered) else uuid.uuid4().hex
+        request_id = offered if _VALID_ID.fullmatch(offered) else random_hex()
         token = _REQUEST_ID.set(request_id)
         started = time.perf_counter()
         status = 500

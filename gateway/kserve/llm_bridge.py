@@ -10,7 +10,6 @@ deltas; the non-streaming answer carries the whole text (without the prompt).
 from __future__ import annotations
 
 import math
-import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from engines.types import GenerationRequest, SamplingParams
 from gateway.errors import InternalError, InvalidRequestError, ServiceUnavailableError
+from gateway.ids import random_hex
 from gateway.kserve.codec import InputTensor
 from gateway.repository.registry import LoadedModel
 
@@ -115,7 +115,7 @@ async def generate_text(model: LoadedModel, prompt: str, values: Mapping[str, An
     if not prompt_ids:
         raise InvalidRequestError("text_input produced no tokens")
     sampling = sampling_from(values, scheduler.info.max_model_len, len(prompt_ids))
-    request = GenerationRequest(f"v2-{uuid.uuid4().hex}", prompt_ids, sampling)
+    request = GenerationRequest(f"v2-{random_hex()}", prompt_ids, sampling)
     async for out in scheduler.generate(request):
         if out.finish_reason == "error":
             raise InternalError(out.error or "the model failed while generating")

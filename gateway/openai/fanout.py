@@ -7,11 +7,11 @@ merged stream (client gone, error) cancels the pumps, which closes each engine s
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from engines.types import GenerationOutput, GenerationRequest, SamplingParams
+from gateway.ids import random_hex
 from gateway.openai.results import check_output
 from gateway.scheduler.llm_scheduler import LLMScheduler
 
@@ -26,7 +26,7 @@ class Choice:
 async def merged_stream(
     scheduler: LLMScheduler, choices: list[Choice], priority: int = 0, session_id: str | None = None
 ) -> AsyncIterator[tuple[int, GenerationOutput]]:
-    base = uuid.uuid4().hex
+    base = random_hex()
     requests = [
         GenerationRequest(f"{base}-{c.index}", c.prompt_token_ids, c.sampling, priority, session_id) for c in choices
     ]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,10 +10,11 @@ from typing import Any
 from engines.interface import Tokenizer
 from engines.types import GenerationOutput, TokenLogprob
 from gateway.errors import InternalError, ServiceUnavailableError
+from gateway.ids import random_hex
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+    return f"{prefix}-{random_hex()}"
 
 
 def now() -> int:

@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.ids import random_hex
 from gateway.openai.guided import lark_json
 
 MAX_PARALLEL_CALLS = 16
 
 
 def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
+    return f"call_{random_hex()[:24]}"
 
 
 @dataclass
