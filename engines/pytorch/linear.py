@@ -16,10 +16,11 @@ bfloat16 weights are packed the same way and converted to float32 as they are lo
 are float32, one rounding to bfloat16 at the end): half the bytes per decode step, and for a few rows the same
 result as torch's bfloat16 `F.linear` here (which also sums in float32, in k order).
 
-The kernel runs on the calling thread, and `HelperThreads` join it on every float32 step, taking column chunks from
-a shared counter: even a one-row decode step, which is memory-bound, streams the weights 1.5x faster on two cores
-than on one here (each core's loads are capped well below the memory's bandwidth). With more than one torch thread, or without a compiler, projections use oneDNN
-with packed weights (float32) or `F.linear` (other dtypes, or CPUs oneDNN cannot pack for).
+The kernel runs on the calling thread, and `HelperThreads` join it on every float32 step, taking column chunks
+from a shared counter: even a one-row decode step, which is memory-bound, streams the weights 1.5x faster on two
+cores than on one here (each core's loads are capped well below the memory's bandwidth). With more than one torch
+thread, or without a compiler, projections use oneDNN with packed weights (float32) or `F.linear` (other dtypes,
+or CPUs oneDNN cannot pack for).
 """
 
 from __future__ import annotations

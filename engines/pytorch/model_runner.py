@@ -122,7 +122,7 @@ class PagedModelRunner:
             use_kernel=fast_kernels, helpers=self._helpers,
         )
         self.dense = DenseOps(fast_kernels, self.dtype, kernel_cache_dir, self._helpers)
-        log.info("native engine: projections: %s (%d threads for large steps), attention: %s",
+        log.info("native engine: projections: %s (%d threads), attention: %s",
                  self.lm_head.kind, gemm_threads if self._helpers else 1,
                  "C kernels" if self.attention.uses_kernel else "torch")
 

@@ -397,12 +397,14 @@ class PagedAttention:
         return self._torch(rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None]), v, k_cache, v_cache, step, scale)
 
     def prefill(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: PrefillRows,
-                scale: float) -> torch.Tensor | None:
+                scale: float) -> torch.Tensor:
         """Causal attention of the rotated queries q [R, H, D] over the cache, which already holds the chunk's keys
-        and values; [R, H * D], or None without the kernel (the caller then gathers and uses SDPA)."""
+        and values: [R, H * D]. Needs the kernel (`uses_kernel`); without it the runner gathers and uses SDPA."""
+        if self._lib is None:
+            raise RuntimeError("prefill attention needs the C kernel")
         r, h, d = q.shape
-        if self._lib is None or q.stride(2) != 1 or q.stride(1) != d:
-            return None
+        if q.stride(2) != 1 or q.stride(1) != d:
+            q = q.contiguous()
         out = q.new_empty(r, h * d)
         self._run(
             "paged_prefill", r, q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
