@@ -16,7 +16,7 @@ bfloat16 weights are packed the same way and converted to float32 as they are lo
 are float32, one rounding to bfloat16 at the end): half the bytes per decode step, and for a few rows the same
 result as torch's bfloat16 `F.linear` here (which also sums in float32, in k order).
 
-The kernel runs on the calling thread, and `HelperThreads` join it on every float32 step, taking column chunks
+The kernel runs on the calling thread, and `HelperThreads` join it on every step, taking column chunks
 from a shared counter: even a one-row decode step, which is memory-bound, streams the weights 1.5x faster on two
 cores than on one here (each core's loads are capped well below the memory's bandwidth). With more than one torch
 thread, or without a compiler, projections use oneDNN with packed weights (float32) or `F.linear` (other dtypes,
@@ -309,6 +309,26 @@ void gemm_f32_par(const float* x, int64_t ldx, const float* wp, const float* bia
     POOL_RUN(gemm_task, &j);
 }
 
+/* gemm_bf16w in column chunks of `chunk` panels, shared the same way (acc and y are ldy apart alike). */
+typedef struct {
+    const float* x; const uint16_t *wp, *bias, *residual; float* acc; uint16_t* y; int64_t ldx, ldr, ldy;
+    int M, NB, K, chunk, next;
+} gemm_bf16w_job;
+static void gemm_bf16w_task(void* p) {
+    gemm_bf16w_job* j = (gemm_bf16w_job*)p;
+    for (int n0; (n0 = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED) * j->chunk) < j->NB;) {
+        const int nb = j->NB - n0 < j->chunk ? j->NB - n0 : j->chunk;
+        gemm_bf16w(j->x, j->ldx, j->wp + (int64_t)n0 * j->K * 16, j->bias ? j->bias + n0 * 16 : 0,
+                   j->residual ? j->residual + n0 * 16 : 0, j->ldr, j->acc + n0 * 16, j->y + n0 * 16, j->ldy, j->M,
+                   nb, j->K);
+    }
+}
+void gemm_bf16w_par(const float* x, int64_t ldx, const uint16_t* wp, const uint16_t* bias, const uint16_t* residual,
+                    int64_t ldr, float* acc, uint16_t* y, int64_t ldy, int M, int NB, int K, int chunk) {
+    gemm_bf16w_job j = {x, wp, bias, residual, acc, y, ldx, ldr, ldy, M, NB, K, chunk, 0};
+    POOL_RUN(gemm_bf16w_task, &j);
+}
+
 typedef struct { const float *x, *w; float* y; int64_t ldx, ldy; float eps; int M, N, next; } rows_job;
 static void silu_task(void* p) { rows_job* j = (rows_job*)p; silu_mul_f32(j->x, j->ldx, j->y, j->ldy, j->M, j->N, &j->next); }
 static void rms_task(void* p) {
@@ -381,11 +401,13 @@ def _load(cache_dir: Path | None) -> ctypes.CDLL | None:
             lib.gemm_f32.argtypes = [p, i64, p, p, p, i64, p, i64, i32, i32, i32]
             lib.gemm_bf16w.argtypes = [p, i64, p, p, p, i64, p, p, i64, i32, i32, i32]
             lib.gemm_f32_par.argtypes = [p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32]
+            lib.gemm_bf16w_par.argtypes = [p, i64, p, p, p, i64, p, p, i64, i32, i32, i32, i32]
             lib.silu_mul_f32.argtypes = [p, i64, p, i64, i32, i32, p]
             lib.silu_mul_f32_par.argtypes = [p, i64, p, i64, i32, i32]
             lib.rms_norm_f32.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32, p]
             lib.rms_norm_f32_par.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32]
-            for fn in (lib.gemm_f32, lib.gemm_bf16w, lib.gemm_f32_par, lib.silu_mul_f32, lib.silu_mul_f32_par,
+            for fn in (lib.gemm_f32, lib.gemm_bf16w, lib.gemm_f32_par, lib.gemm_bf16w_par, lib.silu_mul_f32,
+                       lib.silu_mul_f32_par,
                        lib.rms_norm_f32, lib.rms_norm_f32_par):
                 fn.restype = None
         _lib = lib
@@ -411,7 +433,7 @@ class Linear:
         self, weight: torch.Tensor, bias: torch.Tensor | None, fast: bool, cache_dir: Path | None,
         helpers: HelperThreads | None = None,
     ) -> None:
-        """`helpers`: threads that share the float32 kernel's work."""
+        """`helpers`: threads that share the kernel's work."""
         weight = weight.detach()
         self._helpers = helpers
         if helpers is not None and (lib := _load(cache_dir)) is not None:
@@ -467,8 +489,12 @@ class Linear:
             else:  # bfloat16: the kernel reads x as float32 (exact) and sums into a float32 buffer
                 x32 = x.float()
                 acc = torch.empty(m, nb * 16, dtype=torch.float32)
-                self._fn(x32.data_ptr(), x32.stride(0), self.weight.data_ptr(), bias, res, ldr, acc.data_ptr(),
-                         y.data_ptr(), y.stride(0), m, nb, k)
+                args = (x32.data_ptr(), x32.stride(0), self.weight.data_ptr(), bias, res, ldr, acc.data_ptr(),
+                        y.data_ptr(), y.stride(0), m, nb, k)
+                if self._helpers is not None and nb >= 8:
+                    _lib.gemm_bf16w_par(*args, max(4, nb // 32 * 4))
+                else:
+                    self._fn(*args)
             return y if nb * 16 == self.out_features else y[:, : self.out_features]
         if self.kind == "onednn":
             y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")

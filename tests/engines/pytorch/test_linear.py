@@ -81,6 +81,10 @@ def test_helper_threads_give_the_same_bits(tmp_path: Path) -> None:
     x = torch.randn(300, 64, generator=gen)
     assert torch.equal(shared(x), alone(x))
     assert torch.equal(alone(x)[250:251], alone(x[250:251]))
+    bf16 = weight.bfloat16()
+    residual = torch.randn(300, 160, generator=gen).bfloat16()
+    bf16_alone, bf16_shared = Linear(bf16, None, True, tmp_path), Linear(bf16, None, True, tmp_path, HelperThreads(2, tmp_path))
+    assert torch.equal(bf16_shared(x.bfloat16(), residual), bf16_alone(x.bfloat16(), residual))
     norm = torch.nn.Module()
     norm.weight, norm.variance_epsilon = torch.nn.Parameter(torch.rand(64, generator=gen)), 1e-5
     ops, shared_ops = DenseOps(True, torch.float32, tmp_path), DenseOps(True, torch.float32, tmp_path, HelperThreads(2, tmp_path))
