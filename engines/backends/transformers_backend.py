@@ -121,7 +121,7 @@ class TransformersBackend(TensorBackend):
                 parsed.append(self._parse(request))
             except ValueError as exc:
                 parsed.append(exc)
-        # every text of the batch in one tokenizer call: a third of the cost of one call per request
+        # every text of the batch in one tokenizer call rather than one call per request
         texts = [text for item in parsed if isinstance(item, _Texts) for text in item]
         encoded = iter(self._tokenizer(texts, truncation=True, max_length=self._max_length)["input_ids"] if texts else [])
         per_request = [[list(next(encoded)) for _ in item] if isinstance(item, _Texts) else item for item in parsed]

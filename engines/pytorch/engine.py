@@ -52,8 +52,8 @@ class PyTorchEngine(StepEngine):
         gemm_threads: int | None = None,
     ) -> None:
         """`fast_kernels`: our C kernels for projections, attention and norms (see model_runner.py);
-        false runs torch ops only. `gemm_threads`: threads sharing the projections and attention of large
-        steps (default: the CPUs this process may use)."""
+        false runs torch ops only. `gemm_threads`: threads sharing each step's projections, attention and
+        norms (default: the CPUs this process may use)."""
         _set_threads()
         folder = resolve_hf_folder(source, gguf_file, cache_dir)
         model, hf_tok = load_hf(folder, dtype)

@@ -427,7 +427,7 @@ class Linear:
 
     `kind` is "kernel" (our packed GEMM), "onednn" (oneDNN with the weight packed once) or "torch"."""
 
-    __slots__ = ("_bias_padded", "_fn", "_helpers", "bias", "kind", "out_features", "weight")
+    __slots__ = ("_bias_padded", "_fn", "_par", "bias", "kind", "out_features", "weight")
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None, fast: bool, cache_dir: Path | None,
@@ -435,12 +435,9 @@ class Linear:
     ) -> None:
         """`helpers`: threads that share the kernel's work."""
         weight = weight.detach()
-        self._helpers = helpers
-        if helpers is not None and (lib := _load(cache_dir)) is not None:
-            helpers.attach(lib)
         self.out_features = weight.shape[0]
         self.bias = bias.detach() if bias is not None else None
-        self.kind, self._fn, self._bias_padded = "torch", None, None
+        self.kind, self._fn, self._par, self._bias_padded = "torch", None, None, None
         self.weight = weight.contiguous()
         if not fast or weight.dtype not in (torch.float32, torch.bfloat16):
             return
@@ -455,7 +452,11 @@ class Linear:
                 self._bias_padded = torch.zeros(nb * 16, dtype=weight.dtype)
                 self._bias_padded[:n] = self.bias
             self.kind = "kernel"
-            self._fn = lib.gemm_f32 if weight.dtype == torch.float32 else lib.gemm_bf16w
+            f32 = weight.dtype == torch.float32
+            self._fn = lib.gemm_f32 if f32 else lib.gemm_bf16w
+            if helpers is not None:  # the same call shared with the helper threads (column chunks)
+                helpers.attach(lib)
+                self._par = lib.gemm_f32_par if f32 else lib.gemm_bf16w_par
             return
         if weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
             try:
@@ -479,22 +480,18 @@ class Linear:
                     residual = residual.contiguous()
             bias = self._bias_padded.data_ptr() if self._bias_padded is not None else None
             res, ldr = (residual.data_ptr(), residual.stride(0)) if residual is not None else (None, 0)
-            if x.dtype == torch.float32 and self._helpers is not None and nb >= 8:
-                # the helper threads take column chunks too
-                _lib.gemm_f32_par(x.data_ptr(), x.stride(0), self.weight.data_ptr(), bias, res, ldr, y.data_ptr(),
-                                  y.stride(0), m, nb, k, max(4, nb // 32 * 4))
-            elif x.dtype == torch.float32:
-                self._fn(x.data_ptr(), x.stride(0), self.weight.data_ptr(), bias, res, ldr, y.data_ptr(), y.stride(0),
-                         m, nb, k)
+            if x.dtype == torch.float32:
+                args = (x.data_ptr(), x.stride(0), self.weight.data_ptr(), bias, res, ldr, y.data_ptr(), y.stride(0),
+                        m, nb, k)
             else:  # bfloat16: the kernel reads x as float32 (exact) and sums into a float32 buffer
                 x32 = x.float()
                 acc = torch.empty(m, nb * 16, dtype=torch.float32)
                 args = (x32.data_ptr(), x32.stride(0), self.weight.data_ptr(), bias, res, ldr, acc.data_ptr(),
                         y.data_ptr(), y.stride(0), m, nb, k)
-                if self._helpers is not None and nb >= 8:
-                    _lib.gemm_bf16w_par(*args, max(4, nb // 32 * 4))
-                else:
-                    self._fn(*args)
+            if self._par is not None and nb >= 8:
+                self._par(*args, max(4, nb // 32 * 4))
+            else:
+                self._fn(*args)
             return y if nb * 16 == self.out_features else y[:, : self.out_features]
         if self.kind == "onednn":
             y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")

@@ -103,13 +103,13 @@ class PagedModelRunner:
                 getattr(layer.self_attn, "k_norm", None)) if m is not None)]:
             for param in module.parameters():
                 param.data = param.data.clone()
-        # helper threads for the C kernels of large steps (projections, attention); they only run with them
+        # helper threads for the C kernels (projections, attention, norms); they only run inside them
         self._helpers = None
         if fast_kernels and gemm_threads > 1:
             try:
                 self._helpers = HelperThreads(gemm_threads - 1, kernel_cache_dir)
             except OSError as exc:
-                log.warning("native engine: no helper threads (%s); large steps run on one thread", exc)
+                log.warning("native engine: no helper threads (%s); steps run on one thread", exc)
         self.layers = [self._take(layer, fast_kernels, kernel_cache_dir, self._helpers) for layer in hf_model.model.layers]
         lm_head = hf_model.lm_head
         self.lm_head = Linear(lm_head.weight, lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers)

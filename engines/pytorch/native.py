@@ -192,7 +192,7 @@ void set_pool(void* run) { pool_run_fn = (void (*)(pool_task_fn, void*))run; }
 
 
 class HelperThreads:
-    """`count` helper threads that join the caller inside the kernels' `*_par` entry points on large steps."""
+    """`count` helper threads that join the caller inside the kernels' `*_par` entry points."""
 
     def __init__(self, count: int, cache_dir: Path | None) -> None:
         """Raises OSError when the pool cannot be built here (no compiler): the caller then runs alone."""
@@ -200,8 +200,7 @@ class HelperThreads:
         if lib is None:
             raise OSError("the helper-thread pool did not build")
         lib.pool_start.argtypes = [ctypes.c_int]
-        lib.pool_start.restype = ctypes.c_int
-        self.count = lib.pool_start(count)
+        lib.pool_start(count)
         self._run = ctypes.cast(lib.pool_run, ctypes.c_void_p)
 
     def attach(self, lib: ctypes.CDLL) -> None:

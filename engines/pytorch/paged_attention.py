@@ -354,7 +354,7 @@ class PagedAttention:
         self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
         cache_dir: Path | None, use_kernel: bool = True, helpers: HelperThreads | None = None,
     ) -> None:
-        """`helpers`: threads that share the kernels' work (sequences, prefill rows) on large steps."""
+        """`helpers`: threads that share the kernels' work (sequences, prefill rows) from SHARE_MIN_SEQS items."""
         self.num_heads, self.num_kv_heads, self.head_dim, self.block_size = num_heads, num_kv_heads, head_dim, block_size
         fits = num_heads % num_kv_heads == 0 and dtype in (torch.float32, torch.bfloat16)
         self._lib = _load(cache_dir) if use_kernel and fits else None

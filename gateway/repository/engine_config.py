@@ -33,8 +33,8 @@ class PyTorchSection(_Strict):
         None,
         ge=1,
         le=256,
-        description="Threads that share the projections and attention of large steps (prefills, batched "
-        "decodes) with fast_kernels; default: every CPU this process may use. 1 keeps them on one thread.",
+        description="Threads that share each step's projections, attention and norms with fast_kernels; "
+        "default: every CPU this process may use. 1 keeps them on one thread.",
     )
 
 
