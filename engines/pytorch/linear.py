@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from engines.pytorch import host_memory
 from engines.pytorch.native import EXP8_AVX2, POOL_CLIENT, HelperThreads, load_library
 
 _COMMON = r"""
@@ -447,7 +448,7 @@ class Linear:
             nb = (n + 15) // 16
             if n % 16:
                 weight = torch.cat((weight, weight.new_zeros(nb * 16 - n, k)))
-            self.weight = weight.view(nb, 16, k).transpose(1, 2).contiguous()  # [NB, K, 16]
+            self.weight = host_memory.copy(weight.view(nb, 16, k).transpose(1, 2))  # [NB, K, 16]
             if self.bias is not None:
                 self._bias_padded = torch.zeros(nb * 16, dtype=weight.dtype)
                 self._bias_padded[:n] = self.bias

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from engines.pytorch import host_memory
 from engines.pytorch.linear import DenseOps, Linear
 from engines.pytorch.native import HelperThreads
 from engines.pytorch.paged_attention import DecodeTables, PagedAttention, PrefillRows, rotate
@@ -115,8 +116,8 @@ class PagedModelRunner:
         self.lm_head = Linear(lm_head.weight, lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers)
         del hf_model.model.layers, hf_model.lm_head  # the runner holds the (fused, maybe packed) weights now
         shape = (self.num_layers, num_blocks * block_size, self.num_kv_heads, self.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=self.dtype)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype)
+        self.k_cache = host_memory.zeros(shape, self.dtype)
+        self.v_cache = host_memory.zeros(shape, self.dtype)
         self.attention = PagedAttention(
             self.num_heads, self.num_kv_heads, self.head_dim, block_size, self.dtype, kernel_cache_dir,
             use_kernel=fast_kernels, helpers=self._helpers,
