@@ -62,7 +62,7 @@ class _StepLayout:
     num_decode: int
     decode: DecodeTables | None
     # prefill rows (T - num_decode of them, P sequences)
-    slots: torch.Tensor | None = None  # [T_p] cache slot each new token is written to
+    slots: torch.Tensor | None = None  # [T_p] cache slot each new token is written to (torch path)
     prefill: PrefillRows | None = None  # for the attention kernel; without it, the gather + SDPA tensors below
     kv_index: torch.Tensor | None = None  # [P, max_ctx] cache slots each sequence attends to
     mask: torch.Tensor | None = None  # [P, 1, max_q, max_ctx] True where attention is allowed
@@ -191,11 +191,6 @@ class PagedModelRunner:
         bs = self.block_size
         if self.attention.uses_kernel:
             tables = [s.block_table[: (s.start_pos + len(s.token_ids) + bs - 1) // bs] for s in batch]
-            lay.slots = torch.cat([
-                (torch.tensor(table, dtype=torch.long)[:, None] * bs + torch.arange(bs)).flatten()[
-                    s.start_pos : s.start_pos + len(s.token_ids)]
-                for table, s in zip(tables, batch, strict=True)
-            ])
             lay.prefill = PrefillRows(tables, [s.start_pos for s in batch], [len(s.token_ids) for s in batch])
             return
         slots: list[int] = []
@@ -228,14 +223,15 @@ class PagedModelRunner:
 
     # ------------------------------------------------------------------ forward
 
-    def _prefill_attention(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                           lay: _StepLayout) -> torch.Tensor:
+    def _prefill_attention(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                           sin: torch.Tensor, scale: float, lay: _StepLayout) -> torch.Tensor:
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         k_cache, v_cache = self.k_cache[layer_idx], self.v_cache[layer_idx]
+        if lay.prefill is not None:  # the kernel rotates q and k and writes k and v itself
+            return self.attention.prefill(q, k, v, cos, sin, k_cache, v_cache, lay.prefill, scale)
+        q, k = rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None])
         k_cache.index_copy_(0, lay.slots, k)
         v_cache.index_copy_(0, lay.slots, v)
-        if lay.prefill is not None:
-            return self.attention.prefill(q, k_cache, v_cache, lay.prefill, scale)
         b, ctx = lay.kv_index.shape
         keys = k_cache.index_select(0, lay.kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2)
         values = v_cache.index_select(0, lay.kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2)
@@ -263,8 +259,7 @@ class PagedModelRunner:
                 q[:nd], k[:nd], v[:nd], cos[:nd], sin[:nd], self.k_cache[i], self.v_cache[i], lay.decode, layer.scaling
             ))
         if nd < t:
-            c, s = cos[nd:, None], sin[nd:, None]
-            parts.append(self._prefill_attention(i, rotate(q[nd:], c, s), rotate(k[nd:], c, s), v[nd:], layer.scaling, lay))
+            parts.append(self._prefill_attention(i, q[nd:], k[nd:], v[nd:], cos[nd:], sin[nd:], layer.scaling, lay))
         return layer.o(parts[0] if len(parts) == 1 else torch.cat(parts), residual)
 
     @torch.inference_mode()

@@ -137,7 +137,7 @@ static inline float dot_SFX(const float* q, const T_SFX* k, int D) {
 /* One sequence: every query head against its ctx cached keys and values. The cache is walked block by block and
    each block's rows (all KV heads, contiguous) are used for every head before moving on, once for the scores and
    once for the values. qf: H * D floats, scores: H * ctx floats, acc: H * D floats (scratch). */
-static void sequence_SFX(const T_SFX* q, const T_SFX* kc, const T_SFX* vc, const int32_t* table, int ctx, T_SFX* out,
+static void sequence_SFX(const T_SFX* kc, const T_SFX* vc, const int32_t* table, int ctx, T_SFX* out,
                          int H, int KVH, int D, int BS, float scale, float* qf, float* scores, float* acc) {
     const int G = H / KVH;
     const int64_t row = (int64_t)KVH * D;
@@ -216,6 +216,31 @@ static void sequence_SFX(const T_SFX* q, const T_SFX* kc, const T_SFX* vc, const
     for (int i = 0; i < H * D; i++) store1_SFX(out + i, acc[i]);
 }
 
+/* `heads` rows of D values at x, rotated by c/s (sin with rotate_half's sign folded in, see `rotate`) into out as
+   floats, bit for bit torch's rotation; without c, just converted. Two half loops: no index wrap, so they vectorize. */
+static void rope_heads_SFX(const T_SFX* x, const T_SFX* c, const T_SFX* s, int heads, int D, float* out) {
+    const int half = D / 2;
+    for (int h = 0; h < heads; h++, x += D, out += D) {
+        if (!c) { for (int j = 0; j < D; j++) out[j] = load1_SFX(x + j); continue; }
+        for (int j = 0; j < half; j++) out[j] = rope_SFX(load1_SFX(x + j), load1_SFX(x + j + half), load1_SFX(c + j), load1_SFX(s + j));
+        for (int j = half; j < D; j++) out[j] = rope_SFX(load1_SFX(x + j), load1_SFX(x + j - half), load1_SFX(c + j), load1_SFX(s + j));
+    }
+}
+
+/* The new key (rotated by c/s, or as it is without c) and value of one position into cache slot `slot`. */
+static void write_kv_SFX(const T_SFX* k, const T_SFX* v, const T_SFX* c, const T_SFX* s, T_SFX* kc, T_SFX* vc,
+                         int64_t slot, int KVH, int D) {
+    T_SFX* kdst = kc + slot * KVH * D;
+    if (c) {
+        float rot[KVH * D];
+        rope_heads_SFX(k, c, s, KVH, D, rot);
+        for (int i = 0; i < KVH * D; i++) store1_SFX(kdst + i, rot[i]);
+    } else {
+        memcpy(kdst, k, sizeof(T_SFX) * KVH * D);
+    }
+    memcpy(vc + slot * KVH * D, v, sizeof(T_SFX) * KVH * D);
+}
+
 /* q: [B, H, D] rows `q_stride` elements apart; k_new/v_new: [B, KVH, D] rows `k_stride`/`v_stride` apart;
    cos/sin: [B, D] (sin with rotate_half's sign folded in), or NULL when q and k are already rotated. The new
    key (rotated) and value are written to the cache slot of position ctx_lens[b] - 1 first. caches: [slots, KVH,
@@ -227,7 +252,6 @@ int paged_decode_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* k_new, int64
                      int64_t v_stride, const T_SFX* cos, const T_SFX* sin, T_SFX* kc, T_SFX* vc,
                      const int32_t* tables, int max_blocks, const int32_t* ctx_lens, T_SFX* out,
                      int B, int H, int KVH, int D, int BS, float scale, int* next) {
-    const int half = D / 2;
     int max_ctx = 1;
     for (int b = 0; b < B; b++) if (ctx_lens[b] > max_ctx) max_ctx = ctx_lens[b];
     float* buf = (float*)malloc(sizeof(float) * (size_t)H * ((size_t)max_ctx + 2 * (size_t)D));
@@ -235,48 +259,45 @@ int paged_decode_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* k_new, int64
     for (int b; (b = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < B;) {
         const int32_t* table = tables + (int64_t)b * max_blocks;
         const int pos = ctx_lens[b] - 1;
-        const int64_t slot = (int64_t)table[pos / BS] * BS + pos % BS;
-        const T_SFX* qb = q + b * q_stride;
-        const T_SFX* kb = k_new + b * k_stride;
-        T_SFX* kdst = kc + slot * KVH * D;
-        float* qf = buf;
-        if (cos) {
-            const T_SFX* cb = cos + (int64_t)b * D;
-            const T_SFX* sb = sin + (int64_t)b * D;
-            for (int h = 0; h < H; h++)
-                for (int j = 0; j < D; j++)
-                    qf[h * D + j] = rope_SFX(load1_SFX(qb + h * D + j), load1_SFX(qb + h * D + (j + half) % D),
-                                             load1_SFX(cb + j), load1_SFX(sb + j));
-            for (int h = 0; h < KVH; h++)
-                for (int j = 0; j < D; j++)
-                    store1_SFX(kdst + h * D + j, rope_SFX(load1_SFX(kb + h * D + j), load1_SFX(kb + h * D + (j + half) % D),
-                                                          load1_SFX(cb + j), load1_SFX(sb + j)));
-        } else {
-            for (int i = 0; i < H * D; i++) qf[i] = load1_SFX(qb + i);
-            memcpy(kdst, kb, sizeof(T_SFX) * KVH * D);
-        }
-        memcpy(vc + slot * KVH * D, v_new + b * v_stride, sizeof(T_SFX) * KVH * D);
-        sequence_SFX(qb, kc, vc, table, ctx_lens[b], out + (int64_t)b * H * D, H, KVH, D, BS, scale,
+        const T_SFX* c = cos ? cos + (int64_t)b * D : 0;
+        const T_SFX* s = sin ? sin + (int64_t)b * D : 0;
+        write_kv_SFX(k_new + b * k_stride, v_new + b * v_stride, c, s, kc, vc, (int64_t)table[pos / BS] * BS + pos % BS,
+                     KVH, D);
+        rope_heads_SFX(q + b * q_stride, c, s, H, D, buf);
+        sequence_SFX(kc, vc, table, ctx_lens[b], out + (int64_t)b * H * D, H, KVH, D, BS, scale,
                      buf, buf + (size_t)H * D, buf + (size_t)H * (D + max_ctx));
     }
     free(buf);
     return 0;
 }
 
-/* Attention of a prefill chunk: row r of q ([R, H, D], already rotated, rows q_stride apart) is the query at
-   position row_pos[r] of sequence row_seq[r] (whose block table is tables + row_seq[r] * max_blocks) and attends
-   to the cached positions 0..row_pos[r]: causal, with the step's keys and values already in the cache. Rows are
-   taken one at a time from *next (an atomic counter starting at 0), as paged_decode takes sequences. max_ctx:
-   the largest row_pos + 1. out: [R, H, D] contiguous. Returns 0, or -1 without memory. */
-int paged_prefill_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* kc, const T_SFX* vc, const int32_t* tables,
-                      int max_blocks, const int32_t* row_seq, const int32_t* row_pos, T_SFX* out, int R, int H,
-                      int KVH, int D, int BS, float scale, int max_ctx, int* next) {
+/* The keys (rotated) and values of a prefill chunk's rows into their cache slots: row r is position row_pos[r]
+   of sequence row_seq[r] (block table tables + row_seq[r] * max_blocks); rows are taken from *next. */
+void prefill_write_SFX(const T_SFX* k_new, int64_t k_stride, const T_SFX* v_new, int64_t v_stride, const T_SFX* cos,
+                       const T_SFX* sin, T_SFX* kc, T_SFX* vc, const int32_t* tables, int max_blocks,
+                       const int32_t* row_seq, const int32_t* row_pos, int R, int KVH, int D, int BS, int* next) {
+    for (int r; (r = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < R;) {
+        const int32_t* table = tables + (int64_t)row_seq[r] * max_blocks;
+        const int pos = row_pos[r];
+        write_kv_SFX(k_new + r * k_stride, v_new + r * v_stride, cos ? cos + (int64_t)r * D : 0,
+                     sin ? sin + (int64_t)r * D : 0, kc, vc, (int64_t)table[pos / BS] * BS + pos % BS, KVH, D);
+    }
+}
+
+/* Attention of a prefill chunk (its keys and values written by prefill_write first): row r of q ([R, H, D], rows
+   q_stride apart, rotated here by cos/sin [R, D] unless they are NULL) is the query at position row_pos[r] of
+   sequence row_seq[r] and attends to the cached positions 0..row_pos[r]: causal. Rows are taken one at a time
+   from *next (an atomic counter starting at 0), as paged_decode takes sequences. max_ctx: the largest row_pos +
+   1. out: [R, H, D] contiguous. Returns 0, or -1 without memory. */
+int paged_prefill_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* cos, const T_SFX* sin, const T_SFX* kc,
+                      const T_SFX* vc, const int32_t* tables, int max_blocks, const int32_t* row_seq,
+                      const int32_t* row_pos, T_SFX* out, int R, int H, int KVH, int D, int BS, float scale,
+                      int max_ctx, int* next) {
     float* buf = (float*)malloc(sizeof(float) * (size_t)H * ((size_t)max_ctx + 2 * (size_t)D));
     if (!buf) return -1;
     for (int r; (r = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < R;) {
-        const T_SFX* qr = q + r * q_stride;
-        for (int i = 0; i < H * D; i++) buf[i] = load1_SFX(qr + i);
-        sequence_SFX(qr, kc, vc, tables + (int64_t)row_seq[r] * max_blocks, row_pos[r] + 1, out + (int64_t)r * H * D,
+        rope_heads_SFX(q + r * q_stride, cos ? cos + (int64_t)r * D : 0, sin ? sin + (int64_t)r * D : 0, H, D, buf);
+        sequence_SFX(kc, vc, tables + (int64_t)row_seq[r] * max_blocks, row_pos[r] + 1, out + (int64_t)r * H * D,
                      H, KVH, D, BS, scale, buf, buf + (size_t)H * D, buf + (size_t)H * (D + max_ctx));
     }
     free(buf);
@@ -305,21 +326,35 @@ int paged_decode_par_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* k_new, i
 }
 
 typedef struct {
-    const T_SFX *q, *kc, *vc; T_SFX* out; const int32_t *tables, *row_seq, *row_pos; int64_t q_stride;
-    int max_blocks, R, H, KVH, D, BS; float scale; int max_ctx, next, rc;
+    const T_SFX *q, *k_new, *v_new, *cos, *sin; T_SFX *kc, *vc, *out; const int32_t *tables, *row_seq, *row_pos;
+    int64_t q_stride, k_stride, v_stride; int max_blocks, R, H, KVH, D, BS; float scale; int max_ctx, next_write, next, rc;
 } prefill_job_SFX;
+static void prefill_write_task_SFX(void* p) {
+    prefill_job_SFX* j = (prefill_job_SFX*)p;
+    prefill_write_SFX(j->k_new, j->k_stride, j->v_new, j->v_stride, j->cos, j->sin, j->kc, j->vc, j->tables,
+                      j->max_blocks, j->row_seq, j->row_pos, j->R, j->KVH, j->D, j->BS, &j->next_write);
+}
 static void prefill_task_SFX(void* p) {
     prefill_job_SFX* j = (prefill_job_SFX*)p;
-    if (paged_prefill_SFX(j->q, j->q_stride, j->kc, j->vc, j->tables, j->max_blocks, j->row_seq, j->row_pos, j->out,
-                          j->R, j->H, j->KVH, j->D, j->BS, j->scale, j->max_ctx, &j->next) != 0)
+    if (paged_prefill_SFX(j->q, j->q_stride, j->cos, j->sin, j->kc, j->vc, j->tables, j->max_blocks, j->row_seq,
+                          j->row_pos, j->out, j->R, j->H, j->KVH, j->D, j->BS, j->scale, j->max_ctx, &j->next) != 0)
         __atomic_store_n(&j->rc, -1, __ATOMIC_RELAXED);
 }
-int paged_prefill_par_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* kc, const T_SFX* vc, const int32_t* tables,
-                          int max_blocks, const int32_t* row_seq, const int32_t* row_pos, T_SFX* out, int R, int H,
-                          int KVH, int D, int BS, float scale, int max_ctx) {
-    prefill_job_SFX j = {q, kc, vc, out, tables, row_seq, row_pos, q_stride, max_blocks, R, H, KVH, D, BS, scale,
-                         max_ctx, 0, 0};
-    POOL_RUN(prefill_task_SFX, &j);
+/* A prefill chunk's rows: prefill_write, then paged_prefill (every row may read keys another row wrote), each
+   shared with the helper threads when `share`. Returns 0, or -1 without memory. */
+int paged_prefill_run_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* k_new, int64_t k_stride, const T_SFX* v_new,
+                          int64_t v_stride, const T_SFX* cos, const T_SFX* sin, T_SFX* kc, T_SFX* vc,
+                          const int32_t* tables, int max_blocks, const int32_t* row_seq, const int32_t* row_pos,
+                          T_SFX* out, int R, int H, int KVH, int D, int BS, float scale, int max_ctx, int share) {
+    prefill_job_SFX j = {q, k_new, v_new, cos, sin, kc, vc, out, tables, row_seq, row_pos, q_stride, k_stride,
+                         v_stride, max_blocks, R, H, KVH, D, BS, scale, max_ctx, 0, 0, 0};
+    if (share) {
+        POOL_RUN(prefill_write_task_SFX, &j);
+        POOL_RUN(prefill_task_SFX, &j);
+    } else {
+        prefill_write_task_SFX(&j);
+        prefill_task_SFX(&j);
+    }
     return j.rc;
 }
 """
@@ -335,13 +370,13 @@ def _load(cache_dir: Path | None) -> ctypes.CDLL | None:
     if lib is not None and not getattr(lib, "_typed", False):
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         decode = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, i32, i32, i32, i32, i32, ctypes.c_float]
-        prefill = [p, i64, p, p, p, i32, p, p, p, i32, i32, i32, i32, i32, ctypes.c_float, i32]
+        prefill = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, p, i32, i32, i32, i32, i32, ctypes.c_float, i32, i32]
         for sfx in ("f32", "bf16"):
-            for name, argtypes in (("paged_decode", decode), ("paged_prefill", prefill)):
-                getattr(lib, f"{name}_{sfx}").argtypes = [*argtypes, p]  # + the work counter
-                getattr(lib, f"{name}_par_{sfx}").argtypes = argtypes
-                for fn in (getattr(lib, f"{name}_{sfx}"), getattr(lib, f"{name}_par_{sfx}")):
-                    fn.restype = ctypes.c_int
+            getattr(lib, f"paged_decode_{sfx}").argtypes = [*decode, p]  # + the work counter
+            getattr(lib, f"paged_decode_par_{sfx}").argtypes = decode
+            getattr(lib, f"paged_prefill_run_{sfx}").argtypes = prefill  # + share
+            for name in ("paged_decode", "paged_decode_par", "paged_prefill_run"):
+                getattr(lib, f"{name}_{sfx}").restype = ctypes.c_int
         lib._typed = True
     return lib
 
@@ -367,14 +402,6 @@ class PagedAttention:
     def uses_kernel(self) -> bool:
         return self._lib is not None
 
-    def _run(self, name: str, work: int, *args: object) -> None:
-        """One kernel call handing out `work` items, shared with the helper threads when there are enough."""
-        if self._share and work >= SHARE_MIN_SEQS:
-            rc = getattr(self._lib, f"{name}_par_{self._sfx}")(*args)
-        else:
-            rc = getattr(self._lib, f"{name}_{self._sfx}")(*args, ctypes.byref(ctypes.c_int(0)))
-        if rc != 0:
-            raise MemoryError("paged attention kernel could not allocate its score buffer")
 
     def decode(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -387,30 +414,43 @@ class PagedAttention:
         if self._lib is not None and all(x.stride(2) == 1 and x.stride(1) == d for x in (q, k, v)) \
                 and cos.is_contiguous() and sin.is_contiguous() and cos.shape == (b, d):
             out = q.new_empty(b, h * d)
-            self._run(
-                "paged_decode", b, q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
-                cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), step.tables.data_ptr(),
-                step.tables.shape[1], step.ctx_lens.data_ptr(), out.data_ptr(), b, h, self.num_kv_heads, d,
-                self.block_size, scale,
-            )
+            args = (q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), cos.data_ptr(),
+                    sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), step.tables.data_ptr(),
+                    step.tables.shape[1], step.ctx_lens.data_ptr(), out.data_ptr(), b, h, self.num_kv_heads, d,
+                    self.block_size, scale)
+            if self._share and b >= SHARE_MIN_SEQS:
+                rc = getattr(self._lib, f"paged_decode_par_{self._sfx}")(*args)
+            else:
+                rc = getattr(self._lib, f"paged_decode_{self._sfx}")(*args, ctypes.byref(ctypes.c_int(0)))
+            if rc != 0:
+                raise MemoryError("paged attention kernel could not allocate its score buffer")
             return out
         return self._torch(rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None]), v, k_cache, v_cache, step, scale)
 
-    def prefill(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: PrefillRows,
-                scale: float) -> torch.Tensor:
-        """Causal attention of the rotated queries q [R, H, D] over the cache, which already holds the chunk's keys
-        and values: [R, H * D]. Needs the kernel (`uses_kernel`); without it the runner gathers and uses SDPA."""
+    def prefill(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, rows: PrefillRows, scale: float,
+    ) -> torch.Tensor:
+        """A prefill chunk: rotate q [R, H, D] and k [R, KVH, D] by cos/sin [R, D] (as `decode`; None when they
+        are rotated already), write k and v to their cache slots, then causal attention of every row over its
+        sequence's cache: [R, H * D]. Needs the kernel (`uses_kernel`); without it the runner gathers and uses
+        SDPA."""
         if self._lib is None:
             raise RuntimeError("prefill attention needs the C kernel")
         r, h, d = q.shape
-        if q.stride(2) != 1 or q.stride(1) != d:
-            q = q.contiguous()
+        q, k, v = (x if x.stride(2) == 1 and x.stride(1) == d else x.contiguous() for x in (q, k, v))
+        if cos is not None:
+            cos, sin = cos.contiguous(), sin.contiguous()
         out = q.new_empty(r, h * d)
-        self._run(
-            "paged_prefill", r, q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
-            rows.tables.data_ptr(), rows.tables.shape[1], rows.row_seq.data_ptr(), rows.row_pos.data_ptr(),
-            out.data_ptr(), r, h, self.num_kv_heads, d, self.block_size, scale, rows.max_ctx,
+        rc = getattr(self._lib, f"paged_prefill_run_{self._sfx}")(
+            q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+            cos.data_ptr() if cos is not None else None, sin.data_ptr() if sin is not None else None,
+            k_cache.data_ptr(), v_cache.data_ptr(), rows.tables.data_ptr(), rows.tables.shape[1],
+            rows.row_seq.data_ptr(), rows.row_pos.data_ptr(), out.data_ptr(), r, h, self.num_kv_heads, d,
+            self.block_size, scale, rows.max_ctx, int(self._share and r >= SHARE_MIN_SEQS),
         )
+        if rc != 0:
+            raise MemoryError("paged attention kernel could not allocate its score buffer")
         return out
 
     def _torch(

@@ -98,7 +98,8 @@ def test_helper_threads_give_the_same_bits(dtype: torch.dtype, tmp_path: Path) -
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("threads", [0, 2])
 def test_prefill_kernel_is_causal_attention_over_the_cache(dtype: torch.dtype, threads: int, tmp_path: Path) -> None:
-    """Chunks that start at 0 and chunks that continue a sequence (a prefix already cached), against SDPA."""
+    """Chunks that start at 0 and chunks that continue a sequence (a prefix already cached), against SDPA: the
+    kernel rotates q and k, writes k and v to the cache and attends causally."""
     kernel = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path,
                             helpers=HelperThreads(threads, tmp_path) if threads else None)
     if not kernel.uses_kernel:
@@ -114,8 +115,25 @@ def test_prefill_kernel_is_causal_attention_over_the_cache(dtype: torch.dtype, t
         used += need
     k_cache = torch.randn(num_blocks * BLOCK, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
     v_cache = torch.randn(num_blocks * BLOCK, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
-    q = torch.randn(sum(lengths), HEADS, HEAD_DIM, generator=gen).to(dtype)
-    out = kernel.prefill(q, k_cache, v_cache, PrefillRows(tables, starts, lengths), HEAD_DIM**-0.5)
+    rows = sum(lengths)
+    # the chunk's q, k, v as the runner passes them: strided views of one projection output, not yet rotated
+    qkv = torch.randn(rows, (HEADS + 2 * KV_HEADS) * HEAD_DIM, generator=gen).to(dtype)
+    q = qkv[:, : HEADS * HEAD_DIM].view(rows, HEADS, HEAD_DIM)
+    k = qkv[:, HEADS * HEAD_DIM : (HEADS + KV_HEADS) * HEAD_DIM].view(rows, KV_HEADS, HEAD_DIM)
+    v = qkv[:, (HEADS + KV_HEADS) * HEAD_DIM :].view(rows, KV_HEADS, HEAD_DIM)
+    angles = torch.rand(rows, HEAD_DIM // 2, generator=gen) * 6
+    cos, sin = torch.cat((angles, angles), dim=-1).cos().to(dtype), torch.cat((angles, angles), dim=-1).sin().to(dtype)
+    sin_folded = torch.cat((-sin[:, : HEAD_DIM // 2], sin[:, HEAD_DIM // 2 :]), dim=-1)
+    chunk_slots = torch.cat([(torch.tensor(table)[:, None] * BLOCK + torch.arange(BLOCK)).flatten()[s : s + n]
+                             for table, s, n in zip(tables, starts, lengths, strict=True)])
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want_k[chunk_slots] = _transformers_rotary(k, cos[:, None], sin[:, None])
+    want_v[chunk_slots] = v
+    out = kernel.prefill(q, k, v, cos, sin_folded, k_cache, v_cache, PrefillRows(tables, starts, lengths),
+                         HEAD_DIM**-0.5)
+    # the chunk's keys (rotated bit for bit as transformers rotates) and values are in their slots, nothing else moved
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+    q = _transformers_rotary(q, cos[:, None], sin[:, None])
     row = 0
     for table, s, n in zip(tables, starts, lengths, strict=True):
         slots = (torch.tensor(table)[:, None] * BLOCK + torch.arange(BLOCK)).flatten()[: s + n]
