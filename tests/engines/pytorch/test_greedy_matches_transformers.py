@@ -21,6 +21,14 @@ PROMPTS = [
     "Write a haiku about the sea.",
     "Explain photosynthesis in two sentences. " * 6,  # long enough to be prefilled in several chunks
     "List three colors.",
+    "How do I reverse a list in Python?",
+    "Translate 'good morning' into Spanish and German.",
+    "What is 17 times 23?",
+    "Give me a short recipe for pancakes.",
+    "Why is the sky blue?",
+    "Summarize the plot of Romeo and Juliet in one paragraph.",
+    "Write a limerick about a cat who loves coffee.",
+    "What are the main differences between TCP and UDP? Answer briefly. " * 3,
 ]
 NEW_TOKENS = 24
 
@@ -55,8 +63,9 @@ async def _generate_all(engine: PyTorchEngine, prompts: list[list[int]]) -> list
 
 
 def test_batched_greedy_equals_transformers(engine: PyTorchEngine) -> None:
+    """12 prompts of 34 to 100+ tokens, arriving one after another into a running batch of up to 8."""
     prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
-    assert len(prompts[2]) > 64
+    assert len(prompts) >= 10 and len(prompts[2]) > 64 and len({len(p) for p in prompts}) > 8
     ours = asyncio.run(_generate_all(engine, prompts))
     model = AutoModelForCausalLM.from_pretrained(resolve_hf_folder(GGUF), dtype=torch.float32)
     for ids, got in zip(prompts, ours, strict=True):
