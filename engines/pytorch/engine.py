@@ -12,6 +12,7 @@ import torch
 
 from engines.hf_tokenizer import HFTokenizer
 from engines.interface import StepEngine, Tokenizer
+from engines.pytorch.argmax import Argmax
 from engines.pytorch.loader import default_cache_dir, load_hf, resolve_hf_folder
 from engines.pytorch.model_runner import PagedModelRunner
 from engines.pytorch.sampler import sample
@@ -62,6 +63,7 @@ class PyTorchEngine(StepEngine):
             model, num_blocks, block_size, fast_kernels=fast_kernels, kernel_cache_dir=cache_dir or default_cache_dir(),
             gemm_threads=gemm_threads or _usable_cpus(),
         )
+        self._argmax = Argmax(cache_dir or default_cache_dir()).rows if fast_kernels else None
         self._tokenizer = HFTokenizer(hf_tok)
         config = model.config
         eos = model.generation_config.eos_token_id if model.generation_config else None
@@ -103,7 +105,7 @@ class PyTorchEngine(StepEngine):
             if not step.sampling.greedy:
                 self._generator(step)
         with torch.inference_mode():  # logits are inference tensors: penalties, bias and masks edit them in place
-            return sample(logits, sampling_steps, self._info.eos_token_ids, self._generators)
+            return sample(logits, sampling_steps, self._info.eos_token_ids, self._generators, self._argmax)
 
     def release(self, seq_id: str) -> None:
         self._generators.pop(seq_id, None)

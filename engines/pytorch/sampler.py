@@ -7,7 +7,7 @@ logits, then logprobs (of the penalised distribution), then temperature, top-k, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -58,10 +58,13 @@ def sample(
     steps: Sequence[SequenceStep],
     eos_token_ids: Sequence[int],
     generators: dict[str, torch.Generator],
+    argmax: Callable[[torch.Tensor], list[int]] | None = None,
 ) -> StepResult:
-    """Pick one token per row of `logits` ([S, V] float32; row i belongs to `steps[i]`)."""
+    """Pick one token per row of `logits` ([S, V] float32; row i belongs to `steps[i]`). `argmax`: each row's
+    greedy token, for a batch that is all plain greedy (default: torch's)."""
     if steps and all(_plain_greedy(s) for s in steps):  # the common case: one argmax for the whole batch
-        return StepResult(token_ids=dict(zip((s.seq_id for s in steps), logits.argmax(dim=-1).tolist(), strict=True)))
+        tokens = argmax(logits) if argmax is not None else logits.argmax(dim=-1).tolist()
+        return StepResult(token_ids=dict(zip((s.seq_id for s in steps), tokens, strict=True)))
     result = StepResult(token_ids={})
     for i, step in enumerate(steps):
         p = step.sampling
