@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from engines.interface import StepEngine, Tokenizer
-from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SequenceStep, TokenLogprob
+from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SequenceStep, StepResult, TokenLogprob
 from gateway.errors import RateLimitError, ServiceUnavailableError
 from gateway.kv_cache.manager import KVCacheManager
 from gateway.kv_cache.sessions import SessionStore
@@ -83,6 +83,8 @@ class SequenceBatcher(LLMScheduler):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="switchyard-step")
         self._task: asyncio.Task[None] | None = None
         self._stats = SchedulerStats(kv_blocks_total=info.num_kv_blocks)
+        # outputs of the last step (and finishes), handed to their streams by _flush
+        self._outbox: list[tuple[asyncio.Queue[GenerationOutput], GenerationOutput]] = []
 
     # -- LLMScheduler -------------------------------------------------------------------------------------------
     @property
@@ -106,6 +108,7 @@ class SequenceBatcher(LLMScheduler):
                 pass
         for seq in [*self._running, *self._waiting]:
             self._finish(seq, "abort", error="the model was unloaded")
+        self._flush()
         self._executor.shutdown(wait=True)
         self._engine.shutdown()
 
@@ -173,11 +176,13 @@ class SequenceBatcher(LLMScheduler):
                               len(self._running) + len(self._waiting))
                 for seq in [*self._running, *self._waiting]:
                     self._finish(seq, "error", error="internal scheduler error; see the server log")
+                self._flush()
 
     async def _iteration(self) -> None:
         self._reap_aborted()
         self._sessions.expire()
         if not self._running and not self._waiting:
+            self._flush()
             self._wakeup.clear()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), timeout=1.0)
@@ -187,11 +192,25 @@ class SequenceBatcher(LLMScheduler):
         batch = self._schedule()
         if not batch:
             # Nothing fits right now (blocks are held by sequences being aborted); back off instead of spinning.
+            self._flush()
             await asyncio.sleep(0.01)
             return
         steps = [step for _, step in batch]
+        loop = asyncio.get_running_loop()
+        started = asyncio.Event()
+
+        def step() -> StepResult:
+            loop.call_soon_threadsafe(started.set)
+            return self._engine.execute(steps)
+
         try:
-            result = await asyncio.get_running_loop().run_in_executor(self._executor, self._engine.execute, steps)
+            future = loop.run_in_executor(self._executor, step)
+            if self._outbox:
+                # The last step's outputs wake their streams only once this step's thread holds the GIL: woken
+                # first, their Python (detokenized text, SSE) kept the step waiting for it 2-3 ms per step.
+                await started.wait()
+                self._flush()
+            result = await future
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -318,25 +337,29 @@ class SequenceBatcher(LLMScheduler):
                 cached_prompt_tokens=seq.cached_tokens,
                 logprobs=[lp] if lp else None,
             )
-            seq.queue.put_nowait(out)
+            self._outbox.append((seq.queue, out))
             if reason is not None:
                 self._release(seq)
 
     def _finish(self, seq: _Sequence, reason: str, error: str | None = None) -> None:
         if not seq.finished:
-            seq.queue.put_nowait(
-                GenerationOutput(
-                    request_id=seq.seq_id,
-                    new_token_ids=[],
-                    text="",
-                    finished=True,
-                    finish_reason=reason,
-                    prompt_tokens=seq.num_prompt,
-                    completion_tokens=seq.processor.num_tokens,
-                    error=error,
-                )
-            )
+            self._outbox.append((seq.queue, GenerationOutput(
+                request_id=seq.seq_id,
+                new_token_ids=[],
+                text="",
+                finished=True,
+                finish_reason=reason,
+                prompt_tokens=seq.num_prompt,
+                completion_tokens=seq.processor.num_tokens,
+                error=error,
+            )))
         self._release(seq)
+
+    def _flush(self) -> None:
+        """Hand the outputs gathered since the last flush to their streams, in order."""
+        for queue, out in self._outbox:
+            queue.put_nowait(out)
+        self._outbox.clear()
 
     def _release(self, seq: _Sequence) -> None:
         seq.finished = True
