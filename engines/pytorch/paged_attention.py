@@ -73,7 +73,28 @@ static inline __m256 load8_f32(const float* p) { return _mm256_loadu_ps(p); }
 static inline __m256 load8_bf16(const uint16_t* p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
 }
+/* The 8 sums of a0..a7 (8 floats each) in one register: a transposing horizontal add. */
+static inline __m256 sum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
+    __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+}
 #endif
+#if VEC && defined(__AVX512F__)
+#define ZVEC 1
+static inline __m512 loadz_f32(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 loadz_bf16(const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+/* the two 256-bit halves of a 512-bit register, added */
+static inline __m256 fold_z(__m512 a) {
+    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+#else
+#define ZVEC 0
+#endif
+/* prefill rows handed out together: with the AVX-512 kernel they share each pass over the cache */
+#define PREFILL_TILE (ZVEC ? 4 : 1)
 typedef float T_f32;
 typedef uint16_t T_bf16;
 static inline float load1_f32(const float* p) { return *p; }
@@ -115,9 +136,7 @@ static inline __m256 dot8x64_SFX(const float* q, const T_SFX* k, int64_t row) {
         a6 = _mm256_fmadd_ps(qj, load8_SFX(k + 6 * row + j), a6);
         a7 = _mm256_fmadd_ps(qj, load8_SFX(k + 7 * row + j), a7);
     }
-    __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-    return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+    return sum8x8(a0, a1, a2, a3, a4, a5, a6, a7);
 }
 #endif
 
@@ -133,6 +152,133 @@ static inline float dot_SFX(const float* q, const T_SFX* k, int D) {
     for (int j = 0; j < D; j++) s += q[j] * load1_SFX(k + j);
     return s;
 }
+
+#if ZVEC
+/* Scores of one query head (64 floats in q[0..3]) against n cached rows `row` elements apart, into s[0..n). */
+static inline void scores64_SFX(const __m512* q, const T_SFX* k, int64_t row, int n, float* s) {
+    int t = 0;
+    for (; t + 8 <= n; t += 8) {  /* 8 rows: 8 independent chains of 4, then one transposing add */
+        __m256 f[8];
+        for (int r = 0; r < 8; r++) {
+            const T_SFX* kr = k + (t + r) * row;
+            __m512 x = _mm512_mul_ps(q[0], loadz_SFX(kr));
+            x = _mm512_fmadd_ps(q[1], loadz_SFX(kr + 16), x);
+            x = _mm512_fmadd_ps(q[2], loadz_SFX(kr + 32), x);
+            f[r] = fold_z(_mm512_fmadd_ps(q[3], loadz_SFX(kr + 48), x));
+        }
+        _mm256_storeu_ps(s + t, sum8x8(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]));
+    }
+    for (; t < n; t++) {
+        const T_SFX* kr = k + t * row;
+        __m512 x = _mm512_mul_ps(q[0], loadz_SFX(kr));
+        x = _mm512_fmadd_ps(q[1], loadz_SFX(kr + 16), x);
+        x = _mm512_fmadd_ps(q[2], loadz_SFX(kr + 32), x);
+        s[t] = _mm512_reduce_add_ps(_mm512_fmadd_ps(q[3], loadz_SFX(kr + 48), x));
+    }
+}
+
+/* acc[i] (64 floats each, in registers over the block) += sum over t < n of p[i][t] * v row t, for GH query heads
+   of one KV head: each value row is loaded once for all of them. */
+static inline __attribute__((always_inline)) void values64_SFX(int GH, float* const* acc, const float* const* p,
+                                                               const T_SFX* v, int64_t row, int n) {
+    __m512 o[4][4];
+    for (int i = 0; i < GH; i++)
+        for (int c = 0; c < 4; c++) o[i][c] = _mm512_loadu_ps(acc[i] + 16 * c);
+    for (int t = 0; t < n; t++) {
+        const T_SFX* vt = v + t * row;
+        __m512 v0 = loadz_SFX(vt), v1 = loadz_SFX(vt + 16), v2 = loadz_SFX(vt + 32), v3 = loadz_SFX(vt + 48);
+        for (int i = 0; i < GH; i++) {
+            __m512 pt = _mm512_set1_ps(p[i][t]);
+            o[i][0] = _mm512_fmadd_ps(pt, v0, o[i][0]);
+            o[i][1] = _mm512_fmadd_ps(pt, v1, o[i][1]);
+            o[i][2] = _mm512_fmadd_ps(pt, v2, o[i][2]);
+            o[i][3] = _mm512_fmadd_ps(pt, v3, o[i][3]);
+        }
+    }
+    for (int i = 0; i < GH; i++)
+        for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc[i] + 16 * c, o[i][c]);
+}
+
+/* Prefill rows with D = 64: `nrows` consecutive positions of one sequence (row i attends to its first ctx0 + i
+   cached positions), in one pass over the cache (as flash attention does): each block's keys give every row's and
+   query head's scores, a running maximum and sum per (row, head) rescale what its values have summed so far, and
+   the block's values are added while the block is in L1, so the cache is read from L2 once for all the rows.
+   qf: nrows * H * 64 floats (the rotated queries), scores: nrows * H * BS, acc: nrows * H * 64, ml: 2 * nrows * H
+   (scratch). out: [nrows, H, 64]. */
+static void rows64_SFX(const T_SFX* kc, const T_SFX* vc, const int32_t* table, int ctx0, int nrows, T_SFX* out,
+                       int H, int KVH, int BS, float scale, float* qf, float* scores, float* acc, float* ml) {
+    const int G = H / KVH, RH = nrows * H;
+    const int64_t row = (int64_t)KVH * 64;
+    float *m = ml, *l = ml + RH;
+    for (int i = 0; i < RH; i++) { m[i] = -3.0e38f; l[i] = 0.0f; }
+    for (int i = 0; i < RH * 64; i++) { qf[i] *= scale; acc[i] = 0.0f; }
+    const int ctx = ctx0 + nrows - 1;  /* the last row's */
+    for (int t0 = 0; t0 < ctx; t0 += BS) {
+        const int64_t base = (int64_t)table[t0 / BS] * BS * row;
+        if (t0 + BS < ctx) {
+            const int64_t next = (int64_t)table[t0 / BS + 1] * BS * row;
+            prefetch_block(kc + next, sizeof(T_SFX) * BS * row);
+            prefetch_block(vc + next, sizeof(T_SFX) * BS * row);
+        }
+        for (int i = 0; i < nrows; i++) {
+            const int n = ctx0 + i - t0 < BS ? ctx0 + i - t0 : BS;  /* keys of this block row i sees */
+            if (n <= 0) continue;
+            for (int h = 0; h < H; h++) {
+                const int ih = i * H + h;
+                const float* q = qf + (int64_t)ih * 64;
+                const __m512 qz[4] = {_mm512_loadu_ps(q), _mm512_loadu_ps(q + 16), _mm512_loadu_ps(q + 32),
+                                      _mm512_loadu_ps(q + 48)};
+                float* s = scores + (int64_t)ih * BS;
+                scores64_SFX(qz, kc + base + (int64_t)(h / G) * 64, row, n, s);
+                float mb = m[ih];
+                int t = 0;
+                for (; t + 16 <= n; t += 16) {
+                    const float x = _mm512_reduce_max_ps(_mm512_loadu_ps(s + t));
+                    mb = x > mb ? x : mb;
+                }
+                for (; t < n; t++) mb = s[t] > mb ? s[t] : mb;
+                const float alpha = mb > m[ih] ? exp_neg(m[ih] - mb) : 1.0f;  /* 0 on the first block (m = -3e38) */
+                m[ih] = mb;
+                t = 0;
+                __m256 vm = _mm256_set1_ps(mb), vsum = _mm256_setzero_ps();
+                for (; t + 8 <= n; t += 8) {
+                    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), vm));
+                    _mm256_storeu_ps(s + t, e);
+                    vsum = _mm256_add_ps(vsum, e);
+                }
+                float sum = hsum8(vsum);
+                for (; t < n; t++) { s[t] = exp_neg(s[t] - mb); sum += s[t]; }
+                l[ih] = l[ih] * alpha + sum;
+                if (alpha != 1.0f) {
+                    const __m512 va = _mm512_set1_ps(alpha);
+                    float* o = acc + (int64_t)ih * 64;
+                    for (int c = 0; c < 64; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(va, _mm512_loadu_ps(o + c)));
+                }
+            }
+            for (int g = 0; g < KVH; g++)
+                for (int h0 = g * G; h0 < (g + 1) * G; h0 += 4) {
+                    const int gh = (g + 1) * G - h0 < 4 ? (g + 1) * G - h0 : 4;
+                    const int ih = i * H + h0;
+                    float* a[4] = {acc + (int64_t)ih * 64, acc + (int64_t)(ih + 1) * 64, acc + (int64_t)(ih + 2) * 64,
+                                   acc + (int64_t)(ih + 3) * 64};
+                    const float* p[4] = {scores + (int64_t)ih * BS, scores + (int64_t)(ih + 1) * BS,
+                                         scores + (int64_t)(ih + 2) * BS, scores + (int64_t)(ih + 3) * BS};
+                    const T_SFX* v = vc + base + (int64_t)g * 64;
+                    switch (gh) {  /* constant head counts: the accumulators stay in registers */
+                        case 1: values64_SFX(1, a, p, v, row, n); break;
+                        case 2: values64_SFX(2, a, p, v, row, n); break;
+                        case 3: values64_SFX(3, a, p, v, row, n); break;
+                        default: values64_SFX(4, a, p, v, row, n); break;
+                    }
+                }
+        }
+    }
+    for (int ih = 0; ih < RH; ih++) {
+        const float inv = 1.0f / l[ih];
+        for (int j = 0; j < 64; j++) store1_SFX(out + (int64_t)ih * 64 + j, acc[(int64_t)ih * 64 + j] * inv);
+    }
+}
+#endif
 
 /* One sequence: every query head against its ctx cached keys and values. The cache is walked block by block and
    each block's rows (all KV heads, contiguous) are used for every head before moving on, once for the scores and
@@ -293,12 +439,37 @@ int paged_prefill_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* cos, const 
                       const T_SFX* vc, const int32_t* tables, int max_blocks, const int32_t* row_seq,
                       const int32_t* row_pos, T_SFX* out, int R, int H, int KVH, int D, int BS, float scale,
                       int max_ctx, int* next) {
-    float* buf = (float*)malloc(sizeof(float) * (size_t)H * ((size_t)max_ctx + 2 * (size_t)D));
+    size_t need = (size_t)H * ((size_t)max_ctx + 2 * (size_t)D);
+#if ZVEC
+    const size_t tile_need = (size_t)PREFILL_TILE * H * (2 * 64 + (size_t)BS + 2);
+    if (D == 64 && tile_need > need) need = tile_need;
+#endif
+    float* buf = (float*)malloc(sizeof(float) * need);
     if (!buf) return -1;
-    for (int r; (r = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < R;) {
-        rope_heads_SFX(q + r * q_stride, cos ? cos + (int64_t)r * D : 0, sin ? sin + (int64_t)r * D : 0, H, D, buf);
-        sequence_SFX(kc, vc, tables + (int64_t)row_seq[r] * max_blocks, row_pos[r] + 1, out + (int64_t)r * H * D,
-                     H, KVH, D, BS, scale, buf, buf + (size_t)H * D, buf + (size_t)H * (D + max_ctx));
+    for (int w; (w = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) * PREFILL_TILE < R;) {
+        const int end = (w + 1) * PREFILL_TILE < R ? (w + 1) * PREFILL_TILE : R;
+        for (int r = w * PREFILL_TILE, e; r < end; r = e) {
+            /* the tile's rows that continue row r's sequence position by position */
+            for (e = r + 1; e < end && row_seq[e] == row_seq[r] && row_pos[e] == row_pos[e - 1] + 1; e++) {}
+            const int32_t* table = tables + (int64_t)row_seq[r] * max_blocks;
+#if ZVEC
+            if (D == 64) {
+                for (int i = r; i < e; i++)
+                    rope_heads_SFX(q + i * q_stride, cos ? cos + (int64_t)i * D : 0, sin ? sin + (int64_t)i * D : 0,
+                                   H, D, buf + (size_t)(i - r) * H * D);
+                const size_t rh = (size_t)(e - r) * H;
+                rows64_SFX(kc, vc, table, row_pos[r] + 1, e - r, out + (int64_t)r * H * D, H, KVH, BS, scale, buf,
+                           buf + rh * 64, buf + rh * (64 + BS), buf + rh * (128 + BS));
+                continue;
+            }
+#endif
+            for (int i = r; i < e; i++) {
+                rope_heads_SFX(q + i * q_stride, cos ? cos + (int64_t)i * D : 0, sin ? sin + (int64_t)i * D : 0, H, D,
+                               buf);
+                sequence_SFX(kc, vc, table, row_pos[i] + 1, out + (int64_t)i * H * D, H, KVH, D, BS, scale, buf,
+                             buf + (size_t)H * D, buf + (size_t)H * (D + max_ctx));
+            }
+        }
     }
     free(buf);
     return 0;

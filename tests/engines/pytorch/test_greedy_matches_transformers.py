@@ -43,7 +43,7 @@ def _reference(model: AutoModelForCausalLM, prompt_ids: list[int]) -> list[int]:
     return out[0][len(prompt_ids) :].tolist()
 
 
-async def _generate_all(engine: PyTorchEngine, prompts: list[list[int]]) -> list[list[int]]:
+async def _generate_all(engine: PyTorchEngine, prompts: list[list[int]], stats: list | None = None) -> list[list[int]]:
     # a small token budget forces chunked prefill and mixes prefill chunks with running decodes
     batcher = SequenceBatcher(engine, BatcherLimits(max_num_seqs=8, max_num_batched_tokens=32))
     await batcher.start()
@@ -59,6 +59,8 @@ async def _generate_all(engine: PyTorchEngine, prompts: list[list[int]]) -> list
     try:
         return await asyncio.gather(*(run(i, p) for i, p in enumerate(prompts)))
     finally:
+        if stats is not None:
+            stats.append(batcher.stats())
         await batcher.stop()
 
 
@@ -71,6 +73,20 @@ def test_batched_greedy_equals_transformers(engine: PyTorchEngine) -> None:
     for ids, got in zip(prompts, ours, strict=True):
         ref = _reference(model, ids)
         # transformers stops at EOS; we count the EOS too, so compare over the reference's length
+        assert got[: len(ref)] == ref
+
+
+def test_greedy_survives_preemption() -> None:
+    """A KV pool too small for the batch: sequences are preempted and recomputed (their generated tokens then go
+    through prefill) and still answer as transformers does."""
+    engine = PyTorchEngine(GGUF, dtype="float32", kv_cache_tokens=160, block_size=16)  # 10 blocks for 4 x 4
+    prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS[4:8]]
+    stats: list = []
+    ours = asyncio.run(_generate_all(engine, prompts, stats))
+    assert stats[0].preemptions > 0
+    model = AutoModelForCausalLM.from_pretrained(resolve_hf_folder(GGUF), dtype=torch.float32)
+    for ids, got in zip(prompts, ours, strict=True):
+        ref = _reference(model, ids)
         assert got[: len(ref)] == ref
 
 
