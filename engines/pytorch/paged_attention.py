@@ -1,14 +1,16 @@
-"""Decode attention that reads the paged KV cache in place: a small C kernel, built on first use, with a torch fallback.
+"""Attention that reads the paged KV cache in place: small C kernels, built on first use, with a torch fallback.
 
 A decode step has one new query per sequence. Done with torch ops it needs each layer to copy every sequence's
 keys and values out of the paged cache into a dense tensor (a gather of B x context rows, twice) before
 `scaled_dot_product_attention`, whose CPU kernel is also slow for one query row. Both cost more than the
-projections at batch 32. The kernel below writes the step's new key/value rows into their cache slots and then,
-for each sequence and KV head, scores the query heads of that group against the cached keys (found through the
-block table), takes a softmax and sums the values, all in one pass over the cache with no copy.
+projections at batch 32. The decode kernel rotates the step's new query and key (rope), writes the key and value
+rows into their cache slots and then, for each sequence and KV head, scores the query heads of that group against
+the cached keys (found through the block table), takes a softmax and sums the values, with no copy.
 
-Prefill rows (a chunk of new queries per sequence, their keys and values already written) use the same per-query
-routine, causally: each row attends to its sequence's cached positions up to its own.
+Prefill rows (a chunk of new queries per sequence) are rotated and their keys and values written first (every row
+may read keys another row wrote), then each row attends causally to its sequence's cached positions up to its
+own. On AVX-512 four consecutive rows of a sequence go through the cache together in one pass (online softmax):
+the cache is read once per tile instead of once per row. Each row's arithmetic does not depend on its tile.
 
 The kernels are built by `native.py`. Without a compiler, or if the build fails, `PagedAttention` falls back to a
 torch gather + SDPA path with the same results up to float rounding.
