@@ -203,20 +203,6 @@ void gemm_f32(const float* x, int64_t ldx, const float* wp, const float* bias, c
         }
 }
 
-/* gemm_f32 shared by several threads: each caller takes chunks of `chunk` column panels from *next (an atomic
-   counter starting at 0) until none are left, so a thread that gets less CPU simply does fewer chunks. Every
-   output element is computed exactly as by gemm_f32. */
-void gemm_f32_shared(const float* x, int64_t ldx, const float* wp, const float* bias, const float* residual,
-                     int64_t ldr, float* y, int64_t ldy, int M, int NB, int K, int* next, int chunk) {
-    for (;;) {
-        const int n0 = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED) * chunk;
-        if (n0 >= NB) return;
-        const int nb = NB - n0 < chunk ? NB - n0 : chunk;
-        gemm_f32(x, ldx, wp + (int64_t)n0 * K * 16, bias ? bias + n0 * 16 : 0, residual ? residual + n0 * 16 : 0,
-                 ldr, y + n0 * 16, ldy, M, nb, K);
-    }
-}
-
 /* The bfloat16 version: x is given as float32 (converted exactly by the caller), W packed as [NB, K, 16]
    bfloat16; sums in float32 into acc (M x NB * 16 floats, ldy apart), then y = bf16(acc + bias) and, with a
    residual, y = bf16(residual + y): one rounding per op, as torch's bfloat16 addmm and `+` do. */
@@ -297,37 +283,38 @@ void rms_norm_f32(const float* x, int64_t ldx, const float* w, float eps, float*
 
 POOL_CLIENT
 
+/* gemm_f32 or gemm_bf16w shared by several threads: each takes chunks of `chunk` column panels from a counter until
+   none are left, so a thread that gets less CPU simply does fewer chunks. Every output element is computed exactly
+   as by one call over all the columns. With y16 (bfloat16 weights), y is the float32 accumulator, ldy apart too. */
 typedef struct {
-    const float *x, *wp, *bias, *residual; float* y; int64_t ldx, ldr, ldy; int M, NB, K, chunk, next;
+    const float* x; const void *wp, *bias, *residual; float* y; uint16_t* y16; int64_t ldx, ldr, ldy;
+    int M, NB, K, chunk, next;
 } gemm_job;
 static void gemm_task(void* p) {
     gemm_job* j = (gemm_job*)p;
-    gemm_f32_shared(j->x, j->ldx, j->wp, j->bias, j->residual, j->ldr, j->y, j->ldy, j->M, j->NB, j->K, &j->next, j->chunk);
+    for (int n0; (n0 = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED) * j->chunk) < j->NB;) {
+        const int nb = j->NB - n0 < j->chunk ? j->NB - n0 : j->chunk;
+        const int64_t w0 = (int64_t)n0 * j->K * 16, c0 = (int64_t)n0 * 16;
+        if (j->y16) {
+            const uint16_t *bias = (const uint16_t*)j->bias, *res = (const uint16_t*)j->residual;
+            gemm_bf16w(j->x, j->ldx, (const uint16_t*)j->wp + w0, bias ? bias + c0 : 0, res ? res + c0 : 0, j->ldr,
+                       j->y + c0, j->y16 + c0, j->ldy, j->M, nb, j->K);
+        } else {
+            const float *bias = (const float*)j->bias, *res = (const float*)j->residual;
+            gemm_f32(j->x, j->ldx, (const float*)j->wp + w0, bias ? bias + c0 : 0, res ? res + c0 : 0, j->ldr,
+                     j->y + c0, j->ldy, j->M, nb, j->K);
+        }
+    }
 }
 void gemm_f32_par(const float* x, int64_t ldx, const float* wp, const float* bias, const float* residual, int64_t ldr,
                   float* y, int64_t ldy, int M, int NB, int K, int chunk) {
-    gemm_job j = {x, wp, bias, residual, y, ldx, ldr, ldy, M, NB, K, chunk, 0};
+    gemm_job j = {x, wp, bias, residual, y, 0, ldx, ldr, ldy, M, NB, K, chunk, 0};
     POOL_RUN(gemm_task, &j);
-}
-
-/* gemm_bf16w in column chunks of `chunk` panels, shared the same way (acc and y are ldy apart alike). */
-typedef struct {
-    const float* x; const uint16_t *wp, *bias, *residual; float* acc; uint16_t* y; int64_t ldx, ldr, ldy;
-    int M, NB, K, chunk, next;
-} gemm_bf16w_job;
-static void gemm_bf16w_task(void* p) {
-    gemm_bf16w_job* j = (gemm_bf16w_job*)p;
-    for (int n0; (n0 = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED) * j->chunk) < j->NB;) {
-        const int nb = j->NB - n0 < j->chunk ? j->NB - n0 : j->chunk;
-        gemm_bf16w(j->x, j->ldx, j->wp + (int64_t)n0 * j->K * 16, j->bias ? j->bias + n0 * 16 : 0,
-                   j->residual ? j->residual + n0 * 16 : 0, j->ldr, j->acc + n0 * 16, j->y + n0 * 16, j->ldy, j->M,
-                   nb, j->K);
-    }
 }
 void gemm_bf16w_par(const float* x, int64_t ldx, const uint16_t* wp, const uint16_t* bias, const uint16_t* residual,
                     int64_t ldr, float* acc, uint16_t* y, int64_t ldy, int M, int NB, int K, int chunk) {
-    gemm_bf16w_job j = {x, wp, bias, residual, acc, y, ldx, ldr, ldy, M, NB, K, chunk, 0};
-    POOL_RUN(gemm_bf16w_task, &j);
+    gemm_job j = {x, wp, bias, residual, acc, y, ldx, ldr, ldy, M, NB, K, chunk, 0};
+    POOL_RUN(gemm_task, &j);
 }
 
 typedef struct { const float *x, *w; float* y; int64_t ldx, ldy; float eps; int M, N, next; } rows_job;
