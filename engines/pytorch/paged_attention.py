@@ -97,6 +97,23 @@ static inline __m256 fold_z(__m512 a) {
 #endif
 /* prefill rows handed out together: with the AVX-512 kernel they share each pass over the cache */
 #define PREFILL_TILE (ZVEC ? 4 : 1)
+/* s[t] = exp(s[t] - m) for t < n (m: at least their maximum); returns their sum. */
+static inline float exp_sum(float* s, int n, float m) {
+    float sum = 0.0f;
+    int t = 0;
+#if VEC
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 vsum = _mm256_setzero_ps();
+    for (; t + 8 <= n; t += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), vm));
+        _mm256_storeu_ps(s + t, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    sum = hsum8(vsum);
+#endif
+    for (; t < n; t++) { s[t] = exp_neg(s[t] - m); sum += s[t]; }
+    return sum;
+}
 typedef float T_f32;
 typedef uint16_t T_bf16;
 static inline float load1_f32(const float* p) { return *p; }
@@ -241,16 +258,7 @@ static void rows64_SFX(const T_SFX* kc, const T_SFX* vc, const int32_t* table, i
                 for (; t < n; t++) mb = s[t] > mb ? s[t] : mb;
                 const float alpha = mb > m[ih] ? exp_neg(m[ih] - mb) : 1.0f;  /* 0 on the first block (m = -3e38) */
                 m[ih] = mb;
-                t = 0;
-                __m256 vm = _mm256_set1_ps(mb), vsum = _mm256_setzero_ps();
-                for (; t + 8 <= n; t += 8) {
-                    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), vm));
-                    _mm256_storeu_ps(s + t, e);
-                    vsum = _mm256_add_ps(vsum, e);
-                }
-                float sum = hsum8(vsum);
-                for (; t < n; t++) { s[t] = exp_neg(s[t] - mb); sum += s[t]; }
-                l[ih] = l[ih] * alpha + sum;
+                l[ih] = l[ih] * alpha + exp_sum(s, n, mb);
                 if (alpha != 1.0f) {
                     const __m512 va = _mm512_set1_ps(alpha);
                     float* o = acc + (int64_t)ih * 64;
@@ -310,20 +318,8 @@ static void sequence_SFX(const T_SFX* kc, const T_SFX* vc, const int32_t* table,
         float* sc = scores + (int64_t)h * ctx;
         float m = sc[0];
         for (int t = 1; t < ctx; t++) m = sc[t] > m ? sc[t] : m;
-        float sum = 0.0f;
-        int t = 0;
-#if VEC
-        __m256 vm = _mm256_set1_ps(m), vsum = _mm256_setzero_ps();
-        for (; t + 8 <= ctx; t += 8) {
-            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + t), vm));
-            _mm256_storeu_ps(sc + t, e);
-            vsum = _mm256_add_ps(vsum, e);
-        }
-        sum = hsum8(vsum);
-#endif
-        for (; t < ctx; t++) { sc[t] = exp_neg(sc[t] - m); sum += sc[t]; }
-        const float inv = 1.0f / sum;
-        for (t = 0; t < ctx; t++) sc[t] *= inv;
+        const float inv = 1.0f / exp_sum(sc, ctx, m);
+        for (int t = 0; t < ctx; t++) sc[t] *= inv;
     }
     for (int i = 0; i < H * D; i++) acc[i] = 0.0f;
     for (int t0 = 0; t0 < ctx; t0 += BS) {
@@ -574,7 +570,6 @@ class PagedAttention:
     @property
     def uses_kernel(self) -> bool:
         return self._lib is not None
-
 
     def decode(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
