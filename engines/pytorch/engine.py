@@ -59,11 +59,12 @@ class PyTorchEngine(StepEngine):
         folder = resolve_hf_folder(source, gguf_file, cache_dir)
         model, hf_tok = load_hf(folder, dtype)
         num_blocks = max(1, kv_cache_tokens // block_size)
+        kernel_cache_dir = cache_dir or default_cache_dir()
         self._runner = PagedModelRunner(
-            model, num_blocks, block_size, fast_kernels=fast_kernels, kernel_cache_dir=cache_dir or default_cache_dir(),
+            model, num_blocks, block_size, fast_kernels=fast_kernels, kernel_cache_dir=kernel_cache_dir,
             gemm_threads=gemm_threads or _usable_cpus(),
         )
-        self._argmax = Argmax(cache_dir or default_cache_dir()).rows if fast_kernels else None
+        self._argmax = Argmax(kernel_cache_dir).rows if fast_kernels else None
         self._tokenizer = HFTokenizer(hf_tok)
         config = model.config
         eos = model.generation_config.eos_token_id if model.generation_config else None
