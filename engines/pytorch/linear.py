@@ -16,8 +16,8 @@ bfloat16 weights are packed the same way and converted to float32 as they are lo
 are float32, one rounding to bfloat16 at the end): half the bytes per decode step, and for a few rows the same
 result as torch's bfloat16 `F.linear` here (which also sums in float32, in k order).
 
-The kernel runs on the calling thread, and `HelperThreads` join it on every step, taking column chunks
-from a shared counter: even a one-row decode step, which is memory-bound, streams the weights 1.5x faster on two
+The kernel runs on the calling thread, and `HelperThreads` join it on every step, taking tiles (column chunks,
+split into ROW_TILE rows on large steps so that no thread is left idle at the end) from a shared counter: even a one-row decode step, which is memory-bound, streams the weights 1.5x faster on two
 cores than on one here (each core's loads are capped well below the memory's bandwidth). With more than one torch
 thread, or without a compiler, projections use oneDNN with packed weights (float32) or `F.linear` (other dtypes,
 or CPUs oneDNN cannot pack for).
@@ -283,37 +283,42 @@ void rms_norm_f32(const float* x, int64_t ldx, const float* w, float eps, float*
 
 POOL_CLIENT
 
-/* gemm_f32 or gemm_bf16w shared by several threads: each takes chunks of `chunk` column panels from a counter until
-   none are left, so a thread that gets less CPU simply does fewer chunks. Every output element is computed exactly
-   as by one call over all the columns. With y16 (bfloat16 weights), y is the float32 accumulator, ldy apart too. */
+/* gemm_f32 or gemm_bf16w shared by several threads: each takes tiles of `chunk` column panels x `mchunk` rows
+   from a counter until none are left, so a thread that gets less CPU simply does fewer tiles. Every output element is
+   computed exactly as by one call over the whole matrix (the same FMA chain over k). Tiles run row-block fastest,
+   so the two threads tend to work on one panel chunk at a time. With y16 (bfloat16 weights), y is the float32
+   accumulator, ldy apart too. */
 typedef struct {
     const float* x; const void *wp, *bias, *residual; float* y; uint16_t* y16; int64_t ldx, ldr, ldy;
-    int M, NB, K, chunk, next;
+    int M, NB, K, chunk, mchunk, next;
 } gemm_job;
 static void gemm_task(void* p) {
     gemm_job* j = (gemm_job*)p;
-    for (int n0; (n0 = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED) * j->chunk) < j->NB;) {
-        const int nb = j->NB - n0 < j->chunk ? j->NB - n0 : j->chunk;
-        const int64_t w0 = (int64_t)n0 * j->K * 16, c0 = (int64_t)n0 * 16;
+    const int row_tiles = (j->M + j->mchunk - 1) / j->mchunk, tiles = (j->NB + j->chunk - 1) / j->chunk * row_tiles;
+    for (int t; (t = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < tiles;) {
+        const int n0 = t / row_tiles * j->chunk, m0 = t % row_tiles * j->mchunk;
+        const int nb = j->NB - n0 < j->chunk ? j->NB - n0 : j->chunk, mc = j->M - m0 < j->mchunk ? j->M - m0 : j->mchunk;
+        const int64_t w0 = (int64_t)n0 * j->K * 16, c0 = (int64_t)n0 * 16, y0 = m0 * j->ldy + c0, r0 = m0 * j->ldr + c0;
+        const float* x = j->x + m0 * j->ldx;
         if (j->y16) {
             const uint16_t *bias = (const uint16_t*)j->bias, *res = (const uint16_t*)j->residual;
-            gemm_bf16w(j->x, j->ldx, (const uint16_t*)j->wp + w0, bias ? bias + c0 : 0, res ? res + c0 : 0, j->ldr,
-                       j->y + c0, j->y16 + c0, j->ldy, j->M, nb, j->K);
+            gemm_bf16w(x, j->ldx, (const uint16_t*)j->wp + w0, bias ? bias + c0 : 0, res ? res + r0 : 0, j->ldr,
+                       j->y + y0, j->y16 + y0, j->ldy, mc, nb, j->K);
         } else {
             const float *bias = (const float*)j->bias, *res = (const float*)j->residual;
-            gemm_f32(j->x, j->ldx, (const float*)j->wp + w0, bias ? bias + c0 : 0, res ? res + c0 : 0, j->ldr,
-                     j->y + c0, j->ldy, j->M, nb, j->K);
+            gemm_f32(x, j->ldx, (const float*)j->wp + w0, bias ? bias + c0 : 0, res ? res + r0 : 0, j->ldr,
+                     j->y + y0, j->ldy, mc, nb, j->K);
         }
     }
 }
 void gemm_f32_par(const float* x, int64_t ldx, const float* wp, const float* bias, const float* residual, int64_t ldr,
-                  float* y, int64_t ldy, int M, int NB, int K, int chunk) {
-    gemm_job j = {x, wp, bias, residual, y, 0, ldx, ldr, ldy, M, NB, K, chunk, 0};
+                  float* y, int64_t ldy, int M, int NB, int K, int chunk, int mchunk) {
+    gemm_job j = {x, wp, bias, residual, y, 0, ldx, ldr, ldy, M, NB, K, chunk, mchunk, 0};
     POOL_RUN(gemm_task, &j);
 }
 void gemm_bf16w_par(const float* x, int64_t ldx, const uint16_t* wp, const uint16_t* bias, const uint16_t* residual,
-                    int64_t ldr, float* acc, uint16_t* y, int64_t ldy, int M, int NB, int K, int chunk) {
-    gemm_job j = {x, wp, bias, residual, acc, y, ldx, ldr, ldy, M, NB, K, chunk, 0};
+                    int64_t ldr, float* acc, uint16_t* y, int64_t ldy, int M, int NB, int K, int chunk, int mchunk) {
+    gemm_job j = {x, wp, bias, residual, acc, y, ldx, ldr, ldy, M, NB, K, chunk, mchunk, 0};
     POOL_RUN(gemm_task, &j);
 }
 
@@ -333,6 +338,7 @@ void rms_norm_f32_par(const float* x, int64_t ldx, const float* w, float eps, fl
 }
 """
 
+ROW_TILE = 192  # rows of a shared GEMM's tiles: a prefill's 9-15 column chunks left one thread idle 3-6% of a call
 ZROWS = 12  # rows of the 512-bit micro-kernel: 12 x 2 panels = 24 of the 32 vector registers accumulate
 ZMIN_ROWS = 4  # below this a step is memory-bound and the 256-bit kernels stream the weights as fast
 
@@ -388,8 +394,8 @@ def _load(cache_dir: Path | None) -> ctypes.CDLL | None:
             p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
             lib.gemm_f32.argtypes = [p, i64, p, p, p, i64, p, i64, i32, i32, i32]
             lib.gemm_bf16w.argtypes = [p, i64, p, p, p, i64, p, p, i64, i32, i32, i32]
-            lib.gemm_f32_par.argtypes = [p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32]
-            lib.gemm_bf16w_par.argtypes = [p, i64, p, p, p, i64, p, p, i64, i32, i32, i32, i32]
+            lib.gemm_f32_par.argtypes = [p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32, i32]
+            lib.gemm_bf16w_par.argtypes = [p, i64, p, p, p, i64, p, p, i64, i32, i32, i32, i32, i32]
             lib.silu_mul_f32.argtypes = [p, i64, p, i64, i32, i32, p]
             lib.silu_mul_f32_par.argtypes = [p, i64, p, i64, i32, i32]
             lib.rms_norm_f32.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32, p]
@@ -477,7 +483,10 @@ class Linear:
                 args = (x32.data_ptr(), x32.stride(0), self.weight.data_ptr(), bias, res, ldr, acc.data_ptr(),
                         y.data_ptr(), y.stride(0), m, nb, k)
             if self._par is not None and nb >= 8:
-                self._par(*args, max(4, nb // 32 * 4))
+                import os
+                mrows = int(os.environ.get("XX_MROWS", "0"))
+                chunk = int(os.environ.get("XX_CHUNK", "0")) or max(4, nb // 32 * 4)
+                self._par(*args, chunk, mrows if mrows and m > mrows else m)
             else:
                 self._fn(*args)
             return y if nb * 16 == self.out_features else y[:, : self.out_features]

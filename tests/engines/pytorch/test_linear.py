@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engines.pytorch.linear import DenseOps, Linear
+from engines.pytorch.linear import ROW_TILE, DenseOps, Linear
 from engines.pytorch.native import HelperThreads
 
 
@@ -71,15 +71,18 @@ def test_bfloat16_weights_match_f_linear(tmp_path: Path) -> None:
 
 
 def test_helper_threads_give_the_same_bits(tmp_path: Path) -> None:
-    """Large steps shared with helper threads (column chunks of the GEMM, row chunks of the norm and activation)
-    are computed exactly as on one thread, past the 96-row M block as well."""
+    """Large steps shared with helper threads (tiles of column chunks x ROW_TILE rows of the GEMM, row chunks of the
+    norm and activation) are computed exactly as on one thread, past the 96-row M block and the first row tile."""
     gen = torch.Generator().manual_seed(7)
     weight = torch.randn(160, 64, generator=gen) * 0.05
     alone, shared = Linear(weight, None, True, tmp_path), Linear(weight, None, True, tmp_path, HelperThreads(2, tmp_path))
     if alone.kind != "kernel":
         pytest.skip("no C compiler or no AVX2/FMA here")
     x = torch.randn(300, 64, generator=gen)
+    assert x.shape[0] > ROW_TILE
     assert torch.equal(shared(x), alone(x))
+    residual32 = torch.randn(300, 160, generator=gen)
+    assert torch.equal(shared(x, residual32), alone(x, residual32))
     assert torch.equal(alone(x)[250:251], alone(x[250:251]))
     bf16 = weight.bfloat16()
     residual = torch.randn(300, 160, generator=gen).bfloat16()
