@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engines.pytorch.linear import ROW_TILE, DenseOps, Linear
+from engines.pytorch.linear import CHUNK_PANELS, ROW_TILE, DenseOps, Linear
 from engines.pytorch.native import HelperThreads
 
 
@@ -74,18 +74,18 @@ def test_helper_threads_give_the_same_bits(tmp_path: Path) -> None:
     """Large steps shared with helper threads (tiles of column chunks x ROW_TILE rows of the GEMM, row chunks of the
     norm and activation) are computed exactly as on one thread, past the 96-row M block and the first row tile."""
     gen = torch.Generator().manual_seed(7)
-    weight = torch.randn(160, 64, generator=gen) * 0.05
+    weight = torch.randn(400, 64, generator=gen) * 0.05  # 25 panels: a whole and a partial CHUNK_PANELS
     alone, shared = Linear(weight, None, True, tmp_path), Linear(weight, None, True, tmp_path, HelperThreads(2, tmp_path))
     if alone.kind != "kernel":
         pytest.skip("no C compiler or no AVX2/FMA here")
     x = torch.randn(300, 64, generator=gen)
-    assert x.shape[0] > ROW_TILE
+    assert x.shape[0] > ROW_TILE and CHUNK_PANELS < 25 < 2 * CHUNK_PANELS
     assert torch.equal(shared(x), alone(x))
-    residual32 = torch.randn(300, 160, generator=gen)
+    residual32 = torch.randn(300, 400, generator=gen)
     assert torch.equal(shared(x, residual32), alone(x, residual32))
     assert torch.equal(alone(x)[250:251], alone(x[250:251]))
     bf16 = weight.bfloat16()
-    residual = torch.randn(300, 160, generator=gen).bfloat16()
+    residual = torch.randn(300, 400, generator=gen).bfloat16()
     bf16_alone, bf16_shared = Linear(bf16, None, True, tmp_path), Linear(bf16, None, True, tmp_path, HelperThreads(2, tmp_path))
     assert torch.equal(bf16_shared(x.bfloat16(), residual), bf16_alone(x.bfloat16(), residual))
     norm = torch.nn.Module()
