@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from engines.pytorch import host_memory
-from engines.pytorch.linear import DenseOps, Linear
+from engines.pytorch.linear import DenseOps, GatedActivation, Linear
 from engines.pytorch.native import HelperThreads
 from engines.pytorch.paged_attention import DecodeTables, PagedAttention, PrefillRows, rotate
 from engines.types import SequenceStep
@@ -42,11 +42,10 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 class _Layer:
     qkv: Linear
     o: Linear
-    gate_up: Linear
+    gate_up_act: GatedActivation
     down: Linear
     input_norm: Any
     post_norm: Any
-    act: Any
     q_norm: Any  # qwen3 only
     k_norm: Any
     scaling: float
@@ -111,7 +110,9 @@ class PagedModelRunner:
                 self._helpers = HelperThreads(gemm_threads - 1, kernel_cache_dir)
             except OSError as exc:
                 log.warning("native engine: no helper threads (%s); steps run on one thread", exc)
-        self.layers = [self._take(layer, fast_kernels, kernel_cache_dir, self._helpers) for layer in hf_model.model.layers]
+        self.dense = DenseOps(fast_kernels, self.dtype, kernel_cache_dir, self._helpers)
+        self.layers = [self._take(layer, fast_kernels, kernel_cache_dir, self._helpers, self.dense)
+                       for layer in hf_model.model.layers]
         lm_head = hf_model.lm_head
         self.lm_head = Linear(lm_head.weight, lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers)
         del hf_model.model.layers, hf_model.lm_head  # the runner holds the (fused, maybe packed) weights now
@@ -122,13 +123,12 @@ class PagedModelRunner:
             self.num_heads, self.num_kv_heads, self.head_dim, block_size, self.dtype, kernel_cache_dir,
             use_kernel=fast_kernels, helpers=self._helpers,
         )
-        self.dense = DenseOps(fast_kernels, self.dtype, kernel_cache_dir, self._helpers)
         log.info("native engine: projections: %s (%d threads), attention: %s",
                  self.lm_head.kind, gemm_threads if self._helpers else 1,
                  "C kernels" if self.attention.uses_kernel else "torch")
 
     @staticmethod
-    def _take(layer: Any, fast: bool, cache_dir: Path | None, helpers: HelperThreads | None) -> _Layer:
+    def _take(layer: Any, fast: bool, cache_dir: Path | None, helpers: HelperThreads | None, dense: DenseOps) -> _Layer:
         """One weight for q/k/v and one for gate/up: fewer, larger matmuls (the same dot products)."""
         attn, mlp = layer.self_attn, layer.mlp
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
@@ -136,15 +136,14 @@ class PagedModelRunner:
         bias = torch.cat([p.bias for p in projs]).contiguous() if attn.q_proj.bias is not None else None
         if mlp.gate_proj.bias is not None:
             raise ValueError("MLP projections with bias are not supported by the native engine; use backend: vllm")
-        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
         return _Layer(
             qkv=Linear(qkv, bias, fast, cache_dir, helpers),
             o=Linear(attn.o_proj.weight, attn.o_proj.bias, fast, cache_dir, helpers),
-            gate_up=Linear(gate_up, None, fast, cache_dir, helpers),
+            gate_up_act=GatedActivation(mlp.gate_proj.weight, mlp.up_proj.weight, mlp.act_fn, fast, cache_dir, helpers,
+                                        dense),
             down=Linear(mlp.down_proj.weight, None, fast, cache_dir, helpers),
             input_norm=layer.input_layernorm,
             post_norm=layer.post_attention_layernorm,
-            act=mlp.act_fn,
             q_norm=getattr(attn, "q_norm", None),
             k_norm=getattr(attn, "k_norm", None),
             scaling=attn.scaling,
@@ -272,8 +271,7 @@ class PagedModelRunner:
         cos, sin = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)  # [T, d], sign folded: see rotate
         for i, layer in enumerate(self.layers):
             hidden = self._attention(i, layer, self.dense.rms_norm(layer.input_norm, hidden), cos, sin, lay, hidden)
-            gate_up = layer.gate_up(self.dense.rms_norm(layer.post_norm, hidden))
-            hidden = layer.down(self.dense.act_mul(layer.act, gate_up), hidden)
+            hidden = layer.down(layer.gate_up_act(self.dense.rms_norm(layer.post_norm, hidden)), hidden)
         if lay.sample_rows is not None:
             if lay.sample_rows.numel() == 0:
                 return hidden.new_empty(0, self.vocab_size, dtype=torch.float32)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engines.pytorch.linear import CHUNK_PANELS, ROW_TILE, DenseOps, Linear
+from engines.pytorch.linear import CHUNK_PANELS, ROW_TILE, DenseOps, GatedActivation, Linear
 from engines.pytorch.native import HelperThreads
 
 
@@ -96,3 +96,25 @@ def test_helper_threads_give_the_same_bits(tmp_path: Path) -> None:
     gate_up = torch.randn(300, 128, generator=gen)
     assert torch.equal(shared_ops.act_mul(torch.nn.SiLU(), gate_up), ops.act_mul(torch.nn.SiLU(), gate_up))
     torch.testing.assert_close(ops.act_mul(torch.nn.SiLU(), gate_up), F.silu(gate_up[:, :64]) * gate_up[:, 64:])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_gate_up_silu_gives_the_bits_of_the_two_steps(threads: int, tmp_path: Path) -> None:
+    """The fused MLP input (gate and up panels in turn, activated per tile) equals the concatenated projection then
+    act_mul bit for bit: one row, a few, past ROW_TILE; an intermediate size that is not a multiple of 16."""
+    gen = torch.Generator().manual_seed(11)
+    gate, up = (torch.randn(200, 64, generator=gen) * 0.1 for _ in range(2))
+    helpers = HelperThreads(threads, tmp_path) if threads > 1 else None
+    dense = DenseOps(True, torch.float32, tmp_path, helpers)
+    fused = GatedActivation(gate, up, torch.nn.SiLU(), True, tmp_path, helpers, dense)
+    two_steps = Linear(torch.cat([gate, up]), None, True, tmp_path, helpers)
+    if two_steps.kind != "kernel":
+        pytest.skip("no C compiler or no AVX2/FMA here")
+    for m in (1, 5, 300):
+        x = torch.randn(m, 64, generator=gen)
+        out = fused(x)
+        assert out.shape == (m, 200)
+        assert torch.equal(out, dense.act_mul(torch.nn.SiLU(), two_steps(x)))
+        torch.testing.assert_close(out, F.silu(F.linear(x, gate)) * F.linear(x, up), atol=1e-5, rtol=1e-4)
+    unfused = GatedActivation(gate, up, torch.nn.GELU(), True, tmp_path, helpers, dense)  # not SiLU: the two steps
+    torch.testing.assert_close(unfused(x), F.gelu(F.linear(x, gate)) * F.linear(x, up), atol=1e-5, rtol=1e-4)
