@@ -14,6 +14,7 @@ from engines.hf_tokenizer import HFTokenizer
 from engines.interface import StepEngine, Tokenizer
 from engines.pytorch import host_memory
 from engines.pytorch.argmax import Argmax
+from engines.pytorch.gguf_blocks import read_q41
 from engines.pytorch.loader import default_cache_dir, load_hf, resolve_hf_folder
 from engines.pytorch.model_runner import PagedModelRunner
 from engines.pytorch.sampler import sample
@@ -62,9 +63,13 @@ class PyTorchEngine(StepEngine):
         model, hf_tok = load_hf(folder, dtype)
         num_blocks = max(1, kv_cache_tokens // block_size)
         kernel_cache_dir = cache_dir or default_cache_dir()
+        gguf = source / gguf_file if gguf_file else source
+        blocks = None
+        if fast_kernels and dtype == "float32" and gguf.suffix == ".gguf":  # folder: the file's cached conversion
+            blocks = read_q41(gguf, model, folder / "q41_blocks.safetensors")
         self._runner = PagedModelRunner(
             model, num_blocks, block_size, fast_kernels=fast_kernels, kernel_cache_dir=kernel_cache_dir,
-            gemm_threads=gemm_threads or _usable_cpus(),
+            gemm_threads=gemm_threads or _usable_cpus(), blocks=blocks,
         )
         self._argmax = Argmax(kernel_cache_dir).rows if fast_kernels else None
         self._tokenizer = HFTokenizer(hf_tok)

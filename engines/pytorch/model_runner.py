@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from engines.pytorch import host_memory
+from engines.pytorch.gguf_blocks import Q41
 from engines.pytorch.linear import DenseOps, GatedActivation, Linear
 from engines.pytorch.native import HelperThreads
 from engines.pytorch.paged_attention import DecodeTables, PagedAttention, PrefillRows, rotate
@@ -36,6 +37,11 @@ from engines.types import SequenceStep
 log = logging.getLogger("switchyard.engines.pytorch")
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def _joined(blocks: dict[str, Q41], *names: str) -> Q41 | None:
+    """The blocks of a fused projection, if every part has them."""
+    return Q41.cat([blocks[n] for n in names]) if all(n in blocks for n in names) else None
 
 
 @dataclass
@@ -73,9 +79,10 @@ class _StepLayout:
 class PagedModelRunner:
     def __init__(
         self, hf_model: Any, num_blocks: int, block_size: int, *, fast_kernels: bool = True,
-        kernel_cache_dir: Path | None = None, gemm_threads: int = 1,
+        kernel_cache_dir: Path | None = None, gemm_threads: int = 1, blocks: dict[str, Q41] | None = None,
     ) -> None:
-        """Take over `hf_model`'s weights; q/k/v and gate/up projections are fused into one matmul each."""
+        """Take over `hf_model`'s weights; q/k/v and gate/up projections are fused into one matmul each.
+        `blocks`: Q4_1 blocks of projection weights by module path (gguf_blocks.read_q41), for the GEMM kernel."""
         config = hf_model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -111,8 +118,12 @@ class PagedModelRunner:
             except OSError as exc:
                 log.warning("native engine: no helper threads (%s); steps run on one thread", exc)
         self.dense = DenseOps(fast_kernels, self.dtype, kernel_cache_dir, self._helpers)
-        self.layers = [self._take(layer, fast_kernels, kernel_cache_dir, self._helpers, self.dense)
-                       for layer in hf_model.model.layers]
+        self.layers = [
+            self._take(layer, fast_kernels, kernel_cache_dir, self._helpers, self.dense,
+                       {path.rsplit(".", 1)[1]: b for path, b in (blocks or {}).items()
+                        if path.startswith(f"model.layers.{i}.")})
+            for i, layer in enumerate(hf_model.model.layers)
+        ]
         lm_head = hf_model.lm_head
         self.lm_head = Linear(lm_head.weight, lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers)
         del hf_model.model.layers, hf_model.lm_head  # the runner holds the (fused, maybe packed) weights now
@@ -128,7 +139,8 @@ class PagedModelRunner:
                  "C kernels" if self.attention.uses_kernel else "torch")
 
     @staticmethod
-    def _take(layer: Any, fast: bool, cache_dir: Path | None, helpers: HelperThreads | None, dense: DenseOps) -> _Layer:
+    def _take(layer: Any, fast: bool, cache_dir: Path | None, helpers: HelperThreads | None, dense: DenseOps,
+              blocks: dict[str, Q41]) -> _Layer:
         """One weight for q/k/v and one for gate/up: fewer, larger matmuls (the same dot products)."""
         attn, mlp = layer.self_attn, layer.mlp
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
@@ -137,11 +149,13 @@ class PagedModelRunner:
         if mlp.gate_proj.bias is not None:
             raise ValueError("MLP projections with bias are not supported by the native engine; use backend: vllm")
         return _Layer(
-            qkv=Linear(qkv, bias, fast, cache_dir, helpers),
-            o=Linear(attn.o_proj.weight, attn.o_proj.bias, fast, cache_dir, helpers),
-            gate_up_act=GatedActivation(mlp.gate_proj.weight, mlp.up_proj.weight, mlp.act_fn, fast, cache_dir, helpers,
-                                        dense),
-            down=Linear(mlp.down_proj.weight, None, fast, cache_dir, helpers),
+            qkv=Linear(qkv, bias, fast, cache_dir, helpers, _joined(blocks, "q_proj", "k_proj", "v_proj")),
+            o=Linear(attn.o_proj.weight, attn.o_proj.bias, fast, cache_dir, helpers, blocks.get("o_proj")),
+            gate_up_act=GatedActivation(
+                mlp.gate_proj.weight, mlp.up_proj.weight, mlp.act_fn, fast, cache_dir, helpers, dense,
+                (blocks["gate_proj"], blocks["up_proj"]) if "gate_proj" in blocks and "up_proj" in blocks else None,
+            ),
+            down=Linear(mlp.down_proj.weight, None, fast, cache_dir, helpers, blocks.get("down_proj")),
             input_norm=layer.input_layernorm,
             post_norm=layer.post_attention_layernorm,
             q_norm=getattr(attn, "q_norm", None),

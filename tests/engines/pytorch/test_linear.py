@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engines.pytorch.gguf_blocks import Q41
 from engines.pytorch.linear import CHUNK_PANELS, ROW_TILE, DenseOps, GatedActivation, Linear
 from engines.pytorch.native import HelperThreads
 
@@ -118,3 +119,36 @@ def test_fused_gate_up_silu_gives_the_bits_of_the_two_steps(threads: int, tmp_pa
         torch.testing.assert_close(out, F.silu(F.linear(x, gate)) * F.linear(x, up), atol=1e-5, rtol=1e-4)
     unfused = GatedActivation(gate, up, torch.nn.GELU(), True, tmp_path, helpers, dense)  # not SiLU: the two steps
     torch.testing.assert_close(unfused(x), F.gelu(F.linear(x, gate)) * F.linear(x, up), atol=1e-5, rtol=1e-4)
+
+
+def _q41(n: int, k: int, gen: torch.Generator) -> Q41:
+    """Random Q4_1 blocks as GGUF stores them: float16 scale and offset, q in 0..15."""
+    scale = (torch.rand(n, k // 32, generator=gen) * 0.02).half().float()
+    offset = (-torch.rand(n, k // 32, generator=gen) * 0.1).half().float()
+    return Q41(scale, offset, torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_q41_blocks_give_the_bits_of_the_float32_weight(threads: int, tmp_path: Path) -> None:
+    """Reading the weight's Q4_1 blocks (expanded in registers, or per 32-k block for a few row blocks) computes
+    exactly what the float32 kernel computes from the dequantized weight: bias, residual, a padded last panel."""
+    gen = torch.Generator().manual_seed(5)
+    helpers = HelperThreads(threads, tmp_path) if threads > 1 else None
+    blocks = _q41(216, 96, gen)  # 14 panels, the last one half padding
+    weight, bias = blocks.dequantize(), torch.randn(216, generator=gen)
+    plain, packed = Linear(weight, bias, True, tmp_path, helpers), Linear(weight, bias, True, tmp_path, helpers, blocks)
+    if packed._q41 is None:
+        pytest.skip("no C compiler or no AVX-512 here")
+    for m in (1, 3, 4, 12, 13, 16, 17, 40):
+        x, residual = torch.randn(m, 96, generator=gen), torch.randn(m, 216, generator=gen)
+        assert torch.equal(packed(x), plain(x))
+        assert torch.equal(packed(x, residual), plain(x, residual))
+    torch.testing.assert_close(packed(x), F.linear(x, weight, bias), atol=1e-4, rtol=1e-4)
+    gate, up = _q41(200, 64, gen), _q41(200, 64, gen)
+    dense = DenseOps(True, torch.float32, tmp_path, helpers)
+    fused = GatedActivation(gate.dequantize(), up.dequantize(), torch.nn.SiLU(), True, tmp_path, helpers, dense,
+                            (gate, up))
+    two_steps = Linear(torch.cat([gate.dequantize(), up.dequantize()]), None, True, tmp_path, helpers)
+    for m in (1, 8, 16, 300):
+        x = torch.randn(m, 64, generator=gen)
+        assert torch.equal(fused(x), dense.act_mul(torch.nn.SiLU(), two_steps(x)))

