@@ -66,7 +66,7 @@ class PyTorchEngine(StepEngine):
         gguf = source / gguf_file if gguf_file else source
         blocks = None
         if fast_kernels and dtype == "float32" and gguf.suffix == ".gguf":  # folder: the file's cached conversion
-            blocks = read_q41(gguf, model, folder / "q41_blocks.safetensors")
+            blocks = read_q41(gguf, model, folder / "weight_blocks-1.safetensors")
         self._runner = PagedModelRunner(
             model, num_blocks, block_size, fast_kernels=fast_kernels, kernel_cache_dir=kernel_cache_dir,
             gemm_threads=gemm_threads or _usable_cpus(), blocks=blocks,

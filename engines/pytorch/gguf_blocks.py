@@ -1,11 +1,12 @@
-"""Projection weights kept as a GGUF file's Q4_1 blocks, for the GEMM kernel to expand to the same float32 values.
+"""Projection weights kept as a GGUF file's Q4_1 (and Q8_0) blocks, for the GEMM kernel to expand in registers.
 
 A Q4_1 tensor stores each run of 32 weights as 4-bit q with a float16 scale d and offset m; transformers loads it
-as float32 d * q + m. A batch-32 decode step's float32 projections are bound by how fast each core streams
-weights from memory (one core reads 6-10 GB/s here, and the kernel needs about 9 GB/s per core to keep its FMAs
-busy), so the engine can keep these blocks (5 bytes per 8 weights, against 32) and expand them in cache, with the
-same bits: d * q is exact in float32, so d * q + m is rounded once either way. Only tensors whose expansion equals
-the loaded float32 weight bit for bit are taken; anything else stays float32.
+as float32 d * q + m. d * q is exact in float32 (11 x 4 significant bits), so the kernel's FMA rounds d * q + m
+once, as transformers' multiply-then-add does: the very same float32 weights, from 1.25 bytes each (a byte per q
+plus d and m per 32) instead of 4. Decode steps of a few rows are bound by how fast each core streams weights from
+memory (one core reads 6-10 GB/s here), so they read these. Q8_0 (the tied embedding, i.e. the lm_head) fits the
+same layout. Only tensors whose expansion equals the loaded float32 weight bit for bit are taken; anything else
+stays float32.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Q41:
 
     scale: torch.Tensor  # [N, K / 32] float32 (from float16: exact)
     offset: torch.Tensor  # [N, K / 32] float32
-    q: torch.Tensor  # [N, K] uint8, 0..15
+    q: torch.Tensor  # [N, K] uint8: 0..15 (Q4_1), or Q8_0's q + 128 with offset -128 scale
 
     def dequantize(self) -> torch.Tensor:
         n, k = self.q.shape
@@ -44,6 +45,17 @@ class Q41:
 
     def rows(self, index: torch.Tensor) -> Q41:
         return Q41(self.scale[index], self.offset[index], self.q[index])
+
+
+def _from_q8_0(tensor: Any) -> Q41:
+    """Q8_0 blocks (float16 d, 32 int8 q: the weight is d * q) in the Q4_1 layout: q + 128 as a byte and offset
+    -128 d. d * (q + 128) is exact (11 x 8 significant bits) and so is adding -128 d (the sum is d * q, which
+    float32 holds exactly), so the kernel's one rounding gives d * q bit for bit."""
+    k, n = (int(d) for d in tensor.shape)
+    raw = torch.from_numpy(tensor.data.reshape(-1).view("uint8").copy()).view(n, k // Q41_BLOCK, 34)
+    scale = raw[..., 0:2].contiguous().view(torch.float16).float().view(n, -1)
+    q = (raw[..., 2:].contiguous().view(torch.int8).to(torch.int16) + 128).to(torch.uint8).reshape(n, k)
+    return Q41(scale, scale * -128.0, q)
 
 
 def _from_gguf(tensor: Any) -> Q41:
@@ -81,6 +93,9 @@ def _blocks_in_file(gguf: Path, num_layers: int) -> dict[str, Q41]:
         log.warning("native engine: cannot read %s's blocks (%s); float32 weights", gguf.name, exc)
         return {}
     found = {}
+    head = tensors.get("output.weight") or tensors.get("token_embd.weight")  # the latter when the two are tied
+    if head is not None and head.tensor_type == GGMLQuantizationType.Q8_0:
+        found["lm_head"] = _from_q8_0(head)
     for i in range(num_layers):
         for gguf_name, path in _PROJECTIONS.items():
             tensor = tensors.get(f"blk.{i}.{gguf_name}.weight")
@@ -120,7 +135,7 @@ def read_q41(gguf: Path, model: Any, cache_file: Path | None = None) -> dict[str
         weight = model.get_submodule(full_path).weight.detach()
         if weight.dtype != torch.float32 or blocks.q.shape != weight.shape:
             continue
-        gguf_name = paths[full_path.split(".", 3)[3]]
+        gguf_name = paths.get(full_path.split(".", 3)[-1], "")
         if gguf_name in heads and not torch.equal(blocks.dequantize(), weight):
             blocks = blocks.rows(_unpermute(weight.shape[0], heads[gguf_name]))
         if torch.equal(blocks.dequantize(), weight):

@@ -125,7 +125,8 @@ class PagedModelRunner:
             for i, layer in enumerate(hf_model.model.layers)
         ]
         lm_head = hf_model.lm_head
-        self.lm_head = Linear(lm_head.weight, lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers)
+        self.lm_head = Linear(lm_head.weight, lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers,
+                              (blocks or {}).get("lm_head"))
         del hf_model.model.layers, hf_model.lm_head  # the runner holds the (fused, maybe packed) weights now
         shape = (self.num_layers, num_blocks * block_size, self.num_kv_heads, self.head_dim)
         self.k_cache = host_memory.zeros(shape, self.dtype)

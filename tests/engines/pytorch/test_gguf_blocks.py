@@ -1,4 +1,4 @@
-"""The Q4_1 blocks of the default model's GGUF file expand to exactly the float32 weights transformers loads, q and
+"""The Q4_1 (and Q8_0) blocks of the default model's GGUF file expand to exactly the float32 weights transformers loads, q and
 k rows in transformers' order; the engine's projections read them."""
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ def model() -> object:
 def test_every_projection_is_found_and_exact(model: object) -> None:
     blocks = read_q41(GGUF, model)
     layers = model.model.layers
-    assert len(blocks) == 7 * len(layers)  # q, k, v, o, gate, up, down of every layer
-    for path in ("model.layers.0.self_attn.q_proj", "model.layers.29.self_attn.k_proj", "model.layers.7.mlp.down_proj"):
+    assert len(blocks) == 7 * len(layers) + 1  # q, k, v, o, gate, up, down of every layer; the tied lm_head (Q8_0)
+    for path in ("model.layers.0.self_attn.q_proj", "model.layers.29.self_attn.k_proj", "model.layers.7.mlp.down_proj",
+                 "lm_head"):
         b = blocks[path]
-        assert b.q.dtype == torch.uint8 and int(b.q.max()) <= 15
+        assert b.q.dtype == torch.uint8 and (path == "lm_head" or int(b.q.max()) <= 15)
         assert torch.equal(b.dequantize(), model.get_submodule(path).weight)
 
 

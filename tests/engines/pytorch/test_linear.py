@@ -144,6 +144,11 @@ def test_q41_blocks_give_the_bits_of_the_float32_weight(threads: int, tmp_path: 
         assert torch.equal(packed(x), plain(x))
         assert torch.equal(packed(x, residual), plain(x, residual))
     torch.testing.assert_close(packed(x), F.linear(x, weight, bias), atol=1e-4, rtol=1e-4)
+    scale = (torch.rand(64, 3, generator=gen) * 0.01).half().float()  # Q8_0 as the lm_head keeps it: q + 128
+    q8 = Q41(scale, scale * -128.0, torch.randint(0, 256, (64, 96), generator=gen, dtype=torch.uint8))
+    head, head_blocks = Linear(q8.dequantize(), None, True, tmp_path, helpers), Linear(q8.dequantize(), None, True, tmp_path, helpers, q8)
+    x = torch.randn(5, 96, generator=gen)
+    assert torch.equal(head_blocks(x), head(x))
     gate, up = _q41(200, 64, gen), _q41(200, 64, gen)
     dense = DenseOps(True, torch.float32, tmp_path, helpers)
     fused = GatedActivation(gate.dequantize(), up.dequantize(), torch.nn.SiLU(), True, tmp_path, helpers, dense,
