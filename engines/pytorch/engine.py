@@ -65,8 +65,9 @@ class PyTorchEngine(StepEngine):
         kernel_cache_dir = cache_dir or default_cache_dir()
         gguf = source / gguf_file if gguf_file else source
         blocks = None
-        if fast_kernels and dtype == "float32" and gguf.suffix == ".gguf":  # folder: the file's cached conversion
-            blocks = read_q41(gguf, model, folder / "weight_blocks-1.safetensors")
+        if fast_kernels and dtype == "float32" and gguf.suffix == ".gguf":  # beside the file's cached conversion,
+            # not in it: that folder is an HF model other servers may load (vLLM would read any .safetensors there)
+            blocks = read_q41(gguf, model, folder.with_name(f"{folder.name}.weight-blocks-1.safetensors"))
         self._runner = PagedModelRunner(
             model, num_blocks, block_size, fast_kernels=fast_kernels, kernel_cache_dir=kernel_cache_dir,
             gemm_threads=gemm_threads or _usable_cpus(), blocks=blocks,
