@@ -14,7 +14,7 @@ from engines.hf_tokenizer import HFTokenizer
 from engines.interface import StepEngine, Tokenizer
 from engines.pytorch import host_memory
 from engines.pytorch.argmax import Argmax
-from engines.pytorch.gguf_blocks import read_q41
+from engines.pytorch.gguf_blocks import read_blocks
 from engines.pytorch.loader import default_cache_dir, load_hf, resolve_hf_folder
 from engines.pytorch.model_runner import PagedModelRunner
 from engines.pytorch.sampler import sample
@@ -67,7 +67,7 @@ class PyTorchEngine(StepEngine):
         blocks = None
         if fast_kernels and dtype == "float32" and gguf.suffix == ".gguf":  # beside the file's cached conversion,
             # not in it: that folder is an HF model other servers may load (vLLM would read any .safetensors there)
-            blocks = read_q41(gguf, model, folder.with_name(f"{folder.name}.weight-blocks-1.safetensors"))
+            blocks = read_blocks(gguf, model, folder.with_name(f"{folder.name}.weight-blocks-1.safetensors"))
         self._runner = PagedModelRunner(
             model, num_blocks, block_size, fast_kernels=fast_kernels, kernel_cache_dir=kernel_cache_dir,
             gemm_threads=gemm_threads or _usable_cpus(), blocks=blocks,

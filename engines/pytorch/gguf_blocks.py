@@ -122,7 +122,7 @@ def _cached(gguf: Path, num_layers: int, cache_file: Path | None) -> dict[str, Q
     return found
 
 
-def read_q41(gguf: Path, model: Any, cache_file: Path | None = None) -> dict[str, Q41]:
+def read_blocks(gguf: Path, model: Any, cache_file: Path | None = None) -> dict[str, Q41]:
     """The Q4_1 blocks of `model`'s projections in the GGUF file it was loaded from, by module path
     ("model.layers.3.mlp.up_proj"), for those that expand exactly to the weight the model holds. `cache_file`:
     where to keep them between starts."""

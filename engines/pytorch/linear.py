@@ -12,15 +12,19 @@ Every output element is one FMA chain over k = 0..K-1 whatever the number of row
 depend on what else is in the batch. The order differs from MKL's (torch's), so results differ from `F.linear` in
 the last bits (about 1e-6 relative), like oneDNN's do.
 
+Weights a GGUF file holds as Q4_1 or Q8_0 blocks (gguf_blocks.py) are also kept in that form and expanded exactly
+in registers on decode steps of up to Q41_ROWS rows, which then read 1.25 bytes per weight instead of 4.
+
 bfloat16 weights are packed the same way and converted to float32 as they are loaded (x is converted once, sums
 are float32, one rounding to bfloat16 at the end): half the bytes per decode step, and for a few rows the same
 result as torch's bfloat16 `F.linear` here (which also sums in float32, in k order).
 
 The kernel runs on the calling thread, and `HelperThreads` join it on every step, taking tiles (column chunks,
-split into ROW_TILE rows on large steps so that no thread is left idle at the end) from a shared counter: even a one-row decode step, which is memory-bound, streams the weights 1.5x faster on two
-cores than on one here (each core's loads are capped well below the memory's bandwidth). With more than one torch
-thread, or without a compiler, projections use oneDNN with packed weights (float32) or `F.linear` (other dtypes,
-or CPUs oneDNN cannot pack for).
+split into ROW_TILE rows on large steps so that no thread is left idle at the end) from a shared counter: even a
+one-row decode step, which is memory-bound, streams the weights 1.5x faster on two cores than on one here (each
+core's loads are capped well below the memory's bandwidth). With more than one torch thread, or without a
+compiler, projections use oneDNN with packed weights (float32) or `F.linear` (other dtypes, or CPUs oneDNN cannot
+pack for).
 """
 
 from __future__ import annotations

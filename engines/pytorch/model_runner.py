@@ -82,7 +82,7 @@ class PagedModelRunner:
         kernel_cache_dir: Path | None = None, gemm_threads: int = 1, blocks: dict[str, Q41] | None = None,
     ) -> None:
         """Take over `hf_model`'s weights; q/k/v and gate/up projections are fused into one matmul each.
-        `blocks`: Q4_1 blocks of projection weights by module path (gguf_blocks.read_q41), for the GEMM kernel."""
+        `blocks`: GGUF blocks of the projections by module path (gguf_blocks.read_blocks), for the GEMM kernel."""
         config = hf_model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(

