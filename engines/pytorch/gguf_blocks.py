@@ -47,25 +47,32 @@ class Q41:
         return Q41(self.scale[index], self.offset[index], self.q[index])
 
 
+def _raw_blocks(tensor: Any, block_bytes: int) -> torch.Tensor:
+    """A GGUF tensor's bytes as [N, K / 32, block_bytes] (GGUF lists the fastest dimension first)."""
+    k, n = (int(d) for d in tensor.shape)
+    return torch.from_numpy(tensor.data.reshape(-1).view("uint8").copy()).view(n, k // Q41_BLOCK, block_bytes)
+
+
+def _float16(raw: torch.Tensor) -> torch.Tensor:
+    """Two bytes per block as a float16 value per block, widened to float32 (exact): [N, K / 32]."""
+    return raw.contiguous().view(torch.float16).float().view(raw.shape[0], -1)
+
+
 def _from_q8_0(tensor: Any) -> Q41:
     """Q8_0 blocks (float16 d, 32 int8 q: the weight is d * q) in the Q4_1 layout: q + 128 as a byte and offset
     -128 d. d * (q + 128) is exact (11 x 8 significant bits) and so is adding -128 d (the sum is d * q, which
     float32 holds exactly), so the kernel's one rounding gives d * q bit for bit."""
-    k, n = (int(d) for d in tensor.shape)
-    raw = torch.from_numpy(tensor.data.reshape(-1).view("uint8").copy()).view(n, k // Q41_BLOCK, 34)
-    scale = raw[..., 0:2].contiguous().view(torch.float16).float().view(n, -1)
-    q = (raw[..., 2:].contiguous().view(torch.int8).to(torch.int16) + 128).to(torch.uint8).reshape(n, k)
+    raw = _raw_blocks(tensor, 34)
+    scale = _float16(raw[..., 0:2])
+    q = (raw[..., 2:].contiguous().view(torch.int8).to(torch.int16) + 128).to(torch.uint8).reshape(raw.shape[0], -1)
     return Q41(scale, scale * -128.0, q)
 
 
 def _from_gguf(tensor: Any) -> Q41:
-    k, n = (int(d) for d in tensor.shape)  # GGUF lists the fastest dimension first
-    raw = torch.from_numpy(tensor.data.reshape(-1).view("uint8").copy()).view(n, k // Q41_BLOCK, _BYTES)
-    scale = raw[..., 0:2].contiguous().view(torch.float16).float().view(n, -1)
-    offset = raw[..., 2:4].contiguous().view(torch.float16).float().view(n, -1)
+    raw = _raw_blocks(tensor, _BYTES)
     packed = raw[..., 4:]  # value i of a block in the low nibble of byte i, value 16 + i in its high nibble
-    q = torch.cat((packed & 15, packed >> 4), dim=-1).reshape(n, k)
-    return Q41(scale, offset, q)
+    q = torch.cat((packed & 15, packed >> 4), dim=-1).reshape(raw.shape[0], -1)
+    return Q41(_float16(raw[..., 0:2]), _float16(raw[..., 2:4]), q)
 
 
 # GGUF tensor names of a llama-family layer's projections -> transformers' module paths

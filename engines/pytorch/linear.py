@@ -305,13 +305,31 @@ typedef struct {
     const uint8_t* wq;  /* Q4_1 panels (Q41_BLOCK bytes per 32 k of a panel) in place of wp, or NULL */
 } gemm_job;
 
-/* Q4_1 weights (CPUs with AVX-512, steps of ZMIN_ROWS rows or more): per panel and 32 k, the 16 columns' scale d and
+static inline int tile_count(const gemm_job* j) {
+    return (j->NB + j->chunk - 1) / j->chunk * ((j->M + j->mchunk - 1) / j->mchunk);
+}
+/* The next tile from the job's counter: panels n0..n0+nb-1, rows m0..m0+mc-1 (row blocks fastest). 0: none left. */
+static inline int next_tile(gemm_job* j, int* n0, int* m0, int* nb, int* mc) {
+    const int t = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED), row_tiles = (j->M + j->mchunk - 1) / j->mchunk;
+    if (t >= tile_count(j)) return 0;
+    *n0 = t / row_tiles * j->chunk;
+    *m0 = t % row_tiles * j->mchunk;
+    *nb = j->NB - *n0 < j->chunk ? j->NB - *n0 : j->chunk;
+    *mc = j->M - *m0 < j->mchunk ? j->M - *m0 : j->mchunk;
+    return 1;
+}
+
+/* Q4_1 weights (CPUs with AVX-512, steps of Q41_ROWS rows): per panel and 32 k, the 16 columns' scale d and
    offset m (float32), then q (0..15) as a byte per k and column. The kernel expands each k row of a panel pair in
    registers as d * q + m, the float32 weight transformers dequantizes: d * q is exact (11 x 4 significant bits), so
    the FMA rounds once, as transformers' multiply-then-add does, and the weights, the FMA chain and so the results
    are bit for bit those of the float32 kernel. 5 bytes per 4 weights instead of 16 from memory. */
 #define Q41_BLOCK 640
 #ifdef __AVX512F__
+/* One k row of a Q4_1 panel: d * q + m for its 16 columns. */
+static inline __m512 q41_row(const uint8_t* q, __m512 d, __m512 m) {
+    return _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)q))), m);
+}
 QKERNELS
 /* One 32-k block of a panel pair expanded into w (2 panels x 32 k x 16 floats, the float32 kernel's layout). */
 static inline void expand_q41_block(const uint8_t* b0, const uint8_t* b1, float* w) {
@@ -320,9 +338,7 @@ static inline void expand_q41_block(const uint8_t* b0, const uint8_t* b1, float*
         const float* s = (const float*)b[p];
         const __m512 d = _mm512_loadu_ps(s), m = _mm512_loadu_ps(s + 16);
         const uint8_t* q = (const uint8_t*)(s + 32);
-        for (int k = 0; k < 32; k++)
-            _mm512_storeu_ps(w + p * 512 + k * 16, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                _mm_loadu_si128((const __m128i*)(q + k * 16)))), m));
+        for (int k = 0; k < 32; k++) _mm512_storeu_ps(w + p * 512 + k * 16, q41_row(q + k * 16, d, m));
     }
 }
 /* One row block: the weights expanded in registers. More: each 32-k block of a pair expanded once into L1 for all
@@ -349,9 +365,6 @@ static void gemm_core_q41(const float* x, int64_t ldx, const uint8_t* wq, float*
     (void)x; (void)ldx; (void)wq; (void)y; (void)ldy; (void)M; (void)NB; (void)K;  /* not called: Python checks */
 }
 #endif
-static inline int tiles_left(const gemm_job* j) {
-    return __atomic_load_n(&j->next, __ATOMIC_RELAXED) < (j->NB + j->chunk - 1) / j->chunk * ((j->M + j->mchunk - 1) / j->mchunk);
-}
 int q41_supported(void) {
 #ifdef __AVX512F__
     return 1;
@@ -362,10 +375,7 @@ int q41_supported(void) {
 
 static void gemm_task(void* p) {
     gemm_job* j = (gemm_job*)p;
-    const int row_tiles = (j->M + j->mchunk - 1) / j->mchunk, tiles = (j->NB + j->chunk - 1) / j->chunk * row_tiles;
-    for (int t; (t = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < tiles;) {
-        const int n0 = t / row_tiles * j->chunk, m0 = t % row_tiles * j->mchunk;
-        const int nb = j->NB - n0 < j->chunk ? j->NB - n0 : j->chunk, mc = j->M - m0 < j->mchunk ? j->M - m0 : j->mchunk;
+    for (int n0, m0, nb, mc; next_tile(j, &n0, &m0, &nb, &mc);) {
         const int64_t w0 = (int64_t)n0 * j->K * 16, c0 = (int64_t)n0 * 16, y0 = m0 * j->ldy + c0, r0 = m0 * j->ldr + c0;
         const float* x = j->x + m0 * j->ldx;
         if (j->wq) {  /* float32 only */
@@ -394,7 +404,7 @@ void gemm_bf16w_par(const float* x, int64_t ldx, const uint16_t* wp, const uint1
     POOL_RUN(gemm_task, &j);
 }
 
-/* gemm_f32_par with the weight as Q4_1 panels (NB even, K a multiple of 32, M >= ZMIN_ROWS, AVX-512). */
+/* gemm_f32_par with the weight as Q4_1 panels (NB even, K a multiple of 32, AVX-512). */
 void gemm_q41_par(const float* x, int64_t ldx, const uint8_t* wq, const float* bias, const float* residual,
                   int64_t ldr, float* y, int64_t ldy, int M, int NB, int K, int chunk, int mchunk) {
     gemm_job j = {x, 0, bias, residual, y, 0, ldx, ldr, ldy, M, NB, K, chunk, mchunk, 0, wq};
@@ -410,10 +420,7 @@ static void gemm_silu_task(void* p) {
     const int64_t ldt = (int64_t)j->chunk * 16;
     float* tile = (float*)malloc(sizeof(float) * (size_t)ldt * (size_t)j->mchunk);
     if (!tile) return;  /* the other threads take the tiles; the caller reports it if none could */
-    const int row_tiles = (j->M + j->mchunk - 1) / j->mchunk, tiles = (j->NB + j->chunk - 1) / j->chunk * row_tiles;
-    for (int t; (t = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < tiles;) {
-        const int n0 = t / row_tiles * j->chunk, m0 = t % row_tiles * j->mchunk;
-        const int nb = j->NB - n0 < j->chunk ? j->NB - n0 : j->chunk, mc = j->M - m0 < j->mchunk ? j->M - m0 : j->mchunk;
+    for (int n0, m0, nb, mc; next_tile(j, &n0, &m0, &nb, &mc);) {
         const float* x = j->x + m0 * j->ldx;
         if (j->wq)
             gemm_core_q41(x, j->ldx, j->wq + (int64_t)n0 * (j->K / 32) * Q41_BLOCK, tile, ldt, mc, nb, j->K);
@@ -430,7 +437,7 @@ int gemm_silu_f32_par(const float* x, int64_t ldx, const float* wp, const uint8_
                       int NB, int K, int chunk, int mchunk) {
     gemm_job j = {x, wp, 0, 0, y, 0, ldx, 0, ldy, M, NB, K, chunk, mchunk, 0, wq};
     POOL_RUN(gemm_silu_task, &j);
-    return tiles_left(&j) ? -1 : 0;
+    return __atomic_load_n(&j.next, __ATOMIC_RELAXED) < tile_count(&j) ? -1 : 0;  /* tiles no thread took */
 }
 
 typedef struct { const float *x, *w; float* y; int64_t ldx, ldy; float eps; int M, N, next; } rows_job;
@@ -464,6 +471,16 @@ ZMIN_ROWS = 4  # below this a step is memory-bound and the 256-bit kernels strea
 Q41_ROWS = (1, 16)
 
 
+def _row_fmas(rows: range, x: str, indent: str) -> str:
+    """The FMA chain step of each row of a 512-bit micro-kernel: row i's x[k] times the panel pair's k row (w0, w1)."""
+    return "".join(f"{indent}{{ const __m512 xb = _mm512_set1_ps({x}[{i} * ldx + k]); a{i}0 = _mm512_fmadd_ps(xb, w0, a{i}0);"
+                   f" a{i}1 = _mm512_fmadd_ps(xb, w1, a{i}1); }}\n" for i in rows)
+
+
+def _row_stores(rows: range) -> str:
+    return "".join(f"  _mm512_storeu_ps(y + {i} * ldy, a{i}0); _mm512_storeu_ps(y + {i} * ldy + 16, a{i}1);\n" for i in rows)
+
+
 def _zkernels() -> str:
     """512-bit micro-kernels (CPUs with AVX-512): R = 1..ZROWS rows of x against two adjacent 16-column panels.
     Every lane runs the same FMA chain over k as the 256-bit kernels, so the results are the same bit for bit."""
@@ -481,11 +498,9 @@ def _zkernels() -> str:
             "    if (pf && ++pf_count == pf_every) { pf_count = 0; _mm_prefetch((const char*)(pf + pf_row * 16), _MM_HINT_T1);"
             " _mm_prefetch((const char*)(pf + panel + pf_row * 16), _MM_HINT_T1); pf_row++; }\n"
             "    const __m512 w0 = LOADZ_SFX(w + k * 16), w1 = LOADZ_SFX(w + panel + k * 16);\n"
-            + "".join(f"    {{ const __m512 xb = _mm512_set1_ps(x[{i} * ldx + k]); a{i}0 = _mm512_fmadd_ps(xb, w0, a{i}0);"
-                      f" a{i}1 = _mm512_fmadd_ps(xb, w1, a{i}1); }}\n" for i in rows)
+            + _row_fmas(rows, "x", "    ")
             + "  }\n"
-            + "".join(f"  _mm512_storeu_ps(y + {i} * ldy, a{i}0); _mm512_storeu_ps(y + {i} * ldy + 16, a{i}1);\n"
-                      for i in rows)
+            + _row_stores(rows)
             + "}"
         )
     cases = "".join(f"    case {r}: mkz_{r}_SFX(x, ldx, w, panel, y, ldy, kc, init, pf, pf_row, pf_every); break;\n" for r in range(1, ZROWS + 1))
@@ -514,15 +529,10 @@ def _qkernels() -> str:
             "    const uint8_t *q0 = (const uint8_t*)(s0 + 32), *q1 = (const uint8_t*)(s1 + 32);\n"
             "    const float* xk = x + kb * 32;\n"
             "    for (int k = 0; k < 32; k++) {\n"
-            "      const __m512 w0 = _mm512_fmadd_ps(d0, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32("
-            "_mm_loadu_si128((const __m128i*)(q0 + k * 16)))), m0);\n"
-            "      const __m512 w1 = _mm512_fmadd_ps(d1, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32("
-            "_mm_loadu_si128((const __m128i*)(q1 + k * 16)))), m1);\n"
-            + "".join(f"      {{ const __m512 xb = _mm512_set1_ps(xk[{i} * ldx + k]); a{i}0 = _mm512_fmadd_ps(xb, w0, a{i}0);"
-                      f" a{i}1 = _mm512_fmadd_ps(xb, w1, a{i}1); }}\n" for i in rows)
+            "      const __m512 w0 = q41_row(q0 + k * 16, d0, m0), w1 = q41_row(q1 + k * 16, d1, m1);\n"
+            + _row_fmas(rows, "xk", "      ")
             + "    }\n  }\n"
-            + "".join(f"  _mm512_storeu_ps(y + {i} * ldy, a{i}0); _mm512_storeu_ps(y + {i} * ldy + 16, a{i}1);\n"
-                      for i in rows)
+            + _row_stores(rows)
             + "}"
         )
     cases = "".join(f"    case {r}: mkzq_{r}(x, ldx, p0, p1, y, ldy, K); break;\n" for r in range(1, ZROWS + 1))
@@ -630,8 +640,6 @@ class Linear:
             m, k = x.shape
             nb = self.weight.shape[0]
             y = x.new_empty(m, nb * 16)
-            if self._q41 is not None and Q41_ROWS[0] <= m <= Q41_ROWS[1]:
-                return self._call_q41(x, y, residual)
             if residual is not None:
                 if nb * 16 != self.out_features:  # padded output columns: add after the slice
                     return residual + self(x)
@@ -639,6 +647,10 @@ class Linear:
                     residual = residual.contiguous()
             bias = self._bias_padded.data_ptr() if self._bias_padded is not None else None
             res, ldr = (residual.data_ptr(), residual.stride(0)) if residual is not None else (None, 0)
+            if _reads_blocks(self._q41, m):
+                _lib.gemm_q41_par(x.data_ptr(), x.stride(0), self._q41.data_ptr(), bias, res, ldr, y.data_ptr(),
+                                  y.stride(0), m, nb, k, CHUNK_PANELS, min(m, ROW_TILE))
+                return y if nb * 16 == self.out_features else y[:, : self.out_features]
             if x.dtype == torch.float32:
                 args = (x.data_ptr(), x.stride(0), self.weight.data_ptr(), bias, res, ldr, y.data_ptr(), y.stride(0),
                         m, nb, k)
@@ -658,18 +670,10 @@ class Linear:
             y = F.linear(x, self.weight, self.bias)
         return y if residual is None else residual + y
 
-    def _call_q41(self, x: torch.Tensor, y: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        m, k = x.shape
-        nb = self._q41.shape[0]
-        if residual is not None and nb * 16 != self.out_features:
-            return residual + self._call_q41(x, y, None)[:, : self.out_features]
-        if residual is not None and residual.stride(-1) != 1:
-            residual = residual.contiguous()
-        bias = self._bias_padded.data_ptr() if self._bias_padded is not None else None
-        res, ldr = (residual.data_ptr(), residual.stride(0)) if residual is not None else (None, 0)
-        _lib.gemm_q41_par(x.data_ptr(), x.stride(0), self._q41.data_ptr(), bias, res, ldr, y.data_ptr(), y.stride(0),
-                          m, nb, k, CHUNK_PANELS, min(m, ROW_TILE))
-        return y if nb * 16 == self.out_features else y[:, : self.out_features]
+
+def _reads_blocks(packed: torch.Tensor | None, m: int) -> bool:
+    """Whether a step of `m` rows reads the packed GGUF blocks (where there are some) rather than float32 weights."""
+    return packed is not None and Q41_ROWS[0] <= m <= Q41_ROWS[1]
 
 
 def _pack_q41(blocks: Q41, nb: int) -> torch.Tensor:
@@ -776,8 +780,7 @@ class GatedActivation:
         m, k = x.shape
         nb = self.weight.shape[0]
         y = x.new_empty(m, nb // 2 * 16)
-        q41 = self._q41 is not None and Q41_ROWS[0] <= m <= Q41_ROWS[1]
-        wp, wq = (None, self._q41.data_ptr()) if q41 else (self.weight.data_ptr(), None)
+        wp, wq = (None, self._q41.data_ptr()) if _reads_blocks(self._q41, m) else (self.weight.data_ptr(), None)
         if self._lib.gemm_silu_f32_par(x.data_ptr(), x.stride(0), wp, wq, y.data_ptr(), y.stride(0),
                                        m, nb, k, CHUNK_PANELS, min(m, ROW_TILE)) != 0:
             raise MemoryError("the fused MLP kernel could not allocate its scratch")
