@@ -9,8 +9,11 @@ the cached keys (found through the block table), takes a softmax and sums the va
 
 Prefill rows (a chunk of new queries per sequence) are rotated and their keys and values written first (every row
 may read keys another row wrote), then each row attends causally to its sequence's cached positions up to its
-own. On AVX-512 four consecutive rows of a sequence go through the cache together in one pass (online softmax):
-the cache is read once per tile instead of once per row. Each row's arithmetic does not depend on its tile.
+own. On AVX-512 tiles of 16 consecutive rows of a sequence go through the cache together, one KV head at a time, in
+one pass (online softmax): the query rows of a head are the lanes of the registers, so a key's scores against 16
+of them are one FMA chain per lane (no horizontal sums) and the softmax runs in the lanes too. 1.7-2.3x faster than
+the four-row tiles with a dot product per score it replaced (16 x 128 rows: 2x; one 2048-token prompt: 2.2x).
+Each row's arithmetic does not depend on its tile or chunk (tested).
 
 The kernels are built by `native.py`. Without a compiler, or if the build fails, `PagedAttention` falls back to a
 torch gather + SDPA path with the same results up to float rounding.
@@ -88,15 +91,84 @@ static inline __m512 loadz_f32(const float* p) { return _mm512_loadu_ps(p); }
 static inline __m512 loadz_bf16(const uint16_t* p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
-/* the two 256-bit halves of a 512-bit register, added */
-static inline __m256 fold_z(__m512 a) {
-    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+/* exp8 (native.py) on 16 lanes: the same operations, so the same value in every lane. */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_cvtps_epi32(n);
+    __m512i e1 = _mm512_srai_epi32(e, 1), e2 = _mm512_sub_epi32(e, e1);
+    __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e1, _mm512_set1_epi32(127)), 23));
+    __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e2, _mm512_set1_epi32(127)), 23));
+    return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+}
+#define TILE_KEYS 16
+/* The largest position among query rows start..end-1 (ascending up to QR, padding after: -1). */
+static inline int last_pos(const int32_t* pos, int start, int end, int QR) {
+    return start < QR ? pos[(end < QR ? end : QR) - 1] : -1;
+}
+static inline size_t tile64_qrp(int n, int G) { return ((size_t)n * G + 15) / 16 * 16; }
+static inline size_t tile64_scratch(int n, int G) {
+    const size_t qrp = tile64_qrp(n, G);
+    return qrp * (64 + 64 + TILE_KEYS + 3) + TILE_KEYS * 64 + 16;
+}
+static inline __m512 roundz_f32(__m512 x) { return x; }
+static inline __m512 roundz_bf16(__m512 x) {  /* to the nearest bfloat16 (even on ties), as float32 */
+    __m512i u = _mm512_castps_si512(x);
+    u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+/* Float32 rows of kn (<= 16) keys of 64 values, `row` elements apart in the cache: the float32 cache in place,
+   bfloat16 converted into conv. kp[t] for t >= kn repeats a valid row (its scores are masked). */
+static inline void key_rows_f32(const float* k, int64_t row, int kn, float* conv, const float** kp) {
+    (void)conv;
+    for (int t = 0; t < 16; t++) kp[t] = k + (t < kn ? t : 0) * row;
+}
+static inline void key_rows_bf16(const uint16_t* k, int64_t row, int kn, float* conv, const float** kp) {
+    for (int t = 0; t < kn; t++)
+        for (int c = 0; c < 64; c += 16) _mm512_storeu_ps(conv + t * 64 + c, loadz_bf16(k + t * row + c));
+    for (int t = 0; t < 16; t++) kp[t] = conv + (t < kn ? t : 0) * 64;
+}
+/* s[t * lds + j] = sum over d < 64 of kp[t][d] * qt[d * ldq + j] for 8 keys t and 16 * NC query rows j: each
+   score one FMA chain over d in a lane; 8 x NC registers accumulate. */
+static inline __attribute__((always_inline)) void scores8(int NC, const float* const* kp, const float* qt, int ldq,
+                                                          float* s, int lds) {
+    __m512 a[8][3];
+    for (int t = 0; t < 8; t++)
+        for (int c = 0; c < NC; c++) a[t][c] = _mm512_setzero_ps();
+    for (int d = 0; d < 64; d++) {
+        __m512 q[3];
+        for (int c = 0; c < NC; c++) q[c] = _mm512_loadu_ps(qt + d * ldq + 16 * c);
+        for (int t = 0; t < 8; t++) {
+            const __m512 kb = _mm512_set1_ps(kp[t][d]);
+            for (int c = 0; c < NC; c++) a[t][c] = _mm512_fmadd_ps(kb, q[c], a[t][c]);
+        }
+    }
+    for (int t = 0; t < 8; t++)
+        for (int c = 0; c < NC; c++) _mm512_storeu_ps(s + t * lds + 16 * c, a[t][c]);
+}
+static void scores16(int nc, const float* const* kp, int kn, const float* qt, int ldq, float* s, int lds) {
+    for (int t0 = 0; t0 < kn; t0 += 8)
+        switch (nc) {  /* constant chunk counts: the accumulators stay in registers */
+            case 1: scores8(1, kp + t0, qt, ldq, s + t0 * lds, lds); break;
+            case 2: scores8(2, kp + t0, qt, ldq, s + t0 * lds, lds); break;
+            default: scores8(3, kp + t0, qt, ldq, s + t0 * lds, lds); break;
+        }
 }
 #else
 #define ZVEC 0
 #endif
 /* prefill rows handed out together: with the AVX-512 kernel they share each pass over the cache */
-#define PREFILL_TILE (ZVEC ? 4 : 1)
+#define PREFILL_TILE (ZVEC ? 16 : 1)
 /* s[t] = exp(s[t] - m) for t < n (m: at least their maximum); returns their sum. */
 static inline float exp_sum(float* s, int n, float m) {
     float sum = 0.0f;
@@ -173,119 +245,103 @@ static inline float dot_SFX(const float* q, const T_SFX* k, int D) {
 }
 
 #if ZVEC
-/* Scores of one query head (64 floats in q[0..3]) against n cached rows `row` elements apart, into s[0..n). */
-static inline void scores64_SFX(const __m512* q, const T_SFX* k, int64_t row, int n, float* s) {
-    int t = 0;
-    for (; t + 8 <= n; t += 8) {  /* 8 rows: 8 independent chains of 4, then one transposing add */
-        __m256 f[8];
-        for (int r = 0; r < 8; r++) {
-            const T_SFX* kr = k + (t + r) * row;
-            __m512 x = _mm512_mul_ps(q[0], loadz_SFX(kr));
-            x = _mm512_fmadd_ps(q[1], loadz_SFX(kr + 16), x);
-            x = _mm512_fmadd_ps(q[2], loadz_SFX(kr + 32), x);
-            f[r] = fold_z(_mm512_fmadd_ps(q[3], loadz_SFX(kr + 48), x));
-        }
-        _mm256_storeu_ps(s + t, sum8x8(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]));
-    }
-    for (; t < n; t++) {
-        const T_SFX* kr = k + t * row;
-        __m512 x = _mm512_mul_ps(q[0], loadz_SFX(kr));
-        x = _mm512_fmadd_ps(q[1], loadz_SFX(kr + 16), x);
-        x = _mm512_fmadd_ps(q[2], loadz_SFX(kr + 32), x);
-        s[t] = _mm512_reduce_add_ps(_mm512_fmadd_ps(q[3], loadz_SFX(kr + 48), x));
-    }
-}
-
-/* acc[i] (64 floats each, in registers over the block) += sum over t < n of p[i][t] * v row t, for GH query heads
-   of one KV head: each value row is loaded once for all of them. */
-static inline __attribute__((always_inline)) void values64_SFX(int GH, float* const* acc, const float* const* p,
-                                                               const T_SFX* v, int64_t row, int n) {
+/* acc (4 query rows of 64 floats) = acc * alpha + sum over t < kn of p[t * ldp + r] * v row t (value rows `row`
+   elements apart): the tile kernel's output rows, rescaled for their new maximum and summed in registers. */
+static inline void values4_SFX(float* acc, const float* alpha, const float* p, int ldp, const T_SFX* v, int64_t row,
+                               int kn) {
     __m512 o[4][4];
-    for (int i = 0; i < GH; i++)
-        for (int c = 0; c < 4; c++) o[i][c] = _mm512_loadu_ps(acc[i] + 16 * c);
-    for (int t = 0; t < n; t++) {
+    for (int r = 0; r < 4; r++) {
+        const __m512 a = _mm512_set1_ps(alpha[r]);
+        for (int c = 0; c < 4; c++) o[r][c] = _mm512_mul_ps(a, _mm512_loadu_ps(acc + r * 64 + 16 * c));
+    }
+    for (int t = 0; t < kn; t++) {
         const T_SFX* vt = v + t * row;
-        __m512 v0 = loadz_SFX(vt), v1 = loadz_SFX(vt + 16), v2 = loadz_SFX(vt + 32), v3 = loadz_SFX(vt + 48);
-        for (int i = 0; i < GH; i++) {
-            __m512 pt = _mm512_set1_ps(p[i][t]);
-            o[i][0] = _mm512_fmadd_ps(pt, v0, o[i][0]);
-            o[i][1] = _mm512_fmadd_ps(pt, v1, o[i][1]);
-            o[i][2] = _mm512_fmadd_ps(pt, v2, o[i][2]);
-            o[i][3] = _mm512_fmadd_ps(pt, v3, o[i][3]);
+        const __m512 v0 = loadz_SFX(vt), v1 = loadz_SFX(vt + 16), v2 = loadz_SFX(vt + 32), v3 = loadz_SFX(vt + 48);
+        for (int r = 0; r < 4; r++) {
+            const __m512 pt = _mm512_set1_ps(p[t * ldp + r]);
+            o[r][0] = _mm512_fmadd_ps(pt, v0, o[r][0]);
+            o[r][1] = _mm512_fmadd_ps(pt, v1, o[r][1]);
+            o[r][2] = _mm512_fmadd_ps(pt, v2, o[r][2]);
+            o[r][3] = _mm512_fmadd_ps(pt, v3, o[r][3]);
         }
     }
-    for (int i = 0; i < GH; i++)
-        for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc[i] + 16 * c, o[i][c]);
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc + r * 64 + 16 * c, o[r][c]);
 }
 
-/* Prefill rows with D = 64: `nrows` consecutive positions of one sequence (row i attends to its first ctx0 + i
-   cached positions), in one pass over the cache (as flash attention does): each block's keys give every row's and
-   query head's scores, a running maximum and sum per (row, head) rescale what its values have summed so far, and
-   the block's values are added while the block is in L1, so the cache is read from L2 once for all the rows.
-   qf: nrows * H * 64 floats (the rotated queries), scores: nrows * H * BS, acc: nrows * H * 64, ml: 2 * nrows * H
-   (scratch). out: [nrows, H, 64]. */
-static void rows64_SFX(const T_SFX* kc, const T_SFX* vc, const int32_t* table, int ctx0, int nrows, T_SFX* out,
-                       int H, int KVH, int BS, float scale, float* qf, float* scores, float* acc, float* ml) {
-    const int G = H / KVH, RH = nrows * H;
+/* Prefill rows with D = 64: `n` consecutive positions p0.. of one sequence (row i attends causally to positions
+   0..p0 + i), one KV head at a time, in one pass over its cached keys and values (online softmax, as flash
+   attention does). The tile's query rows of that head (row i, head g * G + j: query row i * G + j) sit as columns
+   of qt ([64][QRP], scaled), so each key's scores against 16 query rows are one register: every score is an FMA
+   chain over d in a lane, with no horizontal sums, and the softmax of 16 query rows runs in the lanes too. Keys are
+   taken 16 at a time; a row's keys beyond its own position are masked to exactly 0, so a row's bits depend only on
+   its position and the cache, not on the tile it is in. qrot: the tile's rotated queries [n][H][64]; scratch:
+   tile64_scratch floats. out: [n, H, 64]. */
+static void tile64_SFX(const T_SFX* kc, const T_SFX* vc, const int32_t* table, int p0, int n, T_SFX* out,
+                       int H, int KVH, int BS, float scale, const float* qrot, float* scratch) {
+    const int G = H / KVH, QR = n * G, QRP = (int)tile64_qrp(n, G), last = p0 + n - 1;
     const int64_t row = (int64_t)KVH * 64;
-    float *m = ml, *l = ml + RH;
-    for (int i = 0; i < RH; i++) { m[i] = -3.0e38f; l[i] = 0.0f; }
-    for (int i = 0; i < RH * 64; i++) { qf[i] *= scale; acc[i] = 0.0f; }
-    const int ctx = ctx0 + nrows - 1;  /* the last row's */
-    for (int t0 = 0; t0 < ctx; t0 += BS) {
-        const int64_t base = (int64_t)table[t0 / BS] * BS * row;
-        if (t0 + BS < ctx) {
-            const int64_t next = (int64_t)table[t0 / BS + 1] * BS * row;
-            prefetch_block(kc + next, sizeof(T_SFX) * BS * row);
-            prefetch_block(vc + next, sizeof(T_SFX) * BS * row);
+    float *qt = scratch, *acc = qt + (size_t)QRP * 64, *pb = acc + (size_t)QRP * 64, *m = pb + (size_t)QRP * TILE_KEYS;
+    float *l = m + QRP, *alpha = l + QRP, *kconv = alpha + QRP;
+    int32_t pos[QRP];
+    for (int qi = 0; qi < QRP; qi++) pos[qi] = qi < QR ? p0 + qi / G : -1;  /* padding rows see no key */
+    for (int g = 0; g < KVH; g++) {
+        for (int qi = 0; qi < QRP; qi++) {
+            const float* q = qrot + ((int64_t)(qi / G) * H + g * G + qi % G) * 64;
+            for (int d = 0; d < 64; d++) qt[d * QRP + qi] = qi < QR ? q[d] * scale : 0.0f;
+            m[qi] = -3.0e38f; l[qi] = 0.0f;
         }
-        for (int i = 0; i < nrows; i++) {
-            const int n = ctx0 + i - t0 < BS ? ctx0 + i - t0 : BS;  /* keys of this block row i sees */
-            if (n <= 0) continue;
-            for (int h = 0; h < H; h++) {
-                const int ih = i * H + h;
-                const float* q = qf + (int64_t)ih * 64;
-                const __m512 qz[4] = {_mm512_loadu_ps(q), _mm512_loadu_ps(q + 16), _mm512_loadu_ps(q + 32),
-                                      _mm512_loadu_ps(q + 48)};
-                float* s = scores + (int64_t)ih * BS;
-                scores64_SFX(qz, kc + base + (int64_t)(h / G) * 64, row, n, s);
-                float mb = m[ih];
-                int t = 0;
-                for (; t + 16 <= n; t += 16) {
-                    const float x = _mm512_reduce_max_ps(_mm512_loadu_ps(s + t));
-                    mb = x > mb ? x : mb;
-                }
-                for (; t < n; t++) mb = s[t] > mb ? s[t] : mb;
-                const float alpha = mb > m[ih] ? exp_neg(m[ih] - mb) : 1.0f;  /* 0 on the first block (m = -3e38) */
-                m[ih] = mb;
-                l[ih] = l[ih] * alpha + exp_sum(s, n, mb);
-                if (alpha != 1.0f) {
-                    const __m512 va = _mm512_set1_ps(alpha);
-                    float* o = acc + (int64_t)ih * 64;
-                    for (int c = 0; c < 64; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(va, _mm512_loadu_ps(o + c)));
-                }
+        memset(acc, 0, sizeof(float) * (size_t)QRP * 64);
+        for (int t0 = 0; t0 <= last; t0 += BS) {
+            const int64_t base = (int64_t)table[t0 / BS] * BS * row + (int64_t)g * 64;
+            if (t0 + BS <= last) {
+                const int64_t next = (int64_t)table[t0 / BS + 1] * BS * row;
+                prefetch_block(kc + next, sizeof(T_SFX) * BS * row);
+                prefetch_block(vc + next, sizeof(T_SFX) * BS * row);
             }
-            for (int g = 0; g < KVH; g++)
-                for (int h0 = g * G; h0 < (g + 1) * G; h0 += 4) {
-                    const int gh = (g + 1) * G - h0 < 4 ? (g + 1) * G - h0 : 4;
-                    const int ih = i * H + h0;
-                    float* a[4] = {acc + (int64_t)ih * 64, acc + (int64_t)(ih + 1) * 64, acc + (int64_t)(ih + 2) * 64,
-                                   acc + (int64_t)(ih + 3) * 64};
-                    const float* p[4] = {scores + (int64_t)ih * BS, scores + (int64_t)(ih + 1) * BS,
-                                         scores + (int64_t)(ih + 2) * BS, scores + (int64_t)(ih + 3) * BS};
-                    const T_SFX* v = vc + base + (int64_t)g * 64;
-                    switch (gh) {  /* constant head counts: the accumulators stay in registers */
-                        case 1: values64_SFX(1, a, p, v, row, n); break;
-                        case 2: values64_SFX(2, a, p, v, row, n); break;
-                        case 3: values64_SFX(3, a, p, v, row, n); break;
-                        default: values64_SFX(4, a, p, v, row, n); break;
+            for (int tt = 0; tt < BS && t0 + tt <= last; tt += TILE_KEYS) {
+                const int k0 = t0 + tt;  /* the group's first key position */
+                const int kn = last - k0 + 1 < TILE_KEYS ? (BS - tt < last - k0 + 1 ? BS - tt : last - k0 + 1)
+                                                         : (BS - tt < TILE_KEYS ? BS - tt : TILE_KEYS);
+                const float* kp[TILE_KEYS];
+                key_rows_SFX(kc + base + (int64_t)tt * row, row, kn, kconv, kp);
+                for (int c0 = 0; c0 < QRP; c0 += 48) {
+                    const int nc = (QRP - c0) / 16 < 3 ? (QRP - c0) / 16 : 3;
+                    if (last_pos(pos, c0, c0 + nc * 16, QR) < k0) continue;  /* no row of these chunks sees the keys */
+                    scores16(nc, kp, kn, qt + c0, QRP, pb + c0, QRP);
+                    for (int c = c0; c < c0 + nc * 16; c += 16) {  /* the softmax of 16 query rows, in the lanes */
+                        const __m512i pv = _mm512_loadu_si512(pos + c);
+                        __mmask16 vis[TILE_KEYS];
+                        const __m512 mold = _mm512_loadu_ps(m + c);
+                        __m512 mx = mold;
+                        for (int t = 0; t < kn; t++) {
+                            vis[t] = _mm512_cmp_epi32_mask(_mm512_set1_epi32(k0 + t), pv, _MM_CMPINT_LE);
+                            mx = _mm512_mask_max_ps(mx, vis[t], mx, _mm512_loadu_ps(pb + t * QRP + c));
+                        }
+                        const __m512 a = exp16(_mm512_sub_ps(mold, mx));
+                        __m512 sum = _mm512_setzero_ps();
+                        for (int t = 0; t < kn; t++) {
+                            const __m512 st = _mm512_loadu_ps(pb + t * QRP + c);
+                            const __m512 p = _mm512_maskz_mov_ps(vis[t], exp16(_mm512_sub_ps(st, mx)));
+                            _mm512_storeu_ps(pb + t * QRP + c, roundz_SFX(p));
+                            sum = _mm512_add_ps(sum, p);
+                        }
+                        _mm512_storeu_ps(l + c, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(l + c), a), sum));
+                        _mm512_storeu_ps(m + c, mx);
+                        _mm512_storeu_ps(alpha + c, a);
                     }
                 }
+                for (int q0 = 0; q0 < QRP; q0 += 4)
+                    if (last_pos(pos, q0, q0 + 4, QR) >= k0)  /* rows that see none of these keys: unchanged */
+                        values4_SFX(acc + (int64_t)q0 * 64, alpha + q0, pb + q0, QRP, vc + base + (int64_t)tt * row,
+                                    row, kn);
+            }
         }
-    }
-    for (int ih = 0; ih < RH; ih++) {
-        const float inv = 1.0f / l[ih];
-        for (int j = 0; j < 64; j++) store1_SFX(out + (int64_t)ih * 64 + j, acc[(int64_t)ih * 64 + j] * inv);
+        for (int qi = 0; qi < QR; qi++) {
+            const float inv = 1.0f / l[qi];
+            T_SFX* o = out + ((int64_t)(qi / G) * H + g * G + qi % G) * 64;
+            for (int d = 0; d < 64; d++) store1_SFX(o + d, acc[(int64_t)qi * 64 + d] * inv);
+        }
     }
 }
 #endif
@@ -439,7 +495,7 @@ int paged_prefill_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* cos, const 
                       int max_ctx, int* next) {
     size_t need = (size_t)H * ((size_t)max_ctx + 2 * (size_t)D);
 #if ZVEC
-    const size_t tile_need = (size_t)PREFILL_TILE * H * (2 * 64 + (size_t)BS + 2);
+    const size_t tile_need = (size_t)PREFILL_TILE * H * 64 + tile64_scratch(PREFILL_TILE, H / KVH);
     if (D == 64 && tile_need > need) need = tile_need;
 #endif
     float* buf = (float*)malloc(sizeof(float) * need);
@@ -455,9 +511,8 @@ int paged_prefill_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* cos, const 
                 for (int i = r; i < e; i++)
                     rope_heads_SFX(q + i * q_stride, cos ? cos + (int64_t)i * D : 0, sin ? sin + (int64_t)i * D : 0,
                                    H, D, buf + (size_t)(i - r) * H * D);
-                const size_t rh = (size_t)(e - r) * H;
-                rows64_SFX(kc, vc, table, row_pos[r] + 1, e - r, out + (int64_t)r * H * D, H, KVH, BS, scale, buf,
-                           buf + rh * 64, buf + rh * (64 + BS), buf + rh * (128 + BS));
+                tile64_SFX(kc, vc, table, row_pos[r], e - r, out + (int64_t)r * H * D, H, KVH, BS, scale, buf,
+                           buf + (size_t)(e - r) * H * D);
                 continue;
             }
 #endif

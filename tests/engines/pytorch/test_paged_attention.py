@@ -147,6 +147,36 @@ def test_prefill_kernel_is_causal_attention_over_the_cache(dtype: torch.dtype, t
         row += n
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_rows_do_not_depend_on_the_chunking(dtype: torch.dtype, tmp_path: Path) -> None:
+    """A row's bits depend only on its position and the cache, not on the chunk or tile it is in: a 70-token
+    prompt in one chunk (among other rows) or in chunks of 7, 13 and 50 (other tile boundaries, a prefix already
+    cached) gives the same output bits, so chunked prefill and prefix hits do not change results."""
+    kernel = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path, helpers=HelperThreads(2, tmp_path))
+    if not kernel.uses_kernel:
+        pytest.skip("no C compiler here: the engine runs the torch path")
+    gen = torch.Generator().manual_seed(11)
+    n, other = 70, 21
+    q = torch.randn(n, HEADS, HEAD_DIM, generator=gen).to(dtype)
+    k = torch.randn(n, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+    v = torch.randn(n, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+    q2, k2, v2 = (torch.randn(other, x.shape[1], HEAD_DIM, generator=gen).to(dtype) for x in (q, k, v))
+    table, table2 = [3, 0, 7, 5, 1], [2, 6]
+    k_cache = torch.zeros(8 * BLOCK, KV_HEADS, HEAD_DIM, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    # one chunk, after another sequence's rows
+    whole = kernel.prefill(torch.cat((q2, q)), torch.cat((k2, k)), torch.cat((v2, v)), None, None, k_cache, v_cache,
+                           PrefillRows([table2, table], [0, 0], [other, n]), HEAD_DIM**-0.5)[other:]
+    k_cache.zero_(), v_cache.zero_()
+    parts, start = [], 0
+    for size in (7, 13, 50):
+        end = start + size
+        parts.append(kernel.prefill(q[start:end], k[start:end], v[start:end], None, None, k_cache, v_cache,
+                                    PrefillRows([table], [start], [size]), HEAD_DIM**-0.5))
+        start = end
+    assert torch.equal(torch.cat(parts), whole)
+
+
 def test_rotate_is_transformers_rotary_bit_for_bit() -> None:
     case = _case(torch.float32)
     cos, sin = case["cos"][:, None], case["sin"][:, None]
