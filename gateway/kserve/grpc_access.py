@@ -2,12 +2,13 @@
 key read from the `authorization` metadata.
 
 Health RPCs are public, the repository RPCs need the admin key, everything else an API key (when keys are
-configured). A refused call ends with UNAUTHENTICATED, PERMISSION_DENIED or UNAVAILABLE before the servicer runs.
+configured). A refused call ends with UNAUTHENTICATED, PERMISSION_DENIED, RESOURCE_EXHAUSTED or UNAVAILABLE before
+the servicer runs. Callers without a key are rate-limited per address, found in the call's peer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -23,24 +24,48 @@ _STATUS = {
 }
 
 
-def _refusal(handler: grpc.RpcMethodHandler, error: SwitchyardError) -> grpc.RpcMethodHandler:
-    code = _STATUS.get(error.status, grpc.StatusCode.INVALID_ARGUMENT)
+def peer_address(peer: str) -> str:
+    """The caller's address in a gRPC peer string ("ipv4:10.0.0.7:5501", "ipv6:[::1]:5501", "unix:/run/s"),
+    without the port: callers without a key get one rate-limit bucket per address, as on HTTP."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv6" and rest.startswith("["):
+        return rest[1:rest.find("]")] if "]" in rest else rest
+    if kind == "ipv4":
+        return rest.rpartition(":")[0] or rest
+    return peer
 
-    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(code, error.message)
+
+def _admitted(handler: grpc.RpcMethodHandler, admit: Callable[[str], None]) -> grpc.RpcMethodHandler:
+    """The handler with `admit(peer address)` run first, inside the call (where the peer is known and the
+    rate limiter's caller is bound for the call's task); a SwitchyardError ends the call with its status."""
+
+    async def check(context: grpc.aio.ServicerContext) -> None:
+        try:
+            admit(peer_address(context.peer() or ""))
+        except SwitchyardError as error:
+            await context.abort(_STATUS.get(error.status, grpc.StatusCode.INVALID_ARGUMENT), error.message)
 
     kwargs = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(refuse, **kwargs)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(refuse, **kwargs)
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(refuse, **kwargs)
-    return grpc.unary_unary_rpc_method_handler(refuse, **kwargs)
+        behavior = handler.stream_stream if handler.request_streaming else handler.unary_stream
 
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            await check(context)
+            async for response in behavior(request, context):
+                yield response
 
-# The call details do not carry the peer, so callers without a key share one rate-limit bucket on gRPC.
-ANONYMOUS_GRPC_CALLER = "grpc"
+        if handler.request_streaming:
+            return grpc.stream_stream_rpc_method_handler(stream, **kwargs)
+        return grpc.unary_stream_rpc_method_handler(stream, **kwargs)
+    behavior = handler.stream_unary if handler.request_streaming else handler.unary_unary
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await check(context)
+        return await behavior(request, context)
+
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(unary, **kwargs)
+    return grpc.unary_unary_rpc_method_handler(unary, **kwargs)
 
 
 class AccessInterceptor(grpc.aio.ServerInterceptor):
@@ -55,10 +80,6 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return handler
-        metadata = dict(details.invocation_metadata or ())
-        try:
-            self.access.admit(self.access.keys.grpc_role(details.method), metadata.get("authorization"),
-                              ANONYMOUS_GRPC_CALLER)
-        except SwitchyardError as error:
-            return _refusal(handler, error)
-        return handler
+        role = self.access.keys.grpc_role(details.method)
+        authorization = dict(details.invocation_metadata or ()).get("authorization")
+        return _admitted(handler, lambda address: self.access.admit(role, authorization, address))
