@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help="prompt + generated tokens per minute per API key; 0 = off (default: %(default)s)")
     serve.add_argument("--drain-seconds", type=float, default=float(env("SWITCHYARD_DRAIN_SECONDS", "30")),
                        help="after SIGTERM, how long in-flight requests may take to finish (default: %(default)s)")
+    serve.add_argument("--stream-send-timeout-secs", type=float,
+                       default=float(env("SWITCHYARD_STREAM_SEND_TIMEOUT_S", "30")),
+                       help="seconds one send of a stream may wait for a client that stopped reading before the "
+                            "stream is closed and its generation aborted (env SWITCHYARD_STREAM_SEND_TIMEOUT_S)")
     serve.add_argument("--log-format", default=env("SWITCHYARD_LOG_FORMAT", "text"), choices=["text", "json"],
                        help="json: one JSON object per line, with the request id (default: %(default)s)")
     control = serve.add_argument_group("model control (Triton's modes; see README: Model control)")
@@ -123,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             rate_limit_rpm=args.rate_limit_rpm,
             rate_limit_tpm=args.rate_limit_tpm,
             drain_seconds=args.drain_seconds,
+            stream_send_timeout_secs=args.stream_send_timeout_secs,
             log_format=args.log_format,
             model_control_mode=args.model_control_mode,
             load_models=args.load_model if args.load_model is not None else _env_list("SWITCHYARD_LOAD_MODEL"),

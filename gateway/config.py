@@ -34,6 +34,10 @@ class ServerConfig(BaseModel):
     rate_limit_rpm: int = Field(0, ge=0, description="Requests per minute per key (per address without a key); 0 = off.")
     rate_limit_tpm: int = Field(0, ge=0, description="Prompt + generated tokens per minute per key; 0 = off.")
     drain_seconds: float = Field(30.0, ge=0, description="Grace period for in-flight requests after SIGTERM.")
+    stream_send_timeout_secs: float = Field(
+        30.0, gt=0, description="How long one send of a stream (SSE) may wait for a client that stopped reading; "
+        "the stream is then closed and its generation aborted."
+    )
     log_format: Literal["text", "json"] = Field("text", description="json: one JSON object per log line.")
     model_control_mode: Literal["none", "explicit", "poll"] = Field(
         "none",

@@ -247,7 +247,7 @@ async def generate_stream(name: str, request: Request, version: str | None = Non
         prompt, values = llm_bridge.generate_body(body)
         docs = _llm_docs(model, name, prompt, values)
     first = await _first(docs)  # errors before the first event get a proper status
-    return EventStream(_events(first, docs))
+    return EventStream(_events(first, docs), request.app.state.config.stream_send_timeout_secs)
 
 
 async def _llm_docs(model: LoadedModel, name: str, prompt: str, values: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:

@@ -5,6 +5,8 @@ Python's JSON parser gives up on bodies nested deeper than the interpreter's rec
 class turns that into a 400 whose `param` names the top-level field at fault, found by a flat scan of the bytes.
 It also refuses bodies holding an unpaired UTF-16 surrogate (`"\\ud800"`): Python's parser accepts them, but no
 tokenizer or UTF-8 encoder does, so they would fail deep inside a request (or while rendering its error) as a 500.
+And it answers 415 to a body sent as anything but JSON (form fields, pickle, msgpack, text), as vLLM's server does,
+instead of FastAPI's validation error about a body that is not a dict: the message says which header to send.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from gateway.errors import InvalidRequestError
+from gateway.errors import InvalidRequestError, UnsupportedMediaTypeError
 
 TOO_DEEP = 100  # the depth from which we blame a field; the parser itself fails near ~1000
 
@@ -71,12 +73,27 @@ def deepest_field(raw: bytes, limit: int = TOO_DEEP) -> str | None:
     return None
 
 
+def json_media_type(content_type: str | None) -> bool:
+    """Whether FastAPI reads a body with this Content-Type as JSON: none given, application/json or
+    application/*+json (parameters such as charset aside)."""
+    if not content_type:
+        return True
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 class NestingAwareRoute(APIRoute):
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:
             if request.method in ("POST", "PUT", "PATCH"):
+                content_type = request.headers.get("content-type")
+                if not json_media_type(content_type):
+                    media = content_type.split(";", 1)[0].strip()[:64]
+                    raise UnsupportedMediaTypeError(
+                        f"Content-Type '{media}' is not supported: send the body as JSON with the header "
+                        "'Content-Type: application/json'")
                 try:
                     raw = await request.body()
                 except ClientDisconnect:

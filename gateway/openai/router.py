@@ -67,9 +67,11 @@ def _session_id(request: Request, body: ChatCompletionRequest | CompletionReques
     return header
 
 
-def _respond(result: Any) -> Response:
+def _respond(result: Any, request: Request) -> Response:
     # Streams were primed (first update awaited) inside the work, so queue-full and friends are HTTP errors.
-    return sse_response(result) if not isinstance(result, dict) else JSONResponse(result)
+    if isinstance(result, dict):
+        return JSONResponse(result)
+    return sse_response(result, request.app.state.config.stream_send_timeout_secs)
 
 
 @router.post("/v1/chat/completions")
@@ -79,7 +81,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     model = _registry(request).llm(body.model)
     force_usage = request.app.state.config.always_include_usage
     work = chat_completion(body, model, force_usage, _session_id(request, body))
-    return _respond(await cancel_on_disconnect(request, work))
+    return _respond(await cancel_on_disconnect(request, work), request)
 
 
 @router.post("/v1/completions")
@@ -89,4 +91,4 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     model = _registry(request).llm(body.model)
     force_usage = request.app.state.config.always_include_usage
     work = completion(body, model, force_usage, _session_id(request, body))
-    return _respond(await cancel_on_disconnect(request, work))
+    return _respond(await cancel_on_disconnect(request, work), request)

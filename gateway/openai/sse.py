@@ -2,14 +2,13 @@
 
 sse-starlette sends the events, pings idle streams with comment lines and notices client disconnects (which
 cancels our generator and so aborts generation). A client that stops reading (its socket buffers full) has its
-stream closed, and so its generation aborted, once one send has waited `SEND_TIMEOUT_S`.
+stream closed, and so its generation aborted, once one send has waited the server's `stream_send_timeout_secs`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,21 +20,21 @@ from gateway.errors import InternalError, SwitchyardError
 log = logging.getLogger("switchyard.openai")
 
 DONE = "[DONE]"
-# How long one send may wait for a client that does not read (SWITCHYARD_STREAM_SEND_TIMEOUT_S overrides).
-SEND_TIMEOUT_S = float(os.environ.get("SWITCHYARD_STREAM_SEND_TIMEOUT_S", "30"))
 
 
 class EventStream(EventSourceResponse):
     """An SSE response (also used by /v2 generate_stream) that gives up on clients that stopped reading."""
 
-    def __init__(self, events: AsyncIterator[Any]) -> None:
-        super().__init__(events, sep="\n", ping=15, send_timeout=SEND_TIMEOUT_S, headers={"Cache-Control": "no-cache"})
+    def __init__(self, events: AsyncIterator[Any], send_timeout_s: float) -> None:
+        """`send_timeout_s`: how long one send may wait for a client that does not read (ServerConfig)."""
+        super().__init__(events, sep="\n", ping=15, send_timeout=send_timeout_s, headers={"Cache-Control": "no-cache"})
+        self._send_timeout_s = send_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         except SendTimeoutError:  # the events' generator was closed (aborting the work); drop the connection
-            log.warning("closed a stream whose client stopped reading for %.0f s", SEND_TIMEOUT_S)
+            log.warning("closed a stream whose client stopped reading for %.0f s", self._send_timeout_s)
 
 
 def _dump(obj: dict[str, Any]) -> str:
@@ -54,5 +53,5 @@ async def _frames(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[s
     yield {"data": DONE}
 
 
-def sse_response(chunks: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:
-    return EventStream(_frames(chunks))
+def sse_response(chunks: AsyncIterator[dict[str, Any]], send_timeout_s: float) -> EventSourceResponse:
+    return EventStream(_frames(chunks), send_timeout_s)

@@ -210,10 +210,8 @@ def tensors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
         (repo / name / "1" / "model.py").write_text(model)
     key = tmp_path_factory.mktemp("bad_inputs_keys") / "admin"
     key.write_text(ADMIN_KEY + "\n")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SWITCHYARD_STREAM_SEND_TIMEOUT_S", "2")
-        proc = ServerProcess(repo, "--admin-key-file", str(key), "--model-control-mode", "explicit",
-                             "--load-model", "*", startup_timeout=300)
+    proc = ServerProcess(repo, "--admin-key-file", str(key), "--model-control-mode", "explicit",
+                         "--load-model", "*", "--stream-send-timeout-secs", "2", startup_timeout=300)
     proc.repo = repo  # type: ignore[attr-defined]
     try:
         yield proc
@@ -317,7 +315,9 @@ def test_deserializing_content_types_are_refused(http: httpx.Client, v2: httpx.C
     elif content_type.startswith("multipart"):
         payload = b'--xyz\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nhi\r\n--xyz--\r\n'
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
-        assert_openai_error(http.post(path, content=payload, headers={"content-type": content_type}), (400, 415))
+        resp = http.post(path, content=payload, headers={"content-type": content_type})
+        assert_openai_error(resp, 415)
+        assert "application/json" in resp.json()["error"]["message"]
     for path in ("/v2/models/add_sub/infer", "/v2/models/text_echo/generate"):
         assert_v2_error(v2.post(path, content=payload, headers={"content-type": content_type}), (400, 415))
     binary = v2.post("/v2/models/add_sub/infer", content=payload,
