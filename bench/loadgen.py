@@ -2,10 +2,12 @@
 
 Random token-id prompts of a fixed length go to /v1/completions with `ignore_eos`, so every request produces
 exactly `output_len` tokens (counted from the usage chunk); per request we record time to first token and the gaps
-between tokens. An aiohttp client, as vLLM's own benchmark uses: the client shares the 2 cores with the server, and
-httpx's line reader took 2.8 times its CPU per token (0.23-0.25 against 0.08-0.09 ms at c=32). (vLLM's client itself is not used: it strips every
-network read, so an event split between reads loses its separator and its usage chunk, and it then counts tokens by
-re-tokenizing the text: 3-9% fewer than were generated, measured against our server at c=32.)
+between tokens. An aiohttp client, as vLLM's own benchmark uses: the client shares the 2 cores with the server,
+and httpx's line reader took 2.8 times its CPU per token (0.23-0.25 against 0.08-0.09 ms at c=32).
+
+vLLM's client itself is not used: it strips every network read, so an event split between reads loses its
+separator and its usage chunk, and it then counts tokens by re-tokenizing the text: 3-9% fewer than were
+generated, measured against our server at c=32.
 """
 
 from __future__ import annotations
