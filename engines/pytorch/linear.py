@@ -481,6 +481,13 @@ def _row_stores(rows: range) -> str:
     return "".join(f"  _mm512_storeu_ps(y + {i} * ldy, a{i}0); _mm512_storeu_ps(y + {i} * ldy + 16, a{i}1);\n" for i in rows)
 
 
+def _row_switch(name: str, params: str, args: str) -> str:
+    """`name(int r, params)`: calls the micro-kernel of r rows, `name` with `_r` before any `_SFX` suffix."""
+    base, sfx = (name[: -len("_SFX")], "_SFX") if name.endswith("_SFX") else (name, "")
+    cases = "".join(f"    case {r}: {base}_{r}{sfx}({args}); break;\n" for r in range(1, ZROWS + 1))
+    return f"static inline void {name}(int r, {params}) {{\n  switch (r) {{\n{cases}  }}\n}}"
+
+
 def _zkernels() -> str:
     """512-bit micro-kernels (CPUs with AVX-512): R = 1..ZROWS rows of x against two adjacent 16-column panels.
     Every lane runs the same FMA chain over k as the 256-bit kernels, so the results are the same bit for bit."""
@@ -503,11 +510,9 @@ def _zkernels() -> str:
             + _row_stores(rows)
             + "}"
         )
-    cases = "".join(f"    case {r}: mkz_{r}_SFX(x, ldx, w, panel, y, ldy, kc, init, pf, pf_row, pf_every); break;\n" for r in range(1, ZROWS + 1))
-    out.append(
-        "static inline void mkz_SFX(int r, const float* x, int64_t ldx, const WT_SFX* w, int64_t panel, "
-        "float* y, int64_t ldy, int kc, int init, const WT_SFX* pf, int64_t pf_row, int pf_every) {\n  switch (r) {\n" + cases + "  }\n}"
-    )
+    out.append(_row_switch("mkz_SFX", "const float* x, int64_t ldx, const WT_SFX* w, int64_t panel, float* y, int64_t ldy, "
+                           "int kc, int init, const WT_SFX* pf, int64_t pf_row, int pf_every",
+                           "x, ldx, w, panel, y, ldy, kc, init, pf, pf_row, pf_every"))
     out.append("#endif")
     return "\n".join(out)
 
@@ -535,9 +540,8 @@ def _qkernels() -> str:
             + _row_stores(rows)
             + "}"
         )
-    cases = "".join(f"    case {r}: mkzq_{r}(x, ldx, p0, p1, y, ldy, K); break;\n" for r in range(1, ZROWS + 1))
-    out.append("static inline void mkzq(int r, const float* x, int64_t ldx, const uint8_t* p0, const uint8_t* p1, "
-               "float* y, int64_t ldy, int K) {\n  switch (r) {\n" + cases + "  }\n}")
+    out.append(_row_switch("mkzq", "const float* x, int64_t ldx, const uint8_t* p0, const uint8_t* p1, float* y, "
+                           "int64_t ldy, int K", "x, ldx, p0, p1, y, ldy, K"))
     return "\n".join(out)
 
 
