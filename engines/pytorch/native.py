@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import shutil
+import string
 import subprocess
 import tempfile
 from pathlib import Path
@@ -24,32 +25,43 @@ log = logging.getLogger("switchyard.engines.pytorch")
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=gnu11"]
 _loaded: dict[str, ctypes.CDLL | None] = {}
 
-# One vectorised exp for every kernel (SiLU in the dense layers, softmax in attention): 8 floats, AVX2 + FMA.
-# Sources put it where they write EXP8_AVX2.
-EXP8_AVX2 = r"""
+# One vectorised exp for every kernel (SiLU in the dense layers, softmax in attention), written once for both
+# vector widths: exp8 (AVX2 + FMA, 8 floats) and exp16 (AVX-512, 16 floats) do the same operations, so every lane
+# gets the same value from either. Sources put them where they write EXP8_AVX2 / EXP16_AVX512.
+_EXP_TEMPLATE = string.Template(r"""
 /* exp(x) for |x| <= 88: Cody-Waite range reduction and a degree-6 polynomial, within 2 ulp of expf.
    Exact powers of two scale the result, so it is the same whichever kernel calls it. */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+static inline ${v} ${name}(${v} x) {
+    x = ${mm}min_ps(${mm}max_ps(x, ${mm}set1_ps(-87.0f)), ${mm}set1_ps(88.0f));
+    ${v} n = ${round}(${mm}mul_ps(x, ${mm}set1_ps(1.44269504088896341f)),
+                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    ${v} r = ${mm}fnmadd_ps(n, ${mm}set1_ps(0.693359375f), x);
+    r = ${mm}fnmadd_ps(n, ${mm}set1_ps(-2.12194440e-4f), r);
+    ${v} p = ${mm}set1_ps(1.9875691500e-4f);
+    p = ${mm}fmadd_ps(p, r, ${mm}set1_ps(1.3981999507e-3f));
+    p = ${mm}fmadd_ps(p, r, ${mm}set1_ps(8.3334519073e-3f));
+    p = ${mm}fmadd_ps(p, r, ${mm}set1_ps(4.1665795894e-2f));
+    p = ${mm}fmadd_ps(p, r, ${mm}set1_ps(1.6666665459e-1f));
+    p = ${mm}fmadd_ps(p, r, ${mm}set1_ps(5.0000001201e-1f));
+    p = ${mm}add_ps(${mm}fmadd_ps(p, ${mm}mul_ps(r, r), r), ${mm}set1_ps(1.0f));
     /* 2^n in two halves so that n = 128 does not overflow the exponent field */
-    __m256i e = _mm256_cvtps_epi32(n);
-    __m256i e1 = _mm256_srai_epi32(e, 1), e2 = _mm256_sub_epi32(e, e1);
-    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e1, _mm256_set1_epi32(127)), 23));
-    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e2, _mm256_set1_epi32(127)), 23));
-    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    ${vi} e = ${mm}cvtps_epi32(n);
+    ${vi} e1 = ${mm}srai_epi32(e, 1), e2 = ${mm}sub_epi32(e, e1);
+    ${v} s1 = ${mm}castsi${bits}_ps(${mm}slli_epi32(${mm}add_epi32(e1, ${mm}set1_epi32(127)), 23));
+    ${v} s2 = ${mm}castsi${bits}_ps(${mm}slli_epi32(${mm}add_epi32(e2, ${mm}set1_epi32(127)), 23));
+    return ${mm}mul_ps(${mm}mul_ps(p, s1), s2);
 }
-"""
+""")
+
+
+def _exp(bits: int) -> str:
+    """exp8 (256 bits, AVX2 + FMA) or exp16 (512 bits, AVX-512) from the one template."""
+    return _EXP_TEMPLATE.substitute(name=f"exp{bits // 32}", v=f"__m{bits}", vi=f"__m{bits}i", mm=f"_mm{bits}_",
+                                    bits=bits, round="_mm256_round_ps" if bits == 256 else "_mm512_roundscale_ps")
+
+
+EXP8_AVX2 = _exp(256)
+EXP16_AVX512 = _exp(512)
 
 
 def _cpu_identity() -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engines.pytorch.native import EXP8_AVX2, POOL_CLIENT, HelperThreads, load_library
+from engines.pytorch.native import EXP8_AVX2, EXP16_AVX512, POOL_CLIENT, HelperThreads, load_library
 
 _COMMON = r"""
 #include <stdint.h>
@@ -93,26 +93,7 @@ static inline __m512 loadz_f32(const float* p) { return _mm512_loadu_ps(p); }
 static inline __m512 loadz_bf16(const uint16_t* p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
-/* exp8 (native.py) on 16 lanes: the same operations, so the same value in every lane. */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    __m512i e = _mm512_cvtps_epi32(n);
-    __m512i e1 = _mm512_srai_epi32(e, 1), e2 = _mm512_sub_epi32(e, e1);
-    __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e1, _mm512_set1_epi32(127)), 23));
-    __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e2, _mm512_set1_epi32(127)), 23));
-    return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
-}
+EXP16_AVX512
 #define TILE_KEYS 16
 /* The largest position among query rows start..end-1 (ascending up to QR, padding after: -1). */
 static inline int last_pos(const int32_t* pos, int start, int end, int QR) {
@@ -587,7 +568,7 @@ int paged_prefill_run_SFX(const T_SFX* q, int64_t q_stride, const T_SFX* k_new, 
 """
 
 _SOURCE = (_COMMON + POOL_CLIENT + "".join(_TEMPLATE.replace("SFX", sfx) for sfx in ("f32", "bf16"))).replace(
-    "EXP8_AVX2", EXP8_AVX2)
+    "EXP8_AVX2", EXP8_AVX2).replace("EXP16_AVX512", EXP16_AVX512)
 
 SHARE_MIN_SEQS = 4  # fewer sequences (or prefill rows) are not worth waking a helper thread for
 
