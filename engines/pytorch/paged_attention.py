@@ -102,7 +102,7 @@ static inline int last_pos(const int32_t* pos, int start, int end, int QR) {
 static inline size_t tile64_qrp(int n, int G) { return ((size_t)n * G + 15) / 16 * 16; }
 static inline size_t tile64_scratch(int n, int G) {
     const size_t qrp = tile64_qrp(n, G);
-    return qrp * (64 + 64 + TILE_KEYS + 3) + TILE_KEYS * 64 + 16;
+    return qrp * (64 + 64 + TILE_KEYS + 3) + TILE_KEYS * 64;  /* qt, acc, p, m, l, alpha; bf16 keys */
 }
 static inline __m512 roundz_f32(__m512 x) { return x; }
 static inline __m512 roundz_bf16(__m512 x) {  /* to the nearest bfloat16 (even on ties), as float32 */
