@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engines.pytorch.gguf_blocks import Q41
+from engines.pytorch import linear
 from engines.pytorch.linear import CHUNK_PANELS, ROW_TILE, DenseOps, GatedActivation, Linear
 from engines.pytorch.native import HelperThreads
 
@@ -129,9 +130,11 @@ def _q41(n: int, k: int, gen: torch.Generator) -> Q41:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_q41_blocks_give_the_bits_of_the_float32_weight(threads: int, tmp_path: Path) -> None:
+def test_q41_blocks_give_the_bits_of_the_float32_weight(threads: int, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Reading the weight's Q4_1 blocks (expanded in registers, or per 32-k block for a few row blocks) computes
     exactly what the float32 kernel computes from the dequantized weight: bias, residual, a padded last panel."""
+    monkeypatch.setattr(linear, "TILE_UNIT", False)  # the register kernels, also on CPUs with AMX
     gen = torch.Generator().manual_seed(5)
     helpers = HelperThreads(threads, tmp_path) if threads > 1 else None
     blocks = _q41(216, 96, gen)  # 14 panels, the last one half padding
@@ -154,6 +157,63 @@ def test_q41_blocks_give_the_bits_of_the_float32_weight(threads: int, tmp_path: 
     fused = GatedActivation(gate.dequantize(), up.dequantize(), torch.nn.SiLU(), True, tmp_path, helpers, dense,
                             (gate, up))
     two_steps = Linear(torch.cat([gate.dequantize(), up.dequantize()]), None, True, tmp_path, helpers)
+    for m in (1, 8, 16, 300):
+        x = torch.randn(m, 64, generator=gen)
+        assert torch.equal(fused(x), dense.act_mul(torch.nn.SiLU(), two_steps(x)))
+
+
+def _tile_unit(lin: Linear) -> bool:
+    return lin._amx != 0
+
+
+def _max_error(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> float:
+    ref = x.double() @ weight.double().T + (bias.double() if bias is not None else 0.0)
+    return (out.double() - ref).abs().max().item()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tile_unit_rows_do_not_depend_on_the_batch(threads: int, tmp_path: Path) -> None:
+    """With AMX, Q4_1 weights go through the tile unit at every number of rows: a row's bits are the same alone, in
+    a one-tile step of fewer than 16 rows, past a row tile, past ROW_TILE, with or without helper threads; and the
+    result is at least as close to the float64 product as the float32 FMA kernel's (bias, residual, a padded panel)."""
+    gen = torch.Generator().manual_seed(9)
+    helpers = HelperThreads(threads, tmp_path) if threads > 1 else None
+    blocks = _q41(216, 96, gen)  # 14 panels, the last one half padding
+    weight, bias = blocks.dequantize(), torch.randn(216, generator=gen)
+    plain, packed = Linear(weight, bias, True, tmp_path, helpers), Linear(weight, bias, True, tmp_path, helpers, blocks)
+    if not _tile_unit(packed):
+        pytest.skip("no AMX here (or no C compiler)")
+    x_all, res_all = torch.randn(ROW_TILE + 21, 96, generator=gen), torch.randn(ROW_TILE + 21, 216, generator=gen)
+    full = packed(x_all)
+    for m in (1, 3, 15, 16, 17, 40, ROW_TILE + 21):
+        x = x_all[:m]
+        assert torch.equal(packed(x), full[:m])
+        assert torch.equal(packed(x, res_all[:m]), res_all[:m] + full[:m])  # bias, then the residual: one rounding each
+        assert torch.equal(packed(x_all[m - 1 : m]), full[m - 1 : m])  # the last row alone
+    assert _max_error(full, x_all, weight, bias) <= _max_error(plain(x_all), x_all, weight, bias)
+    torch.testing.assert_close(full, F.linear(x_all, weight, bias), atol=1e-5, rtol=1e-5)
+    scale = (torch.rand(64, 3, generator=gen) * 0.01).half().float()  # Q8_0 as the lm_head keeps it: q + 128
+    q8 = Q41(scale, scale * -128.0, torch.randint(0, 256, (64, 96), generator=gen, dtype=torch.uint8))
+    head = Linear(q8.dequantize(), None, True, tmp_path, helpers, q8)
+    logits = head(x_all)
+    assert torch.equal(head(x_all[:5]), logits[:5])
+    assert _max_error(logits, x_all, q8.dequantize(), None) <= _max_error(
+        Linear(q8.dequantize(), None, True, tmp_path, helpers)(x_all), x_all, q8.dequantize(), None)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tile_unit_fused_gate_up_equals_the_two_steps(threads: int, tmp_path: Path) -> None:
+    """The fused MLP input on the tile unit gives the bits of the concatenated projection then act_mul."""
+    gen = torch.Generator().manual_seed(13)
+    helpers = HelperThreads(threads, tmp_path) if threads > 1 else None
+    gate, up = _q41(200, 64, gen), _q41(200, 64, gen)
+    dense = DenseOps(True, torch.float32, tmp_path, helpers)
+    fused = GatedActivation(gate.dequantize(), up.dequantize(), torch.nn.SiLU(), True, tmp_path, helpers, dense,
+                            (gate, up))
+    two_steps = Linear(torch.cat([gate.dequantize(), up.dequantize()]), None, True, tmp_path, helpers,
+                       Q41.cat([gate, up]))
+    if not _tile_unit(two_steps):
+        pytest.skip("no AMX here (or no C compiler)")
     for m in (1, 8, 16, 300):
         x = torch.randn(m, 64, generator=gen)
         assert torch.equal(fused(x), dense.act_mul(torch.nn.SiLU(), two_steps(x)))
