@@ -483,10 +483,6 @@ static int gemm_core_amx(const uint16_t* xa, const float* xs, const uint8_t* wq,
     for (int n0 = 0; n0 < NB; n0 += 16) {
         const int nn = NB - n0 < 16 ? NB - n0 : 16;
         const uint8_t* wn = wq + (int64_t)n0 * KB * Q41_BLOCK;
-#define AMX_EXPAND(n, kb) amx_expand_block(wn + ((int64_t)(n) * KB + (kb)) * Q41_BLOCK + 128, amx_q + ((int64_t)(kb) * 16 + (n)) * 512, q4)
-        if (RT > 1)
-            for (int n = 0; n < nn; n++)  /* in the order of memory */
-                for (int kb = 0; kb < KB; kb++) AMX_EXPAND(n, kb);
         for (int rt = 0; rt < RT; rt++) {
             const int rows = M - rt * 16 < 16 ? M - rt * 16 : 16;
             float* yt = y + rt * 16 * ldy + n0 * 16;
@@ -494,8 +490,13 @@ static int gemm_core_amx(const uint16_t* xa, const float* xs, const uint8_t* wq,
             for (int kb = 0; kb < KB; kb++) {
                 const uint16_t* a = xa + ((int64_t)rt * KB + kb) * 1536;
                 const uint16_t* q = amx_q + (int64_t)kb * 16 * 512;
-                if (RT == 1)
-                    for (int n = 0; n < nn; n++) AMX_EXPAND(n, kb);
+                if (rt == 0)  /* q expanded as the first row tile needs them, the next block's prefetched */
+                    for (int n = 0; n < nn; n++) {
+                        const uint8_t* blk = wn + ((int64_t)n * KB + kb) * Q41_BLOCK;
+                        if (kb + 1 < KB)
+                            for (int l = 0; l < Q41_BLOCK; l += 64) _mm_prefetch((const char*)blk + Q41_BLOCK + l, _MM_HINT_T0);
+                        amx_expand_block(blk + 128, amx_q + ((int64_t)kb * 16 + n) * 512, q4);
+                    }
                 _tile_loadd(0, a, 64);
                 _tile_loadd(1, a + 512, 64);
                 _tile_loadd(2, a + 1024, 64);
@@ -516,7 +517,6 @@ static int gemm_core_amx(const uint16_t* xa, const float* xs, const uint8_t* wq,
                          wn + ((int64_t)pn[slot] * KB + pkb[slot]) * Q41_BLOCK, yt + pn[slot] * 16, ldy, rows, pkb[slot]);
             }
         }
-#undef AMX_EXPAND
     }
     _tile_release();
     return 0;
