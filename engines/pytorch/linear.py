@@ -464,10 +464,11 @@ static inline void amx_fold(const float* c, const float* s, const uint8_t* dm, f
 static __thread uint16_t* amx_q;  /* a thread's expanded q: [K / 32][16 panels][512] */
 static __thread size_t amx_q_capacity;
 #define AMX_LAG 4  /* C tiles stored ahead of their fold: the tile unit's stores reach ordinary loads late */
-/* y[M, NB * 16] = x @ W.T from x's parts (xa, xs: amx_split_rows' layout, M rows) and the panels wq. Per 16 panels:
-   their q are expanded once (L2; with one row tile, block by block just before use, in L1), then per row tile and
-   32-k block the parts are loaded once, each panel's q is loaded while the previous one's products run, and its C is
-   folded into the row tile's y (16 x 256 floats: L1) AMX_LAG panels later. Returns -1 when out of memory. */
+/* y[M, NB * 16] = x @ W.T from x's parts (xa, xs: amx_split_rows' layout, M rows) and the panels wq. Per 16 panels
+   and row tile, per 32-k block: the parts are loaded once, each panel's q is loaded while the previous one's
+   products run, and its C is folded into the row tile's y (16 x 256 floats: L1) AMX_LAG panels later. The q are
+   expanded once, block by block as the first row tile reaches them (the next block prefetched, so the weight stream
+   overlaps the products), and kept for the other row tiles (amx_q: up to 768 KB, L2). -1: out of memory. */
 static int gemm_core_amx(const uint16_t* xa, const float* xs, const uint8_t* wq, float* y, int64_t ldy, int M,
                          int NB, int K, int q4) {
     const int KB = K / 32, RT = (M + 15) / 16;
