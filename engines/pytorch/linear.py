@@ -800,7 +800,8 @@ def _avx2() -> bool:
 class Linear:
     """`F.linear(x, weight, bias)` (+ an optional residual added to the result), on the fastest path available.
 
-    `kind` is "kernel" (our packed GEMM), "onednn" (oneDNN with the weight packed once) or "torch"."""
+    `kind` is "kernel" (our packed GEMM), "onednn" (oneDNN with the weight packed once) or "torch". `weight` is
+    the weight in the layout the kernel reads, or None where the kernel reads only GGUF blocks (the tile unit)."""
 
     __slots__ = ("_amx", "_bias_padded", "_fn", "_nb", "_par", "_q41", "bias", "kind", "out_features", "weight")
 
@@ -823,7 +824,9 @@ class Linear:
             nb = self._nb = (n + 15) // 16
             if blocks is not None and weight.dtype == torch.float32:
                 self._q41, self._amx = _pack_blocks(lib, blocks, nb, pairs=nb % 2 == 0)
-            if not self._amx:  # the tile unit reads only the blocks
+            if self._amx:  # the tile unit reads only the blocks
+                self.weight = None
+            else:
                 if n % 16:
                     weight = torch.cat((weight, weight.new_zeros(nb * 16 - n, k)))
                 self.weight = host_memory.copy(weight.view(nb, 16, k).transpose(1, 2))  # [NB, K, 16]
