@@ -404,6 +404,10 @@ static void amx_configure(int rows) {
     for (int t = 0; t < 8; t++) { c.colsb[t] = 64; c.rows[t] = t >= 6 ? 16 : rows; }
     _tile_loadconfig(&c);
 }
+/* 16 bfloat16 -> float32 (exact). */
+static inline __m512 amx_widen(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
 /* Up to 16 rows of x as one row tile: per 32-k block the three parts (xa: [KB][3][16][32], rows past `rows`
    zero) and the block's sums (xs: [KB][16]). */
 static void amx_split_rows(const float* x, int64_t ldx, int rows, int K, uint16_t* xa, float* xs) {
@@ -420,8 +424,8 @@ static void amx_split_rows(const float* x, int64_t ldx, int rows, int K, uint16_
             for (int part = 0; part < 3; part++) {  /* the part, then what it left over (exact in float32) */
                 const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
                 _mm512_storeu_si512(a + part * 512 + r * 32, h);
-                v0 = _mm512_sub_ps(v0, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16)));
-                v1 = _mm512_sub_ps(v1, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16)));
+                v0 = _mm512_sub_ps(v0, amx_widen(_mm512_castsi512_si256(h)));
+                v1 = _mm512_sub_ps(v1, amx_widen(_mm512_extracti64x4_epi64(h, 1)));
             }
         }
     }
@@ -443,10 +447,10 @@ static inline void amx_expand_block(const uint8_t* q, uint16_t* b, int q4) {
             _mm512_store_si512(b + 32 * j, _mm512_permutexvar_epi16(
                 _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(q + 32 * j))), bf16_of));
     } else {
-        for (int j = 0; j < 16; j++) {
-            const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + 32 * j))));
-            const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + 32 * j + 16))));
-            _mm512_store_si512(b + 32 * j, (__m512i)_mm512_cvtne2ps_pbh(f1, f0));
+        for (int j = 0; j < 32; j += 2) {
+            const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + 16 * j))));
+            const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + 16 * j + 16))));
+            _mm512_store_si512(b + 16 * j, (__m512i)_mm512_cvtne2ps_pbh(f1, f0));
         }
     }
 }
@@ -454,11 +458,13 @@ static inline void amx_expand_block(const uint8_t* q, uint16_t* b, int q4) {
 #define AMX_PRODUCT(c, b, cb) do { _tile_zero(c); _tile_dpbf16ps(c, 0, b); _tile_dpbf16ps(c, 1, b); \
     _tile_dpbf16ps(c, 2, b); _tile_stored(c, cb, 64); } while (0)
 /* y (rows x 16) = m * xs + (d * C + y) for one panel's C (16 x 16, 16 floats apart) of 32-k block kb. */
-static inline void amx_fold(const float* c, const float* s, const uint8_t* dm, float* y, int64_t ldy, int rows, int kb) {
+static inline void amx_fold(const float* c, const float* s, const uint8_t* dm, float* y, int64_t ldy, int rows,
+                            int kb) {
     const __m512 d = _mm512_loadu_ps((const float*)dm), m = _mm512_loadu_ps((const float*)dm + 16);
     for (int r = 0; r < rows; r++) {
         const __m512 prev = kb ? _mm512_loadu_ps(y + r * ldy) : _mm512_setzero_ps();
-        _mm512_storeu_ps(y + r * ldy, _mm512_fmadd_ps(m, _mm512_set1_ps(s[r]), _mm512_fmadd_ps(d, _mm512_load_ps(c + r * 16), prev)));
+        const __m512 scaled = _mm512_fmadd_ps(d, _mm512_load_ps(c + r * 16), prev);
+        _mm512_storeu_ps(y + r * ldy, _mm512_fmadd_ps(m, _mm512_set1_ps(s[r]), scaled));
     }
 }
 static __thread uint16_t* amx_q;  /* a thread's expanded q: [K / 32][16 panels][512] */
@@ -487,7 +493,9 @@ static int gemm_core_amx(const uint16_t* xa, const float* xs, const uint8_t* wq,
         for (int rt = 0; rt < RT; rt++) {
             const int rows = M - rt * 16 < 16 ? M - rt * 16 : 16;
             float* yt = y + rt * 16 * ldy + n0 * 16;
-            int issued = 0, pn[AMX_LAG], pkb[AMX_LAG];
+            int issued = 0, pn[AMX_LAG], pkb[AMX_LAG];  /* ring slot -> its panel and block */
+#define AMX_FOLD(slot) amx_fold(ring[slot], xs + ((int64_t)rt * KB + pkb[slot]) * 16, \
+                                wn + ((int64_t)pn[slot] * KB + pkb[slot]) * Q41_BLOCK, yt + pn[slot] * 16, ldy, rows, pkb[slot])
             for (int kb = 0; kb < KB; kb++) {
                 const uint16_t* a = xa + ((int64_t)rt * KB + kb) * 1536;
                 const uint16_t* q = amx_q + (int64_t)kb * 16 * 512;
@@ -495,7 +503,8 @@ static int gemm_core_amx(const uint16_t* xa, const float* xs, const uint8_t* wq,
                     for (int n = 0; n < nn; n++) {
                         const uint8_t* blk = wn + ((int64_t)n * KB + kb) * Q41_BLOCK;
                         if (kb + 1 < KB)
-                            for (int l = 0; l < Q41_BLOCK; l += 64) _mm_prefetch((const char*)blk + Q41_BLOCK + l, _MM_HINT_T0);
+                            for (int l = 0; l < Q41_BLOCK; l += 64)
+                                _mm_prefetch((const char*)blk + Q41_BLOCK + l, _MM_HINT_T0);
                         amx_expand_block(blk + 128, amx_q + ((int64_t)kb * 16 + n) * 512, q4);
                     }
                 _tile_loadd(0, a, 64);
@@ -504,19 +513,14 @@ static int gemm_core_amx(const uint16_t* xa, const float* xs, const uint8_t* wq,
                 _tile_loadd(6, q, 64);
                 for (int n = 0; n < nn; n++, issued++) {
                     const int slot = issued % AMX_LAG, more = n + 1 < nn;
-                    if (issued >= AMX_LAG)  /* the C stored AMX_LAG products ago (the same row tile) */
-                        amx_fold(ring[slot], xs + ((int64_t)rt * KB + pkb[slot]) * 16,
-                                 wn + ((int64_t)pn[slot] * KB + pkb[slot]) * Q41_BLOCK, yt + pn[slot] * 16, ldy, rows, pkb[slot]);
+                    if (issued >= AMX_LAG) AMX_FOLD(slot);  /* the C stored AMX_LAG products ago */
                     if (n & 1) { if (more) _tile_loadd(6, q + (n + 1) * 512, 64); AMX_PRODUCT(5, 7, ring[slot]); }
                     else { if (more) _tile_loadd(7, q + (n + 1) * 512, 64); AMX_PRODUCT(4, 6, ring[slot]); }
                     pn[slot] = n, pkb[slot] = kb;
                 }
             }
-            for (int i = issued > AMX_LAG ? issued - AMX_LAG : 0; i < issued; i++) {
-                const int slot = i % AMX_LAG;
-                amx_fold(ring[slot], xs + ((int64_t)rt * KB + pkb[slot]) * 16,
-                         wn + ((int64_t)pn[slot] * KB + pkb[slot]) * Q41_BLOCK, yt + pn[slot] * 16, ldy, rows, pkb[slot]);
-            }
+            for (int i = issued > AMX_LAG ? issued - AMX_LAG : 0; i < issued; i++) AMX_FOLD(i % AMX_LAG);
+#undef AMX_FOLD
         }
     }
     _tile_release();
@@ -667,10 +671,10 @@ CHUNK_PANELS = 16
 ROW_TILE = 192
 ZROWS = 12  # rows of the 512-bit micro-kernel: 12 x 2 panels = 24 of the 32 vector registers accumulate
 ZMIN_ROWS = 4  # below this a step is memory-bound and the 256-bit kernels stream the weights as fast
-# Steps whose projections read Q4_1 blocks where the model has them (AVX-512): up to one row block the weights are
-# expanded in registers, a few more share each expanded 32-k block through L1. Measured on SmolLM2's projections
-# (30 layers): 1 row 2.3x, 8 rows 1.5x, 16 rows 1.1x faster than float32 weights; 32 rows 10% slower (the extra
-# FMA-port work then costs more than the bytes saved).
+# Without the tile unit: steps whose projections read Q4_1 blocks where the model has them (AVX-512). Up to one row
+# block the weights are expanded in registers, a few more share each expanded 32-k block through L1. Measured on
+# SmolLM2's projections (30 layers): 1 row 2.3x, 8 rows 1.5x, 16 rows 1.1x faster than float32 weights; 32 rows
+# 10% slower (the extra FMA-port work then costs more than the bytes saved).
 Q41_ROWS = (1, 16)
 # Whether weights with GGUF blocks use the tile unit (AMX) where the CPU has one; tests turn it off to reach the
 # register kernels.

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engines.pytorch.gguf_blocks import Q41
 from engines.pytorch import linear
+from engines.pytorch.gguf_blocks import Q41
 from engines.pytorch.linear import CHUNK_PANELS, ROW_TILE, DenseOps, GatedActivation, Linear
 from engines.pytorch.native import HelperThreads
 
