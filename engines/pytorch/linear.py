@@ -20,9 +20,9 @@ copy of them is kept): x is split into three bfloat16 parts that sum to it exact
 tile products are exact and only float32 sums round; per 32-k block the sum is scaled by d and the block's offset
 added (m times the sum of x). That is float32-accurate (closer to the float64 product than the FMA kernel, in the
 tests) but not the FMA kernel's bits. A row's bits still depend only on that row, so batching does not change them.
-Measured on SmolLM2's decode and prefill steps against the FMA kernels: a 2048-row prefill step 1.8x faster, a
-32-row decode step 1.2x; steps of a few rows are slower (0.7-0.85x), the tile unit's fixed cost per 32-k block
-(three products, a store, the scaling) outweighing the few rows.
+Measured on SmolLM2's decode and prefill steps against the FMA kernels: a 2048-row prefill step 1.6-1.8x faster, a
+32-row decode step 1.07-1.23x; steps of a few rows about as fast (0.91-1.01x): the tile unit's cost per 32-k block
+(three products, a store, the scaling) is the same for one row as for sixteen.
 
 bfloat16 weights are packed the same way and converted to float32 as they are loaded (x is converted once, sums
 are float32, one rounding to bfloat16 at the end): half the bytes per decode step, and for a few rows the same
