@@ -63,9 +63,10 @@ static inline __m256 LOADW_bf16w(const uint16_t* p) {  /* 8 bfloat16 -> float32,
 }
 #ifdef __AVX512F__
 static inline __m512 LOADZ_f32(const float* p) { return _mm512_loadu_ps(p); }
-static inline __m512 LOADZ_bf16w(const uint16_t* p) {  /* 16 bfloat16 -> float32, exactly */
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+static inline __m512 widen_bf16(__m256i h) {  /* 16 bfloat16 -> float32, exactly */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+static inline __m512 LOADZ_bf16w(const uint16_t* p) { return widen_bf16(_mm256_loadu_si256((const __m256i*)p)); }
 #endif
 static inline float bf16_to_f32(uint16_t x) { uint32_t u = (uint32_t)x << 16; float f; memcpy(&f, &u, 4); return f; }
 static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even, as torch converts */
@@ -396,6 +397,16 @@ int q41_supported(void) {
 #include <sys/syscall.h>
 #include <unistd.h>
 typedef struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } amx_tilecfg;
+/* A thread's scratch of at least `need` bytes (64-byte aligned), grown and kept between calls; NULL: out of memory. */
+typedef struct { void* p; size_t capacity; } amx_scratch;
+static void* amx_reserve(amx_scratch* s, size_t need) {
+    if (need > s->capacity) {
+        free(s->p);
+        s->p = aligned_alloc(64, need);
+        s->capacity = s->p ? need : 0;
+    }
+    return s->p;
+}
 /* Tiles 0-2: x's parts (rows x 32 bfloat16), 4-5: C (rows x 16 float32), 6-7: q (16 k pairs x 16 columns). */
 static void amx_configure(int rows) {
     amx_tilecfg c;
@@ -403,10 +414,6 @@ static void amx_configure(int rows) {
     c.palette = 1;
     for (int t = 0; t < 8; t++) { c.colsb[t] = 64; c.rows[t] = t >= 6 ? 16 : rows; }
     _tile_loadconfig(&c);
-}
-/* 16 bfloat16 -> float32 (exact). */
-static inline __m512 amx_widen(__m256i h) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 /* Up to 16 rows of x as one row tile: per 32-k block the three parts (xa: [KB][3][16][32], rows past `rows`
    zero) and the block's sums (xs: [KB][16]). */
@@ -424,8 +431,8 @@ static void amx_split_rows(const float* x, int64_t ldx, int rows, int K, uint16_
             for (int part = 0; part < 3; part++) {  /* the part, then what it left over (exact in float32) */
                 const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
                 _mm512_storeu_si512(a + part * 512 + r * 32, h);
-                v0 = _mm512_sub_ps(v0, amx_widen(_mm512_castsi512_si256(h)));
-                v1 = _mm512_sub_ps(v1, amx_widen(_mm512_extracti64x4_epi64(h, 1)));
+                v0 = _mm512_sub_ps(v0, widen_bf16(_mm512_castsi512_si256(h)));
+                v1 = _mm512_sub_ps(v1, widen_bf16(_mm512_extracti64x4_epi64(h, 1)));
             }
         }
     }
@@ -467,8 +474,7 @@ static inline void amx_fold(const float* c, const float* s, const uint8_t* dm, f
         _mm512_storeu_ps(y + r * ldy, _mm512_fmadd_ps(m, _mm512_set1_ps(s[r]), scaled));
     }
 }
-static __thread uint16_t* amx_q;  /* a thread's expanded q: [K / 32][16 panels][512] */
-static __thread size_t amx_q_capacity;
+static __thread amx_scratch amx_q;  /* a thread's expanded q: [K / 32][16 panels][512] */
 #define AMX_LAG 4  /* C tiles stored ahead of their fold: the tile unit's stores reach ordinary loads late */
 /* y[M, NB * 16] = x @ W.T from x's parts (xa, xs: amx_split_rows' layout, M rows) and the panels wq. Per 16 panels
    and row tile, per 32-k block: the parts are loaded once, each panel's q is loaded while the previous one's
@@ -478,13 +484,8 @@ static __thread size_t amx_q_capacity;
 static int gemm_core_amx(const uint16_t* xa, const float* xs, const uint8_t* wq, float* y, int64_t ldy, int M,
                          int NB, int K, int q4) {
     const int KB = K / 32, RT = (M + 15) / 16;
-    const size_t need = (size_t)KB * 16 * 1024;
-    if (need > amx_q_capacity) {
-        free(amx_q);
-        amx_q = (uint16_t*)aligned_alloc(64, need);
-        amx_q_capacity = amx_q ? need : 0;
-        if (!amx_q) return -1;
-    }
+    uint16_t* const qx = (uint16_t*)amx_reserve(&amx_q, (size_t)KB * 16 * 1024);
+    if (!qx) return -1;
     float ring[AMX_LAG][256] __attribute__((aligned(64)));
     amx_configure(M < 16 ? M : 16);
     for (int n0 = 0; n0 < NB; n0 += 16) {
@@ -498,14 +499,14 @@ static int gemm_core_amx(const uint16_t* xa, const float* xs, const uint8_t* wq,
                                 wn + ((int64_t)pn[slot] * KB + pkb[slot]) * Q41_BLOCK, yt + pn[slot] * 16, ldy, rows, pkb[slot])
             for (int kb = 0; kb < KB; kb++) {
                 const uint16_t* a = xa + ((int64_t)rt * KB + kb) * 1536;
-                const uint16_t* q = amx_q + (int64_t)kb * 16 * 512;
+                const uint16_t* q = qx + (int64_t)kb * 16 * 512;
                 if (rt == 0)  /* q expanded as the first row tile needs them, the next block's prefetched */
                     for (int n = 0; n < nn; n++) {
                         const uint8_t* blk = wn + ((int64_t)n * KB + kb) * Q41_BLOCK;
                         if (kb + 1 < KB)
                             for (int l = 0; l < Q41_BLOCK; l += 64)
                                 _mm_prefetch((const char*)blk + Q41_BLOCK + l, _MM_HINT_T0);
-                        amx_expand_block(blk + 128, amx_q + ((int64_t)kb * 16 + n) * 512, q4);
+                        amx_expand_block(blk + 128, qx + ((int64_t)kb * 16 + n) * 512, q4);
                     }
                 _tile_loadd(0, a, 64);
                 _tile_loadd(1, a + 512, 64);
@@ -528,17 +529,12 @@ static int gemm_core_amx(const uint16_t* xa, const float* xs, const uint8_t* wq,
 }
 /* x split into the caller's buffer (kept between calls: a step's projections all need one of about the same size);
    -1 when it cannot be allocated. */
-static __thread void* amx_buffer;
-static __thread size_t amx_capacity;
+static __thread amx_scratch amx_parts;
 static int amx_split(const float* x, int64_t ldx, int M, int K, uint16_t** xa, float** xs) {
-    const size_t tiles = (size_t)(M + 15) / 16 * (K / 32), need = tiles * (1536 * 2 + 64);
-    if (need > amx_capacity) {
-        free(amx_buffer);
-        amx_buffer = aligned_alloc(64, need);
-        amx_capacity = amx_buffer ? need : 0;
-        if (!amx_buffer) return -1;
-    }
-    amx_split_job s = {x, ldx, (uint16_t*)amx_buffer, (float*)((char*)amx_buffer + tiles * 1536 * 2), M, K, 0};
+    const size_t tiles = (size_t)(M + 15) / 16 * (K / 32);
+    char* const buf = (char*)amx_reserve(&amx_parts, tiles * (1536 * 2 + 64));
+    if (!buf) return -1;
+    amx_split_job s = {x, ldx, (uint16_t*)buf, (float*)(buf + tiles * 1536 * 2), M, K, 0};
     if (M <= 16) amx_split_task(&s); else POOL_RUN(amx_split_task, &s);  /* one row tile: not worth a wake-up */
     *xa = s.xa;
     *xs = s.xs;
@@ -1032,10 +1028,10 @@ class GatedActivation:
         m, k = x.shape
         nb = self._nb
         y = x.new_empty(m, nb // 2 * 16)
+        # with the tile unit every step reads the blocks, so self._amx is the mode of this call too
         blocks = _reads_blocks(self._q41, self._amx, m)
         wp, wq = (None, self._q41.data_ptr()) if blocks else (self.weight.data_ptr(), None)
         if self._lib.gemm_silu_f32_par(x.data_ptr(), x.stride(0), wp, wq, y.data_ptr(), y.stride(0),
-                                       m, nb, k, _chunk(self._amx if blocks else 0, m), min(m, ROW_TILE),
-                                       self._amx if blocks else 0) != 0:
+                                       m, nb, k, _chunk(self._amx, m), min(m, ROW_TILE), self._amx) != 0:
             raise MemoryError("the fused MLP kernel could not allocate its scratch")
         return y if nb // 2 * 16 == self.out_features else y[:, : self.out_features]
