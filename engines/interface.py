@@ -94,11 +94,21 @@ class StepEngine(ABC):
         """Free resources. Called once when the model is unloaded."""
 
 
+class RequestRefusedError(ValueError):
+    """A request the engine cannot serve as asked (the gateway answers 400), with the request field at fault when
+    the engine knows it (OpenAI's `param`); a plain `ValueError` means the same without a field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class EngineUnavailableError(RuntimeError):
     """The engine cannot take or finish requests right now (dead, stopped, every upstream down).
 
-    The gateway answers 503 with Retry-After. Engines raise `ValueError` for a request they cannot serve as asked
-    (the gateway answers 400 with the message) and end a stream with finish_reason "error" for a failure inside it.
+    The gateway answers 503 with Retry-After. Engines raise `ValueError` (or `RequestRefusedError`, naming the
+    field) for a request they cannot serve as asked (the gateway answers 400 with the message) and end a stream
+    with finish_reason "error" for a failure inside it.
     """
 
 

@@ -45,6 +45,7 @@ class GuidedSpec:
 
     kind: GuidedKind
     value: Any
+    param: str | None = None  # the request field that asked for it: an engine refusing the spec names it (400)
 
     def structured_outputs(self) -> dict[str, Any]:
         """The spec as vLLM's `structured_outputs` fields (one of json, regex, choice, grammar)."""

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import urllib.error
 import urllib.request
 from collections import OrderedDict
@@ -29,7 +30,7 @@ from typing import Any
 import aiohttp
 
 from engines.hf_tokenizer import HFTokenizer
-from engines.interface import AsyncGenerateEngine, EngineUnavailableError, Tokenizer
+from engines.interface import AsyncGenerateEngine, EngineUnavailableError, RequestRefusedError, Tokenizer
 from engines.remote.routing import Router
 from engines.remote.tokenizer import load_tokenizer
 from engines.remote.upstream import TRANSPORT_ERRORS, Upstream, UpstreamSettings
@@ -189,12 +190,14 @@ class RemoteEngine(AsyncGenerateEngine):
         try:
             async with self._client.post(url, json=body, headers=headers, timeout=upstream.timeout) as resp:
                 if resp.status != 200:
-                    detail = await _error_detail(resp)
+                    detail, param = await _error_detail(resp)
                     if resp.status in (408, 429) or resp.status >= 500:
                         if resp.status == 503:
                             upstream.mark_down(f"answered 503: {detail}")
                         raise _Retry(f"{upstream.base_url} answered {resp.status}: {detail}")
-                    raise ValueError(f"the upstream refused the request: {detail}")
+                    raise RequestRefusedError(
+                        f"the upstream refused the request: {detail}", _client_param(param, detail, request)
+                    )
                 upstream.served += 1
                 lines = _lines(resp)
                 async for line in lines:
@@ -335,15 +338,32 @@ async def _drain(lines: AsyncIterator[str]) -> None:
                 pass
 
 
-async def _error_detail(resp: aiohttp.ClientResponse) -> str:
-    """The message of an upstream's error response, short and without its internals."""
+async def _error_detail(resp: aiohttp.ClientResponse) -> tuple[str, str | None]:
+    """The message of an upstream's error response, short and without its internals, and its `param`."""
     try:
         obj = json.loads(await resp.read())
         err = obj.get("error") if isinstance(obj, dict) else None
         message = err.get("message") if isinstance(err, dict) else (err or obj.get("message") or obj.get("detail"))
-        return str(message)[:MAX_ERROR_CHARS]
+        param = err.get("param") if isinstance(err, dict) else None
+        return str(message)[:MAX_ERROR_CHARS], param if isinstance(param, str) else None
     except Exception:
-        return f"HTTP {resp.status}"
+        return f"HTTP {resp.status}", None
+
+
+_GUIDED_WORDS = re.compile(r"grammar|schema|regex|structured|choice", re.IGNORECASE)
+
+
+def _client_param(param: str | None, detail: str, request: GenerationRequest) -> str | None:
+    """The client's field an upstream refusal is about. The upstream names fields of our completions body: its
+    sampling fields are the client's, its `structured_outputs` is whatever field asked for the guided spec, and
+    `prompt` (token ids we built) names nothing the client sent. vLLM's grammar checks name no field at all, so a
+    refusal of a guided request that speaks of grammars or schemas is taken to be about the spec."""
+    guided = request.sampling.guided
+    if param is None:
+        return guided.param if guided is not None and _GUIDED_WORDS.search(detail) else None
+    if param.startswith("structured_outputs"):
+        return guided.param if guided is not None else None
+    return None if param.startswith("prompt") else param
 
 
 def probe_max_model_len(settings: RemoteSettings) -> int | None:

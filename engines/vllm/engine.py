@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import traceback
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from engines.hf_tokenizer import HFTokenizer
-from engines.interface import AsyncGenerateEngine, EngineUnavailableError, Tokenizer
+from engines.interface import AsyncGenerateEngine, EngineUnavailableError, RequestRefusedError, Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest
 from engines.vllm.sampling import to_token_logprobs, to_vllm_sampling_params
 
@@ -166,7 +167,7 @@ class VllmEngine(AsyncGenerateEngine):
             yield _failed(request, produced, "the vLLM engine stopped while generating")
         except VLLMClientError as exc:
             if not started:
-                raise ValueError(str(exc)[:500]) from None
+                raise RequestRefusedError(str(exc)[:500], _refused_param(exc, request)) from None
             yield _failed(request, produced, f"vLLM refused the request: {str(exc)[:300]}")
 
     async def abort(self, request_id: str) -> None:
@@ -175,6 +176,20 @@ class VllmEngine(AsyncGenerateEngine):
 
     async def shutdown(self) -> None:
         await asyncio.to_thread(self._llm.shutdown)
+
+
+def _refused_param(exc: BaseException, request: GenerationRequest) -> str | None:
+    """The request field a vLLM refusal is about: the one vLLM names, else the guided spec's field when vLLM's
+    structured-output checks raised it (their errors name no parameter)."""
+    named = getattr(exc, "parameter", None)
+    if isinstance(named, str):
+        return named
+    guided = request.sampling.guided
+    if guided is None:
+        return None
+    frames = traceback.walk_tb(exc.__traceback__)
+    in_guided_check = any("structured_output" in f.f_code.co_name + f.f_code.co_filename for f, _ in frames)
+    return guided.param if in_guided_check else None
 
 
 def _failed(request: GenerationRequest, produced: int, error: str) -> GenerationOutput:

@@ -320,7 +320,7 @@ def choice_grammar(choices: list[str]) -> str:
 def json_spec(schema: Any, param: str, where: str = "schema") -> GuidedSpec:
     """A checked JSON Schema as a spec, its objects closed (what every engine then enforces as given)."""
     check_json_schema(schema, param, where)
-    return GuidedSpec("json", close_objects(schema))
+    return GuidedSpec("json", close_objects(schema), param)
 
 
 @dataclass
@@ -362,10 +362,10 @@ def request_spec(req: Any) -> tuple[GuidedSpec, str] | None:
                 raise InvalidRequestError("structured_outputs.json is not valid JSON", param=param) from None
         return json_spec(schema, param, "structured_outputs.json"), param
     if wanted.regex is not None:
-        return GuidedSpec("regex", wanted.regex), param
+        return GuidedSpec("regex", wanted.regex, param), param
     if wanted.choice is not None:
-        return GuidedSpec("choice", list(wanted.choice)), param
-    return GuidedSpec("lark", wanted.grammar), param
+        return GuidedSpec("choice", list(wanted.choice), param), param
+    return GuidedSpec("lark", wanted.grammar, param), param
 
 
 async def request_guidance(req: Any, scheduler: Any) -> Guidance | None:

@@ -102,7 +102,7 @@ async def tool_guidance(plan: ToolPlan, model: LoadedModel) -> Guidance | None:
     """
     if not plan.constrained or plan.parser is None:
         return None
-    spec = GuidedSpec("lark", plan.parser.grammar(plan.forced, plan.parallel and plan.choice == "required"))
+    spec = GuidedSpec("lark", plan.parser.grammar(plan.forced, plan.parallel and plan.choice == "required"), "tools")
     if engine_enforces_specs(model.scheduler):
         return Guidance(spec)  # the schemas were checked by plan_tools; the engine compiles
     decoder = decoder_for(model.scheduler)

@@ -178,7 +178,7 @@ class AdmissionScheduler(LLMScheduler):
                         return
             except ValueError as exc:
                 if not started:
-                    raise InvalidRequestError(str(exc)) from None
+                    raise InvalidRequestError(str(exc), param=getattr(exc, "param", None)) from None
                 yield self._final(request, "error", str(exc))
             except EngineUnavailableError as exc:
                 if not started:

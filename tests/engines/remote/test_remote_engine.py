@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 from aiohttp import web
 
-from engines.interface import EngineUnavailableError
+from engines.interface import EngineUnavailableError, RequestRefusedError
 from engines.remote.engine import RemoteEngine, RemoteSettings
 from engines.remote.upstream import UpstreamSettings
 from engines.remote.wire import completion_body
@@ -269,6 +269,23 @@ async def test_a_4xx_is_the_clients_problem_and_is_not_retried() -> None:
     with pytest.raises(ValueError, match="prompt too long"):
         await collect(engine, request())
     assert len(ups.calls) == 1
+
+
+async def test_a_refusal_names_the_clients_field() -> None:
+    """The upstream names fields of our completions body; the error names the client's: its `structured_outputs`
+    is the field that asked for the spec, a vLLM grammar error (no param) too, `prompt` is nothing the client sent."""
+    spec = GuidedSpec("lark", "start: nowhere", "response_format")
+    cases = [({"message": "bad", "param": "temperature"}, {}, "temperature"),
+             ({"message": "bad", "param": "structured_outputs.grammar"}, {"guided": spec}, "response_format"),
+             ({"message": "Invalid grammar specification"}, {"guided": spec}, "response_format"),
+             ({"message": "Invalid grammar specification"}, {}, None),
+             ({"message": "too long", "param": "prompt"}, {}, None)]
+    for error, sampling, param in cases:
+        ups = Upstreams(up_a=lambda c, e=error: Reply(400, {"error": e}), up_b=DOWN)
+        engine = await engine_for(ups, retries=0)
+        with pytest.raises(RequestRefusedError) as refused:
+            await collect(engine, request(**sampling))
+        assert refused.value.param == param, error
 
 
 async def test_when_every_attempt_fails_the_engine_is_unavailable() -> None:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from engines.interface import AsyncGenerateEngine, EngineUnavailableError, Tokenizer
+from engines.interface import AsyncGenerateEngine, EngineUnavailableError, RequestRefusedError, Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SamplingParams
 from gateway.errors import InvalidRequestError, RateLimitError, ServiceUnavailableError
 from gateway.scheduler.admission import AdmissionLimits, AdmissionScheduler
@@ -38,8 +38,9 @@ class NullTokenizer(Tokenizer):
 class ScriptedEngine(AsyncGenerateEngine):
     """Streams `tokens` updates per request; `gate` (if set) holds every request before its first update.
 
-    `behaviour[request_id]` scripts failures: "value_error", "unavailable" (raised before the first update),
-    "crash" (raised after one update), "truncate" (the stream ends without a finished update).
+    `behaviour[request_id]` scripts failures: "value_error", "refused" (naming a field), "unavailable" (raised
+    before the first update), "crash" (raised after one update), "truncate" (the stream ends without a finished
+    update).
     """
 
     def __init__(self, tokens: int = 3) -> None:
@@ -78,6 +79,8 @@ class ScriptedEngine(AsyncGenerateEngine):
             how = self.behaviour.get(rid)
             if how == "value_error":
                 raise ValueError("prompt too long for this engine")
+            if how == "refused":
+                raise RequestRefusedError("the grammar is invalid", "response_format")
             if how == "unavailable":
                 raise EngineUnavailableError("engine is down")
             for i in range(self.tokens):
@@ -209,9 +212,14 @@ async def test_a_request_cancelled_while_waiting_leaves_no_trace() -> None:
 
 async def test_engine_errors_become_gateway_errors() -> None:
     scheduler, engine = await started(AdmissionLimits())
-    engine.behaviour = {"bad": "value_error", "down": "unavailable", "crash": "crash", "cut": "truncate"}
-    with pytest.raises(InvalidRequestError, match="prompt too long"):
+    engine.behaviour = {"bad": "value_error", "field": "refused", "down": "unavailable", "crash": "crash",
+                        "cut": "truncate"}
+    with pytest.raises(InvalidRequestError, match="prompt too long") as bad:
         await drain(scheduler, req("bad"))
+    assert bad.value.param is None
+    with pytest.raises(InvalidRequestError, match="grammar is invalid") as refused:
+        await drain(scheduler, req("field"))
+    assert refused.value.param == "response_format"
     with pytest.raises(ServiceUnavailableError) as err:
         await drain(scheduler, req("down"))
     assert err.value.status == 503 and err.value.headers["Retry-After"]
