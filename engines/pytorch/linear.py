@@ -313,8 +313,8 @@ typedef struct {
     const float* x; const void *wp, *bias, *residual; float* y; uint16_t* y16; int64_t ldx, ldr, ldy;
     int M, NB, K, chunk, mchunk, next;
     const uint8_t* wq;  /* Q4_1 panels (Q41_BLOCK bytes per 32 k of a panel) in place of wp, or NULL */
-    int amx;  /* wq in the tile unit's layout: 1 Q4_1, 2 Q8_0; 0: the register kernels' */
-    const uint16_t* xa; const float* xs;  /* x split for the tile unit (q41_prepare) */
+    int amx;  /* wq in the tile unit's layout: 1 Q4_1, 2 Q8_0; 0: the register kernels'; 3: bfloat16 wp (tiles) */
+    const uint16_t* xa; const float* xs;  /* x split for the tile unit (q41_prepare); amx 3: x itself */
     int failed;  /* set when a thread could not allocate its scratch */
 } gemm_job;
 
@@ -540,7 +540,84 @@ static int amx_split(const float* x, int64_t ldx, int M, int K, uint16_t** xa, f
     *xs = s.xs;
     return 0;
 }
+
+/* ---- bfloat16 weights on the tile unit (the bfloat16 mode) ----
+   x and W are bfloat16, so each 32-k block is one tile product, and C accumulates the whole of K in the tile
+   before y = bf16(C + bias) (then bf16(residual + y)). These are oneDNN's bits for calls of up to 32 rows, i.e.
+   torch's bfloat16 F.linear as transformers runs it on every decode step (checked bit for bit in
+   tests/engines/pytorch/test_linear.py); oneDNN's larger calls sum K in pieces. Up to 16 rows, 4 panels at a
+   time: C in tiles 0-3, x in 4. W: per group of 4 panels (fewer in the last), [K / 32][4 panels][16 k pairs]
+   [16 columns][2] (1 KB per panel and 32 k), so a group's weights are one sequential stream. */
+static void bf16_amx_rows(const uint16_t* x, int64_t ldx, const uint16_t* wp, const uint16_t* bias,
+                          const uint16_t* residual, int64_t ldr, uint16_t* y, int64_t ldy, int rows, int nb, int K) {
+    const int KB = K / 32;
+    float c[4][256] __attribute__((aligned(64)));
+    for (int n = 0; n < nb; n += 4) {
+        const int g = nb - n < 4 ? nb - n : 4;
+        const uint16_t* w = wp + (int64_t)n * KB * 512;
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        for (int kb = 0; kb < KB; kb++) {
+            const uint16_t* b = w + (int64_t)kb * g * 512;
+            /* the next block's weights: one row ran 1.05-1.15x faster than without (2 or 4 ahead: slower) */
+            for (int l = 0; l < g * 16; l++) _mm_prefetch((const char*)(b + g * 512 + l * 32), _MM_HINT_T0);
+            _tile_loadd(4, x + kb * 32, ldx * 2);
+            _tile_loadd(6, b, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            if (g > 1) { _tile_loadd(7, b + 512, 64); _tile_dpbf16ps(1, 4, 7); }
+            if (g > 2) { _tile_loadd(6, b + 1024, 64); _tile_dpbf16ps(2, 4, 6); }
+            if (g > 3) { _tile_loadd(7, b + 1536, 64); _tile_dpbf16ps(3, 4, 7); }
+        }
+        _tile_stored(0, c[0], 64);
+        if (g > 1) _tile_stored(1, c[1], 64);
+        if (g > 2) _tile_stored(2, c[2], 64);
+        if (g > 3) _tile_stored(3, c[3], 64);
+        for (int p = 0; p < g; p++) {
+            const int64_t col = (int64_t)(n + p) * 16;
+            const __m512 b = bias ? widen_bf16(_mm256_loadu_si256((const __m256i*)(bias + col))) : _mm512_setzero_ps();
+            for (int r = 0; r < rows; r++) {
+                __m512 v = _mm512_load_ps(c[p] + r * 16);
+                if (bias) v = _mm512_add_ps(v, b);
+                __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+                if (residual)
+                    h = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(
+                        widen_bf16(_mm256_loadu_si256((const __m256i*)(residual + r * ldr + col))), widen_bf16(h)));
+                _mm256_storeu_si256((__m256i*)(y + r * ldy + col), h);
+            }
+        }
+    }
+}
+/* A gemm_job over bfloat16 x (in xa) and W (wp, the layout above), writing bfloat16 y (y16). */
+static void bf16_amx_task(void* p) {
+    gemm_job* j = (gemm_job*)p;
+    const uint16_t *bias = (const uint16_t*)j->bias, *res = (const uint16_t*)j->residual;
+    for (int n0, m0, nb, mc; next_tile(j, &n0, &m0, &nb, &mc);) {
+        const int64_t c0 = (int64_t)n0 * 16;
+        for (int r = 0, configured = 0; r < mc; r += 16) {
+            const int rows = mc - r < 16 ? mc - r : 16, m = m0 + r;
+            if (rows != configured) amx_configure(configured = rows);
+            bf16_amx_rows(j->xa + m * j->ldx, j->ldx, (const uint16_t*)j->wp + (int64_t)n0 * (j->K / 32) * 512,
+                          bias ? bias + c0 : 0, res ? res + m * j->ldr + c0 : 0, j->ldr, j->y16 + m * j->ldy + c0,
+                          j->ldy, rows, nb, j->K);
+        }
+    }
+    _tile_release();
+}
 #endif
+/* y[M, NB * 16] = x @ W.T (+ bias) (+ residual), all bfloat16, on the tile unit (bf16_amx_rows; K a multiple of
+   32). -1: built without the tile unit. */
+int gemm_bf16_amx_par(const uint16_t* x, int64_t ldx, const uint16_t* wp, const uint16_t* bias,
+                      const uint16_t* residual, int64_t ldr, uint16_t* y, int64_t ldy, int M, int NB, int K, int chunk,
+                      int mchunk) {
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
+    gemm_job j = {0, wp, bias, residual, 0, y, ldx, ldr, ldy, M, NB, K, chunk, mchunk, 0, 0, 3, x, 0, 0};
+    POOL_RUN(bf16_amx_task, &j);
+    return 0;
+#else
+    (void)x; (void)ldx; (void)wp; (void)bias; (void)residual; (void)ldr; (void)y; (void)ldy; (void)M; (void)NB;
+    (void)K; (void)chunk; (void)mchunk;
+    return -1;
+#endif
+}
 /* Whether this CPU and kernel let the process use AMX tiles (asked for once: Linux hands them out per process). */
 int amx_supported(void) {
 #if defined(__AMX_BF16__) && defined(__AVX512BF16__)
@@ -669,6 +746,7 @@ CHUNK_PANELS = 16
 # between the threads, less expanded q in L2). A 2048-row prefill step was 19% slower with 4 (the row tiles' parts are
 # loaded once per 4 panels instead of 16) and the same with 8, so larger steps keep CHUNK_PANELS.
 TILE_UNIT_FEW_ROWS, TILE_UNIT_FEW_ROWS_PANELS = 64, 4
+BF16_TILES = 3  # a Linear's tile-unit mode for bfloat16 weights (1 and 2: Q4_1 and Q8_0 blocks)
 ROW_TILE = 192
 ZROWS = 12  # rows of the 512-bit micro-kernel: 12 x 2 panels = 24 of the 32 vector registers accumulate
 ZMIN_ROWS = 4  # below this a step is memory-bound and the 256-bit kernels stream the weights as fast
@@ -779,6 +857,8 @@ def _load(cache_dir: Path | None) -> ctypes.CDLL | None:
             lib.gemm_silu_f32_par.argtypes = [p, i64, p, p, p, i64, i32, i32, i32, i32, i32, i32]
             lib.gemm_q41_par.argtypes = [p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32, i32, i32]
             lib.gemm_q41_par.restype = ctypes.c_int
+            lib.gemm_bf16_amx_par.argtypes = [p, i64, p, p, p, i64, p, i64, i32, i32, i32, i32, i32]
+            lib.gemm_bf16_amx_par.restype = ctypes.c_int
             lib.q41_supported.restype = ctypes.c_int
             lib.amx_supported.restype = ctypes.c_int
             lib.gemm_silu_f32_par.restype = ctypes.c_int
@@ -829,12 +909,17 @@ class Linear:
             nb = self._nb = (n + 15) // 16
             if blocks is not None and weight.dtype == torch.float32:
                 self._q41, self._amx = _pack_blocks(lib, blocks, nb, pairs=nb % 2 == 0)
-            if self._amx:  # the tile unit reads only the blocks
+            elif weight.dtype == torch.bfloat16 and k % 32 == 0 and TILE_UNIT and lib.amx_supported():
+                self._amx = BF16_TILES
+            if self._amx in (1, 2):  # the tile unit reads only the blocks
                 self.weight = None
             else:
                 if n % 16:
                     weight = torch.cat((weight, weight.new_zeros(nb * 16 - n, k)))
-                self.weight = host_memory.copy(weight.view(nb, 16, k).transpose(1, 2))  # [NB, K, 16]
+                if self._amx == BF16_TILES:
+                    self.weight = host_memory.copy(_bf16_tiles(weight, nb))
+                else:
+                    self.weight = host_memory.copy(weight.view(nb, 16, k).transpose(1, 2))  # [NB, K, 16]
             if self.bias is not None:
                 self._bias_padded = torch.zeros(nb * 16, dtype=weight.dtype)
                 self._bias_padded[:n] = self.bias
@@ -867,6 +952,10 @@ class Linear:
                     residual = residual.contiguous()
             bias = self._bias_padded.data_ptr() if self._bias_padded is not None else None
             res, ldr = (residual.data_ptr(), residual.stride(0)) if residual is not None else (None, 0)
+            if self._amx == BF16_TILES:
+                _lib.gemm_bf16_amx_par(x.data_ptr(), x.stride(0), self.weight.data_ptr(), bias, res, ldr,
+                                       y.data_ptr(), y.stride(0), m, nb, k, _chunk(self._amx, m), min(m, ROW_TILE))
+                return y if nb * 16 == self.out_features else y[:, : self.out_features]
             if _reads_blocks(self._q41, self._amx, m):
                 if _lib.gemm_q41_par(x.data_ptr(), x.stride(0), self._q41.data_ptr(), bias, res, ldr, y.data_ptr(),
                                      y.stride(0), m, nb, k, _chunk(self._amx, m), min(m, ROW_TILE), self._amx) != 0:
@@ -927,6 +1016,13 @@ def _pack_q41(blocks: Q41, nb: int, k_pairs: bool = False) -> torch.Tensor:
         qs = qs.reshape(nb, kb, 16, 2, 16).transpose(3, 4)  # [NB, KB, 16, 16, 2]
     qs = qs.contiguous()
     return host_memory.copy(torch.cat((dm.view(nb, kb, 32).view(torch.uint8), qs.view(nb, kb, 512)), dim=-1))
+
+
+def _bf16_tiles(weight: torch.Tensor, nb: int) -> torch.Tensor:
+    """bfloat16 [NB * 16, K] in the tile unit's layout for bf16_amx_rows: per group of 4 panels (fewer in the last),
+    [K / 32][panels][16 k pairs][16 columns][2]."""
+    panels = weight.view(nb, 16, weight.shape[1] // 32, 16, 2).permute(0, 2, 3, 1, 4)  # [NB, K / 32, 16, 16, 2]
+    return torch.cat([panels[n : n + 4].transpose(0, 1).reshape(-1) for n in range(0, nb, 4)])
 
 
 def _is_silu(act: torch.nn.Module) -> bool:

@@ -54,7 +54,10 @@ def test_without_fast_kernels_is_f_linear(tmp_path: Path) -> None:
     assert torch.equal(lin(x), F.linear(x, weight))
 
 
-def test_bfloat16_weights_match_f_linear(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tile_unit", [True, False])
+def test_bfloat16_weights_match_f_linear(tile_unit: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both kernels for bfloat16 weights (the tile unit's, where there is one, and the registers')."""
+    monkeypatch.setattr(linear, "TILE_UNIT", tile_unit)
     gen = torch.Generator().manual_seed(1)
     weight = (torch.randn(80, 96, generator=gen) * 0.05).bfloat16()
     bias = torch.randn(80, generator=gen).bfloat16()
@@ -199,6 +202,48 @@ def test_tile_unit_rows_do_not_depend_on_the_batch(threads: int, tmp_path: Path)
     assert torch.equal(head(x_all[:5]), logits[:5])
     assert _max_error(logits, x_all, q8.dequantize(), None) <= _max_error(
         Linear(q8.dequantize(), None, True, tmp_path, helpers)(x_all), x_all, q8.dequantize(), None)
+
+
+def _amplified(x: torch.Tensor, weight: torch.Tensor, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and weight with their last two k replaced so that `row`'s result is what is left of torch's float32 sum
+    after two bfloat16 roundings: `row` then shows the low bits of torch's sums, which rounding random data to
+    bfloat16 hides (a one-bit difference in the float32 sum rarely moves its bfloat16)."""
+    x, weight = x.clone(), weight.clone()
+    k = x.shape[1]
+    x[row, k - 2 :], weight[:, k - 2 :] = 0, 0
+    for i in range(2):
+        correction = F.linear(x, weight)[row]
+        x[row, k - 2 + i], weight[:, k - 2 + i] = 1.0, -correction
+    return x, weight
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bfloat16_tile_unit_gives_torchs_bits_and_rows_do_not_depend_on_the_batch(threads: int,
+                                                                                   tmp_path: Path) -> None:
+    """bfloat16 weights on the tile unit sum as oneDNN does for torch's calls of up to 32 rows (transformers' decode
+    steps): the same bits, low ones included; and a row's bits do not depend on the rest of the step."""
+    gen = torch.Generator().manual_seed(17)
+    helpers = HelperThreads(threads, tmp_path) if threads > 1 else None
+    for n, k in ((576, 576), (200, 1536)):  # SmolLM2's projection shapes; padded columns
+        weight = (torch.randn(n, k, generator=gen) * 0.05).bfloat16()
+        probe = Linear(weight, None, True, tmp_path, helpers)
+        if probe._amx != linear.BF16_TILES:
+            pytest.skip("no AMX here (or no C compiler)")
+        for m, row in ((1, 0), (17, 16), (32, 5)):
+            x, w = _amplified(torch.randn(m, k, generator=gen).bfloat16(), weight, row)
+            lin = Linear(w, None, True, tmp_path, helpers)
+            torch.set_num_threads(2)  # what transformers runs with here
+            ref = F.linear(x, w)
+            torch.set_num_threads(1)
+            out = lin(x)
+            assert torch.equal(out, ref) and out[row].count_nonzero() > n // 2  # the low bits are there, and equal
+            residual = torch.randn(m, n, generator=gen).bfloat16()
+            assert torch.equal(lin(x, residual), residual + ref)
+        x = torch.randn(ROW_TILE + 21, 576, generator=gen).bfloat16()
+        lin = Linear((torch.randn(n, 576, generator=gen) * 0.05).bfloat16(), None, True, tmp_path, helpers)
+        full = lin(x)
+        for m in (1, 15, 16, 17, 40, ROW_TILE + 21):
+            assert torch.equal(lin(x[:m]), full[:m]) and torch.equal(lin(x[m - 1 : m]), full[m - 1 : m])
 
 
 @pytest.mark.parametrize("threads", [1, 2])
