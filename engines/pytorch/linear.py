@@ -278,25 +278,71 @@ void silu_mul_f32(const float* gu, int64_t ldg, float* y, int64_t ldy, int M, in
         for (int m = m0; m < m1; m++) silu_mul_row(gu + m * ldg, gu + m * ldg + I, y + m * ldy, I);
 }
 
-/* y = w * (x * (1 / sqrt(mean(x * x) + eps))): transformers' float32 RMSNorm; only the order of the sum differs. */
+/* The sum of x[0..H) squared in torch's order for a float32 row (SumKernel's cascade sum, which transformers'
+   RMSNorm mean runs): 8-float vectors, 4 interleaved accumulators flushed up a level every 16 steps of 4 vectors,
+   then the vectors left over, the 4 accumulators, the scalar tail and the 8 lanes in turn. Checked bit for bit
+   against torch in tests/engines/pytorch/test_linear.py. x: H floats, or (bf16) H bfloat16 read as float32. */
+static inline __m256 load8(const void* x, int64_t i, int bf16) {
+    if (!bf16) return _mm256_loadu_ps((const float*)x + i);
+    const __m128i h = _mm_loadu_si128((const __m128i*)((const uint16_t*)x + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static float torch_sum_squares(const void* x, int H, int bf16) {
+    const int64_t nv = H / 8, rows = nv / 4;
+    const int log2 = rows <= 2 ? 1 : 64 - __builtin_clzll((unsigned long long)rows - 1);
+    const int power = log2 / 4 > 4 ? log2 / 4 : 4;
+    const int64_t step = (int64_t)1 << power, mask = step - 1;
+    __m256 acc[4][4];
+    for (int l = 0; l < 4; l++) for (int k = 0; k < 4; k++) acc[l][k] = _mm256_setzero_ps();
+#define SQ(v) _mm256_mul_ps(load8(x, (v) * 8, bf16), load8(x, (v) * 8, bf16))
+    int64_t i = 0;
+    while (i + step <= rows) {
+        for (int64_t j = 0; j < step; j++, i++)
+            for (int k = 0; k < 4; k++) acc[0][k] = _mm256_add_ps(acc[0][k], SQ(i * 4 + k));
+        for (int l = 1; l < 4; l++) {
+            for (int k = 0; k < 4; k++) { acc[l][k] = _mm256_add_ps(acc[l][k], acc[l - 1][k]); acc[l - 1][k] = _mm256_setzero_ps(); }
+            if (i & (mask << (l * power))) break;
+        }
+    }
+    for (; i < rows; i++)
+        for (int k = 0; k < 4; k++) acc[0][k] = _mm256_add_ps(acc[0][k], SQ(i * 4 + k));
+    for (int l = 1; l < 4; l++) for (int k = 0; k < 4; k++) acc[0][k] = _mm256_add_ps(acc[0][k], acc[l][k]);
+    __m256 p = acc[0][0];
+    for (int64_t v = rows * 4; v < nv; v++) p = _mm256_add_ps(p, SQ(v));
+    for (int k = 1; k < 4; k++) p = _mm256_add_ps(p, acc[0][k]);
+#undef SQ
+    float s = 0.0f, lanes[8];
+    for (int64_t t = nv * 8; t < H; t++) {
+        const float v = bf16 ? bf16_to_f32(((const uint16_t*)x)[t]) : ((const float*)x)[t];
+        s += v * v;
+    }
+    _mm256_storeu_ps(lanes, p);
+    for (int l = 0; l < 8; l++) s += lanes[l];
+    return s;
+}
+
+/* y = w * (x * (1 / sqrt(mean(x * x) + eps))): transformers' float32 RMSNorm, bit for bit. */
 void rms_norm_f32(const float* x, int64_t ldx, const float* w, float eps, float* y, int64_t ldy, int M, int H,
                   int* next) {
     for (int m0, m1, done = 0; next_rows(next, M, &m0, &m1, &done);)
     for (int m = m0; m < m1; m++) {
         const float* xm = x + m * ldx;
         float* ym = y + m * ldy;
-        __m256 acc = _mm256_setzero_ps();
-        int i = 0;
-        for (; i + 8 <= H; i += 8) {
-            __m256 v = _mm256_loadu_ps(xm + i);
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
-        }
-        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        float ss = _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
-        for (; i < H; i++) ss += xm[i] * xm[i];
-        const float r = 1.0f / sqrtf(ss / (float)H + eps);
-        for (i = 0; i < H; i++) ym[i] = w[i] * (xm[i] * r);
+        const float r = 1.0f / sqrtf(torch_sum_squares(xm, H, 0) / (float)H + eps);
+        for (int i = 0; i < H; i++) ym[i] = w[i] * (xm[i] * r);
+    }
+}
+
+/* The same for bfloat16 x, w and y, as transformers computes it: x in float32, its normalized value rounded to
+   bfloat16, then times w (rounded again). */
+void rms_norm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, float eps, uint16_t* y, int64_t ldy, int M,
+                   int H, int* next) {
+    for (int m0, m1, done = 0; next_rows(next, M, &m0, &m1, &done);)
+    for (int m = m0; m < m1; m++) {
+        const uint16_t* xm = x + m * ldx;
+        uint16_t* ym = y + m * ldy;
+        const float r = 1.0f / sqrtf(torch_sum_squares(xm, H, 1) / (float)H + eps);
+        for (int i = 0; i < H; i++) ym[i] = f32_to_bf16(bf16_to_f32(w[i]) * bf16_to_f32(f32_to_bf16(bf16_to_f32(xm[i]) * r)));
     }
 }
 
@@ -720,11 +766,15 @@ int gemm_silu_f32_par(const float* x, int64_t ldx, const float* wp, const uint8_
     return j.failed || __atomic_load_n(&j.next, __ATOMIC_RELAXED) < tile_count(&j) ? -1 : 0;  /* tiles no thread took */
 }
 
-typedef struct { const float *x, *w; float* y; int64_t ldx, ldy; float eps; int M, N, next; } rows_job;
+typedef struct { const void *x, *w; void* y; int64_t ldx, ldy; float eps; int M, N, next; } rows_job;
 static void silu_task(void* p) { rows_job* j = (rows_job*)p; silu_mul_f32(j->x, j->ldx, j->y, j->ldy, j->M, j->N, &j->next); }
 static void rms_task(void* p) {
     rows_job* j = (rows_job*)p;
     rms_norm_f32(j->x, j->ldx, j->w, j->eps, j->y, j->ldy, j->M, j->N, &j->next);
+}
+static void rms_bf16_task(void* p) {
+    rows_job* j = (rows_job*)p;
+    rms_norm_bf16(j->x, j->ldx, j->w, j->eps, j->y, j->ldy, j->M, j->N, &j->next);
 }
 void silu_mul_f32_par(const float* gu, int64_t ldg, float* y, int64_t ldy, int M, int I) {
     rows_job j = {gu, 0, y, ldg, ldy, 0.0f, M, I, 0};
@@ -733,6 +783,11 @@ void silu_mul_f32_par(const float* gu, int64_t ldg, float* y, int64_t ldy, int M
 void rms_norm_f32_par(const float* x, int64_t ldx, const float* w, float eps, float* y, int64_t ldy, int M, int H) {
     rows_job j = {x, w, y, ldx, ldy, eps, M, H, 0};
     POOL_RUN(rms_task, &j);
+}
+void rms_norm_bf16_par(const uint16_t* x, int64_t ldx, const uint16_t* w, float eps, uint16_t* y, int64_t ldy, int M,
+                       int H) {
+    rows_job j = {x, w, y, ldx, ldy, eps, M, H, 0};
+    POOL_RUN(rms_bf16_task, &j);
 }
 """
 
@@ -866,9 +921,11 @@ def _load(cache_dir: Path | None) -> ctypes.CDLL | None:
             lib.silu_mul_f32_par.argtypes = [p, i64, p, i64, i32, i32]
             lib.rms_norm_f32.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32, p]
             lib.rms_norm_f32_par.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32]
+            lib.rms_norm_bf16.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32, p]
+            lib.rms_norm_bf16_par.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32]
             for fn in (lib.gemm_f32, lib.gemm_bf16w, lib.gemm_f32_par, lib.gemm_bf16w_par, lib.silu_mul_f32,
                        lib.silu_mul_f32_par,
-                       lib.rms_norm_f32, lib.rms_norm_f32_par):
+                       lib.rms_norm_f32, lib.rms_norm_f32_par, lib.rms_norm_bf16, lib.rms_norm_bf16_par):
                 fn.restype = None
         _lib = lib
     return _lib
@@ -1031,13 +1088,16 @@ def _is_silu(act: torch.nn.Module) -> bool:
 
 
 class DenseOps:
-    """RMSNorm and SiLU-and-multiply of the dense layers: C kernels in float32 when the GEMM kernel is in use
-    (rows shared with the helper threads on steps of SHARE_MIN_ELEMENTWISE_ROWS or more), else what transformers
-    computes (`module(x)`, `act(gate) * up`)."""
+    """RMSNorm and SiLU-and-multiply of the dense layers: C kernels when the GEMM kernel is in use (rows shared with
+    the helper threads on steps of SHARE_MIN_ELEMENTWISE_ROWS or more), else what transformers computes
+    (`module(x)`, `act(gate) * up`). The RMSNorm kernels give transformers' bits in float32 and bfloat16 (torch's
+    order for the mean's sum); SiLU's exp is ours, so in bfloat16, where the GEMM kernels give oneDNN's bits,
+    activations stay torch's."""
 
     def __init__(self, fast: bool, dtype: torch.dtype, cache_dir: Path | None,
                  helpers: HelperThreads | None = None) -> None:
-        lib = _load(cache_dir) if fast and dtype == torch.float32 and torch.get_num_threads() == 1 and _avx2() else None
+        usable = fast and dtype in (torch.float32, torch.bfloat16) and torch.get_num_threads() == 1 and _avx2()
+        lib = _load(cache_dir) if usable else None
         self._lib = lib
         self._share = helpers is not None and lib is not None
         if self._share:
@@ -1054,7 +1114,8 @@ class DenseOps:
             getattr(self._lib, name)(*args, None)
 
     def rms_norm(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if self._lib is None:
+        kernel = {torch.float32: "rms_norm_f32", torch.bfloat16: "rms_norm_bf16"}.get(x.dtype)
+        if self._lib is None or kernel is None or module.weight.dtype != x.dtype:
             if x.dtype == torch.float32:  # bit for bit transformers' float32 RMSNorm, in one op
                 return F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
             return module(x)
@@ -1062,13 +1123,13 @@ class DenseOps:
             x = x.contiguous()
         m, h = x.shape
         y = x.new_empty(m, h)
-        self._run("rms_norm_f32", m, x.data_ptr(), x.stride(0), module.weight.data_ptr(),
-                  module.variance_epsilon, y.data_ptr(), h, m, h)
+        self._run(kernel, m, x.data_ptr(), x.stride(0), module.weight.data_ptr(), module.variance_epsilon,
+                  y.data_ptr(), h, m, h)
         return y
 
     def act_mul(self, act: torch.nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
         """act(gate) * up for gate_up = [gate | up] along the last dimension."""
-        if self._lib is None or not _is_silu(act) or gate_up.stride(-1) != 1:
+        if self._lib is None or not _is_silu(act) or gate_up.stride(-1) != 1 or gate_up.dtype != torch.float32:
             gate, up = gate_up.chunk(2, dim=-1)
             return act(gate) * up
         m, i2 = gate_up.shape

@@ -103,6 +103,25 @@ def test_helper_threads_give_the_same_bits(tmp_path: Path) -> None:
     torch.testing.assert_close(ops.act_mul(torch.nn.SiLU(), gate_up), F.silu(gate_up[:, :64]) * gate_up[:, 64:])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_kernel_gives_transformers_bits(dtype: torch.dtype, tmp_path: Path) -> None:
+    """The mean's sum runs in torch's order, so the kernel's RMSNorm is transformers' bit for bit (alone and shared
+    with a helper thread; widths with and without a tail of vectors and of scalars)."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    gen = torch.Generator().manual_seed(19)
+    alone, shared = DenseOps(True, dtype, tmp_path), DenseOps(True, dtype, tmp_path, HelperThreads(2, tmp_path))
+    if not alone.uses_kernel:
+        pytest.skip("no C compiler or no AVX2/FMA here")
+    for h in (576, 100, 8200):
+        norm = LlamaRMSNorm(h, eps=1e-5).to(dtype)
+        with torch.no_grad():
+            norm.weight.copy_(torch.rand(h, generator=gen) * 2)
+        x = (torch.randn(300, h, generator=gen) * 3).to(dtype)
+        ref = norm(x)
+        assert torch.equal(alone.rms_norm(norm, x), ref) and torch.equal(shared.rms_norm(norm, x), ref)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_fused_gate_up_silu_gives_the_bits_of_the_two_steps(threads: int, tmp_path: Path) -> None:
     """The fused MLP input (gate and up panels in turn, activated per tile) equals the concatenated projection then
