@@ -9,9 +9,10 @@ over their sequence's cache). Without the kernels, prefill rows gather their seq
 
 Numerics follow transformers: rotary embeddings, activations and residual adds compute what the transformers
 modules compute (bit for bit), q/k/v and gate/up run as fused copies of the same weights. With `fast_kernels` (the
-default) the projections run our packed GEMM kernel (linear.py), attention C kernels
-(paged_attention.py) and float32 RMSNorm a C kernel: they sum in another order than torch's kernels, so logits
-differ in the last bits, and greedy output still equals transformers' on the parity tests (tests/engines/pytorch).
+default) the projections run our packed GEMM kernel (linear.py) and attention C kernels (paged_attention.py): they
+sum in another order than torch's kernels (but bfloat16 projections on the tile unit, which sum as oneDNN does on
+decode-sized calls), so logits differ in the last bits, and greedy output still equals transformers' on the parity
+tests (tests/engines/pytorch). RMSNorm is a C kernel too, with torch's order of sums: transformers' bits.
 Without them (`fast_kernels=False`, or no C compiler) it is torch ops only: oneDNN with prepacked weights for
 float32 projections, SDPA for attention.
 """

@@ -1,4 +1,4 @@
-"""Loaded models by served name: builds each model's engine and scheduler from its config.
+"""Loaded models by served name, and the control of what is loaded (each model is built by `builder.py`).
 
 Two kinds of model share one registry: LLMs (an engine behind an `LLMScheduler`, for /v1 and v2 generate) and
 tensor models (backend instances behind a batcher, for v2 infer and /v1/embeddings). `LoadedModel` describes
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +32,7 @@ from gateway.errors import (
     ServiceUnavailableError,
 )
 from gateway.heap import collect_retired
+from gateway.repository.builder import build_model
 from gateway.repository.layout import (
     ModelDir,
     find_model_dir,
@@ -43,9 +43,7 @@ from gateway.repository.layout import (
 )
 from gateway.repository.loaded_model import LoadedModel
 from gateway.repository.model_config import AnyModelConfig, ModelConfig, parse_model_config, validate_model_config
-from gateway.repository.serving import ServingScheduler
 from gateway.repository.tensor_config import TensorModelConfig
-from gateway.scheduler.llm_scheduler import LLMScheduler
 
 log = logging.getLogger("switchyard.repository")
 
@@ -59,41 +57,6 @@ class ModelControlDisabledError(ServiceUnavailableError):
     """Load/unload through the repository API in the `none` or `poll` mode: 503 (UNAVAILABLE), as Triton."""
 
     code = "model_control_disabled"
-
-
-def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None) -> LLMScheduler:
-    """Construct the engine named by `config.backend` (blocking: loads weights)."""
-    if config.backend != "pytorch":  # engines that batch internally: vllm, tensorrt_llm, remote
-        from gateway.repository.async_engines import build_async_scheduler
-
-        return build_async_scheduler(model, config, cache_dir)
-    from engines.pytorch.engine import PyTorchEngine
-    from gateway.scheduler.sequence_batcher import BatcherLimits, SequenceBatcher
-
-    source = resolve_source(model, config.model.source, "model.source")
-    engine = PyTorchEngine(
-        source,
-        gguf_file=config.model.gguf_file,
-        dtype=config.dtype,
-        max_model_len=config.max_model_len,
-        block_size=config.kv_cache.block_size,
-        kv_cache_tokens=config.kv_cache.max_tokens,
-        cache_dir=cache_dir,
-        fast_kernels=config.pytorch.fast_kernels,
-        gemm_threads=config.pytorch.gemm_threads,
-    )
-    limits = BatcherLimits(
-        max_num_seqs=config.scheduler.max_num_seqs,
-        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
-        max_queue_size=config.scheduler.max_queue_size,
-        aging_seconds=config.scheduler.aging_seconds,
-        enable_prefix_caching=config.kv_cache.enable_prefix_caching,
-        session_ttl_seconds=config.kv_cache.session_ttl_seconds,
-        session_max_tokens=config.kv_cache.session_max_tokens,
-    )
-    return SequenceBatcher(engine, limits)
-
-
 
 
 class ModelRegistry:
@@ -159,32 +122,7 @@ class ModelRegistry:
 
     def _build(self, model: ModelDir, config: AnyModelConfig) -> LoadedModel:
         """Load one model (blocking)."""
-        started = time.monotonic()
-        if isinstance(config, TensorModelConfig):
-            from gateway.kserve.model import TensorModel
-            from gateway.kserve.schedulers import scheduler_factory
-
-            log.info("loading model '%s' (backend %s)", model.name, config.resolved_backend)
-            tensor = TensorModel(model, config)
-            tensor.load(scheduler_factory(self))
-            entry = LoadedModel(model.name, config, tensor=tensor, folder=model.name,
-                                load_seconds=time.monotonic() - started)
-            log.info("model '%s' ready in %.1fs: backend %s, versions %s, %d instance(s), max_batch_size %d",
-                     model.name, time.monotonic() - started, tensor.backend, sorted(tensor.versions),
-                     config.instance_count, config.max_batch_size)
-            return entry
-        log.info("loading model '%s' (backend %s, dtype %s)", model.name, config.backend, config.dtype)
-        name = config.served_model_name or model.name
-        scheduler = ServingScheduler(build_scheduler(model, config, self.cache_dir), name)
-        info = scheduler.info
-        log.info(
-            "model '%s' ready in %.1fs: engine %s, %s, dtype %s, context %d tokens, KV cache %d blocks x %d "
-            "tokens (%.0f MiB)",
-            name, time.monotonic() - started, config.backend, info.model_type, info.dtype, info.max_model_len,
-            info.num_kv_blocks, info.block_size,
-            info.num_kv_blocks * info.block_size * info.kv_bytes_per_token / 2**20,
-        )
-        return LoadedModel(name, config, scheduler=scheduler, folder=model.name, load_seconds=time.monotonic() - started)
+        return build_model(model, config, self.cache_dir, self)
 
     def load_all(self) -> list[LoadedModel]:
         """Load each startup model's weights and build its scheduler (blocking; call off the event loop).
