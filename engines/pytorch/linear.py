@@ -272,6 +272,60 @@ static inline void silu_mul_row(const float* g, const float* u, float* y, int n)
     }
 }
 
+/* bfloat16 SiLU-and-multiply as transformers gets it from torch: silu(g) = g / (1 + exp(-g)) in float32 with torch's
+   vectorized exp_u20 (its AVX-512 algorithm: a degree-5 polynomial after range reduction, 2^n applied as 2^(n-1) * 2),
+   rounded to bfloat16, then times u, rounded again. torch runs its vector loop 64 elements at a time and the rest
+   through the scalar op, with libm's expf: so do we. Checked bit for bit in tests/engines/pytorch/test_linear.py. */
+#ifdef __AVX512F__
+static inline __m512 exp_u20_16(__m512 x) {
+    const __m512 lo = _mm512_castsi512_ps(_mm512_set1_epi32(0xc2aeac50));  /* log(FLT_MIN) */
+    const __m512 hi = _mm512_castsi512_ps(_mm512_set1_epi32(0x42b17218));  /* log(FLT_MAX) */
+    const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OS);
+    const __m512 s = _mm512_max_ps(_mm512_min_ps(x, hi), lo);
+    __m512 n = _mm512_fmadd_ps(s, _mm512_castsi512_ps(_mm512_set1_epi32(0x3fb8aa3b)), _mm512_set1_ps(0.5f));
+    n = _mm512_cvtepi32_ps(_mm512_cvt_roundps_epi32(n, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+    const __m512 r = _mm512_fnmadd_ps(n, _mm512_castsi512_ps(_mm512_set1_epi32(0x3f317218)), s);  /* s - n ln 2 */
+    __m512 p = _mm512_fmadd_ps(r, _mm512_set1_ps(0.00828929059f), _mm512_set1_ps(0.0418978221f));
+    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(0.166676521f));
+    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(0.499991506f));
+    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(0.999999701f));
+    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_cvtps_epi32(_mm512_sub_ps(n, _mm512_set1_ps(1.0f)));
+    const __m512 half_scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
+    return _mm512_mul_ps(_mm512_mul_ps(p, _mm512_mask_blend_ps(under, half_scale, _mm512_setzero_ps())),
+                         _mm512_set1_ps(2.0f));
+}
+static inline __m512 bf16_round16(__m512 v) {  /* to the nearest bfloat16, as a float32 (NaN stays NaN) */
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                       _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    const __m512i t = _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    return _mm512_mask_blend_ps(nan, _mm512_castsi512_ps(t), v);
+}
+#endif
+static inline void silu_mul_bf16_row(const uint16_t* g, const uint16_t* u, uint16_t* y, int n) {
+    int i = 0;
+#ifdef __AVX512F__
+    for (; i < n / 64 * 64; i += 16) {
+        const __m512 gv = widen_bf16(_mm256_loadu_si256((const __m256i*)(g + i)));
+        const __m512 sv = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f),
+                                                          exp_u20_16(_mm512_xor_ps(gv, _mm512_set1_ps(-0.0f)))));
+        const __m512 out = bf16_round16(_mm512_mul_ps(bf16_round16(sv),
+                                                      widen_bf16(_mm256_loadu_si256((const __m256i*)(u + i)))));
+        _mm256_storeu_si256((__m256i*)(y + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(out), 16)));
+    }
+#endif
+    for (; i < n; i++) {
+        const float gf = bf16_to_f32(g[i]);
+        y[i] = f32_to_bf16(bf16_to_f32(f32_to_bf16(gf / (1.0f + expf(-gf)))) * bf16_to_f32(u[i]));
+    }
+}
+void silu_mul_bf16(const uint16_t* gu, int64_t ldg, uint16_t* y, int64_t ldy, int M, int I, int* next) {
+    for (int m0, m1, done = 0; next_rows(next, M, &m0, &m1, &done);)
+        for (int m = m0; m < m1; m++) silu_mul_bf16_row(gu + m * ldg, gu + m * ldg + I, y + m * ldy, I);
+}
+
 /* y = silu(gu[:, :I]) * gu[:, I:]. */
 void silu_mul_f32(const float* gu, int64_t ldg, float* y, int64_t ldy, int M, int I, int* next) {
     for (int m0, m1, done = 0; next_rows(next, M, &m0, &m1, &done);)
@@ -772,6 +826,10 @@ static void rms_task(void* p) {
     rows_job* j = (rows_job*)p;
     rms_norm_f32(j->x, j->ldx, j->w, j->eps, j->y, j->ldy, j->M, j->N, &j->next);
 }
+static void silu_bf16_task(void* p) {
+    rows_job* j = (rows_job*)p;
+    silu_mul_bf16(j->x, j->ldx, j->y, j->ldy, j->M, j->N, &j->next);
+}
 static void rms_bf16_task(void* p) {
     rows_job* j = (rows_job*)p;
     rms_norm_bf16(j->x, j->ldx, j->w, j->eps, j->y, j->ldy, j->M, j->N, &j->next);
@@ -779,6 +837,10 @@ static void rms_bf16_task(void* p) {
 void silu_mul_f32_par(const float* gu, int64_t ldg, float* y, int64_t ldy, int M, int I) {
     rows_job j = {gu, 0, y, ldg, ldy, 0.0f, M, I, 0};
     POOL_RUN(silu_task, &j);
+}
+void silu_mul_bf16_par(const uint16_t* gu, int64_t ldg, uint16_t* y, int64_t ldy, int M, int I) {
+    rows_job j = {gu, 0, y, ldg, ldy, 0.0f, M, I, 0};
+    POOL_RUN(silu_bf16_task, &j);
 }
 void rms_norm_f32_par(const float* x, int64_t ldx, const float* w, float eps, float* y, int64_t ldy, int M, int H) {
     rows_job j = {x, w, y, ldx, ldy, eps, M, H, 0};
@@ -919,12 +981,14 @@ def _load(cache_dir: Path | None) -> ctypes.CDLL | None:
             lib.gemm_silu_f32_par.restype = ctypes.c_int
             lib.silu_mul_f32.argtypes = [p, i64, p, i64, i32, i32, p]
             lib.silu_mul_f32_par.argtypes = [p, i64, p, i64, i32, i32]
+            lib.silu_mul_bf16.argtypes = [p, i64, p, i64, i32, i32, p]
+            lib.silu_mul_bf16_par.argtypes = [p, i64, p, i64, i32, i32]
             lib.rms_norm_f32.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32, p]
             lib.rms_norm_f32_par.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32]
             lib.rms_norm_bf16.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32, p]
             lib.rms_norm_bf16_par.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32]
             for fn in (lib.gemm_f32, lib.gemm_bf16w, lib.gemm_f32_par, lib.gemm_bf16w_par, lib.silu_mul_f32,
-                       lib.silu_mul_f32_par,
+                       lib.silu_mul_f32_par, lib.silu_mul_bf16, lib.silu_mul_bf16_par,
                        lib.rms_norm_f32, lib.rms_norm_f32_par, lib.rms_norm_bf16, lib.rms_norm_bf16_par):
                 fn.restype = None
         _lib = lib
@@ -1091,8 +1155,8 @@ class DenseOps:
     """RMSNorm and SiLU-and-multiply of the dense layers: C kernels when the GEMM kernel is in use (rows shared with
     the helper threads on steps of SHARE_MIN_ELEMENTWISE_ROWS or more), else what transformers computes
     (`module(x)`, `act(gate) * up`). The RMSNorm kernels give transformers' bits in float32 and bfloat16 (torch's
-    order for the mean's sum); SiLU's exp is ours, so in bfloat16, where the GEMM kernels give oneDNN's bits,
-    activations stay torch's."""
+    order for the mean's sum), and so does bfloat16 SiLU-and-multiply (torch's exp_u20); float32 SiLU uses our exp
+    (within a few ulp: torch's float32 SiLU takes another exp)."""
 
     def __init__(self, fast: bool, dtype: torch.dtype, cache_dir: Path | None,
                  helpers: HelperThreads | None = None) -> None:
@@ -1129,12 +1193,13 @@ class DenseOps:
 
     def act_mul(self, act: torch.nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
         """act(gate) * up for gate_up = [gate | up] along the last dimension."""
-        if self._lib is None or not _is_silu(act) or gate_up.stride(-1) != 1 or gate_up.dtype != torch.float32:
+        kernel = {torch.float32: "silu_mul_f32", torch.bfloat16: "silu_mul_bf16"}.get(gate_up.dtype)
+        if self._lib is None or kernel is None or not _is_silu(act) or gate_up.stride(-1) != 1:
             gate, up = gate_up.chunk(2, dim=-1)
             return act(gate) * up
         m, i2 = gate_up.shape
         y = gate_up.new_empty(m, i2 // 2)
-        self._run("silu_mul_f32", m, gate_up.data_ptr(), gate_up.stride(0), y.data_ptr(), i2 // 2, m, i2 // 2)
+        self._run(kernel, m, gate_up.data_ptr(), gate_up.stride(0), y.data_ptr(), i2 // 2, m, i2 // 2)
         return y
 
 
