@@ -34,6 +34,8 @@ log = logging.getLogger("switchyard.scheduler")
 class BatcherLimits:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
+    # False: every prompt is prefilled whole; the first one a step admits may take it past max_num_batched_tokens
+    enable_chunked_prefill: bool = True
     max_queue_size: int = 1024
     enable_prefix_caching: bool = True
     aging_seconds: float = 30.0  # a request waiting longer than this is admitted ahead of every priority
@@ -250,8 +252,10 @@ class SequenceBatcher(LLMScheduler):
         # Requests whose first block is being prefilled right now (n>1 choices, the same system prompt arriving
         # together) wait one step and then find the shared prefix in the cache instead of computing it again.
         prefilling = {self._first_block(s) for s in self._running if s.num_computed < s.num_prompt} - {None}
+        chunked, admitted = self._limits.enable_chunked_prefill, False
         i = 0
-        while i < len(self._waiting) and budget > 0 and len(self._running) < self._limits.max_num_seqs:
+        while (i < len(self._waiting) and (budget > 0 or not (chunked or admitted))
+               and len(self._running) < self._limits.max_num_seqs):
             seq = self._waiting[i]
             if seq.num_computed == 0:
                 first = self._first_block(seq)
@@ -263,7 +267,13 @@ class SequenceBatcher(LLMScheduler):
                     self._sessions.touch(seq.request.session_id)
                 if not seq.processor.num_tokens:
                     seq.cached_tokens = seq.num_computed
-            n = min(len(seq.tokens) - seq.num_computed, budget)
+            n = len(seq.tokens) - seq.num_computed
+            if chunked:
+                n = min(n, budget)
+            elif n > budget and admitted:  # whole prompts only: this one waits for the next step
+                self._kv.free(seq.seq_id)
+                seq.num_computed = 0
+                break
             while self._kv.allocate(seq.seq_id, seq.num_computed + n) is None:
                 # Pinned sessions yield to live requests when nothing else would free blocks.
                 if self._running or scheduled or not self._sessions.evict_lru():
@@ -274,6 +284,7 @@ class SequenceBatcher(LLMScheduler):
                 self._stats.requests.scheduled(seq.seq_id)
                 scheduled.append((seq, self._step(seq, n)))
                 budget -= n
+                admitted = True
                 prefilling.add(self._first_block(seq))
                 continue
             self._kv.free(seq.seq_id)  # drop prefix-cache references taken by admit; retry next step

@@ -84,6 +84,29 @@ async def test_chunked_prefill_respects_token_budget(setup) -> None:
     assert all(sum(len(s.token_ids) for s in step) <= 8 for step in engine.steps)
 
 
+async def test_without_chunked_prefill_prompts_are_prefilled_whole() -> None:
+    """enable_chunked_prefill=False: a prompt is never split. The first prompt a step admits may take the step past
+    the budget (here a 20-token prompt, budget 8, beside a running decode); a second one waits for the next step."""
+    engine = CountingEngine()
+    batcher = SequenceBatcher(engine, BatcherLimits(max_num_seqs=4, max_num_batched_tokens=8,
+                                                    enable_chunked_prefill=False))
+    await batcher.start()
+    try:
+        running = asyncio.create_task(drain(batcher, req("a", "a", max_tokens=10)))
+        while len(engine.steps) < 2:
+            await asyncio.sleep(0)
+        long, short = (asyncio.create_task(drain(batcher, req(rid, text, max_tokens=2)))
+                       for rid, text in (("b", "abcdefghijklmnopqrst"), ("c", "xyz")))
+        assert (await long)[0] == "uv" and (await short)[0] == "ab" and (await running)[0] == "bcdefghijk"
+    finally:
+        await batcher.stop()
+    prefills = [s for step in engine.steps for s in step if len(s.token_ids) > 1]
+    assert [(s.seq_id, s.start_pos, len(s.token_ids)) for s in prefills] == [("b", 0, 20), ("c", 0, 3)]
+    step_of = {s.seq_id: i for i, step in enumerate(engine.steps) for s in step if len(s.token_ids) > 1}
+    assert step_of["c"] > step_of["b"]  # not in the same step: b took the budget
+    assert any({s.seq_id for s in step} >= {"a", "b"} for step in engine.steps)  # b joined the running decode
+
+
 async def test_new_requests_join_running_batch(setup) -> None:
     engine, batcher = setup
     first = asyncio.create_task(drain(batcher, req("a", "a", max_tokens=12)))
