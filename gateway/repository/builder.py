@@ -42,10 +42,12 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
         cache_dir=cache_dir,
         fast_kernels=config.pytorch.fast_kernels,
         gemm_threads=config.pytorch.gemm_threads,
+        match_transformers=config.pytorch.match_transformers,
     )
     limits = BatcherLimits(
         max_num_seqs=config.scheduler.max_num_seqs,
         max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        enable_chunked_prefill=config.scheduler.enable_chunked_prefill,
         max_queue_size=config.scheduler.max_queue_size,
         aging_seconds=config.scheduler.aging_seconds,
         enable_prefix_caching=config.kv_cache.enable_prefix_caching,

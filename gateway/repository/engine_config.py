@@ -36,6 +36,13 @@ class PyTorchSection(_Strict):
         description="Threads that share each step's projections, attention and norms with fast_kernels; "
         "default: every CPU this process may use. 1 keeps them on one thread.",
     )
+    match_transformers: bool = Field(
+        False,
+        description="dtype bfloat16 only: answer as transformers' generate does, bit for bit, by computing each "
+        "prompt whole and each new token alone, in transformers' own call shapes (engines/pytorch/exact_forward.py). "
+        "Needs scheduler.enable_chunked_prefill: false and kv_cache.enable_prefix_caching: false; decode steps "
+        "cost one attention call per sequence and layer.",
+    )
 
 
 class VllmSection(_Strict):

@@ -33,6 +33,10 @@ class SchedulerConfig(_Strict):
     max_num_batched_tokens: int = Field(
         512, ge=16, description="Token budget of one step; longer prompts are prefilled in chunks of this size."
     )
+    enable_chunked_prefill: bool = Field(
+        True, description="Split prompts longer than a step's budget over several steps; false prefills every prompt "
+        "whole (then max_num_batched_tokens must be at least max_model_len, as in vLLM).",
+    )
     max_queue_size: int = Field(1024, ge=1, description="Waiting requests beyond this are rejected with 429.")
     aging_seconds: float = Field(
         30.0, gt=0, description="A request waiting longer than this is admitted ahead of every priority."
@@ -84,6 +88,22 @@ class ModelConfig(_Strict):
     @classmethod
     def _source_shorthand(cls, value: Any) -> Any:
         return {"source": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _whole_prompts(self) -> ModelConfig:
+        sched = self.scheduler
+        if not sched.enable_chunked_prefill and self.max_model_len and sched.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(f"scheduler.enable_chunked_prefill: false needs scheduler.max_num_batched_tokens >= "
+                             f"max_model_len ({self.max_model_len}); raise it or enable chunked prefill")
+        if self.pytorch.match_transformers:
+            fixes = [fix for wrong, fix in (
+                (self.backend != "pytorch", "backend: pytorch"), (self.dtype != "bfloat16", "dtype: bfloat16"),
+                (sched.enable_chunked_prefill, "scheduler.enable_chunked_prefill: false"),
+                (self.kv_cache.enable_prefix_caching, "kv_cache.enable_prefix_caching: false")) if wrong]
+            if fixes:
+                raise ValueError(f"pytorch.match_transformers needs {', '.join(fixes)} (transformers computes each "
+                                 "prompt whole, in bfloat16, from its own keys)")
+        return self
 
     @model_validator(mode="after")
     def _remote_needs_upstreams(self) -> ModelConfig:

@@ -1,4 +1,5 @@
-"""Greedy output of the native engine (batched, paged, chunked prefill) equals transformers' generate in float32."""
+"""Greedy output of the native engine (batched, paged, chunked prefill) equals transformers' generate in float32,
+and in bfloat16 with `match_transformers`."""
 
 from __future__ import annotations
 
@@ -43,9 +44,10 @@ def _reference(model: AutoModelForCausalLM, prompt_ids: list[int]) -> list[int]:
     return out[0][len(prompt_ids) :].tolist()
 
 
-async def _generate_all(engine: PyTorchEngine, prompts: list[list[int]], stats: list | None = None) -> list[list[int]]:
+async def _generate_all(engine: PyTorchEngine, prompts: list[list[int]], stats: list | None = None,
+                        limits: BatcherLimits | None = None) -> list[list[int]]:
     # a small token budget forces chunked prefill and mixes prefill chunks with running decodes
-    batcher = SequenceBatcher(engine, BatcherLimits(max_num_seqs=8, max_num_batched_tokens=32))
+    batcher = SequenceBatcher(engine, limits or BatcherLimits(max_num_seqs=8, max_num_batched_tokens=32))
     await batcher.start()
 
     async def run(i: int, ids: list[int]) -> list[int]:
@@ -99,3 +101,20 @@ def test_bfloat16_greedy_equals_transformers_bfloat16() -> None:
     ref = _reference(model, prompt)
     assert engine.tokenizer.decode(ref).startswith("The capital of France is Paris")
     assert ours[: len(ref)] == ref
+
+
+@pytest.mark.parametrize("kv_tokens", [4096, 400])  # 400: a pool small enough to preempt (generated tokens recomputed)
+def test_match_transformers_bfloat16_equals_transformers_bfloat16(kv_tokens: int) -> None:
+    """`pytorch.match_transformers`: all 12 prompts equal transformers' bfloat16 generate, 8 at a time, arriving into
+    a running batch (whole prompts, no prefix caching, as the config requires)."""
+    engine = PyTorchEngine(GGUF, dtype="bfloat16", kv_cache_tokens=kv_tokens, block_size=16, match_transformers=True)
+    prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
+    limits = BatcherLimits(max_num_seqs=8, max_num_batched_tokens=2048, enable_chunked_prefill=False,
+                           enable_prefix_caching=False)
+    stats: list = []
+    ours = asyncio.run(_generate_all(engine, prompts, stats, limits))
+    assert (stats[0].preemptions > 0) == (kv_tokens == 400)
+    model = AutoModelForCausalLM.from_pretrained(resolve_hf_folder(GGUF), dtype=torch.bfloat16)
+    for ids, got in zip(prompts, ours, strict=True):
+        ref = _reference(model, ids)
+        assert got[: len(ref)] == ref

