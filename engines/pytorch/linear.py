@@ -363,7 +363,10 @@ static float torch_sum_squares(const void* x, int H, int bf16) {
         for (int64_t j = 0; j < step; j++, i++)
             for (int k = 0; k < 4; k++) acc[0][k] = _mm256_add_ps(acc[0][k], SQ(i * 4 + k));
         for (int l = 1; l < 4; l++) {
-            for (int k = 0; k < 4; k++) { acc[l][k] = _mm256_add_ps(acc[l][k], acc[l - 1][k]); acc[l - 1][k] = _mm256_setzero_ps(); }
+            for (int k = 0; k < 4; k++) {
+                acc[l][k] = _mm256_add_ps(acc[l][k], acc[l - 1][k]);
+                acc[l - 1][k] = _mm256_setzero_ps();
+            }
             if (i & (mask << (l * power))) break;
         }
     }
@@ -405,7 +408,8 @@ void rms_norm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, float eps,
         const uint16_t* xm = x + m * ldx;
         uint16_t* ym = y + m * ldy;
         const float r = 1.0f / sqrtf(torch_sum_squares(xm, H, 1) / (float)H + eps);
-        for (int i = 0; i < H; i++) ym[i] = f32_to_bf16(bf16_to_f32(w[i]) * bf16_to_f32(f32_to_bf16(bf16_to_f32(xm[i]) * r)));
+        for (int i = 0; i < H; i++)
+            ym[i] = f32_to_bf16(bf16_to_f32(w[i]) * bf16_to_f32(f32_to_bf16(bf16_to_f32(xm[i]) * r)));
     }
 }
 

@@ -242,7 +242,8 @@ def test_tile_unit_rows_do_not_depend_on_the_batch(threads: int, tmp_path: Path)
         Linear(q8.dequantize(), None, True, tmp_path, helpers)(x_all), x_all, q8.dequantize(), None)
 
 
-def _amplified(x: torch.Tensor, weight: torch.Tensor, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _amplified(x: torch.Tensor, weight: torch.Tensor, row: int,
+               bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x and weight with their last two k replaced so that `row`'s result is what is left of torch's float32 sum
     after two bfloat16 roundings: `row` then shows the low bits of torch's sums, which rounding random data to
     bfloat16 hides (a one-bit difference in the float32 sum rarely moves its bfloat16)."""
@@ -250,7 +251,7 @@ def _amplified(x: torch.Tensor, weight: torch.Tensor, row: int) -> tuple[torch.T
     k = x.shape[1]
     x[row, k - 2 :], weight[:, k - 2 :] = 0, 0
     for i in range(2):
-        correction = F.linear(x, weight)[row]
+        correction = F.linear(x, weight, bias)[row]
         x[row, k - 2 + i], weight[:, k - 2 + i] = 1.0, -correction
     return x, weight
 
@@ -262,16 +263,17 @@ def test_bfloat16_tile_unit_gives_torchs_bits_and_rows_do_not_depend_on_the_batc
     steps): the same bits, low ones included; and a row's bits do not depend on the rest of the step."""
     gen = torch.Generator().manual_seed(17)
     helpers = HelperThreads(threads, tmp_path) if threads > 1 else None
-    for n, k in ((576, 576), (200, 1536)):  # SmolLM2's projection shapes; padded columns
+    for n, k, with_bias in ((576, 576, False), (200, 1536, True)):  # SmolLM2's shapes; padded columns, a bias
         weight = (torch.randn(n, k, generator=gen) * 0.05).bfloat16()
+        bias = torch.randn(n, generator=gen).bfloat16() if with_bias else None
         probe = Linear(weight, None, True, tmp_path, helpers)
         if probe._amx != linear.BF16_TILES:
             pytest.skip("no AMX here (or no C compiler)")
         for m, row in ((1, 0), (17, 16), (32, 5)):
-            x, w = _amplified(torch.randn(m, k, generator=gen).bfloat16(), weight, row)
-            lin = Linear(w, None, True, tmp_path, helpers)
+            x, w = _amplified(torch.randn(m, k, generator=gen).bfloat16(), weight, row, bias)
+            lin = Linear(w, bias, True, tmp_path, helpers)
             torch.set_num_threads(2)  # what transformers runs with here
-            ref = F.linear(x, w)
+            ref = F.linear(x, w, bias)
             torch.set_num_threads(1)
             out = lin(x)
             assert torch.equal(out, ref) and out[row].count_nonzero() > n // 2  # the low bits are there, and equal
