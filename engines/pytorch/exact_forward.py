@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engines.pytorch.linear import Linear
-from engines.pytorch.paged_attention import rotate
+from engines.pytorch.paged_attention import cache_slots, rotate
 from engines.types import SequenceStep
 
 if TYPE_CHECKING:
@@ -73,19 +73,15 @@ class ExactForward:
                                          mlp.up_proj, mlp.down_proj, mlp.act_fn, module))
 
     @staticmethod
-    def _rows(runner: PagedModelRunner, batch: Sequence[SequenceStep]) -> _Rows:
-        bs = runner.block_size
-        decodes = [s for s in batch if len(s.token_ids) == 1]
-        prefills = [s for s in batch if len(s.token_ids) != 1]
+    def _rows(steps: list[SequenceStep], block_size: int) -> _Rows:
         one_row: list[int] = []
         prompts: list[tuple[int, int]] = []
         slots: list[int] = []
         context: list[torch.Tensor] = []
         row = 0
-        for seq in decodes + prefills:
-            table = torch.tensor(seq.block_table, dtype=torch.long)
+        for seq in steps:
             end = seq.start_pos + len(seq.token_ids)
-            seq_slots = (table[:, None] * bs + torch.arange(bs)).flatten()[:end]
+            seq_slots = cache_slots(seq.block_table, block_size, end)
             slots.extend(seq_slots[seq.start_pos :].tolist())
             prompt = max(0, min(seq.num_prompt_tokens, end) - seq.start_pos)
             if prompt and (seq.start_pos != 0 or prompt != seq.num_prompt_tokens):
@@ -110,12 +106,10 @@ class ExactForward:
     @torch.inference_mode()
     def forward(self, runner: PagedModelRunner, batch: Sequence[SequenceStep]) -> torch.Tensor:
         """The runner's `forward` (same contract), in transformers' call shapes."""
-        lay = runner._layout(batch)
-        rows = self._rows(runner, batch)
-        hidden = runner.embed_tokens(lay.input_ids)
-        cos, sin = runner.rotary_emb(hidden[None], lay.positions[None])
-        half = runner.head_dim // 2
-        cos, sin = cos[0, :, None], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)[:, None]
+        lay = runner._order(batch)  # the rows in the runner's order; its attention tables are not needed
+        rows = self._rows(lay.steps, runner.block_size)
+        hidden, cos, sin = runner._embed(lay)
+        cos, sin = cos[:, None], sin[:, None]
         for i, (layer, w) in enumerate(zip(runner.layers, self._layers, strict=True)):
             hidden = self._layer(runner, i, layer, w, rows, hidden, cos, sin)
         if lay.sample_rows is not None:

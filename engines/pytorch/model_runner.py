@@ -33,7 +33,7 @@ from engines.pytorch.gguf_blocks import Q41
 from engines.pytorch.exact_forward import ExactForward
 from engines.pytorch.linear import DenseOps, GatedActivation, Linear
 from engines.pytorch.native import HelperThreads
-from engines.pytorch.paged_attention import DecodeTables, PagedAttention, PrefillRows, rotate
+from engines.pytorch.paged_attention import DecodeTables, PagedAttention, PrefillRows, cache_slots, rotate
 from engines.types import SequenceStep
 
 log = logging.getLogger("switchyard.engines.pytorch")
@@ -63,11 +63,12 @@ class _Layer:
 class _StepLayout:
     """Index tensors shared by every layer of one step. Rows are the decodes first, then the prefill chunks."""
 
+    steps: list[SequenceStep]  # the batch in row order
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     sample_rows: torch.Tensor | None  # [S] rows (in T) whose logits are sampled; None: all rows, in order
     num_decode: int
-    decode: DecodeTables | None
+    decode: DecodeTables | None = None
     # prefill rows (T - num_decode of them, P sequences)
     slots: torch.Tensor | None = None  # [T_p] cache slot each new token is written to (torch path)
     prefill: PrefillRows | None = None  # for the attention kernel; without it, the gather + SDPA tensors below
@@ -177,11 +178,10 @@ class PagedModelRunner:
 
     # ------------------------------------------------------------------ step layout
 
-    def _layout(self, batch: Sequence[SequenceStep]) -> _StepLayout:
-        bs = self.block_size
+    def _order(self, batch: Sequence[SequenceStep]) -> _StepLayout:
+        """The step's rows (decodes first), their tokens, positions and the rows that sample; no attention tables."""
         decodes = [s for s in batch if len(s.token_ids) == 1]
-        prefills = [s for s in batch if len(s.token_ids) != 1]
-        ordered = decodes + prefills
+        ordered = decodes + [s for s in batch if len(s.token_ids) != 1]
         ids: list[int] = []
         positions: list[int] = []
         row_of: dict[int, int] = {}  # id(step) -> its last row
@@ -191,13 +191,19 @@ class PagedModelRunner:
             row_of[id(seq)] = len(ids) - 1
         sample_rows = [row_of[id(s)] for s in batch if s.sample]
         in_order = len(sample_rows) == len(ids) and sample_rows == list(range(len(ids)))
-        lay = _StepLayout(
+        return _StepLayout(
+            steps=ordered,
             input_ids=torch.tensor(ids, dtype=torch.long),
             positions=torch.tensor(positions, dtype=torch.long),
             sample_rows=None if in_order else torch.tensor(sample_rows, dtype=torch.long),
             num_decode=len(decodes),
-            decode=None,
         )
+
+    def _layout(self, batch: Sequence[SequenceStep]) -> _StepLayout:
+        """`_order` plus what the attention reads for the decode rows and the prefill rows."""
+        bs = self.block_size
+        lay = self._order(batch)
+        decodes, prefills = lay.steps[: lay.num_decode], lay.steps[lay.num_decode :]
         if decodes:
             lay.decode = DecodeTables(
                 [s.block_table[: s.start_pos // bs + 1] for s in decodes],
@@ -224,8 +230,7 @@ class PagedModelRunner:
         for b, seq in enumerate(batch):
             n = len(seq.token_ids)
             ctx = seq.start_pos + n
-            table = torch.tensor(seq.block_table[: (ctx + bs - 1) // bs], dtype=torch.long)
-            seq_slots = (table[:, None] * bs + torch.arange(bs)).flatten()[:ctx]
+            seq_slots = cache_slots(seq.block_table, bs, ctx)
             kv_index[b, :ctx] = seq_slots
             slots.extend(seq_slots[seq.start_pos :].tolist())
             q_index.extend(range(b * max_q, b * max_q + n))
@@ -283,16 +288,20 @@ class PagedModelRunner:
             parts.append(self._prefill_attention(i, q[nd:], k[nd:], v[nd:], cos[nd:], sin[nd:], layer.scaling, lay))
         return layer.o(parts[0] if len(parts) == 1 else torch.cat(parts), residual)
 
+    def _embed(self, lay: _StepLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The step's embeddings [T, H] and rotary cos and sin [T, d] (sin's sign folded: see rotate)."""
+        hidden = self.embed_tokens(lay.input_ids)
+        cos, sin = self.rotary_emb(hidden[None], lay.positions[None])
+        half = self.head_dim // 2
+        return hidden, cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
+
     @torch.inference_mode()
     def forward(self, batch: Sequence[SequenceStep]) -> torch.Tensor:
         """Write the batch's new tokens into the cache; return float32 logits of the rows that sample, [S, V]."""
         if self._exact is not None:
             return self._exact.forward(self, batch)
         lay = self._layout(batch)
-        hidden = self.embed_tokens(lay.input_ids)  # [T, H]
-        cos, sin = self.rotary_emb(hidden[None], lay.positions[None])
-        half = self.head_dim // 2
-        cos, sin = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)  # [T, d], sign folded: see rotate
+        hidden, cos, sin = self._embed(lay)
         for i, layer in enumerate(self.layers):
             hidden = self._attention(i, layer, self.dense.rms_norm(layer.input_norm, hidden), cos, sin, lay, hidden)
             hidden = layer.down(layer.gate_up_act(self.dense.rms_norm(layer.post_norm, hidden)), hidden)

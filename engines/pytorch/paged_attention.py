@@ -677,6 +677,12 @@ class PagedAttention:
         return out.reshape(b, h * d)
 
 
+def cache_slots(block_table: list[int], block_size: int, end: int) -> torch.Tensor:
+    """The cache slots of a sequence's positions 0..end-1 (its blocks' slots in table order)."""
+    table = torch.tensor(block_table[: (end + block_size - 1) // block_size], dtype=torch.long)
+    return (table[:, None] * block_size + torch.arange(block_size)).flatten()[:end]
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """transformers' `x * cos + rotate_half(x) * sin` with `sin` = cat(-sin[:d/2], sin[d/2:]) precomputed:
     rotate_half(x) * sin = cat(-x2, x1) * sin = cat(x2, x1) * sin_folded exactly, so the result is bit for bit
