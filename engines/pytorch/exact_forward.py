@@ -100,7 +100,7 @@ class ExactForward:
         """`plain(x) (+ residual)` with one-row calls' bits: the tile kernel, else one F.linear call per row."""
         if linear.exact_rows:
             return linear(x, residual)
-        y = torch.cat([plain(x[i : i + 1]) for i in range(x.shape[0])]) if x.shape[0] else plain(x)
+        y = _per_row(plain, x)
         return y if residual is None else residual + y
 
     @torch.inference_mode()
@@ -112,14 +112,8 @@ class ExactForward:
         cos, sin = cos[:, None], sin[:, None]
         for i, (layer, w) in enumerate(zip(runner.layers, self._layers, strict=True)):
             hidden = self._layer(runner, i, layer, w, rows, hidden, cos, sin)
-        if lay.sample_rows is not None:
-            if lay.sample_rows.numel() == 0:
-                return hidden.new_empty(0, runner.vocab_size, dtype=torch.float32)
-            hidden = hidden[lay.sample_rows]
-        x = runner.dense.rms_norm(runner.norm, hidden)
-        if runner.lm_head.exact_rows:  # logits of one row each, as generate computes them
-            return runner.lm_head(x).float()
-        return torch.cat([self._lm_head(x[r : r + 1]) for r in range(x.shape[0])]).float()
+        # logits of one row each, as generate computes them: the tile kernel, else one call per row
+        return runner._logits(hidden, lay, None if runner.lm_head.exact_rows else lambda x: _per_row(self._lm_head, x))
 
     def _layer(self, runner: PagedModelRunner, i: int, layer: Any, w: _Weights, rows: _Rows, hidden: torch.Tensor,
                cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -165,7 +159,12 @@ class ExactForward:
         """act(gate) * up of one-row rows: the fused projection on the tile unit, else per row in torch."""
         if layer.gate_up_act.exact_rows:
             return layer.gate_up_act(x)
-        return torch.cat([w.act(w.gate(x[r : r + 1])) * w.up(x[r : r + 1]) for r in range(x.shape[0])])
+        return _per_row(lambda row: w.act(w.gate(row)) * w.up(row), x)
+
+
+def _per_row(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """`fn` called on each row of x alone (a one-row call's bits), the results stacked."""
+    return torch.cat([fn(x[r : r + 1]) for r in range(x.shape[0])]) if x.shape[0] else fn(x)
 
 
 def _assemble(rows: _Rows, like: torch.Tensor, width: int,

@@ -20,7 +20,7 @@ float32 projections, SDPA for attention.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -305,8 +305,13 @@ class PagedModelRunner:
         for i, layer in enumerate(self.layers):
             hidden = self._attention(i, layer, self.dense.rms_norm(layer.input_norm, hidden), cos, sin, lay, hidden)
             hidden = layer.down(layer.gate_up_act(self.dense.rms_norm(layer.post_norm, hidden)), hidden)
+        return self._logits(hidden, lay)
+
+    def _logits(self, hidden: torch.Tensor, lay: _StepLayout,
+                head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        """float32 logits [S, V] of the rows that sample, from the last layer's output (`head`: instead of lm_head)."""
         if lay.sample_rows is not None:
             if lay.sample_rows.numel() == 0:
                 return hidden.new_empty(0, self.vocab_size, dtype=torch.float32)
             hidden = hidden[lay.sample_rows]
-        return self.lm_head(self.dense.rms_norm(self.norm, hidden)).float()
+        return (head or self.lm_head)(self.dense.rms_norm(self.norm, hidden)).float()
