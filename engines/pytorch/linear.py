@@ -1182,8 +1182,11 @@ class DenseOps:
                  helpers: HelperThreads | None = None) -> None:
         usable = fast and dtype in (torch.float32, torch.bfloat16) and torch.get_num_threads() == 1 and _avx2()
         lib = _load(cache_dir) if usable else None
-        self._lib = lib
-        self._silu_bf16 = lib is not None and lib.exact_silu_bf16() == 1
+        self._lib, self._dtype = lib, dtype
+        f32 = dtype == torch.float32
+        self._rms_kernel = None if lib is None else "rms_norm_f32" if f32 else "rms_norm_bf16"
+        self._silu_kernel = None if lib is None else "silu_mul_f32" if f32 else (
+            "silu_mul_bf16" if lib.exact_silu_bf16() == 1 else None)  # bfloat16: only where it gives torch's bits
         self._share = helpers is not None and lib is not None
         if self._share:
             helpers.attach(lib)
@@ -1199,8 +1202,7 @@ class DenseOps:
             getattr(self._lib, name)(*args, None)
 
     def rms_norm(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        kernel = {torch.float32: "rms_norm_f32", torch.bfloat16: "rms_norm_bf16"}.get(x.dtype)
-        if self._lib is None or kernel is None or module.weight.dtype != x.dtype:
+        if self._rms_kernel is None or x.dtype != self._dtype or module.weight.dtype != x.dtype:
             if x.dtype == torch.float32:  # bit for bit transformers' float32 RMSNorm, in one op
                 return F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
             return module(x)
@@ -1208,20 +1210,18 @@ class DenseOps:
             x = x.contiguous()
         m, h = x.shape
         y = x.new_empty(m, h)
-        self._run(kernel, m, x.data_ptr(), x.stride(0), module.weight.data_ptr(), module.variance_epsilon,
+        self._run(self._rms_kernel, m, x.data_ptr(), x.stride(0), module.weight.data_ptr(), module.variance_epsilon,
                   y.data_ptr(), h, m, h)
         return y
 
     def act_mul(self, act: torch.nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
         """act(gate) * up for gate_up = [gate | up] along the last dimension."""
-        kernel = {torch.float32: "silu_mul_f32", torch.bfloat16: "silu_mul_bf16" if self._silu_bf16 else None}.get(
-            gate_up.dtype)
-        if self._lib is None or kernel is None or not _is_silu(act) or gate_up.stride(-1) != 1:
+        if self._silu_kernel is None or gate_up.dtype != self._dtype or not _is_silu(act) or gate_up.stride(-1) != 1:
             gate, up = gate_up.chunk(2, dim=-1)
             return act(gate) * up
         m, i2 = gate_up.shape
         y = gate_up.new_empty(m, i2 // 2)
-        self._run(kernel, m, gate_up.data_ptr(), gate_up.stride(0), y.data_ptr(), i2 // 2, m, i2 // 2)
+        self._run(self._silu_kernel, m, gate_up.data_ptr(), gate_up.stride(0), y.data_ptr(), i2 // 2, m, i2 // 2)
         return y
 
 
