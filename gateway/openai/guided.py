@@ -332,27 +332,27 @@ class Guidance:
     compiled: CompiledGrammar | None = None
 
 
-async def guidance_for(spec: GuidedSpec, scheduler: Any, param: str) -> Guidance:
+async def guidance_for(spec: GuidedSpec, scheduler: Any) -> Guidance:
     """Compile `spec` for the model when its engine needs masks; otherwise pass it on as it is."""
     if engine_enforces_specs(scheduler):
         return Guidance(spec)
-    return Guidance(spec, await decoder_for(scheduler).compile(spec, param))
+    # a spec that names no field (built outside a request) is reported as vLLM's structured_outputs
+    return Guidance(spec, await decoder_for(scheduler).compile(spec, spec.param or "structured_outputs"))
 
 
-def request_spec(req: Any) -> tuple[GuidedSpec, str] | None:
+def request_spec(req: Any) -> GuidedSpec | None:
     """The constraint a request asks for with `response_format` (OpenAI) or `structured_outputs` (vLLM), checked,
-    with the request field that errors name; None for none."""
+    naming the request field that errors name (`param`); None for none."""
     fmt, wanted = req.response_format, req.structured_outputs
     if fmt is not None and fmt.type == "json_object":
-        return json_spec({"type": "object"}, "response_format"), "response_format"
+        return json_spec({"type": "object"}, "response_format")
     if fmt is not None and fmt.type == "json_schema":
-        where = "response_format.json_schema.schema"
-        return json_spec(fmt.json_schema.schema_, "response_format", where), "response_format"
+        return json_spec(fmt.json_schema.schema_, "response_format", "response_format.json_schema.schema")
     if wanted is None:
         return None
     param = "structured_outputs"
     if wanted.json_object:
-        return json_spec({"type": "object"}, param), param
+        return json_spec({"type": "object"}, param)
     if wanted.json_ is not None:
         schema = wanted.json_
         if isinstance(schema, str):
@@ -360,18 +360,15 @@ def request_spec(req: Any) -> tuple[GuidedSpec, str] | None:
                 schema = json.loads(schema)
             except ValueError:
                 raise InvalidRequestError("structured_outputs.json is not valid JSON", param=param) from None
-        return json_spec(schema, param, "structured_outputs.json"), param
+        return json_spec(schema, param, "structured_outputs.json")
     if wanted.regex is not None:
-        return GuidedSpec("regex", wanted.regex, param), param
+        return GuidedSpec("regex", wanted.regex, param)
     if wanted.choice is not None:
-        return GuidedSpec("choice", list(wanted.choice), param), param
-    return GuidedSpec("lark", wanted.grammar, param), param
+        return GuidedSpec("choice", list(wanted.choice), param)
+    return GuidedSpec("lark", wanted.grammar, param)
 
 
 async def request_guidance(req: Any, scheduler: Any) -> Guidance | None:
     """`request_spec`, prepared for the model's engine."""
-    found = request_spec(req)
-    if found is None:
-        return None
-    spec, param = found
-    return await guidance_for(spec, scheduler, param)
+    spec = request_spec(req)
+    return None if spec is None else await guidance_for(spec, scheduler)
