@@ -270,23 +270,21 @@ class SequenceBatcher(LLMScheduler):
             n = len(seq.tokens) - seq.num_computed
             if chunked:
                 n = min(n, budget)
-            elif n > budget and admitted:  # whole prompts only: this one waits for the next step
-                self._kv.free(seq.seq_id)
-                seq.num_computed = 0
-                break
-            while self._kv.allocate(seq.seq_id, seq.num_computed + n) is None:
-                # Pinned sessions yield to live requests when nothing else would free blocks.
-                if self._running or scheduled or not self._sessions.evict_lru():
-                    break
-            else:
-                self._waiting.pop(i)
-                self._running.append(seq)
-                self._stats.requests.scheduled(seq.seq_id)
-                scheduled.append((seq, self._step(seq, n)))
-                budget -= n
-                admitted = True
-                prefilling.add(self._first_block(seq))
-                continue
+            # Whole prompts only: one that does not fit beside a prompt admitted this step waits for the next.
+            if chunked or n <= budget or not admitted:
+                while self._kv.allocate(seq.seq_id, seq.num_computed + n) is None:
+                    # Pinned sessions yield to live requests when nothing else would free blocks.
+                    if self._running or scheduled or not self._sessions.evict_lru():
+                        break
+                else:
+                    self._waiting.pop(i)
+                    self._running.append(seq)
+                    self._stats.requests.scheduled(seq.seq_id)
+                    scheduled.append((seq, self._step(seq, n)))
+                    budget -= n
+                    admitted = True
+                    prefilling.add(self._first_block(seq))
+                    continue
             self._kv.free(seq.seq_id)  # drop prefix-cache references taken by admit; retry next step
             seq.num_computed = 0
             break
