@@ -33,10 +33,14 @@ TIMEOUT_MS = 120_000  # two cores shared with other work: generous waits, never 
 
 @pytest.fixture(scope="module")
 def console_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server over a copy of the default repository (`.repository`), with an API key and an admin key."""
     admin_file = tmp_path_factory.mktemp("console-keys") / "admin"
     admin_file.write_text(ADMIN_KEY + "\n")
-    proc = ServerProcess(ROOT / "model_repository", "--model-control-mode", "explicit", "--load-model", "*",
+    repository = tmp_path_factory.mktemp("console-repo") / "model_repository"  # a copy: a test adds a folder
+    shutil.copytree(ROOT / "model_repository", repository)
+    proc = ServerProcess(repository, "--model-control-mode", "explicit", "--load-model", "*",
                          "--admin-key-file", str(admin_file), "--api-key", API_KEY)
+    proc.repository = repository  # type: ignore[attr-defined]
     try:
         yield proc
     finally:
@@ -159,6 +163,10 @@ def test_chart_updates_after_traffic(page: Any, console_server: ServerProcess, s
     page.wait_for_function("() => document.querySelector('#chart-ttft .chart-now').textContent.includes('p50')")
     assert "tok/s" in chart.locator(".chart-now").inner_text()
     page.screenshot(path=str(shots / "console-metrics.png"))
+    page.get_by_role("button", name="Dark theme").click()
+    page.wait_for_function("() => document.documentElement.dataset.theme === 'dark'")
+    page.screenshot(path=str(shots / "console-metrics-dark.png"))
+    page.get_by_role("button", name="Light theme").click()
 
 
 def _row(page: Any, name: str) -> Any:
@@ -199,6 +207,23 @@ def test_admin_unload_and_load_the_embedding_model(page: Any, console_server: Se
     r = httpx.post(console_server.base_url + "/v1/embeddings", headers=headers,
                    json={"model": EMBEDDING_MODEL, "input": "x"})
     assert r.status_code == 200, r.text
+
+
+def test_a_failed_load_shows_its_error(page: Any, console_server: ServerProcess) -> None:
+    broken = console_server.repository / "broken-llm"  # type: ignore[attr-defined]
+    broken.mkdir()
+    (broken / "config.yaml").write_text("backend: pytorch\nmax_model_len: 4\n")  # below the minimum of 16
+    open_tab(page, "Admin")
+    page.get_by_label("Admin key").fill(ADMIN_KEY)
+    page.get_by_role("button", name="Use key").click()
+    row = _row(page, "broken-llm")
+    row.get_by_role("button", name="Load broken-llm", exact=True).click()
+    page.locator('#admin-table tr[data-model="broken-llm"][data-state="failed"]').wait_for()
+    result = page.locator("#admin-log li").first
+    assert "Refused" in result.inner_text() and "400" in result.inner_text() and "max_model_len" in result.inner_text()
+    assert "max_model_len" in row.locator(".reason").inner_text()
+    assert str(console_server.repository) not in row.inner_text()  # type: ignore[attr-defined]
+    assert page.locator('#models-table tr[data-model="broken-llm"]').get_attribute("data-state") == "failed"
 
 
 def test_embeddings_and_v2_tabs(page: Any) -> None:

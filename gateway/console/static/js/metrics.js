@@ -6,6 +6,7 @@ import { getJSON } from "./api.js";
 import { LineChart } from "./charts.js";
 import { $, fillSelect, fmtNumber, fmtPercent, fmtSeconds } from "./ui.js";
 
+const rate = (v) => fmtNumber(v, v < 1 ? 2 : v < 10 ? 1 : 0);
 const WINDOW_S = 30; // rates and percentiles over the last 30 s
 const HISTORY_S = 300; // what the charts show
 
@@ -34,13 +35,13 @@ export class LiveMetrics {
     this.inFlight = false;
     const pct = (label, color, dash) => ({ label, color, dash });
     this.charts = {
-      tokens: new LineChart($("#chart-tokens"), { title: "Output tokens per second", series: [pct("tok/s", "--c1")], format: (v) => fmtNumber(v, v < 10 ? 1 : 0) }),
+      tokens: new LineChart($("#chart-tokens"), { title: "Output tokens per second", series: [pct("tok/s", "--c1")], format: rate }),
       requests: new LineChart($("#chart-requests"), { title: "Requests", series: [pct("running", "--c1"), pct("waiting", "--c2", [5, 3])], format: (v) => fmtNumber(v, 0), integer: true }),
       ttft: new LineChart($("#chart-ttft"), { title: "Time to first token", series: [pct("p50", "--c1"), pct("p95", "--c2", [5, 3]), pct("p99", "--c3", [2, 3])], format: fmtSeconds }),
       itl: new LineChart($("#chart-itl"), { title: "Inter-token latency", series: [pct("p50", "--c1"), pct("p95", "--c2", [5, 3]), pct("p99", "--c3", [2, 3])], format: fmtSeconds }),
       kv: new LineChart($("#chart-kv"), { title: "KV-cache usage", series: [pct("used", "--c4")], format: fmtPercent, fixedMax: 1 }),
       prefix: new LineChart($("#chart-prefix"), { title: "Prefix-cache hit rate", series: [pct("hit rate", "--c3")], format: fmtPercent, fixedMax: 1 }),
-      tensor: new LineChart($("#chart-tensor"), { title: "Tensor-model inferences per second", series: [pct("all tensor models", "--c2")], format: (v) => fmtNumber(v, v < 10 ? 1 : 0) }),
+      tensor: new LineChart($("#chart-tensor"), { title: "Tensor-model inferences per second", series: [pct("all tensor models", "--c2")], format: rate }),
     };
     for (const c of Object.values(this.charts)) c.windowSeconds = HISTORY_S;
     this.model.addEventListener("change", () => this.replot());
