@@ -4,8 +4,9 @@ its charts, side by side in one run against one server.
 One Switchyard server serves the default repository. Rounds alternate in ABBA order between "off" (no console
 open) and "on" (a headless Chromium shows the console's Live metrics tab, refreshing every `--refresh` seconds,
 plus the overview poll every 5 s). Each round sends its own random 128-token prompts (fresh, so the prefix cache
-cannot serve them; `ignore_eos`, greedy, `--output-len` tokens each) at concurrency 8 with bench/loadgen.py and records TTFT p50, output tok/s and how
-many times the console read /ui/api/stats during the round. Medians over rounds and the on/off ratio are printed.
+cannot serve them; `ignore_eos`, greedy, `--output-len` tokens each) at concurrency 8 with bench/loadgen.py and
+records TTFT p50, output tok/s and how many times the console read /ui/api/stats during the round. Medians over
+rounds and the on/off ratio are printed.
 
     python bench/console_overhead.py [--rounds 4] [--prompts 32] [--output-len 64] [--refresh 1]
         [--client browser|http]

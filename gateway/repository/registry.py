@@ -136,7 +136,6 @@ class ModelRegistry:
         )
         loaded = []
         for model, config in ordered:
-            self._states[model.name] = ("LOADING", "")  # what the index (and the console) shows meanwhile
             entry = self._build(model, config)
             self._models[entry.name] = entry
             self._states[model.name] = ("READY", "")

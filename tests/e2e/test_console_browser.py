@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import ADMIN_KEY, DEFAULT_MODEL, ROOT, ServerProcess
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is missing (apt-get install chromium)")
 
 API_KEY = "console-test-api-key-42"
 EMBEDDING_MODEL = "all-minilm-l6-v2"

@@ -48,6 +48,7 @@ export class Chat {
   bubble(role, text) {
     const body = el("span", { class: "text", text });
     const node = el("div", { class: `message ${role}` }, el("span", { class: "who", text: role === "user" ? "You" : role === "assistant" ? $("#chat-model").value : "Error" }), body);
+    if (role === "assistant") node.append(el("span", { class: "meta", text: "\u00a0" })); // reserved: no jump when filled
     const hint = this.log.querySelector(".empty-hint");
     if (hint) hint.remove();
     this.log.append(node);
@@ -107,6 +108,7 @@ export class Chat {
       }, { signal: this.controller.signal, headers });
       this.messages.push({ role: "assistant", content });
       stats.textContent = this.summary(started, first, performance.now(), usage, finish);
+      answer.node.querySelector(".meta").textContent = stats.textContent;
     } catch (err) {
       const aborted = err.name === "AbortError";
       if (content) this.messages.push({ role: "assistant", content });

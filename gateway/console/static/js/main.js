@@ -82,7 +82,7 @@ async function refreshOverview(soon = false) {
     metrics.setModels(names((m) => m.kind === "llm"));
     chat.setModels(names((m) => m.kind === "llm"));
     embeddings.setModels(names((m) => m.embeddings));
-    rerank.setModels(names((m) => m.kind === "tensor"));
+    rerank.setModels(names(() => true)); // whichever kind the rerank route serves
     rerank.setAvailable(Boolean(data.server.features.rerank));
     v2.setModels(names((m) => m.kind === "tensor"));
   } catch (err) {
