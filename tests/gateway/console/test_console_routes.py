@@ -75,6 +75,15 @@ def test_overview_describes_every_folder_even_unloaded() -> None:
     assert models["circle_pipeline"]["backend"] == "ensemble"
 
 
+def test_the_rerank_tab_follows_the_route() -> None:
+    """The page shows its Rerank tab only when the server has POST /v1/rerank."""
+    config = build_config(model_repository=ROOT / "model_repository")
+    app = create_app(config)
+    assert TestClient(app).get("/ui/api/overview").json()["server"]["features"]["rerank"] is False
+    app.add_api_route("/v1/rerank", lambda: {}, methods=["POST"])
+    assert TestClient(app).get("/ui/api/overview").json()["server"]["features"]["rerank"] is True
+
+
 def test_broken_config_is_shown_with_its_reason(tmp_path: Path) -> None:
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.yaml").write_text("backend: pytorch\nno_such_field: 1\n")

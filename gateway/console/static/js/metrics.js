@@ -9,6 +9,7 @@ import { $, fillSelect, fmtNumber, fmtPercent, fmtSeconds } from "./ui.js";
 const rate = (v) => fmtNumber(v, v < 1 ? 2 : v < 10 ? 1 : 0);
 const WINDOW_S = 30; // rates and percentiles over the last 30 s
 const HISTORY_S = 300; // what the charts show
+const NOTE = "Rates and percentiles over the last 30 s, from the numbers /metrics exports.";
 
 /** Prometheus' histogram_quantile over bucket counts (cumulative, last = +Inf) with upper bounds `le`. */
 export function quantile(q, le, cumulative) {
@@ -74,6 +75,7 @@ export class LiveMetrics {
       this.snapshots.push(entry);
       while (this.snapshots.length > 2 && this.snapshots[0].time < entry.time - HISTORY_S - WINDOW_S) this.snapshots.shift();
       this.plot(this.snapshots.length - 1);
+      $("#metrics-note").textContent = NOTE;
     } catch (err) {
       $("#metrics-note").textContent = `Could not read the server's numbers: ${err.message}`;
     } finally {
