@@ -167,13 +167,14 @@ def main() -> None:
         print(f"server {url}; c={CONCURRENCY}, {args.prompts} prompts x 128 in / {args.output_len} out; "
               f"console refresh {args.refresh:g} s via {args.client}; {os.cpu_count()} CPUs")
         measure(url, random_prompts(CONCURRENCY, 128, VOCAB, seed=1), 8)  # warm-up
-        with httpx.Client(base_url=url) as client:  # what one poll costs an idle server, round trip included
-            times = []
-            for _ in range(50):
-                start = time.perf_counter()
-                client.get("/ui/api/stats").raise_for_status()
-                times.append(time.perf_counter() - start)
-        print(f"one /ui/api/stats poll on the idle server: median {statistics.median(times) * 1000:.2f} ms round trip")
+        with httpx.Client(base_url=url) as client:  # what one poll costs an idle server, against a trivial route
+            for path in ("/version", "/ui/api/stats", "/ui/api/overview"):
+                times = []
+                for _ in range(50):
+                    start = time.perf_counter()
+                    client.get(path).raise_for_status()
+                    times.append(time.perf_counter() - start)
+                print(f"GET {path} on the idle server: median {statistics.median(times) * 1000:.2f} ms round trip")
         for i, side in enumerate(order):
             # fresh prompts each round: a repeated prompt would be served from the prefix cache
             prompts = random_prompts(args.prompts, 128, VOCAB, seed=100 + i)

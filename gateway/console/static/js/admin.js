@@ -74,7 +74,8 @@ export class Admin {
       this.log(true, `${verb} ${name} (${((performance.now() - started) / 1000).toFixed(1)} s)`);
     } catch (err) {
       const status = err instanceof ApiError ? `${err.status} ` : "";
-      this.log(false, `${verb} ${name}: ${status}${err.message}`);
+      const hint = err.status === 401 || err.status === 403 ? " (this needs the server's admin key, entered above)" : "";
+      this.log(false, `${verb} ${name}: ${status}${err.message}${hint}`);
     } finally {
       this.busy.delete(name);
       this.refresh();

@@ -69,7 +69,8 @@ export function fmtPercent(r) {
 /** Replace a <select>'s options with `names`, keeping the current choice when it is still there. */
 export function fillSelect(select, names, empty = "no model") {
   const current = select.value;
-  const same = select.options.length === names.length && names.every((n, i) => select.options[i].value === n);
+  const same = names.length ? select.options.length === names.length && names.every((n, i) => select.options[i].value === n)
+    : select.options.length === 1 && select.options[0].value === "";
   if (same) return;
   select.replaceChildren(...(names.length ? names.map((n) => el("option", { value: n, text: n })) :
     [el("option", { value: "", text: empty })]));
