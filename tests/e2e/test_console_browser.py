@@ -76,6 +76,9 @@ def page(browser_context: Any, console_server: ServerProcess) -> Iterator[Any]:
     page = browser_context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
+    # Console errors other than the refused calls the tests provoke (a CSP violation would show here).
+    page.on("console", lambda m: m.type == "error" and not m.text.startswith("Failed to load resource")
+            and errors.append(m.text))
     page.goto(console_server.base_url + "/")
     dialog = page.locator("#key-dialog")
     dialog.wait_for(state="visible")
@@ -84,7 +87,7 @@ def page(browser_context: Any, console_server: ServerProcess) -> Iterator[Any]:
     page.locator(f'#models-table tr[data-model="{DEFAULT_MODEL}"][data-state="ready"]').wait_for()
     yield page
     page.close()
-    assert not errors, f"the page raised: {errors}"
+    assert not errors, f"the page raised or logged errors: {errors}"
 
 
 def open_tab(page: Any, name: str) -> None:
