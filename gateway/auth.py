@@ -2,10 +2,10 @@
 
 Three kinds of route: *public* ones (health, metrics; configurable) answer everyone; *admin* ones (the model
 repository API) need the admin key; everything else needs an API key (or the admin key). A fourth, the web
-console's page and its static files, holds no data: a browser cannot attach a key to a page navigation, so it is
-served without one (the page then asks for the key and sends it on every call, and the console's data routes
-under /ui/api are inference routes); it still passes the drain check and the per-caller rate limit. When no API key is
-configured the inference routes are open, as in vLLM and Triton, but the admin routes stay closed unless an
+console's page and its static files, holds no data: a browser cannot attach a key to a page navigation, so it
+is served without one (the page then asks for the key and sends it on every call, and the console's data
+routes under /ui/api are inference routes); it still passes the drain check and the per-caller rate limit.
+When no API key is configured the inference routes are open, as in vLLM and Triton, but the admin routes stay closed unless an
 admin key is configured: nobody can load models over the network by accident.
 
 Routes are classified on a canonical form of the path, and non-canonical paths (`//`, `.` or `..` segments,
@@ -142,7 +142,7 @@ class KeyStore:
             return principal
         if not self.inference_open and role is not Role.CONSOLE:
             return self.identify(authorization)
-        try:  # open inference (or the console's page): any key (or none) is welcome; a known key still names its caller
+        try:  # open inference (or the console's page): any key (or none) is welcome; a known key names its caller
             return self.identify(authorization)
         except AuthenticationError:
             return ANONYMOUS
