@@ -5,8 +5,8 @@ repository API) need the admin key; everything else needs an API key (or the adm
 console's page and its static files, holds no data: a browser cannot attach a key to a page navigation, so it
 is served without one (the page then asks for the key and sends it on every call, and the console's data
 routes under /ui/api are inference routes); it still passes the drain check and the per-caller rate limit.
-When no API key is configured the inference routes are open, as in vLLM and Triton, but the admin routes stay closed unless an
-admin key is configured: nobody can load models over the network by accident.
+When no API key is configured the inference routes are open, as in vLLM and Triton, but the admin routes stay
+closed unless an admin key is configured: nobody can load models over the network by accident.
 
 Routes are classified on a canonical form of the path, and non-canonical paths (`//`, `.` or `..` segments,
 encoded slashes or dots) are refused outright, so no spelling of an admin path reaches it as something else.
