@@ -27,6 +27,7 @@ from gateway.repository.layout import ModelDir, resolve_source
 from gateway.repository.serving import InFlight
 from gateway.repository.tensor_config import TensorModelConfig
 from gateway.scheduler.dynamic_batcher import BatchingPolicy, DynamicBatcher, QueueRules
+from gateway.scheduler.rate_limiter import InstanceGate, RateLimiter
 
 log = logging.getLogger("switchyard.kserve")
 
@@ -68,13 +69,15 @@ class TensorVersion:
     batcher: Any  # DynamicBatcher, or a sequence/ensemble scheduler with the same infer/infer_stream/start/stop
     stats: ModelStats = field(default_factory=ModelStats)
     facts: dict[str, Any] = field(default_factory=dict)
+    gates: list[InstanceGate] = field(default_factory=list)  # rate limiter access per instance (empty: limiter off)
 
 
 class TensorModel:
     """A tensor model as served: `versions` by number, metadata, config and validated inference."""
 
-    def __init__(self, model_dir: ModelDir, config: TensorModelConfig) -> None:
+    def __init__(self, model_dir: ModelDir, config: TensorModelConfig, limiter: RateLimiter | None = None) -> None:
         self.name = model_dir.name
+        self.limiter = limiter  # the server's rate limiter (--rate-limit execution_count), or None
         self.dir = model_dir
         self.config = config
         self.backend = config.resolved_backend
@@ -124,6 +127,9 @@ class TensorModel:
             for version in self.selected_versions():
                 self._load_version(version, loaded, make_scheduler)
         except Exception as exc:
+            for entry in self.versions.values():
+                for gate in entry.gates:
+                    gate.close()
             for backend in loaded:
                 try:
                     backend.unload()
@@ -157,9 +163,30 @@ class TensorModel:
         stats = ModelStats()
         entry = TensorVersion(version, instances, inputs, outputs, None, stats, facts)
         self._warmup(entry)
+        self.versions[version] = entry  # from here a failed load closes its gates
+        entry.gates = self._gates(version, len(instances))
         custom = make_scheduler(self, entry) if make_scheduler is not None else None
-        entry.batcher = custom or DynamicBatcher(self.name, instances, batching_policy(self.config), stats)
-        self.versions[version] = entry
+        entry.batcher = custom or DynamicBatcher(self.name, instances, batching_policy(self.config), stats,
+                                                 entry.gates or None)
+
+    def _gates(self, version: int, count: int) -> list[InstanceGate]:
+        """One rate limiter gate per instance, with its instance group's resources and priority."""
+        if self.limiter is None or not count:
+            return []
+        groups = self.config.instance_group or []
+        plan = [g for g in groups for _ in range(g.count)] or [None]
+        gates: list[InstanceGate] = []
+        try:
+            for index, group in enumerate(plan[:count]):
+                limits = group.rate_limiter if group is not None else None
+                resources = [(r.name, r.count, r.is_global) for r in limits.resources] if limits is not None else []
+                gates.append(self.limiter.gate(f"{self.name}/{version}/{index}", resources,
+                                               limits.priority if limits is not None else 0))
+        except ConfigError as exc:
+            for gate in gates:
+                gate.close()
+            raise ConfigError(f"{self.dir.config_path}: {exc}") from None
+        return gates
 
     def _warmup(self, entry: TensorVersion) -> None:
         for warm in self.config.model_warmup:
@@ -207,6 +234,8 @@ class TensorModel:
     async def stop(self) -> None:
         for entry in self.versions.values():
             await entry.batcher.stop()
+            for gate in entry.gates:
+                gate.close()
         for entry in self.versions.values():
             for instance in entry.instances:
                 try:
