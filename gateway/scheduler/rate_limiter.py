@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from gateway.errors import ConfigError
 
-HOLD_S = 0.01
+HOLD_S = 0.02
 
 ResourceKey = tuple[str, int | None]  # (name, device); device None = a global resource
 
