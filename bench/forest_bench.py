@@ -41,7 +41,7 @@ def train(folder: Path, trees: int) -> tuple[object, np.ndarray]:
     return model, rng.normal(size=(4096, FEATURES)).astype(np.float32)
 
 
-def start(repo: Path, model_file: Path, batched: bool) -> tuple[subprocess.Popen, str]:
+def start(repo: Path, model_file: Path, batched: bool, threads: int) -> tuple[subprocess.Popen, str]:
     folder = repo / ("batched" if batched else "unbatched") / "forest"
     (folder / "1").mkdir(parents=True)
     (folder / "1" / "xgboost.json").write_bytes(model_file.read_bytes())
@@ -51,7 +51,8 @@ def start(repo: Path, model_file: Path, batched: bool) -> tuple[subprocess.Popen
         'output [ { name: "output__0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
         'parameters [ { key: "model_type" value: { string_value: "xgboost_json" } },\n'
         '  { key: "output_class" value: { string_value: "true" } },\n'
-        '  { key: "predict_proba" value: { string_value: "true" } } ]\n'
+        '  { key: "predict_proba" value: { string_value: "true" } },\n'
+        f'  {{ key: "cpu_nthread" value: {{ string_value: "{threads}" }} }} ]\n'
         + ("dynamic_batching { max_queue_delay_microseconds: 1000 }\n" if batched else ""))
     port = _port()
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--model-repository", str(folder.parent),
@@ -105,13 +106,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--trees", type=int, default=200)
+    parser.add_argument("--cpu-nthread", type=int, default=1,
+                        help="the model's cpu_nthread (XGBoost threads per call; -1 = every CPU)")
     args = parser.parse_args()
     results: dict[str, float] = {}
     latency: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         model, rows = train(Path(tmp), args.trees)
         for batched in (True, False):
-            proc, url = start(Path(tmp), Path(tmp) / "xgboost.json", batched)
+            proc, url = start(Path(tmp), Path(tmp) / "xgboost.json", batched, args.cpu_nthread)
             name = "dynamic batching on" if batched else "dynamic batching off"
             try:
                 results[name], latency[name] = asyncio.run(load(url, rows, args.requests, args.concurrency))

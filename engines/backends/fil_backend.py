@@ -165,11 +165,11 @@ class ForestBackend(TensorBackend):
         except ImportError as exc:
             raise ValueError(f"model_type {model_type} needs the Python package '{exc.name}'; "
                              "install it with pip install 'switchyard[fil]'") from None
-        except ValueError:
-            raise
         except Exception as exc:  # the libraries raise their own error types for a bad file
-            raise ValueError(f"'{spec.name}/{spec.version}': {model_type} could not load {path.rsplit('/', 1)[-1]}: "
-                             f"{str(exc)[:300]}") from None
+            hint = (" (XGBoost 3.1 and later no longer read the legacy binary format: re-save the model with "
+                    "save_model('xgboost.json') and use model_type xgboost_json)" if model_type == "xgboost" else "")
+            raise ValueError(f"'{spec.name}/{spec.version}': {model_type} could not load {path.rsplit('/', 1)[-1]}"
+                             f"{hint}: {str(exc)[:300]}") from None
         self._spec = spec
         declared = spec.inputs[0] if spec.inputs else None
         if declared is not None:

@@ -3,6 +3,7 @@ config Triton's FIL backend takes. Used by the fil tests and bench/forest_bench.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +42,19 @@ def _folder(repo: Path, name: str) -> Path:
 
 
 def write_xgboost(repo: Path, name: str = "xgb_binary", fmt: str = "json", **kw: Any) -> Any:
-    """A binary XGBClassifier saved as xgboost.json / xgboost.ubj; returns the fitted classifier."""
+    """A binary XGBClassifier saved as xgboost.json / .ubj / .model (model_type xgboost: what XGBoost 3 writes
+    there is UBJSON; it reads no legacy binary any more); returns the fitted classifier."""
     import xgboost
 
     x, y, _ = data()
     model = xgboost.XGBClassifier(n_estimators=30, max_depth=4, learning_rate=0.3, random_state=0, n_jobs=1)
     model.fit(x, y)
     folder = _folder(repo, name)
-    model.get_booster().save_model(str(folder / "1" / f"xgboost.{fmt}"))
-    (folder / "config.pbtxt").write_text(config(name, f"xgboost_{fmt}", **{"output_class": True, **kw}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Unknown file format: model" for the legacy name
+        model.get_booster().save_model(str(folder / "1" / f"xgboost.{fmt}"))
+    model_type = "xgboost" if fmt == "model" else f"xgboost_{fmt}"
+    (folder / "config.pbtxt").write_text(config(name, model_type, **{"output_class": True, **kw}))
     return model
 
 

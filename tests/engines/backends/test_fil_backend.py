@@ -40,7 +40,7 @@ def run(model: TensorModel, x: np.ndarray) -> np.ndarray:
     return whole
 
 
-@pytest.mark.parametrize("fmt", ["json", "ubj"])
+@pytest.mark.parametrize("fmt", ["json", "ubj", "model"])
 def test_xgboost_binary_classifier(tmp_path: Path, fmt: str) -> None:
     clf = fm.write_xgboost(tmp_path, "proba", fmt, predict_proba=True, width=2)
     assert np.array_equal(run(load(tmp_path, "proba"), X), clf.predict_proba(X))
@@ -124,3 +124,25 @@ def test_wrong_feature_count_is_refused(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace(f"dims: [ {fm.FEATURES} ]", "dims: [ 3 ]"))
     with pytest.raises(ConfigError, match=f"set dims: \\[ {fm.FEATURES} \\]"):
         load(tmp_path, "narrow")
+
+
+def test_corrupt_model_file_names_the_file(tmp_path: Path) -> None:
+    fm.write_xgboost(tmp_path, "broken", "model")
+    (tmp_path / "broken" / "1" / "xgboost.model").write_bytes(b"\x00not a model")
+    with pytest.raises(ConfigError, match="could not load xgboost.model .*legacy binary"):
+        load(tmp_path, "broken")
+
+
+async def test_a_load_request_cannot_turn_pickles_on(tmp_path: Path) -> None:
+    from gateway.errors import InvalidRequestError
+    from gateway.repository.registry import ModelRegistry
+
+    fm.write_sklearn(tmp_path, "skl_closed", allow_pickle=False)
+    registry = ModelRegistry(tmp_path, control_mode="explicit")
+    registry.prepare()
+    override = {"backend": "fil", "max_batch_size": 8,
+                "parameters": {"model_type": "sklearn_pkl", "allow_pickle": "true"}}
+    with pytest.raises(InvalidRequestError, match="may not change parameter 'allow_pickle'"):
+        await registry.load("skl_closed", override)
+    assert registry.all_models() == []
+    await registry.close()
