@@ -106,8 +106,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--trees", type=int, default=200)
-    parser.add_argument("--cpu-nthread", type=int, default=1,
-                        help="the model's cpu_nthread (XGBoost threads per call; -1 = every CPU)")
+    parser.add_argument("--cpu-nthread", type=int, default=-1,
+                        help="the model's cpu_nthread (most XGBoost threads per call; -1 = every CPU)")
     args = parser.parse_args()
     results: dict[str, float] = {}
     latency: dict[str, list[float]] = {}

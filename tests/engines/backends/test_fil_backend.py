@@ -146,3 +146,12 @@ async def test_a_load_request_cannot_turn_pickles_on(tmp_path: Path) -> None:
         await registry.load("skl_closed", override)
     assert registry.all_models() == []
     await registry.close()
+
+
+def test_large_batches_use_threads_and_change_no_bit(tmp_path: Path) -> None:
+    big, _, _ = fm.data(rows=3000, seed=7)
+    clf = fm.write_xgboost(tmp_path, "xgb_big", predict_proba=True, width=2, extra={"cpu_nthread": "2"})
+    lgb = fm.write_lightgbm(tmp_path, "lgb_big", predict_proba=True, width=3, extra={"cpu_nthread": "2"})
+    for name, expected in (("xgb_big", clf.predict_proba(big)), ("lgb_big", lgb.predict_proba(big))):
+        instance = load(tmp_path, name).versions[1].instances[0]
+        assert np.array_equal(instance.execute([{"input__0": big}])[0]["output__0"], expected.astype(np.float32))
