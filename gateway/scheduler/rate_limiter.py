@@ -143,7 +143,7 @@ class RateLimiter:
     def snapshot(self) -> list[tuple[str, int | None, int, int]]:
         """(name, device, amount, in use) per resource, for /metrics."""
         with self._lock:
-            keys = {k for g in self._gates for k in g.needs} | set(self._used)
+            keys = {k for g in self._gates for k in g.needs} | {k for k, n in self._used.items() if n}
             return [(name, dev, self.amount((name, dev)), self._used.get((name, dev), 0))
                     for name, dev in sorted(keys, key=lambda k: (k[0], -1 if k[1] is None else k[1]))]
 
