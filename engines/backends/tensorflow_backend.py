@@ -5,7 +5,9 @@ one loaded copy per instance, one signature call per batch (`pip install 'switch
 The signature's inputs and outputs are the model's v2 tensors, by their signature names (the keys of the
 signature's input and output dicts). A config may omit `input`/`output`: they are filled in from the signature
 (Triton's auto-complete) with its dtypes and shapes, the first dimension dropped when `max_batch_size > 0` (it must
-then be variable, `None`, in the signature: requests are concatenated on it by the dynamic batcher). Tensors a
+then be variable, `None`, in the signature: requests are concatenated on it by the dynamic batcher). A config that
+omits `max_batch_size` gets Triton's default of 4 and the dynamic batcher when every signature tensor starts with a
+variable dimension, and 0 otherwise. Tensors a
 config does declare must exist in the signature with the same dtype.
 
 Parameters (Triton's names): `TF_SIGNATURE_DEF` (default `serving_default`), `TF_GRAPH_TAG` (default `serve`).
@@ -87,6 +89,27 @@ class SavedModelBackend(TensorBackend):
         self._inputs = found_in
         self._outputs = [found_out[t.name] for t in spec.outputs] if spec.outputs else list(found_out.values())
         self._spec = spec
+
+    def batch_dimension(self, spec: TensorModelSpec) -> bool:
+        """Whether every tensor of the signature starts with a variable dimension, read from saved_model.pb alone."""
+        from tensorflow.core.protobuf import saved_model_pb2
+
+        path = _saved_model_dir(spec)
+        tag = spec.parameters.get("TF_GRAPH_TAG", "serve")
+        signature = spec.parameters.get("TF_SIGNATURE_DEF", "serving_default")
+        saved = saved_model_pb2.SavedModel()
+        try:
+            saved.ParseFromString((path / "saved_model.pb").read_bytes())
+        except Exception:  # a bad file is reported by load() with the fix
+            return False
+        for graph in saved.meta_graphs:
+            if tag in graph.meta_info_def.tags and signature in graph.signature_def:
+                sig = graph.signature_def[signature]
+                tensors = [*sig.inputs.values(), *sig.outputs.values()]
+                return bool(tensors) and all(
+                    not t.tensor_shape.unknown_rank and t.tensor_shape.dim and t.tensor_shape.dim[0].size == -1
+                    for t in tensors)
+        return False
 
     @staticmethod
     def _describe(name: str, tensor: Any, batched: bool, kind: str) -> TensorSpec:

@@ -25,11 +25,14 @@ from gateway.kserve.statistics import ModelStats
 from gateway.kserve.validation import finish_outputs, prepare_inputs
 from gateway.repository.layout import ModelDir, resolve_source
 from gateway.repository.serving import InFlight
-from gateway.repository.tensor_config import TensorModelConfig
+from gateway.repository.tensor_config import DynamicBatching, TensorModelConfig
 from gateway.scheduler.dynamic_batcher import BatchingPolicy, DynamicBatcher, QueueRules
 from gateway.scheduler.rate_limiter import InstanceGate, RateLimiter
 
 log = logging.getLogger("switchyard.kserve")
+
+#: Triton's `default-max-batch-size`: what auto-complete gives a batchable model whose config omits max_batch_size.
+DEFAULT_MAX_BATCH_SIZE = 4
 
 
 def batching_policy(config: TensorModelConfig) -> BatchingPolicy:
@@ -124,6 +127,7 @@ class TensorModel:
         On any failure everything loaded so far is unloaded again and a `ConfigError` says what went wrong."""
         loaded: list[TensorBackend] = []
         try:
+            self._complete_batching()
             for version in self.selected_versions():
                 self._load_version(version, loaded, make_scheduler)
         except Exception as exc:
@@ -143,6 +147,26 @@ class TensorModel:
                               f"{str(exc)[:300]}); see the server log.") from None
         if any(g.kind == "KIND_GPU" for g in self.config.instance_group):
             log.warning("model '%s': instance_group kind KIND_GPU runs on the CPU in this build", self.name)
+
+    def _complete_batching(self) -> None:
+        """Triton's auto-complete of `max_batch_size`: a config that omits it, for a model file whose tensors all
+        start with a variable batch dimension, gets DEFAULT_MAX_BATCH_SIZE and (without another scheduler) the
+        dynamic batcher. Only backends that can tell from the file (`TensorBackend.batch_dimension`) take part."""
+        config = self.config
+        if "max_batch_size" in config.model_fields_set or self.backend == "ensemble":
+            return
+        latest = self.selected_versions()[-1]
+        try:
+            if not create_backend(self.backend).batch_dimension(self._spec(latest, 0)):
+                return
+        except ValueError:
+            return  # a missing library or file: loading the version says so, with the fix
+        update: dict[str, Any] = {"max_batch_size": DEFAULT_MAX_BATCH_SIZE}
+        if config.sequence_batching is None and config.dynamic_batching is None:
+            update["dynamic_batching"] = DynamicBatching()
+        self.config = config.model_copy(update=update)
+        log.info("model '%s': max_batch_size %d and dynamic batching filled in from the model file (Triton's "
+                 "auto-complete); set max_batch_size to choose", self.name, DEFAULT_MAX_BATCH_SIZE)
 
     def _load_version(self, version: int, loaded: list[TensorBackend],
                       make_scheduler: Callable[[TensorModel, TensorVersion], Any] | None) -> None:

@@ -72,3 +72,15 @@ def test_declared_tensors_are_checked_against_the_signature(tmp_path: Path) -> N
     tensorflow_models.write(tmp_path, "no_sig", base + 'parameters { key: "TF_SIGNATURE_DEF" value: { string_value: "x" } }')
     with pytest.raises(ConfigError, match="serving_default"):
         load(tmp_path, "no_sig")
+
+
+def test_max_batch_size_is_completed_when_omitted(tmp_path: Path) -> None:
+    tensorflow_models.write(tmp_path, "auto", 'platform: "tensorflow_savedmodel"\n')
+    model = load(tmp_path, "auto")
+    config = model.config_json()
+    assert config["max_batch_size"] == 4 and "dynamic_batching" in config  # Triton's default-max-batch-size
+    assert {t["name"]: t["shape"] for t in model.metadata()["inputs"]} == {"FEATURES": [-1, 4], "TAG": [-1, 1]}
+    tensorflow_models.write(tmp_path, "unbatched", 'platform: "tensorflow_savedmodel"\nmax_batch_size: 0\n')
+    plain = load(tmp_path, "unbatched")
+    assert plain.config_json()["max_batch_size"] == 0
+    assert plain.config_json()["input"][0]["dims"] in ([-1, 4], [-1, 1])  # the batch dim is a plain -1 dim
