@@ -84,3 +84,20 @@ def test_max_batch_size_is_completed_when_omitted(tmp_path: Path) -> None:
     plain = load(tmp_path, "unbatched")
     assert plain.config_json()["max_batch_size"] == 0
     assert plain.config_json()["input"][0]["dims"] in ([-1, 4], [-1, 1])  # the batch dim is a plain -1 dim
+
+
+def test_the_example_folder_serves_as_written(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    folder = tmp_path / "tensorflow_scorer"
+    shutil.copytree(ROOT / "examples" / "tensorflow_scorer", folder, ignore=shutil.ignore_patterns("1"))
+    done = subprocess.run([sys.executable, str(folder / "make_model.py"), str(folder)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    model = load(tmp_path, "tensorflow_scorer")
+    assert model.config_json()["max_batch_size"] == 4
+    assert {t["name"] for t in model.metadata()["outputs"]} == {"SCORES", "ECHO"}
