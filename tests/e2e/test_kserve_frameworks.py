@@ -154,3 +154,10 @@ def test_rate_limiter_shares_a_resource_by_priority(frameworks: tuple[ServerProc
     waited = [line for line in httpx.get(f"{server.base_url}/metrics").text.splitlines()
               if line.startswith('switchyard_rate_limiter_wait_duration_us_total{model="limited_slow"')]
     assert waited and float(waited[0].split()[-1]) > 0
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")  # type: ignore[attr-defined]
+    try:
+        limiter = grpc.get_model_config("limited_slow").config.instance_group[0].rate_limiter
+        assert (limiter.priority, limiter.resources[0].name,
+                getattr(limiter.resources[0], "global"), limiter.resources[0].count) == (2, "R", True, 1)
+    finally:
+        grpc.close()
