@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     limiter.add_argument("--rate-limit", type=str.lower, choices=["off", "execution_count"],
                          default=env("SWITCHYARD_RATE_LIMIT", "off").lower(),
                          help="execution_count: a tensor model instance executes only while it holds the resources "
-                              "its instance_group's rate_limiter lists, turns weighted by priority (default: %(default)s)")
+                              "its instance_group's rate_limiter lists, turns weighted by priority "
+                              "(default: %(default)s)")
     limiter.add_argument("--rate-limit-resource", action="append", default=None, metavar="NAME:COUNT[:DEVICE]",
                          help="how much of a resource there is (repeatable; also SWITCHYARD_RATE_LIMIT_RESOURCES, "
                               "comma-separated); default: the largest count any instance asks for")

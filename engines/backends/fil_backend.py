@@ -51,7 +51,7 @@ MODEL_FILES = {
 #: FIL settings that tune its GPU kernels or its own parser: no effect on these predictors.
 NO_EFFECT = frozenset({"storage_type", "algo", "threads_per_tree", "blocks_per_sm", "transfer_threshold",
                        "use_experimental_optimizations", "layout", "align_bytes", "xgboost_allow_unknown_field"})
-KNOWN = frozenset({"model_type", "output_class", "predict_proba", "threshold", "cpu_nthread", "allow_pickle"}) | NO_EFFECT
+KNOWN = NO_EFFECT | {"model_type", "output_class", "predict_proba", "threshold", "cpu_nthread", "allow_pickle"}
 
 Predict = Callable[[np.ndarray, int], np.ndarray]  # (rows, threads) -> the library's prediction
 #: Rows per predictor thread: below this a call runs on one thread, because starting OpenMP threads costs more than
@@ -201,7 +201,8 @@ class ForestBackend(TensorBackend):
         if spec.outputs:
             self._output = spec.outputs[0].name
             if spec.outputs[0].datatype not in ("FP32", "FP64"):
-                raise ValueError(f"output '{self._output}' must be TYPE_FP32 (or TYPE_FP64), not {spec.outputs[0].datatype}")
+                raise ValueError(f"output '{self._output}' must be TYPE_FP32 (or TYPE_FP64), "
+                                 f"not {spec.outputs[0].datatype}")
             self._dtype = np.float64 if spec.outputs[0].datatype == "FP64" else np.float32
         width = self._run(np.zeros((1, features), dtype=np.float32)).shape[1]
         if spec.outputs and spec.outputs[0].dims not in ([width], [-1]):

@@ -18,8 +18,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from engines.backends.batching import concat_requests, split_outputs
 from engines.interface import TensorBackend
 from engines.types import TensorModelSpec, TensorSpec
@@ -65,8 +63,8 @@ class SavedModelBackend(TensorBackend):
                              f"{tag!r}: {str(exc)[:200]}") from None
         signatures = dict(self._loaded.signatures)
         if signature not in signatures:
-            raise ValueError(f"the SavedModel has no signature {signature!r} (it has {', '.join(signatures) or 'none'}); "
-                             "set parameter TF_SIGNATURE_DEF to one of them")
+            raise ValueError(f"the SavedModel has no signature {signature!r} (it has "
+                             f"{', '.join(signatures) or 'none'}); set parameter TF_SIGNATURE_DEF to one of them")
         self._function = signatures[signature]
         args, kwargs = self._function.structured_input_signature
         if args:

@@ -2,7 +2,7 @@
 can be served as a Triton `tensorflow_savedmodel` model:
 
     pip install 'switchyard[tensorflow]'
-    python examples/tensorflow_scorer/make_model.py                # writes examples/tensorflow_scorer/1/model.savedmodel
+    python examples/tensorflow_scorer/make_model.py    # writes examples/tensorflow_scorer/1/model.savedmodel
     mkdir -p my_repository && cp -r examples/tensorflow_scorer my_repository/
     switchyard serve --model-repository my_repository
 

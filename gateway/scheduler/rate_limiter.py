@@ -114,7 +114,8 @@ class RateLimiter:
             needs[key] = needs.get(key, 0) + count
         with self._lock:
             for (name, dev), count in needs.items():
-                if any(g_name == name and (g_dev is None) != (dev is None) for g in self._gates for g_name, g_dev in g.needs):
+                mixed = [k for g in self._gates for k in g.needs if k[0] == name and (k[1] is None) != (dev is None)]
+                if mixed:
                     raise ConfigError(f"rate limiter resource '{name}' is global for one model and per-device for "
                                       "another; use the same 'global' setting everywhere")
                 explicit = self._explicit_amount(name, dev)

@@ -147,7 +147,7 @@ def test_rate_limiter_shares_a_resource_by_priority(frameworks: tuple[ServerProc
     finally:
         client.close()
     assert len(spans) == 48  # no request failed
-    for (earlier, _), (later, _) in zip(spans, spans[1:]):
+    for (earlier, _), (later, _) in zip(spans, spans[1:], strict=False):
         assert later[0] >= earlier[1] - 1e-6, "two executions held the resource together"
     contended = [name for _, name in spans[:30]]
     assert 17 <= contended.count("limited_fast") <= 23, contended

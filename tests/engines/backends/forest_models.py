@@ -29,8 +29,8 @@ def config(name: str, model_type: str, *, output_class: bool, predict_proba: boo
     if declare:
         lines += [f'input [ {{ name: "input__0" data_type: TYPE_FP32 dims: [ {FEATURES} ] }} ]',
                   f'output [ {{ name: "output__0" data_type: TYPE_FP32 dims: [ {width} ] }} ]']
-    lines += ["parameters [", ",\n".join(f'  {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items()),
-              "]", "instance_group [ { count: 1 kind: KIND_CPU } ]"]
+    entries = [f'  {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items()]
+    lines += ["parameters [", ",\n".join(entries), "]", "instance_group [ { count: 1 kind: KIND_CPU } ]"]
     if dynamic:
         lines.append("dynamic_batching { max_queue_delay_microseconds: 2000 }")
     return "\n".join(lines) + "\n"

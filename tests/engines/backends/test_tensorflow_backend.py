@@ -63,13 +63,16 @@ def test_outputs_match_the_model_batched_through_the_dynamic_batcher(tmp_path: P
 
 def test_declared_tensors_are_checked_against_the_signature(tmp_path: Path) -> None:
     base = 'platform: "tensorflow_savedmodel" max_batch_size: 4 '
-    tensorflow_models.write(tmp_path, "wrong_type", base + 'input [ { name: "FEATURES" data_type: TYPE_FP64 dims: [ 4 ] } ]')
+    fp64 = 'input [ { name: "FEATURES" data_type: TYPE_FP64 dims: [ 4 ] } ]'
+    tensorflow_models.write(tmp_path, "wrong_type", base + fp64)
     with pytest.raises(ConfigError, match="FP64 in the config but FP32"):
         load(tmp_path, "wrong_type")
-    tensorflow_models.write(tmp_path, "wrong_name", base + 'output [ { name: "PROBS" data_type: TYPE_FP32 dims: [ 3 ] } ]')
+    probs = 'output [ { name: "PROBS" data_type: TYPE_FP32 dims: [ 3 ] } ]'
+    tensorflow_models.write(tmp_path, "wrong_name", base + probs)
     with pytest.raises(ConfigError, match="not in signature"):
         load(tmp_path, "wrong_name")
-    tensorflow_models.write(tmp_path, "no_sig", base + 'parameters { key: "TF_SIGNATURE_DEF" value: { string_value: "x" } }')
+    signature = 'parameters { key: "TF_SIGNATURE_DEF" value: { string_value: "x" } }'
+    tensorflow_models.write(tmp_path, "no_sig", base + signature)
     with pytest.raises(ConfigError, match="serving_default"):
         load(tmp_path, "no_sig")
 
