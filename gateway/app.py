@@ -19,7 +19,7 @@ from gateway import __version__
 from gateway.access import AccessControl, AccessMiddleware
 from gateway.auth import KeyStore
 from gateway.body_limit import BodyLimitMiddleware
-from gateway.config import ServerConfig
+from gateway.config import ServerConfig, build_rate_limiter
 from gateway.errors import (
     InternalError,
     InvalidRequestError,
@@ -97,7 +97,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     """The app; its lifespan loads the repository (off the event loop) and starts each model's scheduler."""
     registry = registry or ModelRegistry(config.model_repository, config.cache_dir,
                                          control_mode=config.model_control_mode, load_models=config.load_models,
-                                         drain_timeout_s=config.drain_seconds)
+                                         drain_timeout_s=config.drain_seconds, rate_limiter=build_rate_limiter(config))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

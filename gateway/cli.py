@@ -77,6 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
                               "SWITCHYARD_LOAD_MODEL, comma-separated)")
     control.add_argument("--repository-poll-secs", type=float, default=env("SWITCHYARD_REPOSITORY_POLL_SECS"),
                          help="poll mode: seconds between two scans of the repository (default: 15)")
+    limiter = serve.add_argument_group("rate limiter (Triton's; see docs/frameworks.md)")
+    limiter.add_argument("--rate-limit", type=str.lower, choices=["off", "execution_count"],
+                         default=env("SWITCHYARD_RATE_LIMIT", "off").lower(),
+                         help="execution_count: a tensor model instance executes only while it holds the resources "
+                              "its instance_group's rate_limiter lists, turns weighted by priority "
+                              "(default: %(default)s)")
+    limiter.add_argument("--rate-limit-resource", action="append", default=None, metavar="NAME:COUNT[:DEVICE]",
+                         help="how much of a resource there is (repeatable; also SWITCHYARD_RATE_LIMIT_RESOURCES, "
+                              "comma-separated); default: the largest count any instance asks for")
     return parser
 
 
@@ -107,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.config import build_config
+    from gateway.config import build_config, build_rate_limiter
     from gateway.http_limits import BoundedHeadHttpToolsProtocol  # huge request heads: 431
     from gateway.lifecycle import DrainingServer
     from gateway.repository.registry import ModelRegistry
@@ -136,9 +145,13 @@ def main(argv: list[str] | None = None) -> int:
             model_control_mode=args.model_control_mode,
             load_models=args.load_model if args.load_model is not None else _env_list("SWITCHYARD_LOAD_MODEL"),
             repository_poll_secs=args.repository_poll_secs,
+            rate_limit=args.rate_limit,
+            rate_limit_resources=tuple(args.rate_limit_resource if args.rate_limit_resource is not None
+                                       else _env_list("SWITCHYARD_RATE_LIMIT_RESOURCES")),
         )
         registry = ModelRegistry(config.model_repository, config.cache_dir, control_mode=config.model_control_mode,
-                                 load_models=config.load_models, drain_timeout_s=config.drain_seconds)
+                                 load_models=config.load_models, drain_timeout_s=config.drain_seconds,
+                                 rate_limiter=build_rate_limiter(config))
         registry.prepare()  # fail fast on config errors, before the server starts
         app = create_app(config, registry)
         server_config = uvicorn.Config(app, host=config.host, port=config.http_port, log_level=config.log_level,

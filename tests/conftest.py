@@ -117,7 +117,7 @@ def kserve_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     repo = tmp_path_factory.mktemp("kserve_repository")
     shutil.copytree(KSERVE_REPOSITORY, repo, dirs_exist_ok=True)
-    for name in ("circle_classifier", "circle_preprocess", "circle_postprocess", "circle_pipeline"):
+    for name in ("circle_classifier", "circle_forest", "circle_preprocess", "circle_postprocess", "circle_pipeline"):
         shutil.copytree(ROOT / "model_repository" / name, repo / name)
     shutil.copytree(ROOT / "model_repository" / DEFAULT_MODEL, repo / DEFAULT_MODEL)  # LLM over v2 generate / gRPC
     write_torchscript_model(repo)
