@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -42,7 +43,7 @@ def test_the_readme_keeps_the_two_quickstart_commands() -> None:
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
 def test_no_link_leaves_the_repository(page: Path) -> None:
     text = page.read_text(encoding="utf-8")
-    assert "../shared" not in text, f"{_rel(page)} refers to files outside the repository"
+    assert "../" + "shared" not in text, f"{_rel(page)} refers to files outside the repository"
     for target in links(page):
         if re.match(r"^[a-z]+:", target) or target.startswith("#"):
             continue
@@ -50,6 +51,27 @@ def test_no_link_leaves_the_repository(page: Path) -> None:
         assert path.is_relative_to(ROOT), f"{_rel(page)}: {target} points outside the repository"
         if page == README:
             assert not target.startswith("../"), f"README.md: {target}"
+
+
+def _repository_text_files() -> list[Path]:
+    """Source, docs, deployment and CI files of the checkout (virtual environments, caches and .git pruned)."""
+    out = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not d.startswith(".venv") and d not in {".git", "__pycache__", "node_modules"}
+                   and not d.endswith(".egg-info")]
+        out += [Path(folder, f) for f in files
+                if f.endswith((".py", ".md", ".sh", ".yaml", ".yml", ".toml", ".txt", ".pbtxt", ".json"))
+                or f.startswith("Dockerfile") or f == "run"]
+    return out
+
+
+def test_nothing_in_the_repository_points_outside_it() -> None:
+    """The design notes the project started from are not part of it: a clone must stand on its own."""
+    outside = re.compile(re.escape("../" + "shared") + "|" + re.escape("DESIGN" + ".md"))
+    found = [f"{_rel(path)}:{n}" for path in _repository_text_files()
+             for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+             if outside.search(line)]
+    assert not found, f"references to files outside the repository: {found}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
