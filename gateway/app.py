@@ -137,6 +137,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
         [k.get_secret_value() for k in config.api_keys],
         [k.get_secret_value() for k in config.admin_keys],
         config.public_paths,
+        console=config.console,
     )
     if keys.inference_open and config.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("no API key is configured: anyone who reaches %s can run inference", config.host)
@@ -145,6 +146,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     app.state.config = config
     app.state.registry = registry
     app.state.ready = False
+    app.state.keys = keys
     app.state.lifecycle = lifecycle = Lifecycle()
     access = AccessControl(keys, RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm), lifecycle)
     add_error_handlers(app)
@@ -152,6 +154,10 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     app.include_router(kserve_router)
     app.include_router(embeddings_router)
     app.include_router(sessions_router)
+    if config.console:
+        from gateway.console.routes import add_console
+
+        add_console(app)  # the web console at / and /ui/ (docs/console.md)
 
     @app.get("/health")
     @app.get("/v2/health/ready")

@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                        default=float(env("SWITCHYARD_STREAM_SEND_TIMEOUT_S", "30")),
                        help="seconds one send of a stream may wait for a client that stopped reading before the "
                             "stream is closed and its generation aborted (env SWITCHYARD_STREAM_SEND_TIMEOUT_S)")
+    serve.add_argument("--no-console", dest="console", action="store_false",
+                       default=env("SWITCHYARD_CONSOLE", "1").lower() not in ("0", "false", "no"),
+                       help="do not serve the web console at / and /ui/ (also SWITCHYARD_CONSOLE=0)")
     serve.add_argument("--log-format", default=env("SWITCHYARD_LOG_FORMAT", "text"), choices=["text", "json"],
                        help="json: one JSON object per line, with the request id (default: %(default)s)")
     control = serve.add_argument_group("model control (Triton's modes; see docs/deployment.md)")
@@ -129,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             drain_seconds=args.drain_seconds,
             stream_send_timeout_secs=args.stream_send_timeout_secs,
             log_format=args.log_format,
+            console=args.console,
             model_control_mode=args.model_control_mode,
             load_models=args.load_model if args.load_model is not None else _env_list("SWITCHYARD_LOAD_MODEL"),
             repository_poll_secs=args.repository_poll_secs,

@@ -38,6 +38,7 @@ class ServerConfig(BaseModel):
         30.0, gt=0, description="How long one send of a stream (SSE) may wait for a client that stopped reading; "
         "the stream is then closed and its generation aborted."
     )
+    console: bool = Field(True, description="Serve the web console at / and /ui/ (--no-console turns it off).")
     log_format: Literal["text", "json"] = Field("text", description="json: one JSON object per log line.")
     model_control_mode: Literal["none", "explicit", "poll"] = Field(
         "none",
