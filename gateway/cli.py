@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--always-include-usage", action="store_true",
                        default=env("SWITCHYARD_ALWAYS_INCLUDE_USAGE", "") in ("1", "true", "yes"),
                        help="send a usage chunk on every stream (LangChain does not ask for one)")
-    security = serve.add_argument_group("access control (see README: Security)")
+    security = serve.add_argument_group("access control (see docs/deployment.md)")
     security.add_argument("--api-key", action="append", default=[], metavar="KEY",
                           help="an API key for /v1 and /v2 inference (repeatable; also SWITCHYARD_API_KEYS, "
                                "comma-separated). Without any key, inference is open.")
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="do not serve the web console at / and /ui/ (also SWITCHYARD_CONSOLE=0)")
     serve.add_argument("--log-format", default=env("SWITCHYARD_LOG_FORMAT", "text"), choices=["text", "json"],
                        help="json: one JSON object per line, with the request id (default: %(default)s)")
-    control = serve.add_argument_group("model control (Triton's modes; see README: Model control)")
+    control = serve.add_argument_group("model control (Triton's modes; see docs/deployment.md)")
     control.add_argument("--model-control-mode", type=str.lower, choices=["none", "explicit", "poll"],
                          default=env("SWITCHYARD_MODEL_CONTROL_MODE", "none").lower(),
                          help="none: load every model at startup, repository load/unload refused; explicit: load "
