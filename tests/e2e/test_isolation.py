@@ -160,6 +160,7 @@ def test_a_prompt_that_cannot_fit_is_refused_without_tokenizing_it(faulty: Serve
     started = time.perf_counter()
     resp = httpx.post(f"{faulty.base_url}/v1/{'chat/' if route == 'chat' else ''}completions", json=body, timeout=60)
     elapsed = time.perf_counter() - started
+    print(f"a 31 MB {route} prompt answered {resp.status_code} in {elapsed:.2f} s")
     assert resp.status_code == 400, resp.text[:300]
     assert resp.json()["error"]["code"] == "context_length_exceeded"
     assert elapsed < 2.0, f"a 31 MB prompt took {elapsed:.1f} s to refuse"
