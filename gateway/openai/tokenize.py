@@ -9,7 +9,6 @@ with the chat template exactly as /v1/chat/completions would, tools included) an
 from __future__ import annotations
 
 import asyncio
-
 from typing import Any
 
 from fastapi import APIRouter, Request

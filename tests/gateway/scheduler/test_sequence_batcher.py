@@ -349,9 +349,9 @@ async def test_a_row_that_fails_ends_alone_and_the_others_go_on() -> None:
         await batcher.stop()
     together = {out[-1].request_id: out for out in outs}
     assert any({s.seq_id for s in step} >= set(together) for step in engine.steps), "the eight never shared a step"
-    for rid in alone:
+    for rid, solo in alone.items():
         o = together[rid]
-        assert ("".join(x.text for x in o), o[-1].finish_reason, o[-1].completion_tokens) == alone[rid]
+        assert ("".join(x.text for x in o), o[-1].finish_reason, o[-1].completion_tokens) == solo
     assert together["bad-sampling"][-1].finish_reason == "error"
     assert "non-finite logits" in together["bad-sampling"][-1].error
     assert together["bad-grammar"][-1].finish_reason == "error"
