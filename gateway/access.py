@@ -46,7 +46,10 @@ class AccessMiddleware:
     def _admit(self, scope: Scope) -> Role:
         path = canonical_path(scope.get("raw_path", b""), scope.get("path", ""))
         role = self.access.keys.role_of(path)
-        authorization = dict(scope.get("headers", [])).get(b"authorization")
+        headers = dict(scope.get("headers", []))
+        authorization = headers.get(b"authorization")
+        if authorization is None and b"x-api-key" in headers:  # Anthropic's clients send the key this way
+            authorization = b"Bearer " + headers[b"x-api-key"]
         client = scope.get("client") or ("unknown", 0)
         self.access.admit(role, authorization.decode("latin-1") if authorization is not None else None, client[0])
         return role

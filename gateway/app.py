@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import __version__
 from gateway.access import AccessControl, AccessMiddleware
+from gateway.anthropic.router import router as anthropic_router
 from gateway.auth import KeyStore
 from gateway.body_limit import BodyLimitMiddleware
 from gateway.config import ServerConfig
@@ -27,6 +28,7 @@ from gateway.errors import (
     NotFoundError,
     ServiceUnavailableError,
     SwitchyardError,
+    error_body,
 )
 from gateway.heap import freeze_loaded
 from gateway.kserve.http import router as kserve_router
@@ -38,6 +40,8 @@ from gateway.openai.sessions import router as sessions_router
 from gateway.rate_limit import RateLimiter
 from gateway.repository.registry import ModelRegistry
 from gateway.request_log import RequestIdMiddleware
+from gateway.responses.router import router as responses_router
+from gateway.responses.service import open_service as open_responses
 
 log = logging.getLogger("switchyard")
 
@@ -45,8 +49,7 @@ MAX_ERROR_CHARS = 500
 
 
 def _error_response(request: Request, error: SwitchyardError) -> JSONResponse:
-    body = error.kserve_body() if request.url.path.startswith("/v2") else error.openai_body()
-    return JSONResponse(body, status_code=error.status, headers=error.headers)
+    return JSONResponse(error_body(request.url.path, error), status_code=error.status, headers=error.headers)
 
 
 def _validation_error(exc: RequestValidationError) -> InvalidRequestError:
@@ -101,6 +104,8 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.responses = open_responses(config.responses_store, config.cache_dir, config.responses_max_stored,
+                                             config.responses_ttl_secs)
         loaded = await asyncio.to_thread(registry.load_all)
         for model in loaded:
             await model.start()
@@ -129,6 +134,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
                 await grpc_server.stop(grace=5)
             if metrics_server is not None:
                 metrics_server.shutdown()
+            await app.state.responses.close()  # cancels background responses
             await registry.close()  # stop polling; replaced or unloaded copies finish
             for model in registry.all_models():
                 await model.stop()
@@ -152,6 +158,8 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     app.include_router(kserve_router)
     app.include_router(embeddings_router)
     app.include_router(sessions_router)
+    app.include_router(responses_router)
+    app.include_router(anthropic_router)
 
     @app.get("/health")
     @app.get("/v2/health/ready")
@@ -188,7 +196,8 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
             CORSMiddleware,
             allow_origins=list(config.cors_allow_origins),
             allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-            allow_headers=["authorization", "content-type", "x-request-id", "x-session-id"],
+            allow_headers=["authorization", "content-type", "x-request-id", "x-session-id", "x-api-key",
+                           "anthropic-version"],
             expose_headers=["x-request-id", "retry-after"],
         )
     return app

@@ -63,6 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "stream is closed and its generation aborted (env SWITCHYARD_STREAM_SEND_TIMEOUT_S)")
     serve.add_argument("--log-format", default=env("SWITCHYARD_LOG_FORMAT", "text"), choices=["text", "json"],
                        help="json: one JSON object per line, with the request id (default: %(default)s)")
+    responses = serve.add_argument_group("stored responses (/v1/responses with store: true)")
+    responses.add_argument("--responses-store", type=Path, default=env("SWITCHYARD_RESPONSES_STORE"),
+                           help="SQLite file for stored responses (default: responses.sqlite3 in the cache dir)")
+    responses.add_argument("--responses-max-stored", type=int,
+                           default=int(env("SWITCHYARD_RESPONSES_MAX_STORED", "10000")),
+                           help="stored responses kept; past this the oldest go first (default: %(default)s)")
+    responses.add_argument("--responses-ttl-secs", type=float,
+                           default=float(env("SWITCHYARD_RESPONSES_TTL_SECS", str(30 * 86400))),
+                           help="stored responses expire after this many seconds (default: 30 days)")
     control = serve.add_argument_group("model control (Triton's modes; see README: Model control)")
     control.add_argument("--model-control-mode", type=str.lower, choices=["none", "explicit", "poll"],
                          default=env("SWITCHYARD_MODEL_CONTROL_MODE", "none").lower(),
@@ -132,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
             model_control_mode=args.model_control_mode,
             load_models=args.load_model if args.load_model is not None else _env_list("SWITCHYARD_LOAD_MODEL"),
             repository_poll_secs=args.repository_poll_secs,
+            responses_store=args.responses_store,
+            responses_max_stored=args.responses_max_stored,
+            responses_ttl_secs=args.responses_ttl_secs,
         )
         registry = ModelRegistry(config.model_repository, config.cache_dir, control_mode=config.model_control_mode,
                                  load_models=config.load_models, drain_timeout_s=config.drain_seconds)

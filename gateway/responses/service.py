@@ -1,0 +1,174 @@
+"""Creating, continuing, storing and cancelling responses; the chat path generates every answer.
+
+A stored response keeps its conversation, so `previous_response_id` continues it without the client resending
+anything. The turns of a conversation share one KV session (`resp-<first response id>`): the engine keeps the
+conversation's KV blocks pinned between turns, and a continued response prefills only its new tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.errors import InvalidRequestError, NotFoundError, SwitchyardError
+from gateway.openai.chat import chat_completion
+from gateway.repository.async_engines import resolve_cache_dir
+from gateway.repository.registry import LoadedModel
+from gateway.responses.background import BackgroundResponses
+from gateway.responses.convert import (
+    chat_request,
+    history_messages,
+    incomplete_details,
+    input_messages,
+    item_id,
+    output_items,
+    renamed,
+    response_object,
+    usage,
+)
+from gateway.responses.events import response_events
+from gateway.responses.protocol import ResponsesRequest
+from gateway.responses.store import ResponseStore, StoredResponse
+
+
+@dataclass
+class _Turn:
+    """One response being made: its request, the conversation it extends and where it is kept."""
+
+    req: ResponsesRequest
+    model: LoadedModel
+    resp_id: str
+    created: int
+    conversation: list[dict[str, Any]]  # chat messages before this response's answer (no instructions)
+    session: str | None
+
+    def response(self, status: str, output: list[dict[str, Any]], chat_usage: dict[str, Any] | None = None,
+                 finish_reason: str | None = None, error: SwitchyardError | None = None) -> dict[str, Any]:
+        if error is not None:
+            status = "failed"
+        elif status == "completed" and finish_reason == "length":
+            status = "incomplete"
+        return response_object(
+            self.resp_id, self.created, self.req, self.model.name, status, output, usage(chat_usage),
+            incomplete_details(finish_reason) if status == "incomplete" else None,
+            {"code": error.code or error.type, "message": error.message} if error is not None else None,
+        )
+
+
+class ResponsesService:
+    def __init__(self, store: ResponseStore) -> None:
+        self.store = store
+        self.background = BackgroundResponses()
+
+    async def _turn(self, req: ResponsesRequest, model: LoadedModel) -> _Turn:
+        history: list[dict[str, Any]] = []
+        session = None
+        resp_id = item_id("resp")
+        if req.previous_response_id is not None:
+            previous = await self.store.get(req.previous_response_id)
+            if previous is None:
+                raise InvalidRequestError(f"Previous response with id '{req.previous_response_id[:64]}' not found.",
+                                          param="previous_response_id", code="previous_response_not_found")
+            history = previous.history
+            session = previous.session if previous.model == model.name else None
+        if session is None and req.store:
+            session = f"resp-{resp_id}"
+        return _Turn(req, model, resp_id, int(time.time()), [*history, *input_messages(req)], session)
+
+    async def _keep(self, turn: _Turn, final: dict[str, Any]) -> dict[str, Any]:
+        if turn.req.store:
+            history = [*turn.conversation, *history_messages(final["output"])]
+            await self.store.put(StoredResponse(final, history, turn.session or "", turn.model.name))
+        return final
+
+    async def _chat(self, turn: _Turn) -> Any:
+        try:
+            chat = chat_request(turn.req, turn.conversation)
+            return await chat_completion(chat, turn.model, True, turn.session)
+        except SwitchyardError as exc:
+            raise renamed(exc) from None
+
+    async def _complete(self, turn: _Turn) -> dict[str, Any]:
+        body = await self._chat(turn)
+        choice = body["choices"][0]
+        final = turn.response("completed", output_items(choice["message"]), body["usage"], choice["finish_reason"])
+        return await self._keep(turn, final)
+
+    async def create(self, req: ResponsesRequest, model: LoadedModel) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
+        """The Response object, or (when streaming) its events."""
+        if req.background and not req.store:
+            raise InvalidRequestError("background responses must be stored: set store to true", param="background")
+        if req.background and req.stream:
+            raise InvalidRequestError("streaming a background response is not supported: create it with stream "
+                                      "false and poll GET /v1/responses/{id}", param="stream")
+        turn = await self._turn(req, model)
+        if req.background:
+            try:
+                chat_request(req, turn.conversation)  # refuse a bad request now, not in the background
+            except SwitchyardError as exc:
+                raise renamed(exc) from None
+            return self._start_background(turn)
+        if not req.stream:
+            return await self._complete(turn)
+        chunks = await self._chat(turn)
+
+        async def finish(output: list[dict[str, Any]], chat_usage: dict[str, Any] | None, reason: str | None,
+                         error: SwitchyardError | None) -> dict[str, Any]:
+            final = turn.response("completed", output, chat_usage, reason, error)
+            return await self._keep(turn, final) if error is None else final
+
+        return response_events(chunks, turn.response("in_progress", []), finish)
+
+    def _start_background(self, turn: _Turn) -> dict[str, Any]:
+        queued = turn.response("queued", [])
+
+        async def work() -> None:
+            try:
+                final = await self._complete(turn)
+            except asyncio.CancelledError:
+                await self._keep(turn, turn.response("cancelled", []))
+                raise
+            except SwitchyardError as exc:
+                await self._keep(turn, turn.response("failed", [], error=exc))
+                return
+            queued.update(final)
+
+        self.background.start(queued, work)
+        return dict(queued)
+
+    async def get(self, resp_id: str) -> dict[str, Any]:
+        running = self.background.get(resp_id)
+        if running is not None:
+            return dict(running)
+        stored = await self.store.get(resp_id)
+        if stored is None:
+            raise NotFoundError(f"Response with id '{resp_id[:64]}' not found.", param="response_id")
+        return stored.response
+
+    async def delete(self, resp_id: str) -> dict[str, Any]:
+        await self.background.cancel(resp_id)
+        if not await self.store.delete(resp_id):
+            raise NotFoundError(f"Response with id '{resp_id[:64]}' not found.", param="response_id")
+        return {"id": resp_id, "object": "response.deleted", "deleted": True}
+
+    async def cancel(self, resp_id: str) -> dict[str, Any]:
+        if await self.background.cancel(resp_id):
+            return await self.get(resp_id)
+        response = await self.get(resp_id)
+        if not response.get("background"):
+            raise InvalidRequestError("Only background responses can be cancelled.", param="response_id")
+        return response  # it already ended: cancelling is a no-op, as on OpenAI
+
+    async def close(self) -> None:
+        await self.background.close()
+        self.store.close()
+
+
+def open_service(store_path: Path | None, cache_dir: Path | None, max_entries: int, ttl_seconds: float) -> ResponsesService:
+    """The service over its store: `store_path`, or responses.sqlite3 in the cache directory."""
+    path = store_path or resolve_cache_dir(cache_dir) / "responses.sqlite3"
+    return ResponsesService(ResponseStore(path, max_entries, ttl_seconds))
