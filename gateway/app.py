@@ -40,6 +40,7 @@ from gateway.openai.sessions import router as sessions_router
 from gateway.rate_limit import RateLimiter
 from gateway.repository.registry import ModelRegistry
 from gateway.request_log import RequestIdMiddleware
+from gateway.rerank.router import router as rerank_router
 from gateway.responses.router import router as responses_router
 from gateway.responses.service import open_service as open_responses
 
@@ -160,6 +161,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     app.include_router(sessions_router)
     app.include_router(responses_router)
     app.include_router(anthropic_router)
+    app.include_router(rerank_router)
 
     @app.get("/health")
     @app.get("/v2/health/ready")
