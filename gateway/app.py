@@ -31,6 +31,7 @@ from gateway.errors import (
     error_body,
 )
 from gateway.heap import freeze_loaded
+from gateway.http_metrics import EndpointCountMiddleware, EndpointCounts
 from gateway.kserve.http import router as kserve_router
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import build_metrics_registry, render
@@ -147,7 +148,8 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     )
     if keys.inference_open and config.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("no API key is configured: anyone who reaches %s can run inference", config.host)
-    metrics_registry = build_metrics_registry(registry)
+    endpoint_counts = EndpointCounts()
+    metrics_registry = build_metrics_registry(registry, endpoint_counts)
     app = FastAPI(title="Switchyard", version=__version__, lifespan=lifespan)
     app.state.config = config
     app.state.registry = registry
@@ -189,10 +191,12 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     async def version() -> dict[str, str]:
         return {"version": __version__}
 
-    # Outermost last: CORS answers preflights, then every request gets its id, then access checks, then the body limit.
+    # Outermost last: CORS answers preflights, then every request is counted by endpoint and gets its id, then access
+    # checks, then the body limit.
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(AccessMiddleware, access=access)
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(EndpointCountMiddleware, counts=endpoint_counts)
     if config.cors_allow_origins:
         app.add_middleware(
             CORSMiddleware,
