@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, StrictStr, field_validator
+from pydantic import Discriminator, Field, StrictBool, StrictStr, Tag, field_validator
 
 from gateway.openai.protocol import MAX_TOOLS, NAME_PATTERN, _Lenient
 
@@ -57,8 +57,18 @@ class ReasoningItem(_Lenient):
     type: Literal["reasoning"]
 
 
-InputItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem,
-                      Field(discriminator="type")]
+def _item_type(item: Any) -> Any:
+    """An item's `type`; a message may leave it out (OpenAI's "easy input message")."""
+    if isinstance(item, dict):
+        return item.get("type", "message")
+    return getattr(item, "type", None)
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[ReasoningItem, Tag("reasoning")],
+    Discriminator(_item_type),
+]
 
 
 class FunctionTool(_Lenient):
@@ -89,7 +99,7 @@ class TextConfig(_Lenient):
 
 class ResponsesRequest(_Lenient):
     model: StrictStr = Field(min_length=1, max_length=256)
-    input: StrictStr | list[InputItem] | None = Field(None, max_length=MAX_INPUT_ITEMS)
+    input: list[InputItem] | StrictStr | None = Field(None, max_length=MAX_INPUT_ITEMS)  # item errors first
     instructions: StrictStr | None = None
     tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice | None = None
