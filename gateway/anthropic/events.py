@@ -16,6 +16,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from gateway.anthropic.convert import cut_stop, stop_reason, usage
 from gateway.errors import SwitchyardError
+from gateway.openai.chat_pieces import CallStart, ChatReader, Text
 from gateway.openai.sse import typed_events_response
 
 class _Blocks:
@@ -46,8 +47,7 @@ async def message_events(chunks: AsyncIterator[dict[str, Any]], start: dict[str,
     hold = max((len(s) for s in stops or []), default=0)
     pending = ""  # text not sent yet (it may be the stop sequence)
     called = False
-    finish_reason: str | None = None
-    chat_usage: dict[str, Any] | None = None
+    reader = ChatReader(chunks)
 
     def text_events(text: str) -> list[dict[str, Any]]:
         if not text:
@@ -57,40 +57,31 @@ async def message_events(chunks: AsyncIterator[dict[str, Any]], start: dict[str,
                           "delta": {"type": "text_delta", "text": text}}]
 
     try:
-        async for chunk in chunks:
-            if chunk.get("usage") and not chunk["choices"]:
-                chat_usage = chunk["usage"]
-            for choice in chunk["choices"]:
-                delta = choice["delta"]
-                if delta.get("content"):
-                    pending += delta["content"]
-                    cut = max(0, len(pending) - hold)
-                    for event in text_events(pending[:cut]):
-                        yield event
-                    pending = pending[cut:]
-                for call in delta.get("tool_calls") or []:
-                    if call.get("id") is not None:
-                        for event in text_events(pending):
-                            yield event
-                        pending = ""
-                        called = True
-                        for event in blocks.start({"type": "tool_use", "id": call["id"],
-                                                   "name": call["function"]["name"], "input": {}}):
-                            yield event
-                    fragment = call["function"].get("arguments") or ""
-                    if fragment:
-                        yield {"type": "content_block_delta", "index": blocks.index,
-                               "delta": {"type": "input_json_delta", "partial_json": fragment}}
-                if choice.get("finish_reason"):
-                    finish_reason = choice["finish_reason"]
-        rest, stop = cut_stop(pending, finish_reason, stops)
+        async for piece in reader.pieces():
+            if isinstance(piece, Text):
+                pending += piece.text
+                cut = max(0, len(pending) - hold)
+                for event in text_events(pending[:cut]):
+                    yield event
+                pending = pending[cut:]
+            elif isinstance(piece, CallStart):
+                for event in text_events(pending):
+                    yield event
+                pending = ""
+                called = True
+                for event in blocks.start({"type": "tool_use", "id": piece.call_id, "name": piece.name, "input": {}}):
+                    yield event
+            else:  # CallArguments
+                yield {"type": "content_block_delta", "index": blocks.index,
+                       "delta": {"type": "input_json_delta", "partial_json": piece.fragment}}
+        rest, stop = cut_stop(pending, reader.finish_reason, stops)
         for event in [*text_events(rest), *blocks.stop()]:
             yield event
     except SwitchyardError as exc:
         yield exc.anthropic_body()
         return
-    counts = usage(chat_usage) if chat_usage is not None else {"output_tokens": 0}
-    yield {"type": "message_delta", "delta": {"stop_reason": stop_reason(finish_reason, stop, called),
+    counts = usage(reader.usage) if reader.usage is not None else {"output_tokens": 0}
+    yield {"type": "message_delta", "delta": {"stop_reason": stop_reason(reader.finish_reason, stop, called),
                                               "stop_sequence": stop}, "usage": counts}
     yield {"type": "message_stop"}
 

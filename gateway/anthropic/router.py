@@ -7,7 +7,6 @@ a date, as Anthropic's clients send it; without it the current API is served.
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import Any
 
@@ -22,10 +21,10 @@ from gateway.ids import random_hex
 from gateway.openai.body_depth import NestingAwareRoute
 from gateway.openai.chat import chat_completion, chat_prompt
 from gateway.openai.disconnect import cancel_on_disconnect
+from gateway.openai.router import log_unknown
 from gateway.repository.registry import LoadedModel
 from gateway.request_log import current_request_id
 
-log = logging.getLogger("switchyard.anthropic")
 
 router = APIRouter(route_class=NestingAwareRoute)
 
@@ -64,8 +63,7 @@ async def _create(req: MessagesRequest, model: LoadedModel) -> dict[str, Any] | 
 @router.post("/v1/messages")
 async def create_message(body: MessagesRequest, request: Request) -> Response:
     headers = _check_headers(request)
-    if body.model_extra:
-        log.info("messages: ignoring unknown fields %s", sorted(body.model_extra)[:20])
+    log_unknown(body, "messages")
     model = request.app.state.registry.llm(body.model)
     result = await cancel_on_disconnect(request, _create(body, model))
     if isinstance(result, dict):

@@ -3,7 +3,6 @@ model (see similarity.py). Same auth, limits and OpenAI error shape as the other
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -11,11 +10,11 @@ from fastapi import APIRouter, Request
 from gateway.errors import InvalidRequestError
 from gateway.openai.body_depth import NestingAwareRoute
 from gateway.openai.disconnect import cancel_on_disconnect
+from gateway.openai.router import log_unknown
 from gateway.openai.results import new_id, now
 from gateway.rerank.protocol import RerankRequest, ScoreRequest
 from gateway.rerank.similarity import similarities
 
-log = logging.getLogger("switchyard.rerank")
 
 router = APIRouter(route_class=NestingAwareRoute)
 
@@ -23,8 +22,7 @@ router = APIRouter(route_class=NestingAwareRoute)
 @router.post("/v1/rerank")
 @router.post("/v2/rerank")
 async def rerank(body: RerankRequest, request: Request) -> dict[str, Any]:
-    if body.model_extra:
-        log.info("rerank: ignoring unknown fields %s", sorted(body.model_extra)[:20])
+    log_unknown(body, "rerank")
     model = request.app.state.registry.get(body.model)
     documents = [d if isinstance(d, str) else d.text for d in body.documents]
     scores, tokens = await cancel_on_disconnect(
@@ -42,8 +40,7 @@ async def rerank(body: RerankRequest, request: Request) -> dict[str, Any]:
 
 @router.post("/v1/score")
 async def score(body: ScoreRequest, request: Request) -> dict[str, Any]:
-    if body.model_extra:
-        log.info("score: ignoring unknown fields %s", sorted(body.model_extra)[:20])
+    log_unknown(body, "score")
     left = [body.text_1] if isinstance(body.text_1, str) else body.text_1
     right = [body.text_2] if isinstance(body.text_2, str) else body.text_2
     if not left or not right:

@@ -16,6 +16,7 @@ from typing import Any
 from sse_starlette.sse import EventSourceResponse
 
 from gateway.errors import SwitchyardError
+from gateway.openai.chat_pieces import CallStart, ChatReader, Text
 from gateway.openai.sse import typed_events_response
 from gateway.responses.convert import function_call_item, item_id, message_item
 
@@ -79,39 +80,30 @@ async def response_events(chunks: AsyncIterator[dict[str, Any]], start: dict[str
     yield ev("response.in_progress", response=start)
     output: list[dict[str, Any]] = []
     current: _OpenItem | None = None
-    usage: dict[str, Any] | None = None
-    finish_reason: str | None = None
+    reader = ChatReader(chunks)
     try:
-        async for chunk in chunks:
-            if chunk.get("usage") and not chunk["choices"]:
-                usage = chunk["usage"]
-            for choice in chunk["choices"]:
-                delta = choice["delta"]
-                if delta.get("content"):
-                    if current is None or current.item["type"] != "message":
-                        for event in _close(ev, output, current) if current else []:
-                            yield event
-                        current, events = _open_message(ev, output)
-                        for event in events:
-                            yield event
-                    current.text += delta["content"]
-                    yield ev("response.output_text.delta", item_id=current.item["id"], output_index=current.index,
-                             content_index=0, delta=delta["content"], logprobs=[])
-                for call in delta.get("tool_calls") or []:
-                    if call.get("id") is not None:
-                        for event in _close(ev, output, current) if current else []:
-                            yield event
-                        item = function_call_item(call["id"], call["function"]["name"], "", "in_progress")
-                        current = _OpenItem(len(output), item)
-                        output.append(item)
-                        yield ev("response.output_item.added", output_index=current.index, item=item)
-                    fragment = call["function"].get("arguments") or ""
-                    if fragment and current is not None:
-                        current.text += fragment
-                        yield ev("response.function_call_arguments.delta", item_id=current.item["id"],
-                                 output_index=current.index, delta=fragment)
-                if choice.get("finish_reason"):
-                    finish_reason = choice["finish_reason"]
+        async for piece in reader.pieces():
+            if isinstance(piece, Text):
+                if current is None or current.item["type"] != "message":
+                    for event in _close(ev, output, current) if current else []:
+                        yield event
+                    current, events = _open_message(ev, output)
+                    for event in events:
+                        yield event
+                current.text += piece.text
+                yield ev("response.output_text.delta", item_id=current.item["id"], output_index=current.index,
+                         content_index=0, delta=piece.text, logprobs=[])
+            elif isinstance(piece, CallStart):
+                for event in _close(ev, output, current) if current else []:
+                    yield event
+                item = function_call_item(piece.call_id, piece.name, "", "in_progress")
+                current = _OpenItem(len(output), item)
+                output.append(item)
+                yield ev("response.output_item.added", output_index=current.index, item=item)
+            elif current is not None:  # CallArguments
+                current.text += piece.fragment
+                yield ev("response.function_call_arguments.delta", item_id=current.item["id"],
+                         output_index=current.index, delta=piece.fragment)
         if current is None and not output:  # an empty answer is still one (empty) message
             current, events = _open_message(ev, output)
             for event in events:
@@ -120,9 +112,9 @@ async def response_events(chunks: AsyncIterator[dict[str, Any]], start: dict[str
             yield event
     except SwitchyardError as exc:
         yield ev("error", code=exc.code or exc.type, message=exc.message, param=exc.param)
-        yield ev("response.failed", response=await finish(output, usage, finish_reason, exc))
+        yield ev("response.failed", response=await finish(output, reader.usage, reader.finish_reason, exc))
         return
-    final = await finish(output, usage, finish_reason, None)
+    final = await finish(output, reader.usage, reader.finish_reason, None)
     yield ev(f"response.{final['status']}", response=final)
 
 

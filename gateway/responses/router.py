@@ -6,7 +6,6 @@ every answer goes through the model's scheduler, whatever its backend.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -15,11 +14,11 @@ from fastapi.responses import JSONResponse, Response
 from gateway.errors import InvalidRequestError
 from gateway.openai.body_depth import NestingAwareRoute
 from gateway.openai.disconnect import cancel_on_disconnect
+from gateway.openai.router import log_unknown
 from gateway.responses.events import events_response
 from gateway.responses.protocol import MAX_ID, ResponsesRequest
 from gateway.responses.service import ResponsesService
 
-log = logging.getLogger("switchyard.responses")
 
 router = APIRouter(route_class=NestingAwareRoute)
 
@@ -36,8 +35,7 @@ def _checked_id(resp_id: str) -> str:
 
 @router.post("/v1/responses")
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
-    if body.model_extra:
-        log.info("responses: ignoring unknown fields %s", sorted(body.model_extra)[:20])
+    log_unknown(body, "responses")
     model = request.app.state.registry.llm(body.model)
     work = _service(request).create(body, model)
     # A background response outlives its request; any other is aborted when its client goes away.
