@@ -43,10 +43,10 @@ def test_greedy_answer_equals_chat(client: openai.OpenAI) -> None:
 def test_stream_events_and_sequence_numbers(client: openai.OpenAI) -> None:
     full = client.responses.create(model=DEFAULT_MODEL, temperature=0, max_output_tokens=40, input=QUESTION,
                                    store=False)
-    with client.responses.stream(model=DEFAULT_MODEL, temperature=0, max_output_tokens=40, input=QUESTION,
-                                 store=False) as stream:
+    with client.responses.stream(model=DEFAULT_MODEL, temperature=0, max_output_tokens=40, input=QUESTION) as stream:
         events = list(stream)
         final = stream.get_final_response()
+    assert client.responses.retrieve(final.id).output_text == final.output_text  # a streamed response is stored too
     types = [e.type for e in events]
     assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
                          "response.content_part.added"]
