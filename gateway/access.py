@@ -12,7 +12,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.auth import ANONYMOUS, KeyStore, Principal, Role, canonical_path
 from gateway.body_limit import send_error
-from gateway.errors import AuthenticationError, ServiceUnavailableError, SwitchyardError
+from gateway.errors import ANTHROPIC_PATHS, AuthenticationError, ServiceUnavailableError, SwitchyardError
 from gateway.lifecycle import Lifecycle
 from gateway.rate_limit import RateLimiter, bind_caller
 
@@ -48,8 +48,8 @@ class AccessMiddleware:
         role = self.access.keys.role_of(path)
         headers = dict(scope.get("headers", []))
         authorization = headers.get(b"authorization")
-        if authorization is None and b"x-api-key" in headers:  # Anthropic's clients send the key this way
-            authorization = b"Bearer " + headers[b"x-api-key"]
+        if authorization is None and b"x-api-key" in headers and path.startswith(ANTHROPIC_PATHS):
+            authorization = b"Bearer " + headers[b"x-api-key"]  # how Anthropic's clients send the key
         client = scope.get("client") or ("unknown", 0)
         self.access.admit(role, authorization.decode("latin-1") if authorization is not None else None, client[0])
         return role
