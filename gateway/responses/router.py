@@ -45,9 +45,14 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     return events_response(result, request.app.state.config.stream_send_timeout_secs)
 
 
-@router.get("/v1/responses/{response_id}")
-async def get_response(response_id: str, request: Request) -> dict[str, Any]:
-    return await _service(request).get(_checked_id(response_id))
+@router.get("/v1/responses/{response_id}", response_model=None)
+async def get_response(response_id: str, request: Request, stream: bool = False,
+                       starting_after: int = -1) -> dict[str, Any] | Response:
+    """The response; with `stream=true`, a running background stream's events after `starting_after`."""
+    if not stream:
+        return await _service(request).get(_checked_id(response_id))
+    events = await _service(request).follow(_checked_id(response_id), starting_after)
+    return events_response(events, request.app.state.config.stream_send_timeout_secs)
 
 
 @router.delete("/v1/responses/{response_id}")

@@ -102,11 +102,8 @@ class ResponsesService:
         """The Response object, or (when streaming) its events."""
         if req.background and not req.store:
             raise InvalidRequestError("background responses must be stored: set store to true", param="background")
-        if req.background and req.stream:
-            raise InvalidRequestError("streaming a background response is not supported: create it with stream "
-                                      "false and poll GET /v1/responses/{id}", param="stream")
         turn = await self._turn(req, model)
-        if req.background:
+        if req.background and not req.stream:
             try:
                 chat_request(req, turn.conversation)  # refuse a bad request now, not in the background
             except SwitchyardError as exc:
@@ -114,14 +111,29 @@ class ResponsesService:
             return self._start_background(turn)
         if not req.stream:
             return await self._complete(turn)
-        chunks = await self._chat(turn)
+        chunks = await self._chat(turn)  # primed: failures before the first token are HTTP errors
 
         async def finish(output: list[dict[str, Any]], chat_usage: dict[str, Any] | None, reason: str | None,
                          error: SwitchyardError | None) -> dict[str, Any]:
             final = turn.response("completed", output, chat_usage, reason, error)
-            return await self._keep(turn, final) if error is None else final
+            # a failed background response is kept (its client polls for it); a failed stream is not
+            return await self._keep(turn, final) if error is None or req.background else final
 
-        return response_events(chunks, turn.response("in_progress", []), finish)
+        start = turn.response("in_progress", [])
+        events = response_events(chunks, start, finish)
+        if not req.background:
+            return events
+        self.background.start_stream(dict(start), self._cancellable(turn, events))
+        return await self.background.follow(turn.resp_id)
+
+    async def _cancellable(self, turn: _Turn, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        """A background stream's events; cancelling it stores the response as cancelled."""
+        try:
+            async for event in events:
+                yield event
+        except asyncio.CancelledError:
+            await self._keep(turn, turn.response("cancelled", []))
+            raise
 
     def _start_background(self, turn: _Turn) -> dict[str, Any]:
         queued = turn.response("queued", [])
@@ -139,6 +151,10 @@ class ResponsesService:
 
         self.background.start(queued, work)
         return dict(queued)
+
+    async def follow(self, resp_id: str, starting_after: int) -> AsyncIterator[dict[str, Any]]:
+        """The events of a running streamed background response after `starting_after`."""
+        return await self.background.follow(resp_id, starting_after)
 
     async def get(self, resp_id: str) -> dict[str, Any]:
         running = self.background.get(resp_id)

@@ -149,6 +149,32 @@ def test_background_response_is_polled_and_cancel(client: openai.OpenAI) -> None
         client.responses.cancel(client.responses.create(model=DEFAULT_MODEL, max_output_tokens=2, input="hi").id)
 
 
+def test_background_stream_is_followed_again_after_a_disconnect(client: openai.OpenAI) -> None:
+    stream = client.responses.create(model=DEFAULT_MODEL, temperature=0, max_output_tokens=40, input=QUESTION,
+                                     background=True, stream=True)
+    seen = []
+    for event in stream:
+        seen.append(event)
+        if len(seen) == 5:
+            break
+    stream.close()  # the client goes away; the generation goes on
+    rest = list(client.responses.retrieve(seen[0].response.id, stream=True, starting_after=4))
+    events = seen + rest
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    deadline = time.monotonic() + 30
+    while (final := client.responses.retrieve(seen[0].response.id)).status == "in_progress":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert final.output_text == text and "Paris" in text
+    long = client.responses.create(model=DEFAULT_MODEL, max_output_tokens=4000, input="Write a long story.",
+                                   background=True, stream=True)
+    first = next(iter(long))
+    assert client.responses.cancel(first.response.id).status == "cancelled"
+    long.close()
+
+
 def test_langchain_use_responses_api(base_url: str) -> None:
     llm = ChatOpenAI(base_url=f"{base_url}/v1", api_key="unused", model=DEFAULT_MODEL, temperature=0,
                      max_tokens=40, max_retries=0, timeout=300, use_responses_api=True)
