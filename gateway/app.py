@@ -106,8 +106,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.responses = open_responses(config.responses_store, config.cache_dir, config.responses_max_stored,
-                                             config.responses_ttl_secs)
+        app.state.responses = open_responses(config)
         loaded = await asyncio.to_thread(registry.load_all)
         for model in loaded:
             await model.start()

@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     responses.add_argument("--responses-max-stored", type=int,
                            default=int(env("SWITCHYARD_RESPONSES_MAX_STORED", "10000")),
                            help="stored responses kept; past this the oldest go first (default: %(default)s)")
+    responses.add_argument("--responses-max-bytes", type=int,
+                           default=int(env("SWITCHYARD_RESPONSES_MAX_BYTES", str(1 << 30))),
+                           help="bytes of stored responses kept; past this the oldest go first (default: 1 GiB)")
     responses.add_argument("--responses-ttl-secs", type=float,
                            default=float(env("SWITCHYARD_RESPONSES_TTL_SECS", str(30 * 86400))),
                            help="stored responses expire after this many seconds (default: 30 days)")
@@ -144,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             responses_store=args.responses_store,
             responses_max_stored=args.responses_max_stored,
             responses_ttl_secs=args.responses_ttl_secs,
+            responses_max_bytes=args.responses_max_bytes,
         )
         registry = ModelRegistry(config.model_repository, config.cache_dir, control_mode=config.model_control_mode,
                                  load_models=config.load_models, drain_timeout_s=config.drain_seconds)

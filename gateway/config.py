@@ -50,6 +50,8 @@ class ServerConfig(BaseModel):
     )
     responses_max_stored: int = Field(10_000, ge=1, description="Stored responses kept; the oldest go first.")
     responses_ttl_secs: float = Field(30 * 86400.0, gt=0, description="Stored responses expire after this long.")
+    responses_max_bytes: int = Field(1 << 30, ge=1 << 20, description="Stored responses' JSON kept at most; the "
+                                     "oldest go first.")
     load_models: list[str] = Field(
         [], description="Explicit mode: models (folder names) loaded at startup; ['*'] = every model."
     )

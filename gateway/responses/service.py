@@ -11,9 +11,9 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from gateway.config import ServerConfig
 from gateway.errors import InvalidRequestError, NotFoundError, SwitchyardError
 from gateway.openai.chat import chat_completion
 from gateway.repository.async_engines import resolve_cache_dir
@@ -184,7 +184,8 @@ class ResponsesService:
         self.store.close()
 
 
-def open_service(store_path: Path | None, cache_dir: Path | None, max_entries: int, ttl_seconds: float) -> ResponsesService:
-    """The service over its store: `store_path`, or responses.sqlite3 in the cache directory."""
-    path = store_path or resolve_cache_dir(cache_dir) / "responses.sqlite3"
-    return ResponsesService(ResponseStore(path, max_entries, ttl_seconds))
+def open_service(config: ServerConfig) -> ResponsesService:
+    """The service over its store: `responses_store`, or responses.sqlite3 in the cache directory."""
+    path = config.responses_store or resolve_cache_dir(config.cache_dir) / "responses.sqlite3"
+    store = ResponseStore(path, config.responses_max_stored, config.responses_ttl_secs, config.responses_max_bytes)
+    return ResponsesService(store)

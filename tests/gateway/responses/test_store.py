@@ -43,3 +43,27 @@ async def test_oldest_go_first_past_the_bound(tmp_path: Path) -> None:
         store._put(_record(f"resp_{i}"), now=1000.0 + i)
     assert [store._get(f"resp_{i}", now=2000.0) is not None for i in range(5)] == [False, False, True, True, True]
     store.close()
+
+
+async def test_oldest_go_first_past_the_byte_bound(tmp_path: Path) -> None:
+    one = len('{"id": "resp_0", "object": "response", "output": []}') + len(
+        '[{"role": "user", "content": "question resp_0"}]')
+    store = ResponseStore(tmp_path / "r.sqlite3", max_entries=100, ttl_seconds=1e9, max_bytes=2 * one)
+    for i in range(4):
+        store._put(_record(f"resp_{i}"), now=1000.0 + i)
+    assert [store._get(f"resp_{i}", now=2000.0) is not None for i in range(4)] == [False, False, True, True]
+    store.close()
+
+
+def test_a_file_of_another_layout_is_started_afresh(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "r.sqlite3"
+    old = sqlite3.connect(path)
+    old.execute("CREATE TABLE responses (id TEXT PRIMARY KEY, response TEXT)")
+    old.commit()
+    old.close()
+    store = ResponseStore(path, max_entries=10, ttl_seconds=60)
+    store._put(_record("resp_a"), now=1.0)
+    assert store._get("resp_a", now=2.0) == _record("resp_a")
+    store.close()
