@@ -51,7 +51,9 @@ class AccessMiddleware:
         if authorization is None and b"x-api-key" in headers and path.startswith(ANTHROPIC_PATHS):
             authorization = b"Bearer " + headers[b"x-api-key"]  # how Anthropic's clients send the key
         client = scope.get("client") or ("unknown", 0)
-        self.access.admit(role, authorization.decode("latin-1") if authorization is not None else None, client[0])
+        principal = self.access.admit(role, authorization.decode("latin-1") if authorization is not None else None,
+                                      client[0])
+        scope.setdefault("state", {})["principal"] = principal  # handlers read it as request.state.principal
         return role
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

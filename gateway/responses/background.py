@@ -21,6 +21,7 @@ from gateway.errors import InvalidRequestError, NotFoundError
 @dataclass
 class Running:
     response: dict[str, Any]  # the Response object as GET shows it now
+    owner: str  # the key that created it (see store.py)
     task: asyncio.Task[None] | None = None
     streamed: bool = False
     events: list[dict[str, Any]] = field(default_factory=list)  # a streamed one's events so far
@@ -32,9 +33,9 @@ class BackgroundResponses:
     def __init__(self) -> None:
         self._running: dict[str, Running] = {}
 
-    def start(self, response: dict[str, Any], work: Callable[[], Awaitable[None]]) -> None:
+    def start(self, response: dict[str, Any], owner: str, work: Callable[[], Awaitable[None]]) -> None:
         """Run `work` (which stores the finished response) for `response`, queued until it starts."""
-        running = Running(response)
+        running = Running(response, owner)
 
         async def run() -> None:
             try:
@@ -46,10 +47,10 @@ class BackgroundResponses:
         running.task = asyncio.create_task(run())
         self._running[response["id"]] = running
 
-    def start_stream(self, response: dict[str, Any], events: AsyncIterator[dict[str, Any]]) -> None:
+    def start_stream(self, response: dict[str, Any], owner: str, events: AsyncIterator[dict[str, Any]]) -> None:
         """Run a streamed background response: its events are kept for followers; the last one's response (the
         events' generator stores it) becomes what GET shows."""
-        running = Running(response, streamed=True)
+        running = Running(response, owner, streamed=True)
 
         async def run() -> None:
             try:
@@ -69,13 +70,17 @@ class BackgroundResponses:
         running.changed.set()
         self._running.pop(running.response["id"], None)
 
-    def get(self, resp_id: str) -> dict[str, Any] | None:
+    def _find(self, resp_id: str, owner: str) -> Running | None:
         running = self._running.get(resp_id)
+        return running if running is not None and running.owner == owner else None
+
+    def get(self, resp_id: str, owner: str) -> dict[str, Any] | None:
+        running = self._find(resp_id, owner)
         return running.response if running is not None else None
 
-    async def follow(self, resp_id: str, starting_after: int = -1) -> AsyncIterator[dict[str, Any]]:
+    async def follow(self, resp_id: str, owner: str, starting_after: int = -1) -> AsyncIterator[dict[str, Any]]:
         """A running streamed response's events after sequence number `starting_after`, until it ends."""
-        running = self._running.get(resp_id)
+        running = self._find(resp_id, owner)
         if running is None:
             raise NotFoundError(f"No running background response with id '{resp_id[:64]}' to stream; GET it "
                                 "without stream.", param="response_id")
@@ -96,9 +101,9 @@ class BackgroundResponses:
 
         return events()
 
-    async def cancel(self, resp_id: str) -> bool:
+    async def cancel(self, resp_id: str, owner: str) -> bool:
         """Cancel a running response (its work stores it as cancelled); False when it is not running."""
-        running = self._running.get(resp_id)
+        running = self._find(resp_id, owner)
         if running is None or running.task is None:
             return False
         running.task.cancel()

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from gateway.auth import ANONYMOUS
 from gateway.errors import InvalidRequestError
 from gateway.openai.body_depth import NestingAwareRoute
 from gateway.openai.disconnect import cancel_on_disconnect
@@ -27,6 +28,11 @@ def _service(request: Request) -> ResponsesService:
     return request.app.state.responses
 
 
+def _owner(request: Request) -> str:
+    """Who is calling (the key's fingerprint; "anonymous" without keys): stored responses are theirs alone."""
+    return getattr(request.state, "principal", ANONYMOUS).key_id
+
+
 def _checked_id(resp_id: str) -> str:
     if not 0 < len(resp_id) <= MAX_ID:
         raise InvalidRequestError(f"response ids are 1 to {MAX_ID} characters", param="response_id")
@@ -37,7 +43,7 @@ def _checked_id(resp_id: str) -> str:
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     log_unknown(body, "responses")
     model = request.app.state.registry.llm(body.model)
-    work = _service(request).create(body, model)
+    work = _service(request).create(body, model, _owner(request))
     # A background response outlives its request; any other is aborted when its client goes away.
     result = await (work if body.background else cancel_on_disconnect(request, work))
     if isinstance(result, dict):
@@ -50,16 +56,16 @@ async def get_response(response_id: str, request: Request, stream: bool = False,
                        starting_after: int = -1) -> dict[str, Any] | Response:
     """The response; with `stream=true`, a running background stream's events after `starting_after`."""
     if not stream:
-        return await _service(request).get(_checked_id(response_id))
-    events = await _service(request).follow(_checked_id(response_id), starting_after)
+        return await _service(request).get(_checked_id(response_id), _owner(request))
+    events = await _service(request).follow(_checked_id(response_id), _owner(request), starting_after)
     return events_response(events, request.app.state.config.stream_send_timeout_secs)
 
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
-    return await _service(request).delete(_checked_id(response_id))
+    return await _service(request).delete(_checked_id(response_id), _owner(request))
 
 
 @router.post("/v1/responses/{response_id}/cancel")
 async def cancel_response(response_id: str, request: Request) -> dict[str, Any]:
-    return await _service(request).cancel(_checked_id(response_id))
+    return await _service(request).cancel(_checked_id(response_id), _owner(request))

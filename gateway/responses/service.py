@@ -45,6 +45,7 @@ class _Turn:
     created: int
     conversation: list[dict[str, Any]]  # chat messages before this response's answer (no instructions)
     session: str | None
+    owner: str  # the key that created it: only that key reads, continues or deletes it
 
     def response(self, status: str, output: list[dict[str, Any]], chat_usage: dict[str, Any] | None = None,
                  finish_reason: str | None = None, error: SwitchyardError | None = None) -> dict[str, Any]:
@@ -64,12 +65,12 @@ class ResponsesService:
         self.store = store
         self.background = BackgroundResponses()
 
-    async def _turn(self, req: ResponsesRequest, model: LoadedModel) -> _Turn:
+    async def _turn(self, req: ResponsesRequest, model: LoadedModel, owner: str) -> _Turn:
         history: list[dict[str, Any]] = []
         session = None
         resp_id = item_id("resp")
         if req.previous_response_id is not None:
-            previous = await self.store.get(req.previous_response_id)
+            previous = await self.store.get(req.previous_response_id, owner)
             if previous is None:
                 raise InvalidRequestError(f"Previous response with id '{req.previous_response_id[:64]}' not found.",
                                           param="previous_response_id", code="previous_response_not_found")
@@ -77,12 +78,12 @@ class ResponsesService:
             session = previous.session if previous.model == model.name else None
         if session is None and req.store:
             session = f"resp-{resp_id}"
-        return _Turn(req, model, resp_id, int(time.time()), [*history, *input_messages(req)], session)
+        return _Turn(req, model, resp_id, int(time.time()), [*history, *input_messages(req)], session, owner)
 
     async def _keep(self, turn: _Turn, final: dict[str, Any]) -> dict[str, Any]:
         if turn.req.store:
             history = [*turn.conversation, *history_messages(final["output"])]
-            await self.store.put(StoredResponse(final, history, turn.session or "", turn.model.name))
+            await self.store.put(StoredResponse(final, history, turn.session or "", turn.model.name, turn.owner))
         return final
 
     async def _chat(self, turn: _Turn) -> Any:
@@ -98,11 +99,12 @@ class ResponsesService:
         final = turn.response("completed", output_items(choice["message"]), body["usage"], choice["finish_reason"])
         return await self._keep(turn, final)
 
-    async def create(self, req: ResponsesRequest, model: LoadedModel) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
-        """The Response object, or (when streaming) its events."""
+    async def create(self, req: ResponsesRequest, model: LoadedModel,
+                     owner: str) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
+        """The Response object, or (when streaming) its events; `owner` is the caller's key fingerprint."""
         if req.background and not req.store:
             raise InvalidRequestError("background responses must be stored: set store to true", param="background")
-        turn = await self._turn(req, model)
+        turn = await self._turn(req, model, owner)
         if req.background and not req.stream:
             try:
                 chat_request(req, turn.conversation)  # refuse a bad request now, not in the background
@@ -123,8 +125,8 @@ class ResponsesService:
         events = response_events(chunks, start, finish)
         if not req.background:
             return events
-        self.background.start_stream(dict(start), self._cancellable(turn, events))
-        return await self.background.follow(turn.resp_id)
+        self.background.start_stream(dict(start), owner, self._cancellable(turn, events))
+        return await self.background.follow(turn.resp_id, owner)
 
     async def _cancellable(self, turn: _Turn, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
         """A background stream's events; cancelling it stores the response as cancelled."""
@@ -149,32 +151,32 @@ class ResponsesService:
                 return
             queued.update(final)
 
-        self.background.start(queued, work)
+        self.background.start(queued, turn.owner, work)
         return dict(queued)
 
-    async def follow(self, resp_id: str, starting_after: int) -> AsyncIterator[dict[str, Any]]:
+    async def follow(self, resp_id: str, owner: str, starting_after: int) -> AsyncIterator[dict[str, Any]]:
         """The events of a running streamed background response after `starting_after`."""
-        return await self.background.follow(resp_id, starting_after)
+        return await self.background.follow(resp_id, owner, starting_after)
 
-    async def get(self, resp_id: str) -> dict[str, Any]:
-        running = self.background.get(resp_id)
+    async def get(self, resp_id: str, owner: str) -> dict[str, Any]:
+        running = self.background.get(resp_id, owner)
         if running is not None:
             return dict(running)
-        stored = await self.store.get(resp_id)
+        stored = await self.store.get(resp_id, owner)
         if stored is None:
             raise NotFoundError(f"Response with id '{resp_id[:64]}' not found.", param="response_id")
         return stored.response
 
-    async def delete(self, resp_id: str) -> dict[str, Any]:
-        await self.background.cancel(resp_id)
-        if not await self.store.delete(resp_id):
+    async def delete(self, resp_id: str, owner: str) -> dict[str, Any]:
+        await self.background.cancel(resp_id, owner)
+        if not await self.store.delete(resp_id, owner):
             raise NotFoundError(f"Response with id '{resp_id[:64]}' not found.", param="response_id")
         return {"id": resp_id, "object": "response.deleted", "deleted": True}
 
-    async def cancel(self, resp_id: str) -> dict[str, Any]:
-        if await self.background.cancel(resp_id):
-            return await self.get(resp_id)
-        response = await self.get(resp_id)
+    async def cancel(self, resp_id: str, owner: str) -> dict[str, Any]:
+        if await self.background.cancel(resp_id, owner):
+            return await self.get(resp_id, owner)
+        response = await self.get(resp_id, owner)
         if not response.get("background"):
             raise InvalidRequestError("Only background responses can be cancelled.", param="response_id")
         return response  # it already ended: cancelling is a no-op, as on OpenAI

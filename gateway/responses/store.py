@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
     id TEXT PRIMARY KEY,
@@ -28,6 +28,7 @@ CREATE TABLE IF NOT EXISTS responses (
     expires REAL NOT NULL,
     model TEXT NOT NULL,
     session TEXT NOT NULL,
+    owner TEXT NOT NULL,
     response TEXT NOT NULL,
     history TEXT NOT NULL,
     size INTEGER NOT NULL
@@ -42,6 +43,7 @@ class StoredResponse:
     history: list[dict[str, Any]]  # the conversation up to and including this response, as chat messages
     session: str  # the KV session of the conversation
     model: str
+    owner: str  # the API key (its fingerprint) that created it: only that key reads, continues or deletes it
 
 
 class ResponseStore:
@@ -67,34 +69,33 @@ class ResponseStore:
     def _put(self, record: StoredResponse, now: float) -> None:
         response = json.dumps(record.response, ensure_ascii=False)
         history = json.dumps(record.history, ensure_ascii=False)
-        row = (record.response["id"], now, now + self.ttl_seconds, record.model, record.session, response, history,
-               len(response) + len(history))
+        row = (record.response["id"], now, now + self.ttl_seconds, record.model, record.session, record.owner,
+               response, history, len(response) + len(history))
         with self._lock, self._db:
-            self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+            self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
             self._db.execute("DELETE FROM responses WHERE expires <= ?", (now,))
             self._db.execute("DELETE FROM responses WHERE id IN (SELECT id FROM responses ORDER BY created DESC "
                              "LIMIT -1 OFFSET ?)", (self.max_entries,))
             self._db.execute("DELETE FROM responses WHERE id IN (SELECT id FROM (SELECT id, SUM(size) OVER "
                              "(ORDER BY created DESC, id) AS kept FROM responses) WHERE kept > ?)", (self.max_bytes,))
 
-    def _get(self, resp_id: str, now: float) -> StoredResponse | None:
+    def _get(self, resp_id: str, owner: str, now: float) -> StoredResponse | None:
         with self._lock:
             row = self._db.execute("SELECT response, history, session, model FROM responses "
-                                   "WHERE id = ? AND expires > ?", (resp_id, now)).fetchone()
+                                   "WHERE id = ? AND owner = ? AND expires > ?", (resp_id, owner, now)).fetchone()
         if row is None:
             return None
-        return StoredResponse(json.loads(row[0]), json.loads(row[1]), row[2], row[3])
+        return StoredResponse(json.loads(row[0]), json.loads(row[1]), row[2], row[3], owner)
 
-    def _delete(self, resp_id: str) -> bool:
+    def _delete(self, resp_id: str, owner: str) -> bool:
         with self._lock, self._db:
-            return self._db.execute("DELETE FROM responses WHERE id = ?", (resp_id,)).rowcount > 0
+            return self._db.execute("DELETE FROM responses WHERE id = ? AND owner = ?", (resp_id, owner)).rowcount > 0
 
     async def put(self, record: StoredResponse) -> None:
         await asyncio.to_thread(self._put, record, time.time())
 
-    async def get(self, resp_id: str) -> StoredResponse | None:
-        return await asyncio.to_thread(self._get, resp_id, time.time())
+    async def get(self, resp_id: str, owner: str) -> StoredResponse | None:
+        return await asyncio.to_thread(self._get, resp_id, owner, time.time())
 
-    async def delete(self, resp_id: str) -> bool:
-        return await asyncio.to_thread(self._delete, resp_id)
-
+    async def delete(self, resp_id: str, owner: str) -> bool:
+        return await asyncio.to_thread(self._delete, resp_id, owner)

@@ -1,5 +1,6 @@
 """A stored response survives a restart and is continued by the new process; keys guard the new routes (an
-Anthropic client's `x-api-key` included). One small server (the LLM only) started twice on one store file."""
+Anthropic client's `x-api-key` included) and a stored response belongs to the key that created it. One small
+server (the LLM only) started twice on one store file."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from tests.conftest import DEFAULT_MODEL, ROOT, ServerProcess
 
 KEY = "sk-responses-0123456789"
+OTHER_KEY = "sk-responses-other-9876543210"
 
 
 def _start(repo: Path, store: Path, keys: Path) -> ServerProcess:
@@ -25,7 +27,7 @@ def test_stored_response_survives_restart(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "model_repository" / DEFAULT_MODEL, repo / DEFAULT_MODEL)
     store = tmp_path / "state" / "responses.sqlite3"
     keys = tmp_path / "keys"
-    keys.write_text(KEY + "\n")
+    keys.write_text(f"{KEY}\n{OTHER_KEY}\n")
     server = _start(repo, store, keys)
     try:
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=KEY, max_retries=0, timeout=300)
@@ -51,5 +53,14 @@ def test_stored_response_survives_restart(tmp_path: Path) -> None:
         second = client.responses.create(model=DEFAULT_MODEL, temperature=0, max_output_tokens=30,
                                          input="And what is the capital of Germany?", previous_response_id=first.id)
         assert "Berlin" in second.output_text and second.previous_response_id == first.id
+        # a stored response belongs to the key that created it
+        other = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=OTHER_KEY, max_retries=0, timeout=300)
+        with pytest.raises(openai.NotFoundError):
+            other.responses.retrieve(first.id)
+        with pytest.raises(openai.BadRequestError):
+            other.responses.create(model=DEFAULT_MODEL, input="hi", previous_response_id=first.id)
+        with pytest.raises(openai.NotFoundError):
+            other.responses.delete(first.id)
+        assert client.responses.retrieve(first.id).id == first.id
     finally:
         server.stop()
