@@ -137,6 +137,8 @@ static int state;            /* helpers inside the current job, | CLOSED once th
 static int sleepers, started;
 static task_fn job_fn;
 static void* job_arg;
+static int job_helpers;                /* helpers the current job may take at once */
+static __thread int width = INT_MAX;   /* helpers the calling thread's jobs may take (pool_width) */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void* helper(void* unused) {
@@ -154,7 +156,7 @@ static void* helper(void* unused) {
         }
         seen = g;
         int s = __atomic_load_n(&state, __ATOMIC_SEQ_CST);
-        while (!(s & CLOSED))
+        while (!(s & CLOSED) && s < __atomic_load_n(&job_helpers, __ATOMIC_SEQ_CST))
             if (__atomic_compare_exchange_n(&state, &s, s + 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
                 job_fn(job_arg);
                 __atomic_sub_fetch(&state, 1, __ATOMIC_SEQ_CST);
@@ -177,15 +179,20 @@ int pool_start(int count) {
     return started;
 }
 
+/* At most `helpers` helpers join the jobs this thread runs from now on (an engine whose budget is smaller than
+   the pool, which only grows, uses no more than its budget). */
+void pool_width(int helpers) { width = helpers; }
+
 /* fn(arg) on the caller and on the helpers; returns when all of them are out of it. One job at a time: a
    second caller (another engine's step) runs its job alone rather than wait. */
 void pool_run(task_fn fn, void* arg) {
-    if (pthread_mutex_trylock(&lock) != 0) { fn(arg); return; }
+    if (width <= 0 || pthread_mutex_trylock(&lock) != 0) { fn(arg); return; }
     job_fn = fn;
     job_arg = arg;
+    __atomic_store_n(&job_helpers, width, __ATOMIC_SEQ_CST);
     __atomic_store_n(&state, 0, __ATOMIC_SEQ_CST);
     __atomic_add_fetch(&gen, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&sleepers, __ATOMIC_SEQ_CST) > 0) syscall(SYS_futex, &gen, FUTEX_WAKE_PRIVATE, INT_MAX, 0, 0, 0);
+    if (__atomic_load_n(&sleepers, __ATOMIC_SEQ_CST) > 0) syscall(SYS_futex, &gen, FUTEX_WAKE_PRIVATE, width, 0, 0, 0);
     fn(arg);
     __atomic_fetch_or(&state, CLOSED, __ATOMIC_SEQ_CST);
     while (__atomic_load_n(&state, __ATOMIC_SEQ_CST) & ~CLOSED) _mm_pause();
@@ -213,7 +220,16 @@ class HelperThreads:
             raise OSError("the helper-thread pool did not build")
         lib.pool_start.argtypes = [ctypes.c_int]
         lib.pool_start(count)
+        lib.pool_width.argtypes = [ctypes.c_int]
+        lib.pool_width.restype = None
+        self.count = count
+        self._width = lib.pool_width
         self._run = ctypes.cast(lib.pool_run, ctypes.c_void_p)
+
+    def enter(self) -> None:
+        """Let the calling thread's jobs take `count` helpers (the pool is process-wide and only grows: another
+        engine may have started more). Call on the step's thread before its kernels."""
+        self._width(self.count)
 
     def attach(self, lib: ctypes.CDLL) -> None:
         """Let a kernel library (built with POOL_CLIENT) run its `*_par` jobs on these threads."""
