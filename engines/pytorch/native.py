@@ -137,12 +137,12 @@ static int state;            /* helpers inside the current job, | CLOSED once th
 static int sleepers, started;
 static task_fn job_fn;
 static void* job_arg;
-static int job_helpers;                /* helpers the current job may take at once */
+static int job_helpers;                /* helpers 0 .. job_helpers - 1 take part in the current job */
 static __thread int width = INT_MAX;   /* helpers the calling thread's jobs may take (pool_width) */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void* helper(void* unused) {
-    (void)unused;
+static void* helper(void* arg) {
+    int index = (int)(intptr_t)arg;
     unsigned seen = __atomic_load_n(&gen, __ATOMIC_SEQ_CST);
     for (;;) {
         unsigned g;
@@ -155,8 +155,16 @@ static void* helper(void* unused) {
             spins = 0;
         }
         seen = g;
+        int w;
+        if (index >= (w = __atomic_load_n(&job_helpers, __ATOMIC_SEQ_CST))) {
+            /* left out of this job (its engine's budget is smaller than the pool): sleep, without spinning or
+               counting as a sleeper that every job must wake, until a job wants more helpers */
+            while (index >= (w = __atomic_load_n(&job_helpers, __ATOMIC_SEQ_CST)))
+                syscall(SYS_futex, &job_helpers, FUTEX_WAIT_PRIVATE, w, 0, 0, 0);
+            continue;
+        }
         int s = __atomic_load_n(&state, __ATOMIC_SEQ_CST);
-        while (!(s & CLOSED) && s < __atomic_load_n(&job_helpers, __ATOMIC_SEQ_CST))
+        while (!(s & CLOSED))
             if (__atomic_compare_exchange_n(&state, &s, s + 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
                 job_fn(job_arg);
                 __atomic_sub_fetch(&state, 1, __ATOMIC_SEQ_CST);
@@ -171,7 +179,7 @@ int pool_start(int count) {
     pthread_mutex_lock(&lock);
     while (started < count) {
         pthread_t t;
-        if (pthread_create(&t, 0, helper, 0) != 0) break;
+        if (pthread_create(&t, 0, helper, (void*)(intptr_t)started) != 0) break;
         pthread_detach(t);
         started++;
     }
@@ -189,10 +197,11 @@ void pool_run(task_fn fn, void* arg) {
     if (width <= 0 || pthread_mutex_trylock(&lock) != 0) { fn(arg); return; }
     job_fn = fn;
     job_arg = arg;
-    __atomic_store_n(&job_helpers, width, __ATOMIC_SEQ_CST);
+    int before = __atomic_exchange_n(&job_helpers, width, __ATOMIC_SEQ_CST);
     __atomic_store_n(&state, 0, __ATOMIC_SEQ_CST);
     __atomic_add_fetch(&gen, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&sleepers, __ATOMIC_SEQ_CST) > 0) syscall(SYS_futex, &gen, FUTEX_WAKE_PRIVATE, width, 0, 0, 0);
+    if (__atomic_load_n(&sleepers, __ATOMIC_SEQ_CST) > 0) syscall(SYS_futex, &gen, FUTEX_WAKE_PRIVATE, INT_MAX, 0, 0, 0);
+    if (width > before) syscall(SYS_futex, &job_helpers, FUTEX_WAKE_PRIVATE, INT_MAX, 0, 0, 0);
     fn(arg);
     __atomic_fetch_or(&state, CLOSED, __ATOMIC_SEQ_CST);
     while (__atomic_load_n(&state, __ATOMIC_SEQ_CST) & ~CLOSED) _mm_pause();
