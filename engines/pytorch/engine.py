@@ -49,7 +49,7 @@ class PyTorchEngine(StepEngine):
     ) -> None:
         """`fast_kernels`: our C kernels for projections, attention and norms (see model_runner.py);
         false runs torch ops only. `gemm_threads`: threads sharing each step's projections, attention and
-        norms (default: the CPUs this process may use). `match_transformers` (bfloat16): answer as transformers'
+        norms (default: the process's CPU budget, engines/cpu_budget.py). `match_transformers` (bfloat16): answer as transformers'
         generate does, bit for bit (exact_forward.py; needs whole prompts and no prefix caching)."""
         budget = cpu_budget().with_override(gemm_threads, "pytorch.gemm_threads")
         host_memory.keep_freed_memory()
