@@ -158,8 +158,10 @@ def detect(
         threads = max(1, math.floor(quota.cpus))
         source = "cgroup"
         reason = f"cgroup quota {quota.cpus:g} CPUs ({quota.path}) of {cpus} CPUs in the affinity mask"
-        if quota.cpus != threads:
-            reason += f": {threads} compute thread{'s' if threads > 1 else ''}, the fraction left to the server"
+        if quota.cpus < 1:
+            reason += "; below one CPU: one compute thread, throttled to the quota"
+        elif quota.cpus != threads:
+            reason += f"; the fraction above {threads} whole CPU{'s' if threads > 1 else ''} is left to the server"
     else:
         threads, source = cpus, "affinity"
         reason = f"{cpus} CPUs in the affinity mask" + (

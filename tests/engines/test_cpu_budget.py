@@ -65,14 +65,21 @@ def test_v1_quota_narrows_a_64_cpu_mask(tmp_path: Path, quota_cpus: int) -> None
 
 
 @pytest.mark.parametrize(("cpu_max", "threads", "cpus"), [
-    ("150000 100000", 1, 1.5), ("250000 100000", 2, 2.5), ("50000 100000", 1, 0.5), ("390000 100000", 3, 3.9),
+    ("150000 100000", 1, 1.5), ("250000 100000", 2, 2.5), ("390000 100000", 3, 3.9),
 ])
 def test_fractional_quota_keeps_whole_cpus_for_compute(tmp_path: Path, cpu_max: str, threads: int,
                                                       cpus: float) -> None:
     proc, root = v2(tmp_path, cpu_max)
     budget = detect(affinity=16, environ={}, proc_cgroup=proc, cgroup_root=root)
     assert (budget.threads, budget.cpus) == (threads, cpus)
-    assert "the fraction left to the server" in budget.reason
+    assert f"the fraction above {threads} whole CPU" in budget.reason
+
+
+def test_quota_below_one_cpu_still_gets_one_thread(tmp_path: Path) -> None:
+    proc, root = v2(tmp_path, "50000 100000")
+    budget = detect(affinity=16, environ={}, proc_cgroup=proc, cgroup_root=root)
+    assert (budget.threads, budget.cpus) == (1, 0.5)
+    assert "below one CPU" in budget.reason
 
 
 def test_v1_fractional_quota(tmp_path: Path) -> None:
