@@ -194,3 +194,9 @@ class TensorBackend(ABC):
         """Facts learned while loading, for the gateway: may hold `inputs`/`outputs` (lists of TensorSpec, to fill
         in a config that omits them), `max_model_len` and `vocab_size` (text models)."""
         return {}
+
+    def batch_dimension(self, spec: Any) -> bool:
+        """Before `load`, for a config that omits `max_batch_size`: whether the model file's tensors all start with a
+        variable batch dimension (then the gateway sets Triton's default max_batch_size and dynamic batcher, as
+        Triton's auto-complete does). Cheap: read the file's interface, not its weights. Default: unknown, False."""
+        return False

@@ -20,7 +20,7 @@ from gateway import __version__
 from gateway.access import AccessControl, AccessMiddleware
 from gateway.auth import KeyStore
 from gateway.body_limit import BodyLimitMiddleware
-from gateway.config import ServerConfig
+from gateway.config import ServerConfig, build_rate_limiter
 from gateway.errors import (
     InternalError,
     InvalidRequestError,
@@ -98,7 +98,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     """The app; its lifespan loads the repository (off the event loop) and starts each model's scheduler."""
     registry = registry or ModelRegistry(config.model_repository, config.cache_dir,
                                          control_mode=config.model_control_mode, load_models=config.load_models,
-                                         drain_timeout_s=config.drain_seconds)
+                                         drain_timeout_s=config.drain_seconds, rate_limiter=build_rate_limiter(config))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -141,6 +141,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
         [k.get_secret_value() for k in config.api_keys],
         [k.get_secret_value() for k in config.admin_keys],
         config.public_paths,
+        console=config.console,
     )
     if keys.inference_open and config.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("no API key is configured: anyone who reaches %s can run inference", config.host)
@@ -149,6 +150,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     app.state.config = config
     app.state.registry = registry
     app.state.ready = False
+    app.state.keys = keys
     app.state.lifecycle = lifecycle = Lifecycle()
     access = AccessControl(keys, RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm), lifecycle)
     add_error_handlers(app)
@@ -156,6 +158,10 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     app.include_router(kserve_router)
     app.include_router(embeddings_router)
     app.include_router(sessions_router)
+    if config.console:
+        from gateway.console.routes import add_console
+
+        add_console(app)  # the web console at / and /ui/ (docs/console.md)
 
     @app.get("/health")
     @app.get("/v2/health/ready")

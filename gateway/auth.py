@@ -1,9 +1,12 @@
 """API keys: who may call what.
 
 Three kinds of route: *public* ones (health, metrics; configurable) answer everyone; *admin* ones (the model
-repository API) need the admin key; everything else needs an API key (or the admin key). When no API key is
-configured the inference routes are open, as in vLLM and Triton, but the admin routes stay closed unless an
-admin key is configured: nobody can load models over the network by accident.
+repository API) need the admin key; everything else needs an API key (or the admin key). A fourth, the web
+console's page and its static files, holds no data: a browser cannot attach a key to a page navigation, so it
+is served without one (the page then asks for the key and sends it on every call, and the console's data
+routes under /ui/api are inference routes); it still passes the drain check and the per-caller rate limit.
+When no API key is configured the inference routes are open, as in vLLM and Triton, but the admin routes stay
+closed unless an admin key is configured: nobody can load models over the network by accident.
 
 Routes are classified on a canonical form of the path, and non-canonical paths (`//`, `.` or `..` segments,
 encoded slashes or dots) are refused outright, so no spelling of an admin path reaches it as something else.
@@ -26,6 +29,7 @@ class Role(Enum):
     PUBLIC = "public"
     INFERENCE = "inference"
     ADMIN = "admin"
+    CONSOLE = "console"  # the console's page and static files: key optional, rate limited like inference
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ ANONYMOUS = Principal("anonymous")
 
 DEFAULT_PUBLIC_PATHS = ("/health", "/v2/health/live", "/v2/health/ready", "/metrics")
 ADMIN_PREFIXES = ("/v2/repository",)
+CONSOLE_PAGES = ("/", "/ui", "/ui/")
+CONSOLE_ASSETS = "/ui/assets/"
 GRPC_PUBLIC_METHODS = ("ServerLive", "ServerReady")
 GRPC_ADMIN_METHODS = ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
 
@@ -67,10 +73,16 @@ class KeyStore:
         api_keys: Iterable[str] = (),
         admin_keys: Iterable[str] = (),
         public_paths: Iterable[str] = DEFAULT_PUBLIC_PATHS,
+        console: bool = False,
     ) -> None:
         self._api = [_digest(k) for k in api_keys if k]
         self._admin = [_digest(k) for k in admin_keys if k]
         self.public_paths = frozenset(public_paths)
+        self.console = console  # serve the console's page and assets without a key
+
+    @property
+    def admin_enabled(self) -> bool:
+        return bool(self._admin)
 
     @property
     def inference_open(self) -> bool:
@@ -79,6 +91,8 @@ class KeyStore:
     def role_of(self, path: str) -> Role:
         if path in self.public_paths:
             return Role.PUBLIC
+        if self.console and (path in CONSOLE_PAGES or path.startswith(CONSOLE_ASSETS)):
+            return Role.CONSOLE
         if any(path == p or path.startswith(p + "/") for p in ADMIN_PREFIXES):
             return Role.ADMIN
         return Role.INFERENCE
@@ -126,9 +140,9 @@ class KeyStore:
             if not principal.admin:
                 raise PermissionDeniedError("this route needs the admin key")
             return principal
-        if not self.inference_open:
+        if not self.inference_open and role is not Role.CONSOLE:
             return self.identify(authorization)
-        try:  # open inference: any key (or none) is welcome; a known key still names its caller
+        try:  # open inference (or the console's page): any key (or none) is welcome; a known key names its caller
             return self.identify(authorization)
         except AuthenticationError:
             return ANONYMOUS

@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--always-include-usage", action="store_true",
                        default=env("SWITCHYARD_ALWAYS_INCLUDE_USAGE", "") in ("1", "true", "yes"),
                        help="send a usage chunk on every stream (LangChain does not ask for one)")
-    security = serve.add_argument_group("access control (see README: Security)")
+    security = serve.add_argument_group("access control (see docs/deployment.md)")
     security.add_argument("--api-key", action="append", default=[], metavar="KEY",
                           help="an API key for /v1 and /v2 inference (repeatable; also SWITCHYARD_API_KEYS, "
                                "comma-separated). Without any key, inference is open.")
@@ -61,9 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
                        default=float(env("SWITCHYARD_STREAM_SEND_TIMEOUT_S", "30")),
                        help="seconds one send of a stream may wait for a client that stopped reading before the "
                             "stream is closed and its generation aborted (env SWITCHYARD_STREAM_SEND_TIMEOUT_S)")
+    serve.add_argument("--no-console", dest="console", action="store_false",
+                       default=env("SWITCHYARD_CONSOLE", "1").lower() not in ("0", "false", "no"),
+                       help="do not serve the web console at / and /ui/ (also SWITCHYARD_CONSOLE=0)")
     serve.add_argument("--log-format", default=env("SWITCHYARD_LOG_FORMAT", "text"), choices=["text", "json"],
                        help="json: one JSON object per line, with the request id (default: %(default)s)")
-    control = serve.add_argument_group("model control (Triton's modes; see README: Model control)")
+    control = serve.add_argument_group("model control (Triton's modes; see docs/deployment.md)")
     control.add_argument("--model-control-mode", type=str.lower, choices=["none", "explicit", "poll"],
                          default=env("SWITCHYARD_MODEL_CONTROL_MODE", "none").lower(),
                          help="none: load every model at startup, repository load/unload refused; explicit: load "
@@ -74,6 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
                               "SWITCHYARD_LOAD_MODEL, comma-separated)")
     control.add_argument("--repository-poll-secs", type=float, default=env("SWITCHYARD_REPOSITORY_POLL_SECS"),
                          help="poll mode: seconds between two scans of the repository (default: 15)")
+    limiter = serve.add_argument_group("rate limiter (Triton's; see docs/frameworks.md)")
+    limiter.add_argument("--rate-limit", type=str.lower, choices=["off", "execution_count"],
+                         default=env("SWITCHYARD_RATE_LIMIT", "off").lower(),
+                         help="execution_count: a tensor model instance executes only while it holds the resources "
+                              "its instance_group's rate_limiter lists, turns weighted by priority "
+                              "(default: %(default)s)")
+    limiter.add_argument("--rate-limit-resource", action="append", default=None, metavar="NAME:COUNT[:DEVICE]",
+                         help="how much of a resource there is (repeatable; also SWITCHYARD_RATE_LIMIT_RESOURCES, "
+                              "comma-separated); default: the largest count any instance asks for")
     return parser
 
 
@@ -104,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.config import build_config
+    from gateway.config import build_config, build_rate_limiter
     from gateway.http_limits import BoundedHeadHttpToolsProtocol  # huge request heads: 431
     from gateway.lifecycle import DrainingServer
     from gateway.repository.registry import ModelRegistry
@@ -129,12 +141,17 @@ def main(argv: list[str] | None = None) -> int:
             drain_seconds=args.drain_seconds,
             stream_send_timeout_secs=args.stream_send_timeout_secs,
             log_format=args.log_format,
+            console=args.console,
             model_control_mode=args.model_control_mode,
             load_models=args.load_model if args.load_model is not None else _env_list("SWITCHYARD_LOAD_MODEL"),
             repository_poll_secs=args.repository_poll_secs,
+            rate_limit=args.rate_limit,
+            rate_limit_resources=tuple(args.rate_limit_resource if args.rate_limit_resource is not None
+                                       else _env_list("SWITCHYARD_RATE_LIMIT_RESOURCES")),
         )
         registry = ModelRegistry(config.model_repository, config.cache_dir, control_mode=config.model_control_mode,
-                                 load_models=config.load_models, drain_timeout_s=config.drain_seconds)
+                                 load_models=config.load_models, drain_timeout_s=config.drain_seconds,
+                                 rate_limiter=build_rate_limiter(config))
         registry.prepare()  # fail fast on config errors, before the server starts
         app = create_app(config, registry)
         server_config = uvicorn.Config(app, host=config.host, port=config.http_port, log_level=config.log_level,

@@ -38,6 +38,7 @@ class ServerConfig(BaseModel):
         30.0, gt=0, description="How long one send of a stream (SSE) may wait for a client that stopped reading; "
         "the stream is then closed and its generation aborted."
     )
+    console: bool = Field(True, description="Serve the web console at / and /ui/ (--no-console turns it off).")
     log_format: Literal["text", "json"] = Field("text", description="json: one JSON object per log line.")
     model_control_mode: Literal["none", "explicit", "poll"] = Field(
         "none",
@@ -47,6 +48,14 @@ class ServerConfig(BaseModel):
     )
     load_models: list[str] = Field(
         [], description="Explicit mode: models (folder names) loaded at startup; ['*'] = every model."
+    )
+    rate_limit: Literal["off", "execution_count"] = Field(
+        "off", description="Triton's rate limiter: execution_count = tensor model instances run only while they hold "
+        "the resources their instance_group's rate_limiter lists; off = run as soon as an instance is free."
+    )
+    rate_limit_resources: tuple[str, ...] = Field(
+        (), description="Amounts of rate limiter resources, NAME:COUNT or NAME:COUNT:DEVICE (default: the largest "
+        "count any instance asks for)."
     )
     repository_poll_secs: float = Field(
         15.0, gt=0, description="Poll mode: seconds between two scans of the model repository (Triton's default 15)."
@@ -70,6 +79,17 @@ def _check_model_control(config: ServerConfig, given: dict[str, object]) -> None
     if given.get("repository_poll_secs") is not None and mode != "poll":
         raise ConfigError(f"--repository-poll-secs is only used with --model-control-mode=poll (the mode is '{mode}'); "
                           "add --model-control-mode=poll or drop --repository-poll-secs.")
+
+
+def build_rate_limiter(config: ServerConfig):  # noqa: ANN201 - RateLimiter | None, imported lazily
+    """The server's rate limiter, or None when --rate-limit is off (resources given without it are an error)."""
+    from gateway.scheduler.rate_limiter import RateLimiter, ResourceLimit
+
+    if config.rate_limit == "off":
+        if config.rate_limit_resources:
+            raise ConfigError("--rate-limit-resource needs --rate-limit=execution_count; add it or drop the resources.")
+        return None
+    return RateLimiter([ResourceLimit.parse(text) for text in config.rate_limit_resources])
 
 
 def build_config(**values: object) -> ServerConfig:

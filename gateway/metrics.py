@@ -182,6 +182,41 @@ class TritonCollector(Collector):
         yield from (pending, load)
 
 
+class RateLimiterCollector(Collector):
+    """The rate limiter (`--rate-limit execution_count`): time requests waited for their instance's resources (per
+    model version; also part of nv_inference_queue_duration_us), and each resource's amount and use."""
+
+    def __init__(self, registry: ModelRegistry) -> None:
+        self._models = registry
+
+    def collect(self) -> Iterator[Metric]:
+        limiter = getattr(self._models, "rate_limiter", None)
+        if limiter is None:
+            return
+        labels = ["model", "version"]
+        wait_us = CounterMetricFamily("switchyard_rate_limiter_wait_duration_us",
+                                      "Cumulative time requests waited for the rate limiter, in microseconds",
+                                      labels=labels)
+        waits = CounterMetricFamily("switchyard_rate_limiter_wait_requests",
+                                    "Requests that went through the rate limiter", labels=labels)
+        for model in self._models.all_models():
+            for version, stats, _ in _versions(model):
+                wait_us.add_metric([model.name, version], stats.rate_limiter.ns // 1000)
+                waits.add_metric([model.name, version], stats.rate_limiter.count)
+        amount = GaugeMetricFamily("switchyard_rate_limiter_resource_count",
+                                   "Copies of a rate limiter resource (device 'global' for global resources)",
+                                   labels=["resource", "device"])
+        used = GaugeMetricFamily("switchyard_rate_limiter_resource_in_use",
+                                 "Copies of a rate limiter resource held by executing instances", labels=["resource", "device"])
+        for name, device, total, in_use in limiter.snapshot():
+            key = [name, "global" if device is None else str(device)]
+            amount.add_metric(key, total)
+            used.add_metric(key, in_use)
+        yield from (wait_us, waits, amount, used)
+        yield GaugeMetricFamily("switchyard_rate_limiter_waiting_instances",
+                                "Model instances waiting for rate limiter resources", value=limiter.waiting)
+
+
 class CpuCollector(Collector):
     """Triton's host metrics: CPU utilization since the previous scrape and RAM (used = total - available); and
     the CPU budget the engines size their threads from (engines/cpu_budget.py), to check against the pod's limits."""
@@ -212,7 +247,8 @@ class CpuCollector(Collector):
 def build_metrics_registry(models: ModelRegistry) -> CollectorRegistry:
     """A fresh registry for one app (never prometheus_client's global one)."""
     registry = CollectorRegistry()
-    for collector in (SchedulerCollector(models), LLMRequestCollector(models), TritonCollector(models), CpuCollector()):
+    for collector in (SchedulerCollector(models), LLMRequestCollector(models), TritonCollector(models),
+                      RateLimiterCollector(models), CpuCollector()):
         registry.register(collector)
     return registry
 

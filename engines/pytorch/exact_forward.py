@@ -1,8 +1,9 @@
 """The bfloat16 forward pass in transformers' own call shapes: `pytorch.match_transformers`, bit for bit.
 
 In bfloat16 torch gives a row bits that depend on the call computing it: oneDNN sums K in pieces on calls of more
-than 32 rows (and in one on smaller ones), and SDPA's flash kernel blocks by the numbers of queries and keys (see
-the README). transformers' `generate` makes two kinds of call per sequence, and this forward makes the same ones:
+than 32 rows (and in one on smaller ones), and SDPA's flash kernel blocks by the numbers of queries and keys
+(docs/native-engine.md). transformers' `generate` makes two kinds of call per sequence, and this forward makes the
+same ones:
 
 * **prompt rows**, per sequence: the whole prompt through `F.linear` with the model's own q, k, v, o, gate, up and
   down weights, and transformers' SDPA attention (`sdpa_attention_forward`, causal) over the prompt;

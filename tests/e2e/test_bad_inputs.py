@@ -1,4 +1,4 @@
-"""Issue #4: every class of ../shared/reference/bad-inputs.md sent to a real running server.
+"""Issue #4: every class of bad input (the table below) sent to a real running server.
 
 Each test asserts the clean status, the error in the protocol's own shape (`{"error": {"message", "type", "param",
 "code"}}` on /v1, `{"error": "..."}` on /v2), that nothing internal leaks (paths, tracebacks, secrets) and that the

@@ -85,3 +85,17 @@ def test_cli_exits_2_with_the_message(caplog: pytest.LogCaptureFixture, tmp_path
     with caplog.at_level(logging.ERROR):
         assert main(["serve", "--model-repository", str(tmp_path), "--load-model", "x"]) == 2
     assert "--load-model is only used with --model-control-mode=explicit" in caplog.text
+
+
+def test_rate_limit_flags() -> None:
+    from gateway.config import build_rate_limiter
+
+    args = parse("--rate-limit", "execution_count", "--rate-limit-resource", "R1:4", "--rate-limit-resource", "R1:2:0")
+    assert (args.rate_limit, args.rate_limit_resource) == ("execution_count", ["R1:4", "R1:2:0"])
+    limiter = build_rate_limiter(build_config(rate_limit="execution_count", rate_limit_resources=("R1:4", "R1:2:0")))
+    assert limiter is not None and limiter.amount(("R1", 0)) == 2 and limiter.amount(("R1", 1)) == 4
+    assert build_rate_limiter(build_config()) is None
+    with pytest.raises(ConfigError, match="needs --rate-limit=execution_count"):
+        build_rate_limiter(build_config(rate_limit_resources=("R1:4",)))
+    with pytest.raises(ConfigError, match="NAME:COUNT"):
+        build_rate_limiter(build_config(rate_limit="execution_count", rate_limit_resources=("R1",)))

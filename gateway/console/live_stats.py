@@ -1,0 +1,56 @@
+"""The console's live numbers: one snapshot of what /metrics exports, as JSON the page can chart.
+
+The snapshot holds counters and cumulative histogram buckets as they are now, stamped with the server's clock;
+the page derives rates (output tokens/s), windowed percentiles (TTFT, inter-token latency) and the windowed
+prefix-cache hit rate from the difference between two snapshots, as Prometheus' `rate()` and
+`histogram_quantile()` would. So the server keeps no per-viewer state and a snapshot costs what a scrape costs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gateway.repository.registry import ModelRegistry
+from gateway.request_metrics import Histogram
+
+
+def _buckets(histogram: Histogram) -> dict[str, Any]:
+    buckets, total = histogram.cumulative()
+    return {"le": [b for b, _ in buckets[:-1]], "cumulative": [n for _, n in buckets], "sum": total}
+
+
+def snapshot(registry: ModelRegistry) -> dict[str, Any]:
+    llms = []
+    for model in registry.models():
+        s = model.scheduler.stats()
+        r = s.requests
+        llms.append({
+            "name": model.name,
+            "running": s.running,
+            "waiting": s.waiting,
+            "kv_usage": s.kv_usage,
+            "kv_blocks_used": s.kv_blocks_used,
+            "kv_blocks_total": s.kv_blocks_total,
+            "prefix_cache_queries": s.prefix_cache_queried_tokens,
+            "prefix_cache_hits": s.prefix_cache_hit_tokens,
+            "preemptions": s.preemptions,
+            "sessions": s.sessions,
+            "prompt_tokens": r.prompt_tokens,
+            "generation_tokens": r.generation_tokens,
+            "finished": sum(r.finished.values()),
+            "ttft": _buckets(r.ttft),
+            "itl": _buckets(r.inter_token),
+        })
+    tensors = []
+    for model in registry.all_models():
+        if model.tensor is None:
+            continue
+        versions = model.tensor.versions.values()
+        tensors.append({
+            "name": model.name,
+            "success": sum(v.stats.success.count for v in versions),
+            "failure": sum(sum(v.stats.fail_reasons.values()) for v in versions),
+            "inferences": sum(v.stats.inference_count for v in versions),
+        })
+    return {"time": time.monotonic(), "llms": llms, "tensors": tensors}
