@@ -5,7 +5,7 @@ B sequences of 128 random prompt tokens (prefilled once, in fragmented KV blocks
 round-robin across the variants -- one step of A, one of B, ... -- so machine noise hits all variants alike.
 
 Thread counts are matched: every variant computes on `--threads` threads (default: the CPUs this process may
-use). A variant on our C kernels runs torch on one thread (the kernels need it) and its kernels on `--threads`
+use). A variant on our C kernels runs torch on one thread (as the engine does) and its kernels on `--threads`
 threads (`gemm_threads`); a variant without them (`fast_kernels=false`) runs torch's ops on `--threads` threads.
 Per-variant `torch_threads=N` / `gemm_threads=N` override that (to measure an unmatched pair on purpose).
 
@@ -62,7 +62,7 @@ def _usable_cpus() -> int:
 
 def _threads(kwargs: dict, threads: int) -> tuple[int, int]:
     """(torch threads, kernel threads) of a variant: `threads` computing either way, unless it says otherwise.
-    Our kernels run only with one torch thread (linear.py), so a kernel variant gets its threads as helpers."""
+    A kernel variant runs torch's ops on one thread, as the engine does, and its threads in the kernels."""
     fast = kwargs.get("fast_kernels", True)
     torch_threads = kwargs.pop("torch_threads", 1 if fast else threads)
     if fast:
@@ -118,12 +118,13 @@ def main() -> None:
     variants = [_parse_variant(v) for v in (args.variant or ["base:fast_kernels=false", "fast:fast_kernels=true"])]
     max_len = args.prompt_len + args.steps + 8
     kv_tokens = max(args.batches) * ((max_len + BLOCK - 1) // BLOCK) * BLOCK * 2
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the engine then leaves torch's threads to us (engine.py)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the CPU budget of variants without gemm_threads; torch's
+    # threads are set per variant below, over what the engine set at build
     engines = {}
     threads: dict[str, tuple[int, int]] = {}  # variant -> (torch threads, kernel threads)
     for name, kwargs in variants:
         threads[name] = _threads(kwargs, args.threads)
-        torch.set_num_threads(threads[name][0])  # kernels are chosen at build, by the torch threads then
+        torch.set_num_threads(threads[name][0])
         t0 = time.perf_counter()
         runner_file = kwargs.pop("runner_file", None)
         if runner_file:  # e.g. an older model_runner.py (git show REV:engines/pytorch/model_runner.py > FILE)

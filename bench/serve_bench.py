@@ -89,7 +89,7 @@ def start_switchyard(dtype: str, workdir: Path, kv_options: dict[str, object] | 
     turns on that mode (bfloat16) with the settings it needs (whole prompts, no prefix caching). With `hf_dir` it
     serves that HF folder (hard-linked into the repository's version folder `1/`, since a model's files must live
     inside its folder) instead of the GGUF file, so `workdir` must be on the same file system as `hf_dir`.
-    `gemm_threads`: threads of our kernels (pytorch.gemm_threads; default every usable CPU)."""
+    `gemm_threads`: threads of our kernels (pytorch.gemm_threads; default: the CPU budget)."""
     if match_transformers:
         kv_options = {**(kv_options or {}), "enable_prefix_caching": False}
     repo = workdir / "repo" / MODEL

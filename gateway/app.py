@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, start_http_server
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engines.cpu_budget import cpu_budget
 from gateway import __version__
 from gateway.access import AccessControl, AccessMiddleware
 from gateway.anthropic.router import router as anthropic_router
@@ -106,6 +107,9 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        budget = cpu_budget()  # before any engine sizes its threads from it
+        log.info("CPU budget: %d compute thread%s (%s)", budget.threads, "s" if budget.threads > 1 else "",
+                 budget.reason)
         app.state.responses = open_responses(config)
         loaded = await asyncio.to_thread(registry.load_all)
         for model in loaded:

@@ -27,6 +27,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from engines.cpu_budget import cpu_budget
 from gateway.http_metrics import EndpointCounts
 from gateway.kserve.statistics import FAILURE_REASONS, ModelStats
 from gateway.repository.registry import ModelRegistry
@@ -218,7 +219,8 @@ class RateLimiterCollector(Collector):
 
 
 class CpuCollector(Collector):
-    """Triton's host metrics: CPU utilization since the previous scrape and RAM (used = total - available)."""
+    """Triton's host metrics: CPU utilization since the previous scrape and RAM (used = total - available); and
+    the CPU budget the engines size their threads from (engines/cpu_budget.py), to check against the pod's limits."""
 
     def __init__(self) -> None:
         psutil.cpu_percent(interval=None)  # starts the interval the first scrape reports on
@@ -230,6 +232,17 @@ class CpuCollector(Collector):
         yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", value=memory.total)
         yield GaugeMetricFamily("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes",
                                 value=memory.total - memory.available)
+        try:
+            budget = cpu_budget()
+        except ValueError:  # a bad OMP_NUM_THREADS: the engines refuse to load and say why
+            return
+        threads = GaugeMetricFamily("switchyard_cpu_budget_threads", "Compute threads the CPU budget gives the "
+                                    "engines (affinity mask, cgroup quota, OMP_NUM_THREADS), by what decided it",
+                                    labels=["source"])
+        threads.add_metric([budget.source], budget.threads)
+        yield threads
+        yield GaugeMetricFamily("switchyard_cpu_limit", "CPUs this process may use: its affinity mask capped by "
+                                "its cgroup CPU quota (fractional)", value=budget.cpus)
 
 
 class EndpointCollector(Collector):

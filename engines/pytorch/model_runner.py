@@ -147,6 +147,14 @@ class PagedModelRunner:
                  self.lm_head.kind, gemm_threads if self._helpers else 1,
                  "C kernels" if self.attention.uses_kernel else "torch")
 
+    @property
+    def kernel_threads(self) -> int:
+        """Threads our C kernels run a step's projections on (the step's thread and its helpers); 0 when the
+        projections are torch's (no compiler, fast_kernels off), whose intra-op threads then do the work."""
+        if self.lm_head.kind != "kernel":
+            return 0
+        return 1 + (self._helpers.count if self._helpers is not None else 0)
+
     @staticmethod
     def _take(layer: Any, fast: bool, cache_dir: Path | None, helpers: HelperThreads | None, dense: DenseOps,
               blocks: dict[str, Q41]) -> _Layer:
@@ -298,6 +306,8 @@ class PagedModelRunner:
     @torch.inference_mode()
     def forward(self, batch: Sequence[SequenceStep]) -> torch.Tensor:
         """Write the batch's new tokens into the cache; return float32 logits of the rows that sample, [S, V]."""
+        if self._helpers is not None:
+            self._helpers.enter()
         if self._exact is not None:
             return self._exact.forward(self, batch)
         lay = self._layout(batch)

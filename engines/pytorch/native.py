@@ -180,10 +180,12 @@ static int state;            /* helpers inside the current job, | CLOSED once th
 static int sleepers, started;
 static task_fn job_fn;
 static void* job_arg;
+static int job_helpers;                /* helpers 0 .. job_helpers - 1 take part in the current job */
+static __thread int width = INT_MAX;   /* helpers the calling thread's jobs may take (pool_width) */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void* helper(void* unused) {
-    (void)unused;
+static void* helper(void* arg) {
+    int index = (int)(intptr_t)arg;
     unsigned seen = __atomic_load_n(&gen, __ATOMIC_SEQ_CST);
     for (;;) {
         unsigned g;
@@ -196,6 +198,14 @@ static void* helper(void* unused) {
             spins = 0;
         }
         seen = g;
+        int w;
+        if (index >= (w = __atomic_load_n(&job_helpers, __ATOMIC_SEQ_CST))) {
+            /* left out of this job (its engine's budget is smaller than the pool): sleep, without spinning or
+               counting as a sleeper that every job must wake, until a job wants more helpers */
+            while (index >= (w = __atomic_load_n(&job_helpers, __ATOMIC_SEQ_CST)))
+                syscall(SYS_futex, &job_helpers, FUTEX_WAIT_PRIVATE, w, 0, 0, 0);
+            continue;
+        }
         int s = __atomic_load_n(&state, __ATOMIC_SEQ_CST);
         while (!(s & CLOSED))
             if (__atomic_compare_exchange_n(&state, &s, s + 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
@@ -212,7 +222,7 @@ int pool_start(int count) {
     pthread_mutex_lock(&lock);
     while (started < count) {
         pthread_t t;
-        if (pthread_create(&t, 0, helper, 0) != 0) break;
+        if (pthread_create(&t, 0, helper, (void*)(intptr_t)started) != 0) break;
         pthread_detach(t);
         started++;
     }
@@ -220,15 +230,21 @@ int pool_start(int count) {
     return started;
 }
 
+/* At most `helpers` helpers join the jobs this thread runs from now on (an engine whose budget is smaller than
+   the pool, which only grows, uses no more than its budget). */
+void pool_width(int helpers) { width = helpers; }
+
 /* fn(arg) on the caller and on the helpers; returns when all of them are out of it. One job at a time: a
    second caller (another engine's step) runs its job alone rather than wait. */
 void pool_run(task_fn fn, void* arg) {
-    if (pthread_mutex_trylock(&lock) != 0) { fn(arg); return; }
+    if (width <= 0 || pthread_mutex_trylock(&lock) != 0) { fn(arg); return; }
     job_fn = fn;
     job_arg = arg;
+    int before = __atomic_exchange_n(&job_helpers, width, __ATOMIC_SEQ_CST);
     __atomic_store_n(&state, 0, __ATOMIC_SEQ_CST);
     __atomic_add_fetch(&gen, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&sleepers, __ATOMIC_SEQ_CST) > 0) syscall(SYS_futex, &gen, FUTEX_WAKE_PRIVATE, INT_MAX, 0, 0, 0);
+    if (width > before) syscall(SYS_futex, &job_helpers, FUTEX_WAKE_PRIVATE, INT_MAX, 0, 0, 0);
     fn(arg);
     __atomic_fetch_or(&state, CLOSED, __ATOMIC_SEQ_CST);
     while (__atomic_load_n(&state, __ATOMIC_SEQ_CST) & ~CLOSED) _mm_pause();
@@ -256,7 +272,16 @@ class HelperThreads:
             raise OSError("the helper-thread pool did not build")
         lib.pool_start.argtypes = [ctypes.c_int]
         lib.pool_start(count)
+        lib.pool_width.argtypes = [ctypes.c_int]
+        lib.pool_width.restype = None
+        self.count = count
+        self._width = lib.pool_width
         self._run = ctypes.cast(lib.pool_run, ctypes.c_void_p)
+
+    def enter(self) -> None:
+        """Let the calling thread's jobs take `count` helpers (the pool is process-wide and only grows: another
+        engine may have started more). Call on the step's thread before its kernels."""
+        self._width(self.count)
 
     def attach(self, lib: ctypes.CDLL) -> None:
         """Let a kernel library (built with POOL_CLIENT) run its `*_par` jobs on these threads."""

@@ -28,15 +28,17 @@ def test_the_readme_is_short() -> None:
     assert size <= README_MAX_BYTES, f"README.md is {size} bytes; move details into docs/ (bound {README_MAX_BYTES})"
 
 
-def test_the_readme_keeps_the_two_quickstart_commands() -> None:
-    """.ci/run takes the test command from the second line of the first block under `## Quickstart`."""
+def test_the_readme_keeps_the_three_quickstart_commands() -> None:
+    """.ci/run takes the test command from the second line of the first block under `## Quickstart`, and makes the
+    vLLM group's venv with the third (the documented vLLM install)."""
     text = README.read_text(encoding="utf-8")
     quickstart = text[text.index("## Quickstart") :]
     first = next(b for b in blocks(README) if b.line > text[: text.index("## Quickstart")].count("\n"))
     lines = first.code.splitlines()
     assert quickstart.index("```") < quickstart.index("\n## ", 1)
-    assert len(lines) == 2 and lines[0].endswith("switchyard serve --model-repository model_repository")
+    assert len(lines) == 3 and lines[0].endswith("switchyard serve --model-repository model_repository")
     assert lines[1].endswith("python -m pytest -q")
+    assert "pip install torch==2.13.0 '.[vllm]'" in lines[2] and ". .venv-vllm/bin/activate" in lines[2]
     assert 'pytest -q -m "not slow"' in text  # the fast lane is announced
 
 
