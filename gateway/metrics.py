@@ -27,7 +27,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from gateway.kserve.statistics import FAILURE_REASONS, ModelStats
+from gateway.inference_stats import FAILURE_REASONS, ModelStats
 from gateway.repository.registry import ModelRegistry
 from gateway.request_metrics import Histogram
 

@@ -9,12 +9,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.errors import InvalidRequestError
-from gateway.openai.body_depth import NestingAwareRoute
+from gateway.http.body_depth import NestingAwareRoute
+from gateway.http.disconnect import cancel_on_disconnect
+from gateway.http.sse import sse_response
 from gateway.openai.chat import chat_completion
 from gateway.openai.completions import completion
-from gateway.openai.disconnect import cancel_on_disconnect
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest, _Lenient
-from gateway.openai.sse import sse_response
 from gateway.openai.tokenize import router as tokenize_router
 from gateway.repository.registry import LoadedModel, ModelRegistry
 
