@@ -50,6 +50,12 @@ class Tokenizer(ABC):
     @abstractmethod
     def all_special_ids(self) -> list[int]: ...
 
+    @property
+    def max_chars_per_token(self) -> int | None:
+        """An upper bound on the characters of text one token can stand for, or None if unknown. A text longer
+        than this times the context length cannot fit it, which the gateway can tell without tokenizing it."""
+        return None
+
 
 class StepEngine(ABC):
     """An engine driven step by step by the gateway's scheduler.

@@ -48,7 +48,9 @@ class AccessMiddleware:
         role = self.access.keys.role_of(path)
         authorization = dict(scope.get("headers", [])).get(b"authorization")
         client = scope.get("client") or ("unknown", 0)
-        self.access.admit(role, authorization.decode("latin-1") if authorization is not None else None, client[0])
+        principal = self.access.admit(role, authorization.decode("latin-1") if authorization is not None else None,
+                                      client[0])
+        scope.setdefault("state", {})["principal"] = principal  # handlers read it as request.state.principal
         return role
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -82,13 +82,14 @@ def metric_sample(metrics_text: str, name: str, model: str = DEFAULT_MODEL) -> f
 
 
 class ServerProcess:
-    def __init__(self, repository: Path, *extra: str, startup_timeout: float = 600.0) -> None:
+    def __init__(self, repository: Path, *extra: str, startup_timeout: float = 600.0, module: str = "gateway") -> None:
+        """`module`: what `python -m` runs (a test module may wrap the server to plant faults in it)."""
         self.port = free_port()
         self.metrics_port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"switchyard-test-{self.port}.log"
         self._log = self.log_path.open("w")
-        cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(repository),
+        cmd = [sys.executable, "-m", module, "serve", "--model-repository", str(repository),
                "--host", "127.0.0.1", "--http-port", str(self.port),
                "--metrics-port", str(self.metrics_port), "--grpc-port", "0", *extra]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)

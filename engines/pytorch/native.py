@@ -4,6 +4,11 @@ A library is compiled once per source, flags, compiler and CPU (`-march=native`:
 must not hand one CPU's build to another), in well under a second, into `<cache>/kernels/`, and loaded with
 ctypes (which releases the GIL during calls). Callers get None when there is no compiler or the build fails, and
 then use their torch path.
+
+Loading a library runs its code in the server, so only a trusted one is loaded: the kernels folder is created
+0700, and a library that is not a regular file owned by the server's user, or that group or others may write, is
+rebuilt rather than loaded. When the folder itself is not private (another owner, writable by others), libraries
+are built into a private temporary folder instead.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import string
 import subprocess
 import tempfile
@@ -82,11 +88,13 @@ def _build(name: str, source: str, cache_dir: Path) -> Path | None:
     except (OSError, subprocess.SubprocessError):
         return None
     key = hashlib.sha256("\0".join([source, " ".join(CFLAGS), version, _cpu_identity()]).encode()).hexdigest()
-    target = cache_dir / "kernels" / f"{name}-{key[:16]}.so"
-    if target.is_file():
+    folder = _private_folder(cache_dir / "kernels")
+    target = folder / f"{name}-{key[:16]}.so"
+    if _trusted(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+    if os.path.lexists(target):
+        log.warning("C kernel %s: %s is not owned by this user or is writable by others; rebuilding it", name, target)
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
         src = Path(tmp) / f"{name}.c"
         src.write_text(source)
         out = Path(tmp) / f"{name}.so"
@@ -96,8 +104,43 @@ def _build(name: str, source: str, cache_dir: Path) -> Path | None:
         if proc.returncode != 0:
             log.warning("C kernel %s did not build (%s); using the torch path", name, proc.stderr[-500:])
             return None
+        os.chmod(out, 0o700)
         os.replace(out, target)  # atomic: concurrent starts may each build; the last rename wins
     return target
+
+
+def _owned_and_private(st: os.stat_result) -> bool:
+    return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _trusted(path: Path) -> bool:
+    """A library we may load: a regular file (not a link) of this user that group and others cannot write."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and _owned_and_private(st)
+
+
+_fallback_folder: Path | None = None
+
+
+def _private_folder(folder: Path) -> Path:
+    """`folder`, created 0700, if it is this user's own and others cannot write to it (nobody else can swap a
+    library in it between the check and the load); otherwise a private temporary folder for this process."""
+    global _fallback_folder
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+        if stat.S_ISDIR(st.st_mode) and _owned_and_private(st):
+            return folder
+    except OSError:
+        pass
+    if _fallback_folder is None:
+        _fallback_folder = Path(tempfile.mkdtemp(prefix="switchyard-kernels-"))
+    log.warning("the kernel cache %s is not private to this user; building C kernels in %s", folder, _fallback_folder)
+    return _fallback_folder
 
 
 def load_library(name: str, source: str, cache_dir: Path | None) -> ctypes.CDLL | None:

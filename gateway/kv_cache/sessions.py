@@ -69,9 +69,16 @@ class SessionStore:
         return self.release(next(iter(self._sessions)))
 
     def expire(self, now: float | None = None) -> int:
-        """Release sessions idle for longer than the TTL; return how many."""
+        """Release sessions idle for longer than the TTL; return how many.
+
+        Runs every scheduler step, so it looks only at the least recently used end: sessions are kept in the
+        order of their last use, and the first one still fresh ends the scan (O(expired), not O(sessions))."""
         now = time.monotonic() if now is None else now
-        stale = [sid for sid, s in self._sessions.items() if now - s.last_used > self.ttl_seconds]
-        for sid in stale:
+        expired = 0
+        while self._sessions:
+            sid, session = next(iter(self._sessions.items()))
+            if now - session.last_used <= self.ttl_seconds:
+                break
             self.release(sid)
-        return len(stale)
+            expired += 1
+        return expired

@@ -23,7 +23,7 @@ from gateway.openai.results import (
     now,
     usage,
 )
-from gateway.openai.sampling import resolve_max_tokens, to_sampling_params
+from gateway.openai.sampling import refuse_unfittable_text, resolve_max_tokens, to_sampling_params
 from gateway.openai.tool_parsers import ToolCallDelta, new_call_id
 from gateway.openai.tools import ToolPlan, parser_for, plan_tools, tool_guidance
 from gateway.repository.registry import LoadedModel
@@ -56,6 +56,9 @@ async def chat_completion(
     plan = plan_tools(req, model)
     # The dialect is also needed to write past calls into the prompt when the template cannot.
     parser = plan.parser or (parser_for(model) if any(m.tool_calls for m in req.messages) else None)
+    text = sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text or "") for p in m.content or [])
+               for m in req.messages)
+    refuse_unfittable_text(text, scheduler.tokenizer, info.max_model_len, "messages")
     prompt = await render_chat(
         scheduler.tokenizer, req.messages, plan.tools if plan.active else None, parser, req.chat_template_kwargs
     )

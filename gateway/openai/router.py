@@ -15,6 +15,7 @@ from gateway.http.sse import sse_response
 from gateway.openai.chat import chat_completion
 from gateway.openai.completions import completion
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest, _Lenient
+from gateway.openai.sessions import MAX_SESSION_ID, scoped_session_id
 from gateway.openai.tokenize import router as tokenize_router
 from gateway.repository.registry import LoadedModel, ModelRegistry
 
@@ -22,8 +23,6 @@ log = logging.getLogger("switchyard.openai")
 
 router = APIRouter(route_class=NestingAwareRoute)
 router.include_router(tokenize_router)
-
-MAX_SESSION_ID = 256
 
 
 def _registry(request: Request) -> ModelRegistry:
@@ -58,13 +57,14 @@ async def get_model(model_id: str, request: Request) -> dict[str, Any]:
 
 
 def _session_id(request: Request, body: ChatCompletionRequest | CompletionRequest) -> str | None:
-    """The conversation's session: the X-Session-ID header, else the body's `session_id`."""
+    """The conversation's session: the X-Session-ID header, else the body's `session_id`; scoped by the caller's
+    API key (see sessions.py)."""
     header = request.headers.get("x-session-id")
     if header is None:
-        return body.session_id
+        return scoped_session_id(request, body.session_id) if body.session_id else body.session_id
     if not header or len(header) > MAX_SESSION_ID:
         raise InvalidRequestError(f"X-Session-ID must be 1 to {MAX_SESSION_ID} characters", param="session_id")
-    return header
+    return scoped_session_id(request, header)
 
 
 def _respond(result: Any, request: Request) -> Response:
