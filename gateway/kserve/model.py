@@ -19,9 +19,9 @@ from engines.backends import create_backend
 from engines.interface import TensorBackend
 from engines.types import TensorModelSpec, TensorSpec
 from gateway.errors import ConfigError, InternalError, InvalidRequestError, NotFoundError
+from gateway.inference_stats import ModelStats
 from gateway.kserve.codec import DATATYPES, InputTensor, OutputTensor, TensorCodecError, decode_binary_tensor
 from gateway.kserve.config_view import config_json
-from gateway.kserve.statistics import ModelStats
 from gateway.kserve.validation import finish_outputs, prepare_inputs
 from gateway.repository.layout import ModelDir, resolve_source
 from gateway.repository.serving import InFlight
