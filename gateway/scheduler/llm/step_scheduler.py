@@ -24,8 +24,8 @@ from engines.types import EngineInfo, GenerationOutput, GenerationRequest, Seque
 from gateway.errors import RateLimitError, ServiceUnavailableError
 from gateway.kv_cache.manager import KVCacheManager
 from gateway.kv_cache.sessions import SessionStore
-from gateway.scheduler.llm_scheduler import LLMScheduler, SchedulerStats, admission_key
-from gateway.scheduler.output_processor import OutputProcessor
+from gateway.scheduler.llm.interface import LLMScheduler, SchedulerStats, admission_key
+from gateway.scheduler.llm.output_processor import OutputProcessor
 
 log = logging.getLogger("switchyard.scheduler")
 
