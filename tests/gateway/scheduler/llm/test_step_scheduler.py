@@ -1,15 +1,20 @@
-"""Scheduler tests in the style of vLLM's: a step engine without a model, steps driven and inspected."""
+"""The continuous-batching policy driven by hand, as vLLM tests its `Scheduler`: no model, no thread, no event loop.
+
+A step engine without a model stands in for the engine: `schedule()` plans a step, the fake computes it, `update()`
+turns its result into outputs. The async driver is tested in test_continuous_batcher.py.
+"""
 
 from __future__ import annotations
 
-import asyncio
+import time
 from collections.abc import Sequence
 
 import pytest
 
 from engines.interface import StepEngine, Tokenizer
-from engines.types import EngineInfo, GenerationRequest, SamplingParams, SequenceStep, StepResult
-from gateway.scheduler.llm.step_scheduler import BatcherLimits, SequenceBatcher
+from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SamplingParams, SequenceStep, StepResult
+from gateway.errors import RateLimitError
+from gateway.scheduler.llm.step_scheduler import BatcherLimits, StepScheduler
 from tests.char_tokenizer import EOS, CharTokenizer
 
 
@@ -20,7 +25,6 @@ class CountingEngine(StepEngine):
         self._info = EngineInfo("fake", "float32", 256, 27, [EOS], block_size, num_blocks, 1)
         self.steps: list[list[SequenceStep]] = []
         self.released: list[str] = []
-        self.gate: asyncio.Event | None = None
 
     @property
     def info(self) -> EngineInfo:
@@ -48,34 +52,57 @@ def req(rid: str, prompt: str, max_tokens: int = 4, priority: int = 0, **kw: obj
     return GenerationRequest(rid, CharTokenizer().encode(prompt), SamplingParams(temperature=0, max_tokens=max_tokens, **kw), priority)
 
 
-async def drain(batcher: SequenceBatcher, r: GenerationRequest) -> tuple[str, str | None, int]:
-    text, reason, n = "", None, 0
-    async for out in batcher.generate(r):
-        text += out.text
-        reason = out.finish_reason
-        n = out.completion_tokens
-    return text, reason, n
+def scheduler(engine: CountingEngine, **limits: object) -> StepScheduler:
+    return StepScheduler(engine.info, engine.tokenizer, BatcherLimits(**limits))  # type: ignore[arg-type]
+
+
+def step(sched: StepScheduler, engine: CountingEngine) -> list[GenerationOutput]:
+    """One iteration, as the driver runs it: plan, compute on the fake engine, apply."""
+    plan = sched.schedule()
+    outs = list(plan.finished)
+    if plan.scheduled:
+        outs += sched.update(plan, engine.execute(plan.steps))
+    return outs
+
+
+def run(sched: StepScheduler, engine: CountingEngine, *requests: GenerationRequest) -> dict[str, list[GenerationOutput]]:
+    """Add `requests` and step until nothing is left; each request's outputs in order."""
+    for r in requests:
+        sched.add(r)
+    outs: dict[str, list[GenerationOutput]] = {}
+    for _ in range(1000):
+        if not sched.has_unfinished():
+            return outs
+        for out in step(sched, engine):
+            outs.setdefault(out.request_id, []).append(out)
+    raise AssertionError("the scheduler never finished its requests")
+
+
+def summary(outs: list[GenerationOutput]) -> tuple[str, str | None, int]:
+    assert [o.finished for o in outs].count(True) == 1 and outs[-1].finished, "exactly one finished output, last"
+    return "".join(o.text for o in outs), outs[-1].finish_reason, outs[-1].completion_tokens
+
+
+def drain(sched: StepScheduler, engine: CountingEngine, r: GenerationRequest) -> tuple[str, str | None, int]:
+    return summary(run(sched, engine, r)[r.request_id])
 
 
 @pytest.fixture
-async def setup():
+def setup() -> tuple[CountingEngine, StepScheduler]:
     engine = CountingEngine()
-    batcher = SequenceBatcher(engine, BatcherLimits(max_num_seqs=4, max_num_batched_tokens=8))
-    await batcher.start()
-    yield engine, batcher
-    await batcher.stop()
+    return engine, scheduler(engine, max_num_seqs=4, max_num_batched_tokens=8)
 
 
-async def test_generates_and_frees_blocks(setup) -> None:
-    engine, batcher = setup
-    assert await drain(batcher, req("a", "abc", max_tokens=3)) == ("def", "length", 3)
-    assert batcher.stats().kv_blocks_used == 0
-    assert engine.released == ["a"]
+def test_generates_and_frees_blocks(setup) -> None:
+    engine, sched = setup
+    assert drain(sched, engine, req("a", "abc", max_tokens=3)) == ("def", "length", 3)
+    stats = sched.stats()
+    assert (stats.running, stats.waiting, stats.kv_blocks_used, stats.steps) == (0, 0, 0, 3)
 
 
-async def test_chunked_prefill_respects_token_budget(setup) -> None:
-    engine, batcher = setup
-    text, _, _ = await drain(batcher, req("a", "abcdefghijklmnopqrst", max_tokens=2))  # 20 prompt tokens, budget 8
+def test_chunked_prefill_respects_token_budget(setup) -> None:
+    engine, sched = setup
+    text, _, _ = drain(sched, engine, req("a", "abcdefghijklmnopqrst", max_tokens=2))  # 20 prompt tokens, budget 8
     assert text == "uv"
     prefill = [s[0] for s in engine.steps[:3]]
     assert [len(s.token_ids) for s in prefill] == [8, 8, 4]
@@ -84,228 +111,207 @@ async def test_chunked_prefill_respects_token_budget(setup) -> None:
     assert all(sum(len(s.token_ids) for s in step) <= 8 for step in engine.steps)
 
 
-async def test_without_chunked_prefill_prompts_are_prefilled_whole() -> None:
+def test_without_chunked_prefill_prompts_are_prefilled_whole() -> None:
     """enable_chunked_prefill=False: a prompt is never split. The first prompt a step admits may take the step past
     the budget (here a 20-token prompt, budget 8, beside a running decode); a second one waits for the next step."""
     engine = CountingEngine()
-    batcher = SequenceBatcher(engine, BatcherLimits(max_num_seqs=4, max_num_batched_tokens=8,
-                                                    enable_chunked_prefill=False))
-    await batcher.start()
-    try:
-        running = asyncio.create_task(drain(batcher, req("a", "a", max_tokens=10)))
-        while len(engine.steps) < 2:
-            await asyncio.sleep(0)
-        long, short = (asyncio.create_task(drain(batcher, req(rid, text, max_tokens=2)))
-                       for rid, text in (("b", "abcdefghijklmnopqrst"), ("c", "xyz")))
-        assert (await long)[0] == "uv" and (await short)[0] == "ab" and (await running)[0] == "bcdefghijk"
-    finally:
-        await batcher.stop()
+    sched = scheduler(engine, max_num_seqs=4, max_num_batched_tokens=8, enable_chunked_prefill=False)
+    sched.add(req("a", "a", max_tokens=10))
+    first = step(sched, engine) + step(sched, engine)
+    outs = run(sched, engine, req("b", "abcdefghijklmnopqrst", max_tokens=2), req("c", "xyz", max_tokens=2))
+    outs["a"] = first + outs["a"]
+    assert summary(outs["b"])[0] == "uv" and summary(outs["c"])[0] == "ab" and summary(outs["a"])[0] == "bcdefghijk"
     prefills = [s for step in engine.steps for s in step if len(s.token_ids) > 1]
     assert [(s.seq_id, s.start_pos, len(s.token_ids)) for s in prefills] == [("b", 0, 20), ("c", 0, 3)]
     step_of = {s.seq_id: i for i, step in enumerate(engine.steps) for s in step if len(s.token_ids) > 1}
-    assert step_of["c"] > step_of["b"]  # not in the same step: b took the budget
-    assert any({s.seq_id for s in step} >= {"a", "b"} for step in engine.steps)  # b joined the running decode
+    assert step_of["c"] == step_of["b"] + 1  # not in the same step: b took the budget
+    assert {s.seq_id for s in engine.steps[step_of["b"]]} == {"a", "b"}  # b joined the running decode
 
 
-async def test_new_requests_join_running_batch(setup) -> None:
-    engine, batcher = setup
-    first = asyncio.create_task(drain(batcher, req("a", "a", max_tokens=12)))
-    while len(engine.steps) < 3:
-        await asyncio.sleep(0)
-    second = asyncio.create_task(drain(batcher, req("b", "m", max_tokens=3)))
-    assert (await second)[0] == "nop"
-    assert (await first)[0] == "bcdefghijklm"
-    mixed = [step for step in engine.steps if {s.seq_id for s in step} == {"a", "b"}]
-    assert mixed, "b never shared a step with a"
+def test_new_requests_join_running_batch(setup) -> None:
+    engine, sched = setup
+    sched.add(req("a", "a", max_tokens=12))
+    first = [o for _ in range(3) for o in step(sched, engine)]
+    outs = run(sched, engine, req("b", "m", max_tokens=3))
+    assert summary(outs["b"])[0] == "nop"
+    assert summary(first + outs["a"])[0] == "bcdefghijklm"
+    assert [{s.seq_id for s in step} for step in engine.steps[3:6]] == [{"a", "b"}] * 3  # b shared a's steps
     assert engine.steps[-1][0].seq_id == "a"  # b left when done, a kept going
 
 
-async def test_stop_string_and_eos(setup) -> None:
-    _, batcher = setup
-    assert await drain(batcher, req("a", "a", max_tokens=10, stop=["de"])) == ("bc", "stop", 4)
+def test_stop_string_and_eos(setup) -> None:
+    engine, sched = setup
+    assert drain(sched, engine, req("a", "a", max_tokens=10, stop=["de"])) == ("bc", "stop", 4)
     # "y" -> "z" -> "a"... never EOS with this engine; use stop_token_ids instead
-    assert await drain(batcher, req("b", "a", max_tokens=10, stop_token_ids=[3])) == ("b", "stop", 2)
+    assert drain(sched, engine, req("b", "a", max_tokens=10, stop_token_ids=[3])) == ("b", "stop", 2)
 
 
-async def test_abort_frees_blocks_at_next_step(setup) -> None:
-    engine, batcher = setup
-    gen = batcher.generate(req("a", "abcdefgh", max_tokens=100))
-    await gen.__anext__()
-    await gen.aclose()
-    for _ in range(100):
-        if batcher.stats().running == 0:
-            break
-        await asyncio.sleep(0.01)
-    stats = batcher.stats()
+def test_abort_frees_blocks_at_next_schedule(setup) -> None:
+    engine, sched = setup
+    sched.add(req("a", "abcdefgh", max_tokens=100))
+    plan = sched.schedule()
+    sched.abort("a")  # while the step is "in flight": its result is dropped
+    assert sched.update(plan, engine.execute(plan.steps)) == []
+    assert sched.stats().kv_blocks_used > 0
+    [out] = step(sched, engine)
+    assert (out.request_id, out.finished, out.finish_reason) == ("a", True, "abort")
+    stats = sched.stats()
     assert (stats.running, stats.waiting, stats.kv_blocks_used) == (0, 0, 0)
-    assert "a" in engine.released
+    sched.abort("a")  # a finished id is ignored
+    assert not sched.has_unfinished()
 
 
-async def test_preemption_when_pool_runs_out() -> None:
-    engine = CountingEngine(num_blocks=6, block_size=4)  # 24 slots for 3 sequences of up to 12 tokens
-    batcher = SequenceBatcher(engine, BatcherLimits(max_num_seqs=4, max_num_batched_tokens=64))
-    await batcher.start()
-    try:
-        results = await asyncio.gather(*(drain(batcher, req(f"r{i}", "abcd", max_tokens=8)) for i in range(3)))
-    finally:
-        await batcher.stop()
-    assert all(r == ("efghijkl", "length", 8) for r in results)
-    assert batcher.stats().preemptions > 0
-    assert batcher.stats().kv_blocks_used == 0
-
-
-async def test_priority_orders_admission() -> None:
+def test_queue_full_and_duplicate_ids_are_refused() -> None:
     engine = CountingEngine()
-    batcher = SequenceBatcher(engine, BatcherLimits(max_num_seqs=1, max_num_batched_tokens=64))
-    await batcher.start()
-    try:
-        low = asyncio.create_task(drain(batcher, req("low", "a", max_tokens=2, priority=5)))
-        high = asyncio.create_task(drain(batcher, req("high", "a", max_tokens=2, priority=-5)))
-        await asyncio.gather(low, high)
-    finally:
-        await batcher.stop()
+    sched = scheduler(engine, max_queue_size=1)
+    sched.add(req("a", "abc"))
+    step(sched, engine)  # a runs: the queue is empty again
+    with pytest.raises(ValueError, match="duplicate"):
+        sched.add(req("a", "abc"))
+    sched.add(req("b", "abc"))
+    with pytest.raises(RateLimitError):
+        sched.add(req("c", "abc"))
+
+
+def test_preemption_when_pool_runs_out() -> None:
+    engine = CountingEngine(num_blocks=6, block_size=4)  # 24 slots for 3 sequences of up to 12 tokens
+    sched = scheduler(engine, max_num_seqs=4, max_num_batched_tokens=64)
+    outs = run(sched, engine, *(req(f"r{i}", "abcd", max_tokens=8) for i in range(3)))
+    assert all(summary(outs[f"r{i}"]) == ("efghijkl", "length", 8) for i in range(3))
+    assert sched.stats().preemptions > 0
+    assert sched.stats().kv_blocks_used == 0
+
+
+def test_priority_orders_admission() -> None:
+    engine = CountingEngine()
+    sched = scheduler(engine, max_num_seqs=1, max_num_batched_tokens=64)
+    run(sched, engine, req("low", "a", max_tokens=2, priority=5), req("high", "a", max_tokens=2, priority=-5))
     first_ids = [step[0].seq_id for step in engine.steps]
     assert first_ids.index("high") < first_ids.index("low")
 
 
-async def test_engine_failure_fails_only_that_step() -> None:
-    class Flaky(CountingEngine):
-        def execute(self, batch):  # type: ignore[no-untyped-def]
-            if len(self.steps) == 1:
-                self.steps.append(list(batch))
-                raise RuntimeError("boom")
-            return super().execute(batch)
+def test_engine_failure_ends_only_that_step() -> None:
+    engine = CountingEngine()
+    sched = scheduler(engine)
+    sched.add(req("a", "abc", max_tokens=5))
+    plan = sched.schedule()
+    [out] = sched.fail(plan, "the model failed")
+    assert (out.request_id, out.finish_reason, out.error) == ("a", "error", "the model failed")
+    assert drain(sched, engine, req("b", "abc", max_tokens=2)) == ("de", "length", 2)
+    assert sched.stats().kv_blocks_used == 0
 
-    engine = Flaky()
-    batcher = SequenceBatcher(engine, BatcherLimits())
-    await batcher.start()
-    try:
-        _, reason, _ = await drain(batcher, req("a", "abc", max_tokens=5))
-        assert reason == "error"
-        assert await drain(batcher, req("b", "abc", max_tokens=2)) == ("de", "length", 2)
-        assert batcher.stats().kv_blocks_used == 0
-    finally:
-        await batcher.stop()
+
+def test_finish_all_ends_every_request_once() -> None:
+    engine = CountingEngine()
+    sched = scheduler(engine, max_num_seqs=1)
+    sched.add(req("a", "abc"))
+    sched.add(req("b", "abc"))
+    step(sched, engine)  # a runs, b waits
+    outs = sched.finish_all("abort", error="the model was unloaded")
+    assert [(o.request_id, o.finish_reason, o.error) for o in outs] == [
+        ("a", "abort", "the model was unloaded"), ("b", "abort", "the model was unloaded")]
+    assert not sched.has_unfinished() and sched.stats().kv_blocks_used == 0
 
 
 def _prefill_tokens(engine: CountingEngine, seq_id: str) -> int:
     return sum(len(s.token_ids) for step in engine.steps for s in step if s.seq_id == seq_id and s.num_output_tokens == 0)
 
 
-async def test_prefix_cache_reuses_full_blocks(setup) -> None:
-    engine, batcher = setup
+def test_prefix_cache_reuses_full_blocks(setup) -> None:
+    engine, sched = setup
     prompt = "abcdefghijklmnopq"  # 17 tokens: 4 full blocks of 4
-    assert (await drain(batcher, req("a", prompt, max_tokens=2)))[0] == "rs"
-    assert (await drain(batcher, req("b", prompt, max_tokens=2)))[0] == "rs"
+    assert drain(sched, engine, req("a", prompt, max_tokens=2))[0] == "rs"
+    assert drain(sched, engine, req("b", prompt, max_tokens=2))[0] == "rs"
     assert _prefill_tokens(engine, "a") == 17
     assert _prefill_tokens(engine, "b") == 1  # 16 cached tokens, only the last one is computed
-    stats = batcher.stats()
+    stats = sched.stats()
     assert stats.prefix_cache_hit_tokens == 16 and stats.prefix_cache_queried_tokens == 34
     # a different prefix shares nothing
-    await drain(batcher, req("c", "x" + prompt[1:], max_tokens=1))
+    drain(sched, engine, req("c", "x" + prompt[1:], max_tokens=1))
     assert _prefill_tokens(engine, "c") == 17
 
 
-async def test_full_prompt_hit_still_recomputes_last_token(setup) -> None:
-    engine, batcher = setup
-    await drain(batcher, req("a", "abcdefgh", max_tokens=1))
-    await drain(batcher, req("b", "abcdefgh", max_tokens=1))
+def test_full_prompt_hit_still_recomputes_last_token(setup) -> None:
+    engine, sched = setup
+    drain(sched, engine, req("a", "abcdefgh", max_tokens=1))
+    drain(sched, engine, req("b", "abcdefgh", max_tokens=1))
     assert _prefill_tokens(engine, "b") == 4  # (8 - 1) // 4 = 1 block reused; the rest is computed
 
 
-async def test_session_keeps_conversation_warm_and_can_be_deleted() -> None:
+def test_session_keeps_conversation_warm_and_can_be_deleted() -> None:
     engine = CountingEngine(num_blocks=16, block_size=4)
-    batcher = SequenceBatcher(engine, BatcherLimits(max_num_batched_tokens=64, session_max_tokens=32))
-    await batcher.start()
-    try:
-        turn1 = req("t1", "abcdefghij", max_tokens=6)
-        turn1.session_id = "s1"
-        text, _, _ = await drain(batcher, turn1)
-        assert batcher.stats().sessions == 1
-        # 10 prompt + 6 output tokens, the last one not yet in the cache: 15 computed = 3 full blocks
-        assert batcher.stats().session_pinned_blocks == 3
-        # filler traffic that would otherwise evict the unreferenced blocks
-        for i in range(6):
-            await drain(batcher, req(f"f{i}", "zyxwvutsrqponm"[i:] + "ab", max_tokens=4))
-        turn2 = req("t2", "abcdefghij" + text + "kk", max_tokens=1)
-        turn2.session_id = "s1"
-        await drain(batcher, turn2)
-        assert _prefill_tokens(engine, "t2") == len("abcdefghij" + text + "kk") - 12
-        assert batcher.delete_session("s1") is True
-        assert batcher.delete_session("s1") is False
-        assert batcher.stats().session_pinned_blocks == 0
-    finally:
-        await batcher.stop()
+    sched = scheduler(engine, max_num_batched_tokens=64, session_max_tokens=32)
+    turn1 = req("t1", "abcdefghij", max_tokens=6)
+    turn1.session_id = "s1"
+    text, _, _ = drain(sched, engine, turn1)
+    assert sched.stats().sessions == 1
+    # 10 prompt + 6 output tokens, the last one not yet in the cache: 15 computed = 3 full blocks
+    assert sched.stats().session_pinned_blocks == 3
+    # filler traffic that would otherwise evict the unreferenced blocks
+    for i in range(6):
+        drain(sched, engine, req(f"f{i}", "zyxwvutsrqponm"[i:] + "ab", max_tokens=4))
+    turn2 = req("t2", "abcdefghij" + text + "kk", max_tokens=1)
+    turn2.session_id = "s1"
+    drain(sched, engine, turn2)
+    assert _prefill_tokens(engine, "t2") == len("abcdefghij" + text + "kk") - 12
+    assert sched.delete_session("s1") is True
+    assert sched.delete_session("s1") is False
+    assert sched.stats().session_pinned_blocks == 0
 
 
-async def test_sessions_expire_and_respect_memory_cap() -> None:
+def test_sessions_expire_and_respect_memory_cap() -> None:
     engine = CountingEngine(num_blocks=16, block_size=4)
-    batcher = SequenceBatcher(engine, BatcherLimits(max_num_batched_tokens=64, session_max_tokens=12, session_ttl_seconds=0.2))
-    await batcher.start()
-    try:
-        for sid in ("s1", "s2"):
-            r = req(sid, "abcdefghijkl", max_tokens=1)
-            r.session_id = sid
-            await drain(batcher, r)
-        stats = batcher.stats()
-        assert stats.sessions == 1 and stats.session_pinned_blocks == 3  # cap of 12 tokens = 3 blocks: s1 evicted
-        await asyncio.sleep(1.5)  # idle loop expires sessions about once a second
-        assert batcher.stats().sessions == 0
-    finally:
-        await batcher.stop()
+    sched = scheduler(engine, max_num_batched_tokens=64, session_max_tokens=12, session_ttl_seconds=0.05)
+    for sid in ("s1", "s2"):
+        r = req(sid, "abcdefghijkl", max_tokens=1)
+        r.session_id = sid
+        drain(sched, engine, r)
+    stats = sched.stats()
+    assert stats.sessions == 1 and stats.session_pinned_blocks == 3  # cap of 12 tokens = 3 blocks: s1 evicted
+    time.sleep(0.1)
+    assert not sched.schedule().scheduled  # every schedule, idle or not, expires idle sessions
+    assert sched.stats().sessions == 0
 
 
-async def test_pinned_sessions_yield_when_pool_is_needed() -> None:
+def test_pinned_sessions_yield_when_pool_is_needed() -> None:
     engine = CountingEngine(num_blocks=4, block_size=4)
-    batcher = SequenceBatcher(engine, BatcherLimits(max_num_batched_tokens=64, session_max_tokens=16))
-    await batcher.start()
-    try:
-        r = req("a", "abcdefghijklm", max_tokens=1)
-        r.session_id = "s"
-        await drain(batcher, r)
-        assert batcher.stats().session_pinned_blocks == 3
-        # needs all 4 blocks with different content: the session must give way, not deadlock
-        assert (await asyncio.wait_for(drain(batcher, req("b", "mlkjihgfedcb", max_tokens=4)), 5))[1] == "length"
-    finally:
-        await batcher.stop()
+    sched = scheduler(engine, max_num_batched_tokens=64, session_max_tokens=16)
+    r = req("a", "abcdefghijklm", max_tokens=1)
+    r.session_id = "s"
+    drain(sched, engine, r)
+    assert sched.stats().session_pinned_blocks == 3
+    # needs all 4 blocks with different content: the session must give way, not deadlock (run() bounds the steps)
+    assert drain(sched, engine, req("b", "mlkjihgfedcb", max_tokens=4))[1] == "length"
 
 
-async def test_starving_request_is_admitted_ahead_of_higher_priority() -> None:
+def test_starving_request_is_admitted_ahead_of_higher_priority() -> None:
     engine = CountingEngine()
-    batcher = SequenceBatcher(engine, BatcherLimits(max_num_seqs=1, max_num_batched_tokens=64))
-    # loop not started (a pending future stands in for it): queue both, age the low one, schedule by hand
-    batcher._task = asyncio.get_running_loop().create_future()
-    low = batcher._add(req("low", "a", priority=9))
-    batcher._add(req("high", "a", priority=-9))
-    low.request.arrival_time -= 3600  # low has waited an hour, high just arrived
-    batcher._limits.aging_seconds = 1800
-    scheduled = batcher._schedule()
-    assert [s.seq_id for s, _ in scheduled] == ["low"]
+    sched = scheduler(engine, max_num_seqs=1, max_num_batched_tokens=64, aging_seconds=1800)
+    low = req("low", "a", priority=9)
+    sched.add(low)
+    sched.add(req("high", "a", priority=-9))
+    low.arrival_time -= 3600  # low has waited an hour, high just arrived
+    assert [s.seq_id for s in sched.schedule().steps] == ["low"]
 
 
-async def test_siblings_with_the_same_prompt_share_its_prefill(setup) -> None:
-    engine, batcher = setup
+def test_siblings_with_the_same_prompt_share_its_prefill(setup) -> None:
+    engine, sched = setup
     prompt = "abcdefghijklmnopq"  # 4 full blocks + 1 token
-    results = await asyncio.gather(*(drain(batcher, req(f"n{i}", prompt, max_tokens=2)) for i in range(3)))
-    assert all(r[0] == "rs" for r in results)
+    outs = run(sched, engine, *(req(f"n{i}", prompt, max_tokens=2) for i in range(3)))
+    assert all(summary(o)[0] == "rs" for o in outs.values())
     prefill = sorted(_prefill_tokens(engine, f"n{i}") for i in range(3))
     assert prefill == [1, 1, 17]  # computed once, then reused by the two siblings
 
 
-async def test_requests_sharing_a_prefill_are_admitted_together_once_it_is_committed() -> None:
+def test_requests_sharing_a_prefill_are_admitted_together_once_it_is_committed() -> None:
     """16 chats with one 100-token system prompt arrive together: one prefill of the prompt (chunked over two
     steps), then every follower in the step after the commit (not one per step)."""
     engine = CountingEngine(num_blocks=256, block_size=4)
-    batcher = SequenceBatcher(engine, BatcherLimits(max_num_seqs=32, max_num_batched_tokens=64))
-    await batcher.start()
+    sched = scheduler(engine, max_num_seqs=32, max_num_batched_tokens=64)
     system = ("abcdefghijklmnopqrstuvwxyz" * 4)[:100]
     tails = [chr(ord("a") + i) + chr(ord("z") - i) + "q" for i in range(16)]
-    try:
-        results = await asyncio.gather(*(drain(batcher, req(f"r{i}", system + t, max_tokens=2))
-                                         for i, t in enumerate(tails)))
-    finally:
-        await batcher.stop()
-    assert all(r[1] == "length" for r in results)
+    outs = run(sched, engine, *(req(f"r{i}", system + t, max_tokens=2) for i, t in enumerate(tails)))
+    assert all(summary(o)[1] == "length" for o in outs.values())
     leader = next(s.seq_id for s in engine.steps[0])
     committed = next(i for i, step in enumerate(engine.steps)
                      for s in step if s.seq_id == leader and s.start_pos + len(s.token_ids) >= len(system))
@@ -316,9 +322,9 @@ async def test_requests_sharing_a_prefill_are_admitted_together_once_it_is_commi
     assert sum(_prefill_tokens(engine, f"r{i}") for i in range(16)) == 103 + 15 * 3  # the prompt once, then tails
 
 
-async def test_a_row_that_fails_ends_alone_and_the_others_go_on() -> None:
-    """One row's sampling fails in the engine (an entry in StepResult.errors) and another row's grammar raises on
-    the event loop: each of them ends with its own error; the rest of the step produce what they produce alone."""
+def test_a_row_that_fails_ends_alone_and_the_others_go_on() -> None:
+    """One row's sampling fails in the engine (an entry in StepResult.errors) and another row's grammar raises in
+    `update`: each of them ends with its own error; the rest of the step produce what they produce alone."""
 
     class OneBadRow(CountingEngine):
         def execute(self, batch):  # type: ignore[no-untyped-def]
@@ -336,28 +342,17 @@ async def test_a_row_that_fails_ends_alone_and_the_others_go_on() -> None:
             raise RuntimeError("matcher state corrupted")
 
     engine = OneBadRow()
-    batcher = SequenceBatcher(engine, BatcherLimits(max_num_seqs=16, max_num_batched_tokens=64))
-    await batcher.start()
-    try:
-        alone = {f"ok{i}": await drain(batcher, req(f"solo{i}", "abcdefg"[i:], max_tokens=5)) for i in range(6)}
-        grammar = req("bad-grammar", "abc", max_tokens=5)
-        grammar.sampling.constraint = Exploding()  # type: ignore[assignment]
-        outs = await asyncio.gather(*(collect(batcher, r) for r in [
-            *(req(f"ok{i}", "abcdefg"[i:], max_tokens=5) for i in range(6)), req("bad-sampling", "abc", max_tokens=5),
-            grammar]))
-    finally:
-        await batcher.stop()
-    together = {out[-1].request_id: out for out in outs}
+    sched = scheduler(engine, max_num_seqs=16, max_num_batched_tokens=64)
+    alone = {f"ok{i}": drain(sched, engine, req(f"solo{i}", "abcdefg"[i:], max_tokens=5)) for i in range(6)}
+    grammar = req("bad-grammar", "abc", max_tokens=5)
+    grammar.sampling.constraint = Exploding()  # type: ignore[assignment]
+    together = run(sched, engine, *(req(f"ok{i}", "abcdefg"[i:], max_tokens=5) for i in range(6)),
+                   req("bad-sampling", "abc", max_tokens=5), grammar)
     assert any({s.seq_id for s in step} >= set(together) for step in engine.steps), "the eight never shared a step"
     for rid, solo in alone.items():
-        o = together[rid]
-        assert ("".join(x.text for x in o), o[-1].finish_reason, o[-1].completion_tokens) == solo
-    assert together["bad-sampling"][-1].finish_reason == "error"
+        assert summary(together[rid]) == solo
+    assert summary(together["bad-sampling"])[1] == "error"
     assert "non-finite logits" in together["bad-sampling"][-1].error
-    assert together["bad-grammar"][-1].finish_reason == "error"
+    assert summary(together["bad-grammar"])[1] == "error"
     assert "RuntimeError" in together["bad-grammar"][-1].error
-    assert batcher.stats().kv_blocks_used == 0
-
-
-async def collect(batcher: SequenceBatcher, r: GenerationRequest) -> list:
-    return [out async for out in batcher.generate(r)]
+    assert sched.stats().kv_blocks_used == 0
