@@ -297,7 +297,7 @@ def build_config(sources: Mapping[str, str] | None = None, /, **values: Any) -> 
 
 def build_rate_limiter(config: ServerConfig):  # noqa: ANN201 - RateLimiter | None, imported lazily
     """The server's rate limiter, or None when --rate-limit is off (resources given without it are an error)."""
-    from gateway.scheduler.rate_limiter import RateLimiter, ResourceLimit
+    from gateway.scheduler.tensor.rate_limiter import RateLimiter, ResourceLimit
 
     if config.rate_limit == "off":
         if config.rate_limit_resources:

@@ -26,8 +26,8 @@ from gateway.kserve.validation import finish_outputs, prepare_inputs
 from gateway.repository.layout import ModelDir, resolve_source
 from gateway.repository.serving import InFlight
 from gateway.repository.tensor_config import DynamicBatching, TensorModelConfig
-from gateway.scheduler.dynamic_batcher import BatchingPolicy, DynamicBatcher, QueueRules
-from gateway.scheduler.rate_limiter import InstanceGate, RateLimiter
+from gateway.scheduler.tensor.dynamic_batcher import BatchingPolicy, DynamicBatcher, QueueRules
+from gateway.scheduler.tensor.rate_limiter import InstanceGate, RateLimiter
 
 log = logging.getLogger("switchyard.kserve")
 

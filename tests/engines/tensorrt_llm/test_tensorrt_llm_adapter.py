@@ -21,7 +21,7 @@ from engines.remote.tokenizer import load_tokenizer
 from engines.types import GenerationRequest, SamplingParams
 from gateway.errors import ServiceUnavailableError
 from gateway.repository.layout import ModelDir, resolve_source
-from gateway.scheduler.admission import AdmissionLimits, AdmissionScheduler
+from gateway.scheduler.llm.admission import AdmissionLimits, AdmissionScheduler
 from tests.conftest import ServerProcess
 
 STANDIN = Path(__file__).parent / "standin"

@@ -27,7 +27,7 @@ import numpy as np
 from engines.interface import TensorBackend
 from gateway.errors import InvalidRequestError
 from gateway.inference_stats import ModelStats
-from gateway.scheduler.dynamic_batcher import BatchingPolicy, DynamicBatcher
+from gateway.scheduler.tensor.dynamic_batcher import BatchingPolicy, DynamicBatcher
 from gateway.tensors import DATATYPES
 
 log = logging.getLogger("switchyard.sequence")
