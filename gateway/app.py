@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, start_http_server
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import __version__
+from gateway import __version__, tracing
 from gateway.access import AccessControl, AccessMiddleware
 from gateway.auth import KeyStore
 from gateway.body_limit import BodyLimitMiddleware
@@ -38,6 +38,7 @@ from gateway.openai.sessions import router as sessions_router
 from gateway.rate_limit import RateLimiter
 from gateway.repository.registry import ModelRegistry
 from gateway.request_log import RequestIdMiddleware
+from gateway.tracing import TraceContextMiddleware
 
 log = logging.getLogger("switchyard")
 
@@ -124,6 +125,8 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
         try:
             yield
         finally:
+            if config.otlp_traces_endpoint:
+                tracing.shutdown()  # export the last spans
             app.state.ready = False
             if grpc_server is not None:
                 await grpc_server.stop(grace=5)
@@ -189,6 +192,9 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(AccessMiddleware, access=access)
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(TraceContextMiddleware)  # the client's W3C trace context, for spans and upstreams
+    if config.otlp_traces_endpoint:
+        tracing.configure(config.otlp_traces_endpoint)
     if config.cors_allow_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="do not serve the web console at / and /ui/ (also SWITCHYARD_CONSOLE=0)")
     serve.add_argument("--log-format", default=env("SWITCHYARD_LOG_FORMAT", "text"), choices=["text", "json"],
                        help="json: one JSON object per line, with the request id (default: %(default)s)")
+    serve.add_argument("--otlp-traces-endpoint", default=env("SWITCHYARD_OTLP_TRACES_ENDPOINT"), metavar="URL",
+                       help="send a span per LLM request (queue, prefill, decode) over OTLP/HTTP to URL, e.g. "
+                            "http://collector:4318/v1/traces; needs switchyard[tracing] (default: off)")
     control = serve.add_argument_group("model control (Triton's modes; see README: Model control)")
     control.add_argument("--model-control-mode", type=str.lower, choices=["none", "explicit", "poll"],
                          default=env("SWITCHYARD_MODEL_CONTROL_MODE", "none").lower(),
@@ -136,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             model_control_mode=args.model_control_mode,
             load_models=args.load_model if args.load_model is not None else _env_list("SWITCHYARD_LOAD_MODEL"),
             repository_poll_secs=args.repository_poll_secs,
+            otlp_traces_endpoint=args.otlp_traces_endpoint,
         )
         registry = ModelRegistry(config.model_repository, config.cache_dir, control_mode=config.model_control_mode,
                                  load_models=config.load_models, drain_timeout_s=config.drain_seconds)

@@ -52,6 +52,10 @@ class ServerConfig(BaseModel):
     repository_poll_secs: float = Field(
         15.0, gt=0, description="Poll mode: seconds between two scans of the model repository (Triton's default 15)."
     )
+    otlp_traces_endpoint: str | None = Field(
+        None, description="OTLP/HTTP endpoint for a span per LLM request (e.g. http://collector:4318/v1/traces); "
+        "none = tracing off."
+    )
 
 
 def _check_model_control(config: ServerConfig, given: dict[str, object]) -> None:

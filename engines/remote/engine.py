@@ -153,7 +153,7 @@ class RemoteEngine(AsyncGenerateEngine):
         if self._client is None:
             raise EngineUnavailableError("the remote engine is not started")
         body = completion_body(self._settings.model, request)
-        headers = dict(self._headers)
+        headers = {**self._headers, **request.trace_headers}  # the caller's W3C trace context goes upstream
         if request.session_id:
             headers["X-Session-ID"] = request.session_id
             self._sessions[request.session_id] = None

@@ -234,6 +234,17 @@ async def test_least_outstanding_with_rotation_balances_sequential_requests() ->
     assert ups.hosts()[:2] in (["up-a", "up-b"], ["up-b", "up-a"])
 
 
+async def test_the_trace_context_goes_upstream() -> None:
+    ups = Upstreams(up_a=answer(), up_b=answer())
+    engine = await engine_for(ups)
+    req = request("traced")
+    req.trace_headers = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    await collect(engine, req)
+    assert ups.calls[0].headers["traceparent"] == req.trace_headers["traceparent"]
+    await collect(engine, request("untraced"))
+    assert "traceparent" not in ups.calls[1].headers
+
+
 async def test_prompts_sharing_a_long_prefix_go_where_it_is_cached() -> None:
     ups = Upstreams(up_a=answer(), up_b=answer())
     engine = await engine_for(ups)
