@@ -36,7 +36,7 @@ class RoutingSettings:
     block_tokens: int = 16  # granularity of the prefix tree (match the upstreams' KV block size)
     cache_tokens: int = 65536  # prompt tokens remembered per upstream: about its KV pool
     cache_threshold: float = 0.5  # least fraction of the prompt probably cached for the prefix to decide
-    balance_abs: int = 4  # an upstream this many requests busier than the least busy one ...
+    balance_abs: int = 2  # an upstream this many requests busier than the least busy one ...
     balance_rel: float = 1.5  # ... and this many times as busy is skipped by cache-aware routing
 
 

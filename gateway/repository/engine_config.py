@@ -112,7 +112,7 @@ class RoutingSection(_Strict):
         0.5, ge=0, le=1, description="Least fraction of the prompt probably cached for the prefix to decide."
     )
     balance_abs: int = Field(
-        4, ge=0, description="Skip the cached upstream when it has this many more requests in flight than the "
+        2, ge=0, description="Skip the cached upstream when it has this many more requests in flight than the "
         "least busy one ..."
     )
     balance_rel: float = Field(1.5, ge=1, description="... and this many times as many.")
