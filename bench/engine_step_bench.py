@@ -3,11 +3,17 @@
 Each variant is a `PyTorchEngine` built with its own options (e.g. `fast_kernels`). Every engine gets the same
 B sequences of 128 random prompt tokens (prefilled once, in fragmented KV blocks), then decode steps are timed
 round-robin across the variants -- one step of A, one of B, ... -- so machine noise hits all variants alike.
-Prints the median wall ms per step, output tok/s and the ratio to the first variant, the same for the calling
-thread's CPU time (with one torch thread the step runs on it; CPU time is less disturbed by other tenants of a
-shared machine), and whether the variants picked the same greedy tokens.
 
-    python bench/engine_step_bench.py [--batches 1 8 32] [--steps 16] [--dtype float32]
+Thread counts are matched: every variant computes on `--threads` threads (default: the CPUs this process may
+use). A variant on our C kernels runs torch on one thread (as the engine does) and its kernels on `--threads`
+threads (`gemm_threads`); a variant without them (`fast_kernels=false`) runs torch's ops on `--threads` threads.
+Per-variant `torch_threads=N` / `gemm_threads=N` override that (to measure an unmatched pair on purpose).
+
+Prints the median wall ms per step, output tok/s and the ratio to the first variant, the same for the process's
+CPU time per step (all its threads: torch's and the kernels' helpers; less disturbed by other tenants of a shared
+machine than wall time), the threads each variant ran on, and whether the variants picked the same greedy tokens.
+
+    python bench/engine_step_bench.py [--batches 1 8 32] [--steps 16] [--dtype float32] [--threads N]
         [--variant base:fast_kernels=false --variant fast:fast_kernels=true] [--profile fast]
     # against an older runner:
     git show HEAD:engines/pytorch/model_runner.py > /tmp/old_runner.py
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import random
 import statistics
 import sys
@@ -42,8 +49,25 @@ def _parse_variant(text: str) -> tuple[str, dict]:
     kwargs: dict = {}
     for item in filter(None, opts.split(",")):
         key, _, value = item.partition("=")
-        kwargs[key] = {"true": True, "false": False}.get(value.lower(), value)
+        kwargs[key] = int(value) if value.isdigit() else {"true": True, "false": False}.get(value.lower(), value)
     return name, kwargs
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _threads(kwargs: dict, threads: int) -> tuple[int, int]:
+    """(torch threads, kernel threads) of a variant: `threads` computing either way, unless it says otherwise.
+    A kernel variant runs torch's ops on one thread, as the engine does, and its threads in the kernels."""
+    fast = kwargs.get("fast_kernels", True)
+    torch_threads = kwargs.pop("torch_threads", 1 if fast else threads)
+    if fast:
+        kwargs.setdefault("gemm_threads", threads)
+    return torch_threads, kwargs.get("gemm_threads", 1) if fast else 0
 
 
 class _Seqs:
@@ -88,13 +112,19 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--variant", action="append", help="name:key=value,... (PyTorchEngine keyword arguments)")
     parser.add_argument("--profile", help="print a torch.profiler table of this variant's decode steps")
-    parser.add_argument("--threads", type=int, help="torch threads (default: the engine's choice)")
+    parser.add_argument("--threads", type=int, default=_usable_cpus(),
+                        help="threads every variant computes on (default: the CPUs this process may use, %(default)s)")
     args = parser.parse_args()
     variants = [_parse_variant(v) for v in (args.variant or ["base:fast_kernels=false", "fast:fast_kernels=true"])]
     max_len = args.prompt_len + args.steps + 8
     kv_tokens = max(args.batches) * ((max_len + BLOCK - 1) // BLOCK) * BLOCK * 2
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the CPU budget of variants without gemm_threads; torch's
+    # threads are set per variant below, over what the engine set at build
     engines = {}
+    threads: dict[str, tuple[int, int]] = {}  # variant -> (torch threads, kernel threads)
     for name, kwargs in variants:
+        threads[name] = _threads(kwargs, args.threads)
+        torch.set_num_threads(threads[name][0])
         t0 = time.perf_counter()
         runner_file = kwargs.pop("runner_file", None)
         if runner_file:  # e.g. an older model_runner.py (git show REV:engines/pytorch/model_runner.py > FILE)
@@ -106,14 +136,14 @@ def main() -> None:
             engines[name] = PyTorchEngine(GGUF, dtype=args.dtype, kv_cache_tokens=kv_tokens, block_size=BLOCK, **kwargs)
         finally:
             engine_module.PagedModelRunner = PagedModelRunner
-        print(f"{name} {kwargs}: built in {time.perf_counter() - t0:.1f} s", flush=True)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    print(f"threads {torch.get_num_threads()}, dtype {args.dtype}, prompt {args.prompt_len}, {args.steps} steps")
+        print(f"{name} {kwargs}: built in {time.perf_counter() - t0:.1f} s; torch threads {threads[name][0]}, "
+              f"kernel threads {threads[name][1] or '-'}", flush=True)
+    print(f"{args.threads} threads per variant, dtype {args.dtype}, prompt {args.prompt_len}, {args.steps} steps")
     rows = []
     for batch in args.batches:
         seqs = {name: _Seqs(batch, args.prompt_len, max_len, kv_tokens // BLOCK, seed=batch) for name in engines}
         for name, engine in engines.items():  # prefill: whole prompts, about 512 tokens a step
+            torch.set_num_threads(threads[name][0])
             while min(seqs[name].pos) < args.prompt_len:
                 steps = seqs[name].steps(prompts=max(1, 512 // args.prompt_len))
                 seqs[name].advance(steps, engine.execute(steps).token_ids)
@@ -122,10 +152,11 @@ def main() -> None:
         for _ in range(2 + args.steps):  # two warm-up steps
             for name, engine in engines.items():
                 steps = seqs[name].steps()
-                t0, c0 = time.perf_counter(), time.thread_time()
+                torch.set_num_threads(threads[name][0])
+                t0, c0 = time.perf_counter(), time.process_time()  # process CPU: the helper threads count too
                 result = engine.execute(steps)
                 times[name].append(time.perf_counter() - t0)
-                cpu[name].append(time.thread_time() - c0)
+                cpu[name].append(time.process_time() - c0)
                 seqs[name].advance(steps, result.token_ids)
         first = next(iter(engines))
         base = statistics.median(times[first][2:])
@@ -134,22 +165,27 @@ def main() -> None:
             ms = statistics.median(times[name][2:])
             cpu_ms = statistics.median(cpu[name][2:])
             same = seqs[name].tokens == seqs[first].tokens
-            rows.append((batch, name, ms * 1000, batch / ms, base / ms, cpu_ms * 1000, base_cpu / cpu_ms, same))
+            tt, kt = threads[name]
+            rows.append((batch, name, f"{tt}/{kt or '-'}", ms * 1000, batch / ms, base / ms, cpu_ms * 1000,
+                         base_cpu / cpu_ms, same))
             print(f"B={batch:3d} {name:>10}: {ms * 1000:8.2f} ms/step {batch / ms:8.1f} tok/s x{base / ms:.2f} vs {first}"
-                  f" | thread cpu {cpu_ms * 1000:8.2f} ms x{base_cpu / cpu_ms:.2f} | same tokens: {same}", flush=True)
+                  f" | process cpu {cpu_ms * 1000:8.2f} ms x{base_cpu / cpu_ms:.2f} | same tokens: {same}", flush=True)
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 
             engine = engines[args.profile]
+            torch.set_num_threads(threads[args.profile][0])
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 for _ in range(4):
                     steps = seqs[args.profile].steps()
                     seqs[args.profile].advance(steps, engine.execute(steps).token_ids)
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
-    print("\n| batch | variant | ms/step (wall) | tok/s | ratio | thread CPU ms/step | CPU ratio | same tokens |")
-    print("|---|---|---|---|---|---|---|---|")
-    for batch, name, ms, toks, ratio, cpu_ms, cpu_ratio, same in rows:
-        print(f"| {batch} | {name} | {ms:.2f} | {toks:.1f} | {ratio:.2f} | {cpu_ms:.2f} | {cpu_ratio:.2f} | {same} |")
+    print("\n| batch | variant | threads torch/kernels | ms/step (wall) | tok/s | ratio | process CPU ms/step "
+          "| CPU ratio | same tokens |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for batch, name, thr, ms, toks, ratio, cpu_ms, cpu_ratio, same in rows:
+        print(f"| {batch} | {name} | {thr} | {ms:.2f} | {toks:.1f} | {ratio:.2f} | {cpu_ms:.2f} | {cpu_ratio:.2f} "
+              f"| {same} |")
 
 
 if __name__ == "__main__":

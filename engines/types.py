@@ -7,10 +7,9 @@ and they must stay free of any HTTP concern.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from engines.interface import TokenConstraint
+from engines.token_constraint import TokenConstraint
 
 GuidedKind = Literal["json", "regex", "choice", "lark"]
 
@@ -55,6 +54,9 @@ class GuidedSpec:
         return {field_name: list(self.value) if self.kind == "choice" else self.value}
 
 
+GREEDY_BELOW = 1e-5  # a temperature under this samples greedily
+
+
 @dataclass
 class SamplingParams:
     """How to pick each next token. Defaults mean "plain sampling at temperature 1"."""
@@ -84,7 +86,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperatures below 1e-5 are greedy (vLLM's convention): dividing logits by less overflows them."""
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass
@@ -146,10 +149,12 @@ class SequenceStep:
 
 @dataclass
 class StepResult:
-    """What a model step produced, one entry per sequence that sampled."""
+    """What a model step produced, one entry per sequence that sampled: a token, or (for a row whose own work
+    failed: its logits, its sampling, its constraint) the error its request ends with, in words for the client."""
 
     token_ids: dict[str, int]
     logprobs: dict[str, TokenLogprob] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -12,7 +12,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.auth import ANONYMOUS, KeyStore, Principal, Role, canonical_path
 from gateway.body_limit import send_error
-from gateway.errors import AuthenticationError, ServiceUnavailableError, SwitchyardError
+from gateway.errors import ANTHROPIC_PATHS, AuthenticationError, ServiceUnavailableError, SwitchyardError
 from gateway.lifecycle import Lifecycle
 from gateway.rate_limit import RateLimiter, bind_caller
 
@@ -46,9 +46,14 @@ class AccessMiddleware:
     def _admit(self, scope: Scope) -> Role:
         path = canonical_path(scope.get("raw_path", b""), scope.get("path", ""))
         role = self.access.keys.role_of(path)
-        authorization = dict(scope.get("headers", [])).get(b"authorization")
+        headers = dict(scope.get("headers", []))
+        authorization = headers.get(b"authorization")
+        if authorization is None and b"x-api-key" in headers and path.startswith(ANTHROPIC_PATHS):
+            authorization = b"Bearer " + headers[b"x-api-key"]  # how Anthropic's clients send the key
         client = scope.get("client") or ("unknown", 0)
-        self.access.admit(role, authorization.decode("latin-1") if authorization is not None else None, client[0])
+        principal = self.access.admit(role, authorization.decode("latin-1") if authorization is not None else None,
+                                      client[0])
+        scope.setdefault("state", {})["principal"] = principal  # handlers read it as request.state.principal
         return role
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

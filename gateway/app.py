@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, start_http_server
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engines.cpu_budget import cpu_budget
 from gateway import __version__, tracing
 from gateway.access import AccessControl, AccessMiddleware
+from gateway.anthropic.router import router as anthropic_router
 from gateway.auth import KeyStore
 from gateway.body_limit import BodyLimitMiddleware
-from gateway.config import ServerConfig
+from gateway.config import ServerConfig, build_rate_limiter
 from gateway.errors import (
     InternalError,
     InvalidRequestError,
@@ -27,8 +29,10 @@ from gateway.errors import (
     NotFoundError,
     ServiceUnavailableError,
     SwitchyardError,
+    error_body,
 )
 from gateway.heap import freeze_loaded
+from gateway.http_metrics import EndpointCountMiddleware, EndpointCounts
 from gateway.kserve.http import router as kserve_router
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import build_metrics_registry, render
@@ -38,6 +42,9 @@ from gateway.openai.sessions import router as sessions_router
 from gateway.rate_limit import RateLimiter
 from gateway.repository.registry import ModelRegistry
 from gateway.request_log import RequestIdMiddleware
+from gateway.rerank.router import router as rerank_router
+from gateway.responses.router import router as responses_router
+from gateway.responses.service import open_service as open_responses
 from gateway.tracing import TraceContextMiddleware
 
 log = logging.getLogger("switchyard")
@@ -46,8 +53,7 @@ MAX_ERROR_CHARS = 500
 
 
 def _error_response(request: Request, error: SwitchyardError) -> JSONResponse:
-    body = error.kserve_body() if request.url.path.startswith("/v2") else error.openai_body()
-    return JSONResponse(body, status_code=error.status, headers=error.headers)
+    return JSONResponse(error_body(request.url.path, error), status_code=error.status, headers=error.headers)
 
 
 def _validation_error(exc: RequestValidationError) -> InvalidRequestError:
@@ -98,10 +104,49 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     """The app; its lifespan loads the repository (off the event loop) and starts each model's scheduler."""
     registry = registry or ModelRegistry(config.model_repository, config.cache_dir,
                                          control_mode=config.model_control_mode, load_models=config.load_models,
-                                         drain_timeout_s=config.drain_seconds)
+                                         drain_timeout_s=config.drain_seconds, rate_limiter=build_rate_limiter(config))
+    keys = _key_store(config)
+    lifecycle = Lifecycle()
+    access = AccessControl(keys, RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm), lifecycle)
+    endpoint_counts = EndpointCounts()
+    metrics_registry = build_metrics_registry(registry, endpoint_counts)
+    app = FastAPI(title="Switchyard", version=__version__,
+                  lifespan=_lifespan(config, registry, access, metrics_registry))
+    app.state.config = config
+    app.state.registry = registry
+    app.state.ready = False
+    app.state.keys = keys
+    app.state.lifecycle = lifecycle
+    add_error_handlers(app)
+    _add_routes(app, config)
+    _add_health_routes(app, registry, lifecycle, metrics_registry)
+    _add_middleware(app, config, access, endpoint_counts)
+    return app
+
+
+def _key_store(config: ServerConfig) -> KeyStore:
+    """The API and admin keys; a warning when inference is open beyond this machine."""
+    keys = KeyStore(
+        [k.get_secret_value() for k in config.api_keys],
+        [k.get_secret_value() for k in config.admin_keys],
+        config.public_paths,
+        console=config.console,
+    )
+    if keys.inference_open and config.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("no API key is configured: anyone who reaches %s can run inference", config.host)
+    return keys
+
+
+def _lifespan(config: ServerConfig, registry: ModelRegistry, access: AccessControl,
+              metrics_registry: CollectorRegistry) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """Startup: load and start the models, the metrics port, gRPC and polling; shutdown in the reverse order."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        budget = cpu_budget()  # before any engine sizes its threads from it
+        log.info("CPU budget: %d compute thread%s (%s)", budget.threads, "s" if budget.threads > 1 else "",
+                 budget.reason)
+        app.state.responses = open_responses(config)
         loaded = await asyncio.to_thread(registry.load_all)
         for model in loaded:
             await model.start()
@@ -132,35 +177,33 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
                 await grpc_server.stop(grace=5)
             if metrics_server is not None:
                 metrics_server.shutdown()
+            await app.state.responses.close()  # cancels background responses
             await registry.close()  # stop polling; replaced or unloaded copies finish
             for model in registry.all_models():
                 await model.stop()
 
-    keys = KeyStore(
-        [k.get_secret_value() for k in config.api_keys],
-        [k.get_secret_value() for k in config.admin_keys],
-        config.public_paths,
-        console=config.console,
-    )
-    if keys.inference_open and config.host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("no API key is configured: anyone who reaches %s can run inference", config.host)
-    metrics_registry = build_metrics_registry(registry)
-    app = FastAPI(title="Switchyard", version=__version__, lifespan=lifespan)
-    app.state.config = config
-    app.state.registry = registry
-    app.state.ready = False
-    app.state.keys = keys
-    app.state.lifecycle = lifecycle = Lifecycle()
-    access = AccessControl(keys, RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm), lifecycle)
-    add_error_handlers(app)
+    return lifespan
+
+
+def _add_routes(app: FastAPI, config: ServerConfig) -> None:
+    """The frontends: OpenAI's /v1 (with Responses), Anthropic's Messages, rerank/score, KServe's /v2, and the web
+    console."""
     app.include_router(openai_router)
     app.include_router(kserve_router)
     app.include_router(embeddings_router)
     app.include_router(sessions_router)
+    app.include_router(responses_router)
+    app.include_router(anthropic_router)
+    app.include_router(rerank_router)
     if config.console:
         from gateway.console.routes import add_console
 
         add_console(app)  # the web console at / and /ui/ (docs/console.md)
+
+
+def _add_health_routes(app: FastAPI, registry: ModelRegistry, lifecycle: Lifecycle,
+                       metrics_registry: CollectorRegistry) -> None:
+    """Probes (/health, /v2/health/*), /metrics and /version."""
 
     @app.get("/health")
     @app.get("/v2/health/ready")
@@ -188,10 +231,14 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     async def version() -> dict[str, str]:
         return {"version": __version__}
 
-    # Outermost last: CORS answers preflights, then every request gets its id, then access checks, then the body limit.
+
+def _add_middleware(app: FastAPI, config: ServerConfig, access: AccessControl, endpoint_counts: EndpointCounts) -> None:
+    """Outermost last: CORS answers preflights, then every request is counted by endpoint and gets its id, then
+    access checks, then the body limit."""
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(AccessMiddleware, access=access)
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(EndpointCountMiddleware, counts=endpoint_counts)
     app.add_middleware(TraceContextMiddleware)  # the client's W3C trace context, for spans and upstreams
     if config.otlp_traces_endpoint:
         tracing.configure(config.otlp_traces_endpoint)
@@ -200,7 +247,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
             CORSMiddleware,
             allow_origins=list(config.cors_allow_origins),
             allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-            allow_headers=["authorization", "content-type", "x-request-id", "x-session-id"],
+            allow_headers=["authorization", "content-type", "x-request-id", "x-session-id", "x-api-key",
+                           "anthropic-version"],
             expose_headers=["x-request-id", "retry-after"],
         )
-    return app

@@ -1,7 +1,7 @@
 """API keys: who may call what.
 
 Three kinds of route: *public* ones (health, metrics; configurable) answer everyone; *admin* ones (the model
-repository API) need the admin key; everything else needs an API key (or the admin key). A fourth, the web
+repository API's load, unload and reload) need the admin key; everything else needs an API key (or the admin key). A fourth, the web
 console's page and its static files, holds no data: a browser cannot attach a key to a page navigation, so it
 is served without one (the page then asks for the key and sends it on every call, and the console's data
 routes under /ui/api are inference routes); it still passes the drain check and the per-caller rate limit.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from gateway.errors import AuthenticationError, InvalidRequestError, PermissionDeniedError
@@ -34,10 +34,12 @@ class Role(Enum):
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: `key_id` is a fingerprint of the key (safe to log and to label rate limits by)."""
+    """Who is calling: `key_id` is a fingerprint of the key (safe to log and to label rate limits by); `tenant`
+    the key's whole SHA-256 digest (hex), which scopes what the key owns (KV sessions); empty for anonymous callers."""
 
     key_id: str
     admin: bool = False
+    tenant: str = field(default="", repr=False)
 
 
 ANONYMOUS = Principal("anonymous")
@@ -46,8 +48,11 @@ DEFAULT_PUBLIC_PATHS = ("/health", "/v2/health/live", "/v2/health/ready", "/metr
 ADMIN_PREFIXES = ("/v2/repository",)
 CONSOLE_PAGES = ("/", "/ui", "/ui/")
 CONSOLE_ASSETS = "/ui/assets/"
+# Listing the repository is reading, as in Triton (which serves the index to every client by default): whoever may
+# infer may list the models they can infer on. Loading, unloading and reloading stay admin-only.
+INFERENCE_PATHS = ("/v2/repository/index",)
 GRPC_PUBLIC_METHODS = ("ServerLive", "ServerReady")
-GRPC_ADMIN_METHODS = ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
+GRPC_ADMIN_METHODS = ("RepositoryModelLoad", "RepositoryModelUnload")
 
 
 def _digest(key: str) -> bytes:
@@ -93,6 +98,8 @@ class KeyStore:
             return Role.PUBLIC
         if self.console and (path in CONSOLE_PAGES or path.startswith(CONSOLE_ASSETS)):
             return Role.CONSOLE
+        if path in INFERENCE_PATHS:
+            return Role.INFERENCE
         if any(path == p or path.startswith(p + "/") for p in ADMIN_PREFIXES):
             return Role.ADMIN
         return Role.INFERENCE
@@ -121,9 +128,9 @@ class KeyStore:
         presented = _digest(key)
         fingerprint = presented.hex()[:12]
         if self._match(presented, self._admin):
-            return Principal(fingerprint, admin=True)
+            return Principal(fingerprint, admin=True, tenant=presented.hex())
         if self._match(presented, self._api):
-            return Principal(fingerprint)
+            return Principal(fingerprint, tenant=presented.hex())
         raise AuthenticationError("Incorrect API key provided.")
 
     def authorize(self, role: Role, authorization: str | None) -> Principal:

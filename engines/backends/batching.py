@@ -19,7 +19,7 @@ def concat_requests(spec: TensorModelSpec, requests: Sequence[dict[str, np.ndarr
     sizes = [next(iter(r.values())).shape[0] if r else 1 for r in requests]
     if len(requests) == 1:
         return dict(requests[0]), sizes
-    names = [t.name for t in spec.inputs if t.name in requests[0]]
+    names = list(requests[0])  # the batcher only batches requests with the same inputs (names, dtypes, shapes)
     batch = {name: np.concatenate([r[name] for r in requests], axis=0) for name in names}
     return batch, sizes
 

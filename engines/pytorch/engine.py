@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
 import random
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from engines.cpu_budget import cpu_budget
 from engines.hf_tokenizer import HFTokenizer
 from engines.interface import StepEngine, Tokenizer
 from engines.pytorch import host_memory
@@ -23,21 +23,13 @@ from engines.types import EngineInfo, SequenceStep, StepResult
 log = logging.getLogger("switchyard.engines.pytorch")
 
 
-def _set_threads() -> None:
-    """Leave one core to the server (HTTP, SSE, detokenization), as vLLM-CPU does; OMP_NUM_THREADS overrides.
-
-    Matmul threads that share their cores with the event loop wait on each other at every parallel region; on a
-    2-core machine one dedicated thread measured faster than two contended ones.
-    """
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
-
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+def _set_torch_threads(kernel_threads: int, budget_threads: int) -> int:
+    """torch's intra-op threads: one where our kernels run the step on the budget's threads (torch's ops between
+    them are small, and its OpenMP workers would spin on the cores our helpers need right after each op), else the
+    budget (torch's ops are the step). Process-wide, like the helper pool; returns the count set."""
+    threads = 1 if kernel_threads else budget_threads
+    torch.set_num_threads(threads)
+    return threads
 
 
 class PyTorchEngine(StepEngine):
@@ -57,9 +49,9 @@ class PyTorchEngine(StepEngine):
     ) -> None:
         """`fast_kernels`: our C kernels for projections, attention and norms (see model_runner.py);
         false runs torch ops only. `gemm_threads`: threads sharing each step's projections, attention and
-        norms (default: the CPUs this process may use). `match_transformers` (bfloat16): answer as transformers'
+        norms (default: the process's CPU budget, engines/cpu_budget.py). `match_transformers` (bfloat16): answer as transformers'
         generate does, bit for bit (exact_forward.py; needs whole prompts and no prefix caching)."""
-        _set_threads()
+        budget = cpu_budget().with_override(gemm_threads, "pytorch.gemm_threads")
         host_memory.keep_freed_memory()
         folder = resolve_hf_folder(source, gguf_file, cache_dir)
         model, hf_tok = load_hf(folder, dtype)
@@ -72,8 +64,12 @@ class PyTorchEngine(StepEngine):
             blocks = read_blocks(gguf, model, folder.with_name(f"{folder.name}.weight-blocks-1.safetensors"))
         self._runner = PagedModelRunner(
             model, num_blocks, block_size, fast_kernels=fast_kernels, kernel_cache_dir=kernel_cache_dir,
-            gemm_threads=gemm_threads or _usable_cpus(), blocks=blocks, match_transformers=match_transformers,
+            gemm_threads=budget.threads, blocks=blocks, match_transformers=match_transformers,
         )
+        torch_threads = _set_torch_threads(self._runner.kernel_threads, budget.threads)
+        log.info("native engine: CPU budget %d thread%s (%s): our kernels on %d, torch ops on %d",
+                 budget.threads, "s" if budget.threads > 1 else "", budget.reason, self._runner.kernel_threads,
+                 torch_threads)
         self._argmax = Argmax(kernel_cache_dir).rows if fast_kernels else None
         self._tokenizer = HFTokenizer(hf_tok)
         config = model.config

@@ -31,9 +31,9 @@ result as torch's bfloat16 `F.linear` here (which also sums in float32, in k ord
 The kernel runs on the calling thread, and `HelperThreads` join it on every step, taking tiles (column chunks,
 split into ROW_TILE rows on large steps so that no thread is left idle at the end) from a shared counter: even a
 one-row decode step, which is memory-bound, streams the weights 1.5x faster on two cores than on one here (each
-core's loads are capped well below the memory's bandwidth). With more than one torch thread, or without a
-compiler, projections use oneDNN with packed weights (float32) or `F.linear` (other dtypes, or CPUs oneDNN cannot
-pack for).
+core's loads are capped well below the memory's bandwidth). The kernels run at any number of threads (the CPU
+budget, engines/cpu_budget.py, sizes the helpers); without a compiler, or on CPUs without AVX2, projections use
+oneDNN with packed weights (float32) or `F.linear` (other dtypes, or CPUs oneDNN cannot pack for).
 """
 
 from __future__ import annotations
@@ -1038,7 +1038,7 @@ class Linear:
         self.weight = weight.contiguous()
         if not fast or weight.dtype not in (torch.float32, torch.bfloat16):
             return
-        lib = _load(cache_dir) if torch.get_num_threads() == 1 and _avx2() else None
+        lib = _load(cache_dir) if _avx2() else None
         if lib is not None:
             n, k = weight.shape
             nb = self._nb = (n + 15) // 16
@@ -1180,7 +1180,7 @@ class DenseOps:
 
     def __init__(self, fast: bool, dtype: torch.dtype, cache_dir: Path | None,
                  helpers: HelperThreads | None = None) -> None:
-        usable = fast and dtype in (torch.float32, torch.bfloat16) and torch.get_num_threads() == 1 and _avx2()
+        usable = fast and dtype in (torch.float32, torch.bfloat16) and _avx2()
         lib = _load(cache_dir) if usable else None
         self._lib, self._dtype = lib, dtype
         f32 = dtype == torch.float32
@@ -1241,7 +1241,7 @@ class GatedActivation:
         self.out_features = gate.shape[0]
         self._act, self._dense, self._linear, self._q41, self._amx = act, dense, None, None, 0
         self.weight: torch.Tensor | None = None  # packed float32 panels, where a step reads them
-        fused = fast and gate.dtype == torch.float32 and _is_silu(act) and torch.get_num_threads() == 1 and _avx2()
+        fused = fast and gate.dtype == torch.float32 and _is_silu(act) and _avx2()
         self._lib = _load(cache_dir) if fused else None
         if self._lib is None:
             self._linear = Linear(torch.cat([gate, up]), None, fast, cache_dir, helpers,

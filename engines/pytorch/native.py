@@ -4,6 +4,11 @@ A library is compiled once per source, flags, compiler and CPU (`-march=native`:
 must not hand one CPU's build to another), in well under a second, into `<cache>/kernels/`, and loaded with
 ctypes (which releases the GIL during calls). Callers get None when there is no compiler or the build fails, and
 then use their torch path.
+
+Loading a library runs its code in the server, so only a trusted one is loaded: the kernels folder is created
+0700, and a library that is not a regular file owned by the server's user, or that group or others may write, is
+rebuilt rather than loaded. When the folder itself is not private (another owner, writable by others), libraries
+are built into a private temporary folder instead.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import string
 import subprocess
 import tempfile
@@ -82,11 +88,13 @@ def _build(name: str, source: str, cache_dir: Path) -> Path | None:
     except (OSError, subprocess.SubprocessError):
         return None
     key = hashlib.sha256("\0".join([source, " ".join(CFLAGS), version, _cpu_identity()]).encode()).hexdigest()
-    target = cache_dir / "kernels" / f"{name}-{key[:16]}.so"
-    if target.is_file():
+    folder = _private_folder(cache_dir / "kernels")
+    target = folder / f"{name}-{key[:16]}.so"
+    if _trusted(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+    if os.path.lexists(target):
+        log.warning("C kernel %s: %s is not owned by this user or is writable by others; rebuilding it", name, target)
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
         src = Path(tmp) / f"{name}.c"
         src.write_text(source)
         out = Path(tmp) / f"{name}.so"
@@ -96,8 +104,43 @@ def _build(name: str, source: str, cache_dir: Path) -> Path | None:
         if proc.returncode != 0:
             log.warning("C kernel %s did not build (%s); using the torch path", name, proc.stderr[-500:])
             return None
+        os.chmod(out, 0o700)
         os.replace(out, target)  # atomic: concurrent starts may each build; the last rename wins
     return target
+
+
+def _owned_and_private(st: os.stat_result) -> bool:
+    return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _trusted(path: Path) -> bool:
+    """A library we may load: a regular file (not a link) of this user that group and others cannot write."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and _owned_and_private(st)
+
+
+_fallback_folder: Path | None = None
+
+
+def _private_folder(folder: Path) -> Path:
+    """`folder`, created 0700, if it is this user's own and others cannot write to it (nobody else can swap a
+    library in it between the check and the load); otherwise a private temporary folder for this process."""
+    global _fallback_folder
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+        if stat.S_ISDIR(st.st_mode) and _owned_and_private(st):
+            return folder
+    except OSError:
+        pass
+    if _fallback_folder is None:
+        _fallback_folder = Path(tempfile.mkdtemp(prefix="switchyard-kernels-"))
+    log.warning("the kernel cache %s is not private to this user; building C kernels in %s", folder, _fallback_folder)
+    return _fallback_folder
 
 
 def load_library(name: str, source: str, cache_dir: Path | None) -> ctypes.CDLL | None:
@@ -137,10 +180,12 @@ static int state;            /* helpers inside the current job, | CLOSED once th
 static int sleepers, started;
 static task_fn job_fn;
 static void* job_arg;
+static int job_helpers;                /* helpers 0 .. job_helpers - 1 take part in the current job */
+static __thread int width = INT_MAX;   /* helpers the calling thread's jobs may take (pool_width) */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void* helper(void* unused) {
-    (void)unused;
+static void* helper(void* arg) {
+    int index = (int)(intptr_t)arg;
     unsigned seen = __atomic_load_n(&gen, __ATOMIC_SEQ_CST);
     for (;;) {
         unsigned g;
@@ -153,6 +198,14 @@ static void* helper(void* unused) {
             spins = 0;
         }
         seen = g;
+        int w;
+        if (index >= (w = __atomic_load_n(&job_helpers, __ATOMIC_SEQ_CST))) {
+            /* left out of this job (its engine's budget is smaller than the pool): sleep, without spinning or
+               counting as a sleeper that every job must wake, until a job wants more helpers */
+            while (index >= (w = __atomic_load_n(&job_helpers, __ATOMIC_SEQ_CST)))
+                syscall(SYS_futex, &job_helpers, FUTEX_WAIT_PRIVATE, w, 0, 0, 0);
+            continue;
+        }
         int s = __atomic_load_n(&state, __ATOMIC_SEQ_CST);
         while (!(s & CLOSED))
             if (__atomic_compare_exchange_n(&state, &s, s + 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
@@ -169,7 +222,7 @@ int pool_start(int count) {
     pthread_mutex_lock(&lock);
     while (started < count) {
         pthread_t t;
-        if (pthread_create(&t, 0, helper, 0) != 0) break;
+        if (pthread_create(&t, 0, helper, (void*)(intptr_t)started) != 0) break;
         pthread_detach(t);
         started++;
     }
@@ -177,15 +230,21 @@ int pool_start(int count) {
     return started;
 }
 
+/* At most `helpers` helpers join the jobs this thread runs from now on (an engine whose budget is smaller than
+   the pool, which only grows, uses no more than its budget). */
+void pool_width(int helpers) { width = helpers; }
+
 /* fn(arg) on the caller and on the helpers; returns when all of them are out of it. One job at a time: a
    second caller (another engine's step) runs its job alone rather than wait. */
 void pool_run(task_fn fn, void* arg) {
-    if (pthread_mutex_trylock(&lock) != 0) { fn(arg); return; }
+    if (width <= 0 || pthread_mutex_trylock(&lock) != 0) { fn(arg); return; }
     job_fn = fn;
     job_arg = arg;
+    int before = __atomic_exchange_n(&job_helpers, width, __ATOMIC_SEQ_CST);
     __atomic_store_n(&state, 0, __ATOMIC_SEQ_CST);
     __atomic_add_fetch(&gen, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&sleepers, __ATOMIC_SEQ_CST) > 0) syscall(SYS_futex, &gen, FUTEX_WAKE_PRIVATE, INT_MAX, 0, 0, 0);
+    if (width > before) syscall(SYS_futex, &job_helpers, FUTEX_WAKE_PRIVATE, INT_MAX, 0, 0, 0);
     fn(arg);
     __atomic_fetch_or(&state, CLOSED, __ATOMIC_SEQ_CST);
     while (__atomic_load_n(&state, __ATOMIC_SEQ_CST) & ~CLOSED) _mm_pause();
@@ -213,7 +272,16 @@ class HelperThreads:
             raise OSError("the helper-thread pool did not build")
         lib.pool_start.argtypes = [ctypes.c_int]
         lib.pool_start(count)
+        lib.pool_width.argtypes = [ctypes.c_int]
+        lib.pool_width.restype = None
+        self.count = count
+        self._width = lib.pool_width
         self._run = ctypes.cast(lib.pool_run, ctypes.c_void_p)
+
+    def enter(self) -> None:
+        """Let the calling thread's jobs take `count` helpers (the pool is process-wide and only grows: another
+        engine may have started more). Call on the step's thread before its kernels."""
+        self._width(self.count)
 
     def attach(self, lib: ctypes.CDLL) -> None:
         """Let a kernel library (built with POOL_CLIENT) run its `*_par` jobs on these threads."""

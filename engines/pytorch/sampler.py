@@ -7,11 +7,19 @@ logits, then logprobs (of the penalised distribution), then temperature, top-k, 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
 import torch
 
 from engines.types import SequenceStep, StepResult, TokenLogprob
+
+log = logging.getLogger("switchyard.engines.pytorch")
+
+
+class RowError(RuntimeError):
+    """One row of a step cannot be sampled (its logits are not finite, its mask allows nothing): the message is
+    what that request's client reads; the other rows go on."""
 
 
 def _apply_penalties(row: torch.Tensor, step: SequenceStep) -> None:
@@ -53,6 +61,53 @@ def _plain_greedy(step: SequenceStep) -> bool:
     )
 
 
+def row_error_message(exc: BaseException) -> str:
+    """What the client of a row that failed reads: a `RowError`'s own words, otherwise the kind of failure."""
+    if isinstance(exc, RowError):
+        return str(exc)
+    return f"sampling failed for this request ({type(exc).__name__}); see the server log"
+
+
+def _sample_row(
+    row: torch.Tensor, step: SequenceStep, eos_token_ids: Sequence[int], generator: torch.Generator | None
+) -> tuple[int, TokenLogprob | None]:
+    """One row's token (and its logprobs when asked), editing `row` in place. Raises for this row alone."""
+    p = step.sampling
+    if not bool(torch.isfinite(row).all()):
+        raise RowError("the model produced non-finite logits (NaN or infinity) for this request")
+    _apply_penalties(row, step)
+    for token, bias in p.logit_bias.items():
+        if 0 <= token < row.shape[0]:
+            row[token] += bias
+    if step.num_output_tokens < p.min_tokens:
+        banned = [t for t in [*eos_token_ids, *p.stop_token_ids] if 0 <= t < row.shape[0]]
+        row[banned] = float("-inf")
+    if p.constraint is not None:
+        allowed = p.constraint.allowed_mask(row.shape[0])
+        if allowed is not None:
+            row.masked_fill_(~allowed, float("-inf"))
+    if not float(row.max()) > float("-inf"):  # NaN, or every token banned
+        raise RowError("no token can be sampled for this request: its penalties, logit_bias and constraints "
+                       "leave no finite logit")
+    if p.greedy:
+        token = int(torch.argmax(row))
+    else:
+        probs = torch.softmax(_filter(row, step), dim=-1)
+        total = float(probs.sum())
+        if not 0.0 < total < float("inf"):  # NaN fails this too
+            raise RowError("no token can be sampled for this request: its sampling parameters leave no "
+                           "probability mass (temperature, top_p, top_k, min_p)")
+        token = int(torch.multinomial(probs, 1, generator=generator))
+    if p.logprobs is None:
+        return token, None
+    logp = torch.log_softmax(row, dim=-1)
+    top = []
+    if p.logprobs > 0:
+        values, ids = torch.topk(logp, p.logprobs)
+        top = list(zip(ids.tolist(), values.tolist(), strict=True))
+    return token, TokenLogprob(token, float(logp[token]), top)
+
+
 def sample(
     logits: torch.Tensor,
     steps: Sequence[SequenceStep],
@@ -61,36 +116,25 @@ def sample(
     argmax: Callable[[torch.Tensor], list[int]] | None = None,
 ) -> StepResult:
     """Pick one token per row of `logits` ([S, V] float32; row i belongs to `steps[i]`). `argmax`: each row's
-    greedy token, for a batch that is all plain greedy (default: torch's)."""
-    if steps and all(_plain_greedy(s) for s in steps):  # the common case: one argmax for the whole batch
+    greedy token, for a batch that is all plain greedy (default: torch's).
+
+    A row that cannot be sampled (non-finite logits, a constraint or parameters that leave nothing, any exception
+    in its own work) gets an entry in `errors` instead of a token; the other rows are sampled as if it were not
+    there."""
+    if steps and all(_plain_greedy(s) for s in steps) and bool(torch.isfinite(logits).all()):
+        # the common case: one argmax for the whole batch
         tokens = argmax(logits) if argmax is not None else logits.argmax(dim=-1).tolist()
         return StepResult(token_ids=dict(zip((s.seq_id for s in steps), tokens, strict=True)))
     result = StepResult(token_ids={})
     for i, step in enumerate(steps):
-        p = step.sampling
-        row = logits[i]
-        _apply_penalties(row, step)
-        for token, bias in p.logit_bias.items():
-            if 0 <= token < row.shape[0]:
-                row[token] += bias
-        if step.num_output_tokens < p.min_tokens:
-            banned = [t for t in [*eos_token_ids, *p.stop_token_ids] if 0 <= t < row.shape[0]]
-            row[banned] = float("-inf")
-        if p.constraint is not None:
-            allowed = p.constraint.allowed_mask(row.shape[0])
-            if allowed is not None:
-                row.masked_fill_(~allowed, float("-inf"))
-        if p.greedy:
-            token = int(torch.argmax(row))
-        else:
-            probs = torch.softmax(_filter(row, step), dim=-1)
-            token = int(torch.multinomial(probs, 1, generator=generators.get(step.seq_id)))
+        try:
+            token, logprob = _sample_row(logits[i], step, eos_token_ids, generators.get(step.seq_id))
+        except Exception as exc:  # this row's failure is this row's alone
+            if not isinstance(exc, RowError):
+                log.exception("sampling failed for %s", step.seq_id)
+            result.errors[step.seq_id] = row_error_message(exc)
+            continue
         result.token_ids[step.seq_id] = token
-        if p.logprobs is not None:
-            logp = torch.log_softmax(row, dim=-1)
-            top = []
-            if p.logprobs > 0:
-                values, ids = torch.topk(logp, p.logprobs)
-                top = list(zip(ids.tolist(), values.tolist(), strict=True))
-            result.logprobs[step.seq_id] = TokenLogprob(token, float(logp[token]), top)
+        if logprob is not None:
+            result.logprobs[step.seq_id] = logprob
     return result

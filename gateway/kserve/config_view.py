@@ -28,7 +28,9 @@ def config_json(name: str, config: TensorModelConfig, inputs: list[TensorSpec], 
     doc["output"] = [tensor(s, declared_out.get(s.name), False) for s in outputs]
     doc["parameters"] = {k: {"string_value": v} for k, v in config.parameters.items()}
     doc["instance_group"] = [
-        {"name": g.name or f"{name}_{i}", "kind": "KIND_CPU", "count": g.count} for i, g in enumerate(config.instance_group)
+        {"name": g.name or f"{name}_{i}", "kind": "KIND_CPU", "count": g.count,
+         **({"rate_limiter": g.rate_limiter.model_dump(by_alias=True)} if g.rate_limiter is not None else {})}
+        for i, g in enumerate(config.instance_group)
     ] or [{"name": name, "kind": "KIND_CPU", "count": 1}]
     doc.setdefault("backend", config.resolved_backend)
     for key in ("dynamic_batching", "sequence_batching"):

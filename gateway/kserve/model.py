@@ -19,16 +19,20 @@ from engines.backends import create_backend
 from engines.interface import TensorBackend
 from engines.types import TensorModelSpec, TensorSpec
 from gateway.errors import ConfigError, InternalError, InvalidRequestError, NotFoundError
+from gateway.inference_stats import ModelStats
 from gateway.kserve.codec import DATATYPES, InputTensor, OutputTensor, TensorCodecError, decode_binary_tensor
 from gateway.kserve.config_view import config_json
-from gateway.kserve.statistics import ModelStats
 from gateway.kserve.validation import finish_outputs, prepare_inputs
 from gateway.repository.layout import ModelDir, resolve_source
 from gateway.repository.serving import InFlight
-from gateway.repository.tensor_config import TensorModelConfig
+from gateway.repository.tensor_config import DynamicBatching, TensorModelConfig
 from gateway.scheduler.dynamic_batcher import BatchingPolicy, DynamicBatcher, QueueRules
+from gateway.scheduler.rate_limiter import InstanceGate, RateLimiter
 
 log = logging.getLogger("switchyard.kserve")
+
+#: Triton's `default-max-batch-size`: what auto-complete gives a batchable model whose config omits max_batch_size.
+DEFAULT_MAX_BATCH_SIZE = 4
 
 
 def batching_policy(config: TensorModelConfig) -> BatchingPolicy:
@@ -68,13 +72,15 @@ class TensorVersion:
     batcher: Any  # DynamicBatcher, or a sequence/ensemble scheduler with the same infer/infer_stream/start/stop
     stats: ModelStats = field(default_factory=ModelStats)
     facts: dict[str, Any] = field(default_factory=dict)
+    gates: list[InstanceGate] = field(default_factory=list)  # rate limiter access per instance (empty: limiter off)
 
 
 class TensorModel:
     """A tensor model as served: `versions` by number, metadata, config and validated inference."""
 
-    def __init__(self, model_dir: ModelDir, config: TensorModelConfig) -> None:
+    def __init__(self, model_dir: ModelDir, config: TensorModelConfig, limiter: RateLimiter | None = None) -> None:
         self.name = model_dir.name
+        self.limiter = limiter  # the server's rate limiter (--rate-limit execution_count), or None
         self.dir = model_dir
         self.config = config
         self.backend = config.resolved_backend
@@ -121,9 +127,13 @@ class TensorModel:
         On any failure everything loaded so far is unloaded again and a `ConfigError` says what went wrong."""
         loaded: list[TensorBackend] = []
         try:
+            self._complete_batching()
             for version in self.selected_versions():
                 self._load_version(version, loaded, make_scheduler)
         except Exception as exc:
+            for entry in self.versions.values():
+                for gate in entry.gates:
+                    gate.close()
             for backend in loaded:
                 try:
                     backend.unload()
@@ -137,6 +147,26 @@ class TensorModel:
                               f"{str(exc)[:300]}); see the server log.") from None
         if any(g.kind == "KIND_GPU" for g in self.config.instance_group):
             log.warning("model '%s': instance_group kind KIND_GPU runs on the CPU in this build", self.name)
+
+    def _complete_batching(self) -> None:
+        """Triton's auto-complete of `max_batch_size`: a config that omits it, for a model file whose tensors all
+        start with a variable batch dimension, gets DEFAULT_MAX_BATCH_SIZE and (without another scheduler) the
+        dynamic batcher. Only backends that can tell from the file (`TensorBackend.batch_dimension`) take part."""
+        config = self.config
+        if "max_batch_size" in config.model_fields_set or self.backend == "ensemble":
+            return
+        latest = self.selected_versions()[-1]
+        try:
+            if not create_backend(self.backend).batch_dimension(self._spec(latest, 0)):
+                return
+        except ValueError:
+            return  # a missing library or file: loading the version says so, with the fix
+        update: dict[str, Any] = {"max_batch_size": DEFAULT_MAX_BATCH_SIZE}
+        if config.sequence_batching is None and config.dynamic_batching is None:
+            update["dynamic_batching"] = DynamicBatching()
+        self.config = config.model_copy(update=update)
+        log.info("model '%s': max_batch_size %d and dynamic batching filled in from the model file (Triton's "
+                 "auto-complete); set max_batch_size to choose", self.name, DEFAULT_MAX_BATCH_SIZE)
 
     def _load_version(self, version: int, loaded: list[TensorBackend],
                       make_scheduler: Callable[[TensorModel, TensorVersion], Any] | None) -> None:
@@ -157,9 +187,30 @@ class TensorModel:
         stats = ModelStats()
         entry = TensorVersion(version, instances, inputs, outputs, None, stats, facts)
         self._warmup(entry)
+        self.versions[version] = entry  # from here a failed load closes its gates
+        entry.gates = self._gates(version, len(instances))
         custom = make_scheduler(self, entry) if make_scheduler is not None else None
-        entry.batcher = custom or DynamicBatcher(self.name, instances, batching_policy(self.config), stats)
-        self.versions[version] = entry
+        entry.batcher = custom or DynamicBatcher(self.name, instances, batching_policy(self.config), stats,
+                                                 entry.gates or None)
+
+    def _gates(self, version: int, count: int) -> list[InstanceGate]:
+        """One rate limiter gate per instance, with its instance group's resources and priority."""
+        if self.limiter is None or not count:
+            return []
+        groups = self.config.instance_group or []
+        plan = [g for g in groups for _ in range(g.count)] or [None]
+        gates: list[InstanceGate] = []
+        try:
+            for index, group in enumerate(plan[:count]):
+                limits = group.rate_limiter if group is not None else None
+                resources = [(r.name, r.count, r.is_global) for r in limits.resources] if limits is not None else []
+                gates.append(self.limiter.gate(f"{self.name}/{version}/{index}", resources,
+                                               limits.priority if limits is not None else 0))
+        except ConfigError as exc:
+            for gate in gates:
+                gate.close()
+            raise ConfigError(f"{self.dir.config_path}: {exc}") from None
+        return gates
 
     def _warmup(self, entry: TensorVersion) -> None:
         for warm in self.config.model_warmup:
@@ -207,6 +258,8 @@ class TensorModel:
     async def stop(self) -> None:
         for entry in self.versions.values():
             await entry.batcher.stop()
+            for gate in entry.gates:
+                gate.close()
         for entry in self.versions.values():
             for instance in entry.instances:
                 try:

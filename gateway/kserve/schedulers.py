@@ -15,7 +15,7 @@ def scheduler_factory(registry: Any) -> Callable[[Any, Any], Any]:
         if config.sequence_batching is not None:
             from gateway.scheduler.sequence import SequenceBatcher
 
-            return SequenceBatcher(model.name, entry.instances, config, entry.stats)
+            return SequenceBatcher(model.name, entry.instances, config, entry.stats, entry.gates or None)
         if config.ensemble_scheduling is not None:
             from gateway.kserve.ensemble import EnsembleScheduler, check_graph
 

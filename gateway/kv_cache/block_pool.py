@@ -1,14 +1,16 @@
 """A fixed pool of KV blocks with reference counts and a cache of full blocks by content hash.
 
 The engine owns the memory (`num_blocks * block_size` slots per layer); this pool only hands out block ids.
-A full block can be registered under the hash of its token prefix. When nobody references it any more it is not
-wiped: it stays findable by hash, in least-recently-used order, until a fresh allocation needs the space. That is
-all prefix caching needs; sharing comes from the reference counts.
+A full block can be registered under the digest of its token prefix, with its own tokens. When nobody references
+it any more it is not wiped: it stays findable, in least-recently-used order, until a fresh allocation needs the
+space. That is all prefix caching needs; sharing comes from the reference counts. A lookup hands out a block only
+if its tokens are the asker's too, so even a digest collision cannot serve another prompt's keys and values.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 
 class BlockPool:
@@ -18,8 +20,9 @@ class BlockPool:
         self.num_blocks = num_blocks
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))  # LRU first
         self._refs = [0] * num_blocks
-        self._hash_of: dict[int, int] = {}  # block -> content hash (registered full blocks only)
-        self._by_hash: dict[int, int] = {}  # content hash -> block
+        self._hash_of: dict[int, bytes] = {}  # block -> content digest (registered full blocks only)
+        self._by_hash: dict[bytes, int] = {}  # content digest -> block
+        self._tokens_of: dict[int, tuple[int, ...]] = {}  # registered block -> its own tokens, checked on a hit
 
     @property
     def num_free(self) -> int:
@@ -44,12 +47,18 @@ class BlockPool:
             h = self._hash_of.pop(block, None)
             if h is not None:
                 del self._by_hash[h]
+                del self._tokens_of[block]
             self._refs[block] = 1
             blocks.append(block)
         return blocks
 
-    def lookup(self, content_hash: int) -> int | None:
-        return self._by_hash.get(content_hash)
+    def lookup(self, content_hash: bytes, tokens: Sequence[int]) -> int | None:
+        """The cached block holding `tokens` under `content_hash`, or None (a digest registered for other tokens
+        is a miss, never a hit)."""
+        block = self._by_hash.get(content_hash)
+        if block is None or self._tokens_of[block] != tuple(tokens):
+            return None
+        return block
 
     def touch(self, block: int) -> None:
         """Take a reference to a cached block (a prefix-cache hit)."""
@@ -57,12 +66,15 @@ class BlockPool:
             del self._free[block]
         self._refs[block] += 1
 
-    def register(self, block: int, content_hash: int) -> None:
-        """Make a full block findable by the hash of its token prefix (first writer wins)."""
+    def register(self, block: int, content_hash: bytes, tokens: Sequence[int]) -> bool:
+        """Make a full block findable by the digest of its token prefix (first writer wins); whether `block` is
+        now the one registered under `content_hash`."""
         if block in self._hash_of or content_hash in self._by_hash:
-            return
+            return self._by_hash.get(content_hash) == block
         self._hash_of[block] = content_hash
         self._by_hash[content_hash] = block
+        self._tokens_of[block] = tuple(tokens)
+        return True
 
     def free(self, blocks: list[int]) -> None:
         """Drop one reference to each block; unreferenced blocks become reusable (most recent last)."""

@@ -7,18 +7,21 @@ same prefix (prefix caching) -- stays in here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gateway.kv_cache import prefix_cache
 from gateway.kv_cache.block_pool import BlockPool
-from gateway.kv_cache.prefix_cache import ROOT_HASH, block_hash, prefix_hashes
 
 
 @dataclass
 class KVAllocation:
-    """The blocks held by one sequence, in token order, and the hashes of its leading full blocks."""
+    """The blocks held by one sequence, in token order; the digests of its leading full blocks (computed once,
+    possibly ahead of the blocks), and how many of those blocks are committed (computed and offered to the cache)."""
 
     block_table: list[int] = field(default_factory=list)
-    hashes: list[int] = field(default_factory=list)
+    hashes: list[bytes] = field(default_factory=list)
+    num_committed: int = 0
 
 
 @dataclass
@@ -39,22 +42,47 @@ class KVCacheManager:
         self.prefix_stats = PrefixCacheStats()
         self._allocs: dict[str, KVAllocation] = {}
 
-    def admit(self, seq_id: str, tokens: list[int]) -> int:
+    def hashes(self, tokens: Sequence[int], known: list[bytes], num_blocks: int) -> list[bytes]:
+        """The digests of the first `num_blocks` full blocks of `tokens`, extending `known` (a sequence's own
+        list, kept across steps and preemptions: its tokens only grow) in place."""
+        return prefix_cache.extend_hashes(known, tokens, self.block_size, num_blocks)
+
+    def _find(self, tokens: Sequence[int], hashes: list[bytes], i: int) -> int | None:
+        bs = self.block_size
+        return self.pool.lookup(hashes[i], tokens[i * bs : (i + 1) * bs])
+
+    def num_cached_blocks(self, tokens: Sequence[int], hashes: list[bytes] | None = None) -> int:
+        """How many leading blocks of `tokens` `admit` would find in the cache now (no reference is taken)."""
+        if not self.enable_prefix_caching:
+            return 0
+        n = (len(tokens) - 1) // self.block_size
+        hashes = self.hashes(tokens, [] if hashes is None else hashes, n)
+        k = 0
+        while k < n and self._find(tokens, hashes, k) is not None:
+            k += 1
+        return k
+
+    def admit(self, seq_id: str, tokens: list[int], hashes: list[bytes] | None = None) -> int:
         """Start a sequence: reuse cached blocks of its longest cached prefix; return how many tokens they hold.
+        `hashes`: the sequence's digest list, if it keeps one (see `hashes`).
 
         At least one token is always left to compute, so the step that finishes the prompt yields logits.
         """
         alloc = self._allocs.setdefault(seq_id, KVAllocation())
+        if hashes is not None:
+            alloc.hashes = hashes
         if not self.enable_prefix_caching or alloc.block_table:
             return 0
         self.prefix_stats.queried_tokens += len(tokens)
-        for h in prefix_hashes(tokens, self.block_size, (len(tokens) - 1) // self.block_size):
-            block = self.pool.lookup(h)
+        n = (len(tokens) - 1) // self.block_size
+        self.hashes(tokens, alloc.hashes, n)
+        for i in range(n):
+            block = self._find(tokens, alloc.hashes, i)
             if block is None:
                 break
             self.pool.touch(block)
             alloc.block_table.append(block)
-            alloc.hashes.append(h)
+        alloc.num_committed = len(alloc.block_table)
         cached = len(alloc.block_table) * self.block_size
         self.prefix_stats.hit_tokens += cached
         return cached
@@ -82,16 +110,34 @@ class KVCacheManager:
         if alloc is None or not self.enable_prefix_caching:
             return
         bs = self.block_size
-        for i in range(len(alloc.hashes), num_computed // bs):
-            parent = alloc.hashes[-1] if alloc.hashes else ROOT_HASH
-            h = block_hash(parent, tokens[i * bs : (i + 1) * bs])
-            alloc.hashes.append(h)
-            self.pool.register(alloc.block_table[i], h)
+        n = num_computed // bs
+        if n <= alloc.num_committed:
+            return
+        self.hashes(tokens, alloc.hashes, n)
+        for i in range(alloc.num_committed, n):
+            # Refused when another block holds the same prefix already (two sequences computed it at once): the
+            # cache keeps that one, and `cached_blocks` names it instead of this duplicate.
+            self.pool.register(alloc.block_table[i], alloc.hashes[i], tokens[i * bs : (i + 1) * bs])
+        alloc.num_committed = n
 
-    def cached_blocks(self, seq_id: str) -> list[int]:
-        """The sequence's full, registered blocks (what a session pins to keep a conversation warm)."""
+    def cached_blocks(self, seq_id: str, tokens: Sequence[int]) -> list[int]:
+        """The blocks a later lookup of this sequence's `tokens` finds, leading full blocks in order: what a session
+        pins to keep a conversation warm. Where the cache holds another block with the same prefix (a duplicate
+        computed at the same time), that block is named, not this sequence's copy, which no lookup would find."""
         alloc = self._allocs.get(seq_id)
-        return list(alloc.block_table[: len(alloc.hashes)]) if alloc else []
+        if alloc is None or not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        found = []
+        for i in range(alloc.num_committed):
+            block = self._find(tokens, alloc.hashes, i)
+            if block is None:  # the cached copy was evicted since: this sequence's own block takes its place
+                own = alloc.block_table[i]
+                if not self.pool.register(own, alloc.hashes[i], tokens[i * bs : (i + 1) * bs]):
+                    break
+                block = own
+            found.append(block)
+        return found
 
     def block_table(self, seq_id: str) -> list[int]:
         alloc = self._allocs.get(seq_id)

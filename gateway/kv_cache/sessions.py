@@ -9,7 +9,7 @@ over its cap (least recently used session first), or when the pool is needed to 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from gateway.kv_cache.block_pool import BlockPool
@@ -27,7 +27,8 @@ class SessionStore:
         self.ttl_seconds = ttl_seconds
         self.max_pinned_blocks = max_pinned_blocks
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
-        self._pinned = 0
+        self._pinned = 0  # pins summed over sessions: what the cap bounds
+        self._holders: Counter[int] = Counter()  # block -> sessions pinning it (sessions share prefix blocks)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -37,7 +38,8 @@ class SessionStore:
 
     @property
     def pinned_blocks(self) -> int:
-        return self._pinned
+        """Distinct blocks that sessions hold: two sessions with one system prompt pin its blocks once."""
+        return len(self._holders)
 
     def pin(self, session_id: str, blocks: list[int], now: float | None = None) -> None:
         """Pin `blocks` for the session, replacing what it pinned before."""
@@ -46,6 +48,7 @@ class SessionStore:
         self.release(session_id)
         self._sessions[session_id] = _Session(blocks, time.monotonic() if now is None else now)
         self._pinned += len(blocks)
+        self._holders.update(blocks)
         while self._pinned > self.max_pinned_blocks and self._sessions:
             self.evict_lru()
 
@@ -61,6 +64,10 @@ class SessionStore:
             return False
         self._pool.free(session.blocks)
         self._pinned -= len(session.blocks)
+        for block in session.blocks:
+            self._holders[block] -= 1
+            if not self._holders[block]:
+                del self._holders[block]
         return True
 
     def evict_lru(self) -> bool:
@@ -69,9 +76,16 @@ class SessionStore:
         return self.release(next(iter(self._sessions)))
 
     def expire(self, now: float | None = None) -> int:
-        """Release sessions idle for longer than the TTL; return how many."""
+        """Release sessions idle for longer than the TTL; return how many.
+
+        Runs every scheduler step, so it looks only at the least recently used end: sessions are kept in the
+        order of their last use, and the first one still fresh ends the scan (O(expired), not O(sessions))."""
         now = time.monotonic() if now is None else now
-        stale = [sid for sid, s in self._sessions.items() if now - s.last_used > self.ttl_seconds]
-        for sid in stale:
+        expired = 0
+        while self._sessions:
+            sid, session = next(iter(self._sessions.items()))
+            if now - session.last_used <= self.ttl_seconds:
+                break
             self.release(sid)
-        return len(stale)
+            expired += 1
+        return expired

@@ -23,7 +23,7 @@ from gateway.openai.results import (
     now,
     usage,
 )
-from gateway.openai.sampling import resolve_max_tokens, to_sampling_params
+from gateway.openai.sampling import refuse_unfittable_text, resolve_max_tokens, to_sampling_params
 from gateway.openai.tool_parsers import ToolCallDelta, new_call_id
 from gateway.openai.tools import ToolPlan, parser_for, plan_tools, tool_guidance
 from gateway.repository.registry import LoadedModel
@@ -47,18 +47,27 @@ def _message(c: CollectedChoice, plan: ToolPlan) -> tuple[dict[str, Any], str | 
     return {"role": "assistant", "content": c.text}, c.finish_reason
 
 
+async def chat_prompt(req: ChatCompletionRequest, model: LoadedModel) -> tuple[list[int], ToolPlan]:
+    """The prompt's token ids (chat template, tools, past calls) and the request's checked tool plan."""
+    plan = plan_tools(req, model)
+    # The dialect is also needed to write past calls into the prompt when the template cannot.
+    parser = plan.parser or (parser_for(model) if any(m.tool_calls for m in req.messages) else None)
+    text = sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text or "") for p in m.content or [])
+               for m in req.messages)
+    refuse_unfittable_text(text, model.scheduler.tokenizer, model.scheduler.info.max_model_len, "messages")
+    prompt = await render_chat(
+        model.scheduler.tokenizer, req.messages, plan.tools if plan.active else None, parser, req.chat_template_kwargs
+    )
+    return prompt, plan
+
+
 async def chat_completion(
     req: ChatCompletionRequest, model: LoadedModel, force_usage: bool, session_id: str | None = None
 ) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
     """Return the response body, or (when `req.stream`) an iterator of chunk bodies for SSE."""
     scheduler = model.scheduler
     info = scheduler.info
-    plan = plan_tools(req, model)
-    # The dialect is also needed to write past calls into the prompt when the template cannot.
-    parser = plan.parser or (parser_for(model) if any(m.tool_calls for m in req.messages) else None)
-    prompt = await render_chat(
-        scheduler.tokenizer, req.messages, plan.tools if plan.active else None, parser, req.chat_template_kwargs
-    )
+    prompt, plan = await chat_prompt(req, model)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = resolve_max_tokens(requested, len(prompt), info.max_model_len)
     guidance = await tool_guidance(plan, model) if plan.constrained else None

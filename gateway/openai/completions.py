@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -10,15 +11,18 @@ from gateway.openai.fanout import Choice, merged_stream, primed
 from gateway.openai.guided import request_guidance
 from gateway.openai.protocol import CompletionRequest
 from gateway.openai.results import UsageTally, check_output, collect, completion_logprobs, new_id, now, usage
-from gateway.openai.sampling import resolve_max_tokens, to_sampling_params
+from gateway.openai.sampling import refuse_unfittable_text, resolve_max_tokens, to_sampling_params
 from gateway.repository.registry import LoadedModel
 
 MAX_PROMPTS = 256
 
 
-def _prompts(req: CompletionRequest, model: LoadedModel) -> list[list[int]]:
+async def _prompts(req: CompletionRequest, model: LoadedModel) -> list[list[int]]:
+    """Each prompt's token ids. Text is tokenized off the event loop, and text too long for the context whatever
+    its tokens is refused before it is tokenized."""
     tokenizer = model.scheduler.tokenizer
-    vocab = model.scheduler.info.vocab_size
+    info = model.scheduler.info
+    vocab = info.vocab_size
     raw = req.prompt
     if isinstance(raw, str):
         items: list[str | list[int]] = [raw]
@@ -30,9 +34,13 @@ def _prompts(req: CompletionRequest, model: LoadedModel) -> list[list[int]]:
         raise InvalidRequestError("prompt must not be empty", param="prompt")
     if len(items) > MAX_PROMPTS:
         raise InvalidRequestError(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+    texts = [item for item in items if isinstance(item, str)]
+    for text in texts:
+        refuse_unfittable_text(len(text), tokenizer, info.max_model_len, "prompt")
+    encoded = iter(await asyncio.to_thread(lambda: [tokenizer.encode(t) for t in texts]) if texts else [])
     prompts = []
     for item in items:
-        ids = tokenizer.encode(item) if isinstance(item, str) else list(item)
+        ids = next(encoded) if isinstance(item, str) else list(item)
         if not ids:
             raise InvalidRequestError("prompt must not be empty", param="prompt")
         if any(not 0 <= t < vocab for t in ids):
@@ -50,7 +58,7 @@ async def completion(
         raise InvalidRequestError("best_of different from n is not supported", param="best_of")
     scheduler = model.scheduler
     info = scheduler.info
-    prompts = _prompts(req, model)
+    prompts = await _prompts(req, model)
     guidance = await request_guidance(req, scheduler)  # vLLM accepts response_format here too
     choices = []
     for p, prompt in enumerate(prompts):
@@ -60,7 +68,9 @@ async def completion(
             choices.append(Choice(p * req.n + i, prompt, sampling))
     prompt_tokens = sum(len(p) for p in prompts)
     tokenizer = scheduler.tokenizer
-    echo_text = [tokenizer.decode(p) if req.echo else "" for p in prompts]
+    echo_text = [""] * len(prompts)
+    if req.echo:
+        echo_text = await asyncio.to_thread(lambda: [tokenizer.decode(p) for p in prompts])
     stream = merged_stream(scheduler, choices, req.priority, session_id)
     if req.stream:
         include_usage = force_usage or bool(req.stream_options and req.stream_options.include_usage)

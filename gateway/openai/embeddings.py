@@ -22,10 +22,10 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from gateway.errors import InvalidRequestError
-from gateway.kserve.codec import InputTensor
-from gateway.openai.body_depth import NestingAwareRoute
-from gateway.openai.disconnect import cancel_on_disconnect
+from gateway.http.body_depth import NestingAwareRoute
+from gateway.http.disconnect import cancel_on_disconnect
 from gateway.repository.registry import LoadedModel
+from gateway.tensors import InputTensor
 
 log = logging.getLogger("switchyard.openai")
 
@@ -79,7 +79,7 @@ def _items(raw: Any) -> list[str | list[int]]:
     return items
 
 
-async def _embed(tensor: Any, items: list[str | list[int]]) -> tuple[list[np.ndarray], int]:
+async def embed(tensor: Any, items: list[str | list[int]]) -> tuple[list[np.ndarray], int]:
     """One batcher request per run of texts (at most max_batch_size rows) and per token list, all at once."""
     limit = max(1, tensor.config.max_batch_size)
     batched = tensor.config.max_batch_size > 0
@@ -144,7 +144,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> Respons
         if width is not None and width > 0 and body.dimensions > width:
             raise InvalidRequestError(f"dimensions must be at most {width} for this model", param="dimensions")
     try:
-        vectors, tokens = await cancel_on_disconnect(request, _embed(tensor, items))
+        vectors, tokens = await cancel_on_disconnect(request, embed(tensor, items))
     except InvalidRequestError as exc:  # the model refused an input (e.g. a token id outside its vocabulary)
         exc.param = exc.param or "input"
         raise

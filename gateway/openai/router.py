@@ -9,12 +9,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.errors import InvalidRequestError
-from gateway.openai.body_depth import NestingAwareRoute
+from gateway.http.body_depth import NestingAwareRoute
+from gateway.http.disconnect import cancel_on_disconnect
+from gateway.http.sse import sse_response
+from gateway.http.unknown_fields import log_unknown
 from gateway.openai.chat import chat_completion
 from gateway.openai.completions import completion
-from gateway.openai.disconnect import cancel_on_disconnect
-from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest, _Lenient
-from gateway.openai.sse import sse_response
+from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.openai.sessions import MAX_SESSION_ID, scoped_session_id
 from gateway.openai.tokenize import router as tokenize_router
 from gateway.repository.registry import LoadedModel, ModelRegistry
 
@@ -23,16 +25,9 @@ log = logging.getLogger("switchyard.openai")
 router = APIRouter(route_class=NestingAwareRoute)
 router.include_router(tokenize_router)
 
-MAX_SESSION_ID = 256
-
 
 def _registry(request: Request) -> ModelRegistry:
     return request.app.state.registry
-
-
-def _log_unknown(body: _Lenient, route: str) -> None:
-    if body.model_extra:
-        log.info("%s: ignoring unknown fields %s", route, sorted(body.model_extra)[:20])
 
 
 def _model_card(m: LoadedModel) -> dict[str, Any]:
@@ -58,13 +53,14 @@ async def get_model(model_id: str, request: Request) -> dict[str, Any]:
 
 
 def _session_id(request: Request, body: ChatCompletionRequest | CompletionRequest) -> str | None:
-    """The conversation's session: the X-Session-ID header, else the body's `session_id`."""
+    """The conversation's session: the X-Session-ID header, else the body's `session_id`; scoped by the caller's
+    API key (see sessions.py)."""
     header = request.headers.get("x-session-id")
     if header is None:
-        return body.session_id
+        return scoped_session_id(request, body.session_id) if body.session_id else body.session_id
     if not header or len(header) > MAX_SESSION_ID:
         raise InvalidRequestError(f"X-Session-ID must be 1 to {MAX_SESSION_ID} characters", param="session_id")
-    return header
+    return scoped_session_id(request, header)
 
 
 def _respond(result: Any, request: Request) -> Response:
@@ -76,7 +72,7 @@ def _respond(result: Any, request: Request) -> Response:
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    _log_unknown(body, "chat.completions")
+    log_unknown(body, "chat.completions")
     body.check()
     model = _registry(request).llm(body.model)
     force_usage = request.app.state.config.always_include_usage
@@ -86,7 +82,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
 
 @router.post("/v1/completions")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    _log_unknown(body, "completions")
+    log_unknown(body, "completions")
     body.check()
     model = _registry(request).llm(body.model)
     force_usage = request.app.state.config.always_include_usage

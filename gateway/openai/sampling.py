@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from engines.interface import Tokenizer
 from engines.types import SamplingParams
 from gateway.errors import ContextLengthExceededError, InvalidRequestError
 from gateway.openai.guided import Guidance
@@ -19,6 +20,19 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: in
             param="max_tokens" if requested is not None and room > 0 else "messages",
         )
     return requested if requested is not None else room
+
+
+def refuse_unfittable_text(chars: int, tokenizer: Tokenizer, max_model_len: int, param: str) -> None:
+    """400 for a text that cannot fit the context whatever its tokens, told from its length alone: tokenizing
+    tens of megabytes only to refuse them took the server's CPU for tens of seconds."""
+    per_token = tokenizer.max_chars_per_token
+    if per_token and chars > per_token * max_model_len:
+        raise ContextLengthExceededError(
+            f"This model's maximum context length is {max_model_len} tokens; the prompt has {chars} characters, "
+            f"more than {max_model_len} tokens can hold (a token stands for at most {per_token} characters). "
+            "Shorten the prompt.",
+            param=param,
+        )
 
 
 def to_sampling_params(

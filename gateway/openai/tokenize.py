@@ -8,13 +8,14 @@ with the chat template exactly as /v1/chat/completions would, tools included) an
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import Field
 
 from gateway.errors import InvalidRequestError
-from gateway.openai.body_depth import NestingAwareRoute
+from gateway.http.body_depth import NestingAwareRoute
 from gateway.openai.chat_template import render_chat
 from gateway.openai.protocol import ChatMessage, ToolDefinition, _Lenient
 from gateway.openai.tools import parser_for
@@ -65,9 +66,11 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
             tokenizer, body.messages, tools, parser, body.chat_template_kwargs, body.add_generation_prompt
         )
         if body.add_special_tokens:
-            tokens = tokenizer.encode(tokenizer.decode(tokens, skip_special_tokens=False), add_special_tokens=True)
-    else:
-        tokens = tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens is not False)
+            tokens = await asyncio.to_thread(lambda: tokenizer.encode(
+                tokenizer.decode(tokens, skip_special_tokens=False), add_special_tokens=True))
+    else:  # off the event loop: a prompt may be megabytes
+        tokens = await asyncio.to_thread(tokenizer.encode, body.prompt or "",
+                                         add_special_tokens=body.add_special_tokens is not False)
     return {
         "count": len(tokens),
         "max_model_len": model.scheduler.info.max_model_len,
@@ -82,4 +85,5 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, str
     vocab = model.scheduler.info.vocab_size
     if any(not 0 <= t < vocab for t in body.tokens):
         raise InvalidRequestError(f"token ids must be in [0, {vocab})", param="tokens")
-    return {"prompt": model.scheduler.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+    text = await asyncio.to_thread(model.scheduler.tokenizer.decode, body.tokens, skip_special_tokens=False)
+    return {"prompt": text}

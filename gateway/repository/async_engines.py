@@ -21,7 +21,7 @@ from gateway.scheduler.llm_scheduler import LLMScheduler
 log = logging.getLogger("switchyard.repository")
 
 
-def _cache_dir(cache_dir: Path | None) -> Path:
+def resolve_cache_dir(cache_dir: Path | None) -> Path:
     env = os.environ.get("SWITCHYARD_CACHE_DIR")
     return cache_dir or (Path(env) if env else Path.home() / ".cache" / "switchyard")
 
@@ -33,7 +33,7 @@ def build_async_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path 
     if builder is None:
         raise ConfigError(f"{model.config_path}: field 'backend': '{config.backend}' has no engine builder.")
     try:
-        engine = builder(model, config, _cache_dir(cache_dir))
+        engine = builder(model, config, resolve_cache_dir(cache_dir))
     except ImportError as exc:
         raise ConfigError(f"{model.config_path}: field 'backend': {exc}") from None
     except ValueError as exc:

@@ -66,7 +66,7 @@ def build_model(model: ModelDir, config: AnyModelConfig, cache_dir: Path | None,
         from gateway.kserve.schedulers import scheduler_factory
 
         log.info("loading model '%s' (backend %s)", model.name, config.resolved_backend)
-        tensor = TensorModel(model, config)
+        tensor = TensorModel(model, config, getattr(registry, "rate_limiter", None))
         tensor.load(scheduler_factory(registry))
         entry = LoadedModel(model.name, config, tensor=tensor, folder=model.name,
                             load_seconds=time.monotonic() - started)

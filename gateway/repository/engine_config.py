@@ -34,7 +34,8 @@ class PyTorchSection(_Strict):
         ge=1,
         le=256,
         description="Threads that share each step's projections, attention and norms with fast_kernels; "
-        "default: every CPU this process may use. 1 keeps them on one thread.",
+        "default: the CPU budget (affinity mask, then cgroup quota, then OMP_NUM_THREADS; docs/cpu.md). "
+        "1 keeps them on one thread.",
     )
     match_transformers: bool = Field(
         False,

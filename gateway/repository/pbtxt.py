@@ -41,7 +41,7 @@ KNOWN_REPEATED: frozenset[str] = frozenset(
         "model_warmup", "gpus", "secondary_devices", "profile", "versions", "preferred_batch_size",
         "control_input", "control", "int32_false_true", "fp32_false_true", "bool_false_true", "state",
         "initial_state", "step", "source_input", "gpu_execution_accelerator", "cpu_execution_accelerator",
-        "graph_spec", "agents", "op_library_filename",
+        "graph_spec", "agents", "op_library_filename", "resources",
     }
 )
 #: Triton ModelConfig map fields: their ``{key, value}`` entries are folded into one dict.

@@ -68,8 +68,10 @@ class ModelRegistry:
         control_mode: ControlMode = "none",
         load_models: Iterable[str] = (),
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
+        rate_limiter: Any = None,
     ) -> None:
         self.root = root
+        self.rate_limiter = rate_limiter  # gateway.scheduler.rate_limiter.RateLimiter (--rate-limit), or None
         self.cache_dir = cache_dir
         self.control_mode = control_mode
         self.load_models = list(load_models)  # explicit mode: loaded at startup; ["*"] = all
@@ -227,8 +229,12 @@ class ModelRegistry:
                 if "model" in config_override:
                     raise ConfigError("a load request's config may not set 'model' (weights location); edit the file")
                 weights = config.model
+                on_disk = config.parameters.get("allow_pickle") if isinstance(config, TensorModelConfig) else None
                 config = validate_model_config(config_override, f"{name}: load request config", name,
                                                tensor=model.config_path.suffix == ".pbtxt")
+                if isinstance(config, TensorModelConfig) and config.parameters.get("allow_pickle") != on_disk:
+                    raise ConfigError("a load request's config may not change parameter 'allow_pickle' (loading a "
+                                      "pickle runs code): set it in the model's config file")
                 config = config.model_copy(update={"model": weights}) if type(weights) is type(config.model) else config
             served = (config.served_model_name if isinstance(config, ModelConfig) else None) or name
             other = self._models.get(served)

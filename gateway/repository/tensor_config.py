@@ -21,8 +21,9 @@ TRITON_DATATYPES = {
 }
 WIRE_DATATYPES = frozenset(TRITON_DATATYPES.values())
 #: Backends a tensor model may name (Triton's `backend` values), and Triton platforms mapped onto them.
-TENSOR_BACKENDS = ("python", "onnxruntime", "pytorch", "transformers", "ensemble")
-PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch", "ensemble": "ensemble"}
+TENSOR_BACKENDS = ("python", "onnxruntime", "pytorch", "transformers", "tensorflow", "fil", "ensemble")
+PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch", "tensorflow_savedmodel": "tensorflow",
+             "ensemble": "ensemble"}
 #: Triton fields Switchyard does not implement: refused by name when set to anything but an empty value.
 UNSUPPORTED = {
     "optimization": "CUDA/TensorRT optimisation settings",
@@ -231,6 +232,27 @@ class EnsembleScheduling(_Strict):
     step: list[EnsembleStep] = Field(min_length=1)
 
 
+class RateLimiterResource(_Strict):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=256)
+    is_global: bool = Field(False, alias="global", description="One pool for the server instead of one per device.")
+    count: int = Field(0, ge=0, description="Copies of the resource the instance holds while it executes.")
+
+
+class RateLimiterConfig(_Strict):
+    resources: list[RateLimiterResource] = Field(default_factory=list)
+    priority: int = Field(0, ge=0, description="Weight under contention: 2 gets half the turns of 1 (0 counts as 1).")
+
+    @field_validator("resources")
+    @classmethod
+    def _unique(cls, value: list[RateLimiterResource]) -> list[RateLimiterResource]:
+        names = [r.name for r in value]
+        if len(names) != len(set(names)):
+            raise ValueError("rate_limiter resource names must be unique within an instance group")
+        return value
+
+
 class InstanceGroup(_Strict):
     name: str = ""
     count: int = Field(1, ge=1, le=64, description="Model instances executing batches concurrently.")
@@ -239,14 +261,13 @@ class InstanceGroup(_Strict):
     profile: list[str] = Field(default_factory=list)
     passive: bool = False
     host_policy: str = ""
-    rate_limiter: dict[str, Any] | None = None
+    rate_limiter: RateLimiterConfig | None = Field(None, description="Resources and priority (--rate-limit).")
     secondary_devices: list[Any] = Field(default_factory=list)
 
     _gpus = _not_set("gpus", "GPU placement; instances run on the CPU")
     _profile = _not_set("profile", "TensorRT profiles")
     _passive = _not_set("passive", "passive instances")
     _host = _not_set("host_policy", "host policies")
-    _rate = _not_set("rate_limiter", "the rate limiter")
     _secondary = _not_set("secondary_devices", "secondary devices")
 
 

@@ -8,7 +8,8 @@ the largest preferred size it can form (or everything that fits). Without dynami
 alone, still through the queue, so queue policies and instance concurrency apply to all models.
 
 Queue policies: a full queue rejects at once (429 / gRPC UNAVAILABLE); a request that outlives its timeout while
-queued is rejected (REJECT, 503) or moved behind every other request (DELAY). Each instance executes on its own
+queued is rejected (REJECT, 503) or moved behind every other request (DELAY). With the rate limiter on
+(`gates`), a formed batch waits until its instance holds its resources (see rate_limiter.py). Each instance executes on its own
 worker thread (never on the event loop); `instance_count` instances run batches concurrently. Outputs are split
 back per request; `preserve_ordering` releases responses in arrival order. Decoupled models stream responses.
 All queue state is touched only on the event loop.
@@ -31,7 +32,8 @@ import numpy as np
 
 from engines.interface import TensorBackend
 from gateway.errors import InternalError, InvalidRequestError, RateLimitError, ServiceUnavailableError, SwitchyardError
-from gateway.kserve.statistics import ModelStats
+from gateway.inference_stats import ModelStats
+from gateway.scheduler.rate_limiter import InstanceGate
 
 log = logging.getLogger("switchyard.batcher")
 
@@ -106,10 +108,12 @@ class DynamicBatcher:
         instances: Sequence[TensorBackend],
         policy: BatchingPolicy,
         stats: ModelStats | None = None,
+        gates: Sequence[InstanceGate] | None = None,
     ) -> None:
         if not instances:
             raise ValueError("a batcher needs at least one model instance")
         self.name = name
+        self._gates = list(gates) if gates else None  # rate limiter access, one per instance (--rate-limit)
         self.policy = policy
         self.stats = stats or ModelStats()
         self._instances = list(instances)
@@ -353,6 +357,16 @@ class DynamicBatcher:
             task.add_done_callback(self._running.discard)
 
     async def _run(self, instance: int, batch: list[_Item]) -> None:
+        gate = self._gates[instance] if self._gates else None
+        if gate is not None:  # the rate limiter: run only while this instance holds its resources
+            try:
+                waited = await gate.acquire()
+            except BaseException:
+                for item in batch:
+                    self._fail(item, ServiceUnavailableError(f"model '{self.name}' is unloading"), "OTHER")
+                self._free.put_nowait(instance)
+                raise
+            self.stats.rate_limiter.add(waited * len(batch), len(batch))
         start = time.monotonic_ns()
         for item in batch:
             self.stats.queue.add(start - item.arrival_ns)
@@ -384,6 +398,8 @@ class DynamicBatcher:
                 else:
                     self._succeed(item, result)
         finally:
+            if gate is not None:
+                gate.release(again=self.queued > 0)
             self._free.put_nowait(instance)
 
     async def _run_decoupled(self, instance: int, batch: list[_Item]) -> None:

@@ -26,9 +26,9 @@ import numpy as np
 
 from engines.interface import TensorBackend
 from gateway.errors import InvalidRequestError
-from gateway.kserve.codec import DATATYPES
-from gateway.kserve.statistics import ModelStats
+from gateway.inference_stats import ModelStats
 from gateway.scheduler.dynamic_batcher import BatchingPolicy, DynamicBatcher
+from gateway.tensors import DATATYPES
 
 log = logging.getLogger("switchyard.sequence")
 
@@ -54,7 +54,8 @@ class SequenceBatcher:
 
     takes_sequence_parameters = True
 
-    def __init__(self, name: str, instances: Sequence[TensorBackend], config: Any, stats: ModelStats | None = None) -> None:
+    def __init__(self, name: str, instances: Sequence[TensorBackend], config: Any, stats: ModelStats | None = None,
+                 gates: Sequence[Any] | None = None) -> None:
         self.name = name
         self.stats = stats or ModelStats()
         self.config = config  # gateway.repository.tensor_config.TensorModelConfig
@@ -66,7 +67,8 @@ class SequenceBatcher:
         policy = BatchingPolicy(max_batch_size=config.max_batch_size, dynamic=self.batched, preferred_sizes=preferred,
                                 max_queue_delay_s=delay)
         # one batcher per instance: a sequence's requests always reach the same model instance
-        self._batchers = [DynamicBatcher(name, [inst], policy, self.stats) for inst in instances]
+        self._batchers = [DynamicBatcher(name, [inst], policy, self.stats, [gates[i]] if gates else None)
+                          for i, inst in enumerate(instances)]
         self.idle_s = seq.max_sequence_idle_microseconds / 1e6
         self.controls = [(c.name, ctl) for c in seq.control_input for ctl in c.control]
         self.states = list(seq.state)

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from engines.interface import StepEngine, Tokenizer
-from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SequenceStep, StepResult, TokenLogprob
+from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SequenceStep, StepResult
 from gateway.errors import RateLimitError, ServiceUnavailableError
 from gateway.kv_cache.manager import KVCacheManager
 from gateway.kv_cache.sessions import SessionStore
@@ -54,6 +54,7 @@ class _Sequence:
     aborted: bool = False
     finished: bool = False
     cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    block_hashes: list[bytes] = field(default_factory=list)  # digests of its full blocks, computed once each
 
     @property
     def seq_id(self) -> str:
@@ -221,7 +222,7 @@ class SequenceBatcher(LLMScheduler):
                 self._finish(seq, "error", error="the model failed while generating; see the server log")
             return
         self._stats.steps += 1
-        self._update(batch, result.token_ids, result.logprobs)
+        self._update(batch, result)
 
     def _reap_aborted(self) -> None:
         for seq in [s for s in (*self._running, *self._waiting) if s.aborted]:
@@ -249,20 +250,20 @@ class SequenceBatcher(LLMScheduler):
                 continue
             break
         self._waiting.sort(key=lambda s: s.sort_key(now, aging))
-        # Requests whose first block is being prefilled right now (n>1 choices, the same system prompt arriving
-        # together) wait one step and then find the shared prefix in the cache instead of computing it again.
-        prefilling = {self._first_block(s) for s in self._running if s.num_computed < s.num_prompt} - {None}
+        # Requests whose next uncached block is being prefilled right now (n>1 choices, one system prompt for many
+        # chats) wait until that prefill commits it, then find it in the cache instead of computing it again; all
+        # of them in the step after the commit, as the budget allows.
+        computing = self._blocks_in_flight()
         chunked, admitted = self._limits.enable_chunked_prefill, False
         i = 0
         while (i < len(self._waiting) and (budget > 0 or not (chunked or admitted))
                and len(self._running) < self._limits.max_num_seqs):
             seq = self._waiting[i]
             if seq.num_computed == 0:
-                first = self._first_block(seq)
-                if first is not None and first in prefilling and self._kv.enable_prefix_caching:
+                if computing and self._needs_block_in_flight(seq, computing):
                     i += 1
                     continue
-                seq.num_computed = self._kv.admit(seq.seq_id, seq.tokens)
+                seq.num_computed = self._kv.admit(seq.seq_id, seq.tokens, seq.block_hashes)
                 if seq.request.session_id:
                     self._sessions.touch(seq.request.session_id)
                 if not seq.processor.num_tokens:
@@ -283,16 +284,28 @@ class SequenceBatcher(LLMScheduler):
                     scheduled.append((seq, self._step(seq, n)))
                     budget -= n
                     admitted = True
-                    prefilling.add(self._first_block(seq))
+                    computing.update(self._uncomputed_blocks(seq))
                     continue
             self._kv.free(seq.seq_id)  # drop prefix-cache references taken by admit; retry next step
             seq.num_computed = 0
             break
         return scheduled
 
-    def _first_block(self, seq: _Sequence) -> tuple[int, ...] | None:
+    def _uncomputed_blocks(self, seq: _Sequence) -> list[bytes]:
+        """Digests of the full blocks a prefilling sequence has still to compute (none once it decodes)."""
+        if not self._kv.enable_prefix_caching or len(seq.tokens) - seq.num_computed <= 1:
+            return []
         bs = self._kv.block_size
-        return tuple(seq.tokens[:bs]) if seq.num_prompt > bs else None
+        full = len(seq.tokens) // bs
+        return self._kv.hashes(seq.tokens, seq.block_hashes, full)[seq.num_computed // bs : full]
+
+    def _blocks_in_flight(self) -> set[bytes]:
+        return {h for s in self._running for h in self._uncomputed_blocks(s)}
+
+    def _needs_block_in_flight(self, seq: _Sequence, computing: set[bytes]) -> bool:
+        """Whether the first block of `seq` that the cache lacks is one a running prefill is computing."""
+        k = self._kv.num_cached_blocks(seq.tokens, seq.block_hashes)
+        return k < (len(seq.tokens) - 1) // self._kv.block_size and seq.block_hashes[k] in computing
 
     def _step(self, seq: _Sequence, n: int) -> SequenceStep:
         start = seq.num_computed
@@ -316,23 +329,30 @@ class SequenceBatcher(LLMScheduler):
         self._waiting.insert(0, seq)
         self._stats.preemptions += 1
 
-    def _update(
-        self,
-        batch: list[tuple[_Sequence, SequenceStep]],
-        tokens: dict[str, int],
-        logprobs: dict[str, TokenLogprob],
-    ) -> None:
+    def _update(self, batch: list[tuple[_Sequence, SequenceStep]], result: StepResult) -> None:
+        tokens, logprobs = result.token_ids, result.logprobs
         max_len = self._engine.info.max_model_len
         for seq, step in batch:
             seq.num_computed += len(step.token_ids)
             self._kv.commit(seq.seq_id, seq.tokens, seq.num_computed)
-            if seq.finished or seq.aborted or seq.seq_id not in tokens:
+            if seq.finished or seq.aborted:
+                continue
+            if seq.seq_id in result.errors:  # its row failed in the engine: it ends alone
+                self._finish(seq, "error", error=result.errors[seq.seq_id])
+                continue
+            if seq.seq_id not in tokens:
                 continue
             token = tokens[seq.seq_id]
             seq.tokens.append(token)
-            if seq.request.sampling.constraint is not None:
-                seq.request.sampling.constraint.accept(token)
-            text = seq.processor.add_token(token, max_total_reached=len(seq.tokens) >= max_len)
+            try:  # this row's own work (its grammar, its stop strings, its text): a failure ends it alone
+                if seq.request.sampling.constraint is not None:
+                    seq.request.sampling.constraint.accept(token)
+                text = seq.processor.add_token(token, max_total_reached=len(seq.tokens) >= max_len)
+            except Exception as exc:
+                log.exception("output processing failed for %s", seq.seq_id)
+                self._finish(seq, "error", error=f"processing this request's output failed ({type(exc).__name__}); "
+                                                 "see the server log")
+                continue
             reason = seq.processor.finish_reason
             lp = logprobs.get(seq.seq_id)
             out = GenerationOutput(
@@ -373,7 +393,7 @@ class SequenceBatcher(LLMScheduler):
     def _release(self, seq: _Sequence) -> None:
         seq.finished = True
         if seq.request.session_id and not seq.aborted:
-            self._sessions.pin(seq.request.session_id, self._kv.cached_blocks(seq.seq_id))
+            self._sessions.pin(seq.request.session_id, self._kv.cached_blocks(seq.seq_id, seq.tokens))
         self._kv.free(seq.seq_id)
         if seq in self._running:
             self._running.remove(seq)

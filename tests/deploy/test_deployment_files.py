@@ -550,6 +550,19 @@ def test_helm_values_match_the_image_defaults():
     assert load_yaml(CHART / "values-gpu.yaml")["engine"]["gpu"] >= 1
 
 
+def test_engine_cpu_requests_equal_limits_in_whole_cpus():
+    """The engine runs one compute thread per whole CPU of its cgroup quota (engines/cpu_budget.py): requests equal
+    to limits in whole CPUs make those threads the CPUs the pod is guaranteed (docs/cpu.md)."""
+    base = load_docs((K8S / "base" / "engine-deployment.yaml").read_text())
+    kustomize = containers_of(next(d for d in base if d["kind"] == "Deployment"))[0]["resources"]
+    helm = load_yaml(CHART / "values.yaml")["engine"]["resources"]
+    for where, resources in (("helm values.yaml", helm), ("kustomize base", kustomize)):
+        request, limit = str(resources["requests"]["cpu"]), str(resources["limits"]["cpu"])
+        assert request == limit and limit.isdigit() and int(limit) >= 1, (where, resources)
+        assert resources["requests"]["memory"] == resources["limits"]["memory"], where  # Guaranteed QoS
+    assert helm == kustomize
+
+
 # ---- optional: tools -----------------------------------------------------------------------------------------
 
 

@@ -12,12 +12,16 @@ import numpy as np
 import openai
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import DEFAULT_MODEL, KSERVE_REPOSITORY, ROOT, ServerProcess, free_port
 
 USER_KEY = "sk-user-0123456789abcdef"
 OTHER_KEY = "sk-user-fedcba9876543210"
+TENANT_A = "sk-tenant-a-0123456789"  # keys of their own: RPM counts per key
+TENANT_B = "sk-tenant-b-0123456789"
+INDEX_KEY = "sk-index-0123456789"
 ADMIN_KEY = "sk-admin-0123456789abcdef"
 ORIGIN = "https://app.example.com"
 RPM = 4
@@ -30,7 +34,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
     shutil.copytree(KSERVE_REPOSITORY / "text_echo", repo / "text_echo")
     shutil.copytree(ROOT / "model_repository" / DEFAULT_MODEL, repo / DEFAULT_MODEL)
     keys = tmp_path_factory.mktemp("keys")
-    (keys / "api").write_text(f"# team keys\n{USER_KEY}\n{OTHER_KEY}\n")
+    (keys / "api").write_text(f"# team keys\n{USER_KEY}\n{OTHER_KEY}\n{TENANT_A}\n{TENANT_B}\n{INDEX_KEY}\n")
     (keys / "admin").write_text(ADMIN_KEY + "\n")
     grpc_port = free_port()
     proc = ServerProcess(
@@ -91,15 +95,15 @@ def test_admin_routes_need_the_admin_key(secured: ServerProcess) -> None:
     assert httpx.post(url).status_code == 401
     denied = httpx.post(url, headers=bearer(USER_KEY))
     assert denied.status_code == 403 and "admin key" in denied.json()["error"]
-    assert httpx.post(secured.base_url + "/v2/repository/index", headers=bearer(USER_KEY)).status_code == 403
     assert httpx.post(url, headers=bearer(ADMIN_KEY)).status_code == 200
     # the admin key also works on inference routes
     assert httpx.get(secured.base_url + "/v1/models", headers=bearer(ADMIN_KEY)).status_code == 200
 
 
 @pytest.mark.parametrize("path", [
-    b"//v2/repository/index", b"/v2/./repository/index", b"/v1/models/../../v2/repository/index",
-    b"/v2/repository%2findex", b"/health/../v2/repository/index", b"/v2/%2e%2e/v2/repository/index",
+    b"//v2/repository/models/text_echo/unload", b"/v2/./repository/models/text_echo/unload",
+    b"/v1/models/../../v2/repository/models/text_echo/unload", b"/v2/repository%2fmodels/text_echo/unload",
+    b"/health/../v2/repository/models/text_echo/unload", b"/v2/%2e%2e/v2/repository/models/text_echo/unload",
 ])
 def test_path_tricks_do_not_bypass_the_admin_key(secured: ServerProcess, path: bytes) -> None:
     reply = raw_request(secured.port, b"POST " + path + b" HTTP/1.1", b"Authorization: Bearer " + USER_KEY.encode() + b"\r\n")
@@ -178,3 +182,42 @@ def test_tokens_per_minute(secured: ServerProcess) -> None:
         client.completions.create(model=DEFAULT_MODEL, prompt="again", max_tokens=5)
     assert int(err.value.response.headers["retry-after"]) >= 1
     assert httpx.get(secured.base_url + "/health").status_code == 200
+
+
+def test_repository_index_answers_whoever_may_infer(secured: ServerProcess) -> None:
+    """Triton scripts list the models before inferring: tritonclient's index call works with an inference key over
+    both protocols (not without a key); load and unload stay admin-only."""
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{secured.port}")
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{secured.grpc_port}")  # type: ignore[attr-defined]
+    try:
+        assert "text_echo" in {m["name"] for m in http.get_model_repository_index(headers=bearer(INDEX_KEY))}
+        rows = grpc.get_model_repository_index(headers=bearer(INDEX_KEY), as_json=True)["models"]
+        assert "text_echo" in {m["name"] for m in rows}
+        with pytest.raises(InferenceServerException) as missing:
+            grpc.get_model_repository_index()
+        assert missing.value.status() == "StatusCode.UNAUTHENTICATED"
+        with pytest.raises(InferenceServerException) as denied:
+            grpc.unload_model("text_echo", headers=bearer(INDEX_KEY))
+        assert denied.value.status() == "StatusCode.PERMISSION_DENIED"
+        with pytest.raises(InferenceServerException):
+            http.unload_model("text_echo", headers=bearer(INDEX_KEY))
+        assert httpx.post(secured.base_url + "/v2/repository/index").status_code == 401
+    finally:
+        http.close()
+        grpc.close()
+
+
+def test_sessions_belong_to_the_key_that_made_them(secured: ServerProcess) -> None:
+    """The same session id with another key is another session; another key's DELETE of it is a 404."""
+    a, b = bearer(TENANT_A), bearer(TENANT_B)
+    issued = httpx.post(secured.base_url + "/v1/sessions", headers=a).json()["id"]
+    assert issued.startswith("sess-") and len(issued) == len("sess-") + 32  # 128 random bits
+    body = {"model": DEFAULT_MODEL, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
+    url = secured.base_url + "/v1/completions"
+    assert httpx.post(url, json=body, headers={**a, "X-Session-ID": issued}, timeout=60).status_code == 200
+    assert httpx.delete(f"{secured.base_url}/v1/sessions/{issued}", headers=b).status_code == 404
+    assert httpx.post(url, json=body, headers={**b, "X-Session-ID": issued}, timeout=60).status_code == 200
+    assert secured.metric("switchyard_kv_sessions") == 2  # two sessions: one per key
+    assert httpx.delete(f"{secured.base_url}/v1/sessions/{issued}", headers=a).status_code == 200
+    assert secured.metric("switchyard_kv_sessions") == 1  # b's is untouched
+    assert httpx.delete(f"{secured.base_url}/v1/sessions/{issued}", headers=b).status_code == 200

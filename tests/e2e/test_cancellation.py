@@ -17,7 +17,9 @@ def _wait_idle(server: ServerProcess, timeout: float = 30.0) -> tuple[float, flo
     while True:
         text = httpx.get(server.base_url + "/metrics").text
         state = metric_sample(text, "switchyard_num_requests_running") + metric_sample(text, "switchyard_num_requests_waiting")
-        blocks = metric_sample(text, "switchyard_kv_cache_blocks_used")
+        # blocks held by anything but KV sessions (stored conversations of other tests keep theirs pinned)
+        blocks = metric_sample(text, "switchyard_kv_cache_blocks_used") - metric_sample(
+            text, "switchyard_kv_session_pinned_blocks")
         if (state, blocks) == (0, 0) or time.monotonic() > deadline:
             return state, blocks
         time.sleep(0.2)

@@ -40,3 +40,18 @@ def test_circle_classifier_over_v2(client: httpclient.InferenceServerClient, bin
     probs = client.infer("circle_classifier", [points], outputs=[out]).as_numpy("PROBABILITIES")
     assert probs.argmax(1).tolist() == [1, 1, 0, 0]  # [outside, inside] per row
     assert client.get_model_config("circle_classifier")["platform"] == "onnxruntime_onnx"
+
+
+def test_circle_forest_equals_treelite(client: httpclient.InferenceServerClient) -> None:
+    import treelite
+
+    from tests.conftest import ROOT
+
+    points = np.array([[0, 0], [0.5, 0.5], [1.5, 0], [-2, 2]], dtype=np.float32)
+    tensor = httpclient.InferInput("input__0", [4, 2], "FP32")
+    tensor.set_data_from_numpy(points)
+    got = client.infer("circle_forest", [tensor]).as_numpy("output__0")
+    forest = treelite.Model.deserialize(str(ROOT / "model_repository" / "circle_forest" / "1" / "checkpoint.tl"))
+    assert np.array_equal(got, treelite.gtil.predict(forest, points).reshape(4, 1).astype(np.float32))
+    assert (got.ravel() > 0.5).tolist() == [True, True, False, False]
+    assert client.get_model_metadata("circle_forest")["platform"] == "fil"

@@ -93,6 +93,8 @@ def test_ensemble_runs_the_whole_pipeline(client: httpclient.InferenceServerClie
     assert labels == ["inside", "outside", "inside"]
     scores = result.as_numpy("SCORE").ravel()
     assert scores.shape == (3,) and (scores > 0.5).all()
+    forest = client.infer("circle_pipeline", [text], outputs=[httpclient.InferRequestedOutput("FOREST_SCORE")])
+    assert (forest.as_numpy("FOREST_SCORE").ravel() > 0.5).tolist() == [True, False, True]  # the forest agrees
     assert client.get_model_metadata("circle_pipeline")["platform"] == "ensemble"
     steps = client.get_inference_statistics("circle_preprocess")["model_stats"][0]
     assert steps["inference_count"] >= 3  # the step models really ran
@@ -112,5 +114,5 @@ def test_ensemble_over_grpc(kserve_server: ServerProcess) -> None:
     assert c.infer("circle_pipeline", [text]).as_numpy("LABEL").ravel().tolist() == [b"inside"]
     config = c.get_model_config("circle_pipeline").config
     assert [s.model_name for s in config.ensemble_scheduling.step] == ["circle_preprocess", "circle_classifier",
-                                                                        "circle_postprocess"]
+                                                                        "circle_postprocess", "circle_forest"]
     c.close()

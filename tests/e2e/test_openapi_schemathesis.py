@@ -9,8 +9,9 @@ Every operation gets a few generated requests, valid ones (bodies built from the
   object) and /v2 infer / generate / repository routes read the raw request, so their bodies are not described at
   all (schemathesis sends them without one). Error statuses are not declared either (FastAPI lists a 422 that the
   server never sends: it answers 400), so
-* `errors_in_protocol_shape` (ours) checks every 4xx: JSON, OpenAI's `{"error": {...}}` on /v1 and `{"error": "..."}`
-  on /v2, no 422, nothing internal leaked.
+* `errors_in_protocol_shape` (ours) checks every 4xx: JSON, OpenAI's `{"error": {...}}` on /v1 (and /v2/rerank),
+  Anthropic's `{"type": "error", "error": {...}}` on /v1/messages and `{"error": "..."}` on /v2, no 422, nothing
+  internal leaked.
 
 Generation is kept cheap: `max_tokens` is clamped to 2, `n` / `best_of` to 1 and streams are turned off (streams are
 tested elsewhere), so each valid generation costs a step or two of the small model.
@@ -34,7 +35,7 @@ from tests.conftest import ServerProcess
 TOTAL_SECONDS = 120.0  # the whole run; operations not reached in time are reported as skipped
 EXAMPLES = {GenerationMode.POSITIVE: 6, GenerationMode.NEGATIVE: 4}
 LEAKS = ("Traceback", "site-packages", "/work/", "/tmp/", 'File "')
-CLAMPS = {"max_tokens": 2, "max_completion_tokens": 2, "n": 1, "best_of": 1, "min_tokens": 1}
+CLAMPS = {"max_tokens": 2, "max_completion_tokens": 2, "max_output_tokens": 2, "n": 1, "best_of": 1, "min_tokens": 1}
 
 
 def errors_in_protocol_shape(ctx: Any, response: Any, case: Any) -> None:
@@ -46,10 +47,15 @@ def errors_in_protocol_shape(ctx: Any, response: Any, case: Any) -> None:
     content_type = (response.headers.get("content-type") or [""])[0]
     assert content_type.startswith("application/json"), f"{case.operation.label}: {status} as {content_type}"
     body = response.json()
-    assert isinstance(body, dict) and set(body) == {"error"}, body
-    if case.operation.path.startswith("/v2"):
+    path = case.operation.path
+    if path.startswith("/v1/messages"):  # Anthropic's shape
+        assert isinstance(body, dict) and body.get("type") == "error", body
+        assert set(body["error"]) == {"type", "message"} and body["error"]["message"], body
+    elif path.startswith("/v2") and path != "/v2/rerank":
+        assert isinstance(body, dict) and set(body) == {"error"}, body
         assert isinstance(body["error"], str) and body["error"], body
     else:
+        assert isinstance(body, dict) and set(body) == {"error"}, body
         assert set(body["error"]) == {"message", "type", "param", "code"}, body
     for marker in LEAKS:
         assert marker not in response.text, f"{marker!r} leaked: {response.text[:300]}"

@@ -168,6 +168,21 @@ def test_openai_sdk_through_the_gateway_matches_the_upstream(
     assert stopped.choices[0].message.content == "The capital of France is"
 
 
+def test_responses_messages_and_continuation_through_the_remote_backend(
+    client: openai.OpenAI, gateway: ServerProcess
+) -> None:
+    want = client.chat.completions.create(model=REMOTE_MODEL, messages=QUESTION, temperature=0)
+    resp = client.responses.create(model=REMOTE_MODEL, input=QUESTION[0]["content"], temperature=0)
+    assert resp.output_text == want.choices[0].message.content
+    message = httpx.post(f"{gateway.base_url}/v1/messages", timeout=120, json={
+        "model": REMOTE_MODEL, "max_tokens": 60, "temperature": 0, "messages": QUESTION}).json()
+    assert message["content"][0]["text"] == want.choices[0].message.content
+    assert message["stop_reason"] == "end_turn"
+    more = client.responses.create(model=REMOTE_MODEL, input="And of Germany?", temperature=0,
+                                   previous_response_id=resp.id)
+    assert more.status == "completed" and more.usage.input_tokens > resp.usage.input_tokens
+
+
 def test_logprobs_come_back_with_token_ids(client: openai.OpenAI, upstreams: list[ServerProcess]) -> None:
     direct = openai.OpenAI(base_url=f"{upstreams[0].base_url}/v1", api_key="unused", max_retries=0, timeout=120)
     kwargs = {"messages": QUESTION, "temperature": 0, "max_tokens": 3, "logprobs": True, "top_logprobs": 2}

@@ -127,6 +127,18 @@ def test_seed_is_reproducible_and_sampling_fields_apply(client: openai.OpenAI) -
     assert long.usage.completion_tokens >= 25
 
 
+def test_responses_and_messages_equal_chat_on_vllm(client: openai.OpenAI, vllm_server: ServerProcess) -> None:
+    want = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=40)
+    resp = client.responses.create(model=MODEL, input=QUESTION[0]["content"], temperature=0, max_output_tokens=40)
+    assert resp.output_text == want.choices[0].message.content
+    more = client.responses.create(model=MODEL, input="And of Germany?", temperature=0, max_output_tokens=40,
+                                   previous_response_id=resp.id)
+    assert more.status in ("completed", "incomplete") and more.output_text
+    message = httpx.post(f"{vllm_server.base_url}/v1/messages", timeout=120, json={
+        "model": MODEL, "max_tokens": 40, "temperature": 0, "messages": QUESTION}).json()
+    assert message["content"][0]["text"] == want.choices[0].message.content
+
+
 def test_n_choices(client: openai.OpenAI) -> None:
     resp = client.chat.completions.create(model=MODEL, messages=QUESTION, n=2, seed=3, max_tokens=8)
     assert sorted(c.index for c in resp.choices) == [0, 1]

@@ -14,7 +14,8 @@ def test_routes_are_classified() -> None:
     assert KEYS.role_of("/health") is Role.PUBLIC
     assert KEYS.role_of("/metrics") is Role.PUBLIC
     assert KEYS.role_of("/v2/health/ready") is Role.PUBLIC
-    assert KEYS.role_of("/v2/repository/index") is Role.ADMIN
+    assert KEYS.role_of("/v2/repository/index") is Role.INFERENCE  # listing is reading, as in Triton
+    assert KEYS.role_of("/v2/repository/index/x") is Role.ADMIN
     assert KEYS.role_of("/v2/repository/models/x/load") is Role.ADMIN
     assert KEYS.role_of("/v2/repositoryx") is Role.INFERENCE  # a prefix of a segment is not the admin tree
     assert KEYS.role_of("/v1/chat/completions") is Role.INFERENCE
@@ -27,7 +28,8 @@ def test_grpc_methods_are_classified() -> None:
     assert KeyStore.grpc_role(service + "ServerLive") is Role.PUBLIC
     assert KeyStore.grpc_role(service + "ModelInfer") is Role.INFERENCE
     assert KeyStore.grpc_role(service + "RepositoryModelLoad") is Role.ADMIN
-    assert KeyStore.grpc_role(service + "RepositoryIndex") is Role.ADMIN
+    assert KeyStore.grpc_role(service + "RepositoryModelUnload") is Role.ADMIN
+    assert KeyStore.grpc_role(service + "RepositoryIndex") is Role.INFERENCE
 
 
 def test_inference_keys() -> None:
@@ -69,14 +71,14 @@ def test_without_keys_inference_is_open_and_admin_is_closed() -> None:
     (b"//v2/repository/index", "//v2/repository/index"),
     (b"/v1/./models", "/v1/./models"),
     (b"/v1/models/../../v2/repository/index", "/v1/models/../../v2/repository/index"),
-    (b"/v2/%72epository/index", "/v2/repository/index"),  # fine: decodes to the canonical admin path
+    (b"/v2/%72epository/models/x/load", "/v2/repository/models/x/load"),  # fine: decodes to the canonical admin path
     (b"/v2/repository%2findex", "/v2/repository/index"),
     (b"/v1/models/%2e%2e/x", "/v1/models/../x"),
     (b"/v1/models\\..", "/v1/models\\.."),
     (b"/health/..", "/health/.."),
 ])
 def test_non_canonical_paths(raw: bytes, path: str) -> None:
-    if raw == b"/v2/%72epository/index":
+    if raw == b"/v2/%72epository/models/x/load":
         assert KEYS.role_of(canonical_path(raw, path)) is Role.ADMIN
         return
     with pytest.raises(InvalidRequestError):

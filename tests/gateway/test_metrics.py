@@ -11,8 +11,9 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+from engines.cpu_budget import cpu_budget
 from gateway.errors import InternalError, RateLimitError, ServiceUnavailableError
-from gateway.kserve.statistics import ModelStats
+from gateway.inference_stats import ModelStats
 from gateway.metrics import build_metrics_registry, render
 from gateway.scheduler.dynamic_batcher import BatchingPolicy, DynamicBatcher, QueueRules
 from gateway.scheduler.llm_scheduler import SchedulerStats
@@ -93,6 +94,10 @@ def test_triton_metrics_have_triton_names_labels_and_units() -> None:
     # host
     assert 0.0 <= value(parsed, "nv_cpu_utilization") <= 1.0
     assert 0 < value(parsed, "nv_cpu_memory_used_bytes") <= value(parsed, "nv_cpu_memory_total_bytes")
+    # the CPU budget the engines size their threads from (engines/cpu_budget.py)
+    budget = cpu_budget()
+    assert value(parsed, "switchyard_cpu_budget_threads", source=budget.source) == budget.threads >= 1
+    assert value(parsed, "switchyard_cpu_limit") == budget.cpus > 0
 
 
 def test_llm_metrics_have_vllm_names_and_buckets() -> None:

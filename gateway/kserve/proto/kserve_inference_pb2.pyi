@@ -277,8 +277,24 @@ class ModelConfigResponse(_message.Message):
     config: ModelConfig
     def __init__(self, config: _Optional[_Union[ModelConfig, _Mapping]] = ...) -> None: ...
 
+class ModelRateLimiter(_message.Message):
+    __slots__ = ("resources", "priority")
+    class Resource(_message.Message):
+        __slots__ = ("name", "count")
+        NAME_FIELD_NUMBER: _ClassVar[int]
+        GLOBAL_FIELD_NUMBER: _ClassVar[int]
+        COUNT_FIELD_NUMBER: _ClassVar[int]
+        name: str
+        count: int
+        def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., **kwargs) -> None: ...
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    resources: _containers.RepeatedCompositeFieldContainer[ModelRateLimiter.Resource]
+    priority: int
+    def __init__(self, resources: _Optional[_Iterable[_Union[ModelRateLimiter.Resource, _Mapping]]] = ..., priority: _Optional[int] = ...) -> None: ...
+
 class ModelInstanceGroup(_message.Message):
-    __slots__ = ("name", "count", "kind")
+    __slots__ = ("name", "count", "kind", "rate_limiter")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_AUTO: _ClassVar[ModelInstanceGroup.Kind]
@@ -292,10 +308,12 @@ class ModelInstanceGroup(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMITER_FIELD_NUMBER: _ClassVar[int]
     name: str
     count: int
     kind: ModelInstanceGroup.Kind
-    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., kind: _Optional[_Union[ModelInstanceGroup.Kind, str]] = ...) -> None: ...
+    rate_limiter: ModelRateLimiter
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., kind: _Optional[_Union[ModelInstanceGroup.Kind, str]] = ..., rate_limiter: _Optional[_Union[ModelRateLimiter, _Mapping]] = ...) -> None: ...
 
 class ModelTensorReshape(_message.Message):
     __slots__ = ("shape",)

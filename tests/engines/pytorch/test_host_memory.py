@@ -62,6 +62,7 @@ print(faults[-1])
 """
 
 
+@pytest.mark.slow  # two Python processes that import torch: seconds each
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_freed_step_buffers_are_reused_without_page_faults() -> None:
     def refaults(mode: str) -> int:

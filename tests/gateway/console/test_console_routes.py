@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.auth import KeyStore, Role
-from gateway.cli import build_parser
+from gateway.cli import load_config
 from gateway.config import build_config
 from gateway.console import overview
 from gateway.console.routes import STATIC
@@ -66,7 +66,7 @@ def test_overview_describes_every_folder_even_unloaded() -> None:
     server = body["server"]
     assert server["version"] and server["admin_enabled"] and not server["auth_required"]
     assert server["cpu"]["visible"] >= 1 and server["cpu"]["budget"] is None
-    assert server["features"] == {"rerank": False}
+    assert server["features"] == {"rerank": True}  # gateway/rerank serves POST /v1/rerank
     models = {m["name"]: m for m in body["models"]}
     llm = models[DEFAULT_MODEL]
     assert (llm["state"], llm["kind"], llm["backend"], llm["dtype"], llm["max_model_len"]) == (
@@ -79,9 +79,9 @@ def test_the_rerank_tab_follows_the_route() -> None:
     """The page shows its Rerank tab only when the server has POST /v1/rerank."""
     config = build_config(model_repository=ROOT / "model_repository")
     app = create_app(config)
-    assert TestClient(app).get("/ui/api/overview").json()["server"]["features"]["rerank"] is False
-    app.add_api_route("/v1/rerank", lambda: {}, methods=["POST"])
     assert TestClient(app).get("/ui/api/overview").json()["server"]["features"]["rerank"] is True
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/v1/rerank"]
+    assert TestClient(app).get("/ui/api/overview").json()["server"]["features"]["rerank"] is False
 
 
 def test_broken_config_is_shown_with_its_reason(tmp_path: Path) -> None:
@@ -136,8 +136,9 @@ def test_no_console() -> None:
     assert c.get("/").status_code == 404
     assert c.get("/ui/").status_code == 404
     assert c.get("/ui/api/overview").status_code == 404
-    assert build_parser().parse_args(["serve", "--no-console"]).console is False
-    assert build_parser().parse_args(["serve"]).console is True
+    assert load_config(["--no-console"], environ={}).console is False
+    assert load_config([], environ={}).console is True
+    assert load_config([], environ={"SWITCHYARD_CONSOLE": "0"}).console is False
 
 
 def test_console_role_needs_the_console() -> None:

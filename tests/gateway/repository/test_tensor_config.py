@@ -120,7 +120,7 @@ def test_sequence_and_ensemble_sections(tmp_path: Path) -> None:
         ('backend: "python" instance_group { count: 1 gpus: [ 0 ] }', "instance_group.0.gpus", "GPU"),
         ('backend: "python" response_cache { enable: true }', "response_cache.enable", "response cache"),
         ('platform: "tensorrt_plan"', "(top level)", "tensorrt_plan"),
-        ('backend: "tensorflow" max_batch_size: 1', "(top level)", "not a tensor backend"),
+        ('backend: "openvino" max_batch_size: 1', "(top level)", "not a tensor backend"),
         ('backend: "python" input { name: "A" data_type: TYPE_FP33 dims: 1 }', "input.0.data_type", "TYPE_FP33"),
         ('backend: "python" input { name: "A" data_type: TYPE_FP32 dims: 0 }', "input.0.dims", "dims"),
         ('backend: "python" max_batch_size: 2 dynamic_batching { preferred_batch_size: 4 }', "(top level)", "max_batch_size"),

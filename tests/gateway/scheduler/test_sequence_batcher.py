@@ -290,3 +290,74 @@ async def test_siblings_with_the_same_prompt_share_its_prefill(setup) -> None:
     assert all(r[0] == "rs" for r in results)
     prefill = sorted(_prefill_tokens(engine, f"n{i}") for i in range(3))
     assert prefill == [1, 1, 17]  # computed once, then reused by the two siblings
+
+
+async def test_requests_sharing_a_prefill_are_admitted_together_once_it_is_committed() -> None:
+    """16 chats with one 100-token system prompt arrive together: one prefill of the prompt (chunked over two
+    steps), then every follower in the step after the commit (not one per step)."""
+    engine = CountingEngine(num_blocks=256, block_size=4)
+    batcher = SequenceBatcher(engine, BatcherLimits(max_num_seqs=32, max_num_batched_tokens=64))
+    await batcher.start()
+    system = ("abcdefghijklmnopqrstuvwxyz" * 4)[:100]
+    tails = [chr(ord("a") + i) + chr(ord("z") - i) + "q" for i in range(16)]
+    try:
+        results = await asyncio.gather(*(drain(batcher, req(f"r{i}", system + t, max_tokens=2))
+                                         for i, t in enumerate(tails)))
+    finally:
+        await batcher.stop()
+    assert all(r[1] == "length" for r in results)
+    leader = next(s.seq_id for s in engine.steps[0])
+    committed = next(i for i, step in enumerate(engine.steps)
+                     for s in step if s.seq_id == leader and s.start_pos + len(s.token_ids) >= len(system))
+    first_token = {s.seq_id: i for i, step in reversed(list(enumerate(engine.steps))) for s in step if s.sample}
+    assert len(first_token) == 16
+    late = {rid: step for rid, step in first_token.items() if step > committed + 2}
+    assert not late, f"prefix committed at step {committed}; first tokens later than 2 steps after: {late}"
+    assert sum(_prefill_tokens(engine, f"r{i}") for i in range(16)) == 103 + 15 * 3  # the prompt once, then tails
+
+
+async def test_a_row_that_fails_ends_alone_and_the_others_go_on() -> None:
+    """One row's sampling fails in the engine (an entry in StepResult.errors) and another row's grammar raises on
+    the event loop: each of them ends with its own error; the rest of the step produce what they produce alone."""
+
+    class OneBadRow(CountingEngine):
+        def execute(self, batch):  # type: ignore[no-untyped-def]
+            result = super().execute(batch)
+            if "bad-sampling" in result.token_ids:
+                del result.token_ids["bad-sampling"]
+                result.errors["bad-sampling"] = "the model produced non-finite logits (NaN or infinity) for this request"
+            return result
+
+    class Exploding:
+        def allowed_mask(self, vocab_size: int) -> None:
+            return None
+
+        def accept(self, token_id: int) -> None:
+            raise RuntimeError("matcher state corrupted")
+
+    engine = OneBadRow()
+    batcher = SequenceBatcher(engine, BatcherLimits(max_num_seqs=16, max_num_batched_tokens=64))
+    await batcher.start()
+    try:
+        alone = {f"ok{i}": await drain(batcher, req(f"solo{i}", "abcdefg"[i:], max_tokens=5)) for i in range(6)}
+        grammar = req("bad-grammar", "abc", max_tokens=5)
+        grammar.sampling.constraint = Exploding()  # type: ignore[assignment]
+        outs = await asyncio.gather(*(collect(batcher, r) for r in [
+            *(req(f"ok{i}", "abcdefg"[i:], max_tokens=5) for i in range(6)), req("bad-sampling", "abc", max_tokens=5),
+            grammar]))
+    finally:
+        await batcher.stop()
+    together = {out[-1].request_id: out for out in outs}
+    assert any({s.seq_id for s in step} >= set(together) for step in engine.steps), "the eight never shared a step"
+    for rid, solo in alone.items():
+        o = together[rid]
+        assert ("".join(x.text for x in o), o[-1].finish_reason, o[-1].completion_tokens) == solo
+    assert together["bad-sampling"][-1].finish_reason == "error"
+    assert "non-finite logits" in together["bad-sampling"][-1].error
+    assert together["bad-grammar"][-1].finish_reason == "error"
+    assert "RuntimeError" in together["bad-grammar"][-1].error
+    assert batcher.stats().kv_blocks_used == 0
+
+
+async def collect(batcher: SequenceBatcher, r: GenerationRequest) -> list:
+    return [out async for out in batcher.generate(r)]

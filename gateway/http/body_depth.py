@@ -11,6 +11,7 @@ instead of FastAPI's validation error about a body that is not a dict: the messa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Callable, Coroutine
@@ -24,6 +25,7 @@ from starlette.responses import Response
 from gateway.errors import InvalidRequestError, UnsupportedMediaTypeError
 
 TOO_DEEP = 100  # the depth from which we blame a field; the parser itself fails near ~1000
+PARSE_OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed in a worker thread
 
 # An escaped surrogate (\uD800-\uDFFF) or one encoded as UTF-8 bytes (which json.loads decodes with surrogatepass).
 _SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
@@ -44,6 +46,52 @@ def has_lone_surrogate(raw: bytes, doc: Any = _UNSET) -> bool:
     except (ValueError, RecursionError):  # not JSON at all: the parser reports that itself
         return False
     return False
+
+
+async def _read_body(request: Request) -> bytes | bytearray:
+    """The whole body. A large one declared by Content-Length is written into one buffer of that size as it
+    arrives, instead of being joined from its pieces at the end (a copy of megabytes while the event loop waits)."""
+    declared = request.headers.get("content-length", "")
+    if not declared.isdigit() or int(declared) <= PARSE_OFF_LOOP_BYTES:
+        return await request.body()
+    buffer = bytearray(int(declared))
+    view, filled = memoryview(buffer), 0
+    async for chunk in request.stream():
+        view[filled : filled + len(chunk)] = chunk  # the server enforces Content-Length: it never runs over
+        filled += len(chunk)
+    view.release()
+    del buffer[filled:]
+    request._body = buffer  # Starlette's cache of request.body(), for FastAPI and anything after us
+    return buffer
+
+
+def _lone_surrogate_in(doc: Any) -> bool:
+    """Whether any string (key or value) of a parsed JSON document holds an unpaired surrogate."""
+    stack = [doc]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():  # constant time: CPython keeps the flag
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _parse(raw: bytes | bytearray) -> tuple[bool, Any]:
+    """(whether `raw` holds a lone surrogate, the parsed document or _UNSET when it does not parse: FastAPI then
+    parses it again and reports the error as usual)."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return False, _UNSET
+    return _lone_surrogate_in(doc), doc
 
 
 def deepest_field(raw: bytes, limit: int = TOO_DEEP) -> str | None:
@@ -95,10 +143,19 @@ class NestingAwareRoute(APIRoute):
                         f"Content-Type '{media}' is not supported: send the body as JSON with the header "
                         "'Content-Type: application/json'")
                 try:
-                    raw = await request.body()
+                    raw = await _read_body(request)
                 except ClientDisconnect:
                     raise InvalidRequestError("the client closed the connection before the body ended") from None
-                if has_lone_surrogate(raw):
+                if len(raw) > PARSE_OFF_LOOP_BYTES:
+                    # Megabytes of JSON held the event loop for a second (a regex scan, the parse): health probes
+                    # and streams waited. Parse in a thread (FastAPI reuses the result) and look for lone
+                    # surrogates in the parsed strings, where an ASCII string is ruled out in constant time.
+                    surrogate, doc = await asyncio.to_thread(_parse, raw)
+                    if doc is not _UNSET:
+                        request._json = doc  # Starlette's cache of request.json(), which FastAPI reads the body from
+                else:
+                    surrogate = has_lone_surrogate(raw)
+                if surrogate:
                     raise InvalidRequestError("the request body is not valid JSON: it holds an unpaired UTF-16 surrogate")
             try:
                 return await handler(request)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from sse_starlette.sse import EventSourceResponse, SendTimeoutError
@@ -55,3 +55,20 @@ async def _frames(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[s
 
 def sse_response(chunks: AsyncIterator[dict[str, Any]], send_timeout_s: float) -> EventSourceResponse:
     return EventStream(_frames(chunks), send_timeout_s)
+
+
+async def _typed_frames(events: AsyncIterator[dict[str, Any]],
+                        failure: Callable[[InternalError], dict[str, Any]]) -> AsyncIterator[dict[str, str]]:
+    try:
+        async for event in events:
+            yield {"event": event["type"], "data": _dump(event)}
+    except Exception:
+        log.exception("stream failed after it started")
+        yield {"event": "error", "data": _dump(failure(InternalError("the stream failed; see the server log")))}
+
+
+def typed_events_response(events: AsyncIterator[dict[str, Any]], send_timeout_s: float,
+                          failure: Callable[[InternalError], dict[str, Any]]) -> EventSourceResponse:
+    """Events named by their `type` (`event: <type>` then `data: {json}`), as the Responses and Messages APIs
+    stream them; an unexpected failure sends an `error` event with the body `failure` gives."""
+    return EventStream(_typed_frames(events, failure), send_timeout_s)

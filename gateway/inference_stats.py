@@ -58,6 +58,7 @@ class ModelStats:
     success: Duration = field(default_factory=Duration)
     fail: Duration = field(default_factory=Duration)
     queue: Duration = field(default_factory=Duration)
+    rate_limiter: Duration = field(default_factory=Duration)  # part of `queue`: waiting for the rate limiter
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
