@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.cli import build_parser
+from gateway.cli import build_parser, read_settings
+from gateway.config import build_config
 from tests.deploy.crd_schemas import validate
 from tests.deploy.test_deployment_files import LIVE_PATH, READY_PATH, dockerfile_instructions, load_yaml
 
@@ -40,7 +41,8 @@ def test_the_runtime_runs_switchyard_on_kserves_port_and_mount() -> None:
     assert argv[:2] == ["switchyard", "serve"]
     # The image has no ENTRYPOINT, so args replace its CMD whole.
     assert not [i for i, _ in dockerfile_instructions(ROOT / "deploy" / "docker" / "Dockerfile") if i == "ENTRYPOINT"]
-    args = build_parser().parse_args(argv[1:])  # the real CLI accepts every flag
+    sources, values = read_settings(build_parser().parse_args(argv[1:]), {})  # the real CLI accepts every flag
+    args = build_config(sources, **values)
     assert str(args.model_repository) == MOUNT and args.host == "0.0.0.0"
     assert [p["containerPort"] for p in container["ports"]] == [args.http_port]
     probe = container["readinessProbe"]["httpGet"]
