@@ -132,6 +132,7 @@ step "Kustomize overlays cpu, gpu (kubectl kustomize)" "$KUBECTL" render_kustomi
 render_helm() {
     "$HELM" lint --strict deploy/helm/switchyard \
         && "$HELM" lint --strict deploy/helm/switchyard -f deploy/helm/switchyard/values-gpu.yaml \
+        && "$HELM" lint --strict deploy/helm/switchyard --set inferencePool.enabled=true \
         && "$HELM" template switchyard deploy/helm/switchyard > "$WORK/helm-cpu.yaml" \
         && "$HELM" template switchyard deploy/helm/switchyard -f deploy/helm/switchyard/values-gpu.yaml \
             > "$WORK/helm-gpu.yaml"

@@ -100,6 +100,7 @@ class GenerationRequest:
     priority: int = 0  # lower value = served first (vLLM's convention)
     session_id: str | None = None
     arrival_time: float = 0.0
+    trace_headers: dict[str, str] = field(default_factory=dict)  # W3C traceparent/tracestate to pass downstream
 
 
 @dataclass

@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, start_http
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engines.cpu_budget import cpu_budget
-from gateway import __version__
+from gateway import __version__, tracing
 from gateway.access import AccessControl, AccessMiddleware
 from gateway.anthropic.router import router as anthropic_router
 from gateway.auth import KeyStore
@@ -45,6 +45,7 @@ from gateway.request_log import RequestIdMiddleware
 from gateway.rerank.router import router as rerank_router
 from gateway.responses.router import router as responses_router
 from gateway.responses.service import open_service as open_responses
+from gateway.tracing import TraceContextMiddleware
 
 log = logging.getLogger("switchyard")
 
@@ -169,6 +170,8 @@ def _lifespan(config: ServerConfig, registry: ModelRegistry, access: AccessContr
         try:
             yield
         finally:
+            if config.otlp_traces_endpoint:
+                tracing.shutdown()  # export the last spans
             app.state.ready = False
             if grpc_server is not None:
                 await grpc_server.stop(grace=5)
@@ -236,6 +239,9 @@ def _add_middleware(app: FastAPI, config: ServerConfig, access: AccessControl, e
     app.add_middleware(AccessMiddleware, access=access)
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(EndpointCountMiddleware, counts=endpoint_counts)
+    app.add_middleware(TraceContextMiddleware)  # the client's W3C trace context, for spans and upstreams
+    if config.otlp_traces_endpoint:
+        tracing.configure(config.otlp_traces_endpoint)
     if config.cors_allow_origins:
         app.add_middleware(
             CORSMiddleware,

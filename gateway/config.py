@@ -126,6 +126,10 @@ class ServerConfig(BaseModel):
     rate_limit_resources: tuple[str, ...] = setting(
         (), "how much of a rate-limiter resource there is", flag="--rate-limit-resource",
         metavar="NAME:COUNT[:DEVICE]", default_text="the largest count any instance asks for", group=LIMITER)
+    otlp_traces_endpoint: str | None = setting(
+        None, "send a span per LLM request (queue, prefill, decode) over OTLP/HTTP to URL, e.g. "
+        "http://collector:4318/v1/traces; needs switchyard[tracing]", metavar="URL", default_text="off",
+        doc="scale-out.md#tracing")
 
     @field_validator("log_level", "log_format", "model_control_mode", "rate_limit", mode="before")
     @classmethod

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from engines.types import GenerationOutput, GenerationRequest
+from gateway import tracing
 from gateway.inference_stats import ModelStats, failure_reason
 from gateway.rate_limit import charge_tokens
 
@@ -112,6 +113,10 @@ class LLMRequestStats:
         tokens = 0  # output tokens seen so far
         last = 0.0  # when the latest token arrived
         done = False
+        request.trace_headers = dict(request.trace_headers or tracing.incoming.get())
+        trace = _open_trace(request) if tracing.enabled() else None
+        first_token: float | None = None
+        final: GenerationOutput | None = None
         try:
             async with contextlib.aclosing(updates):
                 async for out in updates:
@@ -122,6 +127,7 @@ class LLMRequestStats:
                     new = total - tokens
                     if new > 0:
                         if tokens == 0:
+                            first_token = now
                             self.ttft.observe(now - timing.arrival)
                             prompt = out.prompt_tokens or len(request.prompt_token_ids)
                             self.prompt_tokens += prompt
@@ -132,6 +138,7 @@ class LLMRequestStats:
                         charge_tokens(new)
                         tokens, last = total, now
                     if out.finished:
+                        final = out
                         done = True
                         self._end(timing, now, out.finish_reason or "stop", _FINISH_FAILURES.get(out.finish_reason or ""))
                     yield out
@@ -143,8 +150,13 @@ class LLMRequestStats:
             if not done:
                 done = True
                 self._failed(timing, exc)
+                if trace is not None:
+                    _close_trace(trace, timing, first_token, tokens, None, exc)
+                    trace = None
             raise
         finally:
+            if trace is not None:
+                _close_trace(trace, timing, first_token, tokens, final, None)
             if self._timings.get(request_id) is timing:
                 del self._timings[request_id]
 
@@ -168,3 +180,36 @@ class LLMRequestStats:
         stats.success.add(total_ns)
         stats.queue.add(int((started - timing.arrival) * 1e9))
         stats.record_batch(1, 1, 0, int((now - started) * 1e9), 0)  # an LLM request is one inference, one execution
+
+
+def _open_trace(request: GenerationRequest) -> tracing.RequestTrace:
+    """The request's span; downstream (a remote upstream) gets it as the parent from now on."""
+    sampling = request.sampling
+    trace = tracing.RequestTrace(request.trace_headers, request.arrival_time, {
+        "gen_ai.request.id": request.request_id,
+        "gen_ai.request.max_tokens": sampling.max_tokens,
+        "gen_ai.request.temperature": sampling.temperature,
+        "gen_ai.request.top_p": sampling.top_p,
+    })
+    request.trace_headers = trace.headers
+    return trace
+
+
+def _close_trace(trace: tracing.RequestTrace, timing: _Timing, first_token: float | None, tokens: int,
+                 final: GenerationOutput | None, exc: BaseException | None) -> None:
+    end = clock()
+    attributes: dict[str, object] = {"gen_ai.usage.output_tokens": tokens}
+    error = None
+    if final is not None:
+        attributes["gen_ai.response.finish_reasons"] = [final.finish_reason or "stop"]
+        attributes["gen_ai.usage.input_tokens"] = final.prompt_tokens
+        attributes["gen_ai.usage.cached_input_tokens"] = final.cached_prompt_tokens
+        error = final.error
+    elif exc is not None:
+        error = f"{exc.__class__.__name__}: {exc}"
+    else:
+        error = "the stream ended without a final update"
+    try:
+        trace.finish(timing.arrival, timing.scheduled, first_token, end, attributes, error)
+    except Exception:  # a tracing bug must never fail a request
+        tracing.log.exception("could not record the request's span")

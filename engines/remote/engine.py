@@ -31,7 +31,7 @@ import aiohttp
 
 from engines.hf_tokenizer import HFTokenizer
 from engines.interface import AsyncGenerateEngine, EngineUnavailableError, RequestRefusedError, Tokenizer
-from engines.remote.routing import Router
+from engines.remote.routing import Router, RoutingSettings
 from engines.remote.tokenizer import load_tokenizer
 from engines.remote.upstream import TRANSPORT_ERRORS, Upstream, UpstreamSettings
 from engines.remote.wire import Delta, TokenIds, UpstreamError, completion_body, parse_chunk, sse_data
@@ -54,6 +54,7 @@ class RemoteSettings:
     retries: int = 2  # extra attempts on other upstreams before the first token
     health_check_seconds: float = 5.0
     api_key: str | None = None  # sent as `Authorization: Bearer ...` to every upstream
+    routing: RoutingSettings = field(default_factory=RoutingSettings)
 
 
 class _Retry(Exception):
@@ -81,7 +82,7 @@ class RemoteEngine(AsyncGenerateEngine):
         self._settings = settings
         self._tokenizer = tokenizer
         self._info = info
-        self._router = Router([Upstream(u) for u in settings.upstreams])
+        self._router = Router([Upstream(u) for u in settings.upstreams], settings.routing)
         self._token_ids = TokenIds(tokenizer)
         self._headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         self._client: aiohttp.ClientSession | None = None
@@ -152,7 +153,7 @@ class RemoteEngine(AsyncGenerateEngine):
         if self._client is None:
             raise EngineUnavailableError("the remote engine is not started")
         body = completion_body(self._settings.model, request)
-        headers = dict(self._headers)
+        headers = {**self._headers, **request.trace_headers}  # the caller's W3C trace context goes upstream
         if request.session_id:
             headers["X-Session-ID"] = request.session_id
             self._sessions[request.session_id] = None
@@ -162,7 +163,7 @@ class RemoteEngine(AsyncGenerateEngine):
         tried: list[Upstream] = []
         failures: list[str] = []
         for _ in range(1 + max(0, self._settings.retries)):
-            upstream = self._router.pick(request.session_id, tried)
+            upstream = self._router.pick(request.session_id, tried, request.prompt_token_ids)
             if upstream is None:
                 break
             tried.append(upstream)

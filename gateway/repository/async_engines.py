@@ -106,6 +106,7 @@ def _tensorrt_llm(model: ModelDir, config: ModelConfig, cache_dir: Path) -> Asyn
 
 def _remote(model: ModelDir, config: ModelConfig, cache_dir: Path) -> AsyncGenerateEngine:
     from engines.remote.engine import RemoteSettings, build_remote_engine
+    from engines.remote.routing import RoutingSettings
     from engines.remote.upstream import UpstreamSettings
 
     section = config.remote
@@ -144,6 +145,7 @@ def _remote(model: ModelDir, config: ModelConfig, cache_dir: Path) -> AsyncGener
         retries=section.retries,
         health_check_seconds=section.health_check_seconds,
         api_key=api_key,
+        routing=RoutingSettings(**section.routing.model_dump()),
     )
     log.info("model '%s' is served by %d upstream(s): %s", model.name, len(upstreams),
              ", ".join(u.base_url for u in upstreams))

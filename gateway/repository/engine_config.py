@@ -8,10 +8,10 @@ in one place. Every field is checked; errors name the field and the fix.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -97,6 +97,34 @@ class UpstreamEntry(_Strict):
         return {"url": value} if isinstance(value, str) else value
 
 
+class RoutingSection(_Strict):
+    """How the remote backend spreads requests that carry no session (engines/remote/routing.py)."""
+
+    policy: Literal["cache_aware", "least_outstanding"] = Field(
+        "cache_aware",
+        description="cache_aware: to the upstream that probably holds the longest prefix of the prompt (within "
+        "the load bound), else the least busy; least_outstanding: always the least busy.",
+    )
+    block_tokens: int = Field(16, ge=1, le=4096, description="Prefix-tree granularity: the upstreams' KV block size.")
+    cache_tokens: int = Field(
+        65536, ge=1, description="Prompt tokens remembered per upstream: set it to about an upstream's KV pool."
+    )
+    cache_threshold: float = Field(
+        0.5, ge=0, le=1, description="Least fraction of the prompt probably cached for the prefix to decide."
+    )
+    balance_abs: int = Field(
+        2, ge=0, description="Skip the cached upstream when it has this many more requests in flight than the "
+        "least busy one ..."
+    )
+    balance_rel: float = Field(1.5, ge=1, description="... and this many times as many.")
+
+    @model_validator(mode="after")
+    def _cache_holds_a_block(self) -> RoutingSection:
+        if self.cache_tokens < self.block_tokens:
+            raise ValueError(f"cache_tokens ({self.cache_tokens}) must be at least block_tokens ({self.block_tokens})")
+        return self
+
+
 class RemoteSection(_Strict):
     """Upstream OpenAI-compatible servers (Switchyard, vLLM, SGLang) that serve this model; URLs only from here."""
 
@@ -118,6 +146,7 @@ class RemoteSection(_Strict):
     api_key_env: str | None = Field(
         None, description="Name of an environment variable holding a bearer token for the upstreams."
     )
+    routing: RoutingSection = Field(default_factory=RoutingSection, description="How requests are spread.")
 
     @field_validator("upstreams", mode="before")
     @classmethod

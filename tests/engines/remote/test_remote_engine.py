@@ -155,9 +155,11 @@ async def engine_for(upstreams: Upstreams, retries: int = 2) -> RemoteEngine:
     return engine
 
 
-def request(rid: str = "r", session: str | None = None, **sampling: object) -> GenerationRequest:
+def request(
+    rid: str = "r", session: str | None = None, prompt: list[int] | None = None, **sampling: object
+) -> GenerationRequest:
     params = SamplingParams(**{"max_tokens": 8, "temperature": 0.0, **sampling})  # type: ignore[arg-type]
-    return GenerationRequest(rid, [1, 2, 3], params, session_id=session)
+    return GenerationRequest(rid, prompt or [1, 2, 3], params, session_id=session)
 
 
 async def collect(engine: RemoteEngine, req: GenerationRequest) -> list[GenerationOutput]:
@@ -230,6 +232,28 @@ async def test_least_outstanding_with_rotation_balances_sequential_requests() ->
         await collect(engine, request(str(i)))
     assert sorted(ups.hosts()) == ["up-a"] * 3 + ["up-b"] * 3
     assert ups.hosts()[:2] in (["up-a", "up-b"], ["up-b", "up-a"])
+
+
+async def test_the_trace_context_goes_upstream() -> None:
+    ups = Upstreams(up_a=answer(), up_b=answer())
+    engine = await engine_for(ups)
+    req = request("traced")
+    req.trace_headers = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    await collect(engine, req)
+    assert ups.calls[0].headers["traceparent"] == req.trace_headers["traceparent"]
+    await collect(engine, request("untraced"))
+    assert "traceparent" not in ups.calls[1].headers
+
+
+async def test_prompts_sharing_a_long_prefix_go_where_it_is_cached() -> None:
+    ups = Upstreams(up_a=answer(), up_b=answer())
+    engine = await engine_for(ups)
+    tenants = [[t + 1] * 40 for t in range(2)]  # two "system prompts" of 40 tokens
+    for i in range(6):
+        await collect(engine, request(str(i), prompt=tenants[i % 2] + [20, i]))
+    hosts = ups.hosts()
+    assert hosts[0] != hosts[1]  # new prefixes spread by load ...
+    assert hosts[2::2] == [hosts[0]] * 2 and hosts[3::2] == [hosts[1]] * 2  # ... then follow their cache
 
 
 async def test_a_session_always_goes_to_the_same_upstream_and_carries_its_header() -> None:

@@ -38,11 +38,14 @@ remote:
   model: upstream-name
   retries: 1
   health_check_seconds: 2
+  routing: {cache_tokens: 8192, balance_abs: 2}
 """)
     assert config.remote is not None
     assert [u.url for u in config.remote.upstreams] == ["http://engine-0:8000", "https://engine-1.example:8443/v1"]
     assert [u.read_timeout_seconds for u in config.remote.upstreams] == [None, 30]
     assert (config.remote.model, config.remote.retries, config.remote.health_check_seconds) == ("upstream-name", 1, 2)
+    routing = config.remote.routing
+    assert (routing.policy, routing.cache_tokens, routing.balance_abs) == ("cache_aware", 8192, 2)
 
 
 @pytest.mark.parametrize(
@@ -55,6 +58,10 @@ remote:
         ("backend: remote\nremote:\n  upstreams: ['http://a:1?x=1']\n", "drop the query"),
         ("backend: remote\nremote:\n  upstreams: [http://a:1]\n  retrys: 3\n", "remote.retrys"),
         ("backend: remote\nremote:\n  upstreams: [http://a:1]\n  api_key_env: 'A B'\n", "environment variable name"),
+        ("backend: remote\nremote:\n  upstreams: [http://a:1]\n  routing: {policy: round_robin}\n",
+         "'cache_aware' or 'least_outstanding'"),
+        ("backend: remote\nremote:\n  upstreams: [http://a:1]\n  routing: {cache_tokens: 8}\n",
+         "must be at least block_tokens (16)"),
         ("backend: vllm\nvllm:\n  kv_cache_gib: 1\n", "vllm.kv_cache_gib"),
         ("backend: tensorrt_llm\ntensorrt_llm:\n  kv_cache_free_gpu_memory_fraction: 2\n", "less than or equal to 1"),
         ("pytorch: {match_transformers: true}\n", "needs dtype: bfloat16, scheduler.enable_chunked_prefill: false, "
