@@ -7,10 +7,9 @@ and they must stay free of any HTTP concern.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from engines.interface import TokenConstraint
+from engines.token_constraint import TokenConstraint
 
 GuidedKind = Literal["json", "regex", "choice", "lark"]
 

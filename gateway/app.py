@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, start_http_server
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engines.cpu_budget import cpu_budget
@@ -104,6 +104,41 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     registry = registry or ModelRegistry(config.model_repository, config.cache_dir,
                                          control_mode=config.model_control_mode, load_models=config.load_models,
                                          drain_timeout_s=config.drain_seconds, rate_limiter=build_rate_limiter(config))
+    keys = _key_store(config)
+    lifecycle = Lifecycle()
+    access = AccessControl(keys, RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm), lifecycle)
+    endpoint_counts = EndpointCounts()
+    metrics_registry = build_metrics_registry(registry, endpoint_counts)
+    app = FastAPI(title="Switchyard", version=__version__,
+                  lifespan=_lifespan(config, registry, access, metrics_registry))
+    app.state.config = config
+    app.state.registry = registry
+    app.state.ready = False
+    app.state.keys = keys
+    app.state.lifecycle = lifecycle
+    add_error_handlers(app)
+    _add_routes(app, config)
+    _add_health_routes(app, registry, lifecycle, metrics_registry)
+    _add_middleware(app, config, access, endpoint_counts)
+    return app
+
+
+def _key_store(config: ServerConfig) -> KeyStore:
+    """The API and admin keys; a warning when inference is open beyond this machine."""
+    keys = KeyStore(
+        [k.get_secret_value() for k in config.api_keys],
+        [k.get_secret_value() for k in config.admin_keys],
+        config.public_paths,
+        console=config.console,
+    )
+    if keys.inference_open and config.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("no API key is configured: anyone who reaches %s can run inference", config.host)
+    return keys
+
+
+def _lifespan(config: ServerConfig, registry: ModelRegistry, access: AccessControl,
+              metrics_registry: CollectorRegistry) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """Startup: load and start the models, the metrics port, gRPC and polling; shutdown in the reverse order."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -144,24 +179,12 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
             for model in registry.all_models():
                 await model.stop()
 
-    keys = KeyStore(
-        [k.get_secret_value() for k in config.api_keys],
-        [k.get_secret_value() for k in config.admin_keys],
-        config.public_paths,
-        console=config.console,
-    )
-    if keys.inference_open and config.host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("no API key is configured: anyone who reaches %s can run inference", config.host)
-    endpoint_counts = EndpointCounts()
-    metrics_registry = build_metrics_registry(registry, endpoint_counts)
-    app = FastAPI(title="Switchyard", version=__version__, lifespan=lifespan)
-    app.state.config = config
-    app.state.registry = registry
-    app.state.ready = False
-    app.state.keys = keys
-    app.state.lifecycle = lifecycle = Lifecycle()
-    access = AccessControl(keys, RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm), lifecycle)
-    add_error_handlers(app)
+    return lifespan
+
+
+def _add_routes(app: FastAPI, config: ServerConfig) -> None:
+    """The frontends: OpenAI's /v1 (with Responses), Anthropic's Messages, rerank/score, KServe's /v2, and the web
+    console."""
     app.include_router(openai_router)
     app.include_router(kserve_router)
     app.include_router(embeddings_router)
@@ -173,6 +196,11 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
         from gateway.console.routes import add_console
 
         add_console(app)  # the web console at / and /ui/ (docs/console.md)
+
+
+def _add_health_routes(app: FastAPI, registry: ModelRegistry, lifecycle: Lifecycle,
+                       metrics_registry: CollectorRegistry) -> None:
+    """Probes (/health, /v2/health/*), /metrics and /version."""
 
     @app.get("/health")
     @app.get("/v2/health/ready")
@@ -200,8 +228,10 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     async def version() -> dict[str, str]:
         return {"version": __version__}
 
-    # Outermost last: CORS answers preflights, then every request is counted by endpoint and gets its id, then access
-    # checks, then the body limit.
+
+def _add_middleware(app: FastAPI, config: ServerConfig, access: AccessControl, endpoint_counts: EndpointCounts) -> None:
+    """Outermost last: CORS answers preflights, then every request is counted by endpoint and gets its id, then
+    access checks, then the body limit."""
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(AccessMiddleware, access=access)
     app.add_middleware(RequestIdMiddleware)
@@ -215,4 +245,3 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
                            "anthropic-version"],
             expose_headers=["x-request-id", "retry-after"],
         )
-    return app

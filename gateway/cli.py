@@ -1,179 +1,130 @@
-"""`switchyard serve ...`: flags and `SWITCHYARD_*` environment variables -> `ServerConfig` -> uvicorn."""
+"""`switchyard serve ...`: flags and `SWITCHYARD_*` environment variables -> `ServerConfig` -> uvicorn.
+
+The flags and variables are not declared here: they come from `ServerConfig`'s fields (gateway/config.py).
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from gateway import __version__
+from gateway.config import SETTINGS, ServerConfig, Setting, build_config
 from gateway.errors import ConfigError
+
+ENV_NOTE = ("Every flag can also be set by its environment variable (shown with it); a flag given on the command "
+            "line wins. Lists are comma-separated in the environment; booleans read 1/true/yes/on or 0/false/no/off.")
+
+
+def _help(spec: Setting) -> str:
+    env = spec.env + (", comma-separated" if spec.kind == "list" else "")
+    env += "".join(f", or {alias}" for alias in spec.env_aliases)
+    text = spec.help + (" (repeatable)" if spec.kind == "list" and spec.flag else "")
+    text += f" [env {env}; default: {spec.shown_default}]"
+    if spec.doc:
+        text += f" (docs/{spec.doc.split('#')[0]})"
+    return text.replace("`", "").replace("%", "%%")
+
+
+def _argument(spec: Setting) -> dict[str, Any]:
+    """argparse's keywords for one setting; values stay strings, ServerConfig checks them (one place for errors)."""
+    if spec.kind == "bool":
+        return {"action": argparse.BooleanOptionalAction}
+    keywords: dict[str, Any] = {"metavar": spec.metavar}
+    if spec.choices:
+        keywords = {"type": str.lower, "choices": spec.choices}
+    if spec.kind == "list":
+        keywords["action"] = "append"
+    return keywords
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="switchyard", description="OpenAI-compatible LLM serving gateway.")
     parser.add_argument("--version", action="version", version=f"switchyard {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve a model repository over HTTP")
-    env = os.environ.get
-    serve.add_argument("--model-repository", type=Path, default=env("SWITCHYARD_MODEL_REPOSITORY", "model_repository"),
-                       help="folder of models, one sub-folder with a config.yaml each (default: %(default)s)")
-    serve.add_argument("--host", default=env("SWITCHYARD_HOST", "127.0.0.1"),
-                       help="interface to listen on; 0.0.0.0 in containers (default: %(default)s)")
-    serve.add_argument("--http-port", type=int, default=int(env("SWITCHYARD_HTTP_PORT", "8000")),
-                       help="port for /v1, /v2, /health and /metrics (default: %(default)s)")
-    serve.add_argument("--grpc-port", type=int, default=int(env("SWITCHYARD_GRPC_PORT", "8001")),
-                       help="port for the KServe v2 gRPC service; 0 disables it (default: %(default)s)")
-    serve.add_argument("--metrics-port", type=int, default=int(env("SWITCHYARD_METRICS_PORT", "8002")),
-                       help="extra port serving only /metrics; 0 disables it (default: %(default)s)")
-    serve.add_argument("--log-level", default=env("SWITCHYARD_LOG_LEVEL", "info"),
-                       choices=["debug", "info", "warning", "error"], help="(default: %(default)s)")
-    serve.add_argument("--cache-dir", type=Path, default=env("SWITCHYARD_CACHE_DIR"),
-                       help="where converted weights are cached (default: ~/.cache/switchyard)")
-    serve.add_argument("--max-body-bytes", type=int, default=int(env("SWITCHYARD_MAX_BODY_BYTES", str(32 * 2**20))),
-                       help="larger request bodies are refused with 413 (default: %(default)s)")
-    serve.add_argument("--always-include-usage", action="store_true",
-                       default=env("SWITCHYARD_ALWAYS_INCLUDE_USAGE", "") in ("1", "true", "yes"),
-                       help="send a usage chunk on every stream (LangChain does not ask for one)")
-    security = serve.add_argument_group("access control (see docs/deployment.md)")
-    security.add_argument("--api-key", action="append", default=[], metavar="KEY",
-                          help="an API key for /v1 and /v2 inference (repeatable; also SWITCHYARD_API_KEYS, "
-                               "comma-separated). Without any key, inference is open.")
-    security.add_argument("--api-key-file", type=Path, default=env("SWITCHYARD_API_KEY_FILE"),
-                          help="file with one API key per line ('#' starts a comment)")
-    security.add_argument("--admin-key-file", type=Path, default=env("SWITCHYARD_ADMIN_KEY_FILE"),
-                          help="file with the admin key(s) for the repository API (also SWITCHYARD_ADMIN_KEY). "
-                               "Without one, the repository API is disabled.")
-    security.add_argument("--public-path", action="append", default=None, metavar="PATH",
-                          help="an exact path served without a key (repeatable; default: the health routes "
-                               "and /metrics)")
-    security.add_argument("--cors-allow-origin", action="append", default=None, metavar="ORIGIN",
-                          help="allow browsers from ORIGIN ('*' for any; repeatable; default: CORS off)")
-    security.add_argument("--rate-limit-rpm", type=int, default=int(env("SWITCHYARD_RATE_LIMIT_RPM", "0")),
-                          help="requests per minute per API key, or per address without one; 0 = off "
-                               "(default: %(default)s)")
-    security.add_argument("--rate-limit-tpm", type=int, default=int(env("SWITCHYARD_RATE_LIMIT_TPM", "0")),
-                          help="prompt + generated tokens per minute per API key; 0 = off (default: %(default)s)")
-    serve.add_argument("--drain-seconds", type=float, default=float(env("SWITCHYARD_DRAIN_SECONDS", "30")),
-                       help="after SIGTERM, how long in-flight requests may take to finish (default: %(default)s)")
-    serve.add_argument("--stream-send-timeout-secs", type=float,
-                       default=float(env("SWITCHYARD_STREAM_SEND_TIMEOUT_S", "30")),
-                       help="seconds one send of a stream may wait for a client that stopped reading before the "
-                            "stream is closed and its generation aborted (env SWITCHYARD_STREAM_SEND_TIMEOUT_S)")
-    serve.add_argument("--no-console", dest="console", action="store_false",
-                       default=env("SWITCHYARD_CONSOLE", "1").lower() not in ("0", "false", "no"),
-                       help="do not serve the web console at / and /ui/ (also SWITCHYARD_CONSOLE=0)")
-    serve.add_argument("--log-format", default=env("SWITCHYARD_LOG_FORMAT", "text"), choices=["text", "json"],
-                       help="json: one JSON object per line, with the request id (default: %(default)s)")
-    responses = serve.add_argument_group("stored responses (/v1/responses with store: true)")
-    responses.add_argument("--responses-store", type=Path, default=env("SWITCHYARD_RESPONSES_STORE"),
-                           help="SQLite file for stored responses (default: responses.sqlite3 in the cache dir)")
-    responses.add_argument("--responses-max-stored", type=int,
-                           default=int(env("SWITCHYARD_RESPONSES_MAX_STORED", "10000")),
-                           help="stored responses kept; past this the oldest go first (default: %(default)s)")
-    responses.add_argument("--responses-max-bytes", type=int,
-                           default=int(env("SWITCHYARD_RESPONSES_MAX_BYTES", str(1 << 30))),
-                           help="bytes of stored responses kept; past this the oldest go first (default: 1 GiB)")
-    responses.add_argument("--responses-ttl-secs", type=float,
-                           default=float(env("SWITCHYARD_RESPONSES_TTL_SECS", str(30 * 86400))),
-                           help="stored responses expire after this many seconds (default: 30 days)")
-    control = serve.add_argument_group("model control (Triton's modes; see docs/deployment.md)")
-    control.add_argument("--model-control-mode", type=str.lower, choices=["none", "explicit", "poll"],
-                         default=env("SWITCHYARD_MODEL_CONTROL_MODE", "none").lower(),
-                         help="none: load every model at startup, repository load/unload refused; explicit: load "
-                              "only --load-model models, load/unload through the repository API; poll: load every "
-                              "model and apply repository changes as they appear (default: %(default)s)")
-    control.add_argument("--load-model", action="append", default=None, metavar="NAME",
-                         help="explicit mode: a model to load at startup (repeatable; '*' = all; also "
-                              "SWITCHYARD_LOAD_MODEL, comma-separated)")
-    control.add_argument("--repository-poll-secs", type=float, default=env("SWITCHYARD_REPOSITORY_POLL_SECS"),
-                         help="poll mode: seconds between two scans of the repository (default: 15)")
-    limiter = serve.add_argument_group("rate limiter (Triton's; see docs/frameworks.md)")
-    limiter.add_argument("--rate-limit", type=str.lower, choices=["off", "execution_count"],
-                         default=env("SWITCHYARD_RATE_LIMIT", "off").lower(),
-                         help="execution_count: a tensor model instance executes only while it holds the resources "
-                              "its instance_group's rate_limiter lists, turns weighted by priority "
-                              "(default: %(default)s)")
-    limiter.add_argument("--rate-limit-resource", action="append", default=None, metavar="NAME:COUNT[:DEVICE]",
-                         help="how much of a resource there is (repeatable; also SWITCHYARD_RATE_LIMIT_RESOURCES, "
-                              "comma-separated); default: the largest count any instance asks for")
+    env_only = [spec for spec in SETTINGS.values() if spec.flag is None]
+    serve = sub.add_parser("serve", help="serve a model repository over HTTP", description=ENV_NOTE,
+                           epilog="environment only: " + "; ".join(f"{s.name}: {_help(s)}" for s in env_only))
+    groups: dict[str, Any] = {}
+    for spec in SETTINGS.values():
+        if spec.flag is None:
+            continue  # environment only
+        if spec.group and spec.group not in groups:
+            groups[spec.group] = serve.add_argument_group(spec.group)
+        where = groups.get(spec.group, serve)
+        # SUPPRESS: a flag not given leaves no attribute, so the environment and then the field's default apply.
+        where.add_argument(spec.flag, *spec.flag_aliases, dest=spec.name, default=argparse.SUPPRESS,
+                           help=_help(spec), **_argument(spec))
     return parser
 
 
-def _read_keys(path: Path | None, what: str) -> list[str]:
-    """Keys from a file, one per line; a clear ConfigError if it cannot be read."""
-    if path is None:
-        return []
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise ConfigError(f"cannot read the {what} file {path}: {exc.strerror}; check the path and permissions.")
-    keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
-    if not keys:
-        raise ConfigError(f"the {what} file {path} holds no key; write one key per line.")
-    return keys
+def _from_env(spec: Setting, raw: str) -> Any:
+    return [item.strip() for item in raw.split(",") if item.strip()] if spec.kind == "list" else raw
 
 
-def _env_list(name: str) -> list[str]:
-    """A comma-separated environment variable as a list (empty items dropped)."""
-    return [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
+def read_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
+    """(where each value came from, the values given) from the flags and the environment; the flag wins unless the
+    setting combines both (API keys). An empty variable counts as unset."""
+    sources: dict[str, str] = {}
+    values: dict[str, Any] = {}
+    for spec in SETTINGS.values():
+        env = next((name for name in spec.envs if environ.get(name, "").strip()), None)
+        from_env = _from_env(spec, environ[env]) if env else None
+        if spec.name in args:
+            values[spec.name], sources[spec.name] = getattr(args, spec.name), str(spec.flag)
+            if spec.combine and from_env:
+                values[spec.name] = [*values[spec.name], *from_env]
+                sources[spec.name] = f"{spec.flag} and {env}"
+        elif env:
+            values[spec.name], sources[spec.name] = from_env, env
+    return sources, values
+
+
+def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> ServerConfig:
+    """The config of `switchyard serve *argv` in an environment (the process's by default)."""
+    args = build_parser().parse_args(["serve", *argv])
+    sources, values = read_settings(args, os.environ if environ is None else environ)
+    return build_config(sources, **values)
+
+
+def serve(config: ServerConfig) -> None:
+    """Load the repository (config errors fail here, before the port opens), then serve until SIGTERM."""
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.config import build_rate_limiter
+    from gateway.http_limits import BoundedHeadHttpToolsProtocol  # huge request heads: 431
+    from gateway.lifecycle import DrainingServer
+    from gateway.repository.registry import ModelRegistry
+
+    registry = ModelRegistry(config.model_repository, config.cache_dir, control_mode=config.model_control_mode,
+                             load_models=config.load_models, drain_timeout_s=config.drain_seconds,
+                             rate_limiter=build_rate_limiter(config))
+    registry.prepare()
+    app = create_app(config, registry)
+    server_config = uvicorn.Config(app, host=config.host, port=config.http_port, log_level=config.log_level,
+                                   timeout_graceful_shutdown=5, log_config=None, access_log=False,
+                                   http=BoundedHeadHttpToolsProtocol)
+    DrainingServer(server_config, app.state.lifecycle, config.drain_seconds).run()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from gateway.request_log import setup_logging
 
-    setup_logging(args.log_level, args.log_format)
-    import uvicorn
-
-    from gateway.app import create_app
-    from gateway.config import build_config, build_rate_limiter
-    from gateway.http_limits import BoundedHeadHttpToolsProtocol  # huge request heads: 431
-    from gateway.lifecycle import DrainingServer
-    from gateway.repository.registry import ModelRegistry
-
     try:
-        config = build_config(
-            model_repository=args.model_repository,
-            host=args.host,
-            http_port=args.http_port,
-            grpc_port=args.grpc_port,
-            metrics_port=args.metrics_port,
-            log_level=args.log_level,
-            cache_dir=args.cache_dir,
-            max_body_bytes=args.max_body_bytes,
-            always_include_usage=args.always_include_usage,
-            api_keys=[*args.api_key, *_env_list("SWITCHYARD_API_KEYS"), *_read_keys(args.api_key_file, "API key")],
-            admin_keys=[*_env_list("SWITCHYARD_ADMIN_KEY"), *_read_keys(args.admin_key_file, "admin key")],
-            public_paths=args.public_path,
-            cors_allow_origins=args.cors_allow_origin,
-            rate_limit_rpm=args.rate_limit_rpm,
-            rate_limit_tpm=args.rate_limit_tpm,
-            drain_seconds=args.drain_seconds,
-            stream_send_timeout_secs=args.stream_send_timeout_secs,
-            log_format=args.log_format,
-            console=args.console,
-            model_control_mode=args.model_control_mode,
-            load_models=args.load_model if args.load_model is not None else _env_list("SWITCHYARD_LOAD_MODEL"),
-            repository_poll_secs=args.repository_poll_secs,
-            responses_store=args.responses_store,
-            responses_max_stored=args.responses_max_stored,
-            responses_ttl_secs=args.responses_ttl_secs,
-            responses_max_bytes=args.responses_max_bytes,
-            rate_limit=args.rate_limit,
-            rate_limit_resources=tuple(args.rate_limit_resource if args.rate_limit_resource is not None
-                                       else _env_list("SWITCHYARD_RATE_LIMIT_RESOURCES")),
-        )
-        registry = ModelRegistry(config.model_repository, config.cache_dir, control_mode=config.model_control_mode,
-                                 load_models=config.load_models, drain_timeout_s=config.drain_seconds,
-                                 rate_limiter=build_rate_limiter(config))
-        registry.prepare()  # fail fast on config errors, before the server starts
-        app = create_app(config, registry)
-        server_config = uvicorn.Config(app, host=config.host, port=config.http_port, log_level=config.log_level,
-                                       timeout_graceful_shutdown=5, log_config=None, access_log=False,
-                                       http=BoundedHeadHttpToolsProtocol)
-        DrainingServer(server_config, app.state.lifecycle, config.drain_seconds).run()
+        sources, values = read_settings(args, os.environ)
+        config = build_config(sources, **values)
+    except ConfigError as exc:
+        setup_logging("info", "text")
+        logging.getLogger("switchyard").error("configuration error: %s", exc)
+        return 2
+    setup_logging(config.log_level, config.log_format)
+    try:
+        serve(config)
     except ConfigError as exc:
         logging.getLogger("switchyard").error("configuration error: %s", exc)
         return 2

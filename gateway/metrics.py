@@ -29,7 +29,7 @@ from prometheus_client.utils import floatToGoString
 
 from engines.cpu_budget import cpu_budget
 from gateway.http_metrics import EndpointCounts
-from gateway.kserve.statistics import FAILURE_REASONS, ModelStats
+from gateway.inference_stats import FAILURE_REASONS, ModelStats
 from gateway.repository.registry import ModelRegistry
 from gateway.request_metrics import Histogram
 

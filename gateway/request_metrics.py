@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from engines.types import GenerationOutput, GenerationRequest
-from gateway.kserve.statistics import ModelStats, failure_reason
+from gateway.inference_stats import ModelStats, failure_reason
 from gateway.rate_limit import charge_tokens
 
 # vLLM's default buckets (vllm/v1/metrics/buckets.py), so dashboards built for vLLM read ours unchanged.

@@ -21,16 +21,35 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from engines.pytorch.linear import Linear
 from engines.pytorch.paged_attention import cache_slots, rotate
+from engines.pytorch.step_layout import StepLayout, order_rows
 from engines.types import SequenceStep
 
-if TYPE_CHECKING:
-    from engines.pytorch.model_runner import PagedModelRunner
+
+class Runner(Protocol):
+    """What this forward reads of the runner (model_runner.PagedModelRunner): its layers and KV cache, and the
+    embeddings and logits tail it shares with the runner's own forward. A protocol, so this module needs no import of
+    the runner, which imports it."""
+
+    block_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    layers: list[Any]
+    k_cache: torch.Tensor  # [layers, ...]
+    v_cache: torch.Tensor
+    dense: Any
+    lm_head: Linear
+
+    def embed(self, lay: StepLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def logits(self, hidden: torch.Tensor, lay: StepLayout,
+               head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor: ...
 
 
 @dataclass
@@ -105,18 +124,18 @@ class ExactForward:
         return y if residual is None else residual + y
 
     @torch.inference_mode()
-    def forward(self, runner: PagedModelRunner, batch: Sequence[SequenceStep]) -> torch.Tensor:
+    def forward(self, runner: Runner, batch: Sequence[SequenceStep]) -> torch.Tensor:
         """The runner's `forward` (same contract), in transformers' call shapes."""
-        lay = runner._order(batch)  # the rows in the runner's order; its attention tables are not needed
+        lay = order_rows(batch)  # the rows in the runner's order; its attention tables are not needed
         rows = self._rows(lay.steps, runner.block_size)
-        hidden, cos, sin = runner._embed(lay)
+        hidden, cos, sin = runner.embed(lay)
         cos, sin = cos[:, None], sin[:, None]
         for i, (layer, w) in enumerate(zip(runner.layers, self._layers, strict=True)):
             hidden = self._layer(runner, i, layer, w, rows, hidden, cos, sin)
         # logits of one row each, as generate computes them: the tile kernel, else one call per row
-        return runner._logits(hidden, lay, None if runner.lm_head.exact_rows else lambda x: _per_row(self._lm_head, x))
+        return runner.logits(hidden, lay, None if runner.lm_head.exact_rows else lambda x: _per_row(self._lm_head, x))
 
-    def _layer(self, runner: PagedModelRunner, i: int, layer: Any, w: _Weights, rows: _Rows, hidden: torch.Tensor,
+    def _layer(self, runner: Runner, i: int, layer: Any, w: _Weights, rows: _Rows, hidden: torch.Tensor,
                cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

@@ -34,6 +34,7 @@ from engines.pytorch.exact_forward import ExactForward
 from engines.pytorch.linear import DenseOps, GatedActivation, Linear
 from engines.pytorch.native import HelperThreads
 from engines.pytorch.paged_attention import DecodeTables, PagedAttention, PrefillRows, cache_slots, rotate
+from engines.pytorch.step_layout import StepLayout, order_rows
 from engines.types import SequenceStep
 
 log = logging.getLogger("switchyard.engines.pytorch")
@@ -57,26 +58,6 @@ class _Layer:
     q_norm: Any  # qwen3 only
     k_norm: Any
     scaling: float
-
-
-@dataclass
-class _StepLayout:
-    """Index tensors shared by every layer of one step. Rows are the decodes first, then the prefill chunks."""
-
-    steps: list[SequenceStep]  # the batch in row order
-    input_ids: torch.Tensor  # [T]
-    positions: torch.Tensor  # [T]
-    sample_rows: torch.Tensor | None  # [S] rows (in T) whose logits are sampled; None: all rows, in order
-    num_decode: int
-    decode: DecodeTables | None = None
-    # prefill rows (T - num_decode of them, P sequences)
-    slots: torch.Tensor | None = None  # [T_p] cache slot each new token is written to (torch path)
-    prefill: PrefillRows | None = None  # for the attention kernel; without it, the gather + SDPA tensors below
-    kv_index: torch.Tensor | None = None  # [P, max_ctx] cache slots each sequence attends to
-    mask: torch.Tensor | None = None  # [P, 1, max_q, max_ctx] True where attention is allowed
-    q_index: torch.Tensor | None = None  # [T_p] row of each new token in the padded [P * max_q] query layout
-    batch: int = 0
-    max_q: int = 0
 
 
 class PagedModelRunner:
@@ -186,31 +167,10 @@ class PagedModelRunner:
 
     # ------------------------------------------------------------------ step layout
 
-    def _order(self, batch: Sequence[SequenceStep]) -> _StepLayout:
-        """The step's rows (decodes first), their tokens, positions and the rows that sample; no attention tables."""
-        decodes = [s for s in batch if len(s.token_ids) == 1]
-        ordered = decodes + [s for s in batch if len(s.token_ids) != 1]
-        ids: list[int] = []
-        positions: list[int] = []
-        row_of: dict[int, int] = {}  # id(step) -> its last row
-        for seq in ordered:
-            ids.extend(seq.token_ids)
-            positions.extend(range(seq.start_pos, seq.start_pos + len(seq.token_ids)))
-            row_of[id(seq)] = len(ids) - 1
-        sample_rows = [row_of[id(s)] for s in batch if s.sample]
-        in_order = len(sample_rows) == len(ids) and sample_rows == list(range(len(ids)))
-        return _StepLayout(
-            steps=ordered,
-            input_ids=torch.tensor(ids, dtype=torch.long),
-            positions=torch.tensor(positions, dtype=torch.long),
-            sample_rows=None if in_order else torch.tensor(sample_rows, dtype=torch.long),
-            num_decode=len(decodes),
-        )
-
-    def _layout(self, batch: Sequence[SequenceStep]) -> _StepLayout:
-        """`_order` plus what the attention reads for the decode rows and the prefill rows."""
+    def _layout(self, batch: Sequence[SequenceStep]) -> StepLayout:
+        """`order_rows` plus what the attention reads for the decode rows and the prefill rows."""
         bs = self.block_size
-        lay = self._order(batch)
+        lay = order_rows(batch)
         decodes, prefills = lay.steps[: lay.num_decode], lay.steps[lay.num_decode :]
         if decodes:
             lay.decode = DecodeTables(
@@ -222,7 +182,7 @@ class PagedModelRunner:
             self._prefill_layout(prefills, lay)
         return lay
 
-    def _prefill_layout(self, batch: list[SequenceStep], lay: _StepLayout) -> None:
+    def _prefill_layout(self, batch: list[SequenceStep], lay: StepLayout) -> None:
         bs = self.block_size
         if self.attention.uses_kernel:
             tables = [s.block_table[: (s.start_pos + len(s.token_ids) + bs - 1) // bs] for s in batch]
@@ -258,7 +218,7 @@ class PagedModelRunner:
     # ------------------------------------------------------------------ forward
 
     def _prefill_attention(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-                           sin: torch.Tensor, scale: float, lay: _StepLayout) -> torch.Tensor:
+                           sin: torch.Tensor, scale: float, lay: StepLayout) -> torch.Tensor:
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         k_cache, v_cache = self.k_cache[layer_idx], self.v_cache[layer_idx]
         if lay.prefill is not None:  # the kernel rotates q and k and writes k and v itself
@@ -276,7 +236,7 @@ class PagedModelRunner:
         return out.transpose(1, 2).reshape(lay.batch * lay.max_q, h * d)[lay.q_index]
 
     def _attention(self, i: int, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   lay: _StepLayout, residual: torch.Tensor) -> torch.Tensor:
+                   lay: StepLayout, residual: torch.Tensor) -> torch.Tensor:
         """residual + the attention block's output."""
         t = x.shape[0]
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
@@ -296,7 +256,7 @@ class PagedModelRunner:
             parts.append(self._prefill_attention(i, q[nd:], k[nd:], v[nd:], cos[nd:], sin[nd:], layer.scaling, lay))
         return layer.o(parts[0] if len(parts) == 1 else torch.cat(parts), residual)
 
-    def _embed(self, lay: _StepLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def embed(self, lay: StepLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The step's embeddings [T, H] and rotary cos and sin [T, d] (sin's sign folded: see rotate)."""
         hidden = self.embed_tokens(lay.input_ids)
         cos, sin = self.rotary_emb(hidden[None], lay.positions[None])
@@ -311,14 +271,14 @@ class PagedModelRunner:
         if self._exact is not None:
             return self._exact.forward(self, batch)
         lay = self._layout(batch)
-        hidden, cos, sin = self._embed(lay)
+        hidden, cos, sin = self.embed(lay)
         for i, layer in enumerate(self.layers):
             hidden = self._attention(i, layer, self.dense.rms_norm(layer.input_norm, hidden), cos, sin, lay, hidden)
             hidden = layer.down(layer.gate_up_act(self.dense.rms_norm(layer.post_norm, hidden)), hidden)
-        return self._logits(hidden, lay)
+        return self.logits(hidden, lay)
 
-    def _logits(self, hidden: torch.Tensor, lay: _StepLayout,
-                head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, lay: StepLayout,
+               head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """float32 logits [S, V] of the rows that sample, from the last layer's output (`head`: instead of lm_head)."""
         if lay.sample_rows is not None:
             if lay.sample_rows.numel() == 0:

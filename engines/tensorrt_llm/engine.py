@@ -33,8 +33,9 @@ def import_tensorrt_llm() -> Any:
         return importlib.import_module("tensorrt_llm")
     except ImportError as exc:
         raise ImportError(
-            "backend 'tensorrt_llm' needs TensorRT-LLM (NVIDIA GPUs with CUDA only): pip install 'switchyard[trtllm]' "
-            f"on a GPU machine ({exc})"
+            "backend 'tensorrt_llm' needs TensorRT-LLM (NVIDIA GPUs with CUDA only) installed beside Switchyard; "
+            "TensorRT-LLM 1.x pins older transformers/fastapi than Switchyard's, so serve it with trtllm-serve in its "
+            f"own environment behind a 'backend: remote' model (docs/cpu.md, TensorRT-LLM) ({exc})"
         ) from exc
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engines.interface import TokenConstraint
+from engines.token_constraint import TokenConstraint
 from engines.types import SamplingParams, TokenLogprob
 
 

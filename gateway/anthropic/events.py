@@ -17,7 +17,7 @@ from sse_starlette.sse import EventSourceResponse
 from gateway.anthropic.convert import cut_stop, stop_reason, usage
 from gateway.errors import SwitchyardError
 from gateway.openai.chat_pieces import CallStart, ChatReader, Text
-from gateway.openai.sse import typed_events_response
+from gateway.http.sse import typed_events_response
 
 class _Blocks:
     """The content block being streamed and the index of the next one."""

@@ -18,10 +18,10 @@ from gateway.anthropic.events import events_response, message_events
 from gateway.anthropic.protocol import CountTokensRequest, MessagesRequest
 from gateway.errors import InvalidRequestError
 from gateway.ids import random_hex
-from gateway.openai.body_depth import NestingAwareRoute
+from gateway.http.body_depth import NestingAwareRoute
+from gateway.http.disconnect import cancel_on_disconnect
+from gateway.http.unknown_fields import log_unknown
 from gateway.openai.chat import chat_completion, chat_prompt
-from gateway.openai.disconnect import cancel_on_disconnect
-from gateway.openai.router import log_unknown
 from gateway.repository.registry import LoadedModel
 from gateway.request_log import current_request_id
 

@@ -26,7 +26,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from gateway.openai.body_depth import has_lone_surrogate
+from gateway.http.body_depth import has_lone_surrogate
+from gateway.tensors import DATATYPES, FIXED_DATATYPES, InputTensor, OutputTensor
 
 HEADER_LENGTH_HEADER = "Inference-Header-Content-Length"
 
@@ -35,15 +36,8 @@ class TensorCodecError(ValueError):
     """A tensor or infer request that cannot be decoded; the message is client-safe."""
 
 
-_FIXED: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    **{f"{sign}INT{bits}": np.dtype(f"{sign.lower()}int{bits}") for sign in ("U", "") for bits in (8, 16, 32, 64)},
-    **{f"FP{bits}": np.dtype(f"float{bits}") for bits in (16, 32, 64)},
-}
-#: Wire datatype -> numpy dtype of the decoded array.
-DATATYPES: Mapping[str, np.dtype] = {**_FIXED, "BF16": np.dtype(np.float32), "BYTES": np.dtype(object)}
-_WIRE_SIZE: dict[str, int] = {**{k: v.itemsize for k, v in _FIXED.items()}, "BF16": 2}
-_BY_DTYPE: dict[np.dtype, str] = {v: k for k, v in _FIXED.items()}
+_WIRE_SIZE: dict[str, int] = {**{k: v.itemsize for k, v in FIXED_DATATYPES.items()}, "BF16": 2}
+_BY_DTYPE: dict[np.dtype, str] = {v: k for k, v in FIXED_DATATYPES.items()}
 _U32 = struct.Struct("<I")
 _MAX_NESTING = 64
 _MAX_DIM = 2**63 - 1
@@ -93,24 +87,6 @@ def _reshape(flat: np.ndarray, shape: tuple[int, ...], label: str) -> np.ndarray
 def _count_error(label: str, shape: tuple[int, ...], datatype: str, got: str) -> TensorCodecError:
     want = math.prod(shape)
     return TensorCodecError(f"{label}: shape {_short(list(shape))} needs {want} {datatype} element(s), got {got}")
-
-
-@dataclass
-class InputTensor:
-    """A decoded request input."""
-    name: str
-    datatype: str
-    array: np.ndarray
-    parameters: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class OutputTensor:
-    """A model output to encode; ``datatype`` defaults to the array's (set it for BF16)."""
-    name: str
-    array: np.ndarray
-    datatype: str | None = None
-    parameters: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- JSON tensors
@@ -270,7 +246,7 @@ def decode_binary_tensor(
     elif datatype == "BF16":
         flat = (np.frombuffer(view, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
     else:
-        dtype = _FIXED[datatype]
+        dtype = FIXED_DATATYPES[datatype]
         flat = np.frombuffer(view, dtype=dtype.newbyteorder("<")).astype(dtype)
     return _reshape(flat, shape, label)
 
@@ -306,7 +282,7 @@ def encode_binary_tensor(array: np.ndarray, datatype: str | None = None) -> byte
         return b"".join(parts)
     if datatype == "BF16":
         return _to_bf16_bits(array).tobytes()
-    return np.ascontiguousarray(array, dtype=_FIXED[datatype].newbyteorder("<")).tobytes()
+    return np.ascontiguousarray(array, dtype=FIXED_DATATYPES[datatype].newbyteorder("<")).tobytes()
 
 
 # ---------------------------------------------------------------- HTTP infer requests / responses

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from gateway.errors import ConfigError, InternalError, ServiceUnavailableError
+from gateway.inference_stats import failure_reason
 from gateway.kserve.codec import InputTensor, datatype_of
-from gateway.kserve.statistics import failure_reason
 
 
 def check_graph(config_path: Any, inputs: list[str], outputs: list[str], steps: list[Any], registry: Any) -> None:

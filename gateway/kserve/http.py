@@ -19,6 +19,9 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway import __version__
 from gateway.errors import InvalidRequestError, NotFoundError, SwitchyardError
+from gateway.http.body_depth import has_lone_surrogate
+from gateway.http.disconnect import cancel_on_disconnect
+from gateway.http.sse import EventStream
 from gateway.kserve import llm_bridge
 from gateway.kserve.codec import (
     HEADER_LENGTH_HEADER,
@@ -29,9 +32,6 @@ from gateway.kserve.codec import (
     decode_json_tensor,
     parse_infer_request,
 )
-from gateway.openai.body_depth import has_lone_surrogate
-from gateway.openai.disconnect import cancel_on_disconnect
-from gateway.openai.sse import EventStream
 from gateway.repository.registry import LoadedModel, ModelRegistry
 
 log = logging.getLogger("switchyard.kserve")

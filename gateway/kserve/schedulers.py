@@ -13,7 +13,7 @@ def scheduler_factory(registry: Any) -> Callable[[Any, Any], Any]:
     def make(model: Any, entry: Any) -> Any:
         config = model.config
         if config.sequence_batching is not None:
-            from gateway.scheduler.sequence import SequenceBatcher
+            from gateway.scheduler.tensor.sequence_batcher import SequenceBatcher
 
             return SequenceBatcher(model.name, entry.instances, config, entry.stats, entry.gates or None)
         if config.ensemble_scheduling is not None:

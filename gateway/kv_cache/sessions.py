@@ -9,7 +9,7 @@ over its cap (least recently used session first), or when the pool is needed to 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from gateway.kv_cache.block_pool import BlockPool
@@ -27,7 +27,8 @@ class SessionStore:
         self.ttl_seconds = ttl_seconds
         self.max_pinned_blocks = max_pinned_blocks
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
-        self._pinned = 0
+        self._pinned = 0  # pins summed over sessions: what the cap bounds
+        self._holders: Counter[int] = Counter()  # block -> sessions pinning it (sessions share prefix blocks)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -37,7 +38,8 @@ class SessionStore:
 
     @property
     def pinned_blocks(self) -> int:
-        return self._pinned
+        """Distinct blocks that sessions hold: two sessions with one system prompt pin its blocks once."""
+        return len(self._holders)
 
     def pin(self, session_id: str, blocks: list[int], now: float | None = None) -> None:
         """Pin `blocks` for the session, replacing what it pinned before."""
@@ -46,6 +48,7 @@ class SessionStore:
         self.release(session_id)
         self._sessions[session_id] = _Session(blocks, time.monotonic() if now is None else now)
         self._pinned += len(blocks)
+        self._holders.update(blocks)
         while self._pinned > self.max_pinned_blocks and self._sessions:
             self.evict_lru()
 
@@ -61,6 +64,10 @@ class SessionStore:
             return False
         self._pool.free(session.blocks)
         self._pinned -= len(session.blocks)
+        for block in session.blocks:
+            self._holders[block] -= 1
+            if not self._holders[block]:
+                del self._holders[block]
         return True
 
     def evict_lru(self) -> bool:

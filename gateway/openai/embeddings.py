@@ -22,10 +22,10 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from gateway.errors import InvalidRequestError
-from gateway.kserve.codec import InputTensor
-from gateway.openai.body_depth import NestingAwareRoute
-from gateway.openai.disconnect import cancel_on_disconnect
+from gateway.http.body_depth import NestingAwareRoute
+from gateway.http.disconnect import cancel_on_disconnect
 from gateway.repository.registry import LoadedModel
+from gateway.tensors import InputTensor
 
 log = logging.getLogger("switchyard.openai")
 

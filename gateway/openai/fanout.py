@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from engines.types import GenerationOutput, GenerationRequest, SamplingParams
 from gateway.ids import random_hex
 from gateway.openai.results import check_output
-from gateway.scheduler.llm_scheduler import LLMScheduler
+from gateway.scheduler.llm.interface import LLMScheduler
 
 
 @dataclass

@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from engines.interface import TokenConstraint, Tokenizer
+from engines.interface import Tokenizer
+from engines.token_constraint import TokenConstraint
 from engines.types import JSON_FORMAT, GuidedSpec
 from gateway.errors import InvalidRequestError
 

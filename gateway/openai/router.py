@@ -7,16 +7,16 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel
 
 from gateway.errors import InvalidRequestError
-from gateway.openai.body_depth import NestingAwareRoute
+from gateway.http.body_depth import NestingAwareRoute
+from gateway.http.disconnect import cancel_on_disconnect
+from gateway.http.sse import sse_response
+from gateway.http.unknown_fields import log_unknown
 from gateway.openai.chat import chat_completion
 from gateway.openai.completions import completion
-from gateway.openai.disconnect import cancel_on_disconnect
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.openai.sessions import MAX_SESSION_ID, scoped_session_id
-from gateway.openai.sse import sse_response
 from gateway.openai.tokenize import router as tokenize_router
 from gateway.repository.registry import LoadedModel, ModelRegistry
 
@@ -28,12 +28,6 @@ router.include_router(tokenize_router)
 
 def _registry(request: Request) -> ModelRegistry:
     return request.app.state.registry
-
-
-def log_unknown(body: BaseModel, route: str) -> None:
-    """Say which fields of a request were accepted but not read (clients send other servers' extras)."""
-    if body.model_extra:
-        log.info("%s: ignoring unknown fields %s", route, sorted(body.model_extra)[:20])
 
 
 def _model_card(m: LoadedModel) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from gateway.errors import InvalidRequestError
-from gateway.openai.body_depth import NestingAwareRoute
+from gateway.http.body_depth import NestingAwareRoute
 from gateway.openai.chat_template import render_chat
 from gateway.openai.protocol import ChatMessage, ToolDefinition, _Lenient
 from gateway.openai.tools import parser_for

@@ -15,8 +15,8 @@ from engines.interface import AsyncGenerateEngine
 from gateway.errors import ConfigError
 from gateway.repository.layout import ModelDir, resolve_source
 from gateway.repository.model_config import ModelConfig
-from gateway.scheduler.admission import AdmissionLimits, AdmissionScheduler
-from gateway.scheduler.llm_scheduler import LLMScheduler
+from gateway.scheduler.llm.admission import AdmissionLimits, AdmissionScheduler
+from gateway.scheduler.llm.interface import LLMScheduler
 
 log = logging.getLogger("switchyard.repository")
 

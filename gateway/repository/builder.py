@@ -17,7 +17,7 @@ from gateway.repository.loaded_model import LoadedModel
 from gateway.repository.model_config import AnyModelConfig, ModelConfig
 from gateway.repository.serving import ServingScheduler
 from gateway.repository.tensor_config import TensorModelConfig
-from gateway.scheduler.llm_scheduler import LLMScheduler
+from gateway.scheduler.llm.interface import LLMScheduler
 
 log = logging.getLogger("switchyard.repository")
 
@@ -29,7 +29,8 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
 
         return build_async_scheduler(model, config, cache_dir)
     from engines.pytorch.engine import PyTorchEngine
-    from gateway.scheduler.sequence_batcher import BatcherLimits, SequenceBatcher
+    from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
+    from gateway.scheduler.llm.step_scheduler import BatcherLimits
 
     source = resolve_source(model, config.model.source, "model.source")
     engine = PyTorchEngine(
@@ -54,7 +55,7 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
         session_ttl_seconds=config.kv_cache.session_ttl_seconds,
         session_max_tokens=config.kv_cache.session_max_tokens,
     )
-    return SequenceBatcher(engine, limits)
+    return ContinuousBatcher(engine, limits)
 
 
 def build_model(model: ModelDir, config: AnyModelConfig, cache_dir: Path | None, registry: Any) -> LoadedModel:

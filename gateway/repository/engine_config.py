@@ -63,7 +63,7 @@ class VllmSection(_Strict):
 
 
 class TensorRTLLMSection(_Strict):
-    """TensorRT-LLM's `LLM` API (NVIDIA GPUs only; install the `trtllm` extra)."""
+    """TensorRT-LLM's `LLM` API (NVIDIA GPUs only; see docs/cpu.md for its install)."""
 
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs the model is split across.")
     kv_cache_free_gpu_memory_fraction: float = Field(

@@ -9,7 +9,7 @@ from typing import Any
 
 from gateway.repository.model_config import AnyModelConfig
 from gateway.repository.serving import ServingScheduler
-from gateway.scheduler.llm_scheduler import LLMScheduler
+from gateway.scheduler.llm.interface import LLMScheduler
 
 
 @dataclass

@@ -71,7 +71,7 @@ class ModelRegistry:
         rate_limiter: Any = None,
     ) -> None:
         self.root = root
-        self.rate_limiter = rate_limiter  # gateway.scheduler.rate_limiter.RateLimiter (--rate-limit), or None
+        self.rate_limiter = rate_limiter  # gateway.scheduler.tensor.rate_limiter.RateLimiter (--rate-limit), or None
         self.cache_dir = cache_dir
         self.control_mode = control_mode
         self.load_models = list(load_models)  # explicit mode: loaded at startup; ["*"] = all

@@ -17,7 +17,7 @@ from engines.interface import Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest
 from gateway.errors import ServiceUnavailableError
 from gateway.lifecycle import InFlightCount
-from gateway.scheduler.llm_scheduler import LLMScheduler, SchedulerStats
+from gateway.scheduler.llm.interface import LLMScheduler, SchedulerStats
 
 
 class InFlight(InFlightCount):

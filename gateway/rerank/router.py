@@ -8,9 +8,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from gateway.errors import InvalidRequestError
-from gateway.openai.body_depth import NestingAwareRoute
-from gateway.openai.disconnect import cancel_on_disconnect
-from gateway.openai.router import log_unknown
+from gateway.http.body_depth import NestingAwareRoute
+from gateway.http.disconnect import cancel_on_disconnect
+from gateway.http.unknown_fields import log_unknown
 from gateway.openai.results import new_id, now
 from gateway.rerank.protocol import RerankRequest, ScoreRequest
 from gateway.rerank.similarity import similarities

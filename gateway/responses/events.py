@@ -17,7 +17,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from gateway.errors import SwitchyardError
 from gateway.openai.chat_pieces import CallStart, ChatReader, Text
-from gateway.openai.sse import typed_events_response
+from gateway.http.sse import typed_events_response
 from gateway.responses.convert import function_call_item, item_id, message_item
 
 # (output items, chat usage, finish_reason, error) -> the final Response object (stored when asked)

@@ -13,9 +13,9 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway.auth import ANONYMOUS
 from gateway.errors import InvalidRequestError
-from gateway.openai.body_depth import NestingAwareRoute
-from gateway.openai.disconnect import cancel_on_disconnect
-from gateway.openai.router import log_unknown
+from gateway.http.body_depth import NestingAwareRoute
+from gateway.http.disconnect import cancel_on_disconnect
+from gateway.http.unknown_fields import log_unknown
 from gateway.responses.events import events_response
 from gateway.responses.protocol import MAX_ID, ResponsesRequest
 from gateway.responses.service import ResponsesService

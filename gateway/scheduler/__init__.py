@@ -1,1 +1,1 @@
-"""Schedulers: the LLM sequence batcher (continuous batching) and, later, the v2 dynamic batcher."""
+"""Schedulers: `llm/` for LLMs (continuous batching, admission), `tensor/` for Triton's tensor batchers."""

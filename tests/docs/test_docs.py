@@ -28,18 +28,23 @@ def test_the_readme_is_short() -> None:
     assert size <= README_MAX_BYTES, f"README.md is {size} bytes; move details into docs/ (bound {README_MAX_BYTES})"
 
 
-def test_the_readme_keeps_the_three_quickstart_commands() -> None:
-    """.ci/run takes the test command from the second line of the first block under `## Quickstart`, and makes the
-    vLLM group's venv with the third (the documented vLLM install)."""
+def _first_block_under(heading: str) -> list[str]:
     text = README.read_text(encoding="utf-8")
-    quickstart = text[text.index("## Quickstart") :]
-    first = next(b for b in blocks(README) if b.line > text[: text.index("## Quickstart")].count("\n"))
-    lines = first.code.splitlines()
-    assert quickstart.index("```") < quickstart.index("\n## ", 1)
-    assert len(lines) == 3 and lines[0].endswith("switchyard serve --model-repository model_repository")
+    start = text.index(heading + "\n")
+    section = text[start:]
+    assert section.index("```") < section.index("\n## ", 1), f"{heading} lost its code block"
+    return next(b for b in blocks(README) if b.line > text[:start].count("\n")).code.splitlines()
+
+
+def test_the_readme_keeps_the_quickstart_and_vllm_commands() -> None:
+    """.ci/run takes the test command from the second line of the first block under `## Quickstart`, and makes the
+    vLLM group's venv with the line under `## The vLLM backend` (the documented vLLM install)."""
+    lines = _first_block_under("## Quickstart")
+    assert len(lines) == 2 and lines[0].endswith("switchyard serve --model-repository model_repository")
     assert lines[1].endswith("python -m pytest -q")
-    assert "pip install torch==2.13.0 '.[vllm]'" in lines[2] and ". .venv-vllm/bin/activate" in lines[2]
-    assert 'pytest -q -m "not slow"' in text  # the fast lane is announced
+    (vllm,) = _first_block_under("## The vLLM backend")
+    assert "pip install torch==2.13.0 '.[vllm]'" in vllm and ". .venv-vllm/bin/activate" in vllm
+    assert 'pytest -q -m "not slow"' in README.read_text(encoding="utf-8")  # the fast lane is announced
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_rel)

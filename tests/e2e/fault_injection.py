@@ -13,7 +13,7 @@ from typing import Any
 
 from engines.pytorch import sampler
 from gateway.cli import main
-from gateway.scheduler.output_processor import OutputProcessor
+from gateway.scheduler.llm.output_processor import OutputProcessor
 
 SAMPLING_FAULT_SEED = 1313
 OUTPUT_FAULT_STOP = "<<boom>>"

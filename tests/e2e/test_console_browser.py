@@ -237,7 +237,13 @@ def test_embeddings_and_v2_tabs(page: Any) -> None:
     page.get_by_role("button", name="Embed").click()
     page.get_by_role("heading", name="Similarity").wait_for()
     assert "384" in page.locator("#embed-result").inner_text()
-    assert page.get_by_role("tab", name="Rerank").is_hidden()  # this server has no /v1/rerank
+
+    page.get_by_role("tab", name="Rerank").click()  # shown because the server serves /v1/rerank
+    page.locator("#rerank-model").select_option(EMBEDDING_MODEL)
+    page.locator("#rerank-form").get_by_role("button", name="Rerank").click()
+    first = page.locator("#rerank-result tbody tr").first
+    first.wait_for()
+    assert "Paris is the capital of France." in first.inner_text()
 
     page.get_by_role("tab", name="v2 infer").click()
     page.locator("#v2-model").select_option("circle_classifier")

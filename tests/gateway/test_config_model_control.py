@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from gateway.cli import build_parser, main
+from gateway.cli import build_parser, load_config, main
 from gateway.config import build_config
 from gateway.errors import ConfigError
 
@@ -17,31 +17,26 @@ def parse(*argv: str):
 
 
 def test_defaults_are_tritons() -> None:
-    args = parse()
-    config = build_config(model_control_mode=args.model_control_mode, load_models=args.load_model,
-                          repository_poll_secs=args.repository_poll_secs)
+    config = load_config([], environ={})
     assert (config.model_control_mode, config.load_models, config.repository_poll_secs) == ("none", [], 15.0)
 
 
 def test_flags() -> None:
     args = parse("--model-control-mode", "EXPLICIT", "--load-model", "a", "--load-model=b")
-    assert args.model_control_mode == "explicit" and args.load_model == ["a", "b"]
-    config = build_config(model_control_mode=args.model_control_mode, load_models=args.load_model)
-    assert config.load_models == ["a", "b"]
-    args = parse("--model-control-mode=poll", "--repository-poll-secs", "0.5")
-    assert build_config(model_control_mode="poll", repository_poll_secs=args.repository_poll_secs).repository_poll_secs == 0.5
+    assert (args.model_control_mode, args.load_models) == ("explicit", ["a", "b"])
+    config = load_config(["--model-control-mode", "EXPLICIT", "--load-model", "a", "--load-model=b"], environ={})
+    assert (config.model_control_mode, config.load_models) == ("explicit", ["a", "b"])
+    config = load_config(["--model-control-mode=poll", "--repository-poll-secs", "0.5"], environ={})
+    assert config.repository_poll_secs == 0.5
     with pytest.raises(SystemExit):
         parse("--model-control-mode", "sometimes")
 
 
 def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setenv("SWITCHYARD_MODEL_CONTROL_MODE", "Poll")
-    monkeypatch.setenv("SWITCHYARD_REPOSITORY_POLL_SECS", "2.5")
-    args = parse()
-    assert (args.model_control_mode, args.repository_poll_secs) == ("poll", 2.5)
+    config = load_config([], environ={"SWITCHYARD_MODEL_CONTROL_MODE": "Poll", "SWITCHYARD_REPOSITORY_POLL_SECS": "2.5"})
+    assert (config.model_control_mode, config.repository_poll_secs) == ("poll", 2.5)
     monkeypatch.setenv("SWITCHYARD_MODEL_CONTROL_MODE", "explicit")
-    monkeypatch.delenv("SWITCHYARD_REPOSITORY_POLL_SECS")
-    monkeypatch.setenv("SWITCHYARD_LOAD_MODEL", "a, b")
+    monkeypatch.setenv("SWITCHYARD_LOAD_MODEL", "a, b")  # the older spelling of SWITCHYARD_LOAD_MODELS
     seen = {}
 
     class Stop(Exception):
@@ -90,9 +85,10 @@ def test_cli_exits_2_with_the_message(caplog: pytest.LogCaptureFixture, tmp_path
 def test_rate_limit_flags() -> None:
     from gateway.config import build_rate_limiter
 
-    args = parse("--rate-limit", "execution_count", "--rate-limit-resource", "R1:4", "--rate-limit-resource", "R1:2:0")
-    assert (args.rate_limit, args.rate_limit_resource) == ("execution_count", ["R1:4", "R1:2:0"])
-    limiter = build_rate_limiter(build_config(rate_limit="execution_count", rate_limit_resources=("R1:4", "R1:2:0")))
+    config = load_config(["--rate-limit", "execution_count", "--rate-limit-resource", "R1:4",
+                          "--rate-limit-resource", "R1:2:0"], environ={})
+    assert (config.rate_limit, config.rate_limit_resources) == ("execution_count", ("R1:4", "R1:2:0"))
+    limiter = build_rate_limiter(config)
     assert limiter is not None and limiter.amount(("R1", 0)) == 2 and limiter.amount(("R1", 1)) == 4
     assert build_rate_limiter(build_config()) is None
     with pytest.raises(ConfigError, match="needs --rate-limit=execution_count"):

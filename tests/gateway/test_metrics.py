@@ -13,11 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engines.cpu_budget import cpu_budget
 from gateway.errors import InternalError, RateLimitError, ServiceUnavailableError
-from gateway.kserve.statistics import ModelStats
+from gateway.inference_stats import ModelStats
 from gateway.metrics import build_metrics_registry, render
-from gateway.scheduler.dynamic_batcher import BatchingPolicy, DynamicBatcher, QueueRules
-from gateway.scheduler.llm_scheduler import SchedulerStats
-from tests.gateway.scheduler.test_dynamic_batcher import _Failing, request, started
+from gateway.scheduler.llm.interface import SchedulerStats
+from gateway.scheduler.tensor.dynamic_batcher import BatchingPolicy, DynamicBatcher, QueueRules
+from tests.gateway.scheduler.tensor.test_dynamic_batcher import _Failing, request, started
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

@@ -11,11 +11,12 @@ from engines.types import GenerationOutput, GenerationRequest, SamplingParams
 from gateway import request_metrics
 from gateway.errors import InternalError, RateLimitError
 from gateway.request_metrics import Histogram, LLMRequestStats
-from gateway.scheduler.admission import AdmissionLimits, AdmissionScheduler
-from gateway.scheduler.sequence_batcher import BatcherLimits, SequenceBatcher
-from tests.gateway.scheduler.test_admission import ScriptedEngine, drain, until
-from tests.gateway.scheduler.test_sequence_batcher import CountingEngine
-from tests.gateway.scheduler.test_sequence_batcher import req as char_request
+from gateway.scheduler.llm.admission import AdmissionLimits, AdmissionScheduler
+from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
+from gateway.scheduler.llm.step_scheduler import BatcherLimits
+from tests.gateway.scheduler.llm.test_admission import ScriptedEngine, drain, until
+from tests.gateway.scheduler.llm.test_step_scheduler import CountingEngine
+from tests.gateway.scheduler.llm.test_step_scheduler import req as char_request
 
 
 class FakeClock:
@@ -163,8 +164,8 @@ async def test_updates_without_token_ids_count_by_completion_tokens(clock: FakeC
     assert stats.generation_tokens == 3 and stats.ttft.count == 1 and stats.inter_token.count == 1
 
 
-async def test_sequence_batcher_records_every_request() -> None:
-    batcher = SequenceBatcher(CountingEngine(), BatcherLimits(max_num_seqs=4, max_num_batched_tokens=8))
+async def test_continuous_batcher_records_every_request() -> None:
+    batcher = ContinuousBatcher(CountingEngine(), BatcherLimits(max_num_seqs=4, max_num_batched_tokens=8))
     await batcher.start()
     try:
         for i, prompt in enumerate(["abc", "hello", "xy"]):

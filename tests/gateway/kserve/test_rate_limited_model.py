@@ -13,7 +13,7 @@ from gateway.errors import ConfigError
 from gateway.kserve.model import TensorModel
 from gateway.repository.layout import find_model_dir
 from gateway.repository.model_config import parse_model_config
-from gateway.scheduler.rate_limiter import RateLimiter, ResourceLimit
+from gateway.scheduler.tensor.rate_limiter import RateLimiter, ResourceLimit
 
 ROOT = Path(__file__).resolve().parents[3]
 LIMITER = ' rate_limiter { resources [ { name: "R" count: 2 }, { name: "G" global: true count: 1 } ] priority: 3 }'

@@ -12,9 +12,9 @@ import pytest
 
 from engines.types import GenerationOutput, SamplingParams
 from gateway.errors import InternalError, InvalidRequestError, RateLimitError
-from gateway.openai.body_depth import deepest_field
+from gateway.http.body_depth import deepest_field
+from gateway.http.sse import _frames
 from gateway.openai.fanout import Choice, merged_stream, primed
-from gateway.openai.sse import _frames
 
 FIRST = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 CHUNK = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [FIRST]}

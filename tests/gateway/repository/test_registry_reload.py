@@ -13,7 +13,7 @@ from engines.types import GenerationOutput, GenerationRequest, SamplingParams
 from gateway.errors import InvalidRequestError, ModelNotFoundError, ServiceUnavailableError
 from gateway.repository.registry import LoadedModel, ModelRegistry
 from gateway.repository.serving import ServingScheduler
-from gateway.scheduler.llm_scheduler import LLMScheduler, SchedulerStats
+from gateway.scheduler.llm.interface import LLMScheduler, SchedulerStats
 from tests.gateway.repository.tiny_models import set_tag, write_tagger, x_input
 
 

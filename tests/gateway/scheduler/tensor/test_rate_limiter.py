@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from gateway.errors import ConfigError
-from gateway.scheduler.rate_limiter import RateLimiter, ResourceLimit
+from gateway.scheduler.tensor.rate_limiter import RateLimiter, ResourceLimit
 
 
 def test_default_amount_is_the_largest_need_and_flags_override() -> None:

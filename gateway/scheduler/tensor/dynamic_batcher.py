@@ -32,8 +32,8 @@ import numpy as np
 
 from engines.interface import TensorBackend
 from gateway.errors import InternalError, InvalidRequestError, RateLimitError, ServiceUnavailableError, SwitchyardError
-from gateway.kserve.statistics import ModelStats
-from gateway.scheduler.rate_limiter import InstanceGate
+from gateway.inference_stats import ModelStats
+from gateway.scheduler.tensor.rate_limiter import InstanceGate
 
 log = logging.getLogger("switchyard.batcher")
 

@@ -26,9 +26,9 @@ import numpy as np
 
 from engines.interface import TensorBackend
 from gateway.errors import InvalidRequestError
-from gateway.kserve.codec import DATATYPES
-from gateway.kserve.statistics import ModelStats
-from gateway.scheduler.dynamic_batcher import BatchingPolicy, DynamicBatcher
+from gateway.inference_stats import ModelStats
+from gateway.scheduler.tensor.dynamic_batcher import BatchingPolicy, DynamicBatcher
+from gateway.tensors import DATATYPES
 
 log = logging.getLogger("switchyard.sequence")
 

@@ -16,9 +16,9 @@ import pytest
 from engines.backends.python_backend import PythonBackend
 from engines.types import TensorModelSpec, TensorSpec
 from gateway.errors import InternalError, InvalidRequestError, RateLimitError, ServiceUnavailableError
-from gateway.scheduler.dynamic_batcher import BatchingPolicy, DynamicBatcher, QueueRules
+from gateway.scheduler.tensor.dynamic_batcher import BatchingPolicy, DynamicBatcher, QueueRules
 
-REPO = Path(__file__).resolve().parents[2] / "kserve_repository"
+REPO = Path(__file__).resolve().parents[3] / "kserve_repository"
 
 
 def probe_backend(name: str = "batch_probe", max_batch_size: int = 32) -> PythonBackend:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from engines.interface import AsyncGenerateEngine, EngineUnavailableError, Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest
 from gateway.errors import InvalidRequestError, RateLimitError, ServiceUnavailableError
-from gateway.scheduler.llm_scheduler import LLMScheduler, SchedulerStats, admission_key
+from gateway.scheduler.llm.interface import LLMScheduler, SchedulerStats, admission_key
 
 log = logging.getLogger("switchyard.scheduler.admission")
 

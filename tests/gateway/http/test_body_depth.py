@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.openai.body_depth import deepest_field, has_lone_surrogate, json_media_type
+from gateway.http.body_depth import deepest_field, has_lone_surrogate, json_media_type
 
 
 @pytest.mark.parametrize("content_type", [None, "", "application/json", "application/json; charset=utf-8",

@@ -10,7 +10,7 @@ import pytest
 from engines.interface import AsyncGenerateEngine, EngineUnavailableError, RequestRefusedError, Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SamplingParams
 from gateway.errors import InvalidRequestError, RateLimitError, ServiceUnavailableError
-from gateway.scheduler.admission import AdmissionLimits, AdmissionScheduler
+from gateway.scheduler.llm.admission import AdmissionLimits, AdmissionScheduler
 
 
 class NullTokenizer(Tokenizer):

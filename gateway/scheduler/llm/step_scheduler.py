@@ -1,4 +1,4 @@
-"""Continuous batching for step engines, at iteration level (vLLM V1's scheduling model).
+"""Continuous batching for step engines, at iteration level (vLLM V1's scheduling model), as a synchronous policy.
 
 Every step: running sequences get their next tokens first (one for a decode, a chunk for an unfinished prefill),
 then waiting sequences are admitted in (priority, arrival) order while the token budget, the sequence cap and
@@ -6,26 +6,25 @@ the KV pool allow. When the pool runs dry, the most recently admitted running se
 are freed and it is recomputed later from its prompt plus what it already generated. Requests are never failed
 for lack of KV space and the scheduler never waits on itself.
 
-All state is touched only on the event loop; the model step runs in one worker thread.
+`StepScheduler` holds no engine, thread or event loop: `schedule()` plans a step, the caller runs it on the engine,
+`update()` turns the engine's result into outputs. Tests drive it by hand, without a model or a loop (as vLLM's
+`Scheduler` is tested); `continuous_batcher.py` drives it on a real engine.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from engines.interface import StepEngine, Tokenizer
+from engines.interface import Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SequenceStep, StepResult
-from gateway.errors import RateLimitError, ServiceUnavailableError
+from gateway.errors import RateLimitError
 from gateway.kv_cache.manager import KVCacheManager
 from gateway.kv_cache.sessions import SessionStore
-from gateway.scheduler.llm_scheduler import LLMScheduler, SchedulerStats, admission_key
-from gateway.scheduler.output_processor import OutputProcessor
+from gateway.scheduler.llm.interface import SchedulerStats, admission_key
+from gateway.scheduler.llm.output_processor import OutputProcessor
 
 log = logging.getLogger("switchyard.scheduler")
 
@@ -47,7 +46,6 @@ class BatcherLimits:
 class _Sequence:
     request: GenerationRequest
     processor: OutputProcessor
-    queue: asyncio.Queue[GenerationOutput]
     order: int
     tokens: list[int] = field(default_factory=list)  # prompt + output
     num_computed: int = 0  # tokens already in the KV cache
@@ -68,11 +66,30 @@ class _Sequence:
         return admission_key(self.request, self.order, now, aging_seconds)
 
 
-class SequenceBatcher(LLMScheduler):
-    def __init__(self, engine: StepEngine, limits: BatcherLimits | None = None) -> None:
-        self._engine = engine
+@dataclass
+class StepPlan:
+    """One planned step: the engine's work, and the outputs of sequences that ended while it was planned (aborts)."""
+
+    scheduled: list[tuple[_Sequence, SequenceStep]] = field(default_factory=list)
+    finished: list[GenerationOutput] = field(default_factory=list)
+
+    @property
+    def steps(self) -> list[SequenceStep]:
+        """What `engine.execute` computes, one entry per sequence."""
+        return [step for _, step in self.scheduled]
+
+
+class StepScheduler:
+    """The continuous-batching policy: which tokens of which sequences the next step computes, and what its result
+    means for each request. Synchronous and single-threaded; it never calls the engine.
+
+    Every request ends with exactly one output whose `finished` is true (stop, length, abort or error); after it the
+    engine may drop the sequence's state."""
+
+    def __init__(self, info: EngineInfo, tokenizer: Tokenizer, limits: BatcherLimits | None = None) -> None:
+        self._info = info
+        self._tokenizer = tokenizer
         self._limits = limits or BatcherLimits()
-        info = engine.info
         self._kv = KVCacheManager(info.num_kv_blocks, info.block_size, self._limits.enable_prefix_caching)
         max_session_tokens = self._limits.session_max_tokens or info.num_kv_blocks * info.block_size // 4
         self._sessions = SessionStore(
@@ -82,42 +99,12 @@ class SequenceBatcher(LLMScheduler):
         self._running: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
         self._order = itertools.count()
-        self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="switchyard-step")
-        self._task: asyncio.Task[None] | None = None
         self._stats = SchedulerStats(kv_blocks_total=info.num_kv_blocks)
-        # outputs of the last step (and finishes), handed to their streams by _flush
-        self._outbox: list[tuple[asyncio.Queue[GenerationOutput], GenerationOutput]] = []
-
-    # -- LLMScheduler -------------------------------------------------------------------------------------------
-    @property
-    def info(self) -> EngineInfo:
-        return self._engine.info
+        self._outputs: list[GenerationOutput] = []  # gathered by the call in progress, handed back when it returns
 
     @property
-    def tokenizer(self) -> Tokenizer:
-        return self._engine.tokenizer
-
-    async def start(self) -> None:
-        self._wakeup = asyncio.Event()
-        self._task = asyncio.create_task(self._loop(), name="switchyard-sequence-batcher")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-        for seq in [*self._running, *self._waiting]:
-            self._finish(seq, "abort", error="the model was unloaded")
-        self._flush()
-        self._executor.shutdown(wait=True)
-        self._engine.shutdown()
-
-    @property
-    def healthy(self) -> bool:
-        return self._task is not None and not self._task.done()
+    def limits(self) -> BatcherLimits:
+        return self._limits
 
     def stats(self) -> SchedulerStats:
         self._stats.running = len(self._running)
@@ -132,97 +119,63 @@ class SequenceBatcher(LLMScheduler):
     def delete_session(self, session_id: str) -> bool:
         return self._sessions.release(session_id)
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
-        return self._stats.requests.observe(request, self._generate(request))
+    def has_unfinished(self) -> bool:
+        """Whether any request is waiting or running (aborted ones included until the next `schedule`)."""
+        return bool(self._running or self._waiting)
 
-    async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
-        seq = self._add(request)
-        try:
-            while True:
-                out = await seq.queue.get()
-                yield out
-                if out.finished:
-                    return
-        finally:
-            if not seq.finished:
-                seq.aborted = True
-                self._wakeup.set()
-
-    # -- admission ----------------------------------------------------------------------------------------------
-    def _add(self, request: GenerationRequest) -> _Sequence:
-        if self._task is None or self._task.done():
-            raise ServiceUnavailableError("the model is not running; try again later", headers={"Retry-After": "5"})
+    # -- requests in and out ------------------------------------------------------------------------------------
+    def add(self, request: GenerationRequest) -> None:
+        """Queue a request; raises RateLimitError when the queue is full and ValueError on a duplicate id."""
         if len(self._waiting) >= self._limits.max_queue_size:
             raise RateLimitError("the model's queue is full; retry shortly", headers={"Retry-After": "1"})
         if request.request_id in self._by_id:
             raise ValueError(f"duplicate request id {request.request_id}")
-        info = self._engine.info
-        processor = OutputProcessor(self.tokenizer, request.prompt_token_ids, request.sampling, info.eos_token_ids)
-        seq = _Sequence(request, processor, asyncio.Queue(), next(self._order), list(request.prompt_token_ids))
+        info = self._info
+        processor = OutputProcessor(self._tokenizer, request.prompt_token_ids, request.sampling, info.eos_token_ids)
+        seq = _Sequence(request, processor, next(self._order), list(request.prompt_token_ids))
         if not request.arrival_time:
             request.arrival_time = time.monotonic()
         self._waiting.append(seq)
         self._by_id[seq.seq_id] = seq
-        self._wakeup.set()
-        return seq
 
-    # -- the step loop ------------------------------------------------------------------------------------------
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self._iteration()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # A scheduling bug must not strand requests: fail everything in flight and keep serving.
-                log.exception("scheduler iteration failed; failing %d in-flight sequences",
-                              len(self._running) + len(self._waiting))
-                for seq in [*self._running, *self._waiting]:
-                    self._finish(seq, "error", error="internal scheduler error; see the server log")
-                self._flush()
+    def abort(self, request_id: str) -> None:
+        """Mark a request aborted (its client went away). Safe while a step is in flight: it produces nothing more
+        and its blocks are freed by the next `schedule`. Unknown or finished ids are ignored."""
+        seq = self._by_id.get(request_id)
+        if seq is not None and not seq.finished:
+            seq.aborted = True
 
-    async def _iteration(self) -> None:
+    def finish_all(self, reason: str, error: str | None = None) -> list[GenerationOutput]:
+        """End every waiting and running request (the model is unloaded, or scheduling itself failed)."""
+        for seq in [*self._running, *self._waiting]:
+            self._finish(seq, reason, error=error)
+        return self._take_outputs()
+
+    # -- one step -----------------------------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        """Reap aborted requests, expire idle sessions, and plan the next step. An empty `steps` with
+        `has_unfinished()` means nothing fits right now (blocks held by sequences being aborted): try again shortly."""
         self._reap_aborted()
         self._sessions.expire()
-        if not self._running and not self._waiting:
-            self._flush()
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
-            return
-        batch = self._schedule()
-        if not batch:
-            # Nothing fits right now (blocks are held by sequences being aborted); back off instead of spinning.
-            self._flush()
-            await asyncio.sleep(0.01)
-            return
-        steps = [step for _, step in batch]
-        loop = asyncio.get_running_loop()
-        started = asyncio.Event()
+        scheduled = self._schedule() if self.has_unfinished() else []
+        return StepPlan(scheduled, self._take_outputs())
 
-        def step() -> StepResult:
-            loop.call_soon_threadsafe(started.set)
-            return self._engine.execute(steps)
-
-        try:
-            future = loop.run_in_executor(self._executor, step)
-            if self._outbox:
-                # The last step's outputs wake their streams only once this step's thread holds the GIL: woken
-                # first, their Python (detokenized text, SSE) kept the step waiting for it 2-3 ms per step.
-                await started.wait()
-                self._flush()
-            result = await future
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("model step failed; failing the %d sequences in it", len(batch))
-            for seq, _ in batch:
-                self._finish(seq, "error", error="the model failed while generating; see the server log")
-            return
+    def update(self, plan: StepPlan, result: StepResult) -> list[GenerationOutput]:
+        """Apply the engine's result for `plan`: commit the computed tokens, append the sampled ones, and return each
+        request's new output. A row that failed (in the engine, or in its own grammar or detokenization) ends alone."""
         self._stats.steps += 1
-        self._update(batch, result)
+        self._update(plan.scheduled, result)
+        return self._take_outputs()
+
+    def fail(self, plan: StepPlan, error: str) -> list[GenerationOutput]:
+        """The engine raised on `plan`: end the requests in that step, and only those."""
+        for seq, _ in plan.scheduled:
+            self._finish(seq, "error", error=error)
+        return self._take_outputs()
+
+    def _take_outputs(self) -> list[GenerationOutput]:
+        out, self._outputs = self._outputs, []
+        return out
 
     def _reap_aborted(self) -> None:
         for seq in [s for s in (*self._running, *self._waiting) if s.aborted]:
@@ -331,7 +284,7 @@ class SequenceBatcher(LLMScheduler):
 
     def _update(self, batch: list[tuple[_Sequence, SequenceStep]], result: StepResult) -> None:
         tokens, logprobs = result.token_ids, result.logprobs
-        max_len = self._engine.info.max_model_len
+        max_len = self._info.max_model_len
         for seq, step in batch:
             seq.num_computed += len(step.token_ids)
             self._kv.commit(seq.seq_id, seq.tokens, seq.num_computed)
@@ -366,13 +319,13 @@ class SequenceBatcher(LLMScheduler):
                 cached_prompt_tokens=seq.cached_tokens,
                 logprobs=[lp] if lp else None,
             )
-            self._outbox.append((seq.queue, out))
+            self._outputs.append(out)
             if reason is not None:
                 self._release(seq)
 
     def _finish(self, seq: _Sequence, reason: str, error: str | None = None) -> None:
         if not seq.finished:
-            self._outbox.append((seq.queue, GenerationOutput(
+            self._outputs.append(GenerationOutput(
                 request_id=seq.seq_id,
                 new_token_ids=[],
                 text="",
@@ -381,14 +334,8 @@ class SequenceBatcher(LLMScheduler):
                 prompt_tokens=seq.num_prompt,
                 completion_tokens=seq.processor.num_tokens,
                 error=error,
-            )))
+            ))
         self._release(seq)
-
-    def _flush(self) -> None:
-        """Hand the outputs gathered since the last flush to their streams, in order."""
-        for queue, out in self._outbox:
-            queue.put_nowait(out)
-        self._outbox.clear()
 
     def _release(self, seq: _Sequence) -> None:
         seq.finished = True
@@ -400,4 +347,3 @@ class SequenceBatcher(LLMScheduler):
         if seq in self._waiting:
             self._waiting.remove(seq)
         self._by_id.pop(seq.seq_id, None)
-        self._engine.release(seq.seq_id)

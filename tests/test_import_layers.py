@@ -1,0 +1,180 @@
+"""The import layers of `gateway/` and `engines/`, read from the source (no import runs), and no import circles.
+
+Top to bottom: the app (`gateway/app.py`, `cli.py`) mounts the frontends; the frontends (`openai/`, `kserve/`,
+`console/`, and every other API folder listed in FRONTENDS) stand side by side and never import each other, but for
+the ADAPTERS, which translate their protocol into the OpenAI path (and `openai/` never imports them); below
+them the repository, the schedulers and the shared pieces (`gateway/http/` for HTTP, `gateway/tensors.py` for
+tensors, `gateway/inference_stats.py`) know no frontend; the engines know nothing of `gateway/`. Imports under
+`if TYPE_CHECKING:` count: a circle of types is still a circle for the reader.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("gateway", "engines")
+
+#: API frontends: sub-packages of gateway/ that serve one protocol. A new API folder is added here.
+FRONTENDS = ("openai", "kserve", "console", "responses", "anthropic", "rerank")
+#: Frontends that translate their protocol into the OpenAI path (chat, embeddings) instead of repeating it, as
+#: LiteLLM and vLLM do: they may import `openai/`, which never imports them; they import no other frontend.
+ADAPTERS = {"responses": "openai", "anthropic": "openai", "rerank": "openai"}
+#: Modules allowed to import frontends: they assemble the server.
+ASSEMBLY = {"gateway", "gateway.__main__", "gateway.app", "gateway.cli"}
+#: Imports below the frontends that are known and allowed, each with why.
+ALLOWED = {
+    # Tensor models (TensorModel, its scheduler choice) still live in kserve/; the repository builds them lazily.
+    ("gateway.repository.builder", "gateway.kserve.model"),
+    ("gateway.repository.builder", "gateway.kserve.schedulers"),
+}
+#: Shared pieces at the bottom of gateway/: they may import nothing of gateway/ but these.
+BOTTOM = {"gateway.http": {"gateway.errors"}, "gateway.tensors": set()}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _owner(name: str) -> str | None:
+    """The project module an imported name lives in (`gateway.kserve.codec.InputTensor` -> `gateway.kserve.codec`)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imported(module: str, path: Path) -> Iterator[str]:
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = module.split(".")[: len(module.split(".")) - node.level + is_package]
+                base = ".".join([*parent, base] if base else parent)
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] in PACKAGES and (owner := _owner(name)) and owner != module:
+                yield owner
+
+
+GRAPH = {module: set(_imported(module, path)) for module, path in MODULES.items()}
+
+
+def _frontend(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "gateway" and parts[1] in FRONTENDS else None
+
+
+def _edges() -> Iterator[tuple[str, str]]:
+    for module, targets in sorted(GRAPH.items()):
+        for target in sorted(targets):
+            yield module, target
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_graph_is_read() -> None:
+    """Guards the rules below against passing vacuously (a path or parsing mistake would leave no edges)."""
+    assert {"gateway.app", "gateway.openai.router", "engines.interface"} <= MODULES.keys()
+    assert "gateway.openai.router" in GRAPH["gateway.app"]
+    assert "gateway.http.sse" in GRAPH["gateway.openai.router"]
+
+
+def test_engines_import_nothing_of_the_gateway() -> None:
+    wrong = [(m, t) for m, t in _edges() if _in(m, "engines") and _in(t, "gateway")]
+    assert not wrong, f"engines/ must not import gateway/ (move the shared piece into engines/): {wrong}"
+
+
+def test_frontends_never_import_each_other() -> None:
+    wrong = [(m, t) for m, t in _edges() if _frontend(m) and _frontend(t) and _frontend(m) != _frontend(t)
+             and ADAPTERS.get(_frontend(m)) != _frontend(t)]
+    assert not wrong, ("a frontend imports another; move what both need below them (gateway/http/, "
+                       f"gateway/tensors.py, or a module of its own): {wrong}")
+
+
+def test_nothing_below_the_frontends_imports_one() -> None:
+    wrong = [(m, t) for m, t in _edges()
+             if _frontend(t) and not _frontend(m) and m not in ASSEMBLY and (m, t) not in ALLOWED]
+    assert not wrong, ("only the app assembles frontends; the scheduler, repository and shared modules must not "
+                       f"import one (move what they need below the frontends): {wrong}")
+
+
+@pytest.mark.parametrize("bottom", sorted(BOTTOM))
+def test_shared_pieces_stay_at_the_bottom(bottom: str) -> None:
+    wrong = [(m, t) for m, t in _edges() if _in(m, bottom) and _in(t, "gateway") and not _in(t, bottom)
+             and t not in BOTTOM[bottom]]
+    assert not wrong, f"{bottom} is shared by every frontend and must stay free of the layers above: {wrong}"
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, targets = work[-1]
+            for target in targets:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        circles.append(sorted(component))
+    return circles
+
+
+def test_no_import_circles() -> None:
+    circles = _circles(GRAPH)
+    assert not circles, ("import circles (each list imports itself round the loop; split out the piece both sides "
+                         f"need, or type against a Protocol): {circles}")
+
+
+def test_circles_are_found() -> None:
+    """The circle finder itself, on a small graph: a -> b -> c -> a is one circle, d -> a is not part of it."""
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
