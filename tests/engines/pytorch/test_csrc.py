@@ -4,9 +4,11 @@ they have paths for, and each library's ctypes table (its one declaration in Pyt
 from __future__ import annotations
 
 import ctypes
+import fnmatch
 import re
 import shutil
 import subprocess
+import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -90,3 +92,11 @@ def test_the_cache_key_covers_every_header(tmp_path: Path) -> None:
     native._loaded.pop("header_probe", None)
     assert native.load_library("header_probe", tmp_path, table, source_dir=src).answer() == 43
     assert len(list((tmp_path / "kernels").glob("header_probe-*.so"))) == 2
+
+
+def test_every_source_ships_with_the_package() -> None:
+    """pyproject's package data names every file in csrc/, so an installed engine can build its kernels."""
+    config = tomllib.loads((CSRC.parents[2] / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["engines.pytorch"]
+    files = [f.relative_to(CSRC.parent).as_posix() for f in CSRC.iterdir()]
+    assert files and all(any(fnmatch.fnmatch(f, p) for p in patterns) for f in files), (files, patterns)
