@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import stat
@@ -20,7 +21,10 @@ EVIL = "int answer(void) { return 666; }\n"
 
 def _load(name: str, cache: Path) -> int:
     native._loaded.pop(name, None)
-    lib = native.load_library(name, GOOD, cache)
+    sources = cache / "src"
+    sources.mkdir(exist_ok=True)
+    (sources / f"{name}.c").write_text(GOOD)
+    lib = native.load_library(name, cache, {"answer": (ctypes.c_int, [])}, source_dir=sources)
     assert lib is not None
     return lib.answer()
 

@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from engines.pytorch.native import HelperThreads, load_library
+from engines.pytorch.native import POOL_SIGNATURES, HelperThreads, load_library
 
 TASK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
@@ -32,10 +32,8 @@ def _participants(helpers: HelperThreads, lib: ctypes.CDLL) -> int:
 def test_a_job_takes_at_most_its_engines_helpers(tmp_path: Path) -> None:
     wide = HelperThreads(3, tmp_path)  # the pool now runs 3 helpers
     narrow = HelperThreads(1, tmp_path)  # another engine with a budget of 2 threads: the pool keeps its 3
-    lib = load_library("pool", "", tmp_path)  # the library both share (already built and loaded)
+    lib = load_library("pool", tmp_path, POOL_SIGNATURES)  # the library both share (already built and loaded)
     assert lib is not None
-    lib.pool_run.argtypes = [TASK, ctypes.c_void_p]
-    lib.pool_run.restype = None
     assert max(_participants(narrow, lib) for _ in range(3)) <= 2  # the caller and one helper
     assert max(_participants(wide, lib) for _ in range(3)) > 2  # the left-out helpers come back when wanted
     assert max(_participants(narrow, lib) for _ in range(3)) <= 2

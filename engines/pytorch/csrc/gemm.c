@@ -1,0 +1,707 @@
+/* Projections of the native engine (engines/pytorch/linear.py): the packed float32 / bfloat16 GEMM, its Q4_1 /
+   Q8_0 and AMX variants, the fused gate-up-SiLU job, and the dense layers' elementwise kernels (RMSNorm,
+   SiLU-and-multiply), with their `*_par` entry points on the helper-thread pool. Built by native.py. */
+#include "gemm_common.h"
+#include "type_suffix.h"
+
+#define TYPE_SUFFIX f32
+#include "gemm_panels.h"
+#undef TYPE_SUFFIX
+#define TYPE_SUFFIX bf16w
+#include "gemm_panels.h"
+#undef TYPE_SUFFIX
+/* y += bias, then y += residual, each rounded once: what `F.linear` and a following `+` compute. */
+static void epilogue_f32(const float* bias, const float* residual, int64_t ldr, float* y, int64_t ldy, int M, int NB) {
+    if (bias || residual)
+        for (int m = 0; m < M; m++) {
+            float* ym = y + m * ldy;
+            if (bias) for (int n = 0; n < NB * 16; n++) ym[n] = ym[n] + bias[n];
+            if (residual) {
+                const float* r = residual + m * ldr;
+                for (int n = 0; n < NB * 16; n++) ym[n] = ym[n] + r[n];
+            }
+        }
+}
+
+/* y[M, NB * 16] = x[M, K] @ W.T (+ bias) (+ residual); W packed as [NB, K, 16] (zero padded columns).
+   x, residual and y rows are ldx, ldr and ldy floats apart. bias (NB * 16 floats) and residual may be NULL.
+   The epilogue adds bias, then residual, each rounded once: what `F.linear` and a following `+` compute. */
+void gemm_f32(const float* x, int64_t ldx, const float* wp, const float* bias, const float* residual, int64_t ldr,
+              float* y, int64_t ldy, int M, int NB, int K) {
+    gemm_core_f32(x, ldx, wp, y, ldy, M, NB, K);
+    epilogue_f32(bias, residual, ldr, y, ldy, M, NB);
+}
+
+/* The bfloat16 version: x is given as float32 (converted exactly by the caller), W packed as [NB, K, 16]
+   bfloat16; sums in float32 into acc (M x NB * 16 floats, ldy apart), then y = bf16(acc + bias) and, with a
+   residual, y = bf16(residual + y): one rounding per op, as torch's bfloat16 addmm and `+` do. */
+void gemm_bf16w(const float* x, int64_t ldx, const uint16_t* wp, const uint16_t* bias, const uint16_t* residual,
+                int64_t ldr, float* acc, uint16_t* y, int64_t ldy, int M, int NB, int K) {
+    gemm_core_bf16w(x, ldx, wp, acc, ldy, M, NB, K);
+    for (int m = 0; m < M; m++) {
+        const float* am = acc + m * ldy;
+        uint16_t* ym = y + m * ldy;
+        for (int n = 0; n < NB * 16; n++) {
+            uint16_t v = f32_to_bf16(bias ? am[n] + bf16_to_f32(bias[n]) : am[n]);
+            if (residual) v = f32_to_bf16(bf16_to_f32(residual[m * ldr + n]) + bf16_to_f32(v));
+            ym[n] = v;
+        }
+    }
+}
+
+/* ---- elementwise helpers of the dense layers (float32) ---- */
+
+#include "simd_exp.h"
+EXP8_AVX2
+
+/* Rows of an elementwise kernel: all of them, or (next != NULL) chunks of ROW_CHUNK taken from the atomic counter
+   *next, so helper threads can share a large step. Loops `for (int m0, m1; next_rows(...);) for (m = m0; m < m1...`. */
+#define ROW_CHUNK 32
+static inline int next_rows(int* next, int M, int* m0, int* m1, int* done) {
+    if (!next) { if (*done) return 0; *done = 1; *m0 = 0; *m1 = M; return 1; }
+    *m0 = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED) * ROW_CHUNK;
+    *m1 = *m0 + ROW_CHUNK < M ? *m0 + ROW_CHUNK : M;
+    return *m0 < M;
+}
+
+/* y = silu(g) * u over n floats, silu(g) = g / (1 + exp(-g)) as torch computes it (each op rounded). */
+static inline void silu_mul_row(const float* g, const float* u, float* y, int n) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, gv))));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) {
+        float t[8] = {0}, o[8];
+        t[0] = -g[i];
+        _mm256_storeu_ps(o, exp8(_mm256_loadu_ps(t)));
+        y[i] = (g[i] / (1.0f + o[0])) * u[i];
+    }
+}
+
+/* bfloat16 SiLU-and-multiply as transformers gets it from torch: silu(g) = g / (1 + exp(-g)) in float32 with torch's
+   vectorized exp_u20 (its AVX-512 algorithm: a degree-5 polynomial after range reduction, 2^n applied as 2^(n-1) * 2),
+   rounded to bfloat16, then times u, rounded again. torch runs its vector loop 64 elements at a time and the rest
+   through the scalar op, with libm's expf: so do we. Checked bit for bit in tests/engines/pytorch/test_linear.py. */
+#ifdef __AVX512F__
+static inline __m512 exp_u20_16(__m512 x) {
+    const __m512 lo = _mm512_castsi512_ps(_mm512_set1_epi32(0xc2aeac50));  /* log(FLT_MIN) */
+    const __m512 hi = _mm512_castsi512_ps(_mm512_set1_epi32(0x42b17218));  /* log(FLT_MAX) */
+    const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OS);
+    const __m512 s = _mm512_max_ps(_mm512_min_ps(x, hi), lo);
+    __m512 n = _mm512_fmadd_ps(s, _mm512_castsi512_ps(_mm512_set1_epi32(0x3fb8aa3b)), _mm512_set1_ps(0.5f));
+    n = _mm512_cvtepi32_ps(_mm512_cvt_roundps_epi32(n, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+    const __m512 r = _mm512_fnmadd_ps(n, _mm512_castsi512_ps(_mm512_set1_epi32(0x3f317218)), s);  /* s - n ln 2 */
+    __m512 p = _mm512_fmadd_ps(r, _mm512_set1_ps(0.00828929059f), _mm512_set1_ps(0.0418978221f));
+    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(0.166676521f));
+    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(0.499991506f));
+    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(0.999999701f));
+    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_cvtps_epi32(_mm512_sub_ps(n, _mm512_set1_ps(1.0f)));
+    const __m512 half_scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
+    return _mm512_mul_ps(_mm512_mul_ps(p, _mm512_mask_blend_ps(under, half_scale, _mm512_setzero_ps())),
+                         _mm512_set1_ps(2.0f));
+}
+static inline __m512 bf16_round16(__m512 v) {  /* to the nearest bfloat16, as a float32 (NaN stays NaN) */
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                       _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    const __m512i t = _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    return _mm512_mask_blend_ps(nan, _mm512_castsi512_ps(t), v);
+}
+#endif
+static inline void silu_mul_bf16_row(const uint16_t* g, const uint16_t* u, uint16_t* y, int n) {
+    int i = 0;
+#ifdef __AVX512F__
+    for (; i < n / 64 * 64; i += 16) {
+        const __m512 gv = widen_bf16(_mm256_loadu_si256((const __m256i*)(g + i)));
+        const __m512 sv = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f),
+                                                          exp_u20_16(_mm512_xor_ps(gv, _mm512_set1_ps(-0.0f)))));
+        const __m512 out = bf16_round16(_mm512_mul_ps(bf16_round16(sv),
+                                                      widen_bf16(_mm256_loadu_si256((const __m256i*)(u + i)))));
+        _mm256_storeu_si256((__m256i*)(y + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(out), 16)));
+    }
+#endif
+    for (; i < n; i++) {
+        const float gf = bf16_to_f32(g[i]);
+        y[i] = f32_to_bf16(bf16_to_f32(f32_to_bf16(gf / (1.0f + expf(-gf)))) * bf16_to_f32(u[i]));
+    }
+}
+/* Whether silu_mul_bf16 gives torch's bits here: its vector loop needs AVX-512 (with AVX2 torch's exp_u20 is
+   another function, which we do not reproduce). */
+int exact_silu_bf16(void) {
+#ifdef __AVX512F__
+    return 1;
+#else
+    return 0;
+#endif
+}
+void silu_mul_bf16(const uint16_t* gu, int64_t ldg, uint16_t* y, int64_t ldy, int M, int I, int* next) {
+    for (int m0, m1, done = 0; next_rows(next, M, &m0, &m1, &done);)
+        for (int m = m0; m < m1; m++) silu_mul_bf16_row(gu + m * ldg, gu + m * ldg + I, y + m * ldy, I);
+}
+
+/* y = silu(gu[:, :I]) * gu[:, I:]. */
+void silu_mul_f32(const float* gu, int64_t ldg, float* y, int64_t ldy, int M, int I, int* next) {
+    for (int m0, m1, done = 0; next_rows(next, M, &m0, &m1, &done);)
+        for (int m = m0; m < m1; m++) silu_mul_row(gu + m * ldg, gu + m * ldg + I, y + m * ldy, I);
+}
+
+/* The sum of x[0..H) squared in torch's order for a float32 row (SumKernel's cascade sum, which transformers'
+   RMSNorm mean runs): 8-float vectors, 4 interleaved accumulators flushed up a level every 16 steps of 4 vectors,
+   then the vectors left over, the 4 accumulators, the scalar tail and the 8 lanes in turn. Checked bit for bit
+   against torch in tests/engines/pytorch/test_linear.py. x: H floats, or (bf16) H bfloat16 read as float32. */
+static inline __m256 load8(const void* x, int64_t i, int bf16) {
+    if (!bf16) return _mm256_loadu_ps((const float*)x + i);
+    const __m128i h = _mm_loadu_si128((const __m128i*)((const uint16_t*)x + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static float torch_sum_squares(const void* x, int H, int bf16) {
+    const int64_t nv = H / 8, rows = nv / 4;
+    const int log2 = rows <= 2 ? 1 : 64 - __builtin_clzll((unsigned long long)rows - 1);
+    const int power = log2 / 4 > 4 ? log2 / 4 : 4;
+    const int64_t step = (int64_t)1 << power, mask = step - 1;
+    __m256 acc[4][4];
+    for (int l = 0; l < 4; l++) for (int k = 0; k < 4; k++) acc[l][k] = _mm256_setzero_ps();
+#define SQ(v) _mm256_mul_ps(load8(x, (v) * 8, bf16), load8(x, (v) * 8, bf16))
+    int64_t i = 0;
+    while (i + step <= rows) {
+        for (int64_t j = 0; j < step; j++, i++)
+            for (int k = 0; k < 4; k++) acc[0][k] = _mm256_add_ps(acc[0][k], SQ(i * 4 + k));
+        for (int l = 1; l < 4; l++) {
+            for (int k = 0; k < 4; k++) {
+                acc[l][k] = _mm256_add_ps(acc[l][k], acc[l - 1][k]);
+                acc[l - 1][k] = _mm256_setzero_ps();
+            }
+            if (i & (mask << (l * power))) break;
+        }
+    }
+    for (; i < rows; i++)
+        for (int k = 0; k < 4; k++) acc[0][k] = _mm256_add_ps(acc[0][k], SQ(i * 4 + k));
+    for (int l = 1; l < 4; l++) for (int k = 0; k < 4; k++) acc[0][k] = _mm256_add_ps(acc[0][k], acc[l][k]);
+    __m256 p = acc[0][0];
+    for (int64_t v = rows * 4; v < nv; v++) p = _mm256_add_ps(p, SQ(v));
+    for (int k = 1; k < 4; k++) p = _mm256_add_ps(p, acc[0][k]);
+#undef SQ
+    float s = 0.0f, lanes[8];
+    for (int64_t t = nv * 8; t < H; t++) {
+        const float v = bf16 ? bf16_to_f32(((const uint16_t*)x)[t]) : ((const float*)x)[t];
+        s += v * v;
+    }
+    _mm256_storeu_ps(lanes, p);
+    for (int l = 0; l < 8; l++) s += lanes[l];
+    return s;
+}
+
+/* y = w * (x * (1 / sqrt(mean(x * x) + eps))): transformers' float32 RMSNorm, bit for bit. */
+void rms_norm_f32(const float* x, int64_t ldx, const float* w, float eps, float* y, int64_t ldy, int M, int H,
+                  int* next) {
+    for (int m0, m1, done = 0; next_rows(next, M, &m0, &m1, &done);)
+    for (int m = m0; m < m1; m++) {
+        const float* xm = x + m * ldx;
+        float* ym = y + m * ldy;
+        const float r = 1.0f / sqrtf(torch_sum_squares(xm, H, 0) / (float)H + eps);
+        for (int i = 0; i < H; i++) ym[i] = w[i] * (xm[i] * r);
+    }
+}
+
+/* The same for bfloat16 x, w and y, as transformers computes it: x in float32, its normalized value rounded to
+   bfloat16, then times w (rounded again). */
+void rms_norm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, float eps, uint16_t* y, int64_t ldy, int M,
+                   int H, int* next) {
+    for (int m0, m1, done = 0; next_rows(next, M, &m0, &m1, &done);)
+    for (int m = m0; m < m1; m++) {
+        const uint16_t* xm = x + m * ldx;
+        uint16_t* ym = y + m * ldy;
+        const float r = 1.0f / sqrtf(torch_sum_squares(xm, H, 1) / (float)H + eps);
+        for (int i = 0; i < H; i++)
+            ym[i] = f32_to_bf16(bf16_to_f32(w[i]) * bf16_to_f32(f32_to_bf16(bf16_to_f32(xm[i]) * r)));
+    }
+}
+
+/* ---- the same on the helper-thread pool (native.py): one job, the work handed out by a counter in it ---- */
+
+#include "pool_client.h"
+
+/* gemm_f32 or gemm_bf16w shared by several threads: each takes tiles of `chunk` column panels x `mchunk` rows
+   from a counter until none are left, so a thread that gets less CPU simply does fewer tiles. Every output element is
+   computed exactly as by one call over the whole matrix (the same FMA chain over k). Tiles run row-block fastest,
+   so the two threads tend to work on one panel chunk at a time. With y16 (bfloat16 weights), y is the float32
+   accumulator, ldy apart too. */
+typedef struct {
+    const float* x; const void *wp, *bias, *residual; float* y; uint16_t* y16; int64_t ldx, ldr, ldy;
+    int M, NB, K, chunk, mchunk, next;
+    const uint8_t* wq;  /* Q4_1 panels (Q41_BLOCK bytes per 32 k of a panel) in place of wp, or NULL */
+    int amx;  /* wq in the tile unit's layout: 1 Q4_1, 2 Q8_0; 0: the register kernels'; 3: bfloat16 wp (tiles) */
+    const uint16_t* xa; const float* xs;  /* x split for the tile unit (q41_prepare); amx 3: x itself */
+    int failed;  /* set when a thread could not allocate its scratch */
+} gemm_job;
+
+static inline int tile_count(const gemm_job* j) {
+    return (j->NB + j->chunk - 1) / j->chunk * ((j->M + j->mchunk - 1) / j->mchunk);
+}
+/* The next tile from the job's counter: panels n0..n0+nb-1, rows m0..m0+mc-1 (row blocks fastest). 0: none left. */
+static inline int next_tile(gemm_job* j, int* n0, int* m0, int* nb, int* mc) {
+    const int t = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED), row_tiles = (j->M + j->mchunk - 1) / j->mchunk;
+    if (t >= tile_count(j)) return 0;
+    *n0 = t / row_tiles * j->chunk;
+    *m0 = t % row_tiles * j->mchunk;
+    *nb = j->NB - *n0 < j->chunk ? j->NB - *n0 : j->chunk;
+    *mc = j->M - *m0 < j->mchunk ? j->M - *m0 : j->mchunk;
+    return 1;
+}
+
+/* Q4_1 weights (CPUs with AVX-512, steps of Q41_ROWS rows): per panel and 32 k, the 16 columns' scale d and
+   offset m (float32), then q (0..15) as a byte per k and column. The kernel expands each k row of a panel pair in
+   registers as d * q + m, the float32 weight transformers dequantizes: d * q is exact (11 x 4 significant bits), so
+   the FMA rounds once, as transformers' multiply-then-add does, and the weights, the FMA chain and so the results
+   are bit for bit those of the float32 kernel. 5 bytes per 4 weights instead of 16 from memory. */
+#define Q41_BLOCK 640
+#ifdef __AVX512F__
+/* One k row of a Q4_1 panel: d * q + m for its 16 columns. */
+static inline __m512 q41_row(const uint8_t* q, __m512 d, __m512 m) {
+    return _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)q))), m);
+}
+/* mkzq_<r>: r = 1..ZROWS rows of x against a panel pair of Q4_1 blocks over the whole of K, each k row of weights
+   expanded in registers (d * q + m) and then the same FMA chain as mkz. */
+#define MKZQ(r)                                                                                                     \
+    static inline void mkzq_##r(const float* x, int64_t ldx, const uint8_t* p0, const uint8_t* p1, float* y,        \
+                                int64_t ldy, int K) {                                                               \
+        ZREPEAT_##r(ZROW_ZERO)                                                                                      \
+        for (int kb = 0; kb < K / 32; kb++) {                                                                       \
+            const float *s0 = (const float*)(p0 + kb * Q41_BLOCK), *s1 = (const float*)(p1 + kb * Q41_BLOCK);       \
+            const __m512 d0 = _mm512_loadu_ps(s0), m0 = _mm512_loadu_ps(s0 + 16);                                   \
+            const __m512 d1 = _mm512_loadu_ps(s1), m1 = _mm512_loadu_ps(s1 + 16);                                   \
+            const uint8_t *q0 = (const uint8_t*)(s0 + 32), *q1 = (const uint8_t*)(s1 + 32);                         \
+            const float* xk = x + kb * 32;                                                                          \
+            for (int k = 0; k < 32; k++) {                                                                          \
+                const __m512 w0 = q41_row(q0 + k * 16, d0, m0), w1 = q41_row(q1 + k * 16, d1, m1);                  \
+                ZREPEAT_##r(ZROW_FMA_XK)                                                                            \
+            }                                                                                                       \
+        }                                                                                                           \
+        ZREPEAT_##r(ZROW_STORE)                                                                                     \
+    }
+MKZQ(1) MKZQ(2) MKZQ(3) MKZQ(4) MKZQ(5) MKZQ(6) MKZQ(7) MKZQ(8) MKZQ(9) MKZQ(10) MKZQ(11) MKZQ(12)
+static inline void mkzq(int r, const float* x, int64_t ldx, const uint8_t* p0, const uint8_t* p1, float* y, int64_t ldy,
+                        int K) {
+    switch (r) {
+#define MKZQ_CASE(i) case i: mkzq_##i(x, ldx, p0, p1, y, ldy, K); break;
+        MKZQ_CASE(1) MKZQ_CASE(2) MKZQ_CASE(3) MKZQ_CASE(4) MKZQ_CASE(5) MKZQ_CASE(6)
+        MKZQ_CASE(7) MKZQ_CASE(8) MKZQ_CASE(9) MKZQ_CASE(10) MKZQ_CASE(11) MKZQ_CASE(12)
+#undef MKZQ_CASE
+    }
+}
+/* One 32-k block of a panel pair expanded into w (2 panels x 32 k x 16 floats, the float32 kernel's layout). */
+static inline void expand_q41_block(const uint8_t* b0, const uint8_t* b1, float* w) {
+    const uint8_t* b[2] = {b0, b1};
+    for (int p = 0; p < 2; p++) {
+        const float* s = (const float*)b[p];
+        const __m512 d = _mm512_loadu_ps(s), m = _mm512_loadu_ps(s + 16);
+        const uint8_t* q = (const uint8_t*)(s + 32);
+        for (int k = 0; k < 32; k++) _mm512_storeu_ps(w + p * 512 + k * 16, q41_row(q + k * 16, d, m));
+    }
+}
+/* One row block: the weights expanded in registers. More: each 32-k block of a pair expanded once into L1 for all
+   the row blocks, whose sums continue through y from block to block (the same FMA chain, as with K blocking). */
+static void gemm_core_q41(const float* x, int64_t ldx, const uint8_t* wq, float* y, int64_t ldy, int M, int NB, int K) {
+    const int64_t panel = (int64_t)K / 32 * Q41_BLOCK;
+    float w[2 * 32 * 16];
+    for (int nb = 0; nb + 2 <= NB; nb += 2) {
+        const uint8_t *p0 = wq + nb * panel, *p1 = wq + (nb + 1) * panel;
+        if (M <= ZROWS) {
+            mkzq(M, x, ldx, p0, p1, y + nb * 16, ldy, K);
+            continue;
+        }
+        for (int kb = 0; kb < K / 32; kb++) {
+            expand_q41_block(p0 + kb * Q41_BLOCK, p1 + kb * Q41_BLOCK, w);
+            for (int m = 0; m < M; m += ZROWS)
+                mkz_f32(M - m < ZROWS ? M - m : ZROWS, x + m * ldx + kb * 32, ldx, w, 512, y + m * ldy + nb * 16, ldy,
+                        32, kb > 0, 0, 0, 1);
+        }
+    }
+}
+#else
+static void gemm_core_q41(const float* x, int64_t ldx, const uint8_t* wq, float* y, int64_t ldy, int M, int NB, int K) {
+    (void)x; (void)ldx; (void)wq; (void)y; (void)ldy; (void)M; (void)NB; (void)K;  /* not called: Python checks */
+}
+#endif
+int q41_supported(void) {
+#ifdef __AVX512F__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* ---- AMX (CPUs with AMX-BF16): the same Q4_1 / Q8_0 blocks, on steps of any number of rows ----
+   x is split once per call into three bfloat16 parts whose sum is x exactly (8 + 8 + 8 significant bits), and q
+   (0..255) is exact in bfloat16, so every product in the tile unit is exact and only float32 sums round: per 32-k
+   block C = sum_k x_k q_k (three tile products, one per part), then y = m * sum_k x_k + (d * C + y). The result is
+   float32-accurate (closer to the float64 product than the FMA kernel's, tests/engines/pytorch/test_linear.py) but
+   not the FMA kernel's bits; a row's bits depend only on that row and the weight, so batching does not change them.
+   The block's q are stored in pairs along k ([16 k pairs][16 columns][2]: the tile unit's layout for B). */
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+typedef struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } amx_tilecfg;
+/* A thread's scratch of at least `need` bytes (64-byte aligned), grown and kept between calls; NULL: out of memory. */
+typedef struct { void* p; size_t capacity; } amx_scratch;
+static void* amx_reserve(amx_scratch* s, size_t need) {
+    if (need > s->capacity) {
+        free(s->p);
+        s->p = aligned_alloc(64, need);
+        s->capacity = s->p ? need : 0;
+    }
+    return s->p;
+}
+/* Tiles 0-2: x's parts (rows x 32 bfloat16), 4-5: C (rows x 16 float32), 6-7: q (16 k pairs x 16 columns). */
+static void amx_configure(int rows) {
+    amx_tilecfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) { c.colsb[t] = 64; c.rows[t] = t >= 6 ? 16 : rows; }
+    _tile_loadconfig(&c);
+}
+/* Up to 16 rows of x as one row tile: per 32-k block the three parts (xa: [KB][3][16][32], rows past `rows`
+   zero) and the block's sums (xs: [KB][16]). */
+static void amx_split_rows(const float* x, int64_t ldx, int rows, int K, uint16_t* xa, float* xs) {
+    for (int kb = 0; kb < K / 32; kb++) {
+        uint16_t* a = xa + (int64_t)kb * 1536;
+        for (int r = 0; r < 16; r++) {
+            if (r >= rows) {
+                for (int part = 0; part < 3; part++) memset(a + part * 512 + r * 32, 0, 64);
+                xs[kb * 16 + r] = 0.0f;
+                continue;
+            }
+            __m512 v0 = _mm512_loadu_ps(x + r * ldx + kb * 32), v1 = _mm512_loadu_ps(x + r * ldx + kb * 32 + 16);
+            xs[kb * 16 + r] = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+            for (int part = 0; part < 3; part++) {  /* the part, then what it left over (exact in float32) */
+                const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
+                _mm512_storeu_si512(a + part * 512 + r * 32, h);
+                v0 = _mm512_sub_ps(v0, widen_bf16(_mm512_castsi512_si256(h)));
+                v1 = _mm512_sub_ps(v1, widen_bf16(_mm512_extracti64x4_epi64(h, 1)));
+            }
+        }
+    }
+}
+typedef struct { const float* x; int64_t ldx; uint16_t* xa; float* xs; int M, K, next; } amx_split_job;
+static void amx_split_task(void* p) {
+    amx_split_job* j = (amx_split_job*)p;
+    const int kb = j->K / 32;
+    for (int rt; (rt = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) * 16 < j->M;)
+        amx_split_rows(j->x + rt * 16 * j->ldx, j->ldx, j->M - rt * 16 < 16 ? j->M - rt * 16 : 16, j->K,
+                       j->xa + (int64_t)rt * kb * 1536, j->xs + (int64_t)rt * kb * 16);
+}
+/* One 32-k block of a panel's q as the B tile (bfloat16, exact): Q4_1's 0..15 by table, Q8_0's 0..255 by float. */
+static inline void amx_expand_block(const uint8_t* q, uint16_t* b, int q4) {
+    if (q4) {
+        const __m512i bf16_of = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x4170, 0x4160, 0x4150,
+            0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40e0, 0x40c0, 0x40a0, 0x4080, 0x4040, 0x4000, 0x3f80, 0);
+        for (int j = 0; j < 16; j++)
+            _mm512_store_si512(b + 32 * j, _mm512_permutexvar_epi16(
+                _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(q + 32 * j))), bf16_of));
+    } else {
+        for (int j = 0; j < 32; j += 2) {
+            const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + 16 * j))));
+            const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + 16 * j + 16))));
+            _mm512_store_si512(b + 16 * j, (__m512i)_mm512_cvtne2ps_pbh(f1, f0));
+        }
+    }
+}
+/* C (tile c) = the row tile's parts (tiles 0-2) times q (tile b), stored to cb. */
+#define AMX_PRODUCT(c, b, cb) do { _tile_zero(c); _tile_dpbf16ps(c, 0, b); _tile_dpbf16ps(c, 1, b); \
+    _tile_dpbf16ps(c, 2, b); _tile_stored(c, cb, 64); } while (0)
+/* y (rows x 16) = m * xs + (d * C + y) for one panel's C (16 x 16, 16 floats apart) of 32-k block kb. */
+static inline void amx_fold(const float* c, const float* s, const uint8_t* dm, float* y, int64_t ldy, int rows,
+                            int kb) {
+    const __m512 d = _mm512_loadu_ps((const float*)dm), m = _mm512_loadu_ps((const float*)dm + 16);
+    for (int r = 0; r < rows; r++) {
+        const __m512 prev = kb ? _mm512_loadu_ps(y + r * ldy) : _mm512_setzero_ps();
+        const __m512 scaled = _mm512_fmadd_ps(d, _mm512_load_ps(c + r * 16), prev);
+        _mm512_storeu_ps(y + r * ldy, _mm512_fmadd_ps(m, _mm512_set1_ps(s[r]), scaled));
+    }
+}
+static __thread amx_scratch amx_q;  /* a thread's expanded q: [K / 32][16 panels][512] */
+#define AMX_LAG 4  /* C tiles stored ahead of their fold: the tile unit's stores reach ordinary loads late */
+/* y[M, NB * 16] = x @ W.T from x's parts (xa, xs: amx_split_rows' layout, M rows) and the panels wq. Per 16 panels
+   and row tile, per 32-k block: the parts are loaded once, each panel's q is loaded while the previous one's
+   products run, and its C is folded into the row tile's y (16 x 256 floats: L1) AMX_LAG panels later. The q are
+   expanded once, block by block as the first row tile reaches them (the next block prefetched, so the weight stream
+   overlaps the products), and kept for the other row tiles (amx_q: up to 768 KB, L2). -1: out of memory. */
+static int gemm_core_amx(const uint16_t* xa, const float* xs, const uint8_t* wq, float* y, int64_t ldy, int M,
+                         int NB, int K, int q4) {
+    const int KB = K / 32, RT = (M + 15) / 16;
+    uint16_t* const qx = (uint16_t*)amx_reserve(&amx_q, (size_t)KB * 16 * 1024);
+    if (!qx) return -1;
+    float ring[AMX_LAG][256] __attribute__((aligned(64)));
+    amx_configure(M < 16 ? M : 16);
+    for (int n0 = 0; n0 < NB; n0 += 16) {
+        const int nn = NB - n0 < 16 ? NB - n0 : 16;
+        const uint8_t* wn = wq + (int64_t)n0 * KB * Q41_BLOCK;
+        for (int rt = 0; rt < RT; rt++) {
+            const int rows = M - rt * 16 < 16 ? M - rt * 16 : 16;
+            float* yt = y + rt * 16 * ldy + n0 * 16;
+            int issued = 0, pn[AMX_LAG], pkb[AMX_LAG];  /* ring slot -> its panel and block */
+#define AMX_FOLD(slot) amx_fold(ring[slot], xs + ((int64_t)rt * KB + pkb[slot]) * 16, \
+                                wn + ((int64_t)pn[slot] * KB + pkb[slot]) * Q41_BLOCK, yt + pn[slot] * 16, ldy, rows, pkb[slot])
+            for (int kb = 0; kb < KB; kb++) {
+                const uint16_t* a = xa + ((int64_t)rt * KB + kb) * 1536;
+                const uint16_t* q = qx + (int64_t)kb * 16 * 512;
+                if (rt == 0)  /* q expanded as the first row tile needs them, the next block's prefetched */
+                    for (int n = 0; n < nn; n++) {
+                        const uint8_t* blk = wn + ((int64_t)n * KB + kb) * Q41_BLOCK;
+                        if (kb + 1 < KB)
+                            for (int l = 0; l < Q41_BLOCK; l += 64)
+                                _mm_prefetch((const char*)blk + Q41_BLOCK + l, _MM_HINT_T0);
+                        amx_expand_block(blk + 128, qx + ((int64_t)kb * 16 + n) * 512, q4);
+                    }
+                _tile_loadd(0, a, 64);
+                _tile_loadd(1, a + 512, 64);
+                _tile_loadd(2, a + 1024, 64);
+                _tile_loadd(6, q, 64);
+                for (int n = 0; n < nn; n++, issued++) {
+                    const int slot = issued % AMX_LAG, more = n + 1 < nn;
+                    if (issued >= AMX_LAG) AMX_FOLD(slot);  /* the C stored AMX_LAG products ago */
+                    if (n & 1) { if (more) _tile_loadd(6, q + (n + 1) * 512, 64); AMX_PRODUCT(5, 7, ring[slot]); }
+                    else { if (more) _tile_loadd(7, q + (n + 1) * 512, 64); AMX_PRODUCT(4, 6, ring[slot]); }
+                    pn[slot] = n, pkb[slot] = kb;
+                }
+            }
+            for (int i = issued > AMX_LAG ? issued - AMX_LAG : 0; i < issued; i++) AMX_FOLD(i % AMX_LAG);
+#undef AMX_FOLD
+        }
+    }
+    _tile_release();
+    return 0;
+}
+/* x split into the caller's buffer (kept between calls: a step's projections all need one of about the same size);
+   -1 when it cannot be allocated. */
+static __thread amx_scratch amx_parts;
+static int amx_split(const float* x, int64_t ldx, int M, int K, uint16_t** xa, float** xs) {
+    const size_t tiles = (size_t)(M + 15) / 16 * (K / 32);
+    char* const buf = (char*)amx_reserve(&amx_parts, tiles * (1536 * 2 + 64));
+    if (!buf) return -1;
+    amx_split_job s = {x, ldx, (uint16_t*)buf, (float*)(buf + tiles * 1536 * 2), M, K, 0};
+    if (M <= 16) amx_split_task(&s); else POOL_RUN(amx_split_task, &s);  /* one row tile: not worth a wake-up */
+    *xa = s.xa;
+    *xs = s.xs;
+    return 0;
+}
+
+/* ---- bfloat16 weights on the tile unit (the bfloat16 mode) ----
+   x and W are bfloat16, so each 32-k block is one tile product, and C accumulates the whole of K in the tile
+   before y = bf16(C + bias) (then bf16(residual + y)). These are oneDNN's bits for calls of up to 32 rows, i.e.
+   torch's bfloat16 F.linear as transformers runs it on every decode step (checked bit for bit in
+   tests/engines/pytorch/test_linear.py); oneDNN's larger calls sum K in pieces. Up to 16 rows, 4 panels at a
+   time: C in tiles 0-3, x in 4. W: per group of 4 panels (fewer in the last), [K / 32][4 panels][16 k pairs]
+   [16 columns][2] (1 KB per panel and 32 k), so a group's weights are one sequential stream. */
+static void bf16_amx_rows(const uint16_t* x, int64_t ldx, const uint16_t* wp, const uint16_t* bias,
+                          const uint16_t* residual, int64_t ldr, uint16_t* y, int64_t ldy, int rows, int nb, int K) {
+    const int KB = K / 32;
+    float c[4][256] __attribute__((aligned(64)));
+    for (int n = 0; n < nb; n += 4) {
+        const int g = nb - n < 4 ? nb - n : 4;
+        const uint16_t* w = wp + (int64_t)n * KB * 512;
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        for (int kb = 0; kb < KB; kb++) {
+            const uint16_t* b = w + (int64_t)kb * g * 512;
+            /* the next block's weights: one row ran 1.05-1.15x faster than without (2 or 4 ahead: slower) */
+            for (int l = 0; l < g * 16; l++) _mm_prefetch((const char*)(b + g * 512 + l * 32), _MM_HINT_T0);
+            _tile_loadd(4, x + kb * 32, ldx * 2);
+            _tile_loadd(6, b, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            if (g > 1) { _tile_loadd(7, b + 512, 64); _tile_dpbf16ps(1, 4, 7); }
+            if (g > 2) { _tile_loadd(6, b + 1024, 64); _tile_dpbf16ps(2, 4, 6); }
+            if (g > 3) { _tile_loadd(7, b + 1536, 64); _tile_dpbf16ps(3, 4, 7); }
+        }
+        _tile_stored(0, c[0], 64);
+        if (g > 1) _tile_stored(1, c[1], 64);
+        if (g > 2) _tile_stored(2, c[2], 64);
+        if (g > 3) _tile_stored(3, c[3], 64);
+        for (int p = 0; p < g; p++) {
+            const int64_t col = (int64_t)(n + p) * 16;
+            const __m512 b = bias ? widen_bf16(_mm256_loadu_si256((const __m256i*)(bias + col))) : _mm512_setzero_ps();
+            for (int r = 0; r < rows; r++) {
+                __m512 v = _mm512_load_ps(c[p] + r * 16);
+                if (bias) v = _mm512_add_ps(v, b);
+                __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+                if (residual)
+                    h = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(
+                        widen_bf16(_mm256_loadu_si256((const __m256i*)(residual + r * ldr + col))), widen_bf16(h)));
+                _mm256_storeu_si256((__m256i*)(y + r * ldy + col), h);
+            }
+        }
+    }
+}
+/* A gemm_job over bfloat16 x (in xa) and W (wp, the layout above), writing bfloat16 y (y16). */
+static void bf16_amx_task(void* p) {
+    gemm_job* j = (gemm_job*)p;
+    const uint16_t *bias = (const uint16_t*)j->bias, *res = (const uint16_t*)j->residual;
+    for (int n0, m0, nb, mc; next_tile(j, &n0, &m0, &nb, &mc);) {
+        const int64_t c0 = (int64_t)n0 * 16;
+        for (int r = 0, configured = 0; r < mc; r += 16) {
+            const int rows = mc - r < 16 ? mc - r : 16, m = m0 + r;
+            if (rows != configured) amx_configure(configured = rows);
+            bf16_amx_rows(j->xa + m * j->ldx, j->ldx, (const uint16_t*)j->wp + (int64_t)n0 * (j->K / 32) * 512,
+                          bias ? bias + c0 : 0, res ? res + m * j->ldr + c0 : 0, j->ldr, j->y16 + m * j->ldy + c0,
+                          j->ldy, rows, nb, j->K);
+        }
+    }
+    _tile_release();
+}
+#endif
+/* y[M, NB * 16] = x @ W.T (+ bias) (+ residual), all bfloat16, on the tile unit (bf16_amx_rows; K a multiple of
+   32). -1: built without the tile unit. */
+int gemm_bf16_amx_par(const uint16_t* x, int64_t ldx, const uint16_t* wp, const uint16_t* bias,
+                      const uint16_t* residual, int64_t ldr, uint16_t* y, int64_t ldy, int M, int NB, int K, int chunk,
+                      int mchunk) {
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
+    gemm_job j = {0, wp, bias, residual, 0, y, ldx, ldr, ldy, M, NB, K, chunk, mchunk, 0, 0, 3, x, 0, 0};
+    POOL_RUN(bf16_amx_task, &j);
+    return 0;
+#else
+    (void)x; (void)ldx; (void)wp; (void)bias; (void)residual; (void)ldr; (void)y; (void)ldy; (void)M; (void)NB;
+    (void)K; (void)chunk; (void)mchunk;
+    return -1;
+#endif
+}
+/* Whether this CPU and kernel let the process use AMX tiles (asked for once: Linux hands them out per process). */
+int amx_supported(void) {
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
+    static int granted = -1;
+    if (granted < 0) granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    return granted;
+#else
+    return 0;
+#endif
+}
+/* One tile of a job on GGUF blocks: the tile unit's kernel (the job's x split, see amx_split) or the registers'. */
+static void q41_tile(gemm_job* j, int m0, int n0, float* y, int64_t ldy, int mc, int nb) {
+    const uint8_t* wq = j->wq + (int64_t)n0 * (j->K / 32) * Q41_BLOCK;
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
+    if (j->xa) {
+        const int64_t at = (int64_t)m0 / 16 * (j->K / 32);
+        if (gemm_core_amx(j->xa + at * 1536, j->xs + at * 16, wq, y, ldy, mc, nb, j->K, j->amx == 1) != 0)
+            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+#endif
+    gemm_core_q41(j->x + m0 * j->ldx, j->ldx, wq, y, ldy, mc, nb, j->K);
+}
+/* Before a job with amx != 0 (1: Q4_1 panels, 2: Q8_0, both in amx layout): x split for it; -1: out of memory. */
+static int q41_prepare(gemm_job* j) {
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
+    if (j->amx) return amx_split(j->x, j->ldx, j->M, j->K, (uint16_t**)&j->xa, (float**)&j->xs);
+#else
+    (void)j;  /* no tile unit: nothing to prepare */
+#endif
+    return 0;
+}
+
+static void gemm_task(void* p) {
+    gemm_job* j = (gemm_job*)p;
+    for (int n0, m0, nb, mc; next_tile(j, &n0, &m0, &nb, &mc);) {
+        const int64_t w0 = (int64_t)n0 * j->K * 16, c0 = (int64_t)n0 * 16, y0 = m0 * j->ldy + c0, r0 = m0 * j->ldr + c0;
+        const float* x = j->x + m0 * j->ldx;
+        if (j->wq) {  /* float32 only */
+            const float *bias = (const float*)j->bias, *res = (const float*)j->residual;
+            q41_tile(j, m0, n0, j->y + y0, j->ldy, mc, nb);
+            epilogue_f32(bias ? bias + c0 : 0, res ? res + r0 : 0, j->ldr, j->y + y0, j->ldy, mc, nb);
+        } else if (j->y16) {
+            const uint16_t *bias = (const uint16_t*)j->bias, *res = (const uint16_t*)j->residual;
+            gemm_bf16w(x, j->ldx, (const uint16_t*)j->wp + w0, bias ? bias + c0 : 0, res ? res + r0 : 0, j->ldr,
+                       j->y + y0, j->y16 + y0, j->ldy, mc, nb, j->K);
+        } else {
+            const float *bias = (const float*)j->bias, *res = (const float*)j->residual;
+            gemm_f32(x, j->ldx, (const float*)j->wp + w0, bias ? bias + c0 : 0, res ? res + r0 : 0, j->ldr,
+                     j->y + y0, j->ldy, mc, nb, j->K);
+        }
+    }
+}
+void gemm_f32_par(const float* x, int64_t ldx, const float* wp, const float* bias, const float* residual, int64_t ldr,
+                  float* y, int64_t ldy, int M, int NB, int K, int chunk, int mchunk) {
+    gemm_job j = {.x = x, .wp = wp, .bias = bias, .residual = residual, .y = y, .ldx = ldx, .ldr = ldr,
+                  .ldy = ldy, .M = M, .NB = NB, .K = K, .chunk = chunk, .mchunk = mchunk};
+    POOL_RUN(gemm_task, &j);
+}
+void gemm_bf16w_par(const float* x, int64_t ldx, const uint16_t* wp, const uint16_t* bias, const uint16_t* residual,
+                    int64_t ldr, float* acc, uint16_t* y, int64_t ldy, int M, int NB, int K, int chunk, int mchunk) {
+    gemm_job j = {.x = x, .wp = wp, .bias = bias, .residual = residual, .y = acc, .y16 = y, .ldx = ldx, .ldr = ldr,
+                  .ldy = ldy, .M = M, .NB = NB, .K = K, .chunk = chunk, .mchunk = mchunk};
+    POOL_RUN(gemm_task, &j);
+}
+
+/* gemm_f32_par with the weight as Q4_1 panels (K a multiple of 32; AVX-512: NB even; amx: see gemm_job).
+   Returns 0, or -1 when the split of x could not be allocated. */
+int gemm_q41_par(const float* x, int64_t ldx, const uint8_t* wq, const float* bias, const float* residual,
+                 int64_t ldr, float* y, int64_t ldy, int M, int NB, int K, int chunk, int mchunk, int amx) {
+    gemm_job j = {x, 0, bias, residual, y, 0, ldx, ldr, ldy, M, NB, K, chunk, mchunk, 0, wq, amx, 0, 0, 0};
+    if (q41_prepare(&j) != 0) return -1;
+    POOL_RUN(gemm_task, &j);
+    return j.failed ? -1 : 0;
+}
+
+/* y[M, NB / 2 * 16] = silu(x @ G.T) * (x @ U.T), with W packed as gate and up panels in turn (G0 U0 G1 U1 ...:
+   NB panels, NB even): each tile of `chunk` panels (even) x `mchunk` rows is computed into the thread's scratch and
+   activated from there, so the [M, NB * 16] product of gate and up never goes to memory and back. The same bits as
+   gemm_f32 then silu_mul_f32. Returns 0, or -1 when no thread could allocate its scratch. */
+static void gemm_silu_task(void* p) {
+    gemm_job* j = (gemm_job*)p;
+    const int64_t ldt = (int64_t)j->chunk * 16;
+    float* tile = (float*)malloc(sizeof(float) * (size_t)ldt * (size_t)j->mchunk);
+    if (!tile) return;  /* the other threads take the tiles; the caller reports it if none could */
+    for (int n0, m0, nb, mc; next_tile(j, &n0, &m0, &nb, &mc);) {
+        const float* x = j->x + m0 * j->ldx;
+        if (j->wq)
+            q41_tile(j, m0, n0, tile, ldt, mc, nb);
+        else
+            gemm_core_f32(x, j->ldx, (const float*)j->wp + (int64_t)n0 * j->K * 16, tile, ldt, mc, nb, j->K);
+        for (int r = 0; r < mc; r++)
+            for (int q = 0; q < nb / 2; q++)
+                silu_mul_row(tile + r * ldt + q * 32, tile + r * ldt + q * 32 + 16,
+                             j->y + (m0 + r) * j->ldy + (int64_t)(n0 / 2 + q) * 16, 16);
+    }
+    free(tile);
+}
+int gemm_silu_f32_par(const float* x, int64_t ldx, const float* wp, const uint8_t* wq, float* y, int64_t ldy, int M,
+                      int NB, int K, int chunk, int mchunk, int amx) {
+    gemm_job j = {x, wp, 0, 0, y, 0, ldx, 0, ldy, M, NB, K, chunk, mchunk, 0, wq, amx, 0, 0, 0};
+    if (q41_prepare(&j) != 0) return -1;
+    POOL_RUN(gemm_silu_task, &j);
+    return j.failed || __atomic_load_n(&j.next, __ATOMIC_RELAXED) < tile_count(&j) ? -1 : 0;  /* tiles no thread took */
+}
+
+typedef struct { const void *x, *w; void* y; int64_t ldx, ldy; float eps; int M, N, next; } rows_job;
+static void silu_task(void* p) { rows_job* j = (rows_job*)p; silu_mul_f32(j->x, j->ldx, j->y, j->ldy, j->M, j->N, &j->next); }
+static void rms_task(void* p) {
+    rows_job* j = (rows_job*)p;
+    rms_norm_f32(j->x, j->ldx, j->w, j->eps, j->y, j->ldy, j->M, j->N, &j->next);
+}
+static void silu_bf16_task(void* p) {
+    rows_job* j = (rows_job*)p;
+    silu_mul_bf16(j->x, j->ldx, j->y, j->ldy, j->M, j->N, &j->next);
+}
+static void rms_bf16_task(void* p) {
+    rows_job* j = (rows_job*)p;
+    rms_norm_bf16(j->x, j->ldx, j->w, j->eps, j->y, j->ldy, j->M, j->N, &j->next);
+}
+void silu_mul_f32_par(const float* gu, int64_t ldg, float* y, int64_t ldy, int M, int I) {
+    rows_job j = {gu, 0, y, ldg, ldy, 0.0f, M, I, 0};
+    POOL_RUN(silu_task, &j);
+}
+void silu_mul_bf16_par(const uint16_t* gu, int64_t ldg, uint16_t* y, int64_t ldy, int M, int I) {
+    rows_job j = {gu, 0, y, ldg, ldy, 0.0f, M, I, 0};
+    POOL_RUN(silu_bf16_task, &j);
+}
+void rms_norm_f32_par(const float* x, int64_t ldx, const float* w, float eps, float* y, int64_t ldy, int M, int H) {
+    rows_job j = {x, w, y, ldx, ldy, eps, M, H, 0};
+    POOL_RUN(rms_task, &j);
+}
+void rms_norm_bf16_par(const uint16_t* x, int64_t ldx, const uint16_t* w, float eps, uint16_t* y, int64_t ldy, int M,
+                       int H) {
+    rows_job j = {x, w, y, ldx, ldy, eps, M, H, 0};
+    POOL_RUN(rms_bf16_task, &j);
+}

@@ -1,0 +1,372 @@
+/* The paged attention kernels, once per storage type: paged_attention.c includes this header with TYPE_SUFFIX f32
+   and bf16. No include guard: it is meant to be included once per type (type_suffix.h). */
+#if VEC
+/* Scores of 8 consecutive cached rows against one query head of size 64: 8 independent FMA chains, then a
+   transposing horizontal add gives the 8 sums in one register. */
+static inline __m256 SFX(dot8x64)(const float* q, const SFX(T)* k, int64_t row) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (int j = 0; j < 64; j += 8) {
+        __m256 qj = _mm256_loadu_ps(q + j);
+        a0 = _mm256_fmadd_ps(qj, SFX(load8)(k + j), a0);
+        a1 = _mm256_fmadd_ps(qj, SFX(load8)(k + row + j), a1);
+        a2 = _mm256_fmadd_ps(qj, SFX(load8)(k + 2 * row + j), a2);
+        a3 = _mm256_fmadd_ps(qj, SFX(load8)(k + 3 * row + j), a3);
+        a4 = _mm256_fmadd_ps(qj, SFX(load8)(k + 4 * row + j), a4);
+        a5 = _mm256_fmadd_ps(qj, SFX(load8)(k + 5 * row + j), a5);
+        a6 = _mm256_fmadd_ps(qj, SFX(load8)(k + 6 * row + j), a6);
+        a7 = _mm256_fmadd_ps(qj, SFX(load8)(k + 7 * row + j), a7);
+    }
+    return sum8x8(a0, a1, a2, a3, a4, a5, a6, a7);
+}
+#endif
+
+static inline float SFX(dot)(const float* q, const SFX(T)* k, int D) {
+#if VEC
+    if (D % 8 == 0) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int j = 0; j < D; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), SFX(load8)(k + j), acc);
+        return hsum8(acc);
+    }
+#endif
+    float s = 0.0f;
+    for (int j = 0; j < D; j++) s += q[j] * SFX(load1)(k + j);
+    return s;
+}
+
+#if ZVEC
+/* acc (4 query rows of 64 floats) = acc * alpha + sum over t < kn of p[t * ldp + r] * v row t (value rows `row`
+   elements apart): the tile kernel's output rows, rescaled for their new maximum and summed in registers. */
+static inline void SFX(values4)(float* acc, const float* alpha, const float* p, int ldp, const SFX(T)* v, int64_t row,
+                               int kn) {
+    __m512 o[4][4];
+    for (int r = 0; r < 4; r++) {
+        const __m512 a = _mm512_set1_ps(alpha[r]);
+        for (int c = 0; c < 4; c++) o[r][c] = _mm512_mul_ps(a, _mm512_loadu_ps(acc + r * 64 + 16 * c));
+    }
+    for (int t = 0; t < kn; t++) {
+        const SFX(T)* vt = v + t * row;
+        const __m512 v0 = SFX(loadz)(vt), v1 = SFX(loadz)(vt + 16), v2 = SFX(loadz)(vt + 32), v3 = SFX(loadz)(vt + 48);
+        for (int r = 0; r < 4; r++) {
+            const __m512 pt = _mm512_set1_ps(p[t * ldp + r]);
+            o[r][0] = _mm512_fmadd_ps(pt, v0, o[r][0]);
+            o[r][1] = _mm512_fmadd_ps(pt, v1, o[r][1]);
+            o[r][2] = _mm512_fmadd_ps(pt, v2, o[r][2]);
+            o[r][3] = _mm512_fmadd_ps(pt, v3, o[r][3]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc + r * 64 + 16 * c, o[r][c]);
+}
+
+/* Prefill rows with D = 64: `n` consecutive positions p0.. of one sequence (row i attends causally to positions
+   0..p0 + i), one KV head at a time, in one pass over its cached keys and values (online softmax, as flash
+   attention does). The tile's query rows of that head (row i, head g * G + j: query row i * G + j) sit as columns
+   of qt ([64][QRP], scaled), so each key's scores against 16 query rows are one register: every score is an FMA
+   chain over d in a lane, with no horizontal sums, and the softmax of 16 query rows runs in the lanes too. Keys are
+   taken 16 at a time; a row's keys beyond its own position are masked to exactly 0, so a row's bits depend only on
+   its position and the cache, not on the tile it is in. qrot: the tile's rotated queries [n][H][64]; scratch:
+   tile64_scratch floats. out: [n, H, 64]. */
+static void SFX(tile64)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, int p0, int n, SFX(T)* out,
+                       int H, int KVH, int BS, float scale, const float* qrot, float* scratch) {
+    const int G = H / KVH, QR = n * G, QRP = (int)tile64_qrp(n, G), last = p0 + n - 1;
+    const int64_t row = (int64_t)KVH * 64;
+    float *qt = scratch, *acc = qt + (size_t)QRP * 64, *pb = acc + (size_t)QRP * 64, *m = pb + (size_t)QRP * TILE_KEYS;
+    float *l = m + QRP, *alpha = l + QRP, *kconv = alpha + QRP;
+    int32_t pos[QRP];
+    for (int qi = 0; qi < QRP; qi++) pos[qi] = qi < QR ? p0 + qi / G : -1;  /* padding rows see no key */
+    for (int g = 0; g < KVH; g++) {
+        for (int qi = 0; qi < QRP; qi++) {
+            const float* q = qrot + ((int64_t)(qi / G) * H + g * G + qi % G) * 64;
+            for (int d = 0; d < 64; d++) qt[d * QRP + qi] = qi < QR ? q[d] * scale : 0.0f;
+            m[qi] = -3.0e38f; l[qi] = 0.0f;
+        }
+        memset(acc, 0, sizeof(float) * (size_t)QRP * 64);
+        for (int t0 = 0; t0 <= last; t0 += BS) {
+            const int64_t base = (int64_t)table[t0 / BS] * BS * row + (int64_t)g * 64;
+            if (t0 + BS <= last) {
+                const int64_t next = (int64_t)table[t0 / BS + 1] * BS * row;
+                prefetch_block(kc + next, sizeof(SFX(T)) * BS * row);
+                prefetch_block(vc + next, sizeof(SFX(T)) * BS * row);
+            }
+            for (int tt = 0; tt < BS && t0 + tt <= last; tt += TILE_KEYS) {
+                const int k0 = t0 + tt;  /* the group's first key position */
+                const int kn = last - k0 + 1 < TILE_KEYS ? (BS - tt < last - k0 + 1 ? BS - tt : last - k0 + 1)
+                                                         : (BS - tt < TILE_KEYS ? BS - tt : TILE_KEYS);
+                const float* kp[TILE_KEYS];
+                SFX(key_rows)(kc + base + (int64_t)tt * row, row, kn, kconv, kp);
+                for (int c0 = 0; c0 < QRP; c0 += 48) {
+                    const int nc = (QRP - c0) / 16 < 3 ? (QRP - c0) / 16 : 3;
+                    if (last_pos(pos, c0, c0 + nc * 16, QR) < k0) continue;  /* no row of these chunks sees the keys */
+                    scores16(nc, kp, kn, qt + c0, QRP, pb + c0, QRP);
+                    for (int c = c0; c < c0 + nc * 16; c += 16) {  /* the softmax of 16 query rows, in the lanes */
+                        const __m512i pv = _mm512_loadu_si512(pos + c);
+                        __mmask16 vis[TILE_KEYS];
+                        const __m512 mold = _mm512_loadu_ps(m + c);
+                        __m512 mx = mold;
+                        for (int t = 0; t < kn; t++) {
+                            vis[t] = _mm512_cmp_epi32_mask(_mm512_set1_epi32(k0 + t), pv, _MM_CMPINT_LE);
+                            mx = _mm512_mask_max_ps(mx, vis[t], mx, _mm512_loadu_ps(pb + t * QRP + c));
+                        }
+                        const __m512 a = exp16(_mm512_sub_ps(mold, mx));
+                        __m512 sum = _mm512_setzero_ps();
+                        for (int t = 0; t < kn; t++) {
+                            const __m512 st = _mm512_loadu_ps(pb + t * QRP + c);
+                            const __m512 p = _mm512_maskz_mov_ps(vis[t], exp16(_mm512_sub_ps(st, mx)));
+                            _mm512_storeu_ps(pb + t * QRP + c, SFX(roundz)(p));  /* the sum keeps p unrounded */
+                            sum = _mm512_add_ps(sum, p);
+                        }
+                        _mm512_storeu_ps(l + c, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(l + c), a), sum));
+                        _mm512_storeu_ps(m + c, mx);
+                        _mm512_storeu_ps(alpha + c, a);
+                    }
+                }
+                for (int q0 = 0; q0 < QRP; q0 += 4)
+                    if (last_pos(pos, q0, q0 + 4, QR) >= k0)  /* rows that see none of these keys: unchanged */
+                        SFX(values4)(acc + (int64_t)q0 * 64, alpha + q0, pb + q0, QRP, vc + base + (int64_t)tt * row,
+                                    row, kn);
+            }
+        }
+        for (int qi = 0; qi < QR; qi++) {
+            const float inv = 1.0f / l[qi];
+            SFX(T)* o = out + ((int64_t)(qi / G) * H + g * G + qi % G) * 64;
+            for (int d = 0; d < 64; d++) SFX(store1)(o + d, acc[(int64_t)qi * 64 + d] * inv);
+        }
+    }
+}
+#endif
+
+/* One sequence: every query head against its ctx cached keys and values. The cache is walked block by block and
+   each block's rows (all KV heads, contiguous) are used for every head before moving on, once for the scores and
+   once for the values. qf: H * D floats, scores: H * ctx floats, acc: H * D floats (scratch). */
+static void SFX(sequence)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, int ctx, SFX(T)* out,
+                         int H, int KVH, int D, int BS, float scale, float* qf, float* scores, float* acc) {
+    const int G = H / KVH;
+    const int64_t row = (int64_t)KVH * D;
+    for (int i = 0; i < H * D; i++) qf[i] *= scale;
+    for (int t0 = 0; t0 < ctx; t0 += BS) {
+        const SFX(T)* kb = kc + (int64_t)table[t0 / BS] * BS * row;
+        const int n = ctx - t0 < BS ? ctx - t0 : BS;
+        if (t0 + BS < ctx) prefetch_block(kc + (int64_t)table[t0 / BS + 1] * BS * row, sizeof(SFX(T)) * BS * row);
+        else prefetch_block(vc + (int64_t)table[0] * BS * row, sizeof(SFX(T)) * BS * row);  /* the values' first */
+        for (int h = 0; h < H; h++) {
+            const SFX(T)* k = kb + (int64_t)(h / G) * D;
+            float* sc = scores + (int64_t)h * ctx + t0;
+            int t = 0;
+#if VEC
+            if (D == 64)
+                for (; t + 8 <= n; t += 8) _mm256_storeu_ps(sc + t, SFX(dot8x64)(qf + h * D, k + t * row, row));
+#endif
+            for (; t < n; t++) sc[t] = SFX(dot)(qf + h * D, k + t * row, D);
+        }
+    }
+    for (int h = 0; h < H; h++) {
+        float* sc = scores + (int64_t)h * ctx;
+        float m = sc[0];
+        for (int t = 1; t < ctx; t++) m = sc[t] > m ? sc[t] : m;
+        const float inv = 1.0f / exp_sum(sc, ctx, m);
+        for (int t = 0; t < ctx; t++) sc[t] *= inv;
+    }
+    for (int i = 0; i < H * D; i++) acc[i] = 0.0f;
+    for (int t0 = 0; t0 < ctx; t0 += BS) {
+        const SFX(T)* vb = vc + (int64_t)table[t0 / BS] * BS * row;
+        const int n = ctx - t0 < BS ? ctx - t0 : BS;
+        if (t0 + BS < ctx) prefetch_block(vc + (int64_t)table[t0 / BS + 1] * BS * row, sizeof(SFX(T)) * BS * row);
+        for (int h = 0; h < H; h++) {
+            const SFX(T)* v = vb + (int64_t)(h / G) * D;
+            const float* p = scores + (int64_t)h * ctx + t0;
+            float* o = acc + (int64_t)h * D;
+#if VEC
+            if (D == 64) {  /* the output row stays in registers over the block */
+                __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8), o2 = _mm256_loadu_ps(o + 16);
+                __m256 o3 = _mm256_loadu_ps(o + 24), o4 = _mm256_loadu_ps(o + 32), o5 = _mm256_loadu_ps(o + 40);
+                __m256 o6 = _mm256_loadu_ps(o + 48), o7 = _mm256_loadu_ps(o + 56);
+                for (int t = 0; t < n; t++) {
+                    const SFX(T)* vt = v + t * row;
+                    __m256 pt = _mm256_set1_ps(p[t]);
+                    o0 = _mm256_fmadd_ps(pt, SFX(load8)(vt), o0);
+                    o1 = _mm256_fmadd_ps(pt, SFX(load8)(vt + 8), o1);
+                    o2 = _mm256_fmadd_ps(pt, SFX(load8)(vt + 16), o2);
+                    o3 = _mm256_fmadd_ps(pt, SFX(load8)(vt + 24), o3);
+                    o4 = _mm256_fmadd_ps(pt, SFX(load8)(vt + 32), o4);
+                    o5 = _mm256_fmadd_ps(pt, SFX(load8)(vt + 40), o5);
+                    o6 = _mm256_fmadd_ps(pt, SFX(load8)(vt + 48), o6);
+                    o7 = _mm256_fmadd_ps(pt, SFX(load8)(vt + 56), o7);
+                }
+                _mm256_storeu_ps(o, o0); _mm256_storeu_ps(o + 8, o1); _mm256_storeu_ps(o + 16, o2);
+                _mm256_storeu_ps(o + 24, o3); _mm256_storeu_ps(o + 32, o4); _mm256_storeu_ps(o + 40, o5);
+                _mm256_storeu_ps(o + 48, o6); _mm256_storeu_ps(o + 56, o7);
+                continue;
+            }
+#endif
+            for (int t = 0; t < n; t++)
+                for (int j = 0; j < D; j++) o[j] += p[t] * SFX(load1)(v + t * row + j);
+        }
+    }
+    for (int i = 0; i < H * D; i++) SFX(store1)(out + i, acc[i]);
+}
+
+/* `heads` rows of D values at x, rotated by c/s (sin with rotate_half's sign folded in, see `rotate`) into out as
+   floats, bit for bit torch's rotation; without c, just converted. Two half loops: no index wrap, so they vectorize. */
+static void SFX(rope_heads)(const SFX(T)* x, const SFX(T)* c, const SFX(T)* s, int heads, int D, float* out) {
+    const int half = D / 2;
+    for (int h = 0; h < heads; h++, x += D, out += D) {
+        if (!c) { for (int j = 0; j < D; j++) out[j] = SFX(load1)(x + j); continue; }
+        for (int j = 0; j < half; j++) out[j] = SFX(rope)(SFX(load1)(x + j), SFX(load1)(x + j + half), SFX(load1)(c + j), SFX(load1)(s + j));
+        for (int j = half; j < D; j++) out[j] = SFX(rope)(SFX(load1)(x + j), SFX(load1)(x + j - half), SFX(load1)(c + j), SFX(load1)(s + j));
+    }
+}
+
+/* The new key (rotated by c/s, or as it is without c) and value of one position into cache slot `slot`. */
+static void SFX(write_kv)(const SFX(T)* k, const SFX(T)* v, const SFX(T)* c, const SFX(T)* s, SFX(T)* kc, SFX(T)* vc,
+                         int64_t slot, int KVH, int D) {
+    SFX(T)* kdst = kc + slot * KVH * D;
+    if (c) {
+        float rot[KVH * D];
+        SFX(rope_heads)(k, c, s, KVH, D, rot);
+        for (int i = 0; i < KVH * D; i++) SFX(store1)(kdst + i, rot[i]);
+    } else {
+        memcpy(kdst, k, sizeof(SFX(T)) * KVH * D);
+    }
+    memcpy(vc + slot * KVH * D, v, sizeof(SFX(T)) * KVH * D);
+}
+
+/* q: [B, H, D] rows `q_stride` elements apart; k_new/v_new: [B, KVH, D] rows `k_stride`/`v_stride` apart;
+   cos/sin: [B, D] (sin with rotate_half's sign folded in), or NULL when q and k are already rotated. The new
+   key (rotated) and value are written to the cache slot of position ctx_lens[b] - 1 first. caches: [slots, KVH,
+   D] of one layer; tables: [B, max_blocks]; out: [B, H, D] contiguous. H is a multiple of KVH, D is even.
+   Sequences are taken one at a time from *next (an atomic counter starting at 0), so several threads may call
+   this with the same arguments and share the batch; each sequence is computed the same whichever thread takes
+   it. Returns 0, or -1 without memory. */
+int SFX(paged_decode)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new,
+                     int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc,
+                     const int32_t* tables, int max_blocks, const int32_t* ctx_lens, SFX(T)* out,
+                     int B, int H, int KVH, int D, int BS, float scale, int* next) {
+    int max_ctx = 1;
+    for (int b = 0; b < B; b++) if (ctx_lens[b] > max_ctx) max_ctx = ctx_lens[b];
+    float* buf = (float*)malloc(sizeof(float) * (size_t)H * ((size_t)max_ctx + 2 * (size_t)D));
+    if (!buf) return -1;
+    for (int b; (b = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < B;) {
+        const int32_t* table = tables + (int64_t)b * max_blocks;
+        const int pos = ctx_lens[b] - 1;
+        const SFX(T)* c = cos ? cos + (int64_t)b * D : 0;
+        const SFX(T)* s = sin ? sin + (int64_t)b * D : 0;
+        SFX(write_kv)(k_new + b * k_stride, v_new + b * v_stride, c, s, kc, vc, (int64_t)table[pos / BS] * BS + pos % BS,
+                     KVH, D);
+        SFX(rope_heads)(q + b * q_stride, c, s, H, D, buf);
+        SFX(sequence)(kc, vc, table, ctx_lens[b], out + (int64_t)b * H * D, H, KVH, D, BS, scale,
+                     buf, buf + (size_t)H * D, buf + (size_t)H * (D + max_ctx));
+    }
+    free(buf);
+    return 0;
+}
+
+/* The keys (rotated) and values of a prefill chunk's rows into their cache slots: row r is position row_pos[r]
+   of sequence row_seq[r] (block table tables + row_seq[r] * max_blocks); rows are taken from *next. */
+void SFX(prefill_write)(const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new, int64_t v_stride, const SFX(T)* cos,
+                       const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc, const int32_t* tables, int max_blocks,
+                       const int32_t* row_seq, const int32_t* row_pos, int R, int KVH, int D, int BS, int* next) {
+    for (int r; (r = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < R;) {
+        const int32_t* table = tables + (int64_t)row_seq[r] * max_blocks;
+        const int pos = row_pos[r];
+        SFX(write_kv)(k_new + r * k_stride, v_new + r * v_stride, cos ? cos + (int64_t)r * D : 0,
+                     sin ? sin + (int64_t)r * D : 0, kc, vc, (int64_t)table[pos / BS] * BS + pos % BS, KVH, D);
+    }
+}
+
+/* Attention of a prefill chunk (its keys and values written by prefill_write first): row r of q ([R, H, D], rows
+   q_stride apart, rotated here by cos/sin [R, D] unless they are NULL) is the query at position row_pos[r] of
+   sequence row_seq[r] and attends to the cached positions 0..row_pos[r]: causal. Rows are taken one at a time
+   from *next (an atomic counter starting at 0), as paged_decode takes sequences. max_ctx: the largest row_pos +
+   1. out: [R, H, D] contiguous. Returns 0, or -1 without memory. */
+int SFX(paged_prefill)(const SFX(T)* q, int64_t q_stride, const SFX(T)* cos, const SFX(T)* sin, const SFX(T)* kc,
+                      const SFX(T)* vc, const int32_t* tables, int max_blocks, const int32_t* row_seq,
+                      const int32_t* row_pos, SFX(T)* out, int R, int H, int KVH, int D, int BS, float scale,
+                      int max_ctx, int* next) {
+    size_t need = (size_t)H * ((size_t)max_ctx + 2 * (size_t)D);
+#if ZVEC
+    const size_t tile_need = (size_t)PREFILL_TILE * H * 64 + tile64_scratch(PREFILL_TILE, H / KVH);
+    if (D == 64 && tile_need > need) need = tile_need;
+#endif
+    float* buf = (float*)malloc(sizeof(float) * need);
+    if (!buf) return -1;
+    for (int w; (w = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) * PREFILL_TILE < R;) {
+        const int end = (w + 1) * PREFILL_TILE < R ? (w + 1) * PREFILL_TILE : R;
+        for (int r = w * PREFILL_TILE, e; r < end; r = e) {
+            /* the tile's rows that continue row r's sequence position by position */
+            for (e = r + 1; e < end && row_seq[e] == row_seq[r] && row_pos[e] == row_pos[e - 1] + 1; e++) {}
+            const int32_t* table = tables + (int64_t)row_seq[r] * max_blocks;
+#if ZVEC
+            if (D == 64) {
+                for (int i = r; i < e; i++)
+                    SFX(rope_heads)(q + i * q_stride, cos ? cos + (int64_t)i * D : 0, sin ? sin + (int64_t)i * D : 0,
+                                   H, D, buf + (size_t)(i - r) * H * D);
+                SFX(tile64)(kc, vc, table, row_pos[r], e - r, out + (int64_t)r * H * D, H, KVH, BS, scale, buf,
+                           buf + (size_t)(e - r) * H * D);
+                continue;
+            }
+#endif
+            for (int i = r; i < e; i++) {
+                SFX(rope_heads)(q + i * q_stride, cos ? cos + (int64_t)i * D : 0, sin ? sin + (int64_t)i * D : 0, H, D,
+                               buf);
+                SFX(sequence)(kc, vc, table, row_pos[i] + 1, out + (int64_t)i * H * D, H, KVH, D, BS, scale, buf,
+                             buf + (size_t)H * D, buf + (size_t)H * (D + max_ctx));
+            }
+        }
+    }
+    free(buf);
+    return 0;
+}
+/* Both on the helper-thread pool (native.py): one job each, sequences or rows handed out by the counter in it. */
+typedef struct {
+    const SFX(T) *q, *k_new, *v_new, *cos, *sin; SFX(T) *kc, *vc, *out; const int32_t *tables, *ctx_lens;
+    int64_t q_stride, k_stride, v_stride; int max_blocks, B, H, KVH, D, BS; float scale; int next, rc;
+} SFX(decode_job);
+static void SFX(decode_task)(void* p) {
+    SFX(decode_job)* j = (SFX(decode_job)*)p;
+    if (SFX(paged_decode)(j->q, j->q_stride, j->k_new, j->k_stride, j->v_new, j->v_stride, j->cos, j->sin, j->kc, j->vc,
+                         j->tables, j->max_blocks, j->ctx_lens, j->out, j->B, j->H, j->KVH, j->D, j->BS, j->scale,
+                         &j->next) != 0)
+        __atomic_store_n(&j->rc, -1, __ATOMIC_RELAXED);
+}
+int SFX(paged_decode_par)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new,
+                         int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc,
+                         const int32_t* tables, int max_blocks, const int32_t* ctx_lens, SFX(T)* out,
+                         int B, int H, int KVH, int D, int BS, float scale) {
+    SFX(decode_job) j = {q, k_new, v_new, cos, sin, kc, vc, out, tables, ctx_lens, q_stride, k_stride, v_stride,
+                        max_blocks, B, H, KVH, D, BS, scale, 0, 0};
+    POOL_RUN(SFX(decode_task), &j);
+    return j.rc;
+}
+
+typedef struct {
+    const SFX(T) *q, *k_new, *v_new, *cos, *sin; SFX(T) *kc, *vc, *out; const int32_t *tables, *row_seq, *row_pos;
+    int64_t q_stride, k_stride, v_stride; int max_blocks, R, H, KVH, D, BS; float scale; int max_ctx, next_write, next, rc;
+} SFX(prefill_job);
+static void SFX(prefill_write_task)(void* p) {
+    SFX(prefill_job)* j = (SFX(prefill_job)*)p;
+    SFX(prefill_write)(j->k_new, j->k_stride, j->v_new, j->v_stride, j->cos, j->sin, j->kc, j->vc, j->tables,
+                      j->max_blocks, j->row_seq, j->row_pos, j->R, j->KVH, j->D, j->BS, &j->next_write);
+}
+static void SFX(prefill_task)(void* p) {
+    SFX(prefill_job)* j = (SFX(prefill_job)*)p;
+    if (SFX(paged_prefill)(j->q, j->q_stride, j->cos, j->sin, j->kc, j->vc, j->tables, j->max_blocks, j->row_seq,
+                          j->row_pos, j->out, j->R, j->H, j->KVH, j->D, j->BS, j->scale, j->max_ctx, &j->next) != 0)
+        __atomic_store_n(&j->rc, -1, __ATOMIC_RELAXED);
+}
+/* A prefill chunk's rows: prefill_write, then paged_prefill (every row may read keys another row wrote), each
+   shared with the helper threads when `share`. Returns 0, or -1 without memory. */
+int SFX(paged_prefill_run)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new,
+                          int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc,
+                          const int32_t* tables, int max_blocks, const int32_t* row_seq, const int32_t* row_pos,
+                          SFX(T)* out, int R, int H, int KVH, int D, int BS, float scale, int max_ctx, int share) {
+    SFX(prefill_job) j = {q, k_new, v_new, cos, sin, kc, vc, out, tables, row_seq, row_pos, q_stride, k_stride,
+                         v_stride, max_blocks, R, H, KVH, D, BS, scale, max_ctx, 0, 0, 0};
+    if (share) {
+        POOL_RUN(SFX(prefill_write_task), &j);
+        POOL_RUN(SFX(prefill_task), &j);
+    } else {
+        SFX(prefill_write_task)(&j);
+        SFX(prefill_task)(&j);
+    }
+    return j.rc;
+}
