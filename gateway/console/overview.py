@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from engines.cpu_budget import cpu_budget as detect_cpu_budget
 from gateway import __version__
 from gateway.errors import ConfigError
 from gateway.repository.layout import find_model_dir
@@ -20,17 +21,19 @@ from gateway.repository.tensor_config import TensorModelConfig
 
 
 def cpu_budget() -> dict[str, Any]:
-    """The CPUs this process may run on, as the kernel sees them now.
-
-    HOOK (CPU budget): this is the one place the console reads the CPU budget from. When the server exports a
-    CPU-budget gauge of its own (the budget it plans with, e.g. after cgroup quotas), return that figure here as
-    `budget` and keep `visible` as the plain count; the page shows `budget` when present, else `visible`.
-    """
+    """The CPUs this process may run on (`visible`: its affinity mask), and the budget the engines plan with
+    (`budget`: the mask capped by the cgroup quota, engines/cpu_budget.py; the same figure as the
+    switchyard_cpu_limit gauge), with the reason; the page shows `budget` when present."""
     try:
         visible = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         visible = os.cpu_count() or 1
-    return {"visible": visible, "host": os.cpu_count(), "budget": None}
+    try:
+        budget = detect_cpu_budget()
+    except ValueError:  # a bad OMP_NUM_THREADS: the engines refuse to load and say why
+        return {"visible": visible, "host": os.cpu_count(), "budget": None}
+    return {"visible": visible, "host": os.cpu_count(), "budget": budget.cpus, "threads": budget.threads,
+            "reason": budget.reason}
 
 
 def _backend(config: Any) -> str:

@@ -65,7 +65,8 @@ def test_overview_describes_every_folder_even_unloaded() -> None:
     body = client(admin_keys=["sk-admin"]).get("/ui/api/overview").json()
     server = body["server"]
     assert server["version"] and server["admin_enabled"] and not server["auth_required"]
-    assert server["cpu"]["visible"] >= 1 and server["cpu"]["budget"] is None
+    cpu = server["cpu"]
+    assert cpu["visible"] >= 1 and 0 < cpu["budget"] <= cpu["visible"] and cpu["threads"] >= 1 and cpu["reason"]
     assert server["features"] == {"rerank": True}  # gateway/rerank serves POST /v1/rerank
     models = {m["name"]: m for m in body["models"]}
     llm = models[DEFAULT_MODEL]
