@@ -119,6 +119,20 @@ class ServerProcess:
         """One sample of the server's /metrics (counters need their `_total` suffix)."""
         return metric_sample(httpx.get(f"{self.base_url}/metrics").text, name, model)
 
+    def wait_idle(self, timeout: float = 30.0) -> tuple[float, float, float]:
+        """Requests running, waiting, and KV blocks held by anything but sessions (stored conversations of other
+        tests keep theirs pinned), once all three are 0 or `timeout` has passed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = httpx.get(f"{self.base_url}/metrics").text
+            state = (metric_sample(text, "switchyard_num_requests_running"),
+                     metric_sample(text, "switchyard_num_requests_waiting"),
+                     metric_sample(text, "switchyard_kv_cache_blocks_used")
+                     - metric_sample(text, "switchyard_kv_session_pinned_blocks"))
+            if state == (0, 0, 0) or time.monotonic() > deadline:
+                return state
+            time.sleep(0.2)
+
     def log(self) -> str:
         self._log.flush()
         return self.log_path.read_text()[-5000:]

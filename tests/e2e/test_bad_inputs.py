@@ -768,17 +768,6 @@ def test_bytes_length_prefixes_and_header_lengths(v2: httpx.Client) -> None:
 LONG = {"model": DEFAULT_MODEL, "prompt": "Tell me a very long story.", "max_tokens": 2000, "ignore_eos": True}
 
 
-def _idle(server: ServerProcess, timeout: float) -> tuple[float, float, float]:
-    deadline = time.monotonic() + timeout
-    while True:
-        # blocks held by anything but KV sessions (stored conversations of other tests keep theirs pinned)
-        state = (server.metric("switchyard_num_requests_running"), server.metric("switchyard_num_requests_waiting"),
-                 server.metric("switchyard_kv_cache_blocks_used") - server.metric("switchyard_kv_session_pinned_blocks"))
-        if state == (0, 0, 0) or time.monotonic() > deadline:
-            return state
-        time.sleep(0.25)
-
-
 async def test_200_streams_cut_after_half_a_second_are_aborted(server: ServerProcess) -> None:
     """200 clients start streams and vanish after 0.5 s, whether or not their stream had started (most are still
     queued): every sequence is aborted, every KV block freed, and the next request is served within seconds."""
@@ -796,7 +785,7 @@ async def test_200_streams_cut_after_half_a_second_are_aborted(server: ServerPro
     limits = httpx.Limits(max_connections=250, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60, limits=limits) as client:
         await asyncio.gather(*(cut(client, i) for i in range(200)))
-    assert await asyncio.to_thread(_idle, server, 60) == (0, 0, 0)
+    assert await asyncio.to_thread(server.wait_idle, 60) == (0, 0, 0)
     started = time.monotonic()
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
         resp = await client.post("/v1/completions", json={"model": DEFAULT_MODEL, "prompt": "hi", "max_tokens": 2})

@@ -7,22 +7,9 @@ import time
 
 import httpx
 
-from tests.conftest import DEFAULT_MODEL, ServerProcess, metric_sample
+from tests.conftest import DEFAULT_MODEL, ServerProcess
 
 LONG = {"model": DEFAULT_MODEL, "prompt": "Tell me a very long story.", "max_tokens": 2000, "ignore_eos": True}
-
-
-def _wait_idle(server: ServerProcess, timeout: float = 30.0) -> tuple[float, float]:
-    deadline = time.monotonic() + timeout
-    while True:
-        text = httpx.get(server.base_url + "/metrics").text
-        state = metric_sample(text, "switchyard_num_requests_running") + metric_sample(text, "switchyard_num_requests_waiting")
-        # blocks held by anything but KV sessions (stored conversations of other tests keep theirs pinned)
-        blocks = metric_sample(text, "switchyard_kv_cache_blocks_used") - metric_sample(
-            text, "switchyard_kv_session_pinned_blocks")
-        if (state, blocks) == (0, 0) or time.monotonic() > deadline:
-            return state, blocks
-        time.sleep(0.2)
 
 
 async def test_streams_cut_after_half_a_second_are_aborted(server: ServerProcess) -> None:
@@ -38,7 +25,7 @@ async def test_streams_cut_after_half_a_second_are_aborted(server: ServerProcess
 
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
         await asyncio.gather(*(cut(client) for _ in range(20)))
-    assert _wait_idle(server) == (0, 0)
+    assert server.wait_idle() == (0, 0, 0)
     started = time.monotonic()
     r = httpx.post(server.base_url + "/v1/completions", json={"model": DEFAULT_MODEL, "prompt": "hi", "max_tokens": 4}, timeout=60)
     assert r.status_code == 200 and time.monotonic() - started < 30
@@ -51,4 +38,4 @@ async def test_non_streaming_client_gone_is_aborted(server: ServerProcess) -> No
                 await client.post("/v1/completions", json=LONG)
             except httpx.TimeoutException:
                 pass
-    assert _wait_idle(server) == (0, 0)
+    assert server.wait_idle() == (0, 0, 0)
