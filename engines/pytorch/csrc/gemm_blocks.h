@@ -1,0 +1,174 @@
+/* Weights kept as a GGUF file's quantized blocks (engines/pytorch/gguf_blocks.py), repacked at load into panels of
+   16 output columns (engines/pytorch/block_panels.py writes this layout), and expanded to the exact float32 weight
+   as the GEMM runs. Included by gemm.c after the float32 panel kernels (gemm_core_from_f32).
+
+   Every type's float32 weight, as gguf-py (and so transformers) dequantizes it, is one rounding of A * q + B with A
+   and B exact float32 values per column and sub-block and q a small integer: Q4_0 d*(q-8), Q5_0 d*(q-16), Q8_0
+   d*q, Q4_1/Q5_1 d*q+m, Q4_K/Q5_K (d*sc)*q-(dmin*m), Q6_K (d*sc)*(q-32); d*sc and dmin*m are exact in float32
+   (11 x 8 significant bits at most). So fma(A, q, B) is that very weight, bit for bit (up to the sign of a zero),
+   and the float32 kernel's FMA chain over k then gives the float32 kernel's bits on the dequantized weight.
+
+   Layout: a panel (16 columns) is a run of records over k, RK = 32 k (256 for the K-quants), nothing shared
+   between panels; within a record every field is per column, 16 side by side:
+     32-k types   [d f16 x16] [m f16 x16: Q4_1, Q5_1] then Q8_0: [q int8 32 k x 16]
+                  else [nibbles 16 x 16 bytes] [bit 4 plane: Q5_0, Q5_1]
+     Q4_K, Q5_K   [d f16 x16] [dmin f16 x16], then 8 groups of 32 k: [sc u8 x16] [m u8 x16] [nibbles] [bit 4: Q5_K]
+     Q6_K         [d f16 x16], then 8 groups of 32 k: [sc int8 x16 for k 0-15] [sc for k 16-31] [nibbles]
+                  [bit 4 plane] [bit 5 plane]
+   Nibbles: byte j*16 + c holds q of k = j (low nibble) and k = 16 + j (high nibble) of column c. A bit plane: a
+   uint16 per k, bit c for column c. Bytes per weight: the file's (Q4_K, Q5_K: +1/8 bit for their sc/m as bytes).
+
+   A step expands a few panels x a run of k into a per-thread float32 scratch (16 KB for steps of up to
+   BLOCK_FEW_ROWS rows: L1; 256 KB for larger steps, L2, reused by every row of the tile) and runs the float32 kernel
+   over it, continuing each output's FMA chain from piece to piece (gemm_core_from_f32). No float32 copy of the
+   weight is ever kept. */
+#ifndef SWITCHYARD_GEMM_BLOCKS_H
+#define SWITCHYARD_GEMM_BLOCKS_H
+
+enum { BT_Q4_0 = 1, BT_Q4_1, BT_Q5_0, BT_Q5_1, BT_Q8_0, BT_Q4_K, BT_Q5_K, BT_Q6_K, BT_BF16, BT_F16 };
+/* Bytes of a record of each type (index: BT_*) and k per record. */
+static const int BT_RECORD[] = {0, 288, 320, 352, 384, 544, 2368, 2880, 3360, 32, 32};
+static const int BT_RK[] = {0, 32, 32, 32, 32, 32, 256, 256, 256, 1, 1};
+static inline int64_t bt_panel_bytes(int t, int K) { return (int64_t)K / BT_RK[t] * BT_RECORD[t]; }
+
+/* 16 float32 lanes: one 512-bit register, or two 256-bit ones without AVX-512. */
+#ifdef __AVX512F__
+typedef __m512 v16;
+static inline v16 v16_f16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+static inline v16 v16_u8(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
+static inline v16 v16_i8(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+static inline v16 v16_fma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
+static inline v16 v16_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
+static inline v16 v16_set1(float f) { return _mm512_set1_ps(f); }
+static inline v16 v16_neg(v16 a) { return _mm512_xor_ps(a, _mm512_set1_ps(-0.0f)); }
+static inline void v16_store(float* p, v16 a) { _mm512_storeu_ps(p, a); }
+#else
+typedef struct { __m256 lo, hi; } v16;
+static inline v16 v16_f16(const uint8_t* p) {
+    v16 r = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16)))};
+    return r;
+}
+static inline v16 v16_u8(__m128i b) {
+    v16 r = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
+    return r;
+}
+static inline v16 v16_i8(__m128i b) {
+    v16 r = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+    return r;
+}
+static inline v16 v16_fma(v16 a, v16 b, v16 c) {
+    v16 r = {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+    return r;
+}
+static inline v16 v16_mul(v16 a, v16 b) { v16 r = {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; return r; }
+static inline v16 v16_set1(float f) { v16 r = {_mm256_set1_ps(f), _mm256_set1_ps(f)}; return r; }
+static inline v16 v16_neg(v16 a) {
+    const __m256 s = _mm256_set1_ps(-0.0f);
+    v16 r = {_mm256_xor_ps(a.lo, s), _mm256_xor_ps(a.hi, s)};
+    return r;
+}
+static inline void v16_store(float* p, v16 a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
+#endif
+static inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128((const __m128i*)p); }
+/* A bit plane's row (bit c: column c) as 16 bytes, `value` where the bit is set, else 0. */
+static inline __m128i plane_bytes(uint16_t bits, char value) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm_maskz_mov_epi8((__mmask16)bits, _mm_set1_epi8(value));
+#else
+    const __m128i spread = _mm_shuffle_epi8(_mm_set1_epi16((short)bits),
+                                            _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+    const __m128i bit = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+    return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(spread, bit), bit), _mm_set1_epi8(value));
+#endif
+}
+/* One 32-k group of a panel from nibbles (and 0-2 bit planes): w[k][c] = fma(A, q, B), A0/B0 for k < 16 and A1/B1
+   for k >= 16 (Q6_K's two sub-blocks; the same for the other types). */
+static inline void expand_nibbles(const uint8_t* nib, const uint16_t* p4, const uint16_t* p5, v16 a0, v16 b0, v16 a1,
+                                  v16 b1, float* w) {
+    const __m128i low = _mm_set1_epi8(15);
+    for (int j = 0; j < 16; j++) {
+        const __m128i b = load16(nib + 16 * j);
+        __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+        if (p4) {
+            lo = _mm_or_si128(lo, plane_bytes(p4[j], 16));
+            hi = _mm_or_si128(hi, plane_bytes(p4[16 + j], 16));
+        }
+        if (p5) {
+            lo = _mm_or_si128(lo, plane_bytes(p5[j], 32));
+            hi = _mm_or_si128(hi, plane_bytes(p5[16 + j], 32));
+        }
+        v16_store(w + 16 * j, v16_fma(a0, v16_u8(lo), b0));
+        v16_store(w + 16 * (16 + j), v16_fma(a1, v16_u8(hi), b1));
+    }
+}
+/* Group gi (k = 32 gi .. 32 gi + 31) of a panel of type t, as float32 w[32][16]. */
+static inline void expand_group(int t, const uint8_t* panel, int gi, float* w) {
+    if (t <= BT_Q8_0) {
+        const uint8_t* g = panel + (int64_t)gi * BT_RECORD[t];
+        const v16 d = v16_f16(g);
+        if (t == BT_Q8_0) {
+            const v16 zero = v16_set1(-0.0f);  /* d * q exactly, the sign of a zero included */
+            for (int k = 0; k < 32; k++) v16_store(w + 16 * k, v16_fma(d, v16_i8(load16(g + 32 + 16 * k)), zero));
+            return;
+        }
+        const int with_m = t == BT_Q4_1 || t == BT_Q5_1, plane = t == BT_Q5_0 || t == BT_Q5_1;
+        const v16 b = with_m ? v16_f16(g + 32) : v16_mul(d, v16_set1(t == BT_Q4_0 ? -8.0f : -16.0f));
+        const uint8_t* nib = g + (with_m ? 64 : 32);
+        expand_nibbles(nib, plane ? (const uint16_t*)(nib + 256) : 0, 0, d, b, d, b, w);
+        return;
+    }
+    const uint8_t* rec = panel + (int64_t)(gi / 8) * BT_RECORD[t];
+    const v16 d = v16_f16(rec);
+    if (t == BT_Q6_K) {
+        const uint8_t* g = rec + 32 + (gi % 8) * 416;
+        const v16 a0 = v16_mul(d, v16_i8(load16(g))), a1 = v16_mul(d, v16_i8(load16(g + 16)));
+        const v16 off = v16_set1(-32.0f);
+        expand_nibbles(g + 32, (const uint16_t*)(g + 288), (const uint16_t*)(g + 352), a0, v16_mul(a0, off), a1,
+                       v16_mul(a1, off), w);
+        return;
+    }
+    const uint8_t* g = rec + 64 + (gi % 8) * (t == BT_Q5_K ? 352 : 288);
+    const v16 a = v16_mul(d, v16_u8(load16(g))), b = v16_neg(v16_mul(v16_f16(rec + 32), v16_u8(load16(g + 16))));
+    expand_nibbles(g + 32, t == BT_Q5_K ? (const uint16_t*)(g + 288) : 0, 0, a, b, a, b, w);
+}
+
+/* A thread's scratch of at least `need` bytes (64-byte aligned), grown and kept between calls; NULL: out of memory. */
+typedef struct { void* p; size_t capacity; } thread_scratch;
+static void* scratch_reserve(thread_scratch* s, size_t need) {
+    if (need > s->capacity) {
+        free(s->p);
+        s->p = aligned_alloc(64, (need + 63) / 64 * 64);
+        s->capacity = s->p ? need : 0;
+    }
+    return s->p;
+}
+static __thread thread_scratch blocks_scratch;
+
+/* Steps of up to this many rows expand BLOCK_FEW_PANELS panels x BLOCK_FEW_K k at a time (16 KB: stays in L1);
+   larger ones BLOCK_PANELS x BLOCK_K (256 KB in L2, shared by all the rows of the tile). */
+#define BLOCK_FEW_ROWS 16
+#define BLOCK_FEW_PANELS 4
+#define BLOCK_FEW_K 64
+#define BLOCK_PANELS 16
+#define BLOCK_K 256
+/* y[M, NB * 16] = x[M, K] @ W.T for W as NB panels of type t (BT_Q4_0..BT_Q6_K), `pstride` bytes apart: a piece
+   of panels and k expanded into the scratch, then the float32 kernel over it, continuing the FMA chains. -1: out
+   of memory for the scratch. */
+static int gemm_core_blocks(int t, const float* x, int64_t ldx, const uint8_t* wq, int64_t pstride, float* y,
+                            int64_t ldy, int M, int NB, int K) {
+    const int few = M <= BLOCK_FEW_ROWS, pmax = few ? BLOCK_FEW_PANELS : BLOCK_PANELS, kmax = few ? BLOCK_FEW_K : BLOCK_K;
+    float* const w = (float*)scratch_reserve(&blocks_scratch, sizeof(float) * (size_t)pmax * kmax * 16);
+    if (!w) return -1;
+    for (int n0 = 0; n0 < NB; n0 += pmax) {
+        const int pb = NB - n0 < pmax ? NB - n0 : pmax;
+        for (int k0 = 0; k0 < K; k0 += kmax) {
+            const int kc = K - k0 < kmax ? K - k0 : kmax;
+            for (int p = 0; p < pb; p++)
+                for (int g = 0; g < kc / 32; g++)
+                    expand_group(t, wq + (n0 + p) * pstride, k0 / 32 + g, w + ((int64_t)p * kc + g * 32) * 16);
+            gemm_core_from_f32(x + k0, ldx, w, y + n0 * 16, ldy, M, pb, kc, k0 > 0);
+        }
+    }
+    return 0;
+}
+#endif
