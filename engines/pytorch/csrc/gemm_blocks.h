@@ -132,6 +132,124 @@ static inline void expand_group(int t, const uint8_t* panel, int gi, float* w) {
     expand_nibbles(g + 32, t == BT_Q5_K ? (const uint16_t*)(g + 288) : 0, 0, a, b, a, b, w);
 }
 
+/* ---- steps of a few rows: the weights expanded in registers, k row by k row, straight into the FMA chains ---- */
+/* A 32-k group of a panel, decoded: rows k < 16 are fma(a0, q, b0), k >= 16 fma(a1, q, b1); q from nibbles (and bit
+   planes) or Q8_0's bytes. */
+typedef struct { v16 a0, b0, a1, b1; const uint8_t *nib, *q8; const uint16_t *p4, *p5; } group_view;
+static inline __attribute__((always_inline)) void group_decode(const int t, const uint8_t* panel, int gi,
+                                                               group_view* v) {
+    v->q8 = 0; v->p4 = v->p5 = 0;
+    if (t <= BT_Q8_0) {
+        const uint8_t* g = panel + (int64_t)gi * BT_RECORD[t];
+        v->a0 = v->a1 = v16_f16(g);
+        if (t == BT_Q8_0) { v->b0 = v->b1 = v16_set1(-0.0f); v->q8 = g + 32; return; }
+        const int with_m = t == BT_Q4_1 || t == BT_Q5_1;
+        v->b0 = v->b1 = with_m ? v16_f16(g + 32) : v16_mul(v->a0, v16_set1(t == BT_Q4_0 ? -8.0f : -16.0f));
+        v->nib = g + (with_m ? 64 : 32);
+        if (t == BT_Q5_0 || t == BT_Q5_1) v->p4 = (const uint16_t*)(v->nib + 256);
+        return;
+    }
+    const uint8_t* rec = panel + (int64_t)(gi / 8) * BT_RECORD[t];
+    const v16 d = v16_f16(rec);
+    if (t == BT_Q6_K) {
+        const uint8_t* g = rec + 32 + (gi % 8) * 416;
+        const v16 off = v16_set1(-32.0f);
+        v->a0 = v16_mul(d, v16_i8(load16(g)));
+        v->a1 = v16_mul(d, v16_i8(load16(g + 16)));
+        v->b0 = v16_mul(v->a0, off);
+        v->b1 = v16_mul(v->a1, off);
+        v->nib = g + 32;
+        v->p4 = (const uint16_t*)(g + 288);
+        v->p5 = (const uint16_t*)(g + 352);
+        return;
+    }
+    const uint8_t* g = rec + 64 + (gi % 8) * (t == BT_Q5_K ? 352 : 288);
+    v->a0 = v->a1 = v16_mul(d, v16_u8(load16(g)));
+    v->b0 = v->b1 = v16_neg(v16_mul(v16_f16(rec + 32), v16_u8(load16(g + 16))));
+    v->nib = g + 32;
+    if (t == BT_Q5_K) v->p4 = (const uint16_t*)(g + 288);
+}
+/* Row k (0..31) of a decoded group: the float32 weights of its 16 columns. */
+static inline __attribute__((always_inline)) v16 group_row(const int t, const group_view* v, int k) {
+    if (t == BT_Q8_0) return v16_fma(v->a0, v16_i8(load16(v->q8 + 16 * k)), v->b0);
+    const int j = k & 15, high = k >= 16;
+    const __m128i b = load16(v->nib + 16 * j);
+    __m128i q = _mm_and_si128(high ? _mm_srli_epi16(b, 4) : b, _mm_set1_epi8(15));
+    if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K || t == BT_Q6_K) q = _mm_or_si128(q, plane_bytes(v->p4[k], 16));
+    if (t == BT_Q6_K) q = _mm_or_si128(q, plane_bytes(v->p5[k], 32));
+    return high ? v16_fma(v->a1, v16_u8(q), v->b1) : v16_fma(v->a0, v16_u8(q), v->b0);
+}
+#ifdef __AVX512F__
+static inline v16 v16_bcast(const float* p) { return _mm512_set1_ps(*p); }
+static inline v16 v16_zero(void) { return _mm512_setzero_ps(); }
+#define REG_ROWS 8  /* rows per register kernel: 2 panels x 8 rows of accumulators, 16 of the 32 registers */
+#else
+static inline v16 v16_bcast(const float* p) { v16 r = {_mm256_broadcast_ss(p), _mm256_broadcast_ss(p)}; return r; }
+static inline v16 v16_zero(void) { v16 r = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return r; }
+#define REG_ROWS 2  /* 2 panels x 2 rows: 8 of the 16 registers accumulate */
+#endif
+/* R rows of x against P (1 or 2) panels of type t over the whole of K, the weights expanded in registers: every
+   output's FMA chain runs k = 0..K-1 as in the float32 kernel. */
+static inline __attribute__((always_inline)) void reg_kernel(const int t, const int R, const int P, const float* x,
+                                                             int64_t ldx, const uint8_t* w0, const uint8_t* w1,
+                                                             float* y, int64_t ldy, int K) {
+    v16 acc[REG_ROWS][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = v16_zero();
+    for (int gi = 0; gi < K / 32; gi++) {
+        group_view g0, g1;
+        group_decode(t, w0, gi, &g0);
+        if (P > 1) group_decode(t, w1, gi, &g1);
+        const float* xk = x + gi * 32;
+        for (int k = 0; k < 32; k++) {
+            const v16 u0 = group_row(t, &g0, k);
+            const v16 u1 = P > 1 ? group_row(t, &g1, k) : u0;
+            for (int r = 0; r < R; r++) {
+                const v16 xb = v16_bcast(xk + r * ldx + k);
+                acc[r][0] = v16_fma(xb, u0, acc[r][0]);
+                if (P > 1) acc[r][1] = v16_fma(xb, u1, acc[r][1]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        v16_store(y + r * ldy, acc[r][0]);
+        if (P > 1) v16_store(y + r * ldy + 16, acc[r][1]);
+    }
+}
+/* The register kernel of type t for r rows (1..REG_ROWS), over NB panels (pairs, then a last odd one). */
+static inline __attribute__((always_inline)) void reg_rows_t(const int t, int r, const float* x, int64_t ldx,
+                                                             const uint8_t* wq, int64_t pstride, float* y,
+                                                             int64_t ldy, int NB, int K) {
+    int nb = 0;
+#define REG_CASE(R) case R: {                                                                                   \
+            for (nb = 0; nb + 2 <= NB; nb += 2)                                                                 \
+                reg_kernel(t, R, 2, x, ldx, wq + nb * pstride, wq + (nb + 1) * pstride, y + nb * 16, ldy, K);   \
+            if (nb < NB) reg_kernel(t, R, 1, x, ldx, wq + nb * pstride, 0, y + nb * 16, ldy, K);                \
+            break;                                                                                              \
+        }
+    switch (r) {
+        REG_CASE(1) REG_CASE(2)
+#if REG_ROWS > 2
+        REG_CASE(3) REG_CASE(4) REG_CASE(5) REG_CASE(6) REG_CASE(7) REG_CASE(8)
+#endif
+    }
+#undef REG_CASE
+}
+/* A step of M rows (any) in row blocks of up to REG_ROWS, each expanding the weights again. */
+static void gemm_core_blocks_reg(int t, const float* x, int64_t ldx, const uint8_t* wq, int64_t pstride, float* y,
+                                 int64_t ldy, int M, int NB, int K) {
+    for (int m = 0; m < M; m += REG_ROWS) {
+        const int r = M - m < REG_ROWS ? M - m : REG_ROWS;
+        const float* xm = x + m * ldx;
+        float* ym = y + m * ldy;
+        switch (t) {
+#define TYPE_CASE(T) case T: reg_rows_t(T, r, xm, ldx, wq, pstride, ym, ldy, NB, K); break;
+            TYPE_CASE(BT_Q4_0) TYPE_CASE(BT_Q4_1) TYPE_CASE(BT_Q5_0) TYPE_CASE(BT_Q5_1) TYPE_CASE(BT_Q8_0)
+            TYPE_CASE(BT_Q4_K) TYPE_CASE(BT_Q5_K) TYPE_CASE(BT_Q6_K)
+#undef TYPE_CASE
+        }
+    }
+}
+
 /* A thread's scratch of at least `need` bytes (64-byte aligned), grown and kept between calls; NULL: out of memory. */
 typedef struct { void* p; size_t capacity; } thread_scratch;
 static void* scratch_reserve(thread_scratch* s, size_t need) {
@@ -146,6 +264,7 @@ static __thread thread_scratch blocks_scratch;
 
 /* Steps of up to this many rows expand BLOCK_FEW_PANELS panels x BLOCK_FEW_K k at a time (16 KB: stays in L1);
    larger ones BLOCK_PANELS x BLOCK_K (256 KB in L2, shared by all the rows of the tile). */
+#define BLOCK_REG_ROWS 16  /* steps of up to this many rows: the register kernels (gemm_core_blocks_reg) */
 #define BLOCK_FEW_ROWS 16
 #define BLOCK_FEW_PANELS 4
 #define BLOCK_FEW_K 64
@@ -156,6 +275,10 @@ static __thread thread_scratch blocks_scratch;
    of memory for the scratch. */
 static int gemm_core_blocks(int t, const float* x, int64_t ldx, const uint8_t* wq, int64_t pstride, float* y,
                             int64_t ldy, int M, int NB, int K) {
+    if (M <= BLOCK_REG_ROWS) {
+        gemm_core_blocks_reg(t, x, ldx, wq, pstride, y, ldy, M, NB, K);
+        return 0;
+    }
     const int few = M <= BLOCK_FEW_ROWS, pmax = few ? BLOCK_FEW_PANELS : BLOCK_PANELS, kmax = few ? BLOCK_FEW_K : BLOCK_K;
     float* const w = (float*)scratch_reserve(&blocks_scratch, sizeof(float) * (size_t)pmax * kmax * 16);
     if (!w) return -1;
