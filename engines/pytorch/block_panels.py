@@ -26,10 +26,13 @@ def _per_column(t: torch.Tensor, nb: int) -> torch.Tensor:
     return out.view(torch.uint8).reshape(nb, out.shape[1], -1)
 
 
-def _plane(q: torch.Tensor, bit: int) -> torch.Tensor:
-    """Bit `bit` of q [NB, G, 32, 16] as a uint16 per k (bit c: column c): [NB, G, 64] bytes."""
-    bits = ((q >> bit) & 1).reshape(*q.shape[:-1], 2, 8) << torch.arange(8, dtype=torch.uint8)
-    return bits.sum(-1, dtype=torch.uint8).flatten(-2)
+def _high_bits(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """The bits above the nibble of q [NB, G, 32 k, 16 columns] (1: Q5's bit 4, 2: Q6_K's bits 4-5) packed along k:
+    byte j * 16 + c holds those of k = j + s i at bits `bits` * i (s = 8 / bits runs of 32 / s k): [NB, G, 64 bits]."""
+    runs = 8 // bits
+    high = ((q >> 4) & (2**bits - 1)).reshape(*q.shape[:2], runs, 32 // runs, 16)  # [NB, G, i, j, 16]
+    shifts = (torch.arange(runs, dtype=torch.uint8) * bits).view(runs, 1, 1)
+    return (high << shifts).sum(2, dtype=torch.uint8).flatten(-2)
 
 
 def pack(blocks: GGUFBlocks, nb: int) -> torch.Tensor:
@@ -55,18 +58,18 @@ def pack(blocks: GGUFBlocks, nb: int) -> torch.Tensor:
         else:
             parts.append(nib)
             if name.startswith("Q5"):
-                parts.append(_plane(q, 4))
+                parts.append(_high_bits(q, 1))
         records = torch.cat(parts, dim=-1)
     else:
         r = k // 256
         if name == "Q6_K":
             head = d
-            groups = [_per_column(_rows(f.sc, rows), nb).view(nb, g, 32), nib, _plane(q, 4), _plane(q, 5)]
+            groups = [_per_column(_rows(f.sc, rows), nb).view(nb, g, 32), nib, _high_bits(q, 2)]
         else:
             head = torch.cat((d, _per_column(_rows(f.m, rows), nb)), dim=-1)
             groups = [_per_column(_rows(f.sc, rows), nb), _per_column(_rows(f.mins, rows), nb), nib]
             if name == "Q5_K":
-                groups.append(_plane(q, 4))
+                groups.append(_high_bits(q, 1))
         records = torch.cat((head, torch.cat(groups, dim=-1).view(nb, r, -1)), dim=-1)
     assert records.shape[-1] == _RECORD[name], (name, records.shape)
     return records.reshape(nb, -1)

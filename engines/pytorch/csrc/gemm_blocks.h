@@ -11,12 +11,14 @@
    Layout: a panel (16 columns) is a run of records over k, RK = 32 k (256 for the K-quants), nothing shared
    between panels; within a record every field is per column, 16 side by side:
      32-k types   [d f16 x16] [m f16 x16: Q4_1, Q5_1] then Q8_0: [q int8 32 k x 16]
-                  else [nibbles 16 x 16 bytes] [bit 4 plane: Q5_0, Q5_1]
-     Q4_K, Q5_K   [d f16 x16] [dmin f16 x16], then 8 groups of 32 k: [sc u8 x16] [m u8 x16] [nibbles] [bit 4: Q5_K]
+                  else [nibbles 16 x 16 bytes] [high bits 4 x 16 bytes: Q5_0, Q5_1]
+     Q4_K, Q5_K   [d f16 x16] [dmin f16 x16], then 8 groups of 32 k: [sc u8 x16] [m u8 x16] [nibbles]
+                  [high bits 4 x 16 bytes: Q5_K]
      Q6_K         [d f16 x16], then 8 groups of 32 k: [sc int8 x16 for k 0-15] [sc for k 16-31] [nibbles]
-                  [bit 4 plane] [bit 5 plane]
-   Nibbles: byte j*16 + c holds q of k = j (low nibble) and k = 16 + j (high nibble) of column c. A bit plane: a
-   uint16 per k, bit c for column c. Bytes per weight: the file's (Q4_K, Q5_K: +1/8 bit for their sc/m as bytes).
+                  [high bits 8 x 16 bytes]
+   Nibbles: byte j*16 + c holds q of k = j (low nibble) and k = 16 + j (high nibble) of column c. High bits (bit 4
+   of a 5-bit q): byte j*16 + c, bit i for k = j + 4i; (bits 4-5 of Q6_K's 6-bit q): bits 2i, 2i+1 for k = j + 8i.
+   So a k row's 16 high parts are one 16-byte load, a shift by a constant and a mask. Bytes per weight: the file's (Q4_K, Q5_K: +1/8 bit for their sc/m as bytes).
 
    A step expands a few panels x a run of k into a per-thread float32 scratch (16 KB for steps of up to
    BLOCK_FEW_ROWS rows: L1; 256 KB for larger steps, L2, reused by every row of the tile) and runs the float32 kernel
@@ -70,83 +72,21 @@ static inline v16 v16_neg(v16 a) {
 static inline void v16_store(float* p, v16 a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
 #endif
 static inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128((const __m128i*)p); }
-/* A bit plane's row (bit c: column c) as 16 bytes, `value` where the bit is set, else 0. */
-static inline __m128i plane_bytes(uint16_t bits, char value) {
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
-    return _mm_maskz_mov_epi8((__mmask16)bits, _mm_set1_epi8(value));
-#else
-    const __m128i spread = _mm_shuffle_epi8(_mm_set1_epi16((short)bits),
-                                            _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
-    const __m128i bit = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
-    return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(spread, bit), bit), _mm_set1_epi8(value));
-#endif
-}
-/* One 32-k group of a panel from nibbles (and 0-2 bit planes): w[k][c] = fma(A, q, B), A0/B0 for k < 16 and A1/B1
-   for k >= 16 (Q6_K's two sub-blocks; the same for the other types). */
-static inline void expand_nibbles(const uint8_t* nib, const uint16_t* p4, const uint16_t* p5, v16 a0, v16 b0, v16 a1,
-                                  v16 b1, float* w) {
-    const __m128i low = _mm_set1_epi8(15);
-    for (int j = 0; j < 16; j++) {
-        const __m128i b = load16(nib + 16 * j);
-        __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
-        if (p4) {
-            lo = _mm_or_si128(lo, plane_bytes(p4[j], 16));
-            hi = _mm_or_si128(hi, plane_bytes(p4[16 + j], 16));
-        }
-        if (p5) {
-            lo = _mm_or_si128(lo, plane_bytes(p5[j], 32));
-            hi = _mm_or_si128(hi, plane_bytes(p5[16 + j], 32));
-        }
-        v16_store(w + 16 * j, v16_fma(a0, v16_u8(lo), b0));
-        v16_store(w + 16 * (16 + j), v16_fma(a1, v16_u8(hi), b1));
-    }
-}
-/* Group gi (k = 32 gi .. 32 gi + 31) of a panel of type t, as float32 w[32][16]. */
-static inline void expand_group(int t, const uint8_t* panel, int gi, float* w) {
-    if (t <= BT_Q8_0) {
-        const uint8_t* g = panel + (int64_t)gi * BT_RECORD[t];
-        const v16 d = v16_f16(g);
-        if (t == BT_Q8_0) {
-            const v16 zero = v16_set1(-0.0f);  /* d * q exactly, the sign of a zero included */
-            for (int k = 0; k < 32; k++) v16_store(w + 16 * k, v16_fma(d, v16_i8(load16(g + 32 + 16 * k)), zero));
-            return;
-        }
-        const int with_m = t == BT_Q4_1 || t == BT_Q5_1, plane = t == BT_Q5_0 || t == BT_Q5_1;
-        const v16 b = with_m ? v16_f16(g + 32) : v16_mul(d, v16_set1(t == BT_Q4_0 ? -8.0f : -16.0f));
-        const uint8_t* nib = g + (with_m ? 64 : 32);
-        expand_nibbles(nib, plane ? (const uint16_t*)(nib + 256) : 0, 0, d, b, d, b, w);
-        return;
-    }
-    const uint8_t* rec = panel + (int64_t)(gi / 8) * BT_RECORD[t];
-    const v16 d = v16_f16(rec);
-    if (t == BT_Q6_K) {
-        const uint8_t* g = rec + 32 + (gi % 8) * 416;
-        const v16 a0 = v16_mul(d, v16_i8(load16(g))), a1 = v16_mul(d, v16_i8(load16(g + 16)));
-        const v16 off = v16_set1(-32.0f);
-        expand_nibbles(g + 32, (const uint16_t*)(g + 288), (const uint16_t*)(g + 352), a0, v16_mul(a0, off), a1,
-                       v16_mul(a1, off), w);
-        return;
-    }
-    const uint8_t* g = rec + 64 + (gi % 8) * (t == BT_Q5_K ? 352 : 288);
-    const v16 a = v16_mul(d, v16_u8(load16(g))), b = v16_neg(v16_mul(v16_f16(rec + 32), v16_u8(load16(g + 16))));
-    expand_nibbles(g + 32, t == BT_Q5_K ? (const uint16_t*)(g + 288) : 0, 0, a, b, a, b, w);
-}
-
 /* ---- steps of a few rows: the weights expanded in registers, k row by k row, straight into the FMA chains ---- */
-/* A 32-k group of a panel, decoded: rows k < 16 are fma(a0, q, b0), k >= 16 fma(a1, q, b1); q from nibbles (and bit
-   planes) or Q8_0's bytes. */
-typedef struct { v16 a0, b0, a1, b1; const uint8_t *nib, *q8; const uint16_t *p4, *p5; } group_view;
+/* A 32-k group of a panel, decoded: rows k < 16 are fma(a0, q, b0), k >= 16 fma(a1, q, b1); q from nibbles (and high
+   bits) or Q8_0's bytes. */
+typedef struct { v16 a0, b0, a1, b1; const uint8_t *nib, *q8, *high; } group_view;
 static inline __attribute__((always_inline)) void group_decode(const int t, const uint8_t* panel, int gi,
                                                                group_view* v) {
-    v->q8 = 0; v->p4 = v->p5 = 0;
+    v->q8 = v->high = 0;
     if (t <= BT_Q8_0) {
         const uint8_t* g = panel + (int64_t)gi * BT_RECORD[t];
         v->a0 = v->a1 = v16_f16(g);
-        if (t == BT_Q8_0) { v->b0 = v->b1 = v16_set1(-0.0f); v->q8 = g + 32; return; }
+        if (t == BT_Q8_0) { v->b0 = v->b1 = v16_set1(-0.0f); v->q8 = g + 32; return; }  /* d * q, a zero's sign too */
         const int with_m = t == BT_Q4_1 || t == BT_Q5_1;
         v->b0 = v->b1 = with_m ? v16_f16(g + 32) : v16_mul(v->a0, v16_set1(t == BT_Q4_0 ? -8.0f : -16.0f));
         v->nib = g + (with_m ? 64 : 32);
-        if (t == BT_Q5_0 || t == BT_Q5_1) v->p4 = (const uint16_t*)(v->nib + 256);
+        if (t == BT_Q5_0 || t == BT_Q5_1) v->high = v->nib + 256;
         return;
     }
     const uint8_t* rec = panel + (int64_t)(gi / 8) * BT_RECORD[t];
@@ -159,26 +99,53 @@ static inline __attribute__((always_inline)) void group_decode(const int t, cons
         v->b0 = v16_mul(v->a0, off);
         v->b1 = v16_mul(v->a1, off);
         v->nib = g + 32;
-        v->p4 = (const uint16_t*)(g + 288);
-        v->p5 = (const uint16_t*)(g + 352);
+        v->high = g + 288;
         return;
     }
     const uint8_t* g = rec + 64 + (gi % 8) * (t == BT_Q5_K ? 352 : 288);
     v->a0 = v->a1 = v16_mul(d, v16_u8(load16(g)));
     v->b0 = v->b1 = v16_neg(v16_mul(v16_f16(rec + 32), v16_u8(load16(g + 16))));
     v->nib = g + 32;
-    if (t == BT_Q5_K) v->p4 = (const uint16_t*)(g + 288);
+    if (t == BT_Q5_K) v->high = g + 288;
 }
-/* Row k (0..31) of a decoded group: the float32 weights of its 16 columns. */
-static inline __attribute__((always_inline)) v16 group_row(const int t, const group_view* v, int k) {
+/* Bits moved left by s (right for s < 0) within each byte's reach: 16-bit shifts, whose spill the caller masks. */
+static inline __attribute__((always_inline)) __m128i shift_bits(__m128i v, const int s) {
+    return s > 0 ? _mm_slli_epi16(v, s) : s < 0 ? _mm_srli_epi16(v, -s) : v;
+}
+/* Row k = 8 c + 4 h + j (c 0..3, h 0..1, j 0..3) of a decoded group: the float32 weights of its 16 columns. c and h
+   are constants where it is inlined (the shifts of the high bits), j need not be. */
+static inline __attribute__((always_inline)) v16 group_row(const int t, const group_view* v, const int c, const int h,
+                                                           int j) {
+    const int k = 8 * c + 4 * h + j;
     if (t == BT_Q8_0) return v16_fma(v->a0, v16_i8(load16(v->q8 + 16 * k)), v->b0);
-    const int j = k & 15, high = k >= 16;
-    const __m128i b = load16(v->nib + 16 * j);
-    __m128i q = _mm_and_si128(high ? _mm_srli_epi16(b, 4) : b, _mm_set1_epi8(15));
-    if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K || t == BT_Q6_K) q = _mm_or_si128(q, plane_bytes(v->p4[k], 16));
-    if (t == BT_Q6_K) q = _mm_or_si128(q, plane_bytes(v->p5[k], 32));
-    return high ? v16_fma(v->a1, v16_u8(q), v->b1) : v16_fma(v->a0, v16_u8(q), v->b0);
+    const __m128i b = load16(v->nib + 16 * (k & 15));
+    __m128i q = _mm_and_si128(c >= 2 ? _mm_srli_epi16(b, 4) : b, _mm_set1_epi8(15));
+    if (t == BT_Q6_K)  /* bits 2c, 2c+1 of byte (4 h + j) to bits 4, 5 */
+        q = _mm_or_si128(q, _mm_and_si128(shift_bits(load16(v->high + 16 * (4 * h + j)), 4 - 2 * c),
+                                          _mm_set1_epi8(0x30)));
+    else if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K)  /* bit 2 c + h of byte j to bit 4 */
+        q = _mm_or_si128(q, _mm_and_si128(shift_bits(load16(v->high + 16 * j), 4 - (2 * c + h)), _mm_set1_epi8(0x10)));
+    return c >= 2 ? v16_fma(v->a1, v16_u8(q), v->b1) : v16_fma(v->a0, v16_u8(q), v->b0);
 }
+/* F(c, h) for the 8 runs of 4 k of a group, in k order. */
+#define GROUP_RUNS(F) F(0, 0) F(0, 1) F(1, 0) F(1, 1) F(2, 0) F(2, 1) F(3, 0) F(3, 1)
+/* Group gi (k = 32 gi .. 32 gi + 31) of a panel of type t, as float32 w[32][16]. */
+static inline __attribute__((always_inline)) void expand_group_t(const int t, const uint8_t* panel, int gi, float* w) {
+    group_view g;
+    group_decode(t, panel, gi, &g);
+#define EXPAND_RUN(c, h) for (int j = 0; j < 4; j++) v16_store(w + 16 * (8 * c + 4 * h + j), group_row(t, &g, c, h, j));
+    GROUP_RUNS(EXPAND_RUN)
+#undef EXPAND_RUN
+}
+static void expand_group(int t, const uint8_t* panel, int gi, float* w) {
+    switch (t) {
+#define EXPAND_CASE(T) case T: expand_group_t(T, panel, gi, w); break;
+        EXPAND_CASE(BT_Q4_0) EXPAND_CASE(BT_Q4_1) EXPAND_CASE(BT_Q5_0) EXPAND_CASE(BT_Q5_1) EXPAND_CASE(BT_Q8_0)
+        EXPAND_CASE(BT_Q4_K) EXPAND_CASE(BT_Q5_K) EXPAND_CASE(BT_Q6_K)
+#undef EXPAND_CASE
+    }
+}
+
 #ifdef __AVX512F__
 static inline v16 v16_bcast(const float* p) { return _mm512_set1_ps(*p); }
 static inline v16 v16_zero(void) { return _mm512_setzero_ps(); }
@@ -188,65 +155,65 @@ static inline v16 v16_bcast(const float* p) { v16 r = {_mm256_broadcast_ss(p), _
 static inline v16 v16_zero(void) { v16 r = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return r; }
 #define REG_ROWS 2  /* 2 panels x 2 rows: 8 of the 16 registers accumulate */
 #endif
-/* R rows of x against P (1 or 2) panels of type t over the whole of K, the weights expanded in registers: every
-   output's FMA chain runs k = 0..K-1 as in the float32 kernel. */
-static inline __attribute__((always_inline)) void reg_kernel(const int t, const int R, const int P, const float* x,
-                                                             int64_t ldx, const uint8_t* w0, const uint8_t* w1,
-                                                             float* y, int64_t ldy, int K) {
+/* R rows of x against a panel pair of type t (w1: the second panel, or w0 again with `one`: only the first is
+   stored) over the whole of K, the weights expanded in registers: every output's FMA chain runs k = 0..K-1 as in the
+   float32 kernel. */
+static inline __attribute__((always_inline)) void reg_kernel(const int t, const int R, const float* x, int64_t ldx,
+                                                             const uint8_t* w0, const uint8_t* w1, int one, float* y,
+                                                             int64_t ldy, int K) {
     v16 acc[REG_ROWS][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = v16_zero();
     for (int gi = 0; gi < K / 32; gi++) {
         group_view g0, g1;
         group_decode(t, w0, gi, &g0);
-        if (P > 1) group_decode(t, w1, gi, &g1);
+        group_decode(t, w1, gi, &g1);
         const float* xk = x + gi * 32;
-        for (int k = 0; k < 32; k++) {
-            const v16 u0 = group_row(t, &g0, k);
-            const v16 u1 = P > 1 ? group_row(t, &g1, k) : u0;
-            for (int r = 0; r < R; r++) {
-                const v16 xb = v16_bcast(xk + r * ldx + k);
-                acc[r][0] = v16_fma(xb, u0, acc[r][0]);
-                if (P > 1) acc[r][1] = v16_fma(xb, u1, acc[r][1]);
-            }
+#define REG_RUN(c, h) _Pragma("GCC unroll 1")                                                                    \
+        for (int j = 0; j < 4; j++) {                                                                               \
+            const v16 u0 = group_row(t, &g0, c, h, j), u1 = group_row(t, &g1, c, h, j);                           \
+            for (int r = 0; r < R; r++) {                                                                           \
+                const v16 xb = v16_bcast(xk + r * ldx + 8 * c + 4 * h + j);                                         \
+                acc[r][0] = v16_fma(xb, u0, acc[r][0]);                                                             \
+                acc[r][1] = v16_fma(xb, u1, acc[r][1]);                                                             \
+            }                                                                                                       \
         }
+        GROUP_RUNS(REG_RUN)  /* k = 0..31 in order */
+#undef REG_RUN
     }
     for (int r = 0; r < R; r++) {
         v16_store(y + r * ldy, acc[r][0]);
-        if (P > 1) v16_store(y + r * ldy + 16, acc[r][1]);
+        if (!one) v16_store(y + r * ldy + 16, acc[r][1]);
     }
 }
-/* The register kernel of type t for r rows (1..REG_ROWS), over NB panels (pairs, then a last odd one). */
-static inline __attribute__((always_inline)) void reg_rows_t(const int t, int r, const float* x, int64_t ldx,
+/* The register kernel of type t for R rows over NB panels (pairs; a last odd panel as a pair with itself). */
+static inline __attribute__((always_inline)) void reg_rows_t(const int t, const int R, const float* x, int64_t ldx,
                                                              const uint8_t* wq, int64_t pstride, float* y,
                                                              int64_t ldy, int NB, int K) {
-    int nb = 0;
-#define REG_CASE(R) case R: {                                                                                   \
-            for (nb = 0; nb + 2 <= NB; nb += 2)                                                                 \
-                reg_kernel(t, R, 2, x, ldx, wq + nb * pstride, wq + (nb + 1) * pstride, y + nb * 16, ldy, K);   \
-            if (nb < NB) reg_kernel(t, R, 1, x, ldx, wq + nb * pstride, 0, y + nb * 16, ldy, K);                \
-            break;                                                                                              \
-        }
-    switch (r) {
-        REG_CASE(1) REG_CASE(2)
-#if REG_ROWS > 2
-        REG_CASE(3) REG_CASE(4) REG_CASE(5) REG_CASE(6) REG_CASE(7) REG_CASE(8)
-#endif
+    for (int nb = 0; nb < NB; nb += 2) {
+        const int one = nb + 1 == NB;
+        reg_kernel(t, R, x, ldx, wq + nb * pstride, wq + (nb + !one) * pstride, one, y + nb * 16, ldy, K);
     }
+}
+static void reg_rows(int t, int r, const float* x, int64_t ldx, const uint8_t* wq, int64_t pstride, float* y,
+                     int64_t ldy, int NB, int K) {
+#define REG_CASE(T, R) case T: reg_rows_t(T, R, x, ldx, wq, pstride, y, ldy, NB, K); break;
+#define REG_TYPES(R) switch (t) { REG_CASE(BT_Q4_0, R) REG_CASE(BT_Q4_1, R) REG_CASE(BT_Q5_0, R) REG_CASE(BT_Q5_1, R) \
+                                  REG_CASE(BT_Q8_0, R) REG_CASE(BT_Q4_K, R) REG_CASE(BT_Q5_K, R) REG_CASE(BT_Q6_K, R) }
+    if (r == 1) REG_TYPES(1)
+    else if (r == 2) REG_TYPES(2)
+#if REG_ROWS > 2
+    else if (r == 4) REG_TYPES(4)
+    else if (r == 8) REG_TYPES(8)
+#endif
+#undef REG_TYPES
 #undef REG_CASE
 }
-/* A step of M rows (any) in row blocks of up to REG_ROWS, each expanding the weights again. */
+/* A step of M rows in row blocks of REG_ROWS, then 4, 2, 1 (each block expands the weights again). */
 static void gemm_core_blocks_reg(int t, const float* x, int64_t ldx, const uint8_t* wq, int64_t pstride, float* y,
                                  int64_t ldy, int M, int NB, int K) {
-    for (int m = 0; m < M; m += REG_ROWS) {
-        const int r = M - m < REG_ROWS ? M - m : REG_ROWS;
-        const float* xm = x + m * ldx;
-        float* ym = y + m * ldy;
-        switch (t) {
-#define TYPE_CASE(T) case T: reg_rows_t(T, r, xm, ldx, wq, pstride, ym, ldy, NB, K); break;
-            TYPE_CASE(BT_Q4_0) TYPE_CASE(BT_Q4_1) TYPE_CASE(BT_Q5_0) TYPE_CASE(BT_Q5_1) TYPE_CASE(BT_Q8_0)
-            TYPE_CASE(BT_Q4_K) TYPE_CASE(BT_Q5_K) TYPE_CASE(BT_Q6_K)
-#undef TYPE_CASE
-        }
+    for (int m = 0, r; m < M; m += r) {
+        for (r = REG_ROWS; r > M - m; r /= 2) {}
+        reg_rows(t, r, x + m * ldx, ldx, wq, pstride, y + m * ldy, ldy, NB, K);
     }
 }
 
