@@ -20,10 +20,10 @@
    of a 5-bit q): byte j*16 + c, bit i for k = j + 4i; (bits 4-5 of Q6_K's 6-bit q): bits 2i, 2i+1 for k = j + 8i.
    So a k row's 16 high parts are one 16-byte load, a shift by a constant and a mask. Bytes per weight: the file's (Q4_K, Q5_K: +1/8 bit for their sc/m as bytes).
 
-   A step expands a few panels x a run of k into a per-thread float32 scratch (16 KB for steps of up to
-   BLOCK_FEW_ROWS rows: L1; 256 KB for larger steps, L2, reused by every row of the tile) and runs the float32 kernel
-   over it, continuing each output's FMA chain from piece to piece (gemm_core_from_f32). No float32 copy of the
-   weight is ever kept. */
+   Steps of up to BLOCK_REG_ROWS rows expand each k row of a panel pair in registers, straight into the FMA chains
+   (reg_kernel). Larger steps expand BLOCK_PANELS panels x BLOCK_K k into a per-thread float32 scratch (256 KB: L2,
+   reused by every row of the tile) and run the float32 kernel over it, continuing each output's FMA chain from piece
+   to piece (gemm_core_from_f32). No float32 copy of the weight is ever kept. */
 #ifndef SWITCHYARD_GEMM_BLOCKS_H
 #define SWITCHYARD_GEMM_BLOCKS_H
 
@@ -229,24 +229,19 @@ static void* scratch_reserve(thread_scratch* s, size_t need) {
 }
 static __thread thread_scratch blocks_scratch;
 
-/* Steps of up to this many rows expand BLOCK_FEW_PANELS panels x BLOCK_FEW_K k at a time (16 KB: stays in L1);
-   larger ones BLOCK_PANELS x BLOCK_K (256 KB in L2, shared by all the rows of the tile). */
 #define BLOCK_REG_ROWS 16  /* steps of up to this many rows: the register kernels (gemm_core_blocks_reg) */
-#define BLOCK_FEW_ROWS 16
-#define BLOCK_FEW_PANELS 4
-#define BLOCK_FEW_K 64
 #define BLOCK_PANELS 16
 #define BLOCK_K 256
 /* y[M, NB * 16] = x[M, K] @ W.T for W as NB panels of type t (BT_Q4_0..BT_Q6_K), `pstride` bytes apart: a piece
-   of panels and k expanded into the scratch, then the float32 kernel over it, continuing the FMA chains. -1: out
-   of memory for the scratch. */
+   of panels and k expanded into the scratch, then the float32 kernel over it, continuing the FMA chains (steps of
+   up to BLOCK_REG_ROWS rows: in registers). -1: out of memory for the scratch. */
 static int gemm_core_blocks(int t, const float* x, int64_t ldx, const uint8_t* wq, int64_t pstride, float* y,
                             int64_t ldy, int M, int NB, int K) {
     if (M <= BLOCK_REG_ROWS) {
         gemm_core_blocks_reg(t, x, ldx, wq, pstride, y, ldy, M, NB, K);
         return 0;
     }
-    const int few = M <= BLOCK_FEW_ROWS, pmax = few ? BLOCK_FEW_PANELS : BLOCK_PANELS, kmax = few ? BLOCK_FEW_K : BLOCK_K;
+    const int pmax = BLOCK_PANELS, kmax = BLOCK_K;
     float* const w = (float*)scratch_reserve(&blocks_scratch, sizeof(float) * (size_t)pmax * kmax * 16);
     if (!w) return -1;
     for (int n0 = 0; n0 < NB; n0 += pmax) {
