@@ -527,17 +527,10 @@ static void blocks_tile(gemm_job* j, int m0, int n0, float* y, int64_t ldy, int 
         const int lo = n0 > start ? n0 : start, hi = n0 + nb < end ? n0 + nb : end;
         if (lo >= hi) continue;
         const uint8_t* base = (const uint8_t*)(intptr_t)j->seg_ptr[s];
-        float* ys = y + (int64_t)(lo - n0) * 16;
-        if (t == BT_BF16 || t == BT_F16) {
-            const uint16_t* wp = (const uint16_t*)base + (int64_t)(lo - start) * j->K * 16;
-            if (t == BT_BF16) gemm_core_bf16w(x, j->ldx, wp, ys, ldy, mc, hi - lo, j->K);
-            else gemm_core_f16w(x, j->ldx, wp, ys, ldy, mc, hi - lo, j->K);
-        } else {
-            const int64_t pstride = bt_panel_bytes(t, j->K);
-            if (gemm_core_blocks(t, x, j->ldx, base + (int64_t)(lo - start) * pstride, pstride, ys, ldy, mc, hi - lo,
-                                 j->K) != 0)
-                __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
-        }
+        const int64_t pstride = bt_panel_bytes(t, j->K);
+        if (gemm_core_blocks(t, x, j->ldx, base + (int64_t)(lo - start) * pstride, pstride,
+                             y + (int64_t)(lo - n0) * 16, ldy, mc, hi - lo, j->K) != 0)
+            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
     }
 }
 /* Before a job with amx != 0 (1: Q4_1 panels, 2: Q8_0, both in amx layout): x split for it; -1: out of memory. */

@@ -232,11 +232,17 @@ static __thread thread_scratch blocks_scratch;
 #define BLOCK_REG_ROWS 16  /* steps of up to this many rows: the register kernels (gemm_core_blocks_reg) */
 #define BLOCK_PANELS 16
 #define BLOCK_K 256
-/* y[M, NB * 16] = x[M, K] @ W.T for W as NB panels of type t (BT_Q4_0..BT_Q6_K), `pstride` bytes apart: a piece
+/* y[M, NB * 16] = x[M, K] @ W.T for W as NB panels of type t (any BT_*), `pstride` bytes apart: a piece
    of panels and k expanded into the scratch, then the float32 kernel over it, continuing the FMA chains (steps of
    up to BLOCK_REG_ROWS rows: in registers). -1: out of memory for the scratch. */
 static int gemm_core_blocks(int t, const float* x, int64_t ldx, const uint8_t* wq, int64_t pstride, float* y,
                             int64_t ldy, int M, int NB, int K) {
+    const int wide16 = t == BT_BF16 || t == BT_F16;
+    if (wide16 && M <= BLOCK_REG_ROWS) {  /* widened as the float32 kernel loads them */
+        if (t == BT_BF16) gemm_core_bf16w(x, ldx, (const uint16_t*)wq, y, ldy, M, NB, K);
+        else gemm_core_f16w(x, ldx, (const uint16_t*)wq, y, ldy, M, NB, K);
+        return 0;
+    }
     if (M <= BLOCK_REG_ROWS) {
         gemm_core_blocks_reg(t, x, ldx, wq, pstride, y, ldy, M, NB, K);
         return 0;
@@ -248,9 +254,17 @@ static int gemm_core_blocks(int t, const float* x, int64_t ldx, const uint8_t* w
         const int pb = NB - n0 < pmax ? NB - n0 : pmax;
         for (int k0 = 0; k0 < K; k0 += kmax) {
             const int kc = K - k0 < kmax ? K - k0 : kmax;
-            for (int p = 0; p < pb; p++)
-                for (int g = 0; g < kc / 32; g++)
-                    expand_group(t, wq + (n0 + p) * pstride, k0 / 32 + g, w + ((int64_t)p * kc + g * 32) * 16);
+            for (int p = 0; p < pb; p++) {
+                float* wp = w + (int64_t)p * kc * 16;
+                if (wide16) {  /* [K][16] 16-bit values: widened once for all the rows of the tile */
+                    const uint16_t* h = (const uint16_t*)(wq + (n0 + p) * pstride) + (int64_t)k0 * 16;
+                    for (int i = 0; i < kc * 16; i += 8)
+                        _mm256_storeu_ps(wp + i, t == BT_BF16 ? LOADW_bf16w(h + i) : LOADW_f16w(h + i));
+                } else {
+                    for (int g = 0; g < kc / 32; g++)
+                        expand_group(t, wq + (n0 + p) * pstride, k0 / 32 + g, wp + g * 32 * 16);
+                }
+            }
             gemm_core_from_f32(x + k0, ldx, w, y + n0 * 16, ldy, M, pb, kc, k0 > 0);
         }
     }
