@@ -28,12 +28,12 @@ save (0.8-1.0x there).
 
 On CPUs with AMX, Q4_1 and Q8_0 weights go through the tile unit instead, on steps of every size (`gemm_core_amx`;
 the other types use the kernels above there): x is split into three bfloat16 parts that sum to it exactly and q is
-exact in bfloat16, so the tile products are exact and only float32 sums round; per 32-k block the sum is scaled by d and the block's offset
-added (m times the sum of x). That is float32-accurate (closer to the float64 product than the FMA kernel, in the
-tests) but not the FMA kernel's bits. A row's bits still depend only on that row, so batching does not change them.
-Measured on SmolLM2's decode and prefill steps against the FMA kernels: a 2048-row prefill step 1.6-1.8x faster, a
-32-row decode step 1.07-1.23x; steps of a few rows about as fast (0.91-1.01x): the tile unit's cost per 32-k block
-(three products, a store, the scaling) is the same for one row as for sixteen.
+exact in bfloat16, so the tile products are exact and only float32 sums round; per 32-k block the sum is scaled by d
+and the block's offset added (m times the sum of x). That is float32-accurate (closer to the float64 product than
+the FMA kernel, in the tests) but not the FMA kernel's bits. A row's bits still depend only on that row, so batching
+does not change them. Measured on SmolLM2's decode and prefill steps against the FMA kernels: a 2048-row prefill
+step 1.6-1.8x faster, a 32-row decode step 1.07-1.23x; steps of a few rows about as fast (0.91-1.01x): the tile
+unit's cost per 32-k block (three products, a store, the scaling) is the same for one row as for sixteen.
 
 bfloat16 weights are packed the same way and converted to float32 as they are loaded (x is converted once, sums
 are float32, one rounding to bfloat16 at the end): half the bytes per decode step, and for a few rows the same

@@ -1,6 +1,7 @@
 /* Projections of the native engine (engines/pytorch/linear.py): the packed float32 / bfloat16 GEMM, its variants
-   on GGUF blocks (gemm_blocks.h; float16 / bfloat16 panels of float32 models) and AMX, the fused gate-up-SiLU job, and the dense layers' elementwise kernels (RMSNorm,
-   SiLU-and-multiply), with their `*_par` entry points on the helper-thread pool. Built by native.py. */
+   on GGUF blocks (gemm_blocks.h; float16 / bfloat16 panels of float32 models) and AMX, the fused gate-up-SiLU job,
+   and the dense layers' elementwise kernels (RMSNorm, SiLU-and-multiply), with their `*_par` entry points on the
+   helper-thread pool. Built by native.py. */
 #include "gemm_common.h"
 #include "type_suffix.h"
 
@@ -592,9 +593,9 @@ int gemm_blocks_par(const float* x, int64_t ldx, const int* segs, const int64_t*
 }
 
 /* y[M, NB / 2 * 16] = silu(x @ G.T) * (x @ U.T), with W packed as gate and up panels in turn (G0 U0 G1 U1 ...:
-   NB panels, NB even; or GGUF blocks in that order, as for gemm_blocks_par): each tile of `chunk` panels (even) x `mchunk` rows is computed into the thread's scratch and
-   activated from there, so the [M, NB * 16] product of gate and up never goes to memory and back. The same bits as
-   gemm_f32 then silu_mul_f32. Returns 0, or -1 when no thread could allocate its scratch. */
+   NB panels, NB even; or GGUF blocks in that order, as for gemm_blocks_par): each tile of `chunk` panels (even) x
+   `mchunk` rows is computed into the thread's scratch and activated from there, so the [M, NB * 16] product of gate
+   and up never goes to memory and back. The same bits as gemm_f32 then silu_mul_f32. Returns 0, or -1 when no thread could allocate its scratch. */
 static void gemm_silu_task(void* p) {
     gemm_job* j = (gemm_job*)p;
     const int64_t ldt = (int64_t)j->chunk * 16;

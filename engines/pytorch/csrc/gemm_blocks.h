@@ -18,7 +18,8 @@
                   [high bits 8 x 16 bytes]
    Nibbles: byte j*16 + c holds q of k = j (low nibble) and k = 16 + j (high nibble) of column c. High bits (bit 4
    of a 5-bit q): byte j*16 + c, bit i for k = j + 4i; (bits 4-5 of Q6_K's 6-bit q): bits 2i, 2i+1 for k = j + 8i.
-   So a k row's 16 high parts are one 16-byte load, a shift by a constant and a mask. Bytes per weight: the file's (Q4_K, Q5_K: +1/8 bit for their sc/m as bytes).
+   So a k row's 16 high parts are one 16-byte load, a shift by a constant and a mask. Bytes per weight: the file's
+   (Q4_K, Q5_K: +1/8 bit for their sc/m as bytes).
 
    Steps of up to BLOCK_REG_ROWS rows expand each k row of a panel pair in registers, straight into the FMA chains
    (reg_kernel). Larger steps expand BLOCK_PANELS panels x BLOCK_K k into a per-thread float32 scratch (256 KB: L2,
@@ -47,15 +48,18 @@ static inline void v16_store(float* p, v16 a) { _mm512_storeu_ps(p, a); }
 #else
 typedef struct { __m256 lo, hi; } v16;
 static inline v16 v16_f16(const uint8_t* p) {
-    v16 r = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16)))};
+    v16 r = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)),
+             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16)))};
     return r;
 }
 static inline v16 v16_u8(__m128i b) {
-    v16 r = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
+    v16 r = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)),
+             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
     return r;
 }
 static inline v16 v16_i8(__m128i b) {
-    v16 r = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+    v16 r = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)),
+             _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
     return r;
 }
 static inline v16 v16_fma(v16 a, v16 b, v16 c) {
