@@ -135,6 +135,8 @@ def main() -> None:
             spec = importlib.util.spec_from_file_location(f"runner_{name}", runner_file)
             module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
+            if not hasattr(module.PagedModelRunner, "forward_greedy"):  # a runner from before the step replay
+                module.PagedModelRunner.forward_greedy = lambda self, batch, greedy=True: (self.forward(batch), None)
             engine_module.PagedModelRunner = lambda model, n, bs, _m=module, **kw: _m.PagedModelRunner(model, n, bs, **kw)
         try:
             engines[name] = PyTorchEngine(GGUF, dtype=args.dtype, kv_cache_tokens=kv_tokens, block_size=BLOCK, **kwargs)

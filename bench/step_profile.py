@@ -8,10 +8,11 @@ On the shipped SmolLM2 GGUF (Q4_1 projections, Q8_0 tied lm_head), one sequence 
 2. **The engine's step**, uninstrumented: median ms of `engine.execute` (forward + sampling) over `--steps` steps
    each way, interleaved: replayed in one C call (engines/pytorch/step_replay.py, the default) and from Python (the
    replay off), with the pool's hand-off counters of each.
-3. **The parts of the step** (the Python forward: its calls are the replay's), by timers at two levels, summed per step (median over steps): around each part's
-   Python call (projections qkv / o / gate_up+act / down, attention, norms, embedding + rotary, lm_head, sampling,
-   the step's layout) and around each C kernel's ctypes call inside it (`time.perf_counter_ns`; a call through
-   ctypes costs about a microsecond of argument conversion, counted with the kernel). The part's Python overhead is
+3. **The parts of the step** (the Python forward: its calls are the replay's), by timers at two levels, summed per
+   step (median over steps): around each part's Python call (projections qkv / o / gate_up+act / down, attention,
+   norms, embedding + rotary, lm_head, sampling, the step's layout) and around each C kernel's ctypes call inside
+   it (`time.perf_counter_ns`; a call through ctypes costs about a microsecond of argument conversion, counted with
+   the kernel). The part's Python overhead is
    the first minus the second; "Python between the parts" is the instrumented step minus every part. Thread
    hand-offs come from the helper pool's own counters (`pool_stats` in csrc/pool.c): jobs, futex wake-ups, the
    time a caller waits at the join after its own share (hand-off plus the helpers' last tile) and the latency
@@ -330,21 +331,23 @@ def profile_engine(args: argparse.Namespace, bandwidth: float) -> float:
         eb, fb = engine_bytes.get(name, 0), file_bytes.get(name, 0)
         floor = eb / bandwidth * 1000
         rows_for_floor += floor
-        print(f"| {name} | {t.calls_per_step(name):.0f} | {ms:.3f} | {kernel_ms:.3f} | {ms - kernel_ms:.3f} | {eb / MB:.2f} "
-              f"| {fb / MB:.2f} | {floor:.3f} | {floor / ms if ms else 0:.2f} |")
+        print(f"| {name} | {t.calls_per_step(name):.0f} | {ms:.3f} | {kernel_ms:.3f} | {ms - kernel_ms:.3f} "
+              f"| {eb / MB:.2f} | {fb / MB:.2f} | {floor:.3f} | {floor / ms if ms else 0:.2f} |")
     between = instrumented_ms - parts_sum
     print(f"| Python between the parts (+ timers) | - | {between:.3f} | - | {between:.3f} | - | - | - | - |")
     print(f"| **step** | - | {instrumented_ms:.3f} | - | - | {sum(engine_bytes.values()) / MB:.1f} "
           f"| {sum(file_bytes.values()) / MB:.1f} | {rows_for_floor:.3f} | {rows_for_floor / instrumented_ms:.2f} |")
     c_ms = statistics.median(sum(s.values()) for s in k.steps) / 1e6
-    print(f"\nall C kernel calls: {c_ms:.3f} ms per step ({k.calls_per_step('qkv') + sum(k.calls_per_step(n) for n in order if n != 'qkv'):.0f} calls); "
+    calls = sum(k.calls.values()) / max(1, len(k.steps))
+    print(f"\nall C kernel calls: {c_ms:.3f} ms per step ({calls:.0f} calls); "
           f"everything else (Python, torch ops, timers): {instrumented_ms - c_ms:.3f} ms")
     if pool0 is not None:
         d = {key: pool1[key] - pool0[key] for key in pool0}
         steps = len(total)
-        print(f"thread hand-offs: {d['jobs'] / steps:.0f} pool jobs/step, {d['woken'] / steps:.1f} futex wake-ups/step, "
-              f"join wait {d['join_ns'] / steps / 1e6:.3f} ms/step ({d['join_ns'] / max(1, d['jobs']) / 1e3:.1f} us/job), "
-              f"helper enters {d['enter_ns'] / max(1, d['entered']) / 1e3:.1f} us after a job is posted")
+        print(f"thread hand-offs: {d['jobs'] / steps:.0f} pool jobs/step, {d['woken'] / steps:.1f} futex "
+              f"wake-ups/step, join wait {d['join_ns'] / steps / 1e6:.3f} ms/step "
+              f"({d['join_ns'] / max(1, d['jobs']) / 1e3:.1f} us/job), helper enters "
+              f"{d['enter_ns'] / max(1, d['entered']) / 1e3:.1f} us after a job is posted")
     print(f"bandwidth floor of the whole step (engine's bytes): {rows_for_floor:.2f} ms "
           f"= {rows_for_floor / step_ms:.0%} of the uninstrumented (replayed) step; with the file's bytes: "
           f"{sum(file_bytes.values()) / bandwidth * 1000:.2f} ms", flush=True)
@@ -446,14 +449,13 @@ def profile_server(args: argparse.Namespace, engine_step_ms: float) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-SPY_BUCKETS = [  # (bucket, substrings of a frame), innermost-first match over a sample's stack
-    ("engine step (execute)", ("execute (engines/",)),
-    ("detokenize", ("detokeniz", "hf_tokenizer", "tokenizers", "decode (")),
+SPY_BUCKETS = [  # (bucket, substrings of a frame "function (file:line)"), first match over the whole stack
+    ("engine step", ("engines/pytorch/",)),
+    ("detokenize", ("_decode_delta", "hf_tokenizer", "tokenizers/")),
     ("output processing", ("output_processor",)),
-    ("scheduler", ("step_scheduler", "continuous_batcher", "admission", "kv_cache/")),
-    ("HTTP / SSE", ("starlette", "uvicorn", "h11", "httptools", "sse", "gateway/openai", "gateway/http",
-                    "fastapi", "json")),
-    ("idle (waiting)", ("select (", "epoll", "_run_once", "wait (threading", "get (queue", "_worker (concurrent")),
+    ("scheduler", ("step_scheduler", "continuous_batcher", "kv_cache/", "admission")),
+    ("HTTP / SSE", ("starlette", "uvicorn", "h11", "httptools", "gateway/openai", "gateway/http", "fastapi", "sse")),
+    ("idle (waiting)", ("select (", "epoll", "_run_once", "threading.py", "queue.py", "concurrent/futures")),
 ]
 
 

@@ -131,7 +131,8 @@ void pool_run(task_fn fn, void* arg) {
    kernel is not worth waiting for them). */
 void pool_wake(void) {
     __atomic_store_n(&resting, 0, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&sleepers, __ATOMIC_SEQ_CST) > 0) syscall(SYS_futex, &gen, FUTEX_WAKE_PRIVATE, INT_MAX, 0, 0, 0);
+    if (__atomic_load_n(&sleepers, __ATOMIC_SEQ_CST) > 0)
+        syscall(SYS_futex, &gen, FUTEX_WAKE_PRIVATE, INT_MAX, 0, 0, 0);
 }
 
 /* The step's kernels are done: helpers sleep until the next job instead of spinning. */
