@@ -142,7 +142,7 @@ class PagedModelRunner:
             layer.qkv, layer.o, layer.down, getattr(layer.gate_up_act, "_linear", None)) if m is not None)]
         replay = StepReplay(cache_dir, [gemm, attention], [linear_module._SIGNATURES, attention_module._SIGNATURES],
                             holders, [getattr(attention, f"paged_decode{v}_{s}") for v in ("", "_par")
-                                      for s in ("f32", "bf16")])
+                                      for s in ("f32", "bf16")], [self])
         return replay if replay.enabled else None
 
     @property

@@ -61,7 +61,8 @@ ATTENTION_STEP_ARGS = {"cos": 6, "sin": 7, "tables": 10, "max_blocks": 11, "ctx_
 _ALLOCATING = {"aten::empty.memory_format", "aten::new_empty", "aten::empty_strided", "aten::new_empty_strided"}
 _VIEWING = {"aten::slice.Tensor", "aten::view", "aten::select.int", "aten::alias", "aten::detach",
             "aten::_unsafe_view", "aten::as_strided", "aten::unsqueeze", "aten::squeeze.dim", "aten::t",
-            "aten::transpose.int", "aten::expand", "aten::reshape"}
+            "aten::transpose.int", "aten::expand", "aten::reshape",
+            "aten::lift_fresh"}  # wraps memory torch did not allocate: the pointer check below decides
 
 
 class _Unreplayable(Exception):
@@ -162,6 +163,35 @@ def _words(call: _Call) -> tuple[list[int], list[float]]:
     return ints, floats
 
 
+def _long_lived(owners: list[Any]) -> list[tuple[int, int]]:
+    """(start, end) of the memory every tensor (and numpy array) reachable from `owners` holds: the weights, caches
+    and tables a runner keeps, which a recorded call may point to from one step to the next."""
+    ranges, seen, stack = [], set(), list(owners)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or obj is None or isinstance(obj, str | bytes | int | float | bool | type):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            ranges.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+        elif isinstance(obj, np.ndarray):
+            ranges.append((obj.ctypes.data, obj.ctypes.data + obj.nbytes))
+        elif isinstance(obj, torch.nn.Module):
+            stack.extend(obj.parameters())
+            stack.extend(obj.buffers())
+            stack.extend(v for v in vars(obj).values() if not isinstance(v, dict))
+        elif isinstance(obj, list | tuple | set):
+            stack.extend(obj)
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif type(obj).__module__.startswith("engines."):
+            stack.extend(vars(obj).values() if hasattr(obj, "__dict__") else ())
+            slots = (name for cls in type(obj).__mro__ for name in getattr(cls, "__slots__", ()))
+            stack.extend(getattr(obj, name, None) for name in slots)
+    return sorted(ranges)
+
+
 class _Plan:
     """The calls of a decode step of M rows, rewritten to point into the plan's arena."""
 
@@ -186,15 +216,18 @@ class StepReplay:
     (yet) replayed: the caller then runs its Python forward."""
 
     def __init__(self, cache_dir: Path | None, libs: list[ctypes.CDLL], signatures: list[Signatures],
-                 holders: list[Any], attention_fns: list[Any]) -> None:
+                 holders: list[Any], attention_fns: list[Any], owners: list[Any]) -> None:
         """`libs`: the kernel libraries the forward calls (with their signature tables); `holders`: objects that
-        keep entry points as attributes (Linear); `attention_fns`: the decode attention's entry points."""
+        keep entry points as attributes (Linear); `attention_fns`: the decode attention's entry points; `owners`:
+        what holds the memory that lives from step to step (the runner: its weights and caches). A recorded call
+        may point only into the step's own tensors, ctypes objects passed to it, the attention's per-step inputs and
+        the owners' memory; anything else (a buffer made for one call and freed) leaves the steps on Python."""
         self._lib = load_library("step_replay", cache_dir, _SIGNATURES) if platform.machine() == "x86_64" else None
         if self._lib is not None and self._lib.replay_words() != WORDS:
             log.warning("step replay: csrc/step_replay.c's call layout differs from step_replay.py's; off")
             self._lib = None
         self._argmax = load_library("argmax", cache_dir, argmax_module._SIGNATURES)
-        self._libs, self._signatures, self._holders = libs, signatures, holders
+        self._libs, self._signatures, self._holders, self._owners = libs, signatures, holders, owners
         self._attention = {ctypes.cast(f, ctypes.c_void_p).value for f in attention_fns}
         self._plans: dict[int, _Plan | None] = {}
         self._greedy_out = torch.empty(0, dtype=torch.int64)
@@ -294,6 +327,13 @@ class StepReplay:
         resets: list[tuple[int, int, int]] = []
         patch_rows, patch_cols, patch_offsets, attention_rows = [], [], [], []
         step_ptrs = {name: t.data_ptr() for name, t in step_inputs.items()}
+        lasting = _long_lived(self._owners)
+        starts = [lo for lo, _ in lasting]
+        kept = {ctypes.addressof(o) for c in calls for o in c.keep}
+
+        def lasts(ptr: int) -> bool:
+            i = bisect.bisect_right(starts, ptr) - 1
+            return ptr in kept or (i >= 0 and ptr < lasting[i][1])
         for i, (call, (ints, floats)) in enumerate(zip(calls, words_of, strict=True)):
             fn = ctypes.cast(call.fn, ctypes.c_void_p).value
             words[i, W_FN] = fn
@@ -303,8 +343,14 @@ class StepReplay:
                 for name, pos in ATTENTION_STEP_ARGS.items():
                     if name in step_ptrs and ints[pos] != step_ptrs[name]:
                         raise _Unreplayable(f"the decode attention's argument {pos} is not the step's {name}")
+            pointers = [t not in (ctypes.c_float, ctypes.c_int, ctypes.c_int64) for t in call.fn.argtypes
+                        if t is not ctypes.c_float]  # per integer-class argument: whether it is an address
+            steps_args = {ATTENTION_STEP_ARGS[n] for n in ("cos", "sin", "tables", "ctx_lens")} \
+                if fn in self._attention else set()
             for j, a in enumerate(ints):
                 r = region_of(a)
+                if r is None and pointers[j] and a and j not in steps_args and not lasts(a):
+                    raise _Unreplayable(f"{call.fn.__name__}'s argument {j} points to memory of one call")
                 if r == logits_base:
                     patch_rows.append(i)
                     patch_cols.append(W_INTS + j)

@@ -3,7 +3,9 @@ tokens on the way, and leave steps they cannot repeat to Python."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -86,5 +88,28 @@ def test_steps_with_torch_ops_between_the_kernels_run_from_python(tmp_path: Path
     got, _ = _decode(runner, 2, 3)
     assert runner._replay.plan_state(2) == "off"
     expected, _ = _decode(_runner(tmp_path, replay=False, model=reference), 2, 3)
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_call_pointing_to_memory_of_one_call_leaves_the_steps_on_python(tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A kernel argument into a buffer made for that call alone (freed after it) could not be replayed: recording
+    notices, and the steps stay right, on Python."""
+    runner, reference = _runner(tmp_path, replay=True), _runner(tmp_path, replay=False)
+    inner = runner.dense.rms_norm
+    weights = {id(m): m.weight.detach().numpy() for m in [runner.norm, *(
+        n for layer in runner.layers for n in (layer.input_norm, layer.post_norm))]}
+
+    def norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        scratch = torch.from_numpy(weights[id(module)].copy())  # a new buffer every call, not torch's
+        return inner(SimpleNamespace(weight=scratch, variance_epsilon=module.variance_epsilon), x)
+
+    runner.dense.rms_norm = norm
+    with caplog.at_level(logging.INFO, logger="switchyard.engines.pytorch"):
+        got, _ = _decode(runner, 1, 3)
+    assert runner._replay.plan_state(1) == "off"
+    assert "points to memory of one call" in caplog.text
+    expected, _ = _decode(reference, 1, 3)
     for a, b in zip(got, expected, strict=True):
         assert torch.equal(a, b)
