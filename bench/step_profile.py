@@ -426,14 +426,19 @@ def profile_server(args: argparse.Namespace, engine_step_ms: float) -> None:
 
         one()  # warm
         gaps.clear()
-        if args.py_spy and shutil.which("py-spy"):
+        py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+        if args.py_spy and py_spy is None:
+            print("py-spy is not installed (pip install py-spy); the server is not sampled")
+        if args.py_spy and py_spy:
             raw = workdir / "spy.txt"
-            spy = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--rate", "200", "--format", "raw",
-                                    "--threads", "--idle", "--nonblocking", "-o", str(raw)],
+            spy = subprocess.Popen([py_spy, "record", "--pid", str(proc.pid), "--rate", str(SPY_RATE), "--format",
+                                    "raw", "--threads", "--nonblocking", "-o", str(raw)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)
+        t0 = time.perf_counter()
         for _ in range(args.server_requests):
             one()
+        sampled = time.perf_counter() - t0
         if spy is not None:
             spy.send_signal(2)
             spy.wait(60)
@@ -443,13 +448,13 @@ def profile_server(args: argparse.Namespace, engine_step_ms: float) -> None:
               f"({1000 / gap_ms:.1f} tok/s; mean {statistics.fmean(gaps) * 1000:.2f} ms) against the engine's own step "
               f"{engine_step_ms:.2f} ms: {gap_ms - engine_step_ms:+.2f} ms per token outside the engine")
         if spy is not None:
-            spy_report(workdir / "spy.txt")
+            spy_report(workdir / "spy.txt", sampled)
     finally:
         stop(proc)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-SPY_BUCKETS = [  # (bucket, substrings of a frame "function (file:line)"), first match over the whole stack
+SPY_BUCKETS = [  # (bucket, substrings of a frame "function (file:line)"), matched from the innermost frame out
     ("engine step", ("engines/pytorch/",)),
     ("detokenize", ("_decode_delta", "hf_tokenizer", "tokenizers/")),
     ("output processing", ("output_processor",)),
@@ -459,8 +464,12 @@ SPY_BUCKETS = [  # (bucket, substrings of a frame "function (file:line)"), first
 ]
 
 
-def spy_report(raw: Path) -> None:
-    """py-spy's raw samples (stack;...;frame count) sorted into SPY_BUCKETS per thread."""
+SPY_RATE = 200  # samples a second
+
+
+def spy_report(raw: Path, seconds: float) -> None:
+    """py-spy's raw samples (stack;...;frame count) of running threads (py-spy leaves out a thread that waits in
+    the OS) sorted into SPY_BUCKETS per thread, as shares of the `seconds` the requests took."""
     if not raw.exists():
         print("py-spy wrote nothing (is ptrace allowed?)")
         return
@@ -471,19 +480,18 @@ def spy_report(raw: Path) -> None:
             continue
         frames = stack.split(";")
         thread = frames[0]
-        bucket = "other"
-        for name, keys in SPY_BUCKETS:
-            if any(key in frame for frame in frames[1:] for key in keys):
-                bucket = name
-                break
+        bucket = next((name for frame in reversed(frames[1:]) for name, keys in SPY_BUCKETS
+                       if any(key in frame for key in keys)), "other")  # the innermost frame that names a part
         per[thread][bucket] += int(count)
-    print("py-spy samples of the server's threads (share of each thread's samples):")
+    expected = seconds * SPY_RATE
+    print(f"py-spy: where each server thread ran, as a share of the {seconds:.1f} s the requests took "
+          "(the rest of a thread's time it waited):")
     for thread, counts in sorted(per.items(), key=lambda kv: -sum(kv[1].values())):
         total = sum(counts.values())
-        if total < 20:
+        if total < 10:
             continue
-        text = ", ".join(f"{name} {n / total:.0%}" for name, n in counts.most_common())
-        print(f"  {thread[:60]}: {total} samples: {text}")
+        text = ", ".join(f"{name} {n / expected:.0%}" for name, n in counts.most_common())
+        print(f"  {thread[:60]}: running {total / expected:.0%}: {text}")
 
 
 def main() -> None:
