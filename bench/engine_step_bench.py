@@ -15,6 +15,8 @@ machine than wall time), the threads each variant ran on, and whether the varian
 
     python bench/engine_step_bench.py [--batches 1 8 32] [--steps 16] [--dtype float32] [--threads N]
         [--variant base:fast_kernels=false --variant fast:fast_kernels=true] [--profile fast]
+    # decode steps from Python against replayed in one C call (engines/pytorch/step_replay.py):
+    python bench/engine_step_bench.py --variant python:step_replay=false --variant replay:
     # against an older runner:
     git show HEAD:engines/pytorch/model_runner.py > /tmp/old_runner.py
     python bench/engine_step_bench.py --variant old:runner_file=/tmp/old_runner.py --variant new:
@@ -36,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engines.pytorch.engine as engine_module  # noqa: E402
+from engines.pytorch import step_replay  # noqa: E402
 from engines.pytorch.engine import PyTorchEngine  # noqa: E402
 from engines.pytorch.model_runner import PagedModelRunner  # noqa: E402
 from engines.types import SamplingParams, SequenceStep  # noqa: E402
@@ -127,10 +130,13 @@ def main() -> None:
         torch.set_num_threads(threads[name][0])
         t0 = time.perf_counter()
         runner_file = kwargs.pop("runner_file", None)
+        step_replay.ENABLED = kwargs.pop("step_replay", True)  # step_replay=false: decode steps from Python
         if runner_file:  # e.g. an older model_runner.py (git show REV:engines/pytorch/model_runner.py > FILE)
             spec = importlib.util.spec_from_file_location(f"runner_{name}", runner_file)
             module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
+            if not hasattr(module.PagedModelRunner, "forward_greedy"):  # a runner from before the step replay
+                module.PagedModelRunner.forward_greedy = lambda self, batch, greedy=True: (self.forward(batch), None)
             engine_module.PagedModelRunner = lambda model, n, bs, _m=module, **kw: _m.PagedModelRunner(model, n, bs, **kw)
         try:
             engines[name] = PyTorchEngine(GGUF, dtype=args.dtype, kv_cache_tokens=kv_tokens, block_size=BLOCK, **kwargs)

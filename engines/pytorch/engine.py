@@ -17,7 +17,7 @@ from engines.pytorch.argmax import Argmax
 from engines.pytorch.gguf_blocks import read_blocks
 from engines.pytorch.loader import default_cache_dir, load_hf, resolve_hf_folder
 from engines.pytorch.model_runner import PagedModelRunner
-from engines.pytorch.sampler import sample
+from engines.pytorch.sampler import _plain_greedy, sample
 from engines.types import EngineInfo, SequenceStep, StepResult
 
 log = logging.getLogger("switchyard.engines.pytorch")
@@ -106,8 +106,14 @@ class PyTorchEngine(StepEngine):
         return gen
 
     def execute(self, batch: Sequence[SequenceStep]) -> StepResult:
-        logits = self._runner.forward(batch)
         sampling_steps = [s for s in batch if s.sample]
+        if self._argmax is not None and sampling_steps and all(_plain_greedy(s) for s in sampling_steps):
+            # the runner may take the greedy tokens on the way (a replayed decode step: step_replay.py)
+            logits, tokens = self._runner.forward_greedy(batch)
+            if tokens is not None:
+                return StepResult(token_ids=dict(zip((s.seq_id for s in sampling_steps), tokens, strict=True)))
+        else:
+            logits = self._runner.forward(batch)
         for step in sampling_steps:
             if not step.sampling.greedy:
                 self._generator(step)

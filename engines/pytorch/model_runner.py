@@ -31,9 +31,13 @@ import torch.nn.functional as F
 from engines.pytorch import host_memory
 from engines.pytorch.gguf_blocks import GGUFBlocks, WeightBlocks
 from engines.pytorch.exact_forward import ExactForward
+from engines.pytorch import linear as linear_module
+from engines.pytorch import paged_attention as attention_module
 from engines.pytorch.linear import DenseOps, GatedActivation, Linear
 from engines.pytorch.native import HelperThreads
 from engines.pytorch.paged_attention import DecodeTables, PagedAttention, PrefillRows, cache_slots, rotate
+from engines.pytorch import step_replay
+from engines.pytorch.step_replay import StepReplay
 from engines.pytorch.step_layout import StepLayout, order_rows
 from engines.types import SequenceStep
 
@@ -124,9 +128,22 @@ class PagedModelRunner:
             self.num_heads, self.num_kv_heads, self.head_dim, block_size, self.dtype, kernel_cache_dir,
             use_kernel=fast_kernels, helpers=self._helpers,
         )
+        self._replay = self._step_replay(kernel_cache_dir) if fast_kernels and not match_transformers else None
         log.info("native engine: projections: %s (%d threads), attention: %s",
                  self.lm_head.kind, gemm_threads if self._helpers else 1,
                  "C kernels" if self.attention.uses_kernel else "torch")
+
+    def _step_replay(self, cache_dir: Path | None) -> StepReplay | None:
+        """Decode steps in one C call (step_replay.py), where the projections and the attention are C kernels."""
+        gemm, attention = linear_module._lib, self.attention._lib
+        if not step_replay.ENABLED or gemm is None or attention is None or self.lm_head.kind != "kernel":
+            return None
+        holders = [self.lm_head, *(m for layer in self.layers for m in (
+            layer.qkv, layer.o, layer.down, getattr(layer.gate_up_act, "_linear", None)) if m is not None)]
+        replay = StepReplay(cache_dir, [gemm, attention], [linear_module._SIGNATURES, attention_module._SIGNATURES],
+                            holders, [getattr(attention, f"paged_decode{v}_{s}") for v in ("", "_par")
+                                      for s in ("f32", "bf16")], [self])
+        return replay if replay.enabled else None
 
     @property
     def kernel_threads(self) -> int:
@@ -263,15 +280,59 @@ class PagedModelRunner:
         half = self.head_dim // 2
         return hidden, cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
 
-    @torch.inference_mode()
     def forward(self, batch: Sequence[SequenceStep]) -> torch.Tensor:
         """Write the batch's new tokens into the cache; return float32 logits of the rows that sample, [S, V]."""
-        if self._helpers is not None:
-            self._helpers.enter()
+        return self.forward_greedy(batch, greedy=False)[0]
+
+    @torch.inference_mode()
+    def forward_greedy(self, batch: Sequence[SequenceStep], greedy: bool = True
+                       ) -> tuple[torch.Tensor, list[int] | None]:
+        """`forward`, and with `greedy` each sampling row's argmax where the step computed it on the way (a replayed
+        decode step whose logits are all finite; else None: the caller samples the logits)."""
+        helpers = self._helpers
+        if helpers is not None:
+            helpers.enter()
         if self._exact is not None:
-            return self._exact.forward(self, batch)
+            return self._exact.forward(self, batch), None
         lay = self._layout(batch)
         hidden, cos, sin = self.embed(lay)
+        if helpers is None:
+            return self._layers(lay, hidden, cos, sin, greedy)
+        helpers.wake()  # the kernels follow: helpers spin between them, then sleep until the next step
+        try:
+            return self._layers(lay, hidden, cos, sin, greedy)
+        finally:
+            helpers.rest()
+
+    def _layers(self, lay: StepLayout, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, greedy: bool
+                ) -> tuple[torch.Tensor, list[int] | None]:
+        """The layers and logits of a step's embeddings: replayed in one C call where the step allows (and then
+        with the greedy tokens when asked), else from Python."""
+
+        def dense(h: torch.Tensor) -> torch.Tensor:
+            return self._dense(h, cos, sin, lay)
+
+        if self._replay is None or not self._replayable(lay):
+            return dense(hidden), None
+        rows = lay.num_decode
+        inputs = {"cos": cos, "sin": sin, "tables": lay.decode.tables, "ctx_lens": lay.decode.ctx_lens}
+        max_blocks = lay.decode.tables.shape[1]
+        state = self._replay.plan_state(rows)
+        if state == "replayed":
+            return self._replay.run(rows, hidden, inputs, max_blocks, greedy)
+        if state == "none":
+            return self._replay.record(rows, dense, hidden, inputs), None
+        if state == "recorded":
+            return self._replay.validate(rows, dense, hidden, inputs, max_blocks), None
+        return dense(hidden), None
+
+    def _replayable(self, lay: StepLayout) -> bool:
+        """A step of one-token decodes only, every row sampling in order: the same kernel calls every time."""
+        return (lay.decode is not None and lay.num_decode == lay.input_ids.numel() == len(lay.steps)
+                and lay.sample_rows is None and getattr(lay, "early_kv_rows", None) is None)
+
+    def _dense(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lay: StepLayout) -> torch.Tensor:
+        """The layers and the logits of a step's embeddings."""
         for i, layer in enumerate(self.layers):
             hidden = self._attention(i, layer, self.dense.rms_norm(layer.input_norm, hidden), cos, sin, lay, hidden)
             hidden = layer.down(layer.gate_up_act(self.dense.rms_norm(layer.post_norm, hidden)), hidden)

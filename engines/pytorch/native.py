@@ -156,6 +156,9 @@ POOL_SIGNATURES: Signatures = {
     "pool_start": (ctypes.c_int, [ctypes.c_int]),
     "pool_width": (None, [ctypes.c_int]),
     "pool_run": (None, [ctypes.c_void_p, ctypes.c_void_p]),
+    "pool_stats": (None, [ctypes.c_void_p]),
+    "pool_wake": (None, []),
+    "pool_rest": (None, []),
 }
 
 
@@ -171,6 +174,25 @@ class HelperThreads:
         self.count = count
         self._width = lib.pool_width
         self._run = ctypes.cast(lib.pool_run, ctypes.c_void_p)
+        self._stats = lib.pool_stats
+        self._wake, self._rest = lib.pool_wake, lib.pool_rest
+
+    def wake(self) -> None:
+        """A step's kernels follow: sleeping helpers start spinning now (call right before the first)."""
+        self._wake()
+
+    def rest(self) -> None:
+        """The step's kernels are done: helpers sleep until the next job rather than spin (the server's other
+        threads need the cores between steps, and spinning burns a container's CPU quota)."""
+        self._rest()
+
+    def stats(self) -> dict[str, int]:
+        """The pool's hand-off counters since start (process-wide): jobs, jobs that woke a sleeping helper, ns the
+        callers waited at the join, ns from posting a job to helpers entering it and how many entries; profiles
+        (bench/step_profile.py) take differences."""
+        out = (ctypes.c_int64 * 5)()
+        self._stats(out)
+        return dict(zip(("jobs", "woken", "join_ns", "enter_ns", "entered"), out, strict=True))
 
     def enter(self) -> None:
         """Let the calling thread's jobs take `count` helpers (the pool is process-wide and only grows: another

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 
 from engines.pytorch.native import HelperThreads, Signatures, load_library
 
-SHARE_MIN_SEQS = 4  # fewer sequences (or prefill rows) are not worth waking a helper thread for
+SHARE_MIN_SEQS = 4  # fewer prefill rows are not worth waking a helper thread for; fewer decode sequences are
+# shared by KV head instead (paged_decode_par: a sequence's attention reads its whole context every step)
 
 
 def _signatures() -> Signatures:
@@ -90,7 +91,7 @@ class PagedAttention:
                     sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), step.tables.data_ptr(),
                     step.tables.shape[1], step.ctx_lens.data_ptr(), out.data_ptr(), b, h, self.num_kv_heads, d,
                     self.block_size, scale)
-            if self._share and b >= SHARE_MIN_SEQS:
+            if self._share:
                 rc = getattr(self._lib, f"paged_decode_par_{self._sfx}")(*args)
             else:
                 rc = getattr(self._lib, f"paged_decode_{self._sfx}")(*args, ctypes.byref(ctypes.c_int(0)))

@@ -135,20 +135,22 @@ static void SFX(tile64)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table
 }
 #endif
 
-/* One sequence: every query head against its ctx cached keys and values. The cache is walked block by block and
-   each block's rows (all KV heads, contiguous) are used for every head before moving on, once for the scores and
-   once for the values. qf: H * D floats, scores: H * ctx floats, acc: H * D floats (scratch). */
-static void SFX(sequence)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, int ctx, SFX(T)* out,
-                         int H, int KVH, int D, int BS, float scale, float* qf, float* scores, float* acc) {
+/* One sequence: query heads h0 .. h1 - 1 (all H, or one KV head's group) against its ctx cached keys and values.
+   The cache is walked block by block and each block's rows (all KV heads, contiguous) are used for every head before
+   moving on, once for the scores and once for the values. Each head's arithmetic is the same whichever heads are
+   computed with it. qf: H * D floats, scores: H * ctx floats, acc: H * D floats (scratch, indexed by head). */
+static void SFX(heads)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, int ctx, SFX(T)* out,
+                      int h0, int h1, int KVH, int D, int BS, float scale, float* qf, float* scores, float* acc,
+                      int H) {
     const int G = H / KVH;
     const int64_t row = (int64_t)KVH * D;
-    for (int i = 0; i < H * D; i++) qf[i] *= scale;
+    for (int i = h0 * D; i < h1 * D; i++) qf[i] *= scale;
     for (int t0 = 0; t0 < ctx; t0 += BS) {
         const SFX(T)* kb = kc + (int64_t)table[t0 / BS] * BS * row;
         const int n = ctx - t0 < BS ? ctx - t0 : BS;
         if (t0 + BS < ctx) prefetch_block(kc + (int64_t)table[t0 / BS + 1] * BS * row, sizeof(SFX(T)) * BS * row);
         else prefetch_block(vc + (int64_t)table[0] * BS * row, sizeof(SFX(T)) * BS * row);  /* the values' first */
-        for (int h = 0; h < H; h++) {
+        for (int h = h0; h < h1; h++) {
             const SFX(T)* k = kb + (int64_t)(h / G) * D;
             float* sc = scores + (int64_t)h * ctx + t0;
             int t = 0;
@@ -159,19 +161,19 @@ static void SFX(sequence)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* tab
             for (; t < n; t++) sc[t] = SFX(dot)(qf + h * D, k + t * row, D);
         }
     }
-    for (int h = 0; h < H; h++) {
+    for (int h = h0; h < h1; h++) {
         float* sc = scores + (int64_t)h * ctx;
         float m = sc[0];
         for (int t = 1; t < ctx; t++) m = sc[t] > m ? sc[t] : m;
         const float inv = 1.0f / exp_sum(sc, ctx, m);
         for (int t = 0; t < ctx; t++) sc[t] *= inv;
     }
-    for (int i = 0; i < H * D; i++) acc[i] = 0.0f;
+    for (int i = h0 * D; i < h1 * D; i++) acc[i] = 0.0f;
     for (int t0 = 0; t0 < ctx; t0 += BS) {
         const SFX(T)* vb = vc + (int64_t)table[t0 / BS] * BS * row;
         const int n = ctx - t0 < BS ? ctx - t0 : BS;
         if (t0 + BS < ctx) prefetch_block(vc + (int64_t)table[t0 / BS + 1] * BS * row, sizeof(SFX(T)) * BS * row);
-        for (int h = 0; h < H; h++) {
+        for (int h = h0; h < h1; h++) {
             const SFX(T)* v = vb + (int64_t)(h / G) * D;
             const float* p = scores + (int64_t)h * ctx + t0;
             float* o = acc + (int64_t)h * D;
@@ -202,7 +204,11 @@ static void SFX(sequence)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* tab
                 for (int j = 0; j < D; j++) o[j] += p[t] * SFX(load1)(v + t * row + j);
         }
     }
-    for (int i = 0; i < H * D; i++) SFX(store1)(out + i, acc[i]);
+    for (int i = h0 * D; i < h1 * D; i++) SFX(store1)(out + i, acc[i]);
+}
+static inline void SFX(sequence)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, int ctx, SFX(T)* out,
+                                int H, int KVH, int D, int BS, float scale, float* qf, float* scores, float* acc) {
+    SFX(heads)(kc, vc, table, ctx, out, 0, H, KVH, D, BS, scale, qf, scores, acc, H);
 }
 
 /* `heads` rows of D values at x, rotated by c/s (sin with rotate_half's sign folded in, see `rotate`) into out as
@@ -328,13 +334,48 @@ static void SFX(decode_task)(void* p) {
                          &j->next) != 0)
         __atomic_store_n(&j->rc, -1, __ATOMIC_RELAXED);
 }
+/* A few sequences (fewer than DECODE_SPLIT_BELOW) are shared by KV head: their new keys and values are written
+   first (every head group reads them), then each (sequence, KV head) item rotates its group's queries and attends,
+   the same arithmetic per head as a whole sequence. One sequence of SmolLM2 (3 KV heads) then takes two thirds of
+   its time alone on two threads: its attention reads the whole context's cache every step. */
+#ifndef DECODE_SPLIT_BELOW
+#define DECODE_SPLIT_BELOW 4
+#endif
+static void SFX(decode_groups_task)(void* p) {
+    SFX(decode_job)* j = (SFX(decode_job)*)p;
+    const int G = j->H / j->KVH, D = j->D;
+    int max_ctx = 1;
+    for (int b = 0; b < j->B; b++) if (j->ctx_lens[b] > max_ctx) max_ctx = j->ctx_lens[b];
+    float* buf = (float*)malloc(sizeof(float) * (size_t)j->H * ((size_t)max_ctx + 2 * (size_t)D));
+    if (!buf) { __atomic_store_n(&j->rc, -1, __ATOMIC_RELAXED); return; }
+    for (int item; (item = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < j->B * j->KVH;) {
+        const int b = item / j->KVH, g = item % j->KVH;
+        const SFX(T)* c = j->cos ? j->cos + (int64_t)b * D : 0;
+        const SFX(T)* s = j->sin ? j->sin + (int64_t)b * D : 0;
+        SFX(rope_heads)(j->q + b * j->q_stride + (int64_t)g * G * D, c, s, G, D, buf + (size_t)g * G * D);
+        SFX(heads)(j->kc, j->vc, j->tables + (int64_t)b * j->max_blocks, j->ctx_lens[b], j->out + (int64_t)b * j->H * D,
+                   g * G, (g + 1) * G, j->KVH, D, j->BS, j->scale, buf, buf + (size_t)j->H * D,
+                   buf + (size_t)j->H * (D + max_ctx), j->H);
+    }
+    free(buf);
+}
 int SFX(paged_decode_par)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new,
                          int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc,
                          const int32_t* tables, int max_blocks, const int32_t* ctx_lens, SFX(T)* out,
                          int B, int H, int KVH, int D, int BS, float scale) {
     SFX(decode_job) j = {q, k_new, v_new, cos, sin, kc, vc, out, tables, ctx_lens, q_stride, k_stride, v_stride,
                         max_blocks, B, H, KVH, D, BS, scale, 0, 0};
-    POOL_RUN(SFX(decode_task), &j);
+    if (B < DECODE_SPLIT_BELOW && KVH > 1) {
+        for (int b = 0; b < B; b++) {
+            const int pos = ctx_lens[b] - 1;
+            SFX(write_kv)(k_new + b * k_stride, v_new + b * v_stride, cos ? cos + (int64_t)b * D : 0,
+                          sin ? sin + (int64_t)b * D : 0, kc, vc,
+                          (int64_t)tables[(int64_t)b * max_blocks + pos / BS] * BS + pos % BS, KVH, D);
+        }
+        POOL_RUN(SFX(decode_groups_task), &j);
+    } else {
+        POOL_RUN(SFX(decode_task), &j);
+    }
     return j.rc;
 }
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from engines.pytorch import argmax, linear, native, paged_attention
+from engines.pytorch import argmax, linear, native, paged_attention, step_replay
 from engines.pytorch.native import CFLAGS, CSRC
 
 CC = shutil.which("cc") or shutil.which("gcc")
@@ -26,10 +26,11 @@ TABLES = {
     "paged_attention": paged_attention._SIGNATURES,
     "argmax": argmax._SIGNATURES,
     "pool": native.POOL_SIGNATURES,
+    "step_replay": step_replay._SIGNATURES,
 }
 # The forced paths: AVX2 only (no AVX-512), AVX-512 without the tile unit, AMX; and no AVX2 at all for the libraries
 # that have a scalar path (linear.py uses gemm only where the CPU has AVX2 and FMA).
-MARCHES = {"x86-64": ("paged_attention", "argmax", "pool"), "haswell": tuple(TABLES),
+MARCHES = {"x86-64": ("paged_attention", "argmax", "pool", "step_replay"), "haswell": tuple(TABLES),
            "skylake-avx512": tuple(TABLES), "sapphirerapids": tuple(TABLES)}
 FLAGS = [f for f in CFLAGS if not f.startswith("-march=")]
 

@@ -84,13 +84,15 @@ def test_kernel_matches_torch_path_and_reference(dtype: torch.dtype, tmp_path: P
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_helper_threads_give_the_same_bits(dtype: torch.dtype, tmp_path: Path) -> None:
-    """Sequences shared out between threads are computed exactly as by one thread."""
+@pytest.mark.parametrize("batch", [24, 1, 3])
+def test_helper_threads_give_the_same_bits(dtype: torch.dtype, batch: int, tmp_path: Path) -> None:
+    """Sequences shared out between threads (or, below 4 sequences, their KV heads) are computed exactly as by one
+    thread."""
     alone = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path)
     if not alone.uses_kernel:
         pytest.skip("no C compiler here: the engine runs the torch path")
     shared = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path, helpers=HelperThreads(2, tmp_path))
-    case = _case(dtype, batch=24, seed=3)
+    case = _case(dtype, batch=batch, seed=3)
     for got, want in zip(_run(shared, case), _run(alone, case), strict=True):
         assert torch.equal(got, want)
 

@@ -1,0 +1,115 @@
+"""Decode steps replayed in one C call (engines/pytorch/step_replay.py) give the Python forward's bits, take greedy
+tokens on the way, and leave steps they cannot repeat to Python."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from engines.pytorch import step_replay
+from engines.pytorch.model_runner import PagedModelRunner
+from engines.types import SamplingParams, SequenceStep
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=32)
+SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256)
+
+
+def _llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**SHAPE)).float().eval()
+
+
+def _runner(tmp_path: Path, replay: bool, model=None) -> PagedModelRunner:
+    saved = step_replay.ENABLED
+    step_replay.ENABLED = replay
+    try:
+        return PagedModelRunner(model or _llama(), num_blocks=16, block_size=16, kernel_cache_dir=tmp_path,
+                                gemm_threads=2)
+    finally:
+        step_replay.ENABLED = saved
+
+
+def _decode(runner: PagedModelRunner, batch: int, steps: int) -> tuple[list[torch.Tensor], list[list[int]]]:
+    """Prefill `batch` prompts, then `steps` greedy decode steps: every step's logits and each sequence's tokens."""
+    prompts = [[(5 * b + i) % 90 + 1 for i in range(9 + 4 * b)] for b in range(batch)]
+    tables = [[3 * b, 3 * b + 1, 3 * b + 2] for b in range(batch)]
+    runner.forward([SequenceStep(f"s{b}", p, 0, tables[b], True, PARAMS, p, len(p), 0) for b, p in enumerate(prompts)])
+    tokens = [list(p) + [1 + b] for b, p in enumerate(prompts)]
+    all_logits = []
+    for _ in range(steps):
+        step = [SequenceStep(f"s{b}", [t[-1]], len(t) - 1, tables[b], True, PARAMS, t, len(prompts[b]),
+                             len(t) - len(prompts[b])) for b, t in enumerate(tokens)]
+        logits, greedy = runner.forward_greedy(step)
+        all_logits.append(logits.clone())
+        picks = logits.argmax(dim=-1).tolist()
+        if greedy is not None:
+            assert greedy == picks
+        for t, pick in zip(tokens, picks, strict=True):
+            t.append(pick)
+    return all_logits, tokens
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_replayed_steps_give_the_python_forwards_bits(tmp_path: Path, batch: int) -> None:
+    python, replayed = _runner(tmp_path, replay=False), _runner(tmp_path, replay=True)
+    assert python._replay is None and replayed._replay is not None
+    expected, expected_tokens = _decode(python, batch, 6)
+    got, tokens = _decode(replayed, batch, 6)
+    assert replayed._replay.plan_state(batch) == "replayed"  # recorded at the first step, checked at the second
+    assert tokens == expected_tokens
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def test_greedy_tokens_come_with_the_replayed_step_only_when_every_logit_is_finite(tmp_path: Path) -> None:
+    runner = _runner(tmp_path, replay=True)
+    _decode(runner, 1, 3)
+    step = [SequenceStep("s0", [4], 12, [0, 1, 2], True, PARAMS, [1] * 13, 9, 4)]
+    logits, tokens = runner.forward_greedy(step)
+    assert tokens == logits.argmax(dim=-1).tolist()
+    runner.norm.weight.data[0] = float("nan")  # the final norm's first channel: NaN logits
+    logits, tokens = runner.forward_greedy(step)
+    assert tokens is None and not bool(torch.isfinite(logits).all())
+
+
+def test_steps_with_torch_ops_between_the_kernels_run_from_python(tmp_path: Path) -> None:
+    """qwen3's per-head q/k norms are torch modules: its decode steps are not replayed, and still right."""
+    torch.manual_seed(0)
+    qwen3 = Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=16)).float().eval()
+    reference = Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=16)).float().eval()
+    reference.load_state_dict(qwen3.state_dict())
+    runner = _runner(tmp_path, replay=True, model=qwen3)
+    got, _ = _decode(runner, 2, 3)
+    assert runner._replay.plan_state(2) == "off"
+    expected, _ = _decode(_runner(tmp_path, replay=False, model=reference), 2, 3)
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_call_pointing_to_memory_of_one_call_leaves_the_steps_on_python(tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A kernel argument into a buffer made for that call alone (freed after it) could not be replayed: recording
+    notices, and the steps stay right, on Python."""
+    runner, reference = _runner(tmp_path, replay=True), _runner(tmp_path, replay=False)
+    inner = runner.dense.rms_norm
+    weights = {id(m): m.weight.detach().numpy() for m in [runner.norm, *(
+        n for layer in runner.layers for n in (layer.input_norm, layer.post_norm))]}
+
+    def norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        scratch = torch.from_numpy(weights[id(module)].copy())  # a new buffer every call, not torch's
+        return inner(SimpleNamespace(weight=scratch, variance_epsilon=module.variance_epsilon), x)
+
+    runner.dense.rms_norm = norm
+    with caplog.at_level(logging.INFO, logger="switchyard.engines.pytorch"):
+        got, _ = _decode(runner, 1, 3)
+    assert runner._replay.plan_state(1) == "off"
+    assert "points to memory of one call" in caplog.text
+    expected, _ = _decode(reference, 1, 3)
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)
