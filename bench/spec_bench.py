@@ -5,8 +5,9 @@ Two native-engine servers serve SmolLM2-135M-Instruct (the GGUF file, float32), 
 streamed, greedy. Workloads that quote their context (summarise or edit a given text, answer from a pasted
 document, comment a given function) and free chat. For each workload it prints the output tok/s of both (output
 tokens over the time from the first streamed token to the last: the decode; prefill is the same on both), the
-ratio, the acceptance rate (accepted / proposed tokens, from the server's spec_decode counters) and whether every
-answer was the same text on both servers. Targets (issue 25): >= 1.8x on the quoting workloads, >= 1.0x on free
+ratio, the acceptance rate (accepted / proposed tokens, from the server's spec_decode counters), the tokens each
+verification step emitted (1 + accepted / verifications) and whether every answer was the same text on both
+servers. Targets (issue 25): >= 1.8x on the quoting workloads, >= 1.0x on free
 chat. The machines are noisy: run it alone, and read the ratios, not the absolute figures.
 
     python bench/spec_bench.py [--rounds 3] [--max-tokens 192] [--k 4] [--quick] [--batched]
@@ -109,14 +110,14 @@ def chat(url: str, content: str, max_tokens: int) -> tuple[str, int, float]:
     return "".join(text), tokens, time.perf_counter() - (first or time.perf_counter())
 
 
-def counters(url: str) -> tuple[float, float]:
-    """(proposed, accepted) tokens so far, from /metrics."""
+def counters(url: str) -> tuple[float, float, float]:
+    """(verifications, proposed tokens, accepted tokens) so far, from /metrics."""
     text = httpx.get(f"{url}/metrics").text
-    values = {}
-    for name in ("switchyard_spec_decode_num_draft_tokens_total", "switchyard_spec_decode_num_accepted_tokens_total"):
-        line = next(x for x in text.splitlines() if x.startswith(name + "{"))
-        values[name] = float(line.rsplit(" ", 1)[1])
-    return values["switchyard_spec_decode_num_draft_tokens_total"], values["switchyard_spec_decode_num_accepted_tokens_total"]
+    names = ("drafts", "draft_tokens", "accepted_tokens")
+    lines = {x.split("{", 1)[0]: float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
+             if x.startswith("switchyard_spec_decode_num_")}
+    drafts, proposed, accepted = (lines[f"switchyard_spec_decode_num_{n}_total"] for n in names)
+    return drafts, proposed, accepted
 
 
 def main() -> None:
@@ -136,13 +137,14 @@ def main() -> None:
             for url in servers.values():  # warm both (kernels, first-request paths)
                 chat(url, "Hello!", 8)
             print(f"c=1, greedy, max_tokens {max_tokens}, {rounds} round(s), num_speculative_tokens {args.k}")
-            print(f"{'workload':<12} {'off tok/s':>9} {'on tok/s':>9} {'ratio':>6} {'accept':>7} {'same':>5}")
+            print(f"{'workload':<12} {'off tok/s':>9} {'on tok/s':>9} {'ratio':>6} {'accept':>7} {'tok/verify':>10} "
+                  f"{'same':>5}")
             for name, prompts in WORKLOADS.items():
                 prompts = prompts[:1] if args.quick else prompts
                 tokens = {"off": 0, "on": 0}
                 seconds = {"off": 0.0, "on": 0.0}
                 same = True
-                proposed0, accepted0 = counters(spec_url)
+                before = counters(spec_url)
                 for r in range(rounds):
                     for i, prompt in enumerate(prompts):
                         order = ["off", "on"] if (r + i) % 2 == 0 else ["on", "off"]
@@ -153,11 +155,12 @@ def main() -> None:
                             tokens[side] += n
                             seconds[side] += dt
                         same &= answers["off"] == answers["on"]
-                proposed, accepted = (a - b for a, b in zip(counters(spec_url), (proposed0, accepted0), strict=True))
+                drafts, proposed, accepted = (a - b for a, b in zip(counters(spec_url), before, strict=True))
                 off, on = tokens["off"] / seconds["off"], tokens["on"] / seconds["on"]
                 rate = accepted / proposed if proposed else 0.0
-                print(f"{name:<12} {off:>9.1f} {on:>9.1f} {on / off:>5.2f}x {rate:>7.0%} {'yes' if same else 'NO':>5}",
-                      flush=True)
+                per_verify = 1 + accepted / drafts if drafts else 1.0
+                print(f"{name:<12} {off:>9.1f} {on:>9.1f} {on / off:>5.2f}x {rate:>7.0%} {per_verify:>10.2f} "
+                      f"{'yes' if same else 'NO':>5}", flush=True)
             if args.batched:
                 for label, url in (("off", plain_url), ("on", spec_url)):
                     print(f"batched (random prompts, 128 in / 128 out), speculation {label}:", flush=True)

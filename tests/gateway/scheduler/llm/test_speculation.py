@@ -3,8 +3,9 @@ acceptance, stopping exactly where one-token steps stop, KV rollback and the rul
 
 The fake engine's "model" is a rule from context to next token that mostly counts (so n-gram proposals are often
 right) and sometimes does not (so some are rejected). It records what it writes to each cache slot and checks, on
-every step, that every position a step reads holds that sequence's token: a rejected token left in a block the
-sequence kept, or a block with one registered in the prefix cache, fails it.
+every step, that every position a step reads holds that sequence's token (a rejected token counted as computed, or
+a block holding one registered in the prefix cache, fails it) and that a sequence holds no block past the step's
+last token (blocks that held only rejected tokens were given back).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class VerifyingEngine(CountingEngine):
         result = StepResult({})
         for s in batch:
             context = s.history[: s.start_pos] if s.num_draft_tokens else s.history
+            end = s.start_pos + len(s.token_ids)  # blocks past the step's last token were given back (rollback)
+            assert len(s.block_table) == -(-end // self._info.block_size), f"{s.seq_id}: blocks kept past {end}"
             for pos in range(s.start_pos):  # what this step's attention reads must be this sequence's tokens
                 assert self.slots.get(self._slot(s, pos)) == context[pos], f"{s.seq_id}: wrong KV at {pos}"
             for j, token in enumerate(s.token_ids):
@@ -135,6 +138,18 @@ def test_rejected_tokens_are_rolled_back_and_never_cached() -> None:
     verifications = [s for step in engine.steps for s in step if s.num_draft_tokens]
     assert any(s for s in verifications)
     assert sched.stats().kv_blocks_used == 0
+
+
+def test_blocks_that_held_only_rejected_tokens_are_given_back() -> None:
+    """"abcdeabc": the step after the prompt verifies [d | e a b c] (what followed "b c d" before), positions 8-12
+    over four blocks of 4; counting accepts e and answers f. The next step computes f alone at position 10, in three
+    blocks: the fourth, which held only rejected tokens, went back to the pool."""
+    engine = VerifyingEngine(lambda context: context[-1] % 26 + 1)
+    sched = scheduler(engine, max_num_seqs=4, max_num_batched_tokens=32, speculative=SPEC)
+    assert summary(run(sched, engine, req("a", "abcdeabc", max_tokens=8))["a"])[0] == "defghijk"
+    verify, after = engine.steps[1][0], engine.steps[2][0]
+    assert (verify.start_pos, verify.token_ids, len(verify.block_table)) == (8, [4, 5, 1, 2, 3], 4)
+    assert (after.start_pos, after.token_ids, len(after.block_table)) == (10, [6], 3)
 
 
 def test_blocks_past_the_accepted_length_are_freed() -> None:
