@@ -32,7 +32,7 @@ class SpeculativeSection(_Strict):
     prompt_lookup_min: int = Field(2, ge=1, le=16, description="Shortest n-gram matched.")
     prompt_lookup_max: int = Field(4, ge=1, le=16, description="Longest n-gram matched (tried first).")
     disable_by_batch_size: int = Field(
-        4, ge=1, description="No proposals while more sequences than this run (verification then costs throughput)."
+        2, ge=1, description="No proposals while more sequences than this run (verification then costs throughput)."
     )
     min_acceptance: float = Field(
         0.25, ge=0, le=1, description="A sequence whose moving acceptance rate falls below this is paused."
