@@ -71,7 +71,7 @@ class VerifyingEngine(CountingEngine):
         return result
 
 
-SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3, disable_by_batch_size=4)
 
 
 def outputs(spec: SpeculativeConfig | None, *requests, rule: Rule = counting_with_turns, **limits):
