@@ -185,6 +185,9 @@ class EngineInfo:
     block_size: int = 16
     num_kv_blocks: int = 0
     kv_bytes_per_token: int = 0
+    # Whether a verification step's logits (SequenceStep.num_draft_tokens) are bit for bit those of one-token
+    # decode steps: speculative decoding keeps greedy output unchanged only then, and is not used otherwise.
+    exact_verification: bool = False
 
 
 # ---------------------------------------------------------------- tensor (KServe v2) models

@@ -109,6 +109,10 @@ class StepScheduler:
         self._by_id: dict[str, _Sequence] = {}
         self._order = itertools.count()
         self._stats = SchedulerStats(kv_blocks_total=info.num_kv_blocks)
+        self._spec = self._limits.speculative if info.exact_verification else None
+        if self._limits.speculative is not None and self._spec is None:
+            log.warning("speculative decoding is off: this engine's verification steps would not compute what "
+                        "one-token steps compute (the native engine needs its C kernels: pytorch.fast_kernels)")
         self._outputs: list[GenerationOutput] = []  # gathered by the call in progress, handed back when it returns
 
     @property
@@ -142,7 +146,7 @@ class StepScheduler:
         info = self._info
         processor = OutputProcessor(self._tokenizer, request.prompt_token_ids, request.sampling, info.eos_token_ids)
         seq = _Sequence(request, processor, next(self._order), list(request.prompt_token_ids))
-        spec = self._limits.speculative
+        spec = self._spec
         if spec is not None and verifiable(request.sampling):
             seq.spec = SequenceSpeculation(NgramIndex(spec.prompt_lookup_min, spec.prompt_lookup_max))
         if not request.arrival_time:
@@ -199,7 +203,7 @@ class StepScheduler:
         now = time.monotonic()
         aging = self._limits.aging_seconds
         running = sorted(self._running, key=lambda s: s.sort_key(now, aging))
-        spec = self._limits.speculative
+        spec = self._spec
         speculate = spec is not None and len(running) <= spec.disable_by_batch_size
         i = 0
         while i < len(running) and budget > 0:
@@ -280,7 +284,7 @@ class StepScheduler:
     def _propose(self, seq: _Sequence, budget: int) -> list[int]:
         """Tokens to verify after a decoding sequence's last one: none past its max_tokens or the context length
         (the token verification emits after them is its own), nor past the step's token budget."""
-        spec = self._limits.speculative
+        spec = self._spec
         if seq.spec is None or spec is None:
             return []
         room = min(spec.num_speculative_tokens, budget,
@@ -368,7 +372,7 @@ class StepScheduler:
         self._stats.spec_drafts += 1
         self._stats.spec_draft_tokens += step.num_draft_tokens
         self._stats.spec_accepted_tokens += accepted
-        spec = self._limits.speculative
+        spec = self._spec
         if seq.spec is not None and spec is not None:
             seq.spec.record(step.num_draft_tokens, accepted, seq.processor.num_tokens + accepted, spec.min_acceptance)
 

@@ -31,6 +31,7 @@ def _step(seq_id: str, tokens: list[int], start: int, table: list[int], history:
 
 
 def test_verification_logits_equal_one_token_decodes_bit_for_bit(engine: PyTorchEngine) -> None:
+    assert engine.info.exact_verification
     runner = engine._runner
     ids = engine.tokenizer.encode("The quick brown fox jumps over the lazy dog. The quick brown fox")
     n = len(ids)

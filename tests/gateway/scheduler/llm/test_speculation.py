@@ -37,7 +37,7 @@ class VerifyingEngine(CountingEngine):
 
     def __init__(self, rule: Rule = counting_with_turns, num_blocks: int = 64, block_size: int = 4) -> None:
         super().__init__(num_blocks, block_size)
-        self._info = EngineInfo("fake", "float32", 256, 27, [EOS], block_size, num_blocks, 1)
+        self._info = EngineInfo("fake", "float32", 256, 27, [EOS], block_size, num_blocks, 1, exact_verification=True)
         self.rule = rule
         self.slots: dict[int, int] = {}
 
@@ -199,3 +199,11 @@ def test_ngram_proposals(tokens: list[int], expected: list[int]) -> None:
     for n in range(1, len(tokens) + 1):
         proposal = grown.propose(tokens[:n], 4)
     assert proposal == expected
+
+
+def test_an_engine_without_exact_verification_gets_no_proposals() -> None:
+    engine = VerifyingEngine()
+    engine._info.exact_verification = False
+    sched = scheduler(engine, speculative=SPEC)
+    run(sched, engine, req("a", "abcdefghij" * 3, max_tokens=20))
+    assert not any(s.num_draft_tokens for step in engine.steps for s in step)
