@@ -19,7 +19,6 @@ both servers: speculation must not cost batched throughput (it proposes nothing 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.serve_bench import GGUF, MODEL, _port, _wait_ready, measure, stop  # noqa: E402
+from bench.serve_bench import GGUF, MODEL, _port, _wait_ready, measure, stop
 
 STORY = (
     "The harbour town of Kelbridge sits where the river Aln meets the sea. For three hundred years its people "
@@ -62,8 +61,8 @@ WORKLOADS: dict[str, list[str]] = {
                   f"Rewrite this text as a list of facts, one per line:\n\n{STORY}"],
     "edit": [f"Correct the spelling mistakes in this text and return the whole corrected text:\n\n{TYPOS}",
              f"Rewrite this text in the past tense:\n\n{TYPOS}"],
-    "document QA": [f"Document:\n{STORY}\n\nUsing the document, answer: what happened to the town's industries, "
-                    "and what does the museum keep? Quote the document.",
+    "document QA": [(f"Document:\n{STORY}\n\nUsing the document, answer: what happened to the town's industries, "
+                     "and what does the museum keep? Quote the document."),
                     f"Document:\n{TYPOS}\n\nWho will do what before the release? Answer from the document."],
     "code": [f"Add a docstring and comments to this Python function and return the whole function:\n\n{CODE}",
              f"Rename the variable `merged` to `result` in this function and return it:\n\n{CODE}"],

@@ -29,9 +29,9 @@ from gateway.errors import RateLimitError
 from gateway.kv_cache.manager import KVCacheManager
 from gateway.kv_cache.sessions import SessionStore
 from gateway.scheduler.llm.interface import SchedulerStats, admission_key
+from gateway.scheduler.llm.ngram_draft import NgramIndex
 from gateway.scheduler.llm.output_processor import OutputProcessor
 from gateway.scheduler.llm.speculation import SequenceSpeculation, SpeculativeConfig, verifiable
-from gateway.scheduler.llm.ngram_draft import NgramIndex
 
 log = logging.getLogger("switchyard.scheduler")
 
