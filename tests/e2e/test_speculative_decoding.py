@@ -65,3 +65,16 @@ def test_stop_strings_and_max_tokens_land_where_they_do_without_speculation(
         plain = _chat(server, CHATS[0], **kw)
         assert _chat(spec_server, CHATS[0], **kw) == plain, kw
     assert spec_server.wait_idle() == (0, 0, 0)
+
+
+def test_sampled_requests_are_verified_too(spec_server: ServerProcess) -> None:
+    """Unseeded sampling is speculated (rejection rule; its statistics are tested at the sampler): answers come
+    whole, with the usage they report."""
+    drafts = spec_server.metric("switchyard_spec_decode_num_drafts_total")
+    for _ in range(3):
+        reply = _client(spec_server).chat.completions.create(
+            model=DEFAULT_MODEL, messages=[{"role": "user", "content": CHATS[0]}], temperature=0.3, max_tokens=48)
+        choice = reply.choices[0]
+        assert choice.finish_reason in ("stop", "length") and choice.message.content
+        assert reply.usage.completion_tokens == 48 or choice.finish_reason == "stop"
+    assert spec_server.metric("switchyard_spec_decode_num_drafts_total") > drafts
