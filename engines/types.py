@@ -134,6 +134,11 @@ class SequenceStep:
     using `block_table` (block ids from the scheduler's KV manager) to find the slots. When `sample` is true it
     samples the next token from the last position's logits; a non-final chunk of a chunked prefill does not sample.
     `history` is every token of the sequence so far (prompt + output), needed for penalties.
+
+    Speculative decoding (verification): when `num_draft_tokens` = k > 0, `token_ids` is the sequence's last token
+    followed by k proposed tokens that are not in `history`; the engine writes all k + 1 to the cache, computes the
+    logits at every one of those positions, each exactly as a one-token decode step would, and accepts a prefix of
+    the proposal (`StepResult.num_accepted`) by the rule of `engines/pytorch/sampler.py`.
     """
 
     seq_id: str
@@ -145,16 +150,27 @@ class SequenceStep:
     history: list[int]
     num_prompt_tokens: int
     num_output_tokens: int
+    num_draft_tokens: int = 0
+
+    @property
+    def draft_token_ids(self) -> list[int]:
+        """The proposed tokens a verification step checks (empty for any other step)."""
+        return self.token_ids[len(self.token_ids) - self.num_draft_tokens :] if self.num_draft_tokens else []
 
 
 @dataclass
 class StepResult:
     """What a model step produced, one entry per sequence that sampled: a token, or (for a row whose own work
-    failed: its logits, its sampling, its constraint) the error its request ends with, in words for the client."""
+    failed: its logits, its sampling, its constraint) the error its request ends with, in words for the client.
+
+    For a verification step (`SequenceStep.num_draft_tokens` > 0), `num_accepted` says how many of the proposed
+    tokens were accepted (0..k); the sequence's new tokens are those, then `token_ids`' token (the target model's
+    own choice at the first rejected position, or the bonus token after the last proposed one)."""
 
     token_ids: dict[str, int]
     logprobs: dict[str, TokenLogprob] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    num_accepted: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -169,6 +185,9 @@ class EngineInfo:
     block_size: int = 16
     num_kv_blocks: int = 0
     kv_bytes_per_token: int = 0
+    # Whether a verification step's logits (SequenceStep.num_draft_tokens) are bit for bit those of one-token
+    # decode steps: speculative decoding keeps greedy output unchanged only then, and is not used otherwise.
+    exact_verification: bool = False
 
 
 # ---------------------------------------------------------------- tensor (KServe v2) models

@@ -35,7 +35,8 @@ from gateway.request_metrics import Histogram
 
 
 class SchedulerCollector(Collector):
-    """LLM scheduler state (running/waiting sequences, KV cache, preemptions, prefix cache, sessions)."""
+    """LLM scheduler state (running/waiting sequences, KV cache, preemptions, prefix cache, sessions, speculative
+    decoding: vLLM's spec_decode counters)."""
 
     def __init__(self, registry: ModelRegistry) -> None:
         self._models = registry
@@ -58,6 +59,15 @@ class SchedulerCollector(Collector):
         )
         sessions = GaugeMetricFamily("switchyard_kv_sessions", "Stateful KV sessions holding pinned blocks.", labels=["model"])
         pinned = GaugeMetricFamily("switchyard_kv_session_pinned_blocks", "KV blocks pinned by sessions.", labels=["model"])
+        drafts = CounterMetricFamily(
+            "switchyard_spec_decode_num_drafts", "Speculative proposals verified (steps of one sequence).", labels=["model"]
+        )
+        draft_tokens = CounterMetricFamily(
+            "switchyard_spec_decode_num_draft_tokens", "Tokens proposed by speculative decoding.", labels=["model"]
+        )
+        accepted = CounterMetricFamily(
+            "switchyard_spec_decode_num_accepted_tokens", "Proposed tokens accepted by verification.", labels=["model"]
+        )
         for model in self._models.models():
             s = model.scheduler.stats()
             running.add_metric([model.name], s.running)
@@ -72,7 +82,11 @@ class SchedulerCollector(Collector):
             hit_rate.add_metric([model.name], s.prefix_cache_hit_tokens / queried if queried else 0.0)
             sessions.add_metric([model.name], s.sessions)
             pinned.add_metric([model.name], s.session_pinned_blocks)
-        yield from (running, waiting, kv_used, kv_usage, preempt, steps, prefix_q, prefix_h, hit_rate, sessions, pinned)
+            drafts.add_metric([model.name], s.spec_drafts)
+            draft_tokens.add_metric([model.name], s.spec_draft_tokens)
+            accepted.add_metric([model.name], s.spec_accepted_tokens)
+        yield from (running, waiting, kv_used, kv_usage, preempt, steps, prefix_q, prefix_h, hit_rate, sessions, pinned,
+                    drafts, draft_tokens, accepted)
 
 
 def _histogram(family: HistogramMetricFamily, labels: list[str], histogram: Histogram) -> None:

@@ -87,6 +87,10 @@ class PyTorchEngine(StepEngine):
             block_size=block_size,
             num_kv_blocks=num_blocks,
             kv_bytes_per_token=self._runner.kv_bytes_per_token,
+            # our GEMM and decode-attention kernels compute each row alone (match_transformers: each new token
+            # alone); torch's GEMM and SDPA sum in an order that depends on the rows of the call
+            exact_verification=match_transformers or (self._runner.kernel_threads > 0
+                                                      and self._runner.attention.uses_kernel),
         )
         self._generators: dict[str, torch.Generator] = {}
 

@@ -38,7 +38,7 @@ from engines.pytorch.native import HelperThreads
 from engines.pytorch.paged_attention import DecodeTables, PagedAttention, PrefillRows, cache_slots, rotate
 from engines.pytorch import step_replay
 from engines.pytorch.step_replay import StepReplay
-from engines.pytorch.step_layout import StepLayout, order_rows
+from engines.pytorch.step_layout import StepLayout, is_decode, order_rows
 from engines.types import SequenceStep
 
 log = logging.getLogger("switchyard.engines.pytorch")
@@ -188,13 +188,18 @@ class PagedModelRunner:
         """`order_rows` plus what the attention reads for the decode rows and the prefill rows."""
         bs = self.block_size
         lay = order_rows(batch)
-        decodes, prefills = lay.steps[: lay.num_decode], lay.steps[lay.num_decode :]
-        if decodes:
-            lay.decode = DecodeTables(
-                [s.block_table[: s.start_pos // bs + 1] for s in decodes],
-                [s.start_pos + 1 for s in decodes],
-                bs,
-            )
+        decodes = [s for s in lay.steps if is_decode(s)]
+        prefills = lay.steps[len(decodes) :]
+        if decodes:  # a verification step's rows: one decode row per position, each over the cache up to it
+            rows = [(s, s.start_pos + j) for s in decodes for j in range(len(s.token_ids))]
+            lay.decode = DecodeTables([s.block_table[: p // bs + 1] for s, p in rows], [p + 1 for _, p in rows], bs)
+            if len(rows) > len(decodes):
+                # Their keys and values are written before any row attends: the kernel writes each row's own
+                # first, but rows shared between threads may attend before an earlier row's thread wrote it.
+                verify = [(r, s, p) for r, (s, p) in enumerate(rows) if s.num_draft_tokens]
+                lay.early_kv_rows = torch.tensor([r for r, _, _ in verify], dtype=torch.long)
+                lay.early_kv_slots = torch.tensor(
+                    [s.block_table[p // bs] * bs + p % bs for _, s, p in verify], dtype=torch.long)
         if prefills:
             self._prefill_layout(prefills, lay)
         return lay
@@ -265,6 +270,10 @@ class PagedModelRunner:
             q, k = layer.q_norm(q), layer.k_norm(k)
         nd = lay.num_decode
         parts = []
+        if lay.early_kv_rows is not None:  # verification rows: see _layout (the bits the kernel writes: `rotate`)
+            rows = lay.early_kv_rows
+            self.k_cache[i].index_copy_(0, lay.early_kv_slots, rotate(k[rows], cos[rows, None], sin[rows, None]))
+            self.v_cache[i].index_copy_(0, lay.early_kv_slots, v[rows])
         if nd:  # the decode kernel rotates q and k itself
             parts.append(self.attention.decode(
                 q[:nd], k[:nd], v[:nd], cos[:nd], sin[:nd], self.k_cache[i], self.v_cache[i], lay.decode, layer.scaling
@@ -329,7 +338,7 @@ class PagedModelRunner:
     def _replayable(self, lay: StepLayout) -> bool:
         """A step of one-token decodes only, every row sampling in order: the same kernel calls every time."""
         return (lay.decode is not None and lay.num_decode == lay.input_ids.numel() == len(lay.steps)
-                and lay.sample_rows is None and getattr(lay, "early_kv_rows", None) is None)
+                and lay.sample_rows is None and lay.early_kv_rows is None)
 
     def _dense(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lay: StepLayout) -> torch.Tensor:
         """The layers and the logits of a step's embeddings."""

@@ -3,10 +3,22 @@
 Each row carries its own parameters. Seeded requests draw from their own `torch.Generator`, so a seed gives the
 same output whatever else is in the batch. Order of operations follows vLLM: penalties and logit bias on the raw
 logits, then logprobs (of the penalised distribution), then temperature, top-k, top-p, min-p, and the draw.
+
+A speculative verification step (`SequenceStep.num_draft_tokens` = k) brings k + 1 rows: row j holds the logits
+after the sequence plus the first j proposed tokens. Each row is turned into the request's full distribution p_j
+at that position exactly as a plain step would (penalties and min_tokens counted over the proposed prefix too, bias,
+temperature, top-k/top-p/min-p). The proposal is deterministic (a one-hot draft distribution), so the rejection
+rule of speculative sampling (Leviathan et al., Chen et al.) reads: accept proposed token x_j with probability
+p_j(x_j); at the first rejection draw from p_j with x_j removed and renormalised; when all k are accepted, draw a
+bonus token from p_k. Every emitted token is then distributed exactly as plain sampling's. Under greedy, x_j is
+accepted while it is p_j's argmax, and the argmax at the first mismatch (or the bonus position) is emitted: the
+tokens plain greedy decoding would have produced. Requests with logprobs or a grammar constraint are not verified
+(the scheduler does not propose for them), nor seeded sampled ones (see docs/speculative-decoding.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
@@ -73,22 +85,7 @@ def _sample_row(
 ) -> tuple[int, TokenLogprob | None]:
     """One row's token (and its logprobs when asked), editing `row` in place. Raises for this row alone."""
     p = step.sampling
-    if not bool(torch.isfinite(row).all()):
-        raise RowError("the model produced non-finite logits (NaN or infinity) for this request")
-    _apply_penalties(row, step)
-    for token, bias in p.logit_bias.items():
-        if 0 <= token < row.shape[0]:
-            row[token] += bias
-    if step.num_output_tokens < p.min_tokens:
-        banned = [t for t in [*eos_token_ids, *p.stop_token_ids] if 0 <= t < row.shape[0]]
-        row[banned] = float("-inf")
-    if p.constraint is not None:
-        allowed = p.constraint.allowed_mask(row.shape[0])
-        if allowed is not None:
-            row.masked_fill_(~allowed, float("-inf"))
-    if not float(row.max()) > float("-inf"):  # NaN, or every token banned
-        raise RowError("no token can be sampled for this request: its penalties, logit_bias and constraints "
-                       "leave no finite logit")
+    _processed(row, step, eos_token_ids)
     if p.greedy:
         token = int(torch.argmax(row))
     else:
@@ -108,6 +105,73 @@ def _sample_row(
     return token, TokenLogprob(token, float(logp[token]), top)
 
 
+def _processed(row: torch.Tensor, step: SequenceStep, eos_token_ids: Sequence[int]) -> torch.Tensor:
+    """`row` after penalties, bias, min_tokens and the constraint's mask (edited in place): what greedy takes the
+    argmax of. Raises RowError when nothing can be sampled."""
+    p = step.sampling
+    if not bool(torch.isfinite(row).all()):
+        raise RowError("the model produced non-finite logits (NaN or infinity) for this request")
+    _apply_penalties(row, step)
+    for token, bias in p.logit_bias.items():
+        if 0 <= token < row.shape[0]:
+            row[token] += bias
+    if step.num_output_tokens < p.min_tokens:
+        banned = [t for t in [*eos_token_ids, *p.stop_token_ids] if 0 <= t < row.shape[0]]
+        row[banned] = float("-inf")
+    if p.constraint is not None:
+        allowed = p.constraint.allowed_mask(row.shape[0])
+        if allowed is not None:
+            row.masked_fill_(~allowed, float("-inf"))
+    if not float(row.max()) > float("-inf"):  # NaN, or every token banned
+        raise RowError("no token can be sampled for this request: its penalties, logit_bias and constraints "
+                       "leave no finite logit")
+    return row
+
+
+def _at_draft(step: SequenceStep, j: int) -> SequenceStep:
+    """The step as a plain decode after the first `j` proposed tokens were accepted (for penalties, min_tokens)."""
+    if not j:
+        return step
+    drafts = step.draft_token_ids
+    return dataclasses.replace(step, history=[*step.history, *drafts[:j]], num_output_tokens=step.num_output_tokens + j,
+                               num_draft_tokens=0, token_ids=[drafts[j - 1]], start_pos=step.start_pos + j)
+
+
+def verify_rows(
+    rows: torch.Tensor, step: SequenceStep, eos_token_ids: Sequence[int], generator: torch.Generator | None,
+    greedy_tokens: list[int] | None = None,
+) -> tuple[int, int]:
+    """(accepted proposed tokens, the token after them) for a verification step's k + 1 rows of logits, by the rule
+    in this module's docstring. `greedy_tokens`: each row's argmax, already computed, for a plain greedy request."""
+    drafts = step.draft_token_ids
+    for j in range(len(drafts) + 1):
+        if greedy_tokens is not None:
+            token = greedy_tokens[j]
+        else:
+            at = _at_draft(step, j)
+            row = _processed(rows[j], at, eos_token_ids)
+            if step.sampling.greedy:
+                token = int(torch.argmax(row))
+            else:
+                probs = torch.softmax(_filter(row, at), dim=-1)
+                total = float(probs.sum())
+                if not 0.0 < total < float("inf"):
+                    raise RowError("no token can be sampled for this request: its sampling parameters leave no "
+                                   "probability mass (temperature, top_p, top_k, min_p)")
+                if j == len(drafts):  # every proposed token accepted: the bonus token
+                    return j, int(torch.multinomial(probs, 1, generator=generator))
+                x = drafts[j]
+                if float(torch.rand(1, generator=generator, dtype=torch.float64)) * total < float(probs[x]):
+                    continue  # accepted with probability p(x)
+                probs[x] = 0.0  # rejected: draw from p without x (multinomial renormalises)
+                if not float(probs.sum()) > 0.0:  # p was x alone: then it was accepted with probability 1
+                    continue
+                return j, int(torch.multinomial(probs, 1, generator=generator))
+        if j == len(drafts) or token != drafts[j]:
+            return j, token
+    raise AssertionError("unreachable")
+
+
 def sample(
     logits: torch.Tensor,
     steps: Sequence[SequenceStep],
@@ -115,20 +179,42 @@ def sample(
     generators: dict[str, torch.Generator],
     argmax: Callable[[torch.Tensor], list[int]] | None = None,
 ) -> StepResult:
-    """Pick one token per row of `logits` ([S, V] float32; row i belongs to `steps[i]`). `argmax`: each row's
-    greedy token, for a batch that is all plain greedy (default: torch's).
+    """Pick one token per step from `logits` ([S, V] float32: one row per step, k + 1 for a verification step, in
+    the order of `steps`). `argmax`: each row's greedy token, for a batch that is all plain greedy (default:
+    torch's).
 
-    A row that cannot be sampled (non-finite logits, a constraint or parameters that leave nothing, any exception
-    in its own work) gets an entry in `errors` instead of a token; the other rows are sampled as if it were not
+    A step that cannot be sampled (non-finite logits, a constraint or parameters that leave nothing, any exception
+    in its own work) gets an entry in `errors` instead of a token; the other steps are sampled as if it were not
     there."""
+    first = 0
+    starts = []
+    for step in steps:
+        starts.append(first)
+        first += 1 + step.num_draft_tokens
     if steps and all(_plain_greedy(s) for s in steps) and bool(torch.isfinite(logits).all()):
         # the common case: one argmax for the whole batch
         tokens = argmax(logits) if argmax is not None else logits.argmax(dim=-1).tolist()
-        return StepResult(token_ids=dict(zip((s.seq_id for s in steps), tokens, strict=True)))
+        if first == len(steps):
+            return StepResult(token_ids=dict(zip((s.seq_id for s in steps), tokens, strict=True)))
+        result = StepResult(token_ids={})
+        for i, step in zip(starts, steps, strict=True):
+            if step.num_draft_tokens:
+                accepted, token = verify_rows(logits[i : i + 1 + step.num_draft_tokens], step, eos_token_ids, None,
+                                              tokens[i : i + 1 + step.num_draft_tokens])
+                result.num_accepted[step.seq_id] = accepted
+            else:
+                token = tokens[i]
+            result.token_ids[step.seq_id] = token
+        return result
     result = StepResult(token_ids={})
-    for i, step in enumerate(steps):
+    for i, step in zip(starts, steps, strict=True):
         try:
-            token, logprob = _sample_row(logits[i], step, eos_token_ids, generators.get(step.seq_id))
+            if step.num_draft_tokens:
+                accepted, token = verify_rows(logits[i : i + 1 + step.num_draft_tokens], step, eos_token_ids,
+                                              generators.get(step.seq_id))
+                result.num_accepted[step.seq_id], logprob = accepted, None
+            else:
+                token, logprob = _sample_row(logits[i], step, eos_token_ids, generators.get(step.seq_id))
         except Exception as exc:  # this row's failure is this row's alone
             if not isinstance(exc, RowError):
                 log.exception("sampling failed for %s", step.seq_id)

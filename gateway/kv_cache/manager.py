@@ -120,6 +120,19 @@ class KVCacheManager:
             self.pool.register(alloc.block_table[i], alloc.hashes[i], tokens[i * bs : (i + 1) * bs])
         alloc.num_committed = n
 
+    def truncate(self, seq_id: str, num_tokens: int) -> None:
+        """Shrink the sequence's allocation to the blocks that hold its first `num_tokens` tokens: speculative
+        tokens that were rejected leave their keys and values in blocks past the accepted length, which go back to
+        the pool. Committed blocks (all of whose tokens were accepted) are kept; the rest were never registered,
+        so the prefix cache never hands out a block holding a rejected token."""
+        alloc = self._allocs.get(seq_id)
+        if alloc is None:
+            return
+        keep = max(-(-num_tokens // self.block_size), alloc.num_committed)
+        if keep < len(alloc.block_table):
+            self.pool.free(alloc.block_table[keep:])
+            del alloc.block_table[keep:]
+
     def cached_blocks(self, seq_id: str, tokens: Sequence[int]) -> list[int]:
         """The blocks a later lookup of this sequence's `tokens` finds, leading full blocks in order: what a session
         pins to keep a conversation warm. Where the cache holds another block with the same prefix (a duplicate

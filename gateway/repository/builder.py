@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.repository.layout import ModelDir, resolve_source
 from gateway.repository.loaded_model import LoadedModel
@@ -18,6 +18,9 @@ from gateway.repository.model_config import AnyModelConfig, ModelConfig
 from gateway.repository.serving import ServingScheduler
 from gateway.repository.tensor_config import TensorModelConfig
 from gateway.scheduler.llm.interface import LLMScheduler
+
+if TYPE_CHECKING:
+    from gateway.scheduler.llm.speculation import SpeculativeConfig
 
 log = logging.getLogger("switchyard.repository")
 
@@ -54,8 +57,20 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
         enable_prefix_caching=config.kv_cache.enable_prefix_caching,
         session_ttl_seconds=config.kv_cache.session_ttl_seconds,
         session_max_tokens=config.kv_cache.session_max_tokens,
+        speculative=_speculative(config),
     )
     return ContinuousBatcher(engine, limits)
+
+
+def _speculative(config: ModelConfig) -> SpeculativeConfig | None:
+    """The scheduler's speculative-decoding settings, or None when the config leaves it off."""
+    from gateway.scheduler.llm.speculation import SpeculativeConfig
+
+    spec = config.pytorch.speculative
+    if spec is None:
+        return None
+    return SpeculativeConfig(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max,
+                             spec.disable_by_batch_size, spec.min_acceptance)
 
 
 def build_model(model: ModelDir, config: AnyModelConfig, cache_dir: Path | None, registry: Any) -> LoadedModel:

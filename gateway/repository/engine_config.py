@@ -20,6 +20,32 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SpeculativeSection(_Strict):
+    """n-gram speculative decoding on the native engine (vLLM's `speculative_config` names); output unchanged
+    (docs/speculative-decoding.md)."""
+
+    method: Literal["ngram"] = Field(
+        "ngram", description="How tokens are proposed: `ngram` (prompt lookup: what followed the latest earlier "
+        "occurrence of the last n tokens in the prompt and output). No draft model is needed.",
+    )
+    num_speculative_tokens: int = Field(4, ge=1, le=16, description="Tokens proposed and verified per step.")
+    prompt_lookup_min: int = Field(2, ge=1, le=16, description="Shortest n-gram matched.")
+    prompt_lookup_max: int = Field(4, ge=1, le=16, description="Longest n-gram matched (tried first).")
+    disable_by_batch_size: int = Field(
+        2, ge=1, description="No proposals while more sequences than this run (verification then costs throughput)."
+    )
+    min_acceptance: float = Field(
+        0.25, ge=0, le=1, description="A sequence whose moving acceptance rate falls below this is paused."
+    )
+
+    @model_validator(mode="after")
+    def _sizes(self) -> SpeculativeSection:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"pytorch.speculative.prompt_lookup_min ({self.prompt_lookup_min}) is larger than "
+                             f"prompt_lookup_max ({self.prompt_lookup_max}); lower the min or raise the max")
+        return self
+
+
 class PyTorchSection(_Strict):
     """The native engine (`backend: pytorch`)."""
 
@@ -43,6 +69,10 @@ class PyTorchSection(_Strict):
         "prompt whole and each new token alone, in transformers' own call shapes (engines/pytorch/exact_forward.py). "
         "Needs scheduler.enable_chunked_prefill: false and kv_cache.enable_prefix_caching: false; decode steps "
         "cost one attention call per sequence and layer.",
+    )
+    speculative: SpeculativeSection | None = Field(
+        None, description="Speculative decoding (n-gram proposals verified in the batch step); null: off. "
+        "`speculative: {}` turns it on with the defaults.",
     )
 
 

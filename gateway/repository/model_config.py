@@ -95,6 +95,9 @@ class ModelConfig(_Strict):
         if not sched.enable_chunked_prefill and self.max_model_len and sched.max_num_batched_tokens < self.max_model_len:
             raise ValueError(f"scheduler.enable_chunked_prefill: false needs scheduler.max_num_batched_tokens >= "
                              f"max_model_len ({self.max_model_len}); raise it or enable chunked prefill")
+        if self.pytorch.speculative is not None and not self.pytorch.fast_kernels:
+            raise ValueError("pytorch.speculative needs pytorch.fast_kernels: true (only the C kernels verify "
+                             "proposals with the bits of one-token steps); remove one of them")
         if self.pytorch.match_transformers:
             fixes = [fix for wrong, fix in (
                 (self.backend != "pytorch", "backend: pytorch"), (self.dtype != "bfloat16", "dtype: bfloat16"),

@@ -26,6 +26,9 @@ class SchedulerStats:
     prefix_cache_hit_tokens: int = 0
     sessions: int = 0
     session_pinned_blocks: int = 0
+    spec_drafts: int = 0  # speculative verifications (vLLM's spec_decode_num_drafts)
+    spec_draft_tokens: int = 0  # tokens proposed in them
+    spec_accepted_tokens: int = 0  # of those, accepted
     requests: LLMRequestStats = field(default_factory=LLMRequestStats)
 
     @property

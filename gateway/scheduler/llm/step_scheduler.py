@@ -6,6 +6,11 @@ the KV pool allow. When the pool runs dry, the most recently admitted running se
 are freed and it is recomputed later from its prompt plus what it already generated. Requests are never failed
 for lack of KV space and the scheduler never waits on itself.
 
+With speculative decoding on (`BatcherLimits.speculative`), a decoding sequence's step may carry proposed tokens
+after its last one (speculation.py decides when, ngram_draft.py what); the engine verifies them in the same step,
+and `update` appends the accepted ones and the engine's token after them, gives back the KV blocks that held only
+rejected ones, and stops exactly where one-token steps would have (EOS, stop strings, max_tokens).
+
 `StepScheduler` holds no engine, thread or event loop: `schedule()` plans a step, the caller runs it on the engine,
 `update()` turns the engine's result into outputs. Tests drive it by hand, without a model or a loop (as vLLM's
 `Scheduler` is tested); `continuous_batcher.py` drives it on a real engine.
@@ -24,7 +29,9 @@ from gateway.errors import RateLimitError
 from gateway.kv_cache.manager import KVCacheManager
 from gateway.kv_cache.sessions import SessionStore
 from gateway.scheduler.llm.interface import SchedulerStats, admission_key
+from gateway.scheduler.llm.ngram_draft import NgramIndex
 from gateway.scheduler.llm.output_processor import OutputProcessor
+from gateway.scheduler.llm.speculation import SequenceSpeculation, SpeculativeConfig, verifiable
 
 log = logging.getLogger("switchyard.scheduler")
 
@@ -40,6 +47,7 @@ class BatcherLimits:
     aging_seconds: float = 30.0  # a request waiting longer than this is admitted ahead of every priority
     session_ttl_seconds: float = 600.0
     session_max_tokens: int | None = None  # pinned-session cap; default a quarter of the KV pool
+    speculative: SpeculativeConfig | None = None  # n-gram speculative decoding; None: off
 
 
 @dataclass
@@ -53,6 +61,7 @@ class _Sequence:
     finished: bool = False
     cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     block_hashes: list[bytes] = field(default_factory=list)  # digests of its full blocks, computed once each
+    spec: SequenceSpeculation | None = None  # its proposer, when speculative decoding may propose for it
 
     @property
     def seq_id(self) -> str:
@@ -100,6 +109,10 @@ class StepScheduler:
         self._by_id: dict[str, _Sequence] = {}
         self._order = itertools.count()
         self._stats = SchedulerStats(kv_blocks_total=info.num_kv_blocks)
+        self._spec = self._limits.speculative if info.exact_verification else None
+        if self._limits.speculative is not None and self._spec is None:
+            log.warning("speculative decoding is off: this engine's verification steps would not compute what "
+                        "one-token steps compute (the native engine needs its C kernels: pytorch.fast_kernels)")
         self._outputs: list[GenerationOutput] = []  # gathered by the call in progress, handed back when it returns
 
     @property
@@ -133,6 +146,9 @@ class StepScheduler:
         info = self._info
         processor = OutputProcessor(self._tokenizer, request.prompt_token_ids, request.sampling, info.eos_token_ids)
         seq = _Sequence(request, processor, next(self._order), list(request.prompt_token_ids))
+        spec = self._spec
+        if spec is not None and verifiable(request.sampling):
+            seq.spec = SequenceSpeculation(NgramIndex(spec.prompt_lookup_min, spec.prompt_lookup_max))
         if not request.arrival_time:
             request.arrival_time = time.monotonic()
         self._waiting.append(seq)
@@ -187,18 +203,23 @@ class StepScheduler:
         now = time.monotonic()
         aging = self._limits.aging_seconds
         running = sorted(self._running, key=lambda s: s.sort_key(now, aging))
+        spec = self._spec
+        speculate = spec is not None and len(running) <= spec.disable_by_batch_size
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
             n = min(len(seq.tokens) - seq.num_computed, budget)
-            while self._kv.allocate(seq.seq_id, seq.num_computed + n) is None:
+            drafts = self._propose(seq, budget - n) if speculate and n == 1 else []
+            if drafts and not self._kv.can_allocate(seq.seq_id, seq.num_computed + n + len(drafts)):
+                drafts = []  # proposals never take blocks another sequence needs
+            while self._kv.allocate(seq.seq_id, seq.num_computed + n + len(drafts)) is None:
                 victim = running.pop()  # lowest priority, latest arrival
                 self._preempt(victim)
                 if victim is seq:
                     break
             else:
-                scheduled.append((seq, self._step(seq, n)))
-                budget -= n
+                scheduled.append((seq, self._step(seq, n, drafts)))
+                budget -= n + len(drafts)
                 i += 1
                 continue
             break
@@ -260,11 +281,22 @@ class StepScheduler:
         k = self._kv.num_cached_blocks(seq.tokens, seq.block_hashes)
         return k < (len(seq.tokens) - 1) // self._kv.block_size and seq.block_hashes[k] in computing
 
-    def _step(self, seq: _Sequence, n: int) -> SequenceStep:
+    def _propose(self, seq: _Sequence, budget: int) -> list[int]:
+        """Tokens to verify after a decoding sequence's last one: none past its max_tokens or the context length
+        (the token verification emits after them is its own), nor past the step's token budget."""
+        spec = self._spec
+        if seq.spec is None or spec is None:
+            return []
+        room = min(spec.num_speculative_tokens, budget,
+                   seq.request.sampling.max_tokens - seq.processor.num_tokens - 1,
+                   self._info.max_model_len - len(seq.tokens) - 1)
+        return seq.spec.propose(seq.tokens, seq.processor.num_tokens, room)
+
+    def _step(self, seq: _Sequence, n: int, drafts: list[int] | None = None) -> SequenceStep:
         start = seq.num_computed
         return SequenceStep(
             seq_id=seq.seq_id,
-            token_ids=seq.tokens[start : start + n],
+            token_ids=seq.tokens[start : start + n] + (drafts or []),
             start_pos=start,
             block_table=self._kv.block_table(seq.seq_id),
             sample=start + n == len(seq.tokens),
@@ -272,6 +304,7 @@ class StepScheduler:
             history=seq.tokens,
             num_prompt_tokens=seq.num_prompt,
             num_output_tokens=len(seq.tokens) - seq.num_prompt,
+            num_draft_tokens=len(drafts or []),
         )
 
     def _preempt(self, seq: _Sequence) -> None:
@@ -286,8 +319,12 @@ class StepScheduler:
         tokens, logprobs = result.token_ids, result.logprobs
         max_len = self._info.max_model_len
         for seq, step in batch:
-            seq.num_computed += len(step.token_ids)
+            drafts = step.draft_token_ids[: result.num_accepted.get(seq.seq_id, 0)] if seq.seq_id in tokens else []
+            seq.num_computed += len(step.token_ids) - step.num_draft_tokens + len(drafts)
+            seq.tokens.extend(drafts)  # accepted: computed, their keys and values are right
             self._kv.commit(seq.seq_id, seq.tokens, seq.num_computed)
+            if step.num_draft_tokens:
+                self._verified(seq, step, len(drafts))
             if seq.finished or seq.aborted:
                 continue
             if seq.seq_id in result.errors:  # its row failed in the engine: it ends alone
@@ -295,12 +332,18 @@ class StepScheduler:
                 continue
             if seq.seq_id not in tokens:
                 continue
-            token = tokens[seq.seq_id]
-            seq.tokens.append(token)
+            seq.tokens.append(tokens[seq.seq_id])
+            before = len(seq.tokens) - len(drafts) - 1  # the sequence's length before this step's tokens
+            emitted: list[int] = []
+            text = ""
             try:  # this row's own work (its grammar, its stop strings, its text): a failure ends it alone
-                if seq.request.sampling.constraint is not None:
-                    seq.request.sampling.constraint.accept(token)
-                text = seq.processor.add_token(token, max_total_reached=len(seq.tokens) >= max_len)
+                for token in seq.tokens[before:]:  # exactly what one-token steps would do, token after token
+                    if seq.request.sampling.constraint is not None:
+                        seq.request.sampling.constraint.accept(token)
+                    emitted.append(token)
+                    text += seq.processor.add_token(token, max_total_reached=before + len(emitted) >= max_len)
+                    if seq.processor.finish_reason is not None:
+                        break
             except Exception as exc:
                 log.exception("output processing failed for %s", seq.seq_id)
                 self._finish(seq, "error", error=f"processing this request's output failed ({type(exc).__name__}); "
@@ -310,7 +353,7 @@ class StepScheduler:
             lp = logprobs.get(seq.seq_id)
             out = GenerationOutput(
                 request_id=seq.seq_id,
-                new_token_ids=[token],
+                new_token_ids=emitted,
                 text=text,
                 finished=reason is not None,
                 finish_reason=reason,
@@ -322,6 +365,16 @@ class StepScheduler:
             self._outputs.append(out)
             if reason is not None:
                 self._release(seq)
+
+    def _verified(self, seq: _Sequence, step: SequenceStep, accepted: int) -> None:
+        """After a verification: free the blocks that hold only rejected tokens, and count the acceptance."""
+        self._kv.truncate(seq.seq_id, seq.num_computed + 1)
+        self._stats.spec_drafts += 1
+        self._stats.spec_draft_tokens += step.num_draft_tokens
+        self._stats.spec_accepted_tokens += accepted
+        spec = self._spec
+        if seq.spec is not None and spec is not None:
+            seq.spec.record(step.num_draft_tokens, accepted, seq.processor.num_tokens + accepted, spec.min_acceptance)
 
     def _finish(self, seq: _Sequence, reason: str, error: str | None = None) -> None:
         if not seq.finished:

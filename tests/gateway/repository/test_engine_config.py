@@ -70,6 +70,9 @@ remote:
          "needs kv_cache.enable_prefix_caching: false"),
         ("max_model_len: 2048\nscheduler: {enable_chunked_prefill: false, max_num_batched_tokens: 512}\n",
          "max_num_batched_tokens >= max_model_len (2048)"),
+        ("pytorch: {speculative: {prompt_lookup_min: 5}}\n", "prompt_lookup_min (5) is larger than prompt_lookup_max (4)"),
+        ("pytorch: {speculative: {method: eagle}}\n", "pytorch.speculative.method"),
+        ("pytorch: {speculative: {}, fast_kernels: false}\n", "pytorch.speculative needs pytorch.fast_kernels: true"),
     ],
 )
 def test_mistakes_are_named_with_their_fix(tmp_path: Path, text: str, message: str) -> None:
