@@ -38,6 +38,8 @@ REQUIREMENT = "llama-cpp-python[server]==0.3.36"
 # machine (AVX-512, VNNI, BF16) but not the tile unit: GCC lets an explicit -mno-amx-tile (which also drops
 # amx-int8 and amx-bf16) override what -march=native turns on.
 NO_AMX_CMAKE_ARGS = "-DCMAKE_C_FLAGS=-mno-amx-tile -DCMAKE_CXX_FLAGS=-mno-amx-tile"
+# The multimodal library (mtmd, imported only by the vision chat handlers) is not built: a good part of the compile.
+CMAKE_ARGS = "-DLLAVA_BUILD=OFF"
 MISSING = (f"llama-cpp-python not found: set {ENV_VAR} to the Python of an environment with {REQUIREMENT!r}, or "
            "build one with `python3 bench/llamacpp_env.py --setup` (docs/testing.md)")
 
@@ -51,7 +53,7 @@ def llama_cpp_version(python: str) -> str | None:
     """llama_cpp's version under `python`, or None when it cannot import it."""
     try:
         run = subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
-                             capture_output=True, text=True, timeout=120)
+                             check=False, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return run.stdout.strip() if run.returncode == 0 else None
@@ -87,8 +89,8 @@ def setup(venv: Path = DEFAULT_VENV, python: str = sys.executable) -> Path:
     start = time.monotonic()
     subprocess.run([python, "-m", "venv", "--clear", str(venv)], check=True)
     env = dict(os.environ)
-    if "CMAKE_ARGS" not in env and _cpu_has_amx():  # a CMAKE_ARGS of the caller's wins
-        env["CMAKE_ARGS"] = NO_AMX_CMAKE_ARGS
+    if "CMAKE_ARGS" not in env:  # a CMAKE_ARGS of the caller's replaces ours
+        env["CMAKE_ARGS"] = CMAKE_ARGS + (" " + NO_AMX_CMAKE_ARGS if _cpu_has_amx() else "")
     subprocess.run([str(target), "-m", "pip", "install", "-q", "--no-cache-dir", REQUIREMENT], check=True, env=env)
     llama_cpp_version.cache_clear()
     if llama_cpp_version(str(target)) is None:
@@ -125,7 +127,7 @@ def quantize(source: Path, destination: Path, type_name: str, llama_python: Path
     destination.parent.mkdir(parents=True, exist_ok=True)
     partial = destination.with_name(destination.name + ".partial")
     run = subprocess.run([str(python), "-c", _QUANTIZE, str(source), str(partial), type_name, str(threads)],
-                         capture_output=True, text=True)
+                         check=False, capture_output=True, text=True)
     if run.returncode != 0:
         partial.unlink(missing_ok=True)
         raise RuntimeError(f"llama.cpp could not quantize {source.name} to {type_name} (exit {run.returncode}):\n"
