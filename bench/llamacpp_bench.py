@@ -49,7 +49,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.llamacpp_env import DEFAULT_VENV, MISSING, find_llama_python, llama_cpp_version, quantize, setup  # noqa: E402
+from bench.llamacpp_env import DEFAULT_VENV, MISSING, find_llama_python, llama_cpp_version, quantize, setup
 
 SHIPPED = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL = "llm"
@@ -337,7 +337,8 @@ def check_against_transformers(hf_folder: Path, prompts: list[str], answers: dic
     tokenizer = AutoTokenizer.from_pretrained(hf_folder)
     model = AutoModelForCausalLM.from_pretrained(hf_folder, dtype=torch.float32)
     config = copy.deepcopy(model.generation_config)
-    config.update(do_sample=False, max_new_tokens=output_len, min_new_tokens=0, eos_token_id=None,
+    # generate falls back to the model's EOS when given None: an id past the vocabulary never ends it
+    config.update(do_sample=False, max_new_tokens=output_len, min_new_tokens=0, eos_token_id=model.config.vocab_size,
                   pad_token_id=tokenizer.pad_token_id or 0, temperature=None, top_p=None, top_k=None)
     references = []
     with torch.inference_mode():
@@ -347,14 +348,20 @@ def check_against_transformers(hf_folder: Path, prompts: list[str], answers: dic
             references.append(out[0][ids.shape[1]:].tolist())
     result = {}
     for arm, texts in answers.items():
-        equal = 0
-        for ref, text in zip(references, texts, strict=True):
+        equal, first_miss = 0, ""
+        for i, (ref, text) in enumerate(zip(references, texts, strict=True)):
             if arm == "switchyard":
-                equal += text == tokenizer.decode(ref, skip_special_tokens=True)
+                expected = tokenizer.decode(ref, skip_special_tokens=True)
+                same = text == expected
             else:
                 cut = next((k for k, t in enumerate(ref) if t in eog), len(ref))
-                equal += text.startswith(tokenizer.decode(ref[:cut], skip_special_tokens=True))
-        result[arm] = f"{equal}/{len(references)}"
+                expected = tokenizer.decode(ref[:cut], skip_special_tokens=True)
+                same = text.startswith(expected)
+            equal += same
+            if not same and not first_miss:
+                at = next((k for k, (a, b) in enumerate(zip(text, expected)) if a != b), min(len(text), len(expected)))
+                first_miss = f" (prompt {i + 1} differs from character {at})"
+        result[arm] = f"{equal}/{len(references)}{first_miss}"
     return result
 
 
