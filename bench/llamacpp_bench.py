@@ -242,7 +242,7 @@ class InProcess:
         out = json.loads(line)
         if out["finish_reason"] != "length":
             raise RuntimeError(f"llama.cpp in-process stopped early ({out['finish_reason']})")
-        return Sample(out["ttft"], out["total"], max_tokens, out["text"])
+        return Sample(out["ttft"], out["total"], max_tokens, out["text"], out["prompt_tokens"])
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -440,7 +440,7 @@ def main() -> None:
                 runs[name].append(samples)
                 print(f"round {r + 1}: {name}: {summarize(samples)['output_tok_s']:.1f} tok/s", flush=True)
         bandwidth.append(read_bandwidth(args.threads))
-        prompt_tokens = [s.prompt_tokens for s in runs["switchyard"][0] if s.prompt_tokens]
+        prompt_tokens = {n: [s.prompt_tokens for r in run for s in r if s.prompt_tokens] for n, run in runs.items()}
         check = None
         if not args.no_check:
             print("checking greedy answers against transformers float32 ...", flush=True)
@@ -452,8 +452,10 @@ def main() -> None:
     medians = {n: {k: statistics.median(pr[n][k] for pr in per_round) for k in per_round[0][n]} for n in runs}
     bw = max(bandwidth)
     floor_ms = weights["total"] / bw * 1000
-    print(f"\n{args.threads} threads each, greedy, c=1, {args.prompts} prompts x {args.rounds} rounds, prompts of "
-          f"{statistics.median(prompt_tokens) if prompt_tokens else '?'} tokens (median), {args.output_len} out")
+    seen = {n: statistics.median(v) for n, v in prompt_tokens.items() if v}
+    print(f"\n{args.threads} threads each, greedy, c=1, {args.prompts} prompts x {args.rounds} rounds, "
+          f"{args.output_len} tokens out; prompt tokens (median) as each side counted them: "
+          + ", ".join(f"{n} {v:.0f}" for n, v in seen.items()))
     print(f"read bandwidth ({args.threads} threads, best of the runs before and after): {bw / 1e9:.1f} GB/s "
           f"(before {bandwidth[0] / 1e9:.1f}, after {bandwidth[1] / 1e9:.1f}); bandwidth floor of a decode step: "
           f"{floor_ms:.2f} ms ({1000 / floor_ms:.0f} tok/s)")

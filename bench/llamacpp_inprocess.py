@@ -5,7 +5,7 @@ standard library and llama_cpp), loads one GGUF file once and answers timing req
 
 First line out: {"eog": [ids llama.cpp ends a generation at], "n_vocab": N}. Then, per JSON line in
 ({"prompt": text, "max_tokens": n, "logit_bias": {id: bias}}), one JSON line out: {"ttft": s, "total": s,
-"tokens": n, "finish_reason": ..., "text": ...}, measured around `Llama.create_completion(stream=True)` with greedy
+"tokens": n, "finish_reason": ..., "text": ..., "prompt_tokens": n}, measured around `Llama.create_completion(stream=True)` with greedy
 sampling: the Python API a llama-cpp-python user calls, without HTTP.
 """
 
@@ -47,8 +47,9 @@ def main() -> None:
                 tokens += 1
             finish = choice.get("finish_reason") or finish
         total = time.perf_counter() - start
+        prompt_tokens = len(llm.tokenize(request["prompt"].encode("utf-8"), special=True))  # as create_completion
         print(json.dumps({"ttft": ttft, "total": total, "tokens": tokens, "finish_reason": finish,
-                          "text": "".join(text)}), flush=True)
+                          "text": "".join(text), "prompt_tokens": prompt_tokens}), flush=True)
 
 
 if __name__ == "__main__":
