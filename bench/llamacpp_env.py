@@ -30,15 +30,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ENV_VAR = "SWITCHYARD_LLAMA_PYTHON"
 DEFAULT_VENV = ROOT / ".venv-llama"
-# 0.3.36 is the version the figures in docs/benchmarks.md were taken with; the server extra brings its own
-# OpenAI-compatible server (`python -m llama_cpp.server`).
+# Pinned, so that the benchmark's peer and the test files do not change under us; the server extra brings
+# llama-cpp-python's OpenAI-compatible server (`python -m llama_cpp.server`).
 REQUIREMENT = "llama-cpp-python[server]==0.3.36"
 # llama.cpp's CMake builds its CPU kernels for the building machine (-march=native). Its AMX path (Xeons since
 # Sapphire Rapids) crashed on our Xeons, so on a CPU with AMX the build keeps every other instruction set of the
-# machine (AVX-512, VNNI, BF16) but not the tile unit: GCC lets an explicit -mno-amx-tile (which also drops
-# amx-int8 and amx-bf16) override what -march=native turns on.
-NO_AMX_CMAKE_ARGS = "-DCMAKE_C_FLAGS=-mno-amx-tile -DCMAKE_CXX_FLAGS=-mno-amx-tile"
-# The multimodal library (mtmd, imported only by the vision chat handlers) is not built: a good part of the compile.
+# machine (AVX-512, VNNI, BF16) but not the tile unit: explicit -mno-amx-* flags (all three: GCC 12 keeps amx-int8
+# and amx-bf16 on after -mno-amx-tile alone) override what -march=native turns on, whatever their order. They go
+# in CFLAGS/CXXFLAGS, which CMake starts its C and C++ flags from.
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+# The multimodal library (mtmd, imported only by the vision chat handlers) is not built: 51 of the 178 objects.
 CMAKE_ARGS = "-DLLAVA_BUILD=OFF"
 MISSING = (f"llama-cpp-python not found: set {ENV_VAR} to the Python of an environment with {REQUIREMENT!r}, or "
            "build one with `python3 bench/llamacpp_env.py --setup` (docs/testing.md)")
@@ -88,9 +89,10 @@ def setup(venv: Path = DEFAULT_VENV, python: str = sys.executable) -> Path:
         return target
     start = time.monotonic()
     subprocess.run([python, "-m", "venv", "--clear", str(venv)], check=True)
-    env = dict(os.environ)
-    if "CMAKE_ARGS" not in env:  # a CMAKE_ARGS of the caller's replaces ours
-        env["CMAKE_ARGS"] = CMAKE_ARGS + (" " + NO_AMX_CMAKE_ARGS if _cpu_has_amx() else "")
+    env = {"CMAKE_ARGS": CMAKE_ARGS, **os.environ}  # a CMAKE_ARGS of the caller's replaces ours
+    if _cpu_has_amx():
+        for name in ("CFLAGS", "CXXFLAGS"):
+            env[name] = f"{env.get(name, '')} {NO_AMX_FLAGS}".strip()
     subprocess.run([str(target), "-m", "pip", "install", "-q", "--no-cache-dir", REQUIREMENT], check=True, env=env)
     llama_cpp_version.cache_clear()
     if llama_cpp_version(str(target)) is None:
