@@ -89,7 +89,8 @@ def setup(venv: Path = DEFAULT_VENV, python: str = sys.executable) -> Path:
         return target
     start = time.monotonic()
     subprocess.run([python, "-m", "venv", "--clear", str(venv)], check=True)
-    env = {"CMAKE_ARGS": CMAKE_ARGS, **os.environ}  # a CMAKE_ARGS of the caller's replaces ours
+    # a CMAKE_ARGS of the caller's replaces ours; every CPU compiles (whatever generator CMake picks)
+    env = {"CMAKE_ARGS": CMAKE_ARGS, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 1), **os.environ}
     if _cpu_has_amx():
         for name in ("CFLAGS", "CXXFLAGS"):
             env[name] = f"{env.get(name, '')} {NO_AMX_FLAGS}".strip()
