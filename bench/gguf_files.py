@@ -125,7 +125,7 @@ def llama_cpp_python() -> str:
     if importlib.util.find_spec("llama_cpp") is not None:
         return sys.executable
     other = os.environ.get(LLAMA_PYTHON_ENV)
-    if other and subprocess.run([other, "-c", "import llama_cpp"], capture_output=True).returncode == 0:
+    if other and subprocess.run([other, "-c", "import llama_cpp"], check=False, capture_output=True).returncode == 0:
         return other
     raise QuantizerMissing(
         "llama.cpp's quantizer is needed for the K-quant files: pip install llama-cpp-python (or set "
@@ -135,7 +135,7 @@ def llama_cpp_python() -> str:
 def _quantize_llama_cpp(source: Path, target: Path, kind: str) -> None:
     # a subprocess: llama.cpp's ggml is loaded once per process, and its logging goes to the process's stderr
     done = subprocess.run([llama_cpp_python(), "-c", _QUANTIZE_SCRIPT, str(source), str(target), kind,
-                           str(min(2, os.cpu_count() or 1))], capture_output=True, text=True)
+                           str(min(2, os.cpu_count() or 1))], check=False, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"llama.cpp could not quantize {source.name} to {kind} "
                            f"(exit {done.returncode}):\n{done.stderr[-2000:]}")
