@@ -1,12 +1,20 @@
-"""Projection weights kept as a GGUF file's Q4_1 (and Q8_0) blocks, for the GEMM kernel to expand in registers.
+"""Projection weights kept as a GGUF file's quantized blocks, for the GEMM kernel to expand as it runs.
 
-A Q4_1 tensor stores each run of 32 weights as 4-bit q with a float16 scale d and offset m; transformers loads it
-as float32 d * q + m. d * q is exact in float32 (11 x 4 significant bits), so the kernel's FMA rounds d * q + m
-once, as transformers' multiply-then-add does: the very same float32 weights, from 1.25 bytes each (a byte per q
-plus d and m per 32) instead of 4. Decode steps of a few rows are bound by how fast each core streams weights from
-memory (one core reads 6-10 GB/s here), so they read these. Q8_0 (the tied embedding, i.e. the lm_head) fits the
-same layout. Only tensors whose expansion equals the loaded float32 weight bit for bit are taken; anything else
-stays float32.
+Why: a decode step of a few rows is bound by how fast each core streams weights from memory, and a quantized file
+holds 4.5-8.5 bits a weight where float32 takes 32. So the projections and the lm_head keep the file's own blocks
+(`GGUFBlocks`: each row's blocks as the file stores them, the file's bytes per weight exactly), and the kernel reads
+a repacked copy of those (block_panels.py) instead of a float32 weight.
+
+Exactness: gguf-py (which transformers uses to load a GGUF) dequantizes every type as one float32 rounding of an
+exact value: Q4_0 d*(q-8), Q5_0 d*(q-16), Q8_0 d*q, Q4_1/Q5_1 d*q+m, Q4_K/Q5_K (d*sc)*q-(dmin*m), Q6_K
+(d*sc)*(q-32), with float16 d, dmin, m and small integers q, sc, m (d*sc and dmin*m are exact in float32: 11 x 8
+significant bits at most); F16/BF16 widen exactly. `dequantize` computes the same float32 operations, so it equals
+gguf-py's result (tests compare), and the kernel's fma(A, q, B) with those exact A, B rounds the same exact value
+once: the same weight (up to the sign of a zero weight, which no sum can tell), and so the float32 kernel's bits.
+`read_blocks` still takes only tensors whose expansion equals the float32 weight the model loaded, bit for bit.
+
+Bytes per weight (the file's): Q4_0 0.5625, Q4_1 0.625, Q5_0 0.6875, Q5_1 0.75, Q8_0 1.0625, Q4_K 0.5625, Q5_K
+0.6875, Q6_K 0.8203, F16/BF16 2 (float32: 4).
 """
 
 from __future__ import annotations
@@ -15,64 +23,199 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 log = logging.getLogger("switchyard.engines.pytorch")
 
-Q41_BLOCK = 32  # weights per block (along the input dimension)
-_BYTES = 20  # float16 d, float16 m, 16 bytes of two 4-bit q each
+
+@dataclass(frozen=True)
+class BlockType:
+    """A GGUF tensor type the kernels read: `code` (csrc/gemm_blocks.h's BT_*), weights and bytes per file block,
+    and k per record of the kernel's panels (block_panels.py)."""
+
+    name: str
+    code: int
+    block: int
+    block_bytes: int
+    record_k: int
+
+
+TYPES = {t.name: t for t in (
+    BlockType("Q4_0", 1, 32, 18, 32), BlockType("Q4_1", 2, 32, 20, 32), BlockType("Q5_0", 3, 32, 22, 32),
+    BlockType("Q5_1", 4, 32, 24, 32), BlockType("Q8_0", 5, 32, 34, 32), BlockType("Q4_K", 6, 256, 144, 256),
+    BlockType("Q5_K", 7, 256, 176, 256), BlockType("Q6_K", 8, 256, 210, 256), BlockType("BF16", 9, 1, 2, 1),
+    BlockType("F16", 10, 1, 2, 1),
+)}
 
 
 @dataclass(frozen=True)
-class Q41:
-    """A [N, K] weight as Q4_1 blocks: the float32 weight is scale * q + offset, block by block along K."""
+class Fields:
+    """A quantized weight's blocks decoded (rows x blocks): q the unsigned code per weight (Q8_0: its int8's byte),
+    d the float16 scale per block (per super-block for the K-quants), m the float16 offset (Q4_1, Q5_1) or dmin
+    (Q4_K, Q5_K), sc and mins the K-quants' sub-block scales (Q6_K: int8 per 16 weights) and mins."""
 
-    scale: torch.Tensor  # [N, K / 32] float32 (from float16: exact)
-    offset: torch.Tensor  # [N, K / 32] float32
-    q: torch.Tensor  # [N, K] uint8: 0..15 (Q4_1), or Q8_0's q + 128 with offset -128 scale
+    q: torch.Tensor  # [N, K] uint8
+    d: torch.Tensor  # [N, blocks] float16
+    m: torch.Tensor | None = None  # [N, blocks] float16
+    sc: torch.Tensor | None = None  # [N, K / 32] uint8 (Q6_K: [N, K / 16] int8)
+    mins: torch.Tensor | None = None  # [N, K / 32] uint8
+
+
+class WeightBlocks(Protocol):
+    """A [N, K] weight held as GGUF blocks: what Linear and the model runner take (one type, or rows of several)."""
+
+    @property
+    def shape(self) -> tuple[int, int]: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def parts(self) -> tuple[GGUFBlocks, ...]: ...
+
+    def dequantize(self) -> torch.Tensor: ...
+
+    def rows(self, index: torch.Tensor) -> WeightBlocks: ...
+
+
+def _f16(raw: torch.Tensor) -> torch.Tensor:
+    """Two bytes per block ([..., 2] uint8) as a float16 per block."""
+    return raw.contiguous().view(torch.float16).squeeze(-1)
+
+
+def _bits(raw: torch.Tensor) -> torch.Tensor:
+    """Bytes [..., B] as their 8 B bits, least significant first: [..., 8 B] uint8."""
+    return ((raw[..., None] >> torch.arange(8, dtype=torch.uint8)) & 1).flatten(-2)
+
+
+def _nibbles(raw: torch.Tensor, span: int) -> torch.Tensor:
+    """Bytes in runs of `span`: each run's low nibbles, then its high nibbles (GGUF's order)."""
+    runs = raw.unflatten(-1, (-1, span))
+    return torch.stack((runs & 15, runs >> 4), dim=-2).flatten(-3)
+
+
+@dataclass(frozen=True)
+class GGUFBlocks:
+    """A [N, K] weight as one GGUF type's blocks: each row's blocks as the file stores them (`raw`)."""
+
+    qtype: str
+    raw: torch.Tensor  # [N, K / block * block_bytes] uint8
+
+    @property
+    def type(self) -> BlockType:
+        return TYPES[self.qtype]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        t = self.type
+        return self.raw.shape[0], self.raw.shape[1] // t.block_bytes * t.block
+
+    @property
+    def nbytes(self) -> int:
+        return self.raw.numel()
+
+    @property
+    def parts(self) -> tuple[GGUFBlocks, ...]:
+        return (self,)
+
+    def fields(self) -> Fields:
+        t, (n, k) = self.type, self.shape
+        b = self.raw.view(n, k // t.block, t.block_bytes)
+        name = self.qtype
+        if name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
+            with_m = name in ("Q4_1", "Q5_1")
+            at = 4 if with_m else 2
+            m = _f16(b[..., 2:4]) if with_m else None
+            if name == "Q8_0":
+                q = b[..., 2:]
+            elif name.startswith("Q5"):
+                q = _nibbles(b[..., at + 4 :], 16) | (_bits(b[..., at : at + 4]) << 4)
+            else:
+                q = _nibbles(b[..., at:], 16)
+            return Fields(q.reshape(n, k), _f16(b[..., 0:2]), m)
+        if name in ("Q4_K", "Q5_K"):
+            s = b[..., 4:16].unflatten(-1, (3, 4))
+            lo, hi, mix = s[..., 0, :], s[..., 1, :], s[..., 2, :]
+            sc = torch.cat((lo & 63, (mix & 15) | ((lo >> 2) & 48)), dim=-1)
+            mins = torch.cat((hi & 63, (mix >> 4) | ((hi >> 2) & 48)), dim=-1)
+            if name == "Q4_K":
+                q = _nibbles(b[..., 16:], 32)
+            else:  # bit j of qh byte l: weight 32 j + l
+                high = ((b[..., 16:48, None] >> torch.arange(8, dtype=torch.uint8)) & 1).transpose(-1, -2).flatten(-2)
+                q = _nibbles(b[..., 48:], 32) | (high << 4)
+            return Fields(q.reshape(n, k), _f16(b[..., 0:2]), _f16(b[..., 2:4]), sc.reshape(n, -1), mins.reshape(n, -1))
+        if name == "Q6_K":
+            low = _nibbles(b[..., :128], 64)
+            qh = b[..., 128:192].unflatten(-1, (2, 32))  # per half of 128: shifts 0, 2, 4, 6 -> weights 32 s + l
+            high = ((qh[..., None, :] >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]) & 3).flatten(-3)
+            q = low | (high << 4)
+            return Fields(q.reshape(n, k), _f16(b[..., 208:210]), sc=b[..., 192:208].view(torch.int8).reshape(n, -1))
+        raise TypeError(f"{name} has no quantized fields")
 
     def dequantize(self) -> torch.Tensor:
-        n, k = self.q.shape
-        blocks = self.q.view(n, k // Q41_BLOCK, Q41_BLOCK).float()
-        return (self.scale[..., None] * blocks + self.offset[..., None]).view(n, k)
+        """The float32 weight, computed as gguf-py computes it (the same float32 operations)."""
+        n, k = self.shape
+        if self.qtype == "BF16":
+            return (self.raw.view(torch.int16).to(torch.int32) << 16).view(torch.float32).view(n, k)
+        if self.qtype == "F16":
+            return self.raw.view(torch.float16).float().view(n, k)
+        f = self.fields()
+        d = f.d.float()
+        if self.qtype in ("Q4_K", "Q5_K"):
+            scale = (d[..., None] * f.sc.view(n, -1, 8).float()).reshape(n, -1, 1)
+            low = (f.m.float()[..., None] * f.mins.view(n, -1, 8).float()).reshape(n, -1, 1)
+            return (scale * f.q.view(n, -1, 32).float() - low).view(n, k)
+        if self.qtype == "Q6_K":
+            scale = (d[..., None] * f.sc.view(n, -1, 16).float()).reshape(n, -1, 1)
+            return (scale * (f.q.view(n, -1, 16).view(torch.int8) - 32).float()).view(n, k)
+        blocks = f.q.view(n, -1, 32)
+        if self.qtype == "Q8_0":
+            return (blocks.view(torch.int8).float() * d[..., None]).view(n, k)
+        if f.m is not None:  # Q4_1, Q5_1
+            return (d[..., None] * blocks.float() + f.m.float()[..., None]).view(n, k)
+        centre = 8 if self.qtype == "Q4_0" else 16
+        return (d[..., None] * (blocks.to(torch.int16) - centre).float()).view(n, k)
+
+    def rows(self, index: torch.Tensor) -> GGUFBlocks:
+        return GGUFBlocks(self.qtype, self.raw[index])
 
     @staticmethod
-    def cat(parts: list[Q41]) -> Q41:
-        """The rows of several weights, one after the other (q, k and v as one projection)."""
-        return Q41(*(torch.cat([getattr(p, f) for p in parts]) for f in ("scale", "offset", "q")))
-
-    def rows(self, index: torch.Tensor) -> Q41:
-        return Q41(self.scale[index], self.offset[index], self.q[index])
-
-
-def _raw_blocks(tensor: Any, block_bytes: int) -> torch.Tensor:
-    """A GGUF tensor's bytes as [N, K / 32, block_bytes] (GGUF lists the fastest dimension first)."""
-    k, n = (int(d) for d in tensor.shape)
-    return torch.from_numpy(tensor.data.reshape(-1).view("uint8").copy()).view(n, k // Q41_BLOCK, block_bytes)
-
-
-def _float16(raw: torch.Tensor) -> torch.Tensor:
-    """Two bytes per block as a float16 value per block, widened to float32 (exact): [N, K / 32]."""
-    return raw.contiguous().view(torch.float16).float().view(raw.shape[0], -1)
+    def cat(parts: list[WeightBlocks]) -> WeightBlocks:
+        """The rows of several weights, one after the other (q, k and v as one projection; gate and up): one type's
+        blocks when they share it, else `MixedBlocks`."""
+        flat = [p for part in parts for p in part.parts]
+        if all(p.qtype == flat[0].qtype for p in flat):
+            return GGUFBlocks(flat[0].qtype, torch.cat([p.raw for p in flat]))
+        merged: list[GGUFBlocks] = []
+        for p in flat:  # neighbours of one type as one part
+            if merged and merged[-1].qtype == p.qtype:
+                merged[-1] = GGUFBlocks(p.qtype, torch.cat((merged[-1].raw, p.raw)))
+            else:
+                merged.append(p)
+        return MixedBlocks(tuple(merged))
 
 
-def _from_q8_0(tensor: Any) -> Q41:
-    """Q8_0 blocks (float16 d, 32 int8 q: the weight is d * q) in the Q4_1 layout: q + 128 as a byte and offset
-    -128 d. d * (q + 128) is exact (11 x 8 significant bits) and so is adding -128 d (the sum is d * q, which
-    float32 holds exactly), so the kernel's one rounding gives d * q bit for bit."""
-    raw = _raw_blocks(tensor, 34)
-    scale = _float16(raw[..., 0:2])
-    q = (raw[..., 2:].contiguous().view(torch.int8).to(torch.int16) + 128).to(torch.uint8).reshape(raw.shape[0], -1)
-    return Q41(scale, scale * -128.0, q)
+@dataclass(frozen=True)
+class MixedBlocks:
+    """The rows of weights of several types, one after the other (e.g. a Q4_K_M file's q, k as Q4_K and v as Q6_K)."""
 
+    parts: tuple[GGUFBlocks, ...]
 
-def _from_gguf(tensor: Any) -> Q41:
-    raw = _raw_blocks(tensor, _BYTES)
-    packed = raw[..., 4:]  # value i of a block in the low nibble of byte i, value 16 + i in its high nibble
-    q = torch.cat((packed & 15, packed >> 4), dim=-1).reshape(raw.shape[0], -1)
-    return Q41(_float16(raw[..., 0:2]), _float16(raw[..., 2:4]), q)
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts])
+
+    def rows(self, index: torch.Tensor) -> WeightBlocks:
+        raise NotImplementedError("rows of a fused weight of several types; take rows of each part before cat")
 
 
 # GGUF tensor names of a llama-family layer's projections -> transformers' module paths
@@ -81,6 +224,7 @@ _PROJECTIONS = {
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+CACHE_FORMAT = "gguf-blocks-2"  # the cache file's layout: a tensor of raw blocks per path, its type in the metadata
 
 
 def _unpermute(n: int, heads: int) -> torch.Tensor:
@@ -88,10 +232,22 @@ def _unpermute(n: int, heads: int) -> torch.Tensor:
     return torch.arange(n).reshape(heads, n // heads // 2, 2).transpose(1, 2).reshape(n)
 
 
-def _blocks_in_file(gguf: Path, num_layers: int) -> dict[str, Q41]:
-    """Every Q4_1 projection of the file by module path, q and k rows as the file stores them."""
+def _from_tensor(tensor: Any) -> GGUFBlocks | None:
+    """A GGUF tensor's blocks, if its type is one the kernels read."""
+    spec = TYPES.get(tensor.tensor_type.name)
+    if spec is None or len(tensor.shape) != 2:
+        return None
+    k, n = (int(d) for d in tensor.shape)  # GGUF lists the fastest dimension first
+    if k % spec.record_k:
+        return None
+    raw = torch.from_numpy(tensor.data.reshape(-1).view("uint8").copy())
+    return GGUFBlocks(spec.name, raw.view(n, k // spec.block * spec.block_bytes))
+
+
+def _blocks_in_file(gguf: Path, num_layers: int) -> dict[str, GGUFBlocks]:
+    """Every projection (and the lm_head) of the file that the kernels can read, q and k rows as the file has them."""
     try:
-        from gguf import GGMLQuantizationType, GGUFReader
+        from gguf import GGUFReader
     except ImportError:
         return {}
     try:
@@ -99,52 +255,56 @@ def _blocks_in_file(gguf: Path, num_layers: int) -> dict[str, Q41]:
     except (OSError, ValueError) as exc:
         log.warning("native engine: cannot read %s's blocks (%s); float32 weights", gguf.name, exc)
         return {}
-    found = {}
-    head = tensors.get("output.weight") or tensors.get("token_embd.weight")  # the latter when the two are tied
-    if head is not None and head.tensor_type == GGMLQuantizationType.Q8_0:
-        found["lm_head"] = _from_q8_0(head)
+    wanted = {"lm_head": tensors.get("output.weight") or tensors.get("token_embd.weight")}  # the latter: tied
     for i in range(num_layers):
         for gguf_name, path in _PROJECTIONS.items():
-            tensor = tensors.get(f"blk.{i}.{gguf_name}.weight")
-            if tensor is not None and tensor.tensor_type == GGMLQuantizationType.Q4_1 and int(tensor.shape[0]) % Q41_BLOCK == 0:
-                found[f"model.layers.{i}.{path}"] = _from_gguf(tensor)
+            wanted[f"model.layers.{i}.{path}"] = tensors.get(f"blk.{i}.{gguf_name}.weight")
+    found = {}
+    for path, tensor in wanted.items():
+        blocks = _from_tensor(tensor) if tensor is not None else None
+        if blocks is not None:
+            found[path] = blocks
     return found
 
 
-def _cached(gguf: Path, num_layers: int, cache_file: Path | None) -> dict[str, Q41]:
+def _cached(gguf: Path, num_layers: int, cache_file: Path | None) -> dict[str, GGUFBlocks]:
     """The file's blocks, from `cache_file` when an earlier start saved them there (gguf's reader parses the whole
     tokenizer vocabulary first: 8 s for SmolLM2, against 0.2 s for the saved blocks)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+    from safetensors.torch import save_file
 
     if cache_file is not None and cache_file.is_file():
-        flat = load_file(cache_file)
-        return {key[: -len(".q")]: Q41(flat[key[:-2] + ".scale"], flat[key[:-2] + ".offset"], flat[key])
-                for key in flat if key.endswith(".q")}
+        with safe_open(str(cache_file), "pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") == CACHE_FORMAT:
+                return {key: GGUFBlocks(meta[key], f.get_tensor(key)) for key in f.keys()}
     found = _blocks_in_file(gguf, num_layers)
     if cache_file is not None and found:
         tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
-        save_file({f"{path}.{field}": getattr(b, field).contiguous() for path, b in found.items()
-                   for field in ("scale", "offset", "q")}, tmp)
+        save_file({path: b.raw.contiguous() for path, b in found.items()}, tmp,
+                  metadata={"format": CACHE_FORMAT, **{path: b.qtype for path, b in found.items()}})
         tmp.replace(cache_file)
     return found
 
 
-def read_blocks(gguf: Path, model: Any, cache_file: Path | None = None) -> dict[str, Q41]:
-    """The Q4_1 blocks of `model`'s projections in the GGUF file it was loaded from, by module path
-    ("model.layers.3.mlp.up_proj"), for those that expand exactly to the weight the model holds. `cache_file`:
-    where to keep them between starts."""
+def read_blocks(gguf: Path, model: Any, cache_file: Path | None = None) -> dict[str, GGUFBlocks]:
+    """The GGUF blocks of `model`'s projections (and "lm_head") in the file it was loaded from, by module path
+    ("model.layers.3.mlp.up_proj"), for those that expand exactly to the float32 weight the model holds.
+    `cache_file`: where to keep them between starts."""
     config = model.config
     heads = {"attn_q": config.num_attention_heads,
              "attn_k": getattr(config, "num_key_value_heads", None) or config.num_attention_heads}
     paths = {path: gguf_name for gguf_name, path in _PROJECTIONS.items()}
-    found: dict[str, Q41] = {}
+    found: dict[str, GGUFBlocks] = {}
     for full_path, blocks in _cached(gguf, len(model.model.layers), cache_file).items():
         weight = model.get_submodule(full_path).weight.detach()
-        if weight.dtype != torch.float32 or blocks.q.shape != weight.shape:
+        if weight.dtype != torch.float32 or blocks.shape != tuple(weight.shape):
             continue
         gguf_name = paths.get(full_path.split(".", 3)[-1], "")
-        if gguf_name in heads and not torch.equal(blocks.dequantize(), weight):
+        expanded = blocks.dequantize()
+        if gguf_name in heads and not torch.equal(expanded, weight):
             blocks = blocks.rows(_unpermute(weight.shape[0], heads[gguf_name]))
-        if torch.equal(blocks.dequantize(), weight):
+            expanded = blocks.dequantize()
+        if torch.equal(expanded, weight):
             found[full_path] = blocks
     return found

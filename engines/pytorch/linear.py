@@ -12,10 +12,17 @@ Every output element is one FMA chain over k = 0..K-1 whatever the number of row
 depend on what else is in the batch. The order differs from MKL's (torch's), so results differ from `F.linear` in
 the last bits (about 1e-6 relative), like oneDNN's do.
 
-Weights a GGUF file holds as Q4_1 or Q8_0 blocks (gguf_blocks.py) are also kept in that form and expanded exactly
-in registers on decode steps of up to Q41_ROWS rows, which then read 1.25 bytes per weight instead of 4.
+Weights a GGUF file holds as quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; gguf_blocks.py) or
+as float16 / bfloat16 in a float32 model are kept only in that form, repacked into panels (block_panels.py): no
+float32 copy of them exists. The kernel (csrc/gemm_blocks.h) expands a few panels x a run of k at a time into a
+per-thread float32 scratch (L1 for steps of up to 16 rows, L2 for larger ones, where every row of the tile reuses
+it) as fma(A, q, B), which is the dequantized float32 weight bit for bit (gguf_blocks.py), and runs the float32
+micro-kernels over it, each output's FMA chain continuing from piece to piece: the float32 kernel's bits on every
+step, from the file's bytes per weight (0.56 for Q4_0 / Q4_K ... 1.06 for Q8_0, 2 for 16-bit) instead of 4. The
+16-bit types are read by the float32 kernel directly, widened exactly as they are loaded. A fused weight whose
+parts have different types (a Q4_K_M file's q/k and v) is runs of panels, each of its own type.
 
-On CPUs with AMX, such weights go through the tile unit instead, on steps of every size (`gemm_core_amx`; no float32
+On CPUs with AMX, Q4_1 and Q8_0 weights go through the tile unit instead, on steps of every size (`gemm_core_amx`; no float32
 copy of them is kept): x is split into three bfloat16 parts that sum to it exactly and q is exact in bfloat16, so the
 tile products are exact and only float32 sums round; per 32-k block the sum is scaled by d and the block's offset
 added (m times the sum of x). That is float32-accurate (closer to the float64 product than the FMA kernel, in the
@@ -33,7 +40,8 @@ split into ROW_TILE rows on large steps so that no thread is left idle at the en
 one-row decode step, which is memory-bound, streams the weights 1.5x faster on two cores than on one here (each
 core's loads are capped well below the memory's bandwidth). The kernels run at any number of threads (the CPU
 budget, engines/cpu_budget.py, sizes the helpers); without a compiler, or on CPUs without AVX2, projections use
-oneDNN with packed weights (float32) or `F.linear` (other dtypes, or CPUs oneDNN cannot pack for).
+oneDNN with packed weights (float32) or `F.linear` (other dtypes, or CPUs oneDNN cannot pack for); weights given only
+as GGUF blocks are then dequantized to float32 once, at load.
 """
 
 from __future__ import annotations
@@ -44,8 +52,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engines.pytorch import host_memory
-from engines.pytorch.gguf_blocks import Q41
+from engines.pytorch import block_panels, host_memory
+from engines.pytorch.gguf_blocks import GGUFBlocks, WeightBlocks
 from engines.pytorch.native import HelperThreads, Signatures, load_library
 
 # Tiles of a GEMM shared with helper threads. 16 panels (256 columns; a multiple of the one-row kernel's 4) keep
@@ -60,11 +68,6 @@ CHUNK_PANELS = 16
 TILE_UNIT_FEW_ROWS, TILE_UNIT_FEW_ROWS_PANELS = 64, 4
 BF16_TILES = 3  # a Linear's tile-unit mode for bfloat16 weights (1 and 2: Q4_1 and Q8_0 blocks)
 ROW_TILE = 192
-# Without the tile unit: steps whose projections read Q4_1 blocks where the model has them (AVX-512). Up to one row
-# block the weights are expanded in registers, a few more share each expanded 32-k block through L1. Measured on
-# SmolLM2's projections (30 layers): 1 row 2.3x, 8 rows 1.5x, 16 rows 1.1x faster than float32 weights; 32 rows
-# 10% slower (the extra FMA-port work then costs more than the bytes saved).
-Q41_ROWS = (1, 16)
 # Whether weights with GGUF blocks use the tile unit (AMX) where the CPU has one; tests turn it off to reach the
 # register kernels.
 TILE_UNIT = True
@@ -88,10 +91,10 @@ def _signatures() -> Signatures:
         "gemm_bf16w": (None, gemm_bf16w),
         "gemm_f32_par": (None, [*gemm_f32, *tiles]),
         "gemm_bf16w_par": (None, [*gemm_bf16w, *tiles]),
-        "gemm_q41_par": (i32, [p, i64, p, p, p, i64, p, i64, i32, i32, i32, *tiles, i32]),  # + amx
+        # x, ldx, segments (end panel, type), their panels' addresses, count, bias, residual, ldr, y, ldy, M, NB, K
+        "gemm_blocks_par": (i32, [p, i64, p, p, i32, p, p, i64, p, i64, i32, i32, i32, *tiles, i32]),  # + amx
         "gemm_bf16_amx_par": (i32, [*gemm_f32, *tiles]),
-        "gemm_silu_f32_par": (i32, [p, i64, p, p, p, i64, i32, i32, i32, *tiles, i32]),  # x, ldx, wp, wq, y, ldy, ...
-        "q41_supported": (i32, []),
+        "gemm_silu_f32_par": (i32, [p, i64, p, p, p, i32, p, i64, i32, i32, i32, *tiles, i32]),  # x, ldx, wp, segments
         "amx_supported": (i32, []),
         "exact_silu_bf16": (i32, []),
         "silu_mul_f32": (None, [*silu, p]),  # + the row counter (NULL: all rows)
@@ -123,47 +126,94 @@ def _avx2() -> bool:
     return " avx2" in flags and " fma" in flags
 
 
+class _Packed:
+    """A weight's GGUF blocks as the kernel reads them: runs of panels, each of one type (segs: [end panel, type
+    code] per run, ptrs: each run's panels' address), or one run in the tile unit's layout (amx 1: Q4_1, 2: Q8_0)."""
+
+    __slots__ = ("amx", "nbytes", "nseg", "ptrs", "segs", "tensors")
+
+    def __init__(self, runs: list[tuple[int, int, torch.Tensor]], amx: int) -> None:
+        self.tensors = [host_memory.copy(t) for _, _, t in runs]
+        self.segs = torch.tensor([v for end, code, _ in runs for v in (end, code)], dtype=torch.int32)
+        self.ptrs = torch.tensor([t.data_ptr() for t in self.tensors], dtype=torch.int64)
+        self.nseg, self.amx = len(runs), amx
+        self.nbytes = sum(t.numel() * t.element_size() for t in self.tensors)
+
+
+def _pack_blocks(lib: ctypes.CDLL, blocks: WeightBlocks, nb: int, interleave: WeightBlocks | None = None
+                 ) -> _Packed | None:
+    """`blocks` (and with `interleave`, gate and up panels in turn: one type) in the kernel's layout: the tile unit's
+    for Q4_1 / Q8_0 where the CPU has one, else runs of panels for the expanding kernels; None where the parts'
+    rows do not fill whole panels (a weight of several types whose boundaries fall inside a panel)."""
+    parts = blocks.parts
+    if interleave is not None:
+        if len(parts) != 1 or len(interleave.parts) != 1 or parts[0].qtype != interleave.parts[0].qtype:
+            return None
+        one, other = parts[0], interleave.parts[0]
+        if TILE_UNIT and one.qtype in ("Q4_1", "Q8_0") and lib.amx_supported():
+            panels = torch.stack([block_panels.pack_tile_unit(b, nb) for b in (one, other)], dim=1)
+            return _Packed([(2 * nb, one.type.code, panels.view(2 * nb, -1))], 1 if one.qtype == "Q4_1" else 2)
+        panels = torch.stack([block_panels.pack(b, nb) for b in (one, other)], dim=1)
+        return _Packed([(2 * nb, one.type.code, panels.view(2 * nb, -1))], 0)
+    if len(parts) == 1 and TILE_UNIT and parts[0].qtype in ("Q4_1", "Q8_0") and lib.amx_supported():
+        return _Packed([(nb, parts[0].type.code, block_panels.pack_tile_unit(parts[0], nb))],
+                       1 if parts[0].qtype == "Q4_1" else 2)
+    runs, end = [], 0
+    for i, part in enumerate(parts):
+        rows = part.shape[0]
+        if i < len(parts) - 1 and rows % 16:
+            return None
+        panels = (rows + 15) // 16
+        end += panels
+        runs.append((end, part.type.code, block_panels.pack(part, panels)))
+    return _Packed(runs, 0)
+
+
 class Linear:
     """`F.linear(x, weight, bias)` (+ an optional residual added to the result), on the fastest path available.
 
     `kind` is "kernel" (our packed GEMM), "onednn" (oneDNN with the weight packed once) or "torch". `weight` is
-    the weight in the layout the kernel reads, or None where the kernel reads only GGUF blocks (the tile unit)."""
+    the weight in the layout the kernel reads, or None where the kernel reads only GGUF blocks (`blocks_nbytes`)."""
 
-    __slots__ = ("_amx", "_bias_padded", "_fn", "_nb", "_par", "_q41", "bias", "kind", "out_features", "weight")
+    __slots__ = ("_amx", "_bias_padded", "_blocks", "_fn", "_nb", "_par", "bias", "kind", "out_features", "weight")
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, fast: bool, cache_dir: Path | None,
-        helpers: HelperThreads | None = None, blocks: Q41 | None = None,
+        self, weight: torch.Tensor | None, bias: torch.Tensor | None, fast: bool, cache_dir: Path | None,
+        helpers: HelperThreads | None = None, blocks: WeightBlocks | None = None,
     ) -> None:
-        """`helpers`: threads that share the kernel's work. `blocks`: the float32 weight's Q4_1 blocks (see
-        gguf_blocks.py), which the kernel then reads instead of the weight."""
+        """`helpers`: threads that share the kernel's work. `blocks`: the float32 weight's GGUF blocks (see
+        gguf_blocks.py), which the kernel then reads instead of the weight; `weight` may then be None (a float32
+        model's weight that exists only as blocks: dequantized where the kernel cannot run)."""
+        if weight is None:
+            if blocks is None:
+                raise ValueError("Linear needs a weight or its GGUF blocks")
+            lib = _load(cache_dir) if fast and _avx2() else None
+            if lib is not None and self._take_blocks(lib, blocks, bias, helpers):
+                return
+            weight = blocks.dequantize()
+            blocks = None
         weight = weight.detach()
         self.out_features = weight.shape[0]
         self.bias = bias.detach() if bias is not None else None
-        self.kind, self._fn, self._par, self._bias_padded, self._q41, self._amx = "torch", None, None, None, None, 0
+        self.kind, self._fn, self._par, self._bias_padded, self._blocks, self._amx = "torch", None, None, None, None, 0
         self.weight = weight.contiguous()
         if not fast or weight.dtype not in (torch.float32, torch.bfloat16):
             return
         lib = _load(cache_dir) if _avx2() else None
         if lib is not None:
+            if blocks is not None and weight.dtype == torch.float32 and self._take_blocks(lib, blocks, bias, helpers):
+                return
             n, k = weight.shape
             nb = self._nb = (n + 15) // 16
-            if blocks is not None and weight.dtype == torch.float32:
-                self._q41, self._amx = _pack_blocks(lib, blocks, nb, pairs=nb % 2 == 0)
-            elif weight.dtype == torch.bfloat16 and k % 32 == 0 and TILE_UNIT and lib.amx_supported():
+            if weight.dtype == torch.bfloat16 and k % 32 == 0 and TILE_UNIT and lib.amx_supported():
                 self._amx = BF16_TILES
-            if self._amx in (1, 2):  # the tile unit reads only the blocks
-                self.weight = None
+            if n % 16:
+                weight = torch.cat((weight, weight.new_zeros(nb * 16 - n, k)))
+            if self._amx == BF16_TILES:
+                self.weight = host_memory.copy(_bf16_tiles(weight, nb))
             else:
-                if n % 16:
-                    weight = torch.cat((weight, weight.new_zeros(nb * 16 - n, k)))
-                if self._amx == BF16_TILES:
-                    self.weight = host_memory.copy(_bf16_tiles(weight, nb))
-                else:
-                    self.weight = host_memory.copy(weight.view(nb, 16, k).transpose(1, 2))  # [NB, K, 16]
-            if self.bias is not None:
-                self._bias_padded = torch.zeros(nb * 16, dtype=weight.dtype)
-                self._bias_padded[:n] = self.bias
+                self.weight = host_memory.copy(weight.view(nb, 16, k).transpose(1, 2))  # [NB, K, 16]
+            self._pad_bias(weight.dtype)
             self.kind = "kernel"
             f32 = weight.dtype == torch.float32
             self._fn = lib.gemm_f32 if f32 else lib.gemm_bf16w
@@ -178,6 +228,32 @@ class Linear:
                 self.kind = "onednn"
             except (RuntimeError, AttributeError):  # a CPU without the ISA oneDNN needs for this dtype
                 pass
+
+    def _pad_bias(self, dtype: torch.dtype) -> None:
+        if self.bias is not None:
+            self._bias_padded = torch.zeros(self._nb * 16, dtype=dtype)
+            self._bias_padded[: self.out_features] = self.bias
+
+    def _take_blocks(self, lib: ctypes.CDLL, blocks: WeightBlocks, bias: torch.Tensor | None,
+                     helpers: HelperThreads | None) -> bool:
+        """Read `blocks` with the kernel (no float32 weight kept), where they pack; False: they do not."""
+        n = blocks.shape[0]
+        nb = (n + 15) // 16
+        packed = _pack_blocks(lib, blocks, nb)
+        if packed is None:
+            return False
+        self.out_features, self._nb, self.kind, self.weight = n, nb, "kernel", None
+        self.bias = bias.detach() if bias is not None else None
+        self._bias_padded, self._fn, self._par, self._blocks, self._amx = None, None, None, packed, packed.amx
+        self._pad_bias(torch.float32)
+        if helpers is not None:
+            helpers.attach(lib)
+        return True
+
+    @property
+    def blocks_nbytes(self) -> int:
+        """Bytes of the GGUF block panels this projection reads (0: none)."""
+        return self._blocks.nbytes if self._blocks is not None else 0
 
     @property
     def exact_rows(self) -> bool:
@@ -203,10 +279,12 @@ class Linear:
                 _lib.gemm_bf16_amx_par(x.data_ptr(), x.stride(0), self.weight.data_ptr(), bias, res, ldr,
                                        y.data_ptr(), y.stride(0), m, nb, k, _chunk(self._amx, m), min(m, ROW_TILE))
                 return y if nb * 16 == self.out_features else y[:, : self.out_features]
-            if _reads_blocks(self._q41, self._amx, m):
-                if _lib.gemm_q41_par(x.data_ptr(), x.stride(0), self._q41.data_ptr(), bias, res, ldr, y.data_ptr(),
-                                     y.stride(0), m, nb, k, _chunk(self._amx, m), min(m, ROW_TILE), self._amx) != 0:
-                    raise MemoryError("the GEMM kernel could not allocate its split of x")
+            if self._blocks is not None:
+                b = self._blocks
+                if _lib.gemm_blocks_par(x.data_ptr(), x.stride(0), b.segs.data_ptr(), b.ptrs.data_ptr(), b.nseg, bias,
+                                        res, ldr, y.data_ptr(), y.stride(0), m, nb, k, _chunk(self._amx, m),
+                                        min(m, ROW_TILE), self._amx) != 0:
+                    raise MemoryError("the GEMM kernel could not allocate its scratch")
                 return y if nb * 16 == self.out_features else y[:, : self.out_features]
             if x.dtype == torch.float32:
                 args = (x.data_ptr(), x.stride(0), self.weight.data_ptr(), bias, res, ldr, y.data_ptr(), y.stride(0),
@@ -228,41 +306,9 @@ class Linear:
         return y if residual is None else residual + y
 
 
-def _reads_blocks(packed: torch.Tensor | None, amx: int, m: int) -> bool:
-    """Whether a step of `m` rows reads the packed GGUF blocks (where there are some) rather than float32 weights:
-    always with the tile unit (so no row's bits depend on the batch), else on steps of Q41_ROWS rows."""
-    return packed is not None and (amx != 0 or Q41_ROWS[0] <= m <= Q41_ROWS[1])
-
-
 def _chunk(amx: int, m: int) -> int:
     """Column panels per tile of a shared GEMM of `m` rows (`amx`: the weight's tile-unit mode, 0 for none)."""
     return TILE_UNIT_FEW_ROWS_PANELS if amx and m <= TILE_UNIT_FEW_ROWS else CHUNK_PANELS
-
-
-def _pack_blocks(lib: ctypes.CDLL, blocks: Q41, nb: int, pairs: bool) -> tuple[torch.Tensor | None, int]:
-    """A weight's blocks packed for the tile unit (and its `amx` mode: 1 Q4_1, 2 Q8_0) where the CPU has one, else
-    for the register kernels (mode 0; AVX-512, and `pairs`: the kernel's panel pairs are whole), else (None, 0)."""
-    if TILE_UNIT and lib.amx_supported():
-        return _pack_q41(blocks, nb, k_pairs=True), 1 if int(blocks.q.max()) <= 15 else 2
-    if pairs and lib.q41_supported():
-        return _pack_q41(blocks, nb), 0
-    return None, 0
-
-
-def _pack_q41(blocks: Q41, nb: int, k_pairs: bool = False) -> torch.Tensor:
-    """The kernel's layout of Q4_1 blocks: per panel of 16 columns and per 32 k, the columns' d and m (float32),
-    then q as one byte per k and column ([NB, K / 32, 640] bytes); zero columns pad the last panel. `k_pairs`: q
-    as [16 k pairs, 16 columns, 2] (the tile unit's), else [32 k, 16 columns]."""
-    n, k = blocks.q.shape
-    pad = nb * 16 - n
-    scale, offset, q = (F.pad(t, (0, 0, 0, pad)) for t in (blocks.scale, blocks.offset, blocks.q))
-    kb = k // 32
-    dm = torch.stack((scale, offset)).view(2, nb, 16, kb).permute(1, 3, 0, 2).contiguous()  # [NB, KB, 2, 16]
-    qs = q.view(nb, 16, kb, 32).permute(0, 2, 3, 1)  # [NB, KB, 32, 16]
-    if k_pairs:
-        qs = qs.reshape(nb, kb, 16, 2, 16).transpose(3, 4)  # [NB, KB, 16, 16, 2]
-    qs = qs.contiguous()
-    return host_memory.copy(torch.cat((dm.view(nb, kb, 32).view(torch.uint8), qs.view(nb, kb, 512)), dim=-1))
 
 
 def _bf16_tiles(weight: torch.Tensor, nb: int) -> torch.Tensor:
@@ -340,35 +386,49 @@ class GatedActivation:
     Otherwise the projection of the concatenated weights (`Linear`), then `DenseOps.act_mul`."""
 
     def __init__(
-        self, gate: torch.Tensor, up: torch.Tensor, act: torch.nn.Module, fast: bool, cache_dir: Path | None,
-        helpers: HelperThreads | None, dense: DenseOps, blocks: tuple[Q41, Q41] | None = None,
+        self, gate: torch.Tensor | None, up: torch.Tensor | None, act: torch.nn.Module, fast: bool,
+        cache_dir: Path | None, helpers: HelperThreads | None, dense: DenseOps,
+        blocks: tuple[WeightBlocks, WeightBlocks] | None = None,
     ) -> None:
-        """`blocks`: gate's and up's Q4_1 blocks (see gguf_blocks.py), read by the kernel instead of the weights."""
-        self.out_features = gate.shape[0]
-        self._act, self._dense, self._linear, self._q41, self._amx = act, dense, None, None, 0
+        """`blocks`: gate's and up's GGUF blocks (see gguf_blocks.py), read by the kernel instead of the weights;
+        gate and up may then be None (float32 weights that exist only as blocks)."""
+        if gate is None or up is None:
+            if blocks is None:
+                raise ValueError("GatedActivation needs the weights or their GGUF blocks")
+            dtype, n = torch.float32, blocks[0].shape[0]
+        else:
+            dtype, n = gate.dtype, gate.shape[0]
+        self.out_features = n
+        self._act, self._dense, self._linear, self._blocks, self._amx = act, dense, None, None, 0
         self.weight: torch.Tensor | None = None  # packed float32 panels, where a step reads them
-        fused = fast and gate.dtype == torch.float32 and _is_silu(act) and _avx2()
+        fused = fast and dtype == torch.float32 and _is_silu(act) and _avx2()
         self._lib = _load(cache_dir) if fused else None
-        if self._lib is None:
-            self._linear = Linear(torch.cat([gate, up]), None, fast, cache_dir, helpers,
-                                  Q41.cat(list(blocks)) if blocks else None)
-            return
-        n, k = gate.shape
         nb = (n + 15) // 16
+        if self._lib is not None and blocks is not None:
+            self._blocks = _pack_blocks(self._lib, blocks[0], nb, interleave=blocks[1])
+        if self._lib is None or (self._blocks is None and gate is None):  # the concatenation, then act_mul
+            both = None if gate is None else torch.cat([gate, up])
+            self._linear = Linear(both, None, fast, cache_dir, helpers,
+                                  GGUFBlocks.cat(list(blocks)) if blocks else None)
+            return
         self._nb = 2 * nb
-        packed = [_pack_blocks(self._lib, b, nb, pairs=True) for b in blocks] if blocks is not None else []
-        if packed and all(p is not None for p, _ in packed) and packed[0][1] == packed[1][1]:
-            # gate and up panels in turn, as below
-            self._q41 = host_memory.copy(torch.stack([p for p, _ in packed], dim=1).view(2 * nb, k // 32, -1))
-            self._amx = packed[0][1]
         if helpers is not None:
             helpers.attach(self._lib)
-        if self._amx:  # the tile unit reads only the blocks
+        if self._blocks is not None:  # the kernel reads only the blocks
+            self._amx = self._blocks.amx
             return
+        k = gate.shape[1]
         padded = torch.zeros(2, nb * 16, k)  # zero columns up to a whole panel
         padded[0, :n], padded[1, :n] = gate.detach(), up.detach()
         panels = padded.view(2, nb, 16, k).transpose(0, 1).reshape(2 * nb, 16, k)  # gate and up panels in turn
         self.weight = host_memory.copy(panels.transpose(1, 2))  # [2 NB, K, 16]
+
+    @property
+    def blocks_nbytes(self) -> int:
+        """Bytes of the GGUF block panels gate and up are read from (0: none)."""
+        if self._linear is not None:
+            return self._linear.blocks_nbytes
+        return self._blocks.nbytes if self._blocks is not None else 0
 
     @property
     def exact_rows(self) -> bool:
@@ -377,17 +437,17 @@ class GatedActivation:
         return self._linear is not None and self._linear.exact_rows
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self._lib is None:
+        if self._linear is not None:
             return self._dense.act_mul(self._act, self._linear(x))
         if x.stride(-1) != 1:
             x = x.contiguous()
         m, k = x.shape
         nb = self._nb
         y = x.new_empty(m, nb // 2 * 16)
-        # with the tile unit every step reads the blocks, so self._amx is the mode of this call too
-        blocks = _reads_blocks(self._q41, self._amx, m)
-        wp, wq = (None, self._q41.data_ptr()) if blocks else (self.weight.data_ptr(), None)
-        if self._lib.gemm_silu_f32_par(x.data_ptr(), x.stride(0), wp, wq, y.data_ptr(), y.stride(0),
+        b = self._blocks
+        wp = self.weight.data_ptr() if b is None else None
+        segs, ptrs, nseg = (b.segs.data_ptr(), b.ptrs.data_ptr(), b.nseg) if b is not None else (None, None, 0)
+        if self._lib.gemm_silu_f32_par(x.data_ptr(), x.stride(0), wp, segs, ptrs, nseg, y.data_ptr(), y.stride(0),
                                        m, nb, k, _chunk(self._amx, m), min(m, ROW_TILE), self._amx) != 0:
             raise MemoryError("the fused MLP kernel could not allocate its scratch")
         return y if nb // 2 * 16 == self.out_features else y[:, : self.out_features]

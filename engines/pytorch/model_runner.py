@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from engines.pytorch import host_memory
-from engines.pytorch.gguf_blocks import Q41
+from engines.pytorch.gguf_blocks import GGUFBlocks, WeightBlocks
 from engines.pytorch.exact_forward import ExactForward
 from engines.pytorch.linear import DenseOps, GatedActivation, Linear
 from engines.pytorch.native import HelperThreads
@@ -42,9 +42,9 @@ log = logging.getLogger("switchyard.engines.pytorch")
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
-def _joined(blocks: dict[str, Q41], *names: str) -> Q41 | None:
+def _joined(blocks: dict[str, WeightBlocks], *names: str) -> WeightBlocks | None:
     """The blocks of a fused projection, if every part has them."""
-    return Q41.cat([blocks[n] for n in names]) if all(n in blocks for n in names) else None
+    return GGUFBlocks.cat([blocks[n] for n in names]) if all(n in blocks for n in names) else None
 
 
 def _embedding_blocks(hf_model: Any, blocks: dict[str, Q41]) -> Q41 | None:
@@ -75,7 +75,7 @@ class _Layer:
 class PagedModelRunner:
     def __init__(
         self, hf_model: Any, num_blocks: int, block_size: int, *, fast_kernels: bool = True,
-        kernel_cache_dir: Path | None = None, gemm_threads: int = 1, blocks: dict[str, Q41] | None = None,
+        kernel_cache_dir: Path | None = None, gemm_threads: int = 1, blocks: dict[str, WeightBlocks] | None = None,
         match_transformers: bool = False,
     ) -> None:
         """Take over `hf_model`'s weights; q/k/v and gate/up projections are fused into one matmul each.
@@ -156,7 +156,7 @@ class PagedModelRunner:
 
     @staticmethod
     def _take(layer: Any, fast: bool, cache_dir: Path | None, helpers: HelperThreads | None, dense: DenseOps,
-              blocks: dict[str, Q41]) -> _Layer:
+              blocks: dict[str, WeightBlocks]) -> _Layer:
         """One weight for q/k/v and one for gate/up: fewer, larger matmuls (the same dot products)."""
         attn, mlp = layer.self_attn, layer.mlp
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)

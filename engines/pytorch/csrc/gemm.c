@@ -1,5 +1,5 @@
-/* Projections of the native engine (engines/pytorch/linear.py): the packed float32 / bfloat16 GEMM, its Q4_1 /
-   Q8_0 and AMX variants, the fused gate-up-SiLU job, and the dense layers' elementwise kernels (RMSNorm,
+/* Projections of the native engine (engines/pytorch/linear.py): the packed float32 / bfloat16 GEMM, its variants
+   on GGUF blocks (gemm_blocks.h; float16 / bfloat16 panels of float32 models) and AMX, the fused gate-up-SiLU job, and the dense layers' elementwise kernels (RMSNorm,
    SiLU-and-multiply), with their `*_par` entry points on the helper-thread pool. Built by native.py. */
 #include "gemm_common.h"
 #include "type_suffix.h"
@@ -10,6 +10,10 @@
 #define TYPE_SUFFIX bf16w
 #include "gemm_panels.h"
 #undef TYPE_SUFFIX
+#define TYPE_SUFFIX f16w
+#include "gemm_panels.h"
+#undef TYPE_SUFFIX
+#include "gemm_blocks.h"
 /* y += bias, then y += residual, each rounded once: what `F.linear` and a following `+` compute. */
 static void epilogue_f32(const float* bias, const float* residual, int64_t ldr, float* y, int64_t ldy, int M, int NB) {
     if (bias || residual)
@@ -234,8 +238,11 @@ void rms_norm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, float eps,
 typedef struct {
     const float* x; const void *wp, *bias, *residual; float* y; uint16_t* y16; int64_t ldx, ldr, ldy;
     int M, NB, K, chunk, mchunk, next;
-    const uint8_t* wq;  /* Q4_1 panels (Q41_BLOCK bytes per 32 k of a panel) in place of wp, or NULL */
+    const uint8_t* wq;  /* GGUF blocks in place of wp: amx 1 / 2, the tile unit's panels; else see segs */
     int amx;  /* wq in the tile unit's layout: 1 Q4_1, 2 Q8_0; 0: the register kernels'; 3: bfloat16 wp (tiles) */
+    const int* segs; const int64_t* seg_ptr; int nseg;  /* amx 0 with blocks: nseg runs of panels, run s ending at
+                                                            panel segs[2s] (exclusive), of type segs[2s + 1] (BT_*),
+                                                            its panels at address seg_ptr[s] */
     const uint16_t* xa; const float* xs;  /* x split for the tile unit (q41_prepare); amx 3: x itself */
     int failed;  /* set when a thread could not allocate its scratch */
 } gemm_job;
@@ -254,87 +261,9 @@ static inline int next_tile(gemm_job* j, int* n0, int* m0, int* nb, int* mc) {
     return 1;
 }
 
-/* Q4_1 weights (CPUs with AVX-512, steps of Q41_ROWS rows): per panel and 32 k, the 16 columns' scale d and
-   offset m (float32), then q (0..15) as a byte per k and column. The kernel expands each k row of a panel pair in
-   registers as d * q + m, the float32 weight transformers dequantizes: d * q is exact (11 x 4 significant bits), so
-   the FMA rounds once, as transformers' multiply-then-add does, and the weights, the FMA chain and so the results
-   are bit for bit those of the float32 kernel. 5 bytes per 4 weights instead of 16 from memory. */
+/* The tile unit's layout of Q4_1 / Q8_0 blocks (below): per panel and 32 k, the 16 columns' d and m (float32), then
+   q as a byte per k and column. */
 #define Q41_BLOCK 640
-#ifdef __AVX512F__
-/* One k row of a Q4_1 panel: d * q + m for its 16 columns. */
-static inline __m512 q41_row(const uint8_t* q, __m512 d, __m512 m) {
-    return _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)q))), m);
-}
-/* mkzq_<r>: r = 1..ZROWS rows of x against a panel pair of Q4_1 blocks over the whole of K, each k row of weights
-   expanded in registers (d * q + m) and then the same FMA chain as mkz. */
-#define MKZQ(r)                                                                                                     \
-    static inline void mkzq_##r(const float* x, int64_t ldx, const uint8_t* p0, const uint8_t* p1, float* y,        \
-                                int64_t ldy, int K) {                                                               \
-        ZREPEAT_##r(ZROW_ZERO)                                                                                      \
-        for (int kb = 0; kb < K / 32; kb++) {                                                                       \
-            const float *s0 = (const float*)(p0 + kb * Q41_BLOCK), *s1 = (const float*)(p1 + kb * Q41_BLOCK);       \
-            const __m512 d0 = _mm512_loadu_ps(s0), m0 = _mm512_loadu_ps(s0 + 16);                                   \
-            const __m512 d1 = _mm512_loadu_ps(s1), m1 = _mm512_loadu_ps(s1 + 16);                                   \
-            const uint8_t *q0 = (const uint8_t*)(s0 + 32), *q1 = (const uint8_t*)(s1 + 32);                         \
-            const float* xk = x + kb * 32;                                                                          \
-            for (int k = 0; k < 32; k++) {                                                                          \
-                const __m512 w0 = q41_row(q0 + k * 16, d0, m0), w1 = q41_row(q1 + k * 16, d1, m1);                  \
-                ZREPEAT_##r(ZROW_FMA_XK)                                                                            \
-            }                                                                                                       \
-        }                                                                                                           \
-        ZREPEAT_##r(ZROW_STORE)                                                                                     \
-    }
-MKZQ(1) MKZQ(2) MKZQ(3) MKZQ(4) MKZQ(5) MKZQ(6) MKZQ(7) MKZQ(8) MKZQ(9) MKZQ(10) MKZQ(11) MKZQ(12)
-static inline void mkzq(int r, const float* x, int64_t ldx, const uint8_t* p0, const uint8_t* p1, float* y, int64_t ldy,
-                        int K) {
-    switch (r) {
-#define MKZQ_CASE(i) case i: mkzq_##i(x, ldx, p0, p1, y, ldy, K); break;
-        MKZQ_CASE(1) MKZQ_CASE(2) MKZQ_CASE(3) MKZQ_CASE(4) MKZQ_CASE(5) MKZQ_CASE(6)
-        MKZQ_CASE(7) MKZQ_CASE(8) MKZQ_CASE(9) MKZQ_CASE(10) MKZQ_CASE(11) MKZQ_CASE(12)
-#undef MKZQ_CASE
-    }
-}
-/* One 32-k block of a panel pair expanded into w (2 panels x 32 k x 16 floats, the float32 kernel's layout). */
-static inline void expand_q41_block(const uint8_t* b0, const uint8_t* b1, float* w) {
-    const uint8_t* b[2] = {b0, b1};
-    for (int p = 0; p < 2; p++) {
-        const float* s = (const float*)b[p];
-        const __m512 d = _mm512_loadu_ps(s), m = _mm512_loadu_ps(s + 16);
-        const uint8_t* q = (const uint8_t*)(s + 32);
-        for (int k = 0; k < 32; k++) _mm512_storeu_ps(w + p * 512 + k * 16, q41_row(q + k * 16, d, m));
-    }
-}
-/* One row block: the weights expanded in registers. More: each 32-k block of a pair expanded once into L1 for all
-   the row blocks, whose sums continue through y from block to block (the same FMA chain, as with K blocking). */
-static void gemm_core_q41(const float* x, int64_t ldx, const uint8_t* wq, float* y, int64_t ldy, int M, int NB, int K) {
-    const int64_t panel = (int64_t)K / 32 * Q41_BLOCK;
-    float w[2 * 32 * 16];
-    for (int nb = 0; nb + 2 <= NB; nb += 2) {
-        const uint8_t *p0 = wq + nb * panel, *p1 = wq + (nb + 1) * panel;
-        if (M <= ZROWS) {
-            mkzq(M, x, ldx, p0, p1, y + nb * 16, ldy, K);
-            continue;
-        }
-        for (int kb = 0; kb < K / 32; kb++) {
-            expand_q41_block(p0 + kb * Q41_BLOCK, p1 + kb * Q41_BLOCK, w);
-            for (int m = 0; m < M; m += ZROWS)
-                mkz_f32(M - m < ZROWS ? M - m : ZROWS, x + m * ldx + kb * 32, ldx, w, 512, y + m * ldy + nb * 16, ldy,
-                        32, kb > 0, 0, 0, 1);
-        }
-    }
-}
-#else
-static void gemm_core_q41(const float* x, int64_t ldx, const uint8_t* wq, float* y, int64_t ldy, int M, int NB, int K) {
-    (void)x; (void)ldx; (void)wq; (void)y; (void)ldy; (void)M; (void)NB; (void)K;  /* not called: Python checks */
-}
-#endif
-int q41_supported(void) {
-#ifdef __AVX512F__
-    return 1;
-#else
-    return 0;
-#endif
-}
 
 /* ---- AMX (CPUs with AMX-BF16): the same Q4_1 / Q8_0 blocks, on steps of any number of rows ----
    x is split once per call into three bfloat16 parts whose sum is x exactly (8 + 8 + 8 significant bits), and q
@@ -559,7 +488,8 @@ int gemm_bf16_amx_par(const uint16_t* x, int64_t ldx, const uint16_t* wp, const 
                       const uint16_t* residual, int64_t ldr, uint16_t* y, int64_t ldy, int M, int NB, int K, int chunk,
                       int mchunk) {
 #if defined(__AMX_BF16__) && defined(__AVX512BF16__)
-    gemm_job j = {0, wp, bias, residual, 0, y, ldx, ldr, ldy, M, NB, K, chunk, mchunk, 0, 0, 3, x, 0, 0};
+    gemm_job j = {.wp = wp, .bias = bias, .residual = residual, .y16 = y, .ldx = ldx, .ldr = ldr, .ldy = ldy, .M = M,
+                  .NB = NB, .K = K, .chunk = chunk, .mchunk = mchunk, .amx = 3, .xa = x};
     POOL_RUN(bf16_amx_task, &j);
     return 0;
 #else
@@ -578,18 +508,37 @@ int amx_supported(void) {
     return 0;
 #endif
 }
-/* One tile of a job on GGUF blocks: the tile unit's kernel (the job's x split, see amx_split) or the registers'. */
-static void q41_tile(gemm_job* j, int m0, int n0, float* y, int64_t ldy, int mc, int nb) {
-    const uint8_t* wq = j->wq + (int64_t)n0 * (j->K / 32) * Q41_BLOCK;
+/* One tile of a job on GGUF blocks: the tile unit's kernel (the job's x split, see amx_split) or, run by run of
+   panels, the expanding kernels (gemm_blocks.h; 16-bit panels: the float32 kernel with the weights widened as
+   loaded). */
+static void blocks_tile(gemm_job* j, int m0, int n0, float* y, int64_t ldy, int mc, int nb) {
 #if defined(__AMX_BF16__) && defined(__AVX512BF16__)
     if (j->xa) {
+        const uint8_t* wq = j->wq + (int64_t)n0 * (j->K / 32) * Q41_BLOCK;
         const int64_t at = (int64_t)m0 / 16 * (j->K / 32);
         if (gemm_core_amx(j->xa + at * 1536, j->xs + at * 16, wq, y, ldy, mc, nb, j->K, j->amx == 1) != 0)
             __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
         return;
     }
 #endif
-    gemm_core_q41(j->x + m0 * j->ldx, j->ldx, wq, y, ldy, mc, nb, j->K);
+    const float* x = j->x + m0 * j->ldx;
+    for (int s = 0, start = 0; s < j->nseg; start = j->segs[2 * s], s++) {
+        const int end = j->segs[2 * s], t = j->segs[2 * s + 1];
+        const int lo = n0 > start ? n0 : start, hi = n0 + nb < end ? n0 + nb : end;
+        if (lo >= hi) continue;
+        const uint8_t* base = (const uint8_t*)(intptr_t)j->seg_ptr[s];
+        float* ys = y + (int64_t)(lo - n0) * 16;
+        if (t == BT_BF16 || t == BT_F16) {
+            const uint16_t* wp = (const uint16_t*)base + (int64_t)(lo - start) * j->K * 16;
+            if (t == BT_BF16) gemm_core_bf16w(x, j->ldx, wp, ys, ldy, mc, hi - lo, j->K);
+            else gemm_core_f16w(x, j->ldx, wp, ys, ldy, mc, hi - lo, j->K);
+        } else {
+            const int64_t pstride = bt_panel_bytes(t, j->K);
+            if (gemm_core_blocks(t, x, j->ldx, base + (int64_t)(lo - start) * pstride, pstride, ys, ldy, mc, hi - lo,
+                                 j->K) != 0)
+                __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+        }
+    }
 }
 /* Before a job with amx != 0 (1: Q4_1 panels, 2: Q8_0, both in amx layout): x split for it; -1: out of memory. */
 static int q41_prepare(gemm_job* j) {
@@ -606,9 +555,9 @@ static void gemm_task(void* p) {
     for (int n0, m0, nb, mc; next_tile(j, &n0, &m0, &nb, &mc);) {
         const int64_t w0 = (int64_t)n0 * j->K * 16, c0 = (int64_t)n0 * 16, y0 = m0 * j->ldy + c0, r0 = m0 * j->ldr + c0;
         const float* x = j->x + m0 * j->ldx;
-        if (j->wq) {  /* float32 only */
+        if (j->wq || j->nseg) {  /* float32 only */
             const float *bias = (const float*)j->bias, *res = (const float*)j->residual;
-            q41_tile(j, m0, n0, j->y + y0, j->ldy, mc, nb);
+            blocks_tile(j, m0, n0, j->y + y0, j->ldy, mc, nb);
             epilogue_f32(bias ? bias + c0 : 0, res ? res + r0 : 0, j->ldr, j->y + y0, j->ldy, mc, nb);
         } else if (j->y16) {
             const uint16_t *bias = (const uint16_t*)j->bias, *res = (const uint16_t*)j->residual;
@@ -634,18 +583,23 @@ void gemm_bf16w_par(const float* x, int64_t ldx, const uint16_t* wp, const uint1
     POOL_RUN(gemm_task, &j);
 }
 
-/* gemm_f32_par with the weight as Q4_1 panels (K a multiple of 32; AVX-512: NB even; amx: see gemm_job).
-   Returns 0, or -1 when the split of x could not be allocated. */
-int gemm_q41_par(const float* x, int64_t ldx, const uint8_t* wq, const float* bias, const float* residual,
-                 int64_t ldr, float* y, int64_t ldy, int M, int NB, int K, int chunk, int mchunk, int amx) {
-    gemm_job j = {x, 0, bias, residual, y, 0, ldx, ldr, ldy, M, NB, K, chunk, mchunk, 0, wq, amx, 0, 0, 0};
+/* gemm_f32_par with the weight as GGUF blocks: amx 1 / 2, one run of the tile unit's Q4_1 / Q8_0 panels at
+   ptrs[0]; amx 0, nseg runs of panels (gemm_job's segs). Returns 0, or -1 when a scratch (the split of x, an
+   expanding kernel's) could not be allocated. */
+int gemm_blocks_par(const float* x, int64_t ldx, const int* segs, const int64_t* ptrs, int nseg, const float* bias,
+                    const float* residual, int64_t ldr, float* y, int64_t ldy, int M, int NB, int K, int chunk,
+                    int mchunk, int amx) {
+    gemm_job j = {.x = x, .bias = bias, .residual = residual, .y = y, .ldx = ldx, .ldr = ldr, .ldy = ldy, .M = M,
+                  .NB = NB, .K = K, .chunk = chunk, .mchunk = mchunk, .amx = amx};
+    if (amx) j.wq = (const uint8_t*)(intptr_t)ptrs[0];
+    else j.segs = segs, j.seg_ptr = ptrs, j.nseg = nseg;
     if (q41_prepare(&j) != 0) return -1;
     POOL_RUN(gemm_task, &j);
     return j.failed ? -1 : 0;
 }
 
 /* y[M, NB / 2 * 16] = silu(x @ G.T) * (x @ U.T), with W packed as gate and up panels in turn (G0 U0 G1 U1 ...:
-   NB panels, NB even): each tile of `chunk` panels (even) x `mchunk` rows is computed into the thread's scratch and
+   NB panels, NB even; or GGUF blocks in that order, as for gemm_blocks_par): each tile of `chunk` panels (even) x `mchunk` rows is computed into the thread's scratch and
    activated from there, so the [M, NB * 16] product of gate and up never goes to memory and back. The same bits as
    gemm_f32 then silu_mul_f32. Returns 0, or -1 when no thread could allocate its scratch. */
 static void gemm_silu_task(void* p) {
@@ -655,8 +609,8 @@ static void gemm_silu_task(void* p) {
     if (!tile) return;  /* the other threads take the tiles; the caller reports it if none could */
     for (int n0, m0, nb, mc; next_tile(j, &n0, &m0, &nb, &mc);) {
         const float* x = j->x + m0 * j->ldx;
-        if (j->wq)
-            q41_tile(j, m0, n0, tile, ldt, mc, nb);
+        if (j->wq || j->nseg)
+            blocks_tile(j, m0, n0, tile, ldt, mc, nb);
         else
             gemm_core_f32(x, j->ldx, (const float*)j->wp + (int64_t)n0 * j->K * 16, tile, ldt, mc, nb, j->K);
         for (int r = 0; r < mc; r++)
@@ -666,9 +620,12 @@ static void gemm_silu_task(void* p) {
     }
     free(tile);
 }
-int gemm_silu_f32_par(const float* x, int64_t ldx, const float* wp, const uint8_t* wq, float* y, int64_t ldy, int M,
-                      int NB, int K, int chunk, int mchunk, int amx) {
-    gemm_job j = {x, wp, 0, 0, y, 0, ldx, 0, ldy, M, NB, K, chunk, mchunk, 0, wq, amx, 0, 0, 0};
+int gemm_silu_f32_par(const float* x, int64_t ldx, const float* wp, const int* segs, const int64_t* ptrs, int nseg,
+                      float* y, int64_t ldy, int M, int NB, int K, int chunk, int mchunk, int amx) {
+    gemm_job j = {.x = x, .wp = wp, .y = y, .ldx = ldx, .ldy = ldy, .M = M, .NB = NB, .K = K, .chunk = chunk,
+                  .mchunk = mchunk, .amx = amx};
+    if (amx) j.wq = (const uint8_t*)(intptr_t)ptrs[0];
+    else if (nseg) j.segs = segs, j.seg_ptr = ptrs, j.nseg = nseg;
     if (q41_prepare(&j) != 0) return -1;
     POOL_RUN(gemm_silu_task, &j);
     return j.failed || __atomic_load_n(&j.next, __ATOMIC_RELAXED) < tile_count(&j) ? -1 : 0;  /* tiles no thread took */

@@ -10,11 +10,16 @@
 
 typedef float WT_f32;
 typedef uint16_t WT_bf16w;
+typedef uint16_t WT_f16w;
 static inline __m256 LOADW_f32(const float* p) { return _mm256_loadu_ps(p); }
 static inline __m256 LOADW_bf16w(const uint16_t* p) {  /* 8 bfloat16 -> float32, exactly */
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
 }
+static inline __m256 LOADW_f16w(const uint16_t* p) {  /* 8 float16 -> float32, exactly (F16C) */
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+}
 #ifdef __AVX512F__
+static inline __m512 LOADZ_f16w(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
 static inline __m512 LOADZ_f32(const float* p) { return _mm512_loadu_ps(p); }
 static inline __m512 widen_bf16(__m256i h) {  /* 16 bfloat16 -> float32, exactly */
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));

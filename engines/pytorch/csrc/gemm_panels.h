@@ -1,6 +1,6 @@
 /* The blocked float32 GEMM over packed panels, once per weight type: gemm.c includes this header with TYPE_SUFFIX
-   f32 (float32 weights) and bf16w (bfloat16 weights, converted to float32 as they are loaded; x and the sums are
-   float32). No include guard: it is meant to be included once per type (type_suffix.h). */
+   f32 (float32 weights), bf16w and f16w (bfloat16 / float16 weights, converted to float32 exactly as they are
+   loaded; x and the sums are float32). No include guard: it is meant to be included once per type (type_suffix.h). */
 /* Micro-kernels: R rows of x against one 16-column panel of packed weights, over k = 0..kc-1. The accumulators
    start at zero (init == 0) or at y (a later K block continues the same FMA chain exactly). */
 #undef ROW_DECL
@@ -78,12 +78,15 @@ static inline void SFX(mkz)(int r, const float* x, int64_t ldx, const SFX(WT)* w
 }
 #endif
 
-static void SFX(gemm_core)(const float* x, int64_t ldx, const SFX(WT)* wp, float* y, int64_t ldy, int M, int NB, int K) {
+/* y = x @ W.T over k = 0..K-1; with init0 the FMA chains continue from y (the caller's previous k), so a caller
+   may run K in pieces (e.g. weights expanded from blocks a piece at a time) and get the bits of one call. */
+static void SFX(gemm_core_from)(const float* x, int64_t ldx, const SFX(WT)* wp, float* y, int64_t ldy, int M, int NB,
+                                int K, int init0) {
     const int64_t panel = (int64_t)K * 16;
     const int nkb = (K + KC - 1) / KC;
     for (int kb = 0; kb < nkb; kb++) {
         const int k0 = (int)((int64_t)K * kb / nkb), kc = (int)((int64_t)K * (kb + 1) / nkb) - k0;
-        const int init = kb > 0;
+        const int init = kb > 0 || init0;
         for (int m0 = 0; m0 < M; m0 += MC) {
             const int mc = M - m0 < MC ? M - m0 : MC;
             int nb = 0;
@@ -126,4 +129,8 @@ static void SFX(gemm_core)(const float* x, int64_t ldx, const SFX(WT)* wp, float
             }
         }
     }
+}
+static inline void SFX(gemm_core)(const float* x, int64_t ldx, const SFX(WT)* wp, float* y, int64_t ldy, int M, int NB,
+                                  int K) {
+    SFX(gemm_core_from)(x, ldx, wp, y, ldy, M, NB, K, 0);
 }

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from engines.pytorch import linear
-from engines.pytorch.gguf_blocks import Q41
+from engines.pytorch.gguf_blocks import GGUFBlocks
+from tests.random_gguf_blocks import make_blocks
 from engines.pytorch.linear import CHUNK_PANELS, ROW_TILE, DenseOps, GatedActivation, Linear
 from engines.pytorch.native import HelperThreads
 
@@ -163,44 +164,14 @@ def test_fused_gate_up_silu_gives_the_bits_of_the_two_steps(threads: int, tmp_pa
     torch.testing.assert_close(unfused(x), F.gelu(F.linear(x, gate)) * F.linear(x, up), atol=1e-5, rtol=1e-4)
 
 
-def _q41(n: int, k: int, gen: torch.Generator) -> Q41:
-    """Random Q4_1 blocks as GGUF stores them: float16 scale and offset, q in 0..15."""
-    scale = (torch.rand(n, k // 32, generator=gen) * 0.02).half().float()
-    offset = (-torch.rand(n, k // 32, generator=gen) * 0.1).half().float()
-    return Q41(scale, offset, torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8))
+def _q41(n: int, k: int, gen: torch.Generator) -> GGUFBlocks:
+    """Q4_1 blocks as GGUF stores them (gguf-py's quantization of a random weight)."""
+    return make_blocks("Q4_1", n, k, seed=int(torch.randint(0, 2**31, (1,), generator=gen)))
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_q41_blocks_give_the_bits_of_the_float32_weight(threads: int, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Reading the weight's Q4_1 blocks (expanded in registers, or per 32-k block for a few row blocks) computes
-    exactly what the float32 kernel computes from the dequantized weight: bias, residual, a padded last panel."""
-    monkeypatch.setattr(linear, "TILE_UNIT", False)  # the register kernels, also on CPUs with AMX
-    gen = torch.Generator().manual_seed(5)
-    helpers = HelperThreads(threads, tmp_path) if threads > 1 else None
-    blocks = _q41(216, 96, gen)  # 14 panels, the last one half padding
-    weight, bias = blocks.dequantize(), torch.randn(216, generator=gen)
-    plain, packed = Linear(weight, bias, True, tmp_path, helpers), Linear(weight, bias, True, tmp_path, helpers, blocks)
-    if packed._q41 is None:
-        pytest.skip("no C compiler or no AVX-512 here")
-    for m in (1, 3, 4, 12, 13, 16, 17, 40):
-        x, residual = torch.randn(m, 96, generator=gen), torch.randn(m, 216, generator=gen)
-        assert torch.equal(packed(x), plain(x))
-        assert torch.equal(packed(x, residual), plain(x, residual))
-    torch.testing.assert_close(packed(x), F.linear(x, weight, bias), atol=1e-4, rtol=1e-4)
-    scale = (torch.rand(64, 3, generator=gen) * 0.01).half().float()  # Q8_0 as the lm_head keeps it: q + 128
-    q8 = Q41(scale, scale * -128.0, torch.randint(0, 256, (64, 96), generator=gen, dtype=torch.uint8))
-    head, head_blocks = Linear(q8.dequantize(), None, True, tmp_path, helpers), Linear(q8.dequantize(), None, True, tmp_path, helpers, q8)
-    x = torch.randn(5, 96, generator=gen)
-    assert torch.equal(head_blocks(x), head(x))
-    gate, up = _q41(200, 64, gen), _q41(200, 64, gen)
-    dense = DenseOps(True, torch.float32, tmp_path, helpers)
-    fused = GatedActivation(gate.dequantize(), up.dequantize(), torch.nn.SiLU(), True, tmp_path, helpers, dense,
-                            (gate, up))
-    two_steps = Linear(torch.cat([gate.dequantize(), up.dequantize()]), None, True, tmp_path, helpers)
-    for m in (1, 8, 16, 300):
-        x = torch.randn(m, 64, generator=gen)
-        assert torch.equal(fused(x), dense.act_mul(torch.nn.SiLU(), two_steps(x)))
+def _q8(n: int, k: int, gen: torch.Generator) -> GGUFBlocks:
+    """Q8_0 blocks, as a tied lm_head keeps them."""
+    return make_blocks("Q8_0", n, k, seed=int(torch.randint(0, 2**31, (1,), generator=gen)))
 
 
 def _tile_unit(lin: Linear) -> bool:
@@ -233,8 +204,7 @@ def test_tile_unit_rows_do_not_depend_on_the_batch(threads: int, tmp_path: Path)
         assert torch.equal(packed(x_all[m - 1 : m]), full[m - 1 : m])  # the last row alone
     assert _max_error(full, x_all, weight, bias) <= _max_error(plain(x_all), x_all, weight, bias)
     torch.testing.assert_close(full, F.linear(x_all, weight, bias), atol=1e-5, rtol=1e-5)
-    scale = (torch.rand(64, 3, generator=gen) * 0.01).half().float()  # Q8_0 as the lm_head keeps it: q + 128
-    q8 = Q41(scale, scale * -128.0, torch.randint(0, 256, (64, 96), generator=gen, dtype=torch.uint8))
+    q8 = _q8(64, 96, gen)
     head = Linear(q8.dequantize(), None, True, tmp_path, helpers, q8)
     logits = head(x_all)
     assert torch.equal(head(x_all[:5]), logits[:5])
@@ -296,7 +266,7 @@ def test_tile_unit_fused_gate_up_equals_the_two_steps(threads: int, tmp_path: Pa
     fused = GatedActivation(gate.dequantize(), up.dequantize(), torch.nn.SiLU(), True, tmp_path, helpers, dense,
                             (gate, up))
     two_steps = Linear(torch.cat([gate.dequantize(), up.dequantize()]), None, True, tmp_path, helpers,
-                       Q41.cat([gate, up]))
+                       GGUFBlocks.cat([gate, up]))
     if not _tile_unit(two_steps):
         pytest.skip("no AMX here (or no C compiler)")
     for m in (1, 8, 16, 300):

@@ -1,0 +1,264 @@
+/* Weights kept as a GGUF file's quantized blocks (engines/pytorch/gguf_blocks.py), repacked at load into panels of
+   16 output columns (engines/pytorch/block_panels.py writes this layout), and expanded to the exact float32 weight
+   as the GEMM runs. Included by gemm.c after the float32 panel kernels (gemm_core_from_f32).
+
+   Every type's float32 weight, as gguf-py (and so transformers) dequantizes it, is one rounding of A * q + B with A
+   and B exact float32 values per column and sub-block and q a small integer: Q4_0 d*(q-8), Q5_0 d*(q-16), Q8_0
+   d*q, Q4_1/Q5_1 d*q+m, Q4_K/Q5_K (d*sc)*q-(dmin*m), Q6_K (d*sc)*(q-32); d*sc and dmin*m are exact in float32
+   (11 x 8 significant bits at most). So fma(A, q, B) is that very weight, bit for bit (up to the sign of a zero),
+   and the float32 kernel's FMA chain over k then gives the float32 kernel's bits on the dequantized weight.
+
+   Layout: a panel (16 columns) is a run of records over k, RK = 32 k (256 for the K-quants), nothing shared
+   between panels; within a record every field is per column, 16 side by side:
+     32-k types   [d f16 x16] [m f16 x16: Q4_1, Q5_1] then Q8_0: [q int8 32 k x 16]
+                  else [nibbles 16 x 16 bytes] [high bits 4 x 16 bytes: Q5_0, Q5_1]
+     Q4_K, Q5_K   [d f16 x16] [dmin f16 x16], then 8 groups of 32 k: [sc u8 x16] [m u8 x16] [nibbles]
+                  [high bits 4 x 16 bytes: Q5_K]
+     Q6_K         [d f16 x16], then 8 groups of 32 k: [sc int8 x16 for k 0-15] [sc for k 16-31] [nibbles]
+                  [high bits 8 x 16 bytes]
+   Nibbles: byte j*16 + c holds q of k = j (low nibble) and k = 16 + j (high nibble) of column c. High bits (bit 4
+   of a 5-bit q): byte j*16 + c, bit i for k = j + 4i; (bits 4-5 of Q6_K's 6-bit q): bits 2i, 2i+1 for k = j + 8i.
+   So a k row's 16 high parts are one 16-byte load, a shift by a constant and a mask. Bytes per weight: the file's (Q4_K, Q5_K: +1/8 bit for their sc/m as bytes).
+
+   A step expands a few panels x a run of k into a per-thread float32 scratch (16 KB for steps of up to
+   BLOCK_FEW_ROWS rows: L1; 256 KB for larger steps, L2, reused by every row of the tile) and runs the float32 kernel
+   over it, continuing each output's FMA chain from piece to piece (gemm_core_from_f32). No float32 copy of the
+   weight is ever kept. */
+#ifndef SWITCHYARD_GEMM_BLOCKS_H
+#define SWITCHYARD_GEMM_BLOCKS_H
+
+enum { BT_Q4_0 = 1, BT_Q4_1, BT_Q5_0, BT_Q5_1, BT_Q8_0, BT_Q4_K, BT_Q5_K, BT_Q6_K, BT_BF16, BT_F16 };
+/* Bytes of a record of each type (index: BT_*) and k per record. */
+static const int BT_RECORD[] = {0, 288, 320, 352, 384, 544, 2368, 2880, 3360, 32, 32};
+static const int BT_RK[] = {0, 32, 32, 32, 32, 32, 256, 256, 256, 1, 1};
+static inline int64_t bt_panel_bytes(int t, int K) { return (int64_t)K / BT_RK[t] * BT_RECORD[t]; }
+
+/* 16 float32 lanes: one 512-bit register, or two 256-bit ones without AVX-512. */
+#ifdef __AVX512F__
+typedef __m512 v16;
+static inline v16 v16_f16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+static inline v16 v16_u8(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
+static inline v16 v16_i8(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+static inline v16 v16_fma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
+static inline v16 v16_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
+static inline v16 v16_set1(float f) { return _mm512_set1_ps(f); }
+static inline v16 v16_neg(v16 a) { return _mm512_xor_ps(a, _mm512_set1_ps(-0.0f)); }
+static inline void v16_store(float* p, v16 a) { _mm512_storeu_ps(p, a); }
+#else
+typedef struct { __m256 lo, hi; } v16;
+static inline v16 v16_f16(const uint8_t* p) {
+    v16 r = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16)))};
+    return r;
+}
+static inline v16 v16_u8(__m128i b) {
+    v16 r = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
+    return r;
+}
+static inline v16 v16_i8(__m128i b) {
+    v16 r = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+    return r;
+}
+static inline v16 v16_fma(v16 a, v16 b, v16 c) {
+    v16 r = {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+    return r;
+}
+static inline v16 v16_mul(v16 a, v16 b) { v16 r = {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; return r; }
+static inline v16 v16_set1(float f) { v16 r = {_mm256_set1_ps(f), _mm256_set1_ps(f)}; return r; }
+static inline v16 v16_neg(v16 a) {
+    const __m256 s = _mm256_set1_ps(-0.0f);
+    v16 r = {_mm256_xor_ps(a.lo, s), _mm256_xor_ps(a.hi, s)};
+    return r;
+}
+static inline void v16_store(float* p, v16 a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
+#endif
+static inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128((const __m128i*)p); }
+/* ---- steps of a few rows: the weights expanded in registers, k row by k row, straight into the FMA chains ---- */
+/* A 32-k group of a panel, decoded: rows k < 16 are fma(a0, q, b0), k >= 16 fma(a1, q, b1); q from nibbles (and high
+   bits) or Q8_0's bytes. */
+typedef struct { v16 a0, b0, a1, b1; const uint8_t *nib, *q8, *high; } group_view;
+static inline __attribute__((always_inline)) void group_decode(const int t, const uint8_t* panel, int gi,
+                                                               group_view* v) {
+    v->q8 = v->high = 0;
+    if (t <= BT_Q8_0) {
+        const uint8_t* g = panel + (int64_t)gi * BT_RECORD[t];
+        v->a0 = v->a1 = v16_f16(g);
+        if (t == BT_Q8_0) { v->b0 = v->b1 = v16_set1(-0.0f); v->q8 = g + 32; return; }  /* d * q, a zero's sign too */
+        const int with_m = t == BT_Q4_1 || t == BT_Q5_1;
+        v->b0 = v->b1 = with_m ? v16_f16(g + 32) : v16_mul(v->a0, v16_set1(t == BT_Q4_0 ? -8.0f : -16.0f));
+        v->nib = g + (with_m ? 64 : 32);
+        if (t == BT_Q5_0 || t == BT_Q5_1) v->high = v->nib + 256;
+        return;
+    }
+    const uint8_t* rec = panel + (int64_t)(gi / 8) * BT_RECORD[t];
+    const v16 d = v16_f16(rec);
+    if (t == BT_Q6_K) {
+        const uint8_t* g = rec + 32 + (gi % 8) * 416;
+        const v16 off = v16_set1(-32.0f);
+        v->a0 = v16_mul(d, v16_i8(load16(g)));
+        v->a1 = v16_mul(d, v16_i8(load16(g + 16)));
+        v->b0 = v16_mul(v->a0, off);
+        v->b1 = v16_mul(v->a1, off);
+        v->nib = g + 32;
+        v->high = g + 288;
+        return;
+    }
+    const uint8_t* g = rec + 64 + (gi % 8) * (t == BT_Q5_K ? 352 : 288);
+    v->a0 = v->a1 = v16_mul(d, v16_u8(load16(g)));
+    v->b0 = v->b1 = v16_neg(v16_mul(v16_f16(rec + 32), v16_u8(load16(g + 16))));
+    v->nib = g + 32;
+    if (t == BT_Q5_K) v->high = g + 288;
+}
+/* Bits moved left by s (right for s < 0) within each byte's reach: 16-bit shifts, whose spill the caller masks. */
+static inline __attribute__((always_inline)) __m128i shift_bits(__m128i v, const int s) {
+    return s > 0 ? _mm_slli_epi16(v, s) : s < 0 ? _mm_srli_epi16(v, -s) : v;
+}
+/* Row k = 8 c + 4 h + j (c 0..3, h 0..1, j 0..3) of a decoded group: the float32 weights of its 16 columns. c and h
+   are constants where it is inlined (the shifts of the high bits), j need not be. */
+static inline __attribute__((always_inline)) v16 group_row(const int t, const group_view* v, const int c, const int h,
+                                                           int j) {
+    const int k = 8 * c + 4 * h + j;
+    if (t == BT_Q8_0) return v16_fma(v->a0, v16_i8(load16(v->q8 + 16 * k)), v->b0);
+    const __m128i b = load16(v->nib + 16 * (k & 15));
+    __m128i q = _mm_and_si128(c >= 2 ? _mm_srli_epi16(b, 4) : b, _mm_set1_epi8(15));
+    if (t == BT_Q6_K)  /* bits 2c, 2c+1 of byte (4 h + j) to bits 4, 5 */
+        q = _mm_or_si128(q, _mm_and_si128(shift_bits(load16(v->high + 16 * (4 * h + j)), 4 - 2 * c),
+                                          _mm_set1_epi8(0x30)));
+    else if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K)  /* bit 2 c + h of byte j to bit 4 */
+        q = _mm_or_si128(q, _mm_and_si128(shift_bits(load16(v->high + 16 * j), 4 - (2 * c + h)), _mm_set1_epi8(0x10)));
+    return c >= 2 ? v16_fma(v->a1, v16_u8(q), v->b1) : v16_fma(v->a0, v16_u8(q), v->b0);
+}
+/* F(c, h) for the 8 runs of 4 k of a group, in k order. */
+#define GROUP_RUNS(F) F(0, 0) F(0, 1) F(1, 0) F(1, 1) F(2, 0) F(2, 1) F(3, 0) F(3, 1)
+/* Group gi (k = 32 gi .. 32 gi + 31) of a panel of type t, as float32 w[32][16]. */
+static inline __attribute__((always_inline)) void expand_group_t(const int t, const uint8_t* panel, int gi, float* w) {
+    group_view g;
+    group_decode(t, panel, gi, &g);
+#define EXPAND_RUN(c, h) for (int j = 0; j < 4; j++) v16_store(w + 16 * (8 * c + 4 * h + j), group_row(t, &g, c, h, j));
+    GROUP_RUNS(EXPAND_RUN)
+#undef EXPAND_RUN
+}
+static void expand_group(int t, const uint8_t* panel, int gi, float* w) {
+    switch (t) {
+#define EXPAND_CASE(T) case T: expand_group_t(T, panel, gi, w); break;
+        EXPAND_CASE(BT_Q4_0) EXPAND_CASE(BT_Q4_1) EXPAND_CASE(BT_Q5_0) EXPAND_CASE(BT_Q5_1) EXPAND_CASE(BT_Q8_0)
+        EXPAND_CASE(BT_Q4_K) EXPAND_CASE(BT_Q5_K) EXPAND_CASE(BT_Q6_K)
+#undef EXPAND_CASE
+    }
+}
+
+#ifdef __AVX512F__
+static inline v16 v16_bcast(const float* p) { return _mm512_set1_ps(*p); }
+static inline v16 v16_zero(void) { return _mm512_setzero_ps(); }
+#define REG_ROWS 8  /* rows per register kernel: 2 panels x 8 rows of accumulators, 16 of the 32 registers */
+#else
+static inline v16 v16_bcast(const float* p) { v16 r = {_mm256_broadcast_ss(p), _mm256_broadcast_ss(p)}; return r; }
+static inline v16 v16_zero(void) { v16 r = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return r; }
+#define REG_ROWS 2  /* 2 panels x 2 rows: 8 of the 16 registers accumulate */
+#endif
+/* R rows of x against a panel pair of type t (w1: the second panel, or w0 again with `one`: only the first is
+   stored) over the whole of K, the weights expanded in registers: every output's FMA chain runs k = 0..K-1 as in the
+   float32 kernel. */
+static inline __attribute__((always_inline)) void reg_kernel(const int t, const int R, const float* x, int64_t ldx,
+                                                             const uint8_t* w0, const uint8_t* w1, int one, float* y,
+                                                             int64_t ldy, int K) {
+    v16 acc[REG_ROWS][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = v16_zero();
+    for (int gi = 0; gi < K / 32; gi++) {
+        group_view g0, g1;
+        group_decode(t, w0, gi, &g0);
+        group_decode(t, w1, gi, &g1);
+        const float* xk = x + gi * 32;
+#define REG_RUN(c, h) _Pragma("GCC unroll 1")                                                                    \
+        for (int j = 0; j < 4; j++) {                                                                               \
+            const v16 u0 = group_row(t, &g0, c, h, j), u1 = group_row(t, &g1, c, h, j);                           \
+            for (int r = 0; r < R; r++) {                                                                           \
+                const v16 xb = v16_bcast(xk + r * ldx + 8 * c + 4 * h + j);                                         \
+                acc[r][0] = v16_fma(xb, u0, acc[r][0]);                                                             \
+                acc[r][1] = v16_fma(xb, u1, acc[r][1]);                                                             \
+            }                                                                                                       \
+        }
+        GROUP_RUNS(REG_RUN)  /* k = 0..31 in order */
+#undef REG_RUN
+    }
+    for (int r = 0; r < R; r++) {
+        v16_store(y + r * ldy, acc[r][0]);
+        if (!one) v16_store(y + r * ldy + 16, acc[r][1]);
+    }
+}
+/* The register kernel of type t for R rows over NB panels (pairs; a last odd panel as a pair with itself). */
+static inline __attribute__((always_inline)) void reg_rows_t(const int t, const int R, const float* x, int64_t ldx,
+                                                             const uint8_t* wq, int64_t pstride, float* y,
+                                                             int64_t ldy, int NB, int K) {
+    for (int nb = 0; nb < NB; nb += 2) {
+        const int one = nb + 1 == NB;
+        reg_kernel(t, R, x, ldx, wq + nb * pstride, wq + (nb + !one) * pstride, one, y + nb * 16, ldy, K);
+    }
+}
+static void reg_rows(int t, int r, const float* x, int64_t ldx, const uint8_t* wq, int64_t pstride, float* y,
+                     int64_t ldy, int NB, int K) {
+#define REG_CASE(T, R) case T: reg_rows_t(T, R, x, ldx, wq, pstride, y, ldy, NB, K); break;
+#define REG_TYPES(R) switch (t) { REG_CASE(BT_Q4_0, R) REG_CASE(BT_Q4_1, R) REG_CASE(BT_Q5_0, R) REG_CASE(BT_Q5_1, R) \
+                                  REG_CASE(BT_Q8_0, R) REG_CASE(BT_Q4_K, R) REG_CASE(BT_Q5_K, R) REG_CASE(BT_Q6_K, R) }
+    if (r == 1) REG_TYPES(1)
+    else if (r == 2) REG_TYPES(2)
+#if REG_ROWS > 2
+    else if (r == 4) REG_TYPES(4)
+    else if (r == 8) REG_TYPES(8)
+#endif
+#undef REG_TYPES
+#undef REG_CASE
+}
+/* A step of M rows in row blocks of REG_ROWS, then 4, 2, 1 (each block expands the weights again). */
+static void gemm_core_blocks_reg(int t, const float* x, int64_t ldx, const uint8_t* wq, int64_t pstride, float* y,
+                                 int64_t ldy, int M, int NB, int K) {
+    for (int m = 0, r; m < M; m += r) {
+        for (r = REG_ROWS; r > M - m; r /= 2) {}
+        reg_rows(t, r, x + m * ldx, ldx, wq, pstride, y + m * ldy, ldy, NB, K);
+    }
+}
+
+/* A thread's scratch of at least `need` bytes (64-byte aligned), grown and kept between calls; NULL: out of memory. */
+typedef struct { void* p; size_t capacity; } thread_scratch;
+static void* scratch_reserve(thread_scratch* s, size_t need) {
+    if (need > s->capacity) {
+        free(s->p);
+        s->p = aligned_alloc(64, (need + 63) / 64 * 64);
+        s->capacity = s->p ? need : 0;
+    }
+    return s->p;
+}
+static __thread thread_scratch blocks_scratch;
+
+/* Steps of up to this many rows expand BLOCK_FEW_PANELS panels x BLOCK_FEW_K k at a time (16 KB: stays in L1);
+   larger ones BLOCK_PANELS x BLOCK_K (256 KB in L2, shared by all the rows of the tile). */
+#define BLOCK_REG_ROWS 16  /* steps of up to this many rows: the register kernels (gemm_core_blocks_reg) */
+#define BLOCK_FEW_ROWS 16
+#define BLOCK_FEW_PANELS 4
+#define BLOCK_FEW_K 64
+#define BLOCK_PANELS 16
+#define BLOCK_K 256
+/* y[M, NB * 16] = x[M, K] @ W.T for W as NB panels of type t (BT_Q4_0..BT_Q6_K), `pstride` bytes apart: a piece
+   of panels and k expanded into the scratch, then the float32 kernel over it, continuing the FMA chains. -1: out
+   of memory for the scratch. */
+static int gemm_core_blocks(int t, const float* x, int64_t ldx, const uint8_t* wq, int64_t pstride, float* y,
+                            int64_t ldy, int M, int NB, int K) {
+    if (M <= BLOCK_REG_ROWS) {
+        gemm_core_blocks_reg(t, x, ldx, wq, pstride, y, ldy, M, NB, K);
+        return 0;
+    }
+    const int few = M <= BLOCK_FEW_ROWS, pmax = few ? BLOCK_FEW_PANELS : BLOCK_PANELS, kmax = few ? BLOCK_FEW_K : BLOCK_K;
+    float* const w = (float*)scratch_reserve(&blocks_scratch, sizeof(float) * (size_t)pmax * kmax * 16);
+    if (!w) return -1;
+    for (int n0 = 0; n0 < NB; n0 += pmax) {
+        const int pb = NB - n0 < pmax ? NB - n0 : pmax;
+        for (int k0 = 0; k0 < K; k0 += kmax) {
+            const int kc = K - k0 < kmax ? K - k0 : kmax;
+            for (int p = 0; p < pb; p++)
+                for (int g = 0; g < kc / 32; g++)
+                    expand_group(t, wq + (n0 + p) * pstride, k0 / 32 + g, w + ((int64_t)p * kc + g * 32) * 16);
+            gemm_core_from_f32(x + k0, ldx, w, y + n0 * 16, ldy, M, pb, kc, k0 > 0);
+        }
+    }
+    return 0;
+}
+#endif
