@@ -47,7 +47,7 @@ def _joined(blocks: dict[str, WeightBlocks], *names: str) -> WeightBlocks | None
     return GGUFBlocks.cat([blocks[n] for n in names]) if all(n in blocks for n in names) else None
 
 
-def _embedding_blocks(hf_model: Any, blocks: dict[str, Q41]) -> Q41 | None:
+def _embedding_blocks(hf_model: Any, blocks: dict[str, WeightBlocks]) -> WeightBlocks | None:
     """The embedding table's GGUF blocks: its own ("model.embed_tokens"), or the lm_head's where the two are tied
     (read_blocks took them only if they expand to the loaded float32 table exactly)."""
     found = blocks.get("model.embed_tokens")
@@ -56,7 +56,7 @@ def _embedding_blocks(hf_model: Any, blocks: dict[str, Q41]) -> Q41 | None:
         tied = table.shape == head.shape and table.data_ptr() == head.data_ptr()
         found = blocks.get("lm_head") if tied else None
     # an own copy (rows copies): blocks read from the saved cache file are views of its whole mapping
-    return found.rows(torch.arange(found.shape[0] if hasattr(found, "shape") else found.q.shape[0])) if found else None
+    return found.rows(torch.arange(found.shape[0])) if found is not None else None
 
 
 @dataclass
