@@ -8,8 +8,10 @@ caches (the GGUF's float32 conversion, the saved blocks), as at any start after 
   once; the KV cache not counted), and of those, float MB: float32/bfloat16/float16 tensors of a megabyte or more
   (weights left in float, which the blocks should make unnecessary);
 - B/weight: held bytes per weight of the model (the file's bytes per weight beside it);
-- RSS MB: the process's resident memory after the engine is built minus before (torch and transformers imported
-  already), and peak MB: its peak resident memory while building, minus the same base;
+- RSS MB: the process's resident memory after the engine is built minus before (torch, transformers and its llama
+  model classes imported already: about 180 MB whatever the model): the weights, the tokenizer (40-60 MB), the KV
+  pages touched and the allocator's slack; peak MB: its peak resident memory while building, minus the same base
+  (the float32 model transformers loads is checked against the blocks, then dropped);
 - tok/s: c=1 greedy decode, 128 tokens after a 64-token prompt, one `execute` per token on `--threads` threads
   (median of `--repeats` runs; the step only, no HTTP, no scheduler).
 
@@ -91,7 +93,9 @@ def measure(path: Path, threads: int, tokens: int, repeats: int) -> dict:
     """Build the engine on `path` in this process and measure it (see the module's docstring)."""
     import gc
 
-    import transformers  # noqa: F401 - imported before the base measurement, as the engine imports it
+    # what any engine imports, whatever its model (about 180 MB of code and objects here), before the base
+    import transformers.models.llama.modeling_llama  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
     from engines.pytorch.engine import PyTorchEngine
     from engines.pytorch.weight_memory import float_weights, runner_weights
