@@ -1,16 +1,18 @@
 """The GEMM kernel on GGUF blocks against the float32 kernel, per type, side by side in one process.
 
 For every GGUF type the native engine reads from its blocks (engines/pytorch/gguf_blocks.py), one layer's
-projections of SmolLM2-135M (q/k/v fused 960 x 576, o 576 x 576, gate/up fused with SiLU 2 x 1536 x 576, down
-576 x 1536; the K-quants only down, the one SmolLM2 tensor whose 1536 columns make whole 256-weight super-blocks)
-are built twice, for --layers layers (distinct copies: like the model's 30 layers, more than the caches hold, so
-the weights stream from memory as in a real step), from the same random weights: once from the blocks (`Linear` / `GatedActivation` with blocks and
-no float32 weight) and once from the dequantized float32 weight. Each batch size is timed round-robin (one call of
-the set from blocks, one from float32, ...) so that machine noise hits both alike, and the outputs are checked equal
-bit for bit. Prints the median time per set, the ratio (float32 time / blocks time: above 1, the blocks are
-faster) and the bytes each reads per weight.
+projections of SmolLM2-135M (q/k/v fused 960 x 576, o 576 x 576, gate/up fused with SiLU 2 x 1536 x 576, down 576 x
+1536; the K-quants only down, the one SmolLM2 tensor whose 1536 columns make whole 256-weight super-blocks) are
+built twice, for --layers layers (distinct copies: like the model's 30 layers, more than the caches hold, so the
+weights stream from memory as in a real step), from the same random weights: once from the blocks (`Linear` /
+`GatedActivation` with blocks and no float32 weight) and once from the dequantized float32 weight. Each batch size
+is timed round-robin (one call of the set from blocks, one from float32, ...) so that machine noise hits both alike,
+and the outputs are checked equal bit for bit. Prints the median time per set, the ratio (float32 time / blocks
+time: above 1, the blocks are faster) and the bytes each reads per weight.
 
-    python bench/gguf_kernel_bench.py [--types Q4_0 Q4_K ...] [--rows 1 8 32 512] [--reps 30] [--threads 2]
+    python bench/gguf_kernel_bench.py [--types Q4_0 Q4_K ...] [--rows 1 8 32 512] [--reps 30] [--layers 30]
+        [--threads 2]
+    python bench/gguf_kernel_bench.py --rows 2048 --layers 2 --reps 5  # prefill-sized steps (compute-bound)
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def _blocks(qtype: str, n: int, k: int, rng: np.random.Generator) -> GGUFBlocks:
     t = TYPES[qtype]
     if qtype in ("Q4_K", "Q5_K", "Q6_K"):
         raw = rng.integers(0, 256, size=(n, k // 256, t.block_bytes), dtype=np.uint8)
-        scales = (rng.standard_normal((n, k // 256, 2)) * 1e-3).astype(np.float16).view(np.uint8).reshape(n, k // 256, 4)
+        scales = (rng.standard_normal((n, k // 256, 2)) * 1e-3).astype(np.float16).view(np.uint8).reshape(n, -1, 4)
         if qtype == "Q6_K":
             raw[..., 208:210] = scales[..., :2]
         else:

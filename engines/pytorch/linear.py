@@ -14,22 +14,26 @@ the last bits (about 1e-6 relative), like oneDNN's do.
 
 Weights a GGUF file holds as quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; gguf_blocks.py) or
 as float16 / bfloat16 in a float32 model are kept only in that form, repacked into panels (block_panels.py): no
-float32 copy of them exists. The kernel (csrc/gemm_blocks.h) expands a few panels x a run of k at a time into a
-per-thread float32 scratch (L1 for steps of up to 16 rows, L2 for larger ones, where every row of the tile reuses
-it) as fma(A, q, B), which is the dequantized float32 weight bit for bit (gguf_blocks.py), and runs the float32
-micro-kernels over it, each output's FMA chain continuing from piece to piece: the float32 kernel's bits on every
-step, from the file's bytes per weight (0.56 for Q4_0 / Q4_K ... 1.06 for Q8_0, 2 for 16-bit) instead of 4. The
-16-bit types are read by the float32 kernel directly, widened exactly as they are loaded. A fused weight whose
-parts have different types (a Q4_K_M file's q/k and v) is runs of panels, each of its own type.
+float32 copy of them exists. Steps of up to 16 rows expand each k row of weights in registers as fma(A, q, B) --
+the dequantized float32 weight bit for bit (gguf_blocks.py) -- straight into the FMA chains (row blocks of 8 x a
+panel pair with AVX-512, 2 with AVX2); larger steps expand a few panels x a run of k into a per-thread float32
+scratch (256 KB, L2) that every row of the tile reuses, and run the float32 micro-kernels over it, each output's
+FMA chain continuing from piece to piece (csrc/gemm_blocks.h). Either way: the float32 kernel's bits on every step,
+from the file's bytes per weight (0.56 for Q4_0 / Q4_K ... 1.06 for Q8_0, 2 for 16-bit) instead of 4. The 16-bit
+types are read by the float32 kernel directly, widened exactly as they are loaded. A fused weight whose parts have
+different types (a Q4_K_M file's q/k and v) is runs of panels, each of its own type. Decode steps of a few rows are
+bound by the weight stream, so they gain most (bench/gguf_kernel_bench.py: 1 row 1.5-2.4x faster than float32
+weights, 8 rows 1.0-1.5x on a shared, noisy machine); at 32 rows and more the expansion costs about what the bytes
+save (0.8-1.0x there).
 
-On CPUs with AMX, Q4_1 and Q8_0 weights go through the tile unit instead, on steps of every size (`gemm_core_amx`; no float32
-copy of them is kept): x is split into three bfloat16 parts that sum to it exactly and q is exact in bfloat16, so the
-tile products are exact and only float32 sums round; per 32-k block the sum is scaled by d and the block's offset
-added (m times the sum of x). That is float32-accurate (closer to the float64 product than the FMA kernel, in the
-tests) but not the FMA kernel's bits. A row's bits still depend only on that row, so batching does not change them.
-Measured on SmolLM2's decode and prefill steps against the FMA kernels: a 2048-row prefill step 1.6-1.8x faster, a
-32-row decode step 1.07-1.23x; steps of a few rows about as fast (0.91-1.01x): the tile unit's cost per 32-k block
-(three products, a store, the scaling) is the same for one row as for sixteen.
+On CPUs with AMX, Q4_1 and Q8_0 weights go through the tile unit instead, on steps of every size (`gemm_core_amx`;
+the other types use the kernels above there): x is split into three bfloat16 parts that sum to it exactly and q is
+exact in bfloat16, so the tile products are exact and only float32 sums round; per 32-k block the sum is scaled by d
+and the block's offset added (m times the sum of x). That is float32-accurate (closer to the float64 product than
+the FMA kernel, in the tests) but not the FMA kernel's bits. A row's bits still depend only on that row, so batching
+does not change them. Measured on SmolLM2's decode and prefill steps against the FMA kernels: a 2048-row prefill
+step 1.6-1.8x faster, a 32-row decode step 1.07-1.23x; steps of a few rows about as fast (0.91-1.01x): the tile
+unit's cost per 32-k block (three products, a store, the scaling) is the same for one row as for sixteen.
 
 bfloat16 weights are packed the same way and converted to float32 as they are loaded (x is converted once, sums
 are float32, one rounding to bfloat16 at the end): half the bytes per decode step, and for a few rows the same

@@ -1,6 +1,7 @@
 /* Projections of the native engine (engines/pytorch/linear.py): the packed float32 / bfloat16 GEMM, its variants
-   on GGUF blocks (gemm_blocks.h; float16 / bfloat16 panels of float32 models) and AMX, the fused gate-up-SiLU job, and the dense layers' elementwise kernels (RMSNorm,
-   SiLU-and-multiply), with their `*_par` entry points on the helper-thread pool. Built by native.py. */
+   on GGUF blocks (gemm_blocks.h; float16 / bfloat16 panels of float32 models) and AMX, the fused gate-up-SiLU job,
+   and the dense layers' elementwise kernels (RMSNorm, SiLU-and-multiply), with their `*_par` entry points on the
+   helper-thread pool. Built by native.py. */
 #include "gemm_common.h"
 #include "type_suffix.h"
 
@@ -527,17 +528,10 @@ static void blocks_tile(gemm_job* j, int m0, int n0, float* y, int64_t ldy, int 
         const int lo = n0 > start ? n0 : start, hi = n0 + nb < end ? n0 + nb : end;
         if (lo >= hi) continue;
         const uint8_t* base = (const uint8_t*)(intptr_t)j->seg_ptr[s];
-        float* ys = y + (int64_t)(lo - n0) * 16;
-        if (t == BT_BF16 || t == BT_F16) {
-            const uint16_t* wp = (const uint16_t*)base + (int64_t)(lo - start) * j->K * 16;
-            if (t == BT_BF16) gemm_core_bf16w(x, j->ldx, wp, ys, ldy, mc, hi - lo, j->K);
-            else gemm_core_f16w(x, j->ldx, wp, ys, ldy, mc, hi - lo, j->K);
-        } else {
-            const int64_t pstride = bt_panel_bytes(t, j->K);
-            if (gemm_core_blocks(t, x, j->ldx, base + (int64_t)(lo - start) * pstride, pstride, ys, ldy, mc, hi - lo,
-                                 j->K) != 0)
-                __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
-        }
+        const int64_t pstride = bt_panel_bytes(t, j->K);
+        if (gemm_core_blocks(t, x, j->ldx, base + (int64_t)(lo - start) * pstride, pstride,
+                             y + (int64_t)(lo - n0) * 16, ldy, mc, hi - lo, j->K) != 0)
+            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
     }
 }
 /* Before a job with amx != 0 (1: Q4_1 panels, 2: Q8_0, both in amx layout): x split for it; -1: out of memory. */
@@ -599,9 +593,9 @@ int gemm_blocks_par(const float* x, int64_t ldx, const int* segs, const int64_t*
 }
 
 /* y[M, NB / 2 * 16] = silu(x @ G.T) * (x @ U.T), with W packed as gate and up panels in turn (G0 U0 G1 U1 ...:
-   NB panels, NB even; or GGUF blocks in that order, as for gemm_blocks_par): each tile of `chunk` panels (even) x `mchunk` rows is computed into the thread's scratch and
-   activated from there, so the [M, NB * 16] product of gate and up never goes to memory and back. The same bits as
-   gemm_f32 then silu_mul_f32. Returns 0, or -1 when no thread could allocate its scratch. */
+   NB panels, NB even; or GGUF blocks in that order, as for gemm_blocks_par): each tile of `chunk` panels (even) x
+   `mchunk` rows is computed into the thread's scratch and activated from there, so the [M, NB * 16] product of gate
+   and up never goes to memory and back. The same bits as gemm_f32 then silu_mul_f32. Returns 0, or -1 when no thread could allocate its scratch. */
 static void gemm_silu_task(void* p) {
     gemm_job* j = (gemm_job*)p;
     const int64_t ldt = (int64_t)j->chunk * 16;

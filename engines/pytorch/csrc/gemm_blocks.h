@@ -18,12 +18,13 @@
                   [high bits 8 x 16 bytes]
    Nibbles: byte j*16 + c holds q of k = j (low nibble) and k = 16 + j (high nibble) of column c. High bits (bit 4
    of a 5-bit q): byte j*16 + c, bit i for k = j + 4i; (bits 4-5 of Q6_K's 6-bit q): bits 2i, 2i+1 for k = j + 8i.
-   So a k row's 16 high parts are one 16-byte load, a shift by a constant and a mask. Bytes per weight: the file's (Q4_K, Q5_K: +1/8 bit for their sc/m as bytes).
+   So a k row's 16 high parts are one 16-byte load, a shift by a constant and a mask. Bytes per weight: the file's
+   (Q4_K, Q5_K: +1/8 bit for their sc/m as bytes).
 
-   A step expands a few panels x a run of k into a per-thread float32 scratch (16 KB for steps of up to
-   BLOCK_FEW_ROWS rows: L1; 256 KB for larger steps, L2, reused by every row of the tile) and runs the float32 kernel
-   over it, continuing each output's FMA chain from piece to piece (gemm_core_from_f32). No float32 copy of the
-   weight is ever kept. */
+   Steps of up to BLOCK_REG_ROWS rows expand each k row of a panel pair in registers, straight into the FMA chains
+   (reg_kernel). Larger steps expand BLOCK_PANELS panels x BLOCK_K k into a per-thread float32 scratch (256 KB: L2,
+   reused by every row of the tile) and run the float32 kernel over it, continuing each output's FMA chain from piece
+   to piece (gemm_core_from_f32). No float32 copy of the weight is ever kept. */
 #ifndef SWITCHYARD_GEMM_BLOCKS_H
 #define SWITCHYARD_GEMM_BLOCKS_H
 
@@ -47,15 +48,18 @@ static inline void v16_store(float* p, v16 a) { _mm512_storeu_ps(p, a); }
 #else
 typedef struct { __m256 lo, hi; } v16;
 static inline v16 v16_f16(const uint8_t* p) {
-    v16 r = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16)))};
+    v16 r = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)),
+             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16)))};
     return r;
 }
 static inline v16 v16_u8(__m128i b) {
-    v16 r = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
+    v16 r = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)),
+             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
     return r;
 }
 static inline v16 v16_i8(__m128i b) {
-    v16 r = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+    v16 r = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)),
+             _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
     return r;
 }
 static inline v16 v16_fma(v16 a, v16 b, v16 c) {
@@ -229,33 +233,42 @@ static void* scratch_reserve(thread_scratch* s, size_t need) {
 }
 static __thread thread_scratch blocks_scratch;
 
-/* Steps of up to this many rows expand BLOCK_FEW_PANELS panels x BLOCK_FEW_K k at a time (16 KB: stays in L1);
-   larger ones BLOCK_PANELS x BLOCK_K (256 KB in L2, shared by all the rows of the tile). */
 #define BLOCK_REG_ROWS 16  /* steps of up to this many rows: the register kernels (gemm_core_blocks_reg) */
-#define BLOCK_FEW_ROWS 16
-#define BLOCK_FEW_PANELS 4
-#define BLOCK_FEW_K 64
 #define BLOCK_PANELS 16
 #define BLOCK_K 256
-/* y[M, NB * 16] = x[M, K] @ W.T for W as NB panels of type t (BT_Q4_0..BT_Q6_K), `pstride` bytes apart: a piece
-   of panels and k expanded into the scratch, then the float32 kernel over it, continuing the FMA chains. -1: out
-   of memory for the scratch. */
+/* y[M, NB * 16] = x[M, K] @ W.T for W as NB panels of type t (any BT_*), `pstride` bytes apart: a piece
+   of panels and k expanded into the scratch, then the float32 kernel over it, continuing the FMA chains (steps of
+   up to BLOCK_REG_ROWS rows: in registers). -1: out of memory for the scratch. */
 static int gemm_core_blocks(int t, const float* x, int64_t ldx, const uint8_t* wq, int64_t pstride, float* y,
                             int64_t ldy, int M, int NB, int K) {
+    const int wide16 = t == BT_BF16 || t == BT_F16;
+    if (wide16 && M <= BLOCK_REG_ROWS) {  /* widened as the float32 kernel loads them */
+        if (t == BT_BF16) gemm_core_bf16w(x, ldx, (const uint16_t*)wq, y, ldy, M, NB, K);
+        else gemm_core_f16w(x, ldx, (const uint16_t*)wq, y, ldy, M, NB, K);
+        return 0;
+    }
     if (M <= BLOCK_REG_ROWS) {
         gemm_core_blocks_reg(t, x, ldx, wq, pstride, y, ldy, M, NB, K);
         return 0;
     }
-    const int few = M <= BLOCK_FEW_ROWS, pmax = few ? BLOCK_FEW_PANELS : BLOCK_PANELS, kmax = few ? BLOCK_FEW_K : BLOCK_K;
+    const int pmax = BLOCK_PANELS, kmax = BLOCK_K;
     float* const w = (float*)scratch_reserve(&blocks_scratch, sizeof(float) * (size_t)pmax * kmax * 16);
     if (!w) return -1;
     for (int n0 = 0; n0 < NB; n0 += pmax) {
         const int pb = NB - n0 < pmax ? NB - n0 : pmax;
         for (int k0 = 0; k0 < K; k0 += kmax) {
             const int kc = K - k0 < kmax ? K - k0 : kmax;
-            for (int p = 0; p < pb; p++)
-                for (int g = 0; g < kc / 32; g++)
-                    expand_group(t, wq + (n0 + p) * pstride, k0 / 32 + g, w + ((int64_t)p * kc + g * 32) * 16);
+            for (int p = 0; p < pb; p++) {
+                float* wp = w + (int64_t)p * kc * 16;
+                if (wide16) {  /* [K][16] 16-bit values: widened once for all the rows of the tile */
+                    const uint16_t* h = (const uint16_t*)(wq + (n0 + p) * pstride) + (int64_t)k0 * 16;
+                    for (int i = 0; i < kc * 16; i += 8)
+                        _mm256_storeu_ps(wp + i, t == BT_BF16 ? LOADW_bf16w(h + i) : LOADW_f16w(h + i));
+                } else {
+                    for (int g = 0; g < kc / 32; g++)
+                        expand_group(t, wq + (n0 + p) * pstride, k0 / 32 + g, wp + g * 32 * 16);
+                }
+            }
             gemm_core_from_f32(x + k0, ldx, w, y + n0 * 16, ldy, M, pb, kc, k0 > 0);
         }
     }
