@@ -10,7 +10,7 @@ kept in a folder keyed by the shipped file's identity (name, size, mtime), so la
   256-weight super-blocks, so llama.cpp falls back to Q5_0/Q5_1/Q8_0 for those; only ffn_down (1536 columns) gets
   Q4_K/Q5_K/Q6_K.
 
-llama-cpp-python is found in this interpreter or in the one `SWITCHYARD_LLAMA_CPP_PYTHON` names; without it the K
+llama-cpp-python is found in this interpreter or in the one `SWITCHYARD_LLAMA_PYTHON` names; without it the K
 files raise `QuantizerMissing` (tests skip on it).
 
     python bench/gguf_files.py [TYPE ...]     # make (or find) the files; prints their paths and sizes
@@ -30,7 +30,7 @@ GGUF_PY_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "F16", "BF16")
 LLAMA_CPP_TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q6_K")
 ALL_TYPES = GGUF_PY_TYPES + LLAMA_CPP_TYPES
 SOURCE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-LLAMA_PYTHON_ENV = "SWITCHYARD_LLAMA_CPP_PYTHON"
+LLAMA_PYTHON_ENV = "SWITCHYARD_LLAMA_PYTHON"
 # bump when the way a file is made changes, so that caches made the old way are not used
 MAKER_VERSION = 1
 
@@ -121,7 +121,7 @@ sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode
 
 
 def llama_cpp_python() -> str:
-    """A Python interpreter that can import llama_cpp: this one, else `$SWITCHYARD_LLAMA_CPP_PYTHON`."""
+    """A Python interpreter that can import llama_cpp: this one, else `$SWITCHYARD_LLAMA_PYTHON`."""
     if importlib.util.find_spec("llama_cpp") is not None:
         return sys.executable
     other = os.environ.get(LLAMA_PYTHON_ENV)
