@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from engines.pytorch.gguf_blocks import read_blocks
 from engines.pytorch.loader import default_cache_dir, load_hf, resolve_hf_folder
 from engines.pytorch.model_runner import PagedModelRunner
 from engines.pytorch.sampler import _plain_greedy, sample
+from engines.pytorch.weight_memory import float_weights, runner_weights
 from engines.types import EngineInfo, SequenceStep, StepResult
 
 log = logging.getLogger("switchyard.engines.pytorch")
@@ -72,8 +74,14 @@ class PyTorchEngine(StepEngine):
                  torch_threads)
         self._argmax = Argmax(kernel_cache_dir).rows if fast_kernels else None
         self._tokenizer = HFTokenizer(hf_tok)
-        config = model.config
-        eos = model.generation_config.eos_token_id if model.generation_config else None
+        config, generation_config = model.config, model.generation_config
+        del model, blocks  # the runner holds the weights it serves (packed, or as GGUF blocks); the rest goes
+        gc.collect()
+        host_memory.release_freed()
+        held = runner_weights(self._runner)
+        log.info("native engine: weights held: %.1f MB, %.1f MB of them in float tensors",
+                 sum(h.nbytes for h in held.values()) / 1e6, sum(h.nbytes for h in float_weights(held)) / 1e6)
+        eos = generation_config.eos_token_id if generation_config else None
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         if hf_tok.eos_token_id is not None and hf_tok.eos_token_id not in eos_ids:
             eos_ids.append(hf_tok.eos_token_id)

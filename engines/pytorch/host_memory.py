@@ -8,7 +8,8 @@ come from their own mapping, aligned to 2 MiB and advised. The mapping is zero-f
 ordinary one.
 
 `keep_freed_memory` stops glibc's malloc from handing each step's large buffers back to the OS only to fault them
-in again, zeroed, on the next step.
+in again, zeroed, on the next step; `release_freed` hands back, once, what loading freed (the float32 weights the
+engine replaced by packed copies and GGUF blocks), which that setting would otherwise keep in the heap.
 """
 
 from __future__ import annotations
@@ -69,3 +70,19 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def release_freed() -> bool:
+    """Return the heap's free memory to the OS now (glibc's malloc_trim; elsewhere a no-op that returns False).
+
+    Why: loading frees far more than a step ever allocates (the float32 model transformers built, once its weights
+    are packed or read from GGUF blocks), and with `keep_freed_memory`'s trim threshold glibc would keep up to a
+    gigabyte of it resident for good. Called once the engine is built; later steps reuse what stays."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))

@@ -51,6 +51,18 @@ def _joined(blocks: dict[str, WeightBlocks], *names: str) -> WeightBlocks | None
     return GGUFBlocks.cat([blocks[n] for n in names]) if all(n in blocks for n in names) else None
 
 
+def _embedding_blocks(hf_model: Any, blocks: dict[str, WeightBlocks]) -> WeightBlocks | None:
+    """The embedding table's GGUF blocks: its own ("model.embed_tokens"), or the lm_head's where the two are tied
+    (read_blocks took them only if they expand to the loaded float32 table exactly)."""
+    found = blocks.get("model.embed_tokens")
+    if found is None:
+        table, head = hf_model.model.embed_tokens.weight, hf_model.lm_head.weight
+        tied = table.shape == head.shape and table.data_ptr() == head.data_ptr()
+        found = blocks.get("lm_head") if tied else None
+    # an own copy (rows copies): blocks read from the saved cache file are views of its whole mapping
+    return found.rows(torch.arange(found.shape[0])) if found is not None else None
+
+
 @dataclass
 class _Layer:
     qkv: Linear
@@ -80,6 +92,10 @@ class PagedModelRunner:
                 f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)}); use backend: vllm for it"
             )
         self.embed_tokens = hf_model.model.embed_tokens
+        # The embedding table is the lm_head's (tied) or its own: from GGUF blocks, rows are dequantized as they are
+        # looked up (the float32 values transformers loads, bit for bit: read_blocks checked the whole table), so
+        # no float32 copy of it is kept.
+        self._embed_blocks = _embedding_blocks(hf_model, blocks or {})
         self.rotary_emb = hf_model.model.rotary_emb
         self.norm = hf_model.model.norm
         self.dtype = next(hf_model.parameters()).dtype
@@ -95,7 +111,7 @@ class PagedModelRunner:
         # Weights loaded from safetensors are views of the file's mapping, which stays resident as long as any of
         # them lives: own copies of the ones kept as they are (a tied lm_head shares the embedding's copy), so with
         # packed projections the mapping goes.
-        for module in [self.embed_tokens, self.norm, *(m for layer in hf_model.model.layers for m in (
+        for module in [*([] if self._embed_blocks else [self.embed_tokens]), self.norm, *(m for layer in hf_model.model.layers for m in (
                 layer.input_layernorm, layer.post_attention_layernorm, getattr(layer.self_attn, "q_norm", None),
                 getattr(layer.self_attn, "k_norm", None)) if m is not None)]:
             for param in module.parameters():
@@ -121,6 +137,8 @@ class PagedModelRunner:
         self.lm_head = Linear(lm_head.weight, lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers,
                               (blocks or {}).get("lm_head"))
         del hf_model.model.layers, hf_model.lm_head  # the runner holds the (fused, maybe packed) weights now
+        if self._embed_blocks is not None:  # and the embedding's blocks: the float32 table goes with the model
+            self.embed_tokens = hf_model.model.embed_tokens = None
         shape = (self.num_layers, num_blocks * block_size, self.num_kv_heads, self.head_dim)
         self.k_cache = host_memory.zeros(shape, self.dtype)
         self.v_cache = host_memory.zeros(shape, self.dtype)
@@ -284,7 +302,10 @@ class PagedModelRunner:
 
     def embed(self, lay: StepLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The step's embeddings [T, H] and rotary cos and sin [T, d] (sin's sign folded: see rotate)."""
-        hidden = self.embed_tokens(lay.input_ids)
+        if self._embed_blocks is not None:
+            hidden = self._embed_blocks.rows(lay.input_ids).dequantize()
+        else:
+            hidden = self.embed_tokens(lay.input_ids)
         cos, sin = self.rotary_emb(hidden[None], lay.positions[None])
         half = self.head_dim // 2
         return hidden, cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
