@@ -63,7 +63,7 @@ def _filter(row: torch.Tensor, step: SequenceStep) -> torch.Tensor:
     return row
 
 
-def _plain_greedy(step: SequenceStep) -> bool:
+def plain_greedy(step: SequenceStep) -> bool:
     """Greedy with nothing that edits the logits or needs more than the argmax."""
     p = step.sampling
     return (
@@ -191,7 +191,7 @@ def sample(
     for step in steps:
         starts.append(first)
         first += 1 + step.num_draft_tokens
-    if steps and all(_plain_greedy(s) for s in steps) and bool(torch.isfinite(logits).all()):
+    if steps and all(plain_greedy(s) for s in steps) and bool(torch.isfinite(logits).all()):
         # the common case: one argmax for the whole batch
         tokens = argmax(logits) if argmax is not None else logits.argmax(dim=-1).tolist()
         if first == len(steps):
