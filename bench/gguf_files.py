@@ -10,8 +10,8 @@ kept in a folder keyed by the shipped file's identity (name, size, mtime), so la
   256-weight super-blocks, so llama.cpp falls back to Q5_0/Q5_1/Q8_0 for those; only ffn_down (1536 columns) gets
   Q4_K/Q5_K/Q6_K.
 
-llama-cpp-python is found in this interpreter or in the one `SWITCHYARD_LLAMA_PYTHON` names; without it the K
-files raise `QuantizerMissing` (tests skip on it).
+llama.cpp runs in the Python bench/llamacpp_env.py finds (`SWITCHYARD_LLAMA_PYTHON`, else `.venv-llama`); without
+one the K files raise `QuantizerMissing` (tests skip on it).
 
     python bench/gguf_files.py [TYPE ...]     # make (or find) the files; prints their paths and sizes
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,7 +29,6 @@ GGUF_PY_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "F16", "BF16")
 LLAMA_CPP_TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q6_K")
 ALL_TYPES = GGUF_PY_TYPES + LLAMA_CPP_TYPES
 SOURCE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-LLAMA_PYTHON_ENV = "SWITCHYARD_LLAMA_PYTHON"
 # bump when the way a file is made changes, so that caches made the old way are not used
 MAKER_VERSION = 1
 
@@ -65,14 +63,14 @@ def quantized(kind: str, cache_dir: Path | None = None, source: Path | None = No
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    if kind in LLAMA_CPP_TYPES:
+        _quantize_llama_cpp(source, target, kind)  # written under another name, then renamed
+        return target
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        if kind in GGUF_PY_TYPES:
-            _requantize_gguf_py(source, tmp, kind)
-        else:
-            _quantize_llama_cpp(source, tmp, kind)
+        _requantize_gguf_py(source, tmp, kind)
         tmp.replace(target)  # atomic: a concurrent maker's file is as good as ours
     finally:
         tmp.unlink(missing_ok=True)
@@ -109,36 +107,13 @@ def _requantize_gguf_py(source: Path, target: Path, kind: str) -> None:
     writer.close()
 
 
-_QUANTIZE_SCRIPT = """
-import ctypes, sys
-import llama_cpp
-params = llama_cpp.llama_model_quantize_default_params()
-params.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + sys.argv[3])
-params.allow_requantize = True
-params.nthread = int(sys.argv[4])
-sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(params)))
-"""
-
-
-def llama_cpp_python() -> str:
-    """A Python interpreter that can import llama_cpp: this one, else `$SWITCHYARD_LLAMA_PYTHON`."""
-    if importlib.util.find_spec("llama_cpp") is not None:
-        return sys.executable
-    other = os.environ.get(LLAMA_PYTHON_ENV)
-    if other and subprocess.run([other, "-c", "import llama_cpp"], check=False, capture_output=True).returncode == 0:
-        return other
-    raise QuantizerMissing(
-        "llama.cpp's quantizer is needed for the K-quant files: pip install llama-cpp-python (or set "
-        f"{LLAMA_PYTHON_ENV} to a Python that has it)")
-
-
 def _quantize_llama_cpp(source: Path, target: Path, kind: str) -> None:
-    # a subprocess: llama.cpp's ggml is loaded once per process, and its logging goes to the process's stderr
-    done = subprocess.run([llama_cpp_python(), "-c", _QUANTIZE_SCRIPT, str(source), str(target), kind,
-                           str(min(2, os.cpu_count() or 1))], check=False, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"llama.cpp could not quantize {source.name} to {kind} "
-                           f"(exit {done.returncode}):\n{done.stderr[-2000:]}")
+    from bench.llamacpp_env import MISSING, find_llama_python, quantize
+
+    python = find_llama_python()  # a SWITCHYARD_LLAMA_PYTHON that cannot run llama.cpp raises: a setup error
+    if python is None:
+        raise QuantizerMissing(MISSING)
+    quantize(source, target, kind, llama_python=python, threads=min(2, os.cpu_count() or 1))
 
 
 def tensor_types(path: Path) -> dict[str, str]:

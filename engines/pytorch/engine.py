@@ -63,7 +63,7 @@ class PyTorchEngine(StepEngine):
         blocks = None
         if fast_kernels and dtype == "float32" and gguf.suffix == ".gguf":  # beside the file's cached conversion,
             # not in it: that folder is an HF model other servers may load (vLLM would read any .safetensors there)
-            blocks = read_blocks(gguf, model, folder.with_name(f"{folder.name}.weight-blocks-1.safetensors"))
+            blocks = read_blocks(gguf, model, folder.with_name(f"{folder.name}.weight-blocks-2.safetensors"))
         self._runner = PagedModelRunner(
             model, num_blocks, block_size, fast_kernels=fast_kernels, kernel_cache_dir=kernel_cache_dir,
             gemm_threads=budget.threads, blocks=blocks, match_transformers=match_transformers,

@@ -5,10 +5,17 @@ The files are made from the shipped Q4_1 file by bench/gguf_files.py (cached per
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, F16 and BF16, and llama.cpp's own Q4_K_M, Q4_K_S, Q5_K_M and Q6_K mixes (skipped, with
 the reason, where llama-cpp-python is not installed). transformers' reference is its GGUF loader's float32 model of
 each file (`from_pretrained(folder, gguf_file=...)`, as the engine's loader saved it).
+
+Each file costs about a minute on 2 cores (made, converted by transformers, loaded twice), so by default the suite
+runs the files that between them hold every block type the kernels read: Q4_0, Q5_1, BF16, and the Q4_K_M and
+Q5_K_M mixes (Q4_K, Q5_K, Q6_K, Q5_0, Q8_0). The shipped file is Q4_1 with a Q8_0 lm_head, tested throughout the
+suite, and test_gguf_blocks_kernels.py checks every type's kernel bit for bit. `SWITCHYARD_TEST_GGUF_TYPES=all`
+runs all eleven files (or a comma-separated list of types).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +38,9 @@ PROMPTS = [
     "Explain photosynthesis in two sentences. " * 4,
     "How do I reverse a list in Python?",
 ]
+DEFAULT_TYPES = ("Q4_0", "Q5_1", "BF16", "Q4_K_M", "Q5_K_M")
+_chosen = os.environ.get("SWITCHYARD_TEST_GGUF_TYPES", "")
+TYPES = ALL_TYPES if _chosen == "all" else tuple(t for t in _chosen.split(",") if t) or DEFAULT_TYPES
 NEW_TOKENS = 24
 BLOCK = 16
 PROJECTIONS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -38,7 +48,7 @@ PROJECTIONS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn
                "ffn_down": "mlp.down_proj"}
 
 
-@pytest.fixture(scope="module", params=ALL_TYPES)
+@pytest.fixture(scope="module", params=TYPES)
 def gguf(request: pytest.FixtureRequest) -> Path:
     try:
         return quantized(request.param)
