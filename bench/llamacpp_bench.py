@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.llamacpp_env import DEFAULT_VENV, MISSING, find_llama_python, llama_cpp_version, quantize, setup
+from bench.loadgen import sse_chunks
 
 SHIPPED = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL = "llm"
@@ -259,22 +260,16 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict) -> Sampl
     async with session.post("/v1/completions", json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:500]}")
-        pending = b""
-        async for data in resp.content.iter_any():
-            *events, pending = (pending + data).replace(b"\r\n", b"\n").split(b"\n\n")
-            for line in (line for event in events for line in event.split(b"\n")):
-                if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                usage = chunk.get("usage") or usage
-                if not chunk.get("choices"):
-                    continue
-                choice = chunk["choices"][0]
-                finish = choice.get("finish_reason") or finish
-                if choice.get("text"):
-                    if not ttft:
-                        ttft = time.perf_counter() - start
-                    text.append(choice["text"])
+        async for chunk in sse_chunks(resp):
+            usage = chunk.get("usage") or usage
+            if not chunk.get("choices"):
+                continue
+            choice = chunk["choices"][0]
+            finish = choice.get("finish_reason") or finish
+            if choice.get("text"):
+                if not ttft:
+                    ttft = time.perf_counter() - start
+                text.append(choice["text"])
     total = time.perf_counter() - start
     if finish != "length":
         raise RuntimeError(f"{url} stopped early ({finish}): the answer must be max_tokens long")

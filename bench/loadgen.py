@@ -17,6 +17,7 @@ import json
 import random
 import statistics
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -64,6 +65,17 @@ def random_prompts(count: int, input_len: int, vocab: int, seed: int = 0) -> lis
     return [[rng.randrange(100, vocab - 100) for _ in range(input_len)] for _ in range(count)]
 
 
+async def sse_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
+    """The JSON chunks of a streamed OpenAI response, as each whole event arrives (`[DONE]` ends the stream)."""
+    pending = b""
+    async for data in resp.content.iter_any():
+        # whole events only: a read may end anywhere, even inside an event or between its two newlines
+        *events, pending = (pending + data).replace(b"\r\n", b"\n").split(b"\n\n")
+        for line in (line for event in events for line in event.split(b"\n")):
+            if line.startswith(b"data: ") and line != b"data: [DONE]":
+                yield json.loads(line[6:])
+
+
 async def _one(session: aiohttp.ClientSession, model: str, prompt: list[int], output_len: int) -> RequestResult:
     body = {
         "model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0, "ignore_eos": True,
@@ -74,24 +86,17 @@ async def _one(session: aiohttp.ClientSession, model: str, prompt: list[int], ou
     result = RequestResult(ttft=0.0)
     async with session.post("/v1/completions", json=body) as resp:
         resp.raise_for_status()
-        pending = b""
-        async for data in resp.content.iter_any():
-            # whole events only: a read may end anywhere, even inside an event or between its two newlines
-            *events, pending = (pending + data).replace(b"\r\n", b"\n").split(b"\n\n")
-            for line in (line for event in events for line in event.split(b"\n")):
-                if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    result.output_tokens = chunk["usage"]["completion_tokens"]
-                if not chunk.get("choices") or not chunk["choices"][0].get("text"):
-                    continue
-                now = time.perf_counter()
-                if result.ttft == 0.0:
-                    result.ttft = now - start
-                else:
-                    result.itls.append(now - last)
-                last = now
+        async for chunk in sse_chunks(resp):
+            if chunk.get("usage"):
+                result.output_tokens = chunk["usage"]["completion_tokens"]
+            if not chunk.get("choices") or not chunk["choices"][0].get("text"):
+                continue
+            now = time.perf_counter()
+            if result.ttft == 0.0:
+                result.ttft = now - start
+            else:
+                result.itls.append(now - last)
+            last = now
     result.latency = time.perf_counter() - start
     return result
 
