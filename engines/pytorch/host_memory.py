@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import platform
+from typing import Any
 
 import torch
 
@@ -52,6 +53,16 @@ MMAP_THRESHOLD = 32 << 20  # the largest glibc accepts on 64-bit: buffers up to 
 TRIM_THRESHOLD = 1 << 30  # free heap memory kept for the next step before any is returned to the OS
 
 
+def _glibc(name: str) -> Any:
+    """glibc's function `name` through ctypes, or None off Linux/glibc (the allocator knobs are glibc's own)."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def keep_freed_memory() -> bool:
     """Keep freed buffers in the process (glibc only; elsewhere a no-op that returns False).
 
@@ -62,11 +73,8 @@ def keep_freed_memory() -> bool:
     for reuse. Peak memory is unchanged; what the process holds between steps is at most one step's buffers.
     This is what vLLM-CPU gets from preloading tcmalloc.
     """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
@@ -78,11 +86,8 @@ def release_freed() -> bool:
     Why: loading frees far more than a step ever allocates (the float32 model transformers built, once its weights
     are packed or read from GGUF blocks), and with `keep_freed_memory`'s trim threshold glibc would keep up to a
     gigabyte of it resident for good. Called once the engine is built; later steps reuse what stays."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
+    trim = _glibc("malloc_trim")
+    if trim is None:
         return False
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return bool(trim(0))
