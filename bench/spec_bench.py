@@ -10,7 +10,7 @@ verification step emitted (1 + accepted / verifications) and whether every answe
 servers. Targets (issue 25): >= 1.8x on the quoting workloads, >= 1.0x on free
 chat. The machines are noisy: run it alone, and read the ratios, not the absolute figures.
 
-    python bench/spec_bench.py [--rounds 3] [--max-tokens 192] [--k 4] [--quick] [--batched]
+    python bench/spec_bench.py [--rounds 3] [--max-tokens 192] [--k 5] [--quick] [--batched]
 
 `--batched` adds random-prompt loads at c=8 and c=32 (128 in, 128 out, ignore_eos; serve_bench's workload) on
 both servers: speculation must not cost batched throughput (it proposes nothing above disable_by_batch_size).
@@ -123,7 +123,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=192)
-    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--k", type=int, default=5, help="num_speculative_tokens")
     parser.add_argument("--quick", action="store_true", help="one round, one prompt per workload, 64 tokens")
     parser.add_argument("--batched", action="store_true", help="also c=8 and c=32 random-prompt loads")
     args = parser.parse_args()
@@ -133,8 +133,9 @@ def main() -> None:
         spec, spec_url = start(Path(tmp), {"num_speculative_tokens": args.k})
         try:
             servers = {"off": plain_url, "on": spec_url}
-            for url in servers.values():  # warm both (kernels, first-request paths)
-                chat(url, "Hello!", 8)
+            for url in servers.values():  # warm both (kernels, first-request paths, the replay plans of
+                chat(url, "Hello!", 8)      # one-token steps and of verification steps of every length)
+                chat(url, f"Repeat this text exactly:\n\n{TYPOS}", 96)
             print(f"c=1, greedy, max_tokens {max_tokens}, {rounds} round(s), num_speculative_tokens {args.k}")
             print(f"{'workload':<12} {'off tok/s':>9} {'on tok/s':>9} {'ratio':>6} {'accept':>7} {'tok/verify':>10} "
                   f"{'same':>5}")

@@ -18,7 +18,7 @@ from engines.pytorch.argmax import Argmax
 from engines.pytorch.gguf_blocks import read_blocks
 from engines.pytorch.loader import default_cache_dir, load_hf, resolve_hf_folder
 from engines.pytorch.model_runner import PagedModelRunner
-from engines.pytorch.sampler import plain_greedy, sample
+from engines.pytorch.sampler import greedy_result, plain_greedy, sample
 from engines.pytorch.weight_memory import float_weights, runner_weights
 from engines.types import EngineInfo, SequenceStep, StepResult
 
@@ -120,10 +120,10 @@ class PyTorchEngine(StepEngine):
     def execute(self, batch: Sequence[SequenceStep]) -> StepResult:
         sampling_steps = [s for s in batch if s.sample]
         if self._argmax is not None and sampling_steps and all(plain_greedy(s) for s in sampling_steps):
-            # the runner may take the greedy tokens on the way (a replayed decode step: step_replay.py)
+            # the runner may take each row's greedy token on the way (a replayed step: step_replay.py)
             logits, tokens = self._runner.forward_greedy(batch)
             if tokens is not None:
-                return StepResult(token_ids=dict(zip((s.seq_id for s in sampling_steps), tokens, strict=True)))
+                return greedy_result(sampling_steps, tokens, self._info.eos_token_ids)
         else:
             logits = self._runner.forward(batch)
         for step in sampling_steps:

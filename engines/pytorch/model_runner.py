@@ -208,16 +208,10 @@ class PagedModelRunner:
         lay = order_rows(batch)
         decodes = [s for s in lay.steps if is_decode(s)]
         prefills = lay.steps[len(decodes) :]
-        if decodes:  # a verification step's rows: one decode row per position, each over the cache up to it
+        if decodes:  # a verification step's rows: one decode row per position, each over the cache up to it (the
+            # decode kernel writes every row's key and value before any row attends)
             rows = [(s, s.start_pos + j) for s in decodes for j in range(len(s.token_ids))]
             lay.decode = DecodeTables([s.block_table[: p // bs + 1] for s, p in rows], [p + 1 for _, p in rows], bs)
-            if len(rows) > len(decodes):
-                # Their keys and values are written before any row attends: the kernel writes each row's own
-                # first, but rows shared between threads may attend before an earlier row's thread wrote it.
-                verify = [(r, s, p) for r, (s, p) in enumerate(rows) if s.num_draft_tokens]
-                lay.early_kv_rows = torch.tensor([r for r, _, _ in verify], dtype=torch.long)
-                lay.early_kv_slots = torch.tensor(
-                    [s.block_table[p // bs] * bs + p % bs for _, s, p in verify], dtype=torch.long)
         if prefills:
             self._prefill_layout(prefills, lay)
         return lay
@@ -288,10 +282,6 @@ class PagedModelRunner:
             q, k = layer.q_norm(q), layer.k_norm(k)
         nd = lay.num_decode
         parts = []
-        if lay.early_kv_rows is not None:  # verification rows: see _layout (the bits the kernel writes: `rotate`)
-            rows = lay.early_kv_rows
-            self.k_cache[i].index_copy_(0, lay.early_kv_slots, rotate(k[rows], cos[rows, None], sin[rows, None]))
-            self.v_cache[i].index_copy_(0, lay.early_kv_slots, v[rows])
         if nd:  # the decode kernel rotates q and k itself
             parts.append(self.attention.decode(
                 q[:nd], k[:nd], v[:nd], cos[:nd], sin[:nd], self.k_cache[i], self.v_cache[i], lay.decode, layer.scaling
@@ -357,9 +347,9 @@ class PagedModelRunner:
         return dense(hidden), None
 
     def _replayable(self, lay: StepLayout) -> bool:
-        """A step of one-token decodes only, every row sampling in order: the same kernel calls every time."""
-        return (lay.decode is not None and lay.num_decode == lay.input_ids.numel() == len(lay.steps)
-                and lay.sample_rows is None and lay.early_kv_rows is None)
+        """A step of decode rows only (one-token decodes and verification steps' k + 1 rows), every row sampling in
+        order: the same kernel calls for every step of that many rows, whichever sequences the rows belong to."""
+        return lay.decode is not None and lay.num_decode == lay.input_ids.numel() and lay.sample_rows is None
 
     def _dense(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lay: StepLayout) -> torch.Tensor:
         """The layers and the logits of a step's embeddings."""

@@ -137,39 +137,69 @@ def _at_draft(step: SequenceStep, j: int) -> SequenceStep:
                                num_draft_tokens=0, token_ids=[drafts[j - 1]], start_pos=step.start_pos + j)
 
 
+def accept_greedy(drafts: Sequence[int], tokens: Sequence[int]) -> tuple[int, int]:
+    """(accepted proposed tokens, the token after them) for a plain greedy verification from its k + 1 rows' argmax:
+    proposed tokens are accepted while each is the argmax of the row before it."""
+    for j, draft in enumerate(drafts):
+        if tokens[j] != draft:
+            return j, tokens[j]
+    return len(drafts), tokens[len(drafts)]
+
+
 def verify_rows(
     rows: torch.Tensor, step: SequenceStep, eos_token_ids: Sequence[int], generator: torch.Generator | None,
-    greedy_tokens: list[int] | None = None,
 ) -> tuple[int, int]:
     """(accepted proposed tokens, the token after them) for a verification step's k + 1 rows of logits, by the rule
-    in this module's docstring. `greedy_tokens`: each row's argmax, already computed, for a plain greedy request."""
+    in this module's docstring."""
     drafts = step.draft_token_ids
     for j in range(len(drafts) + 1):
-        if greedy_tokens is not None:
-            token = greedy_tokens[j]
+        at = _at_draft(step, j)
+        row = _processed(rows[j], at, eos_token_ids)
+        if step.sampling.greedy:
+            token = int(torch.argmax(row))
         else:
-            at = _at_draft(step, j)
-            row = _processed(rows[j], at, eos_token_ids)
-            if step.sampling.greedy:
-                token = int(torch.argmax(row))
-            else:
-                probs = torch.softmax(_filter(row, at), dim=-1)
-                total = float(probs.sum())
-                if not 0.0 < total < float("inf"):
-                    raise RowError("no token can be sampled for this request: its sampling parameters leave no "
-                                   "probability mass (temperature, top_p, top_k, min_p)")
-                if j == len(drafts):  # every proposed token accepted: the bonus token
-                    return j, int(torch.multinomial(probs, 1, generator=generator))
-                x = drafts[j]
-                if float(torch.rand(1, generator=generator, dtype=torch.float64)) * total < float(probs[x]):
-                    continue  # accepted with probability p(x)
-                probs[x] = 0.0  # rejected: draw from p without x (multinomial renormalises)
-                if not float(probs.sum()) > 0.0:  # p was x alone: then it was accepted with probability 1
-                    continue
+            probs = torch.softmax(_filter(row, at), dim=-1)
+            total = float(probs.sum())
+            if not 0.0 < total < float("inf"):
+                raise RowError("no token can be sampled for this request: its sampling parameters leave no "
+                               "probability mass (temperature, top_p, top_k, min_p)")
+            if j == len(drafts):  # every proposed token accepted: the bonus token
                 return j, int(torch.multinomial(probs, 1, generator=generator))
+            x = drafts[j]
+            if float(torch.rand(1, generator=generator, dtype=torch.float64)) * total < float(probs[x]):
+                continue  # accepted with probability p(x)
+            probs[x] = 0.0  # rejected: draw from p without x (multinomial renormalises)
+            if not float(probs.sum()) > 0.0:  # p was x alone: then it was accepted with probability 1
+                continue
+            return j, int(torch.multinomial(probs, 1, generator=generator))
         if j == len(drafts) or token != drafts[j]:
             return j, token
     raise AssertionError("unreachable")
+
+
+def _row_starts(steps: Sequence[SequenceStep]) -> list[int]:
+    """Each step's first row of logits (a verification step has k + 1)."""
+    starts, first = [], 0
+    for step in steps:
+        starts.append(first)
+        first += 1 + step.num_draft_tokens
+    return starts
+
+
+def greedy_result(steps: Sequence[SequenceStep], tokens: list[int], eos_token_ids: Sequence[int]) -> StepResult:
+    """The step's result for plain greedy `steps` from each row's argmax (`tokens`, the rows of `sample`'s logits,
+    all finite): a verification step accepts its proposed tokens while they are the argmax."""
+    if len(tokens) == len(steps):
+        return StepResult(token_ids=dict(zip((s.seq_id for s in steps), tokens, strict=True)))
+    result = StepResult(token_ids={})
+    for i, step in zip(_row_starts(steps), steps, strict=True):
+        if step.num_draft_tokens:
+            accepted, token = accept_greedy(step.draft_token_ids, tokens[i : i + 1 + step.num_draft_tokens])
+            result.num_accepted[step.seq_id] = accepted
+        else:
+            token = tokens[i]
+        result.token_ids[step.seq_id] = token
+    return result
 
 
 def sample(
@@ -186,26 +216,11 @@ def sample(
     A step that cannot be sampled (non-finite logits, a constraint or parameters that leave nothing, any exception
     in its own work) gets an entry in `errors` instead of a token; the other steps are sampled as if it were not
     there."""
-    first = 0
-    starts = []
-    for step in steps:
-        starts.append(first)
-        first += 1 + step.num_draft_tokens
+    starts = _row_starts(steps)
     if steps and all(plain_greedy(s) for s in steps) and bool(torch.isfinite(logits).all()):
         # the common case: one argmax for the whole batch
         tokens = argmax(logits) if argmax is not None else logits.argmax(dim=-1).tolist()
-        if first == len(steps):
-            return StepResult(token_ids=dict(zip((s.seq_id for s in steps), tokens, strict=True)))
-        result = StepResult(token_ids={})
-        for i, step in zip(starts, steps, strict=True):
-            if step.num_draft_tokens:
-                accepted, token = verify_rows(logits[i : i + 1 + step.num_draft_tokens], step, eos_token_ids, None,
-                                              tokens[i : i + 1 + step.num_draft_tokens])
-                result.num_accepted[step.seq_id] = accepted
-            else:
-                token = tokens[i]
-            result.token_ids[step.seq_id] = token
-        return result
+        return greedy_result(steps, tokens, eos_token_ids)
     result = StepResult(token_ids={})
     for i, step in zip(starts, steps, strict=True):
         try:

@@ -36,9 +36,6 @@ class StepLayout:
     q_index: torch.Tensor | None = None  # [T_p] row of each new token in the padded [P * max_q] query layout
     batch: int = 0
     max_q: int = 0
-    # decode rows of verification steps, whose keys and values are written before the decode attention runs
-    early_kv_rows: torch.Tensor | None = None  # [R] rows (in T)
-    early_kv_slots: torch.Tensor | None = None  # [R] their cache slots
 
 
 def is_decode(step: SequenceStep) -> bool:

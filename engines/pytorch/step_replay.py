@@ -5,7 +5,9 @@ attention, the o projection with the residual, RMSNorm, gate-up-SiLU, the down p
 final norm and the lm_head): only the attention's inputs (rotary cos and sin, block tables, context lengths), the
 embeddings and the logits change. Driven from Python, each call costs its ctypes conversion, a tensor allocation and
 the interpreter between calls: about a fifth of a batch-1 step here, with the helper threads idling meanwhile
-(bench/step_profile.py).
+(bench/step_profile.py). A speculative verification step (one sequence's last token and k proposed ones) is, to
+the kernels, a decode step of k + 1 rows (the decode attention writes every row's key and value before any row
+attends, so row j sees rows 0 .. j - 1): plans are keyed by the number of rows, whoever the rows belong to.
 
 So the first decode-only step of M rows runs the Python forward while recording every call into the C kernels
 (function, arguments) and, through a torch dispatch mode, every tensor the forward allocates; any torch op that
@@ -19,7 +21,7 @@ attention's cache writes are the same values twice) and keeps the replay only if
 
 Greedy rows take their tokens right after, from the logits just written (still in cache): one pass that is both the
 argmax and the check that every logit is finite (csrc/argmax.c `argmax_rows_finite_f32`), so the sampler does not
-read the logits again.
+read the logits again; a verification step's proposals are accepted from those argmaxes (sampler.accept_greedy).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ W_FN, W_RETURNS_INT, W_RESET_FIRST, W_RESET_COUNT, W_INTS = 0, 1, 2, 3, 4
 W_FLOATS = W_INTS + INTS
 WORDS = W_FLOATS + FLOATS // 2
 ENABLED = True  # read when a runner is built; benchmarks and tests turn it off to compare
-MAX_PLANS = 64  # row counts with a plan (decode steps of 1 .. max_num_seqs rows)
+MAX_PLANS = 64  # row counts with a plan (decode and verification steps of 1 .. max_num_seqs (k + 1) rows)
 # The decode attention's per-step arguments (paged_attention.py's `decode` signature): cos, sin, tables,
 # max_blocks, ctx_lens.
 ATTENTION_STEP_ARGS = {"cos": 6, "sin": 7, "tables": 10, "max_blocks": 11, "ctx_lens": 12}

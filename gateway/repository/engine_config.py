@@ -28,14 +28,14 @@ class SpeculativeSection(_Strict):
         "ngram", description="How tokens are proposed: `ngram` (prompt lookup: what followed the latest earlier "
         "occurrence of the last n tokens in the prompt and output). No draft model is needed.",
     )
-    num_speculative_tokens: int = Field(4, ge=1, le=16, description="Tokens proposed and verified per step.")
+    num_speculative_tokens: int = Field(5, ge=1, le=16, description="Tokens proposed and verified per step.")
     prompt_lookup_min: int = Field(2, ge=1, le=16, description="Shortest n-gram matched.")
     prompt_lookup_max: int = Field(4, ge=1, le=16, description="Longest n-gram matched (tried first).")
     disable_by_batch_size: int = Field(
         2, ge=1, description="No proposals while more sequences than this run (verification then costs throughput)."
     )
     min_acceptance: float = Field(
-        0.25, ge=0, le=1, description="A sequence whose moving acceptance rate falls below this is paused."
+        0.15, ge=0, le=1, description="A sequence whose moving acceptance rate falls below this is paused."
     )
 
     @model_validator(mode="after")

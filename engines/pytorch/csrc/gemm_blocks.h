@@ -206,17 +206,27 @@ static void reg_rows(int t, int r, const float* x, int64_t ldx, const uint8_t* w
     if (r == 1) REG_TYPES(1)
     else if (r == 2) REG_TYPES(2)
 #if REG_ROWS > 2
+    else if (r == 3) REG_TYPES(3)
     else if (r == 4) REG_TYPES(4)
+    else if (r == 5) REG_TYPES(5)
+    else if (r == 6) REG_TYPES(6)
+    else if (r == 7) REG_TYPES(7)
     else if (r == 8) REG_TYPES(8)
 #endif
 #undef REG_TYPES
 #undef REG_CASE
 }
-/* A step of M rows in row blocks of REG_ROWS, then 4, 2, 1 (each block expands the weights again). */
+/* A step of M rows in row blocks of REG_ROWS, then the rest in one block (AVX-512: any 1..8 rows, so a speculative
+   verification's 3, 5 or 7 rows expand the weights once) or halving blocks (AVX2: 2, 1). Each block expands the
+   weights again. */
 static void gemm_core_blocks_reg(int t, const float* x, int64_t ldx, const uint8_t* wq, int64_t pstride, float* y,
                                  int64_t ldy, int M, int NB, int K) {
     for (int m = 0, r; m < M; m += r) {
+#if REG_ROWS > 2
+        r = M - m < REG_ROWS ? M - m : REG_ROWS;
+#else
         for (r = REG_ROWS; r > M - m; r /= 2) {}
+#endif
         reg_rows(t, r, x + m * ldx, ldx, wq, pstride, y + m * ldy, ldy, NB, K);
     }
 }

@@ -236,34 +236,53 @@ static void SFX(write_kv)(const SFX(T)* k, const SFX(T)* v, const SFX(T)* c, con
     memcpy(vc + slot * KVH * D, v, sizeof(SFX(T)) * KVH * D);
 }
 
-/* q: [B, H, D] rows `q_stride` elements apart; k_new/v_new: [B, KVH, D] rows `k_stride`/`v_stride` apart;
-   cos/sin: [B, D] (sin with rotate_half's sign folded in), or NULL when q and k are already rotated. The new
-   key (rotated) and value are written to the cache slot of position ctx_lens[b] - 1 first. caches: [slots, KVH,
-   D] of one layer; tables: [B, max_blocks]; out: [B, H, D] contiguous. H is a multiple of KVH, D is even.
-   Sequences are taken one at a time from *next (an atomic counter starting at 0), so several threads may call
-   this with the same arguments and share the batch; each sequence is computed the same whichever thread takes
-   it. Returns 0, or -1 without memory. */
-int SFX(paged_decode)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new,
-                     int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc,
-                     const int32_t* tables, int max_blocks, const int32_t* ctx_lens, SFX(T)* out,
-                     int B, int H, int KVH, int D, int BS, float scale, int* next) {
+/* The new key (rotated) and value of every decode row into the cache slot of its position ctx_lens[b] - 1. */
+static void SFX(decode_write)(const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new, int64_t v_stride,
+                             const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc, const int32_t* tables,
+                             int max_blocks, const int32_t* ctx_lens, int B, int KVH, int D, int BS) {
+    for (int b = 0; b < B; b++) {
+        const int pos = ctx_lens[b] - 1;
+        SFX(write_kv)(k_new + b * k_stride, v_new + b * v_stride, cos ? cos + (int64_t)b * D : 0,
+                      sin ? sin + (int64_t)b * D : 0, kc, vc,
+                      (int64_t)tables[(int64_t)b * max_blocks + pos / BS] * BS + pos % BS, KVH, D);
+    }
+}
+
+/* The attention of decode rows whose keys and values are in the cache already (decode_write): row b's query
+   (rotated here) over its cached positions 0 .. ctx_lens[b] - 1. Rows are taken one at a time from *next (an
+   atomic counter starting at 0), so several threads may call this with the same arguments and share the batch;
+   each row is computed the same whichever thread takes it. Returns 0, or -1 without memory. */
+static int SFX(decode_attend)(const SFX(T)* q, int64_t q_stride, const SFX(T)* cos, const SFX(T)* sin,
+                             const SFX(T)* kc, const SFX(T)* vc, const int32_t* tables, int max_blocks,
+                             const int32_t* ctx_lens, SFX(T)* out, int B, int H, int KVH, int D, int BS, float scale,
+                             int* next) {
     int max_ctx = 1;
     for (int b = 0; b < B; b++) if (ctx_lens[b] > max_ctx) max_ctx = ctx_lens[b];
     float* buf = (float*)malloc(sizeof(float) * (size_t)H * ((size_t)max_ctx + 2 * (size_t)D));
     if (!buf) return -1;
     for (int b; (b = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < B;) {
-        const int32_t* table = tables + (int64_t)b * max_blocks;
-        const int pos = ctx_lens[b] - 1;
-        const SFX(T)* c = cos ? cos + (int64_t)b * D : 0;
-        const SFX(T)* s = sin ? sin + (int64_t)b * D : 0;
-        SFX(write_kv)(k_new + b * k_stride, v_new + b * v_stride, c, s, kc, vc, (int64_t)table[pos / BS] * BS + pos % BS,
-                     KVH, D);
-        SFX(rope_heads)(q + b * q_stride, c, s, H, D, buf);
-        SFX(sequence)(kc, vc, table, ctx_lens[b], out + (int64_t)b * H * D, H, KVH, D, BS, scale,
-                     buf, buf + (size_t)H * D, buf + (size_t)H * (D + max_ctx));
+        SFX(rope_heads)(q + b * q_stride, cos ? cos + (int64_t)b * D : 0, sin ? sin + (int64_t)b * D : 0, H, D, buf);
+        SFX(sequence)(kc, vc, tables + (int64_t)b * max_blocks, ctx_lens[b], out + (int64_t)b * H * D, H, KVH, D, BS,
+                      scale, buf, buf + (size_t)H * D, buf + (size_t)H * (D + max_ctx));
     }
     free(buf);
     return 0;
+}
+
+/* q: [B, H, D] rows `q_stride` elements apart; k_new/v_new: [B, KVH, D] rows `k_stride`/`v_stride` apart;
+   cos/sin: [B, D] (sin with rotate_half's sign folded in), or NULL when q and k are already rotated. Every row's
+   new key (rotated) and value are written to the cache slot of its position ctx_lens[b] - 1 before any row attends:
+   rows may be consecutive positions of one sequence (a speculative verification step), each attending over the
+   keys of the rows before it. caches: [slots, KVH, D] of one layer; tables: [B, max_blocks]; out: [B, H, D]
+   contiguous. H is a multiple of KVH, D is even. `next`: an atomic counter starting at 0 (decode_attend). Returns
+   0, or -1 without memory. */
+int SFX(paged_decode)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new,
+                     int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc,
+                     const int32_t* tables, int max_blocks, const int32_t* ctx_lens, SFX(T)* out,
+                     int B, int H, int KVH, int D, int BS, float scale, int* next) {
+    SFX(decode_write)(k_new, k_stride, v_new, v_stride, cos, sin, kc, vc, tables, max_blocks, ctx_lens, B, KVH, D, BS);
+    return SFX(decode_attend)(q, q_stride, cos, sin, kc, vc, tables, max_blocks, ctx_lens, out, B, H, KVH, D, BS, scale,
+                              next);
 }
 
 /* The keys (rotated) and values of a prefill chunk's rows into their cache slots: row r is position row_pos[r]
@@ -329,13 +348,12 @@ typedef struct {
 } SFX(decode_job);
 static void SFX(decode_task)(void* p) {
     SFX(decode_job)* j = (SFX(decode_job)*)p;
-    if (SFX(paged_decode)(j->q, j->q_stride, j->k_new, j->k_stride, j->v_new, j->v_stride, j->cos, j->sin, j->kc, j->vc,
-                         j->tables, j->max_blocks, j->ctx_lens, j->out, j->B, j->H, j->KVH, j->D, j->BS, j->scale,
-                         &j->next) != 0)
+    if (SFX(decode_attend)(j->q, j->q_stride, j->cos, j->sin, j->kc, j->vc, j->tables, j->max_blocks, j->ctx_lens,
+                           j->out, j->B, j->H, j->KVH, j->D, j->BS, j->scale, &j->next) != 0)
         __atomic_store_n(&j->rc, -1, __ATOMIC_RELAXED);
 }
-/* A few sequences (fewer than DECODE_SPLIT_BELOW) are shared by KV head: their new keys and values are written
-   first (every head group reads them), then each (sequence, KV head) item rotates its group's queries and attends,
+/* A few sequences (fewer than DECODE_SPLIT_BELOW) are shared by KV head (their new keys and values written first,
+   as for every decode step): each (sequence, KV head) item rotates its group's queries and attends,
    the same arithmetic per head as a whole sequence. One sequence of SmolLM2 (3 KV heads) then takes two thirds of
    its time alone on two threads: its attention reads the whole context's cache every step. */
 #ifndef DECODE_SPLIT_BELOW
@@ -365,13 +383,9 @@ int SFX(paged_decode_par)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new
                          int B, int H, int KVH, int D, int BS, float scale) {
     SFX(decode_job) j = {q, k_new, v_new, cos, sin, kc, vc, out, tables, ctx_lens, q_stride, k_stride, v_stride,
                         max_blocks, B, H, KVH, D, BS, scale, 0, 0};
+    /* every row's key and value first (see paged_decode): a few hundred floats a row, on this thread */
+    SFX(decode_write)(k_new, k_stride, v_new, v_stride, cos, sin, kc, vc, tables, max_blocks, ctx_lens, B, KVH, D, BS);
     if (B < DECODE_SPLIT_BELOW && KVH > 1) {
-        for (int b = 0; b < B; b++) {
-            const int pos = ctx_lens[b] - 1;
-            SFX(write_kv)(k_new + b * k_stride, v_new + b * v_stride, cos ? cos + (int64_t)b * D : 0,
-                          sin ? sin + (int64_t)b * D : 0, kc, vc,
-                          (int64_t)tables[(int64_t)b * max_blocks + pos / BS] * BS + pos % BS, KVH, D);
-        }
         POOL_RUN(SFX(decode_groups_task), &j);
     } else {
         POOL_RUN(SFX(decode_task), &j);

@@ -11,7 +11,7 @@ keeps the output exact; what speculation decides here is only speed, by three ru
   per sequence, nearly free on a memory-bound step of a few rows, but a full batch is compute-bound already.
 * A proposal is as long as its tokens have a fair chance: after each verification the fraction of the proposal
   that was accepted enters a moving average `a` (weight 1/4, starting at 3/4), and the next proposal has the
-  largest j <= k tokens with a^j >= 0.3 (at least one): the j-th token is accepted only if all before it were, and
+  largest j <= k tokens with a^j >= 0.2 (at least one): the j-th token is accepted only if all before it were, and
   each proposed token adds a row to the step.
 * A sequence whose proposals keep failing stops getting them for a while: when `a` falls below `min_acceptance`
   the sequence is paused for 16 output tokens, then 32, 64 ... (at most 256) while it stays low (a fully accepted
@@ -29,7 +29,9 @@ from gateway.scheduler.llm.ngram_draft import NgramIndex
 
 EMA_WEIGHT = 0.25
 EMA_START = 0.75
-WORTH = 0.3  # a proposed token is worth its row while the chance that it is accepted is at least this
+# A proposed token is worth its row while the chance that it is accepted is at least this: a verification row
+# costs a tenth to a sixth of a one-token step (verification steps are replayed in one C call like decode steps)
+WORTH = 0.2
 PAUSE_FIRST, PAUSE_MAX = 16, 256
 
 
@@ -37,11 +39,11 @@ PAUSE_FIRST, PAUSE_MAX = 16, 256
 class SpeculativeConfig:
     """n-gram speculative decoding (vLLM's `speculative_config` names)."""
 
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = 5
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     disable_by_batch_size: int = 2
-    min_acceptance: float = 0.25
+    min_acceptance: float = 0.15
 
 
 def verifiable(params: SamplingParams) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engines.pytorch.sampler import sample
+from engines.pytorch.sampler import greedy_result, sample
 from engines.types import SamplingParams, SequenceStep
 
 
@@ -149,3 +149,16 @@ def test_greedy_verification_applies_min_tokens_per_position() -> None:
                         num_draft_tokens=2)
     result = sample(logits, [step], [0], {})
     assert (result.num_accepted["m"], result.token_ids["m"]) == (2, 0)  # outputs 2 and 3 reach min_tokens: EOS
+
+
+def test_greedy_result_from_row_argmaxes_of_a_mixed_batch() -> None:
+    """The argmax of every row (as a replayed step takes them): a one-token step's row is its token, a verification
+    step's k + 1 rows accept while they agree with its proposal."""
+    steps = [_step("p", temperature=0.0),
+             SequenceStep("g", [4, 7, 8, 9], 2, [0], True, SamplingParams(temperature=0), [5, 4], 1, 1,
+                          num_draft_tokens=3),
+             _step("q", temperature=0.0)]
+    result = greedy_result(steps, [11, 7, 8, 2, 6, 12], [0])
+    assert result.token_ids == {"p": 11, "g": 2, "q": 12} and result.num_accepted == {"g": 2}
+    everything = greedy_result(steps[1:2], [7, 8, 9, 3], [0])
+    assert (everything.token_ids["g"], everything.num_accepted["g"]) == (3, 3)

@@ -77,3 +77,26 @@ def test_sampled_verification_first_token_follows_the_model(engine: PyTorchEngin
     expected = top.values / top.values.sum()
     assert 0.05 < float(expected[1]) < 0.95
     assert float(chisquare(counts.numpy(), (expected * 2000).numpy()).pvalue) > 1e-4
+
+
+def test_replayed_verification_steps_emit_one_token_decodings_greedy_tokens(engine: PyTorchEngine) -> None:
+    """Through `execute` (the greedy tokens taken by the replayed step, step_replay.py): a sequence verified 4
+    proposed tokens at a time, each proposal wrong at a different place or not at all, emits exactly the tokens of
+    one-token greedy decoding, and its verification steps of 5 rows are replayed in one C call."""
+    ids = engine.tokenizer.encode("Repeat: the cat sat on the mat, the dog sat on the log. Repeat: the cat sat on")
+    n, table, k = len(ids), list(range(20, 28)), 4
+    plain = ids + [engine.execute([_step("g", ids, 0, table, ids, n)]).token_ids["g"]]
+    while len(plain) < n + 30:
+        plain.append(engine.execute([_step("g", [plain[-1]], len(plain) - 1, table, plain, n)]).token_ids["g"])
+    seq, i = plain[: n + 1], 0
+    while len(seq) + k < len(plain):
+        drafts = plain[len(seq) : len(seq) + k]
+        wrong = i % (k + 1)
+        if wrong < k:
+            drafts[wrong] = (drafts[wrong] + 1) % engine.info.vocab_size
+        result = engine.execute([_step("g", [seq[-1], *drafts], len(seq) - 1, table, seq, n, drafts=k)])
+        assert result.num_accepted["g"] == min(wrong, k)
+        seq += drafts[: result.num_accepted["g"]] + [result.token_ids["g"]]
+        i += 1
+    assert i >= 3 and seq == plain[: len(seq)]
+    assert engine._runner._replay.plan_state(k + 1) == "replayed"

@@ -113,3 +113,41 @@ def test_a_call_pointing_to_memory_of_one_call_leaves_the_steps_on_python(tmp_pa
     expected, _ = _decode(reference, 1, 3)
     for a, b in zip(got, expected, strict=True):
         assert torch.equal(a, b)
+
+
+def _verify(runner: PagedModelRunner, k: int, steps: int) -> tuple[list[torch.Tensor], list[list[int] | None]]:
+    """Prefill a prompt, then `steps` verification steps of k proposed tokens (some right, some wrong): every step's
+    logits and greedy tokens (None where the step did not take them)."""
+    prompt = [(7 * i) % 90 + 1 for i in range(11)]
+    table = [0, 1, 2, 3]
+    runner.forward([SequenceStep("v", prompt, 0, table, True, PARAMS, prompt, len(prompt), 0)])
+    tokens = prompt + [3]
+    all_logits, all_greedy = [], []
+    for i in range(steps):
+        drafts = [(tokens[-1] + j * (i + 2)) % 90 + 1 for j in range(k)]
+        step = SequenceStep("v", [tokens[-1], *drafts], len(tokens) - 1, table, True, PARAMS, tokens, len(prompt),
+                            len(tokens) - len(prompt), num_draft_tokens=k)
+        logits, greedy = runner.forward_greedy([step])
+        assert logits.shape[0] == k + 1
+        all_logits.append(logits.clone())
+        all_greedy.append(greedy)
+        picks = logits.argmax(dim=-1).tolist()
+        if greedy is not None:
+            assert greedy == picks
+        accepted = next((j for j in range(k) if picks[j] != drafts[j]), k)
+        tokens += drafts[:accepted] + [picks[accepted]]
+    return all_logits, all_greedy
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_replayed_verification_steps_give_the_python_forwards_bits(tmp_path: Path, k: int) -> None:
+    """A verification step's k + 1 rows (consecutive positions of one sequence, each attending over the keys of the
+    rows before it) replay as a plan of k + 1 decode rows: recorded at the first step, checked at the second,
+    replayed from the third, with the greedy tokens taken on the way, and the same bits as the Python forward."""
+    python, replayed = _runner(tmp_path, replay=False), _runner(tmp_path, replay=True)
+    expected, _ = _verify(python, k, 5)
+    got, greedy = _verify(replayed, k, 5)
+    assert replayed._replay.plan_state(k + 1) == "replayed"
+    assert greedy[0] is None and greedy[1] is None and all(g is not None for g in greedy[2:])
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
