@@ -24,7 +24,7 @@ from engines.pytorch.gguf_weights import GGUFWeights
 
 log = logging.getLogger("switchyard.engines.pytorch")
 
-WEIGHTS_CACHE = "weights-1.safetensors"  # beside the config folder: gguf_weights.read_weights's cache file
+WEIGHTS_CACHE = "weights-1.safetensors"  # gguf_weights.read_weights's cache file, beside the config folder
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -117,7 +117,7 @@ def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, An
     if rotary is not None:  # its tables are computed at build, not loaded: build it again off the meta device
         model.model.rotary_emb = type(rotary)(config=model.config)
     try:
-        weights = read_weights(gguf, model, folder.with_name(f"{folder.name}.{WEIGHTS_CACHE}"))
+        weights = read_weights(gguf, model, folder.with_name(f"{_gguf_cache_key(gguf)}.{WEIGHTS_CACHE}"))
     except ValueError as exc:
         log.warning("native engine: %s; loading transformers' float32 model of it", exc)
         return None

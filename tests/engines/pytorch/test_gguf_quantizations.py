@@ -62,7 +62,7 @@ def engine(gguf: Path) -> Iterator[PyTorchEngine]:
 
 @pytest.fixture(scope="module")
 def reference(gguf: Path, engine: PyTorchEngine) -> Any:
-    """transformers' float32 model of the file (the engine's build converted it already)."""
+    """transformers' float32 model of the file (its GGUF loader's, converted once and cached)."""
     return AutoModelForCausalLM.from_pretrained(resolve_hf_folder(gguf), dtype=torch.float32).eval()
 
 
