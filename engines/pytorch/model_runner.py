@@ -83,7 +83,7 @@ class PagedModelRunner:
         match_transformers: bool = False,
     ) -> None:
         """Take over `hf_model`'s weights; q/k/v and gate/up projections are fused into one matmul each.
-        `blocks`: GGUF blocks of the projections by module path (gguf_blocks.read_blocks), for the GEMM kernel.
+        `blocks`: GGUF blocks of the projections by module path (gguf_weights.read_weights), for the GEMM kernel.
         `match_transformers` (bfloat16): steps run in transformers' call shapes, bit for bit (exact_forward.py)."""
         config = hf_model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
