@@ -78,7 +78,7 @@ class PyTorchEngine(StepEngine):
         self._argmax = Argmax(kernel_cache_dir).rows if fast_kernels else None
         self._tokenizer = HFTokenizer(hf_tok)
         config, generation_config = model.config, model.generation_config
-        del model, blocks, loaded, weights  # the runner holds the weights it serves (packed, or as GGUF blocks); the rest goes
+        del model, blocks, loaded, weights  # the runner holds the weights it serves (packed, or as GGUF blocks)
         gc.collect()
         host_memory.release_freed()
         held = runner_weights(self._runner)
