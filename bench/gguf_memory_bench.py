@@ -164,8 +164,8 @@ def main() -> None:
         size = path.stat().st_size
         rows.append((kind, size, r))
         peak = f"peak {r['peak'] / 1e6:.1f} MB, " if r["peak"] is not None else ""
-        print(f"{kind}: built in {r['build_s']:.1f} s, held {r['held'] / 1e6:.1f} MB, RSS {r['rss'] / 1e6:.1f} MB, {peak}"
-              f"{r['tok_s']:.1f} tok/s", flush=True)
+        print(f"{kind}: built in {r['build_s']:.1f} s, held {r['held'] / 1e6:.1f} MB, "
+              f"RSS {r['rss'] / 1e6:.1f} MB, {peak}{r['tok_s']:.1f} tok/s", flush=True)
     print("\n| type | file MB | held MB | float MB | B/weight held | B/weight file | RSS MB | held / file "
           "| RSS / file | peak MB | peak / file | tok/s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
