@@ -10,8 +10,9 @@ caches (the GGUF's float32 conversion, the saved blocks), as at any start after 
 - B/weight: held bytes per weight of the model (the file's bytes per weight beside it);
 - RSS MB: the process's resident memory after the engine is built minus before (torch, transformers and its llama
   model classes imported already: about 180 MB whatever the model): the weights, the tokenizer (40-60 MB), the KV
-  pages touched and the allocator's slack; peak MB: its peak resident memory while building, minus the same base
-  (the float32 model transformers loads is checked against the blocks, then dropped);
+  pages touched and the allocator's slack; peak MB: its peak resident memory while building (VmHWM), minus the
+  same base: what loading needs beyond what the engine then holds (no float32 model is built: loader.py), and
+  peak / file, the figure that says whether a larger model's file loads on a given machine;
 - tok/s: c=1 greedy decode, 128 tokens after a 64-token prompt, one `execute` per token on `--threads` threads
   (median of `--repeats` runs; the step only, no HTTP, no scheduler).
 
@@ -162,13 +163,14 @@ def main() -> None:
         r = _child(path, args, prepare=False)
         size = path.stat().st_size
         rows.append((kind, size, r))
-        print(f"{kind}: built in {r['build_s']:.1f} s, held {r['held'] / 1e6:.1f} MB, RSS {r['rss'] / 1e6:.1f} MB, "
-              f"{r['tok_s']:.1f} tok/s", flush=True)
+        peak = f"peak {r['peak'] / 1e6:.1f} MB, " if r["peak"] is not None else ""
+        print(f"{kind}: built in {r['build_s']:.1f} s, held {r['held'] / 1e6:.1f} MB, "
+              f"RSS {r['rss'] / 1e6:.1f} MB, {peak}{r['tok_s']:.1f} tok/s", flush=True)
     print("\n| type | file MB | held MB | float MB | B/weight held | B/weight file | RSS MB | held / file "
-          "| RSS / file | peak MB | tok/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| RSS / file | peak MB | peak / file | tok/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for kind, size, r in rows:
-        peak = f"{r['peak'] / 1e6:.0f}" if r["peak"] is not None else "-"
+        peak = f"{r['peak'] / 1e6:.0f} | {r['peak'] / size:.2f}" if r["peak"] is not None else "- | -"
         print(f"| {kind} | {size / 1e6:.1f} | {r['held'] / 1e6:.1f} | {r['float'] / 1e6:.1f} "
               f"| {r['held'] / weights:.2f} | {size / weights:.2f} | {r['rss'] / 1e6:.1f} | {r['held'] / size:.2f} "
               f"| {r['rss'] / size:.2f} | {peak} | {r['tok_s']:.1f} |")

@@ -15,8 +15,7 @@ from engines.hf_tokenizer import HFTokenizer
 from engines.interface import StepEngine, Tokenizer
 from engines.pytorch import host_memory
 from engines.pytorch.argmax import Argmax
-from engines.pytorch.gguf_blocks import read_blocks
-from engines.pytorch.loader import default_cache_dir, load_hf, resolve_hf_folder
+from engines.pytorch.loader import default_cache_dir, load_gguf_blocks, load_hf, resolve_hf_folder
 from engines.pytorch.model_runner import PagedModelRunner
 from engines.pytorch.sampler import greedy_result, plain_greedy, sample
 from engines.pytorch.weight_memory import float_weights, runner_weights
@@ -55,15 +54,19 @@ class PyTorchEngine(StepEngine):
         generate does, bit for bit (exact_forward.py; needs whole prompts and no prefix caching)."""
         budget = cpu_budget().with_override(gemm_threads, "pytorch.gemm_threads")
         host_memory.keep_freed_memory()
-        folder = resolve_hf_folder(source, gguf_file, cache_dir)
-        model, hf_tok = load_hf(folder, dtype)
         num_blocks = max(1, kv_cache_tokens // block_size)
         kernel_cache_dir = cache_dir or default_cache_dir()
         gguf = source / gguf_file if gguf_file else source
-        blocks = None
-        if fast_kernels and dtype == "float32" and gguf.suffix == ".gguf":  # beside the file's cached conversion,
-            # not in it: that folder is an HF model other servers may load (vLLM would read any .safetensors there)
-            blocks = read_blocks(gguf, model, folder.with_name(f"{folder.name}.weight-blocks-2.safetensors"))
+        loaded = None
+        if fast_kernels and dtype == "float32" and gguf.is_file() and gguf.suffix == ".gguf":
+            # block weights straight from the file: no float32 model of it is ever built (loader.py)
+            loaded = load_gguf_blocks(gguf, cache_dir)
+        if loaded is not None:
+            model, hf_tok, weights = loaded
+            blocks = weights.blocks
+        else:
+            model, hf_tok = load_hf(resolve_hf_folder(source, gguf_file, cache_dir), dtype)
+            blocks = weights = None
         self._runner = PagedModelRunner(
             model, num_blocks, block_size, fast_kernels=fast_kernels, kernel_cache_dir=kernel_cache_dir,
             gemm_threads=budget.threads, blocks=blocks, match_transformers=match_transformers,
@@ -75,7 +78,7 @@ class PyTorchEngine(StepEngine):
         self._argmax = Argmax(kernel_cache_dir).rows if fast_kernels else None
         self._tokenizer = HFTokenizer(hf_tok)
         config, generation_config = model.config, model.generation_config
-        del model, blocks  # the runner holds the weights it serves (packed, or as GGUF blocks); the rest goes
+        del model, blocks, loaded, weights  # the runner holds the weights it serves (packed, or as GGUF blocks)
         gc.collect()
         host_memory.release_freed()
         held = runner_weights(self._runner)

@@ -11,7 +11,7 @@ exact value: Q4_0 d*(q-8), Q5_0 d*(q-16), Q8_0 d*q, Q4_1/Q5_1 d*q+m, Q4_K/Q5_K (
 significant bits at most); F16/BF16 widen exactly. `dequantize` computes the same float32 operations, so it equals
 gguf-py's result (tests compare), and the kernel's fma(A, q, B) with those exact A, B rounds the same exact value
 once: the same weight (up to the sign of a zero weight, which no sum can tell), and so the float32 kernel's bits.
-`read_blocks` still takes only tensors whose expansion equals the float32 weight the model loaded, bit for bit.
+gguf_weights.py takes only tensors whose expansion equals gguf-py's, bit for bit (checked as it reads the file).
 
 Bytes per weight (the file's): Q4_0 0.5625, Q4_1 0.625, Q5_0 0.6875, Q5_1 0.75, Q8_0 1.0625, Q4_K 0.5625, Q5_K
 0.6875, Q6_K 0.8203, F16/BF16 2 (float32: 4).
@@ -19,15 +19,10 @@ Bytes per weight (the file's): Q4_0 0.5625, Q4_1 0.625, Q5_0 0.6875, Q5_1 0.75, 
 
 from __future__ import annotations
 
-import logging
-import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
-
-log = logging.getLogger("switchyard.engines.pytorch")
 
 
 @dataclass(frozen=True)
@@ -216,95 +211,3 @@ class MixedBlocks:
 
     def rows(self, index: torch.Tensor) -> WeightBlocks:
         raise NotImplementedError("rows of a fused weight of several types; take rows of each part before cat")
-
-
-# GGUF tensor names of a llama-family layer's projections -> transformers' module paths
-_PROJECTIONS = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-CACHE_FORMAT = "gguf-blocks-2"  # the cache file's layout: a tensor of raw blocks per path, its type in the metadata
-
-
-def _unpermute(n: int, heads: int) -> torch.Tensor:
-    """The row order transformers gives q and k of a llama GGUF (llama.cpp interleaves each head's rotary halves)."""
-    return torch.arange(n).reshape(heads, n // heads // 2, 2).transpose(1, 2).reshape(n)
-
-
-def _from_tensor(tensor: Any) -> GGUFBlocks | None:
-    """A GGUF tensor's blocks, if its type is one the kernels read."""
-    spec = TYPES.get(tensor.tensor_type.name)
-    if spec is None or len(tensor.shape) != 2:
-        return None
-    k, n = (int(d) for d in tensor.shape)  # GGUF lists the fastest dimension first
-    if k % spec.record_k:
-        return None
-    raw = torch.from_numpy(tensor.data.reshape(-1).view("uint8").copy())
-    return GGUFBlocks(spec.name, raw.view(n, k // spec.block * spec.block_bytes))
-
-
-def _blocks_in_file(gguf: Path, num_layers: int) -> dict[str, GGUFBlocks]:
-    """Every projection (and the lm_head) of the file that the kernels can read, q and k rows as the file has them."""
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        return {}
-    try:
-        tensors = {t.name: t for t in GGUFReader(str(gguf)).tensors}
-    except (OSError, ValueError) as exc:
-        log.warning("native engine: cannot read %s's blocks (%s); float32 weights", gguf.name, exc)
-        return {}
-    wanted = {"lm_head": tensors.get("output.weight") or tensors.get("token_embd.weight")}  # the latter: tied
-    for i in range(num_layers):
-        for gguf_name, path in _PROJECTIONS.items():
-            wanted[f"model.layers.{i}.{path}"] = tensors.get(f"blk.{i}.{gguf_name}.weight")
-    found = {}
-    for path, tensor in wanted.items():
-        blocks = _from_tensor(tensor) if tensor is not None else None
-        if blocks is not None:
-            found[path] = blocks
-    return found
-
-
-def _cached(gguf: Path, num_layers: int, cache_file: Path | None) -> dict[str, GGUFBlocks]:
-    """The file's blocks, from `cache_file` when an earlier start saved them there (gguf's reader parses the whole
-    tokenizer vocabulary first: 8 s for SmolLM2, against 0.2 s for the saved blocks)."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    if cache_file is not None and cache_file.is_file():
-        with safe_open(str(cache_file), "pt") as f:
-            meta = f.metadata() or {}
-            if meta.get("format") == CACHE_FORMAT:
-                return {key: GGUFBlocks(meta[key], f.get_tensor(key)) for key in f.keys()}
-    found = _blocks_in_file(gguf, num_layers)
-    if cache_file is not None and found:
-        tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
-        save_file({path: b.raw.contiguous() for path, b in found.items()}, tmp,
-                  metadata={"format": CACHE_FORMAT, **{path: b.qtype for path, b in found.items()}})
-        tmp.replace(cache_file)
-    return found
-
-
-def read_blocks(gguf: Path, model: Any, cache_file: Path | None = None) -> dict[str, GGUFBlocks]:
-    """The GGUF blocks of `model`'s projections (and "lm_head") in the file it was loaded from, by module path
-    ("model.layers.3.mlp.up_proj"), for those that expand exactly to the float32 weight the model holds.
-    `cache_file`: where to keep them between starts."""
-    config = model.config
-    heads = {"attn_q": config.num_attention_heads,
-             "attn_k": getattr(config, "num_key_value_heads", None) or config.num_attention_heads}
-    paths = {path: gguf_name for gguf_name, path in _PROJECTIONS.items()}
-    found: dict[str, GGUFBlocks] = {}
-    for full_path, blocks in _cached(gguf, len(model.model.layers), cache_file).items():
-        weight = model.get_submodule(full_path).weight.detach()
-        if weight.dtype != torch.float32 or blocks.shape != tuple(weight.shape):
-            continue
-        gguf_name = paths.get(full_path.split(".", 3)[-1], "")
-        expanded = blocks.dequantize()
-        if gguf_name in heads and not torch.equal(expanded, weight):
-            blocks = blocks.rows(_unpermute(weight.shape[0], heads[gguf_name]))
-            expanded = blocks.dequantize()
-        if torch.equal(expanded, weight):
-            found[full_path] = blocks
-    return found

@@ -51,6 +51,7 @@ as GGUF blocks are then dequantized to float32 once, at load.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -137,11 +138,34 @@ class _Packed:
     __slots__ = ("amx", "nbytes", "nseg", "ptrs", "segs", "tensors")
 
     def __init__(self, runs: list[tuple[int, int, torch.Tensor]], amx: int) -> None:
-        self.tensors = [host_memory.copy(t) for _, _, t in runs]
+        """`runs`: (end panel, type code, panels) each, the panels already in host memory (`_in_pieces`)."""
+        self.tensors = [t for _, _, t in runs]
         self.segs = torch.tensor([v for end, code, _ in runs for v in (end, code)], dtype=torch.int32)
         self.ptrs = torch.tensor([t.data_ptr() for t in self.tensors], dtype=torch.int64)
         self.nseg, self.amx = len(runs), amx
         self.nbytes = sum(t.numel() * t.element_size() for t in self.tensors)
+
+
+PIECE_BYTES = 8 << 20  # file bytes of the rows packed at a time (packing takes a few times its input in scratch)
+
+
+def _in_pieces(pack: Callable[[GGUFBlocks, int], torch.Tensor], parts: tuple[GGUFBlocks, ...], nb: int
+               ) -> torch.Tensor:
+    """`pack(part, nb)` of each part ([NB, panel bytes] each; several parts: their panels in turn, [NB * parts, panel
+    bytes]), written into one host-memory buffer a few panels at a time: a panel is made from its own 16 rows, so
+    the pieces' panels are the whole's, and the scratch of packing stays a few MB however large the weight (an
+    lm_head of 128k rows would need gigabytes at once)."""
+    n = parts[0].shape[0]
+    step = max(1, PIECE_BYTES // (16 * parts[0].raw.shape[1]))
+    out = None
+    for a in range(0, nb, step):
+        b = min(nb, a + step)
+        index = torch.arange(16 * a, min(n, 16 * b))
+        piece = torch.stack([pack(part.rows(index), b - a) for part in parts], dim=1)  # [panels, parts, bytes]
+        if out is None:
+            out = host_memory.zeros((nb, len(parts), piece.shape[-1]), torch.uint8)
+        out[a:b] = piece
+    return out.view(nb * len(parts), -1)
 
 
 def _pack_blocks(lib: ctypes.CDLL, blocks: WeightBlocks, nb: int, interleave: WeightBlocks | None = None
@@ -155,12 +179,11 @@ def _pack_blocks(lib: ctypes.CDLL, blocks: WeightBlocks, nb: int, interleave: We
             return None
         one, other = parts[0], interleave.parts[0]
         if TILE_UNIT and one.qtype in ("Q4_1", "Q8_0") and lib.amx_supported():
-            panels = torch.stack([block_panels.pack_tile_unit(b, nb) for b in (one, other)], dim=1)
-            return _Packed([(2 * nb, one.type.code, panels.view(2 * nb, -1))], 1 if one.qtype == "Q4_1" else 2)
-        panels = torch.stack([block_panels.pack(b, nb) for b in (one, other)], dim=1)
-        return _Packed([(2 * nb, one.type.code, panels.view(2 * nb, -1))], 0)
+            panels = _in_pieces(block_panels.pack_tile_unit, (one, other), nb)
+            return _Packed([(2 * nb, one.type.code, panels)], 1 if one.qtype == "Q4_1" else 2)
+        return _Packed([(2 * nb, one.type.code, _in_pieces(block_panels.pack, (one, other), nb))], 0)
     if len(parts) == 1 and TILE_UNIT and parts[0].qtype in ("Q4_1", "Q8_0") and lib.amx_supported():
-        return _Packed([(nb, parts[0].type.code, block_panels.pack_tile_unit(parts[0], nb))],
+        return _Packed([(nb, parts[0].type.code, _in_pieces(block_panels.pack_tile_unit, parts, nb))],
                        1 if parts[0].qtype == "Q4_1" else 2)
     runs, end = [], 0
     for i, part in enumerate(parts):
@@ -169,7 +192,7 @@ def _pack_blocks(lib: ctypes.CDLL, blocks: WeightBlocks, nb: int, interleave: We
             return None
         panels = (rows + 15) // 16
         end += panels
-        runs.append((end, part.type.code, block_panels.pack(part, panels)))
+        runs.append((end, part.type.code, _in_pieces(block_panels.pack, (part,), panels)))
     return _Packed(runs, 0)
 
 

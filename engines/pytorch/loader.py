@@ -1,7 +1,11 @@
-"""Load weights and tokenizer from an HF folder or a GGUF file, caching dequantized GGUF weights.
+"""Load weights and tokenizer from an HF folder or a GGUF file, caching what a GGUF file takes long to read.
 
-transformers dequantizes GGUF on every load (tens of seconds for a small model). The first load saves the
-result as safetensors in a cache folder keyed by the file's identity, so later starts take about a second.
+transformers dequantizes GGUF on every load (tens of seconds for a small model), and all of it to float32 at once.
+`resolve_hf_folder` saves its result as safetensors in a cache folder keyed by the file's identity (what the float32
+and bfloat16 paths, vLLM and the tests load), so later starts take about a second. The native engine's block path
+(`load_gguf_blocks`) never builds that float32 model: transformers' model of the file is built on the meta device
+from the file's config, its float tensors filled from the file and its block weights left to the GGUF blocks, so
+loading needs about the memory the engine then holds.
 """
 
 from __future__ import annotations
@@ -16,8 +20,11 @@ from typing import Any
 
 import torch
 
+from engines.pytorch.gguf_weights import GGUFWeights
+
 log = logging.getLogger("switchyard.engines.pytorch")
 
+WEIGHTS_CACHE = "weights-1.safetensors"  # gguf_weights.read_weights's cache file, beside the config folder
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -69,6 +76,65 @@ def resolve_hf_folder(source: Path, gguf_file: str | None = None, cache_dir: Pat
     if (source / "config.json").is_file():
         return source
     raise FileNotFoundError("no config.json (HF folder) or .gguf file found at the model source")
+
+
+def _gguf_config_folder(gguf: Path, cache_dir: Path | None) -> Path:
+    """A folder with the file's transformers config and tokenizer (no weights), made on the first start."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    target = (cache_dir or default_cache_dir()) / "gguf" / f"{_gguf_cache_key(gguf)}.config"
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".config-", dir=target.parent))
+    try:
+        AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "config.json").exists():  # a concurrent start may have won the race
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, Any, GGUFWeights] | None:
+    """(model, tokenizer, weights) of a GGUF file for the native engine's block path, in float32: the model's
+    float tensors are the file's (as transformers loads them), its block weights stay on the meta device and are
+    `weights.blocks` (gguf_weights.py). None, saying why in the log, where some weight of the model is in neither
+    (then load the float32 model through `resolve_hf_folder`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from engines.pytorch.gguf_weights import read_weights
+
+    folder = _gguf_config_folder(gguf, cache_dir)
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    rotary = getattr(model.model, "rotary_emb", None)
+    if rotary is not None:  # its tables are computed at build, not loaded: build it again off the meta device
+        model.model.rotary_emb = type(rotary)(config=model.config)
+    try:
+        weights = read_weights(gguf, model, folder.with_name(f"{_gguf_cache_key(gguf)}.{WEIGHTS_CACHE}"))
+    except ValueError as exc:
+        log.warning("native engine: %s; loading transformers' float32 model of it", exc)
+        return None
+    for name, tensor in weights.tensors.items():
+        path, attr = name.rsplit(".", 1)
+        setattr(model.get_submodule(path), attr, torch.nn.Parameter(tensor, requires_grad=False))
+    head, table = model.get_output_embeddings(), model.get_input_embeddings()
+    if getattr(config, "tie_word_embeddings", False) and head.weight.is_meta and not table.weight.is_meta:
+        head.weight = table.weight  # a tied table kept in float32
+    in_blocks = {f"{path}.weight" for path in weights.blocks}
+    missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta and n not in in_blocks]
+    if missing:
+        log.warning("native engine: %s has no weight for %s (and %d more) that the blocks path can use; "
+                    "loading transformers' float32 model of it", gguf.name, missing[0], len(missing) - 1)
+        return None
+    model.eval()
+    return model, AutoTokenizer.from_pretrained(folder), weights
 
 
 def load_hf(folder: Path, dtype: str) -> tuple[Any, Any]:

@@ -51,14 +51,14 @@ def _joined(blocks: dict[str, WeightBlocks], *names: str) -> WeightBlocks | None
     return GGUFBlocks.cat([blocks[n] for n in names]) if all(n in blocks for n in names) else None
 
 
-def _embedding_blocks(hf_model: Any, blocks: dict[str, WeightBlocks]) -> WeightBlocks | None:
-    """The embedding table's GGUF blocks: its own ("model.embed_tokens"), or the lm_head's where the two are tied
-    (read_blocks took them only if they expand to the loaded float32 table exactly)."""
+def _weight(module: Any) -> torch.Tensor | None:
+    """A module's weight, or None where it exists only as GGUF blocks (left on the meta device by the loader)."""
+    return None if module.weight.is_meta else module.weight
+
+
+def _embedding_blocks(blocks: dict[str, WeightBlocks]) -> WeightBlocks | None:
+    """The embedding table's GGUF blocks (gguf_weights.py: its own, or the lm_head's where the two are tied)."""
     found = blocks.get("model.embed_tokens")
-    if found is None:
-        table, head = hf_model.model.embed_tokens.weight, hf_model.lm_head.weight
-        tied = table.shape == head.shape and table.data_ptr() == head.data_ptr()
-        found = blocks.get("lm_head") if tied else None
     # an own copy (rows copies): blocks read from the saved cache file are views of its whole mapping
     return found.rows(torch.arange(found.shape[0])) if found is not None else None
 
@@ -83,7 +83,7 @@ class PagedModelRunner:
         match_transformers: bool = False,
     ) -> None:
         """Take over `hf_model`'s weights; q/k/v and gate/up projections are fused into one matmul each.
-        `blocks`: GGUF blocks of the projections by module path (gguf_blocks.read_blocks), for the GEMM kernel.
+        `blocks`: GGUF blocks of the projections by module path (gguf_weights.read_weights), for the GEMM kernel.
         `match_transformers` (bfloat16): steps run in transformers' call shapes, bit for bit (exact_forward.py)."""
         config = hf_model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
@@ -93,9 +93,9 @@ class PagedModelRunner:
             )
         self.embed_tokens = hf_model.model.embed_tokens
         # The embedding table is the lm_head's (tied) or its own: from GGUF blocks, rows are dequantized as they are
-        # looked up (the float32 values transformers loads, bit for bit: read_blocks checked the whole table), so
-        # no float32 copy of it is kept.
-        self._embed_blocks = _embedding_blocks(hf_model, blocks or {})
+        # looked up (the float32 values transformers loads, bit for bit: gguf_weights.py checked the whole table
+        # against gguf-py), so no float32 copy of it is kept.
+        self._embed_blocks = _embedding_blocks(blocks or {})
         self.rotary_emb = hf_model.model.rotary_emb
         self.norm = hf_model.model.norm
         self.dtype = next(hf_model.parameters()).dtype
@@ -134,7 +134,7 @@ class PagedModelRunner:
             raise ValueError("match_transformers is for dtype bfloat16 (float32 already answers as transformers does)")
         self._exact = ExactForward(hf_model) if match_transformers else None
         lm_head = hf_model.lm_head
-        self.lm_head = Linear(lm_head.weight, lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers,
+        self.lm_head = Linear(_weight(lm_head), lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers,
                               (blocks or {}).get("lm_head"))
         del hf_model.model.layers, hf_model.lm_head  # the runner holds the (fused, maybe packed) weights now
         if self._embed_blocks is not None:  # and the embedding's blocks: the float32 table goes with the model
@@ -177,18 +177,26 @@ class PagedModelRunner:
         """One weight for q/k/v and one for gate/up: fewer, larger matmuls (the same dot products)."""
         attn, mlp = layer.self_attn, layer.mlp
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-        qkv = torch.cat([p.weight for p in projs])
+        names = ("q_proj", "k_proj", "v_proj")
+        qkv_blocks, parts = _joined(blocks, *names), [_weight(p) for p in projs]
+        # float where some part has no blocks (the parts that exist only as blocks expanded)
+        qkv = None if qkv_blocks is not None and None in parts else torch.cat(
+            [blocks[n].dequantize() if w is None else w for n, w in zip(names, parts)])
         bias = torch.cat([p.bias for p in projs]).contiguous() if attn.q_proj.bias is not None else None
         if mlp.gate_proj.bias is not None:
             raise ValueError("MLP projections with bias are not supported by the native engine; use backend: vllm")
+        gate_up = (blocks["gate_proj"], blocks["up_proj"]) if "gate_proj" in blocks and "up_proj" in blocks else None
+        gate, up = _weight(mlp.gate_proj), _weight(mlp.up_proj)
+        if gate_up is None:  # float (one that exists only as blocks expanded)
+            gate = blocks["gate_proj"].dequantize() if gate is None else gate
+            up = blocks["up_proj"].dequantize() if up is None else up
+        elif gate is None or up is None:
+            gate = up = None
         return _Layer(
-            qkv=Linear(qkv, bias, fast, cache_dir, helpers, _joined(blocks, "q_proj", "k_proj", "v_proj")),
-            o=Linear(attn.o_proj.weight, attn.o_proj.bias, fast, cache_dir, helpers, blocks.get("o_proj")),
-            gate_up_act=GatedActivation(
-                mlp.gate_proj.weight, mlp.up_proj.weight, mlp.act_fn, fast, cache_dir, helpers, dense,
-                (blocks["gate_proj"], blocks["up_proj"]) if "gate_proj" in blocks and "up_proj" in blocks else None,
-            ),
-            down=Linear(mlp.down_proj.weight, None, fast, cache_dir, helpers, blocks.get("down_proj")),
+            qkv=Linear(qkv, bias, fast, cache_dir, helpers, qkv_blocks),
+            o=Linear(_weight(attn.o_proj), attn.o_proj.bias, fast, cache_dir, helpers, blocks.get("o_proj")),
+            gate_up_act=GatedActivation(gate, up, mlp.act_fn, fast, cache_dir, helpers, dense, gate_up),
+            down=Linear(_weight(mlp.down_proj), None, fast, cache_dir, helpers, blocks.get("down_proj")),
             input_norm=layer.input_layernorm,
             post_norm=layer.post_attention_layernorm,
             q_norm=getattr(attn, "q_norm", None),

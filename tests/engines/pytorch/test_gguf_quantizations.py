@@ -26,8 +26,7 @@ from transformers import AutoModelForCausalLM
 
 from bench.gguf_files import ALL_TYPES, QuantizerMissing, quantized, tensor_types
 from engines.pytorch.engine import PyTorchEngine
-from engines.pytorch.gguf_blocks import read_blocks
-from engines.pytorch.loader import resolve_hf_folder
+from engines.pytorch.loader import load_gguf_blocks, resolve_hf_folder
 from engines.pytorch.step_layout import order_rows
 from engines.pytorch.weight_memory import float_weights, runner_weights
 from engines.types import SamplingParams, SequenceStep
@@ -63,7 +62,7 @@ def engine(gguf: Path) -> Iterator[PyTorchEngine]:
 
 @pytest.fixture(scope="module")
 def reference(gguf: Path, engine: PyTorchEngine) -> Any:
-    """transformers' float32 model of the file (the engine's build converted it already)."""
+    """transformers' float32 model of the file (its GGUF loader's, converted once and cached)."""
     return AutoModelForCausalLM.from_pretrained(resolve_hf_folder(gguf), dtype=torch.float32).eval()
 
 
@@ -73,7 +72,7 @@ def _types(blocks: Any) -> list[str]:
 
 def test_every_projection_and_the_lm_head_is_read_from_blocks(gguf: Path, reference: Any) -> None:
     file_types = tensor_types(gguf)
-    blocks = read_blocks(gguf, reference)
+    blocks = load_gguf_blocks(gguf)[2].blocks  # what the engine's build read (from its cache file)
     layers = reference.config.num_hidden_layers
     wanted = {f"model.layers.{i}.{path}": f"blk.{i}.{name}.weight"
               for i in range(layers) for name, path in PROJECTIONS.items()}

@@ -1,0 +1,169 @@
+"""A GGUF file's weights for the native engine, read tensor by tensor: block weights as the file's blocks, the rest
+(norms, biases, weights of types the kernels do not read) as the float32 tensors transformers' GGUF loader makes.
+
+Why: transformers' loader dequantizes every tensor to float32 at once (4 bytes a weight: 28 GB for a 7B model whose
+Q4_K_M file is 4 GB), so loading through it needs several times the memory the engine then holds. Here no float32
+copy of a block weight is ever made whole: each block tensor is checked against gguf-py's dequantization (what
+transformers computes) a few rows at a time, and the module paths and row orders are transformers' own
+(`get_gguf_hf_weights_map` and the architecture's tensor processor, which reverses llama.cpp's q/k row
+interleaving). The result is saved beside the file's cached config (`cache_file`), so later starts read neither the
+GGUF's metadata (gguf's reader parses the whole vocabulary: 8 s for SmolLM2) nor check again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engines.pytorch.gguf_blocks import TYPES, GGUFBlocks
+
+log = logging.getLogger("switchyard.engines.pytorch")
+
+CACHE_FORMAT = "gguf-weights-1"  # the cache file's layout: blocks by module path (type in the metadata), floats
+CHECK_ROWS = 64  # rows of each block tensor checked against gguf-py's dequantization as the file is read
+FLOAT = "float"  # the cache file's type for a float32 tensor
+
+
+@dataclass(frozen=True)
+class GGUFWeights:
+    """`blocks`: GGUF blocks by module path ("model.layers.3.mlp.up_proj", "lm_head", "model.embed_tokens"; a tied
+    lm_head and embedding share one), rows in transformers' order. `tensors`: float32 tensors by parameter name
+    ("model.norm.weight"), every other tensor of the file that the model has."""
+
+    blocks: dict[str, GGUFBlocks]
+    tensors: dict[str, torch.Tensor]
+
+
+def _row_order(processor: Any, name: str, n: int) -> np.ndarray | None:
+    """The order transformers' tensor processor gives the rows of tensor `name` ([n, k]), or None where it does more
+    than reorder rows (then the tensor is loaded as transformers loads it)."""
+    index = np.arange(n, dtype=np.int64).reshape(n, 1)
+    result = processor.process(weights=index, name=name, tensor_key_mapping={}, parsed_parameters={})
+    order = np.asarray(result.weights).reshape(-1)
+    if result.name != name or order.shape != (n,) or not np.array_equal(np.sort(order), np.arange(n)):
+        return None
+    return order
+
+
+def _checked_blocks(tensor: Any) -> GGUFBlocks | None:
+    """The tensor's blocks (the file's rows and bytes), if the kernels read its type and our dequantization equals
+    gguf-py's on CHECK_ROWS rows spread over the tensor, first and last among them (the tests compare whole tensors
+    of every type: a full check here would cost minutes for a 7B model's first start)."""
+    from gguf import dequantize
+
+    spec = TYPES.get(tensor.tensor_type.name)
+    if spec is None or len(tensor.shape) != 2:
+        return None
+    k, n = (int(d) for d in tensor.shape)  # GGUF lists the fastest dimension first
+    if k % spec.record_k:
+        return None
+    data = tensor.data.reshape(n, -1).view(np.uint8)
+    blocks = GGUFBlocks(spec.name, torch.from_numpy(data.copy()))
+    rows = np.unique(np.linspace(0, n - 1, min(n, CHECK_ROWS)).round().astype(np.int64))
+    ours = blocks.rows(torch.from_numpy(rows)).dequantize()
+    theirs = dequantize(np.ascontiguousarray(data[rows]), tensor.tensor_type).reshape(ours.shape)
+    if not torch.equal(ours, torch.from_numpy(np.ascontiguousarray(theirs, dtype=np.float32))):
+        log.warning("native engine: %s's %s blocks do not expand to gguf-py's weights; float32", tensor.name,
+                    spec.name)
+        return None
+    return blocks
+
+
+def _hf_names(model: Any, architecture: str) -> dict[str, str] | None:
+    """transformers' parameter name of each GGUF tensor name ("blk.3.ffn_up.weight": "model.layers.3.mlp.up_proj.
+    weight"), mapped as transformers' `get_gguf_hf_weights_map` maps a llama-family model (which builds gguf-py's
+    name table once per submodule: 10 s for SmolLM2); None for an architecture gguf-py does not know."""
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    arch = next((key for key, value in MODEL_ARCH_NAMES.items() if value == architecture), None)
+    if arch is None:
+        return None
+    table = get_tensor_name_map(arch, model.config.num_hidden_layers)
+    names = {}
+    for hf_name in model.state_dict(keep_vars=True):
+        stem, dot, suffix = hf_name.rpartition(".")
+        gguf_name = table.get_name(stem) if suffix in ("weight", "bias") else table.get_name(hf_name)
+        if gguf_name is not None:
+            names[f"{gguf_name}.{suffix}" if suffix in ("weight", "bias") else gguf_name] = hf_name
+    return names
+
+
+def _from_file(gguf: Path, model: Any) -> GGUFWeights:
+    """Read every tensor of `gguf` that `model` (transformers' model of the file, its weights may be on the meta
+    device) has: as blocks where it is a 2-D weight of a Linear or Embedding the kernels can read, else float32."""
+    from gguf import GGUFReader, dequantize
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, read_field
+
+    reader = GGUFReader(str(gguf))
+    architecture = read_field(reader, "general.architecture")[0]
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=model.config.to_dict())
+    names = _hf_names(model, architecture)
+    if names is None:
+        raise ValueError(f"gguf-py does not know the architecture '{architecture}' of {gguf.name}")
+    modules = dict(model.named_modules())
+    blocks: dict[str, GGUFBlocks] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        param = names.get(tensor.name)
+        if param is None:  # transformers leaves it out too
+            continue
+        path, attr = param.rsplit(".", 1)
+        module = modules.get(path)
+        found = None
+        if attr == "weight" and isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            found = _checked_blocks(tensor)
+            order = _row_order(processor, tensor.name, found.shape[0]) if found is not None else None
+            if order is None:
+                found = None
+            elif not np.array_equal(order, np.arange(len(order))):
+                found = found.rows(torch.from_numpy(order))
+        if found is not None:
+            blocks[path] = found
+            continue
+        weights = dequantize(tensor.data, tensor.tensor_type)  # as transformers' load_gguf_checkpoint does
+        weights = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names,
+                                    parsed_parameters={}).weights
+        tensors[param] = torch.from_numpy(np.copy(weights)).to(torch.float32)
+    if getattr(model.config, "tie_word_embeddings", False) and "lm_head" not in blocks \
+            and "lm_head.weight" not in tensors and "model.embed_tokens" in blocks:
+        blocks["lm_head"] = blocks["model.embed_tokens"]  # tied: the file has only the table
+    return GGUFWeights(blocks, tensors)
+
+
+def read_weights(gguf: Path, model: Any, cache_file: Path | None = None) -> GGUFWeights:
+    """`gguf`'s weights for `model` (see the module's docstring); `cache_file`: where to keep them between starts
+    (blocks read from it are views of its mapping: take own copies of those kept whole)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    if cache_file is not None and cache_file.is_file():
+        with safe_open(str(cache_file), "pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") == CACHE_FORMAT:
+                blocks, tensors = {}, {}
+                for key in f.keys():
+                    if meta[key] == FLOAT:
+                        tensors[key] = f.get_tensor(key)
+                    else:
+                        blocks[key] = GGUFBlocks(meta[key], f.get_tensor(key))
+                if meta.get("tied") == "1":
+                    blocks["lm_head"] = blocks["model.embed_tokens"]
+                return GGUFWeights(blocks, tensors)
+    weights = _from_file(gguf, model)
+    if cache_file is not None:
+        tied = weights.blocks.get("lm_head") is not None and weights.blocks.get("lm_head") is weights.blocks.get(
+            "model.embed_tokens")
+        saved = {path: b.raw.contiguous() for path, b in weights.blocks.items() if not (tied and path == "lm_head")}
+        types = {path: b.qtype for path, b in weights.blocks.items() if path in saved}
+        saved.update(weights.tensors)
+        types.update({name: FLOAT for name in weights.tensors})
+        tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
+        save_file(saved, tmp, metadata={"format": CACHE_FORMAT, "tied": "1" if tied else "0", **types})
+        tmp.replace(cache_file)
+    return weights

