@@ -122,13 +122,40 @@ static inline __attribute__((always_inline)) v16 group_row(const int t, const gr
                                                            int j) {
     const int k = 8 * c + 4 * h + j;
     if (t == BT_Q8_0) return v16_fma(v->a0, v16_i8(load16(v->q8 + 16 * k)), v->b0);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K) {
+        const __m128i b = load16(v->nib + 16 * (k & 15));
+        const __m128i n = c >= 2 ? _mm_srli_epi16(b, 4) : b;
+        const __m128i hs = shift_bits(load16(v->high + 16 * j), 4 - (2 * c + h));
+        const __m128i q = _mm_ternarylogic_epi32(n, hs, _mm_set1_epi8(0x10), 0xD8);
+        const __m512 t0 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512 t1 = _mm512_setr_ps(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+        const __m512 qf = _mm512_permutex2var_ps(t0, _mm512_cvtepu8_epi32(q), t1);
+        return c >= 2 ? v16_fma(v->a1, qf, v->b1) : v16_fma(v->a0, qf, v->b0);
+    }
+#endif
+#if defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__GFNI__)
+    if (t == BT_Q6_K) {
+        const __m128i b = load16(v->nib + 16 * (k & 15));
+        const __m128i n = c >= 2 ? _mm_srli_epi16(b, 4) : b;
+        const long long m = (1LL << (2 * c)) << 24 | (1LL << (2 * c + 1)) << 16;
+        const __m128i hs = _mm_gf2p8affine_epi64_epi8(load16(v->high + 16 * (4 * h + j)), _mm_set1_epi64x(m), 0);
+        const __m128i q = _mm_ternarylogic_epi32(n, hs, _mm_set1_epi8(0x0F), 0xE4);
+        return c >= 2 ? v16_fma(v->a1, v16_u8(q), v->b1) : v16_fma(v->a0, v16_u8(q), v->b0);
+    }
+#endif
     const __m128i b = load16(v->nib + 16 * (k & 15));
     __m128i q = _mm_and_si128(c >= 2 ? _mm_srli_epi16(b, 4) : b, _mm_set1_epi8(15));
     if (t == BT_Q6_K)  /* bits 2c, 2c+1 of byte (4 h + j) to bits 4, 5 */
         q = _mm_or_si128(q, _mm_and_si128(shift_bits(load16(v->high + 16 * (4 * h + j)), 4 - 2 * c),
                                           _mm_set1_epi8(0x30)));
     else if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K)  /* bit 2 c + h of byte j to bit 4 */
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+        q = _mm_mask_add_epi8(q, _mm_test_epi8_mask(load16(v->high + 16 * j), _mm_set1_epi8((char)(1 << (2 * c + h)))),
+                             q, _mm_set1_epi8(0x10));
+#else
         q = _mm_or_si128(q, _mm_and_si128(shift_bits(load16(v->high + 16 * j), 4 - (2 * c + h)), _mm_set1_epi8(0x10)));
+#endif
     return c >= 2 ? v16_fma(v->a1, v16_u8(q), v->b1) : v16_fma(v->a0, v16_u8(q), v->b0);
 }
 /* F(c, h) for the 8 runs of 4 k of a group, in k order. */
