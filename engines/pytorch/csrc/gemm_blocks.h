@@ -116,47 +116,81 @@ static inline __attribute__((always_inline)) void group_decode(const int t, cons
 static inline __attribute__((always_inline)) __m128i shift_bits(__m128i v, const int s) {
     return s > 0 ? _mm_slli_epi16(v, s) : s < 0 ? _mm_srli_epi16(v, -s) : v;
 }
-/* Row k = 8 c + 4 h + j (c 0..3, h 0..1, j 0..3) of a decoded group: the float32 weights of its 16 columns. c and h
-   are constants where it is inlined (the shifts of the high bits), j need not be. */
-static inline __attribute__((always_inline)) v16 group_row(const int t, const group_view* v, const int c, const int h,
-                                                           int j) {
+/* AVX-512 with VBMI (and GFNI for Q6_K): a run of 4 k rows (k = 8 c + 4 h + j, j 0..3) of the 4- to 6-bit types is
+   decoded at once: its 4 x 16 q bytes in one 512-bit register (run_q: the nibbles, shifted for c >= 2, and the high
+   bits merged by one vpternlog), then each row's 16 bytes are moved to 32-bit lanes by one vpermb and made float by a
+   vpermps / vpermt2ps table of 0..15 / 0..31 (which reads only the lane's low 4 / 5 bits: no masking), or for Q6_K's
+   6 bits by a conversion of the zeroed lanes. Far fewer instructions a weight than row by row. */
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__) && defined(__GFNI__)
+#define BLOCK_RUNS 1
+typedef __m512i run_view;
+static inline __attribute__((always_inline)) __m512i bits_shifted(__m512i v, const int s) {
+    return s > 0 ? _mm512_slli_epi16(v, s) : s < 0 ? _mm512_srli_epi16(v, -s) : v;
+}
+static inline __attribute__((always_inline)) void run_decode(const int t, const group_view* v, const int c,
+                                                             const int h, run_view* r) {
+    if (t == BT_Q8_0) return;
+    const __m512i b = _mm512_loadu_si512((const void*)(v->nib + 16 * (8 * (c & 1) + 4 * h)));
+    const __m512i n = c >= 2 ? _mm512_srli_epi16(b, 4) : b;  /* bits 0-3: the nibbles of the run's 4 k */
+    if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K) {  /* bit 2 c + h of byte j to bit 4 */
+        const __m512i hs = bits_shifted(_mm512_loadu_si512((const void*)v->high), 4 - (2 * c + h));
+        *r = _mm512_ternarylogic_epi32(n, hs, _mm512_set1_epi8(0x10), 0xD8);  /* bit 4 from hs, the rest from n */
+    } else if (t == BT_Q6_K) {  /* bits 2c, 2c+1 of byte (4 h + j) to bits 4, 5, bits 6, 7 cleared */
+        const long long m = (1LL << (2 * c)) << 24 | (1LL << (2 * c + 1)) << 16;
+        const __m512i hs = _mm512_gf2p8affine_epi64_epi8(_mm512_loadu_si512((const void*)(v->high + 64 * h)),
+                                                         _mm512_set1_epi64(m), 0);
+        *r = _mm512_ternarylogic_epi32(n, hs, _mm512_set1_epi8(0x0F), 0xE4);  /* bits 0-3 from n, 4-7 from hs */
+    } else {
+        *r = n;
+    }
+}
+/* vpermb indices: byte 4 c of lane c takes byte 16 j + c (row j of a run). */
+static const uint8_t RUN_ROW_INDEX[4][64] __attribute__((aligned(64))) = {
+#define RI(j) {16 * j + 0, 0, 0, 0, 16 * j + 1, 0, 0, 0, 16 * j + 2, 0, 0, 0, 16 * j + 3, 0, 0, 0, 16 * j + 4, 0, 0, 0, \
+               16 * j + 5, 0, 0, 0, 16 * j + 6, 0, 0, 0, 16 * j + 7, 0, 0, 0, 16 * j + 8, 0, 0, 0, 16 * j + 9, 0, 0, 0, \
+               16 * j + 10, 0, 0, 0, 16 * j + 11, 0, 0, 0, 16 * j + 12, 0, 0, 0, 16 * j + 13, 0, 0, 0, 16 * j + 14, 0, \
+               0, 0, 16 * j + 15, 0, 0, 0}
+    RI(0), RI(1), RI(2), RI(3)
+#undef RI
+};
+#else
+typedef int run_view;  /* row by row (group_row) */
+static inline __attribute__((always_inline)) void run_decode(const int t, const group_view* v, const int c,
+                                                             const int h, run_view* r) {
+    (void)t; (void)v; (void)c; (void)h; *r = 0;
+}
+#endif
+/* Row k = 8 c + 4 h + j (c 0..3, h 0..1, j 0..3) of a decoded group (r: its run, from run_decode): the float32
+   weights of its 16 columns. c and h are constants where it is inlined (the shifts of the high bits), j need not be. */
+static inline __attribute__((always_inline)) v16 group_row(const int t, const group_view* v, const run_view* r,
+                                                           const int c, const int h, int j) {
     const int k = 8 * c + 4 * h + j;
     if (t == BT_Q8_0) return v16_fma(v->a0, v16_i8(load16(v->q8 + 16 * k)), v->b0);
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
-    if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K) {
-        const __m128i b = load16(v->nib + 16 * (k & 15));
-        const __m128i n = c >= 2 ? _mm_srli_epi16(b, 4) : b;
-        const __m128i hs = shift_bits(load16(v->high + 16 * j), 4 - (2 * c + h));
-        const __m128i q = _mm_ternarylogic_epi32(n, hs, _mm_set1_epi8(0x10), 0xD8);
-        const __m512 t0 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        const __m512 t1 = _mm512_setr_ps(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
-        const __m512 qf = _mm512_permutex2var_ps(t0, _mm512_cvtepu8_epi32(q), t1);
-        return c >= 2 ? v16_fma(v->a1, qf, v->b1) : v16_fma(v->a0, qf, v->b0);
-    }
-#endif
-#if defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__GFNI__)
+#ifdef BLOCK_RUNS
+    const __m512i idx = _mm512_load_si512((const void*)RUN_ROW_INDEX[j]);
+    __m512 qf;
     if (t == BT_Q6_K) {
-        const __m128i b = load16(v->nib + 16 * (k & 15));
-        const __m128i n = c >= 2 ? _mm_srli_epi16(b, 4) : b;
-        const long long m = (1LL << (2 * c)) << 24 | (1LL << (2 * c + 1)) << 16;
-        const __m128i hs = _mm_gf2p8affine_epi64_epi8(load16(v->high + 16 * (4 * h + j)), _mm_set1_epi64x(m), 0);
-        const __m128i q = _mm_ternarylogic_epi32(n, hs, _mm_set1_epi8(0x0F), 0xE4);
-        return c >= 2 ? v16_fma(v->a1, v16_u8(q), v->b1) : v16_fma(v->a0, v16_u8(q), v->b0);
+        qf = _mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(0x1111111111111111ULL, idx, *r));
+    } else if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K) {
+        qf = _mm512_permutex2var_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                    _mm512_permutexvar_epi8(idx, *r),
+                                    _mm512_setr_ps(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31));
+    } else {
+        qf = _mm512_permutexvar_ps(_mm512_permutexvar_epi8(idx, *r),
+                                   _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
     }
-#endif
+    return c >= 2 ? v16_fma(v->a1, qf, v->b1) : v16_fma(v->a0, qf, v->b0);
+#else
+    (void)r;
     const __m128i b = load16(v->nib + 16 * (k & 15));
     __m128i q = _mm_and_si128(c >= 2 ? _mm_srli_epi16(b, 4) : b, _mm_set1_epi8(15));
     if (t == BT_Q6_K)  /* bits 2c, 2c+1 of byte (4 h + j) to bits 4, 5 */
         q = _mm_or_si128(q, _mm_and_si128(shift_bits(load16(v->high + 16 * (4 * h + j)), 4 - 2 * c),
                                           _mm_set1_epi8(0x30)));
     else if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K)  /* bit 2 c + h of byte j to bit 4 */
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
-        q = _mm_mask_add_epi8(q, _mm_test_epi8_mask(load16(v->high + 16 * j), _mm_set1_epi8((char)(1 << (2 * c + h)))),
-                             q, _mm_set1_epi8(0x10));
-#else
         q = _mm_or_si128(q, _mm_and_si128(shift_bits(load16(v->high + 16 * j), 4 - (2 * c + h)), _mm_set1_epi8(0x10)));
-#endif
     return c >= 2 ? v16_fma(v->a1, v16_u8(q), v->b1) : v16_fma(v->a0, v16_u8(q), v->b0);
+#endif
 }
 /* F(c, h) for the 8 runs of 4 k of a group, in k order. */
 #define GROUP_RUNS(F) F(0, 0) F(0, 1) F(1, 0) F(1, 1) F(2, 0) F(2, 1) F(3, 0) F(3, 1)
@@ -164,7 +198,11 @@ static inline __attribute__((always_inline)) v16 group_row(const int t, const gr
 static inline __attribute__((always_inline)) void expand_group_t(const int t, const uint8_t* panel, int gi, float* w) {
     group_view g;
     group_decode(t, panel, gi, &g);
-#define EXPAND_RUN(c, h) for (int j = 0; j < 4; j++) v16_store(w + 16 * (8 * c + 4 * h + j), group_row(t, &g, c, h, j));
+#define EXPAND_RUN(c, h) {                                                                                          \
+        run_view r;                                                                                                 \
+        run_decode(t, &g, c, h, &r);                                                                                \
+        for (int j = 0; j < 4; j++) v16_store(w + 16 * (8 * c + 4 * h + j), group_row(t, &g, &r, c, h, j));       \
+    }
     GROUP_RUNS(EXPAND_RUN)
 #undef EXPAND_RUN
 }
@@ -199,15 +237,20 @@ static inline __attribute__((always_inline)) void reg_kernel(const int t, const 
         group_decode(t, w0, gi, &g0);
         group_decode(t, w1, gi, &g1);
         const float* xk = x + gi * 32;
-#define REG_RUN(c, h) _Pragma("GCC unroll 1")                                                                    \
+#define REG_RUN(c, h) {                                                                                             \
+        run_view r0, r1;                                                                                            \
+        run_decode(t, &g0, c, h, &r0);                                                                              \
+        run_decode(t, &g1, c, h, &r1);                                                                              \
+        _Pragma("GCC unroll 1")                                                                                     \
         for (int j = 0; j < 4; j++) {                                                                               \
-            const v16 u0 = group_row(t, &g0, c, h, j), u1 = group_row(t, &g1, c, h, j);                           \
+            const v16 u0 = group_row(t, &g0, &r0, c, h, j), u1 = group_row(t, &g1, &r1, c, h, j);                 \
             for (int r = 0; r < R; r++) {                                                                           \
                 const v16 xb = v16_bcast(xk + r * ldx + 8 * c + 4 * h + j);                                         \
                 acc[r][0] = v16_fma(xb, u0, acc[r][0]);                                                             \
                 acc[r][1] = v16_fma(xb, u1, acc[r][1]);                                                             \
             }                                                                                                       \
-        }
+        }                                                                                                           \
+    }
         GROUP_RUNS(REG_RUN)  /* k = 0..31 in order */
 #undef REG_RUN
     }
