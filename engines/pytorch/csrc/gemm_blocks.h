@@ -116,32 +116,31 @@ static inline __attribute__((always_inline)) void group_decode(const int t, cons
 static inline __attribute__((always_inline)) __m128i shift_bits(__m128i v, const int s) {
     return s > 0 ? _mm_slli_epi16(v, s) : s < 0 ? _mm_srli_epi16(v, -s) : v;
 }
-/* AVX-512 with VBMI (and GFNI for Q6_K): a run of 4 k rows (k = 8 c + 4 h + j, j 0..3) of the 4- to 6-bit types is
-   decoded at once: its 4 x 16 q bytes in one 512-bit register (run_q: the nibbles, shifted for c >= 2, and the high
-   bits merged by one vpternlog), then each row's 16 bytes are moved to 32-bit lanes by one vpermb and made float by a
-   vpermps / vpermt2ps table of 0..15 / 0..31 (which reads only the lane's low 4 / 5 bits: no masking), or for Q6_K's
-   6 bits by a conversion of the zeroed lanes. Far fewer instructions a weight than row by row. */
+/* AVX-512 with VBMI and GFNI: a run of 4 k rows (k = 8 c + 4 h + j, j 0..3) of the 4- to 6-bit types is decoded at
+   once, its 4 x 16 q in one 512-bit register as clean bytes (run_decode: the nibbles, shifted down for c >= 2; the
+   high bits moved to bits 4 (Q5) or 4-5 (Q6_K) of each byte by one gf2p8affine and merged by one vpternlog), then each
+   row's 16 bytes go to 32-bit lanes by one vpermb and to float by one conversion. Far fewer instructions a weight
+   than row by row, and a 5- or 6-bit q costs about what a nibble does. */
 #if defined(__AVX512VBMI__) && defined(__AVX512BW__) && defined(__GFNI__)
 #define BLOCK_RUNS 1
 typedef __m512i run_view;
-static inline __attribute__((always_inline)) __m512i bits_shifted(__m512i v, const int s) {
-    return s > 0 ? _mm512_slli_epi16(v, s) : s < 0 ? _mm512_srli_epi16(v, -s) : v;
-}
 static inline __attribute__((always_inline)) void run_decode(const int t, const group_view* v, const int c,
                                                              const int h, run_view* r) {
     if (t == BT_Q8_0) return;
     const __m512i b = _mm512_loadu_si512((const void*)(v->nib + 16 * (8 * (c & 1) + 4 * h)));
     const __m512i n = c >= 2 ? _mm512_srli_epi16(b, 4) : b;  /* bits 0-3: the nibbles of the run's 4 k */
-    if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K) {  /* bit 2 c + h of byte j to bit 4 */
-        const __m512i hs = bits_shifted(_mm512_loadu_si512((const void*)v->high), 4 - (2 * c + h));
-        *r = _mm512_ternarylogic_epi32(n, hs, _mm512_set1_epi8(0x10), 0xD8);  /* bit 4 from hs, the rest from n */
-    } else if (t == BT_Q6_K) {  /* bits 2c, 2c+1 of byte (4 h + j) to bits 4, 5, bits 6, 7 cleared */
-        const long long m = (1LL << (2 * c)) << 24 | (1LL << (2 * c + 1)) << 16;
-        const __m512i hs = _mm512_gf2p8affine_epi64_epi8(_mm512_loadu_si512((const void*)(v->high + 64 * h)),
-                                                         _mm512_set1_epi64(m), 0);
+    /* gf2p8affine: bit o of each byte is the parity of the byte and byte 7 - o of the matrix: here, bit 4 (and 5) of
+       the high-bits byte take bit 2 c + h of byte j (Q5) or bits 2 c, 2 c + 1 of byte 4 h + j (Q6_K); others 0 */
+    long long m = 0;
+    const uint8_t* high = v->high;
+    if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K) m = (1LL << (2 * c + h)) << 24;
+    else if (t == BT_Q6_K) m = (1LL << (2 * c)) << 24 | (1LL << (2 * c + 1)) << 16, high += 64 * h;
+    if (m) {
+        const __m512i hs = _mm512_gf2p8affine_epi64_epi8(_mm512_loadu_si512((const void*)high), _mm512_set1_epi64(m),
+                                                         0);
         *r = _mm512_ternarylogic_epi32(n, hs, _mm512_set1_epi8(0x0F), 0xE4);  /* bits 0-3 from n, 4-7 from hs */
     } else {
-        *r = n;
+        *r = _mm512_and_si512(n, _mm512_set1_epi8(0x0F));
     }
 }
 /* vpermb indices: byte 4 c of lane c takes byte 16 j + c (row j of a run). */
@@ -168,17 +167,7 @@ static inline __attribute__((always_inline)) v16 group_row(const int t, const gr
     if (t == BT_Q8_0) return v16_fma(v->a0, v16_i8(load16(v->q8 + 16 * k)), v->b0);
 #ifdef BLOCK_RUNS
     const __m512i idx = _mm512_load_si512((const void*)RUN_ROW_INDEX[j]);
-    __m512 qf;
-    if (t == BT_Q6_K) {
-        qf = _mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(0x1111111111111111ULL, idx, *r));
-    } else if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K) {
-        qf = _mm512_permutex2var_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                    _mm512_permutexvar_epi8(idx, *r),
-                                    _mm512_setr_ps(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31));
-    } else {
-        qf = _mm512_permutexvar_ps(_mm512_permutexvar_epi8(idx, *r),
-                                   _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    }
+    const __m512 qf = _mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(0x1111111111111111ULL, idx, *r));
     return c >= 2 ? v16_fma(v->a1, qf, v->b1) : v16_fma(v->a0, qf, v->b0);
 #else
     (void)r;
