@@ -124,10 +124,17 @@ static inline __attribute__((always_inline)) __m128i shift_bits(__m128i v, const
 #if defined(__AVX512VBMI__) && defined(__AVX512BW__) && defined(__GFNI__)
 #define BLOCK_RUNS 1
 typedef __m512i run_view;
+/* 64 bytes at p as two 32-byte halves: in most records a run's bytes start half way into a cache line, and one
+   64-byte load across two lines stalled the weight stream (a Q5_0 step 1.5x slower at K = 576, streamed from
+   memory), where halves within one line each do not. */
+static inline __attribute__((always_inline)) __m512i load64(const uint8_t* p) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)p)),
+                              _mm256_loadu_si256((const __m256i*)(p + 32)), 1);
+}
 static inline __attribute__((always_inline)) void run_decode(const int t, const group_view* v, const int c,
                                                              const int h, run_view* r) {
     if (t == BT_Q8_0) return;
-    const __m512i b = _mm512_loadu_si512((const void*)(v->nib + 16 * (8 * (c & 1) + 4 * h)));
+    const __m512i b = load64(v->nib + 16 * (8 * (c & 1) + 4 * h));
     const __m512i n = c >= 2 ? _mm512_srli_epi16(b, 4) : b;  /* bits 0-3: the nibbles of the run's 4 k */
     /* gf2p8affine: bit o of each byte is the parity of the byte and byte 7 - o of the matrix: here, bit 4 (and 5) of
        the high-bits byte take bit 2 c + h of byte j (Q5) or bits 2 c, 2 c + 1 of byte 4 h + j (Q6_K); others 0 */
@@ -136,8 +143,7 @@ static inline __attribute__((always_inline)) void run_decode(const int t, const 
     if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K) m = (1LL << (2 * c + h)) << 24;
     else if (t == BT_Q6_K) m = (1LL << (2 * c)) << 24 | (1LL << (2 * c + 1)) << 16, high += 64 * h;
     if (m) {
-        const __m512i hs = _mm512_gf2p8affine_epi64_epi8(_mm512_loadu_si512((const void*)high), _mm512_set1_epi64(m),
-                                                         0);
+        const __m512i hs = _mm512_gf2p8affine_epi64_epi8(load64(high), _mm512_set1_epi64(m), 0);
         *r = _mm512_ternarylogic_epi32(n, hs, _mm512_set1_epi8(0x0F), 0xE4);  /* bits 0-3 from n, 4-7 from hs */
     } else {
         *r = _mm512_and_si512(n, _mm512_set1_epi8(0x0F));
