@@ -210,6 +210,9 @@ static void expand_group(int t, const uint8_t* panel, int gi, float* w) {
     }
 }
 
+#ifndef BLOCK_PREFETCH
+#define BLOCK_PREFETCH 4
+#endif
 #ifdef __AVX512F__
 static inline v16 v16_bcast(const float* p) { return _mm512_set1_ps(*p); }
 static inline v16 v16_zero(void) { return _mm512_setzero_ps(); }
@@ -228,6 +231,14 @@ static inline __attribute__((always_inline)) void reg_kernel(const int t, const 
     v16 acc[REG_ROWS][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = v16_zero();
     for (int gi = 0; gi < K / 32; gi++) {
+        if (BLOCK_PREFETCH) {  /* the bytes of 32 k BLOCK_PREFETCH groups ahead (a K-quant record's share; past a
+                                  panel's end, the panels after it, which come next): the panels are short streams */
+            const int64_t share = BT_RECORD[t] / (BT_RK[t] / 32), end = (gi + BLOCK_PREFETCH + 1) * share;
+            for (int64_t at = (gi + BLOCK_PREFETCH) * share & ~(int64_t)63; at < end; at += 64) {
+                _mm_prefetch((const char*)(w0 + at), _MM_HINT_T0);
+                if (!one) _mm_prefetch((const char*)(w1 + at), _MM_HINT_T0);
+            }
+        }
         group_view g0, g1;
         group_decode(t, w0, gi, &g0);
         group_decode(t, w1, gi, &g1);
