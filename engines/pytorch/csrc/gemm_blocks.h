@@ -18,11 +18,12 @@
                   [high bits 8 x 16 bytes]
    Nibbles: byte j*16 + c holds q of k = j (low nibble) and k = 16 + j (high nibble) of column c. High bits (bit 4
    of a 5-bit q): byte j*16 + c, bit i for k = j + 4i; (bits 4-5 of Q6_K's 6-bit q): bits 2i, 2i+1 for k = j + 8i.
-   So a k row's 16 high parts are one 16-byte load, a shift by a constant and a mask. Bytes per weight: the file's
-   (Q4_K, Q5_K: +1/8 bit for their sc/m as bytes).
+   So a k row's 16 high parts are one 16-byte load, a shift by a constant and a mask; and a run of 4 k (j = 0..3 at
+   one i) is 64 contiguous bytes of nibbles and 64 of high bits, which AVX-512 with VBMI and GFNI decodes at once
+   (run_decode). Bytes per weight: the file's (Q4_K, Q5_K: +1/8 bit for their sc/m as bytes).
 
    Steps of up to BLOCK_REG_ROWS rows expand each k row of a panel pair in registers, straight into the FMA chains
-   (reg_kernel). Larger steps expand BLOCK_PANELS panels x BLOCK_K k into a per-thread float32 scratch (256 KB: L2,
+   (reg_kernel), prefetching the panels a few groups ahead. Larger steps expand BLOCK_PANELS panels x BLOCK_K k into a per-thread float32 scratch (256 KB: L2,
    reused by every row of the tile) and run the float32 kernel over it, continuing each output's FMA chain from piece
    to piece (gemm_core_from_f32). No float32 copy of the weight is ever kept. */
 #ifndef SWITCHYARD_GEMM_BLOCKS_H
