@@ -20,6 +20,8 @@ machine than wall time), the threads each variant ran on, and whether the varian
     # against an older runner:
     git show HEAD:engines/pytorch/model_runner.py > /tmp/old_runner.py
     python bench/engine_step_bench.py --variant old:runner_file=/tmp/old_runner.py --variant new:
+    # GGUF files of other types (bench/gguf_files.py makes them; the tokens then differ, as the weights do):
+    python bench/engine_step_bench.py --batches 1 --variant q41:gguf=Q4_1 --variant q4km:gguf=Q4_K_M
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engines.pytorch.engine as engine_module  # noqa: E402
+from bench.gguf_files import quantized  # noqa: E402
 from engines.pytorch import step_replay  # noqa: E402
 from engines.pytorch.engine import PyTorchEngine  # noqa: E402
 from engines.pytorch.model_runner import PagedModelRunner  # noqa: E402
@@ -138,8 +141,10 @@ def main() -> None:
             if not hasattr(module.PagedModelRunner, "forward_greedy"):  # a runner from before the step replay
                 module.PagedModelRunner.forward_greedy = lambda self, batch, greedy=True: (self.forward(batch), None)
             engine_module.PagedModelRunner = lambda model, n, bs, _m=module, **kw: _m.PagedModelRunner(model, n, bs, **kw)
+        gguf = kwargs.pop("gguf", None)  # a GGUF type bench/gguf_files.py makes (Q4_K_M, ...), or a file's path
+        model = GGUF if gguf is None else Path(gguf) if Path(gguf).is_file() else quantized(gguf)
         try:
-            engines[name] = PyTorchEngine(GGUF, dtype=args.dtype, kv_cache_tokens=kv_tokens, block_size=BLOCK, **kwargs)
+            engines[name] = PyTorchEngine(model, dtype=args.dtype, kv_cache_tokens=kv_tokens, block_size=BLOCK, **kwargs)
         finally:
             engine_module.PagedModelRunner = PagedModelRunner
         print(f"{name} {kwargs}: built in {time.perf_counter() - t0:.1f} s; torch threads {threads[name][0]}, "

@@ -8,11 +8,15 @@ weights stream from memory as in a real step), from the same random weights: onc
 `GatedActivation` with blocks and no float32 weight) and once from the dequantized float32 weight. Each batch size
 is timed round-robin (one call of the set from blocks, one from float32, ...) so that machine noise hits both alike,
 and the outputs are checked equal bit for bit. Prints the median time per set, the ratio (float32 time / blocks
-time: above 1, the blocks are faster) and the bytes each reads per weight.
+time: above 1, the blocks are faster) and the bytes each reads per weight. With --peer (Q4_1, say), the same
+projections from that type's blocks join the round robin, and each type's time and bytes per second are put against
+the peer's: "time vs peer" is the type's time / the peer's (per weight: the sets have the same shapes), "GB/s vs
+peer" its blocks' bytes per second / the peer's (above 1: it streams its bytes faster than the peer does).
 
     python bench/gguf_kernel_bench.py [--types Q4_0 Q4_K ...] [--rows 1 8 32 512] [--reps 30] [--layers 30]
         [--threads 2]
     python bench/gguf_kernel_bench.py --rows 2048 --layers 2 --reps 5  # prefill-sized steps (compute-bound)
+    python bench/gguf_kernel_bench.py --rows 1 --peer Q4_1 --types Q4_0 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K  # per byte
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=30, help="timed calls of each set per batch size")
     parser.add_argument("--layers", type=int, default=30, help="copies of the layer's projections (SmolLM2: 30)")
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="kernel threads")
+    parser.add_argument("--peer", choices=list(TYPES), help="a type timed beside each (the same shapes)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     cache = Path(tempfile.mkdtemp(prefix="gguf-kernel-bench-"))
@@ -90,8 +95,9 @@ def main() -> None:
     rng = np.random.default_rng(0)
     print(f"{args.threads} kernel threads; ratio = float32 ms / blocks ms (above 1: blocks faster)")
     print(f"{args.layers} layers per set")
-    print("| type | rows | blocks ms | float32 ms | ratio | blocks bytes/weight | float32 bytes/weight | equal |")
-    print("|---|---|---|---|---|---|---|---|")
+    peer_cols = f" {args.peer} ms | time vs peer | GB/s | GB/s vs peer |" if args.peer else ""
+    print(f"| type | rows | blocks ms | float32 ms | ratio | blocks bytes/weight | float32 bytes/weight | equal |{peer_cols}")
+    print("|---|---|---|---|---|---|---|---|" + "---|" * (4 if args.peer else 0))
     for qtype in args.types:
         shapes = {"down": (HIDDEN, INTERMEDIATE)}
         if TYPES[qtype].record_k <= 32:
@@ -102,20 +108,31 @@ def main() -> None:
                     kind == "blocks", {n: GGUFBlocks(b.qtype, b.raw.clone()) for n, b in blocks.items()},
                     cache, helpers, dense)] for kind in ("blocks", "float32")}
         nbytes = sum(b.nbytes for b in blocks.values())
+        peer_bytes = 0
+        if args.peer:
+            peer = {name: _blocks(args.peer, n, k, rng) for name, (n, k) in shapes.items()}
+            peer_bytes = sum(b.nbytes for b in peer.values())
+            sets["peer"] = [p for _ in range(args.layers) for p in _layer(
+                True, {n: GGUFBlocks(b.qtype, b.raw.clone()) for n, b in peer.items()}, cache, helpers, dense)]
         for rows in args.rows:
             xs = {w: torch.randn(rows, w) for w in (HIDDEN, INTERMEDIATE)}
             def run(kind: str) -> list[torch.Tensor]:
                 return [fn(xs[INTERMEDIATE if name == "down" else HIDDEN]) for name, fn in sets[kind]]
             equal = all(torch.equal(a, b) for a, b in zip(run("blocks"), run("float32"), strict=True))
-            times: dict[str, list[float]] = {"blocks": [], "float32": []}
+            times: dict[str, list[float]] = {kind: [] for kind in sets}
             for _ in range(args.reps + 2):
                 for kind in times:
                     t0 = time.perf_counter()
                     run(kind)
                     times[kind].append(time.perf_counter() - t0)
             ms = {kind: statistics.median(t[2:]) * 1000 for kind, t in times.items()}
+            peer_row = ""
+            if args.peer:
+                gbs = nbytes * args.layers / ms["blocks"] / 1e6
+                peer_row = (f" {ms['peer']:.3f} | {ms['blocks'] / ms['peer']:.2f} | {gbs:.2f} "
+                            f"| {gbs / (peer_bytes * args.layers / ms['peer'] / 1e6):.2f} |")
             print(f"| {qtype} | {rows} | {ms['blocks']:.3f} | {ms['float32']:.3f} | {ms['float32'] / ms['blocks']:.2f} "
-                  f"| {nbytes / weights:.4f} | 4 | {equal} |", flush=True)
+                  f"| {nbytes / weights:.4f} | 4 | {equal} |{peer_row}", flush=True)
 
 
 if __name__ == "__main__":

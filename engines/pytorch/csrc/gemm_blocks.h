@@ -18,11 +18,12 @@
                   [high bits 8 x 16 bytes]
    Nibbles: byte j*16 + c holds q of k = j (low nibble) and k = 16 + j (high nibble) of column c. High bits (bit 4
    of a 5-bit q): byte j*16 + c, bit i for k = j + 4i; (bits 4-5 of Q6_K's 6-bit q): bits 2i, 2i+1 for k = j + 8i.
-   So a k row's 16 high parts are one 16-byte load, a shift by a constant and a mask. Bytes per weight: the file's
-   (Q4_K, Q5_K: +1/8 bit for their sc/m as bytes).
+   So a k row's 16 high parts are one 16-byte load, a shift by a constant and a mask; and a run of 4 k (j = 0..3 at
+   one i) is 64 contiguous bytes of nibbles and 64 of high bits, which AVX-512 with VBMI and GFNI decodes at once
+   (run_decode). Bytes per weight: the file's (Q4_K, Q5_K: +1/8 bit for their sc/m as bytes).
 
    Steps of up to BLOCK_REG_ROWS rows expand each k row of a panel pair in registers, straight into the FMA chains
-   (reg_kernel). Larger steps expand BLOCK_PANELS panels x BLOCK_K k into a per-thread float32 scratch (256 KB: L2,
+   (reg_kernel), prefetching the panels a few groups ahead. Larger steps expand BLOCK_PANELS panels x BLOCK_K k into a per-thread float32 scratch (256 KB: L2,
    reused by every row of the tile) and run the float32 kernel over it, continuing each output's FMA chain from piece
    to piece (gemm_core_from_f32). No float32 copy of the weight is ever kept. */
 #ifndef SWITCHYARD_GEMM_BLOCKS_H
@@ -116,12 +117,67 @@ static inline __attribute__((always_inline)) void group_decode(const int t, cons
 static inline __attribute__((always_inline)) __m128i shift_bits(__m128i v, const int s) {
     return s > 0 ? _mm_slli_epi16(v, s) : s < 0 ? _mm_srli_epi16(v, -s) : v;
 }
-/* Row k = 8 c + 4 h + j (c 0..3, h 0..1, j 0..3) of a decoded group: the float32 weights of its 16 columns. c and h
-   are constants where it is inlined (the shifts of the high bits), j need not be. */
-static inline __attribute__((always_inline)) v16 group_row(const int t, const group_view* v, const int c, const int h,
-                                                           int j) {
+/* AVX-512 with VBMI and GFNI: a run of 4 k rows (k = 8 c + 4 h + j, j 0..3) of the 4- to 6-bit types is decoded at
+   once, its 4 x 16 q in one 512-bit register as clean bytes (run_decode: the nibbles, shifted down for c >= 2; the
+   high bits moved to bits 4 (Q5) or 4-5 (Q6_K) of each byte by one gf2p8affine and merged by one vpternlog), then each
+   row's 16 bytes go to 32-bit lanes by one vpermb and to float by one conversion. Far fewer instructions a weight
+   than row by row, and a 5- or 6-bit q costs about what a nibble does. */
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__) && defined(__GFNI__)
+#define BLOCK_RUNS 1
+typedef __m512i run_view;
+/* 64 bytes at p as two 32-byte halves: in most records a run's bytes start half way into a cache line, and one
+   64-byte load across two lines stalled the weight stream (a Q5_0 step 1.5x slower at K = 576, streamed from
+   memory), where halves within one line each do not. */
+static inline __attribute__((always_inline)) __m512i load64(const uint8_t* p) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)p)),
+                              _mm256_loadu_si256((const __m256i*)(p + 32)), 1);
+}
+static inline __attribute__((always_inline)) void run_decode(const int t, const group_view* v, const int c,
+                                                             const int h, run_view* r) {
+    if (t == BT_Q8_0) return;
+    const __m512i b = load64(v->nib + 16 * (8 * (c & 1) + 4 * h));
+    const __m512i n = c >= 2 ? _mm512_srli_epi16(b, 4) : b;  /* bits 0-3: the nibbles of the run's 4 k */
+    /* gf2p8affine: bit o of each byte is the parity of the byte and byte 7 - o of the matrix: here, bit 4 (and 5) of
+       the high-bits byte take bit 2 c + h of byte j (Q5) or bits 2 c, 2 c + 1 of byte 4 h + j (Q6_K); others 0 */
+    long long m = 0;
+    const uint8_t* high = v->high;
+    if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K) m = (1LL << (2 * c + h)) << 24;
+    else if (t == BT_Q6_K) m = (1LL << (2 * c)) << 24 | (1LL << (2 * c + 1)) << 16, high += 64 * h;
+    if (m) {
+        const __m512i hs = _mm512_gf2p8affine_epi64_epi8(load64(high), _mm512_set1_epi64(m), 0);
+        *r = _mm512_ternarylogic_epi32(n, hs, _mm512_set1_epi8(0x0F), 0xE4);  /* bits 0-3 from n, 4-7 from hs */
+    } else {
+        *r = _mm512_and_si512(n, _mm512_set1_epi8(0x0F));
+    }
+}
+/* vpermb indices: byte 4 c of lane c takes byte 16 j + c (row j of a run). */
+static const uint8_t RUN_ROW_INDEX[4][64] __attribute__((aligned(64))) = {
+#define RI(j) {16 * j + 0, 0, 0, 0, 16 * j + 1, 0, 0, 0, 16 * j + 2, 0, 0, 0, 16 * j + 3, 0, 0, 0, 16 * j + 4, 0, 0, 0, \
+               16 * j + 5, 0, 0, 0, 16 * j + 6, 0, 0, 0, 16 * j + 7, 0, 0, 0, 16 * j + 8, 0, 0, 0, 16 * j + 9, 0, 0, 0, \
+               16 * j + 10, 0, 0, 0, 16 * j + 11, 0, 0, 0, 16 * j + 12, 0, 0, 0, 16 * j + 13, 0, 0, 0, 16 * j + 14, 0, \
+               0, 0, 16 * j + 15, 0, 0, 0}
+    RI(0), RI(1), RI(2), RI(3)
+#undef RI
+};
+#else
+typedef int run_view;  /* row by row (group_row) */
+static inline __attribute__((always_inline)) void run_decode(const int t, const group_view* v, const int c,
+                                                             const int h, run_view* r) {
+    (void)t; (void)v; (void)c; (void)h; *r = 0;
+}
+#endif
+/* Row k = 8 c + 4 h + j (c 0..3, h 0..1, j 0..3) of a decoded group (r: its run, from run_decode): the float32
+   weights of its 16 columns. c and h are constants where it is inlined (the shifts of the high bits), j need not be. */
+static inline __attribute__((always_inline)) v16 group_row(const int t, const group_view* v, const run_view* r,
+                                                           const int c, const int h, int j) {
     const int k = 8 * c + 4 * h + j;
     if (t == BT_Q8_0) return v16_fma(v->a0, v16_i8(load16(v->q8 + 16 * k)), v->b0);
+#ifdef BLOCK_RUNS
+    const __m512i idx = _mm512_load_si512((const void*)RUN_ROW_INDEX[j]);
+    const __m512 qf = _mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(0x1111111111111111ULL, idx, *r));
+    return c >= 2 ? v16_fma(v->a1, qf, v->b1) : v16_fma(v->a0, qf, v->b0);
+#else
+    (void)r;
     const __m128i b = load16(v->nib + 16 * (k & 15));
     __m128i q = _mm_and_si128(c >= 2 ? _mm_srli_epi16(b, 4) : b, _mm_set1_epi8(15));
     if (t == BT_Q6_K)  /* bits 2c, 2c+1 of byte (4 h + j) to bits 4, 5 */
@@ -130,6 +186,7 @@ static inline __attribute__((always_inline)) v16 group_row(const int t, const gr
     else if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K)  /* bit 2 c + h of byte j to bit 4 */
         q = _mm_or_si128(q, _mm_and_si128(shift_bits(load16(v->high + 16 * j), 4 - (2 * c + h)), _mm_set1_epi8(0x10)));
     return c >= 2 ? v16_fma(v->a1, v16_u8(q), v->b1) : v16_fma(v->a0, v16_u8(q), v->b0);
+#endif
 }
 /* F(c, h) for the 8 runs of 4 k of a group, in k order. */
 #define GROUP_RUNS(F) F(0, 0) F(0, 1) F(1, 0) F(1, 1) F(2, 0) F(2, 1) F(3, 0) F(3, 1)
@@ -137,7 +194,11 @@ static inline __attribute__((always_inline)) v16 group_row(const int t, const gr
 static inline __attribute__((always_inline)) void expand_group_t(const int t, const uint8_t* panel, int gi, float* w) {
     group_view g;
     group_decode(t, panel, gi, &g);
-#define EXPAND_RUN(c, h) for (int j = 0; j < 4; j++) v16_store(w + 16 * (8 * c + 4 * h + j), group_row(t, &g, c, h, j));
+#define EXPAND_RUN(c, h) {                                                                                          \
+        run_view r;                                                                                                 \
+        run_decode(t, &g, c, h, &r);                                                                                \
+        for (int j = 0; j < 4; j++) v16_store(w + 16 * (8 * c + 4 * h + j), group_row(t, &g, &r, c, h, j));       \
+    }
     GROUP_RUNS(EXPAND_RUN)
 #undef EXPAND_RUN
 }
@@ -150,6 +211,9 @@ static void expand_group(int t, const uint8_t* panel, int gi, float* w) {
     }
 }
 
+#ifndef BLOCK_PREFETCH
+#define BLOCK_PREFETCH 4
+#endif
 #ifdef __AVX512F__
 static inline v16 v16_bcast(const float* p) { return _mm512_set1_ps(*p); }
 static inline v16 v16_zero(void) { return _mm512_setzero_ps(); }
@@ -168,19 +232,32 @@ static inline __attribute__((always_inline)) void reg_kernel(const int t, const 
     v16 acc[REG_ROWS][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = v16_zero();
     for (int gi = 0; gi < K / 32; gi++) {
+        if (BLOCK_PREFETCH) {  /* the bytes of 32 k BLOCK_PREFETCH groups ahead (a K-quant record's share; past a
+                                  panel's end, the panels after it, which come next): the panels are short streams */
+            const int64_t share = BT_RECORD[t] / (BT_RK[t] / 32), end = (gi + BLOCK_PREFETCH + 1) * share;
+            for (int64_t at = (gi + BLOCK_PREFETCH) * share & ~(int64_t)63; at < end; at += 64) {
+                _mm_prefetch((const char*)(w0 + at), _MM_HINT_T0);
+                if (!one) _mm_prefetch((const char*)(w1 + at), _MM_HINT_T0);
+            }
+        }
         group_view g0, g1;
         group_decode(t, w0, gi, &g0);
         group_decode(t, w1, gi, &g1);
         const float* xk = x + gi * 32;
-#define REG_RUN(c, h) _Pragma("GCC unroll 1")                                                                    \
+#define REG_RUN(c, h) {                                                                                             \
+        run_view r0, r1;                                                                                            \
+        run_decode(t, &g0, c, h, &r0);                                                                              \
+        run_decode(t, &g1, c, h, &r1);                                                                              \
+        _Pragma("GCC unroll 1")                                                                                     \
         for (int j = 0; j < 4; j++) {                                                                               \
-            const v16 u0 = group_row(t, &g0, c, h, j), u1 = group_row(t, &g1, c, h, j);                           \
+            const v16 u0 = group_row(t, &g0, &r0, c, h, j), u1 = group_row(t, &g1, &r1, c, h, j);                 \
             for (int r = 0; r < R; r++) {                                                                           \
                 const v16 xb = v16_bcast(xk + r * ldx + 8 * c + 4 * h + j);                                         \
                 acc[r][0] = v16_fma(xb, u0, acc[r][0]);                                                             \
                 acc[r][1] = v16_fma(xb, u1, acc[r][1]);                                                             \
             }                                                                                                       \
-        }
+        }                                                                                                           \
+    }
         GROUP_RUNS(REG_RUN)  /* k = 0..31 in order */
 #undef REG_RUN
     }
