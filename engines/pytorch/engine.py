@@ -126,7 +126,7 @@ class PyTorchEngine(StepEngine):
             # the runner may take each row's greedy token on the way (a replayed step: step_replay.py)
             logits, tokens = self._runner.forward_greedy(batch)
             if tokens is not None:
-                return greedy_result(sampling_steps, tokens, self._info.eos_token_ids)
+                return greedy_result(sampling_steps, tokens)
         else:
             logits = self._runner.forward(batch)
         for step in sampling_steps:

@@ -87,7 +87,7 @@ def _hf_names(model: Any, architecture: str) -> dict[str, str] | None:
     table = get_tensor_name_map(arch, model.config.num_hidden_layers)
     names = {}
     for hf_name in model.state_dict(keep_vars=True):
-        stem, dot, suffix = hf_name.rpartition(".")
+        stem, _, suffix = hf_name.rpartition(".")
         gguf_name = table.get_name(stem) if suffix in ("weight", "bias") else table.get_name(hf_name)
         if gguf_name is not None:
             names[f"{gguf_name}.{suffix}" if suffix in ("weight", "bias") else gguf_name] = hf_name

@@ -129,6 +129,7 @@ def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, An
         head.weight = table.weight  # a tied table kept in float32
     in_blocks = {f"{path}.weight" for path in weights.blocks}
     missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta and n not in in_blocks]
+    missing += [n for n, b in model.named_buffers() if b.is_meta]  # computed at build (rotary's, above), not loaded
     if missing:
         log.warning("native engine: %s has no weight for %s (and %d more) that the blocks path can use; "
                     "loading transformers' float32 model of it", gguf.name, missing[0], len(missing) - 1)

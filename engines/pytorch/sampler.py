@@ -186,7 +186,7 @@ def _row_starts(steps: Sequence[SequenceStep]) -> list[int]:
     return starts
 
 
-def greedy_result(steps: Sequence[SequenceStep], tokens: list[int], eos_token_ids: Sequence[int]) -> StepResult:
+def greedy_result(steps: Sequence[SequenceStep], tokens: list[int]) -> StepResult:
     """The step's result for plain greedy `steps` from each row's argmax (`tokens`, the rows of `sample`'s logits,
     all finite): a verification step accepts its proposed tokens while they are the argmax."""
     if len(tokens) == len(steps):
@@ -220,7 +220,7 @@ def sample(
     if steps and all(plain_greedy(s) for s in steps) and bool(torch.isfinite(logits).all()):
         # the common case: one argmax for the whole batch
         tokens = argmax(logits) if argmax is not None else logits.argmax(dim=-1).tolist()
-        return greedy_result(steps, tokens, eos_token_ids)
+        return greedy_result(steps, tokens)
     result = StepResult(token_ids={})
     for i, step in zip(starts, steps, strict=True):
         try:

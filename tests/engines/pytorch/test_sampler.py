@@ -158,7 +158,7 @@ def test_greedy_result_from_row_argmaxes_of_a_mixed_batch() -> None:
              SequenceStep("g", [4, 7, 8, 9], 2, [0], True, SamplingParams(temperature=0), [5, 4], 1, 1,
                           num_draft_tokens=3),
              _step("q", temperature=0.0)]
-    result = greedy_result(steps, [11, 7, 8, 2, 6, 12], [0])
+    result = greedy_result(steps, [11, 7, 8, 2, 6, 12])
     assert result.token_ids == {"p": 11, "g": 2, "q": 12} and result.num_accepted == {"g": 2}
-    everything = greedy_result(steps[1:2], [7, 8, 9, 3], [0])
+    everything = greedy_result(steps[1:2], [7, 8, 9, 3])
     assert (everything.token_ids["g"], everything.num_accepted["g"]) == (3, 3)
