@@ -41,6 +41,23 @@ def _gguf_cache_key(gguf: Path) -> str:
     return f"{gguf.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
 
 
+def _publish(target: Path, parts: tuple[Any, ...]) -> None:
+    """Save each of `parts` (`save_pretrained`) into a fresh folder beside `target`, then rename it to `target`: a
+    start never sees half a folder, and of two concurrent starts the second finds the first's."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        for part in parts:
+            part.save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "config.json").exists():  # a concurrent start may have won the race
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _convert_gguf(gguf: Path, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -51,18 +68,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.hf_quantizer = None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").exists():  # a concurrent start may have won the race
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    _publish(target, (model, tokenizer))
 
 
 def resolve_hf_folder(source: Path, gguf_file: str | None = None, cache_dir: Path | None = None) -> Path:
@@ -85,18 +91,8 @@ def _gguf_config_folder(gguf: Path, cache_dir: Path | None) -> Path:
     target = (cache_dir or default_cache_dir()) / "gguf" / f"{_gguf_cache_key(gguf)}.config"
     if (target / "config.json").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".config-", dir=target.parent))
-    try:
-        AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").exists():  # a concurrent start may have won the race
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    _publish(target, (AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name),
+                      AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)))
     return target
 
 
