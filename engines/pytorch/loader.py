@@ -10,16 +10,14 @@ loading needs about the memory the engine then holds.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from engines.gguf_cache import cache_key, publish
 from engines.pytorch.gguf_weights import GGUFWeights
 
 log = logging.getLogger("switchyard.engines.pytorch")
@@ -33,31 +31,6 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "switchyard"
 
 
-def _gguf_cache_key(gguf: Path) -> str:
-    import transformers
-
-    stat = gguf.stat()
-    ident = f"{gguf.name}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
-    return f"{gguf.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
-
-
-def _publish(target: Path, parts: tuple[Any, ...]) -> None:
-    """Save each of `parts` (`save_pretrained`) into a fresh folder beside `target`, then rename it to `target`: a
-    start never sees half a folder, and of two concurrent starts the second finds the first's."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        for part in parts:
-            part.save_pretrained(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").exists():  # a concurrent start may have won the race
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _convert_gguf(gguf: Path, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -68,14 +41,14 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.hf_quantizer = None
-    _publish(target, (model, tokenizer))
+    publish(target, (model, tokenizer), "config.json")
 
 
 def resolve_hf_folder(source: Path, gguf_file: str | None = None, cache_dir: Path | None = None) -> Path:
     """Return an HF folder for `source`: the folder itself, or the cached conversion of a GGUF file."""
     gguf = source / gguf_file if gguf_file else source
     if gguf.is_file() and gguf.suffix == ".gguf":
-        target = (cache_dir or default_cache_dir()) / "gguf" / _gguf_cache_key(gguf)
+        target = (cache_dir or default_cache_dir()) / "gguf" / cache_key(gguf)
         if not (target / "config.json").exists():
             _convert_gguf(gguf, target)
         return target
@@ -88,11 +61,11 @@ def _gguf_config_folder(gguf: Path, cache_dir: Path | None) -> Path:
     """A folder with the file's transformers config and tokenizer (no weights), made on the first start."""
     from transformers import AutoConfig, AutoTokenizer
 
-    target = (cache_dir or default_cache_dir()) / "gguf" / f"{_gguf_cache_key(gguf)}.config"
+    target = (cache_dir or default_cache_dir()) / "gguf" / f"{cache_key(gguf)}.config"
     if (target / "config.json").exists():
         return target
-    _publish(target, (AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name),
-                      AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)))
+    publish(target, (AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name),
+                     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)), "config.json")
     return target
 
 
@@ -113,7 +86,7 @@ def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, An
     if rotary is not None:  # its tables are computed at build, not loaded: build it again off the meta device
         model.model.rotary_emb = type(rotary)(config=model.config)
     try:
-        weights = read_weights(gguf, model, folder.with_name(f"{_gguf_cache_key(gguf)}.{WEIGHTS_CACHE}"))
+        weights = read_weights(gguf, model, folder.with_name(f"{cache_key(gguf)}.{WEIGHTS_CACHE}"))
     except ValueError as exc:
         log.warning("native engine: %s; loading transformers' float32 model of it", exc)
         return None

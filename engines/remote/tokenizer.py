@@ -7,23 +7,13 @@ as an HF tokenizer folder in the cache (keyed by the file's identity), so later 
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import shutil
-import tempfile
 from pathlib import Path
 
+from engines.gguf_cache import cache_key, publish
 from engines.hf_tokenizer import HFTokenizer
 
 log = logging.getLogger("switchyard.engines.remote")
-
-
-def _cache_key(gguf: Path) -> str:
-    import transformers
-
-    stat = gguf.stat()
-    ident = f"{gguf.name}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
-    return f"{gguf.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
 
 
 def load_tokenizer(source: Path, cache_dir: Path) -> HFTokenizer:
@@ -31,21 +21,11 @@ def load_tokenizer(source: Path, cache_dir: Path) -> HFTokenizer:
     from transformers import AutoTokenizer
 
     if source.is_file() and source.suffix == ".gguf":
-        target = cache_dir / "tokenizers" / _cache_key(source)
+        target = cache_dir / "tokenizers" / cache_key(source)
         if not (target / "tokenizer_config.json").exists():
             log.info("reading the tokenizer out of %s (first start only; cached)", source.name)
             tok = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=".tok-", dir=target.parent))
-            try:
-                tok.save_pretrained(tmp)
-                try:
-                    tmp.rename(target)
-                except OSError:
-                    if not (target / "tokenizer_config.json").exists():  # a concurrent start may have won the race
-                        raise
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+            publish(target, (tok,), "tokenizer_config.json")
         source = target
     if not source.is_dir() or not any((source / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         raise ValueError("the tokenizer source must be an HF folder holding tokenizer.json, or a .gguf file")
