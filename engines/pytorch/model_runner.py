@@ -56,6 +56,17 @@ def _weight(module: Any) -> torch.Tensor | None:
     return None if module.weight.is_meta else module.weight
 
 
+def _part_weights(modules: tuple[Any, ...], names: tuple[str, ...], blocks: dict[str, WeightBlocks],
+                  fused_blocks: Any) -> list[torch.Tensor] | None:
+    """The float32 weights of a fused projection's parts, or None where the kernels read the fused blocks and some
+    part exists only as blocks (no float copy is made). Where the fused weight has no blocks (some part lacks
+    them), a part that exists only as blocks is expanded."""
+    parts = [_weight(m) for m in modules]
+    if fused_blocks is not None and None in parts:
+        return None
+    return [blocks[n].dequantize() if w is None else w for n, w in zip(names, parts, strict=True)]
+
+
 def _embedding_blocks(blocks: dict[str, WeightBlocks]) -> WeightBlocks | None:
     """The embedding table's GGUF blocks (gguf_weights.py: its own, or the lm_head's where the two are tied)."""
     found = blocks.get("model.embed_tokens")
@@ -178,20 +189,15 @@ class PagedModelRunner:
         attn, mlp = layer.self_attn, layer.mlp
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
         names = ("q_proj", "k_proj", "v_proj")
-        qkv_blocks, parts = _joined(blocks, *names), [_weight(p) for p in projs]
-        # float where some part has no blocks (the parts that exist only as blocks expanded)
-        qkv = None if qkv_blocks is not None and None in parts else torch.cat(
-            [blocks[n].dequantize() if w is None else w for n, w in zip(names, parts)])
+        qkv_blocks = _joined(blocks, *names)
+        qkv_parts = _part_weights(projs, names, blocks, qkv_blocks)
+        qkv = torch.cat(qkv_parts) if qkv_parts is not None else None
         bias = torch.cat([p.bias for p in projs]).contiguous() if attn.q_proj.bias is not None else None
         if mlp.gate_proj.bias is not None:
             raise ValueError("MLP projections with bias are not supported by the native engine; use backend: vllm")
         gate_up = (blocks["gate_proj"], blocks["up_proj"]) if "gate_proj" in blocks and "up_proj" in blocks else None
-        gate, up = _weight(mlp.gate_proj), _weight(mlp.up_proj)
-        if gate_up is None:  # float (one that exists only as blocks expanded)
-            gate = blocks["gate_proj"].dequantize() if gate is None else gate
-            up = blocks["up_proj"].dequantize() if up is None else up
-        elif gate is None or up is None:
-            gate = up = None
+        gate, up = _part_weights((mlp.gate_proj, mlp.up_proj), ("gate_proj", "up_proj"), blocks, gate_up) \
+            or (None, None)
         return _Layer(
             qkv=Linear(qkv, bias, fast, cache_dir, helpers, qkv_blocks),
             o=Linear(_weight(attn.o_proj), attn.o_proj.bias, fast, cache_dir, helpers, blocks.get("o_proj")),
