@@ -272,3 +272,20 @@ def test_tile_unit_fused_gate_up_equals_the_two_steps(threads: int, tmp_path: Pa
     for m in (1, 8, 16, 300):
         x = torch.randn(m, 64, generator=gen)
         assert torch.equal(fused(x), dense.act_mul(torch.nn.SiLU(), two_steps(x)))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "BF16", "F16"])
+def test_weight_rows_read_back_the_dequantized_blocks(qtype: str, tmp_path: Path) -> None:
+    """A tied embedding's rows come from its lm_head's panels: every row, the padded last panel's too, in any order
+    and repeated, equals gguf-py's dequantized row bit for bit; a projection of several types' runs as well."""
+    k = 512
+    blocks = make_blocks(qtype, 200, k, seed=3)
+    lin = Linear(None, None, True, tmp_path, blocks=blocks)
+    if lin.kind != "kernel":
+        pytest.skip("no C compiler or no AVX2/FMA here: the engine dequantizes the blocks for torch")
+    assert lin.reads_blocks
+    index = torch.cat((torch.randperm(200, generator=torch.Generator().manual_seed(1)), torch.tensor([199, 0, 199])))
+    assert torch.equal(lin.weight_rows(index), blocks.dequantize()[index])
+    mixed = GGUFBlocks.cat([make_blocks("Q8_0", 48, k, 4), blocks])
+    lin = Linear(None, None, True, tmp_path, blocks=mixed)
+    assert torch.equal(lin.weight_rows(torch.arange(248).flip(0)), mixed.dequantize().flip(0))
