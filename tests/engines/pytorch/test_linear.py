@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engines.pytorch import linear
+from engines.pytorch import linear, native
 from engines.pytorch.gguf_blocks import GGUFBlocks
 from tests.random_gguf_blocks import make_blocks
 from engines.pytorch.linear import CHUNK_PANELS, ROW_TILE, DenseOps, GatedActivation, Linear
@@ -289,3 +289,17 @@ def test_weight_rows_read_back_the_dequantized_blocks(qtype: str, tmp_path: Path
     mixed = GGUFBlocks.cat([make_blocks("Q8_0", 48, k, 4), blocks])
     lin = Linear(None, None, True, tmp_path, blocks=mixed)
     assert torch.equal(lin.weight_rows(torch.arange(248).flip(0)), mixed.dequantize().flip(0))
+
+
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512vbmi", "-mno-gfni")], ids=["avx2", "avx512-rows"])
+def test_weight_rows_in_the_other_builds(flags: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows read back the same in the library built for AVX2 CPUs and for AVX-512 without VBMI and GFNI."""
+    if Linear(None, None, True, tmp_path, blocks=make_blocks("Q8_0", 16, 64)).kind != "kernel":
+        pytest.skip("no C compiler or no AVX2/FMA here")
+    monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, *flags])
+    monkeypatch.delitem(native._loaded, "gemm", raising=False)
+    monkeypatch.setattr(linear, "_lib", None)
+    mixed = GGUFBlocks.cat([make_blocks(t, 32, 512, i) for i, t in enumerate(("Q4_1", "Q5_0", "Q6_K", "F16"))])
+    lin = Linear(None, None, True, tmp_path, blocks=mixed)
+    assert torch.equal(lin.weight_rows(torch.arange(128).flip(0)), mixed.dequantize().flip(0))
+    monkeypatch.delitem(native._loaded, "gemm")
