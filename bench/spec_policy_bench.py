@@ -10,6 +10,10 @@ verification, the decode steps with and without, and the speed-up those steps gi
 here: the engine's CPU time (one thread, `time.thread_time`, best of `--rounds` interleaved rounds) for a replayed
 step of 1 .. k + 1 rows of one sequence; or given with `--row-cost c` as 1 + c per extra row.
 
+The last column is what no proposer that copies from the context can beat: an oracle that, at every step, takes
+the earlier occurrence of the sequence's last 1 .. max_n tokens whose continuation the answer accepts furthest and
+proposes exactly that run (no rejected rows), under the same costs.
+
     python bench/spec_policy_bench.py [--k 5] [--min-n 2] [--max-n 4] [--worth 0.2] [--min-acceptance 0.15]
 """
 
@@ -86,6 +90,27 @@ def replay(prompt: list[int], out: list[int], args: argparse.Namespace) -> tuple
     return drafts_n, proposed, accepted, rows
 
 
+def copy_bound(prompt: list[int], out: list[int], k: int, max_n: int) -> list[int]:
+    """Rows of every step of the copying oracle (see the module's docstring) on one answer."""
+    tokens, rows = prompt + out[:1], [1]
+    while len(tokens) - len(prompt) < len(out):
+        done, end, best = len(tokens) - len(prompt), len(tokens), 0
+        truth = out[done : done + k]
+        for n in range(min(max_n, end - 1), 0, -1):  # the longest suffix that occurred before
+            suffix = tokens[end - n :]
+            for p in range(end - n):
+                if tokens[p : p + n] == suffix:
+                    a = 0
+                    while a < len(truth) and p + n + a < end and tokens[p + n + a] == truth[a]:
+                        a += 1
+                    best = max(best, a)
+            if best:
+                break
+        tokens += out[done : done + best + 1]
+        rows.append(1 + best)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--k", type=int, default=speculation.SpeculativeConfig.num_speculative_tokens)
@@ -108,18 +133,20 @@ def main() -> None:
     print("step of r rows, in one-token steps: " + ", ".join(f"{r + 1}: {c:.2f}" for r, c in enumerate(cost)))
     print(f"k {args.k}, n-grams {args.min_n}-{args.max_n}, worth {args.worth}, min_acceptance {args.min_acceptance}, "
           f"overhead {args.overhead} per step, up to {args.max_tokens} tokens")
-    print(f"{'workload':<12} {'tokens':>6} {'steps off/on':>12} {'accept':>7} {'tok/verify':>10} {'model ratio':>11}")
+    print(f"{'workload':<12} {'tokens':>6} {'steps off/on':>12} {'accept':>7} {'tok/verify':>10} {'model ratio':>11} "
+          f"{'copy bound':>10}")
     for name, pairs in answers.items():
         tokens = steps = drafts = proposed = accepted = 0
-        plain = spec = 0.0
+        plain = spec = bound = 0.0
         for prompt, out in pairs:
             d, p, a, rows = replay(prompt, out, args)
             tokens, steps, drafts, proposed, accepted = tokens + len(out), steps + len(rows), drafts + d, \
                 proposed + p, accepted + a
             plain += len(out) * (1 + args.overhead)
             spec += sum(cost[r - 1] + args.overhead for r in rows)
+            bound += sum(cost[r - 1] + args.overhead for r in copy_bound(prompt, out, args.k, args.max_n))
         print(f"{name:<12} {tokens:>6} {f'{tokens}/{steps}':>12} {accepted / max(proposed, 1):>7.0%} "
-              f"{1 + accepted / max(drafts, 1):>10.2f} {plain / spec:>10.2f}x", flush=True)
+              f"{1 + accepted / max(drafts, 1):>10.2f} {plain / spec:>10.2f}x {plain / bound:>9.2f}x", flush=True)
 
 
 if __name__ == "__main__":

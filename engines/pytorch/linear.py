@@ -100,6 +100,7 @@ def _signatures() -> Signatures:
         "gemm_blocks_par": (i32, [p, i64, p, p, i32, p, p, i64, p, i64, i32, i32, i32, *tiles, i32]),  # + amx
         "gemm_bf16_amx_par": (i32, [*gemm_f32, *tiles]),
         "gemm_silu_f32_par": (i32, [p, i64, p, p, p, i32, p, i64, i32, i32, i32, *tiles, i32]),  # x, ldx, wp, segments
+        "blocks_rows": (None, [p, p, i32, i32, p, i32, p]),  # segments, ptrs, count, K, rows, T, out
         "amx_supported": (i32, []),
         "exact_silu_bf16": (i32, []),
         "silu_mul_f32": (None, [*silu, p]),  # + the row counter (NULL: all rows)
@@ -135,10 +136,12 @@ class _Packed:
     """A weight's GGUF blocks as the kernel reads them: runs of panels, each of one type (segs: [end panel, type
     code] per run, ptrs: each run's panels' address), or one run in the tile unit's layout (amx 1: Q4_1, 2: Q8_0)."""
 
-    __slots__ = ("amx", "nbytes", "nseg", "ptrs", "segs", "tensors")
+    __slots__ = ("amx", "k", "nbytes", "nseg", "ptrs", "segs", "tensors")
 
-    def __init__(self, runs: list[tuple[int, int, torch.Tensor]], amx: int) -> None:
-        """`runs`: (end panel, type code, panels) each, the panels already in host memory (`_in_pieces`)."""
+    def __init__(self, runs: list[tuple[int, int, torch.Tensor]], amx: int, k: int) -> None:
+        """`runs`: (end panel, type code, panels) each, the panels already in host memory (`_in_pieces`); `k`: the
+        weight's columns."""
+        self.k = k
         self.tensors = [t for _, _, t in runs]
         self.segs = torch.tensor([v for end, code, _ in runs for v in (end, code)], dtype=torch.int32)
         self.ptrs = torch.tensor([t.data_ptr() for t in self.tensors], dtype=torch.int64)
@@ -180,11 +183,11 @@ def _pack_blocks(lib: ctypes.CDLL, blocks: WeightBlocks, nb: int, interleave: We
         one, other = parts[0], interleave.parts[0]
         if TILE_UNIT and one.qtype in ("Q4_1", "Q8_0") and lib.amx_supported():
             panels = _in_pieces(block_panels.pack_tile_unit, (one, other), nb)
-            return _Packed([(2 * nb, one.type.code, panels)], 1 if one.qtype == "Q4_1" else 2)
-        return _Packed([(2 * nb, one.type.code, _in_pieces(block_panels.pack, (one, other), nb))], 0)
+            return _Packed([(2 * nb, one.type.code, panels)], 1 if one.qtype == "Q4_1" else 2, one.shape[1])
+        return _Packed([(2 * nb, one.type.code, _in_pieces(block_panels.pack, (one, other), nb))], 0, one.shape[1])
     if len(parts) == 1 and TILE_UNIT and parts[0].qtype in ("Q4_1", "Q8_0") and lib.amx_supported():
         return _Packed([(nb, parts[0].type.code, _in_pieces(block_panels.pack_tile_unit, parts, nb))],
-                       1 if parts[0].qtype == "Q4_1" else 2)
+                       1 if parts[0].qtype == "Q4_1" else 2, blocks.shape[1])
     runs, end = [], 0
     for i, part in enumerate(parts):
         rows = part.shape[0]
@@ -193,7 +196,7 @@ def _pack_blocks(lib: ctypes.CDLL, blocks: WeightBlocks, nb: int, interleave: We
         panels = (rows + 15) // 16
         end += panels
         runs.append((end, part.type.code, _in_pieces(block_panels.pack, (part,), panels)))
-    return _Packed(runs, 0)
+    return _Packed(runs, 0, blocks.shape[1])
 
 
 class Linear:
@@ -281,6 +284,23 @@ class Linear:
     def blocks_nbytes(self) -> int:
         """Bytes of the GGUF block panels this projection reads (0: none)."""
         return self._blocks.nbytes if self._blocks is not None else 0
+
+    @property
+    def reads_blocks(self) -> bool:
+        """Whether the kernel reads this projection's GGUF blocks (then `weight_rows` reads its rows back)."""
+        return self._blocks is not None
+
+    def weight_rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Rows `index` of the weight held as GGUF blocks, as the float32 values the kernel computes with ([T, K]):
+        an embedding table tied to this lm_head is then held once, as these panels."""
+        b = self._blocks
+        if b.amx:
+            return block_panels.tile_unit_rows(b.tensors[0], b.k, index)
+        index = index.to(torch.int64).contiguous()
+        out = torch.empty(index.shape[0], b.k, dtype=torch.float32)
+        _lib.blocks_rows(b.segs.data_ptr(), b.ptrs.data_ptr(), b.nseg, b.k, index.data_ptr(), index.shape[0],
+                         out.data_ptr())
+        return out
 
     @property
     def exact_rows(self) -> bool:

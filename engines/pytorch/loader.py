@@ -57,11 +57,10 @@ def resolve_hf_folder(source: Path, gguf_file: str | None = None, cache_dir: Pat
     raise FileNotFoundError("no config.json (HF folder) or .gguf file found at the model source")
 
 
-def _gguf_config_folder(gguf: Path, cache_dir: Path | None) -> Path:
-    """A folder with the file's transformers config and tokenizer (no weights), made on the first start."""
+def _gguf_config_folder(gguf: Path, target: Path) -> Path:
+    """`target`: a folder with the file's transformers config and tokenizer (no weights), made on the first start."""
     from transformers import AutoConfig, AutoTokenizer
 
-    target = (cache_dir or default_cache_dir()) / "gguf" / f"{cache_key(gguf)}.config"
     if (target / "config.json").exists():
         return target
     publish(target, (AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name),
@@ -78,7 +77,8 @@ def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, An
 
     from engines.pytorch.gguf_weights import read_weights
 
-    folder = _gguf_config_folder(gguf, cache_dir)
+    cached = (cache_dir or default_cache_dir()) / "gguf" / cache_key(gguf)  # + .config, + the weights' suffix
+    folder = _gguf_config_folder(gguf, cached.with_name(f"{cached.name}.config"))
     config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -86,7 +86,7 @@ def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, An
     if rotary is not None:  # its tables are computed at build, not loaded: build it again off the meta device
         model.model.rotary_emb = type(rotary)(config=model.config)
     try:
-        weights = read_weights(gguf, model, folder.with_name(f"{cache_key(gguf)}.{WEIGHTS_CACHE}"))
+        weights = read_weights(gguf, model, cached.with_name(f"{cached.name}.{WEIGHTS_CACHE}"))
     except ValueError as exc:
         log.warning("native engine: %s; loading transformers' float32 model of it", exc)
         return None

@@ -67,11 +67,17 @@ def _part_weights(modules: tuple[Any, ...], names: tuple[str, ...], blocks: dict
     return [blocks[n].dequantize() if w is None else w for n, w in zip(names, parts, strict=True)]
 
 
-def _embedding_blocks(blocks: dict[str, WeightBlocks]) -> WeightBlocks | None:
-    """The embedding table's GGUF blocks (gguf_weights.py: its own, or the lm_head's where the two are tied)."""
+def _embedding_rows(blocks: dict[str, WeightBlocks], lm_head: Linear) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The embedding table's rows from its GGUF blocks (gguf_weights.py), None where it has none: from the lm_head's
+    panels where the two are tied and the kernel reads them (the table is then held once), else from an own copy
+    of the blocks (blocks read from the saved cache file are views of its whole mapping)."""
     found = blocks.get("model.embed_tokens")
-    # an own copy (rows copies): blocks read from the saved cache file are views of its whole mapping
-    return found.rows(torch.arange(found.shape[0])) if found is not None else None
+    if found is None:
+        return None
+    if found is blocks.get("lm_head") and lm_head.reads_blocks:
+        return lm_head.weight_rows
+    own = found.rows(torch.arange(found.shape[0]))
+    return lambda ids: own.rows(ids).dequantize()
 
 
 @dataclass
@@ -106,7 +112,7 @@ class PagedModelRunner:
         # The embedding table is the lm_head's (tied) or its own: from GGUF blocks, rows are dequantized as they are
         # looked up (the float32 values transformers loads, bit for bit: gguf_weights.py checked the whole table
         # against gguf-py), so no float32 copy of it is kept.
-        self._embed_blocks = _embedding_blocks(blocks or {})
+        has_embed_blocks = "model.embed_tokens" in (blocks or {})
         self.rotary_emb = hf_model.model.rotary_emb
         self.norm = hf_model.model.norm
         self.dtype = next(hf_model.parameters()).dtype
@@ -122,7 +128,7 @@ class PagedModelRunner:
         # Weights loaded from safetensors are views of the file's mapping, which stays resident as long as any of
         # them lives: own copies of the ones kept as they are (a tied lm_head shares the embedding's copy), so with
         # packed projections the mapping goes.
-        for module in [*([] if self._embed_blocks else [self.embed_tokens]), self.norm, *(m for layer in hf_model.model.layers for m in (
+        for module in [*([] if has_embed_blocks else [self.embed_tokens]), self.norm, *(m for layer in hf_model.model.layers for m in (
                 layer.input_layernorm, layer.post_attention_layernorm, getattr(layer.self_attn, "q_norm", None),
                 getattr(layer.self_attn, "k_norm", None)) if m is not None)]:
             for param in module.parameters():
@@ -148,7 +154,8 @@ class PagedModelRunner:
         self.lm_head = Linear(_weight(lm_head), lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers,
                               (blocks or {}).get("lm_head"))
         del hf_model.model.layers, hf_model.lm_head  # the runner holds the (fused, maybe packed) weights now
-        if self._embed_blocks is not None:  # and the embedding's blocks: the float32 table goes with the model
+        self._embed_rows = _embedding_rows(blocks or {}, self.lm_head)
+        if self._embed_rows is not None:  # the float32 table goes with the model
             self.embed_tokens = hf_model.model.embed_tokens = None
         shape = (self.num_layers, num_blocks * block_size, self.num_kv_heads, self.head_dim)
         self.k_cache = host_memory.zeros(shape, self.dtype)
@@ -306,8 +313,8 @@ class PagedModelRunner:
 
     def embed(self, lay: StepLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The step's embeddings [T, H] and rotary cos and sin [T, d] (sin's sign folded: see rotate)."""
-        if self._embed_blocks is not None:
-            hidden = self._embed_blocks.rows(lay.input_ids).dequantize()
+        if self._embed_rows is not None:
+            hidden = self._embed_rows(lay.input_ids)
         else:
             hidden = self.embed_tokens(lay.input_ids)
         cos, sin = self.rotary_emb(hidden[None], lay.positions[None])

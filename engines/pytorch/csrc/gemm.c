@@ -592,6 +592,31 @@ int gemm_blocks_par(const float* x, int64_t ldx, const int* segs, const int64_t*
     return j.failed ? -1 : 0;
 }
 
+/* Rows of a weight held as runs of GGUF block panels (gemm_blocks_par's segs and ptrs): out[i, :] = W[rows[i], :],
+   the exact float32 weight the kernels compute with. For an embedding table tied to its lm_head: the model then
+   keeps the table once, as the lm_head's panels. */
+void blocks_rows(const int* segs, const int64_t* ptrs, int nseg, int K, const int64_t* rows, int T, float* out) {
+    float w[32 * 16];
+    for (int i = 0; i < T; i++) {
+        const int64_t p = rows[i] / 16;
+        const int c = (int)(rows[i] % 16);
+        int s = 0;
+        while (s < nseg - 1 && p >= segs[2 * s]) s++;
+        const int start = s ? segs[2 * s - 2] : 0, t = segs[2 * s + 1];
+        const uint8_t* panel = (const uint8_t*)(intptr_t)ptrs[s] + (p - start) * bt_panel_bytes(t, K);
+        float* o = out + (int64_t)i * K;
+        if (t == BT_BF16 || t == BT_F16) {  /* [K][16] 16-bit values */
+            const uint16_t* v = (const uint16_t*)panel + c;
+            for (int k = 0; k < K; k++) o[k] = t == BT_F16 ? _cvtsh_ss(v[16 * k]) : bf16_to_f32(v[16 * k]);
+            continue;
+        }
+        for (int g = 0; g < K / 32; g++) {
+            expand_group(t, panel, g, w);
+            for (int k = 0; k < 32; k++) o[32 * g + k] = w[16 * k + c];
+        }
+    }
+}
+
 /* y[M, NB / 2 * 16] = silu(x @ G.T) * (x @ U.T), with W packed as gate and up panels in turn (G0 U0 G1 U1 ...:
    NB panels, NB even; or GGUF blocks in that order, as for gemm_blocks_par): each tile of `chunk` panels (even) x
    `mchunk` rows is computed into the thread's scratch and activated from there, so the [M, NB * 16] product of gate

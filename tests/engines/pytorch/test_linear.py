@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engines.pytorch import linear
+from engines.pytorch import linear, native
 from engines.pytorch.gguf_blocks import GGUFBlocks
 from tests.random_gguf_blocks import make_blocks
 from engines.pytorch.linear import CHUNK_PANELS, ROW_TILE, DenseOps, GatedActivation, Linear
@@ -272,3 +272,34 @@ def test_tile_unit_fused_gate_up_equals_the_two_steps(threads: int, tmp_path: Pa
     for m in (1, 8, 16, 300):
         x = torch.randn(m, 64, generator=gen)
         assert torch.equal(fused(x), dense.act_mul(torch.nn.SiLU(), two_steps(x)))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "BF16", "F16"])
+def test_weight_rows_read_back_the_dequantized_blocks(qtype: str, tmp_path: Path) -> None:
+    """A tied embedding's rows come from its lm_head's panels: every row, the padded last panel's too, in any order
+    and repeated, equals gguf-py's dequantized row bit for bit; a projection of several types' runs as well."""
+    k = 512
+    blocks = make_blocks(qtype, 200, k, seed=3)
+    lin = Linear(None, None, True, tmp_path, blocks=blocks)
+    if lin.kind != "kernel":
+        pytest.skip("no C compiler or no AVX2/FMA here: the engine dequantizes the blocks for torch")
+    assert lin.reads_blocks
+    index = torch.cat((torch.randperm(200, generator=torch.Generator().manual_seed(1)), torch.tensor([199, 0, 199])))
+    assert torch.equal(lin.weight_rows(index), blocks.dequantize()[index])
+    mixed = GGUFBlocks.cat([make_blocks("Q8_0", 48, k, 4), blocks])
+    lin = Linear(None, None, True, tmp_path, blocks=mixed)
+    assert torch.equal(lin.weight_rows(torch.arange(248).flip(0)), mixed.dequantize().flip(0))
+
+
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512vbmi", "-mno-gfni")], ids=["avx2", "avx512-rows"])
+def test_weight_rows_in_the_other_builds(flags: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows read back the same in the library built for AVX2 CPUs and for AVX-512 without VBMI and GFNI."""
+    if Linear(None, None, True, tmp_path, blocks=make_blocks("Q8_0", 16, 64)).kind != "kernel":
+        pytest.skip("no C compiler or no AVX2/FMA here")
+    monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, *flags])
+    monkeypatch.delitem(native._loaded, "gemm", raising=False)
+    monkeypatch.setattr(linear, "_lib", None)
+    mixed = GGUFBlocks.cat([make_blocks(t, 32, 512, i) for i, t in enumerate(("Q4_1", "Q5_0", "Q6_K", "F16"))])
+    lin = Linear(None, None, True, tmp_path, blocks=mixed)
+    assert torch.equal(lin.weight_rows(torch.arange(128).flip(0)), mixed.dequantize().flip(0))
+    monkeypatch.delitem(native._loaded, "gemm")
