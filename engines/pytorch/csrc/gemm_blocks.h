@@ -242,6 +242,12 @@ static inline v16 v16_bcast(const float* p) { v16 r = {_mm256_broadcast_ss(p), _
 static inline v16 v16_zero(void) { v16 r = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return r; }
 #define REG_ROWS 2  /* 2 panels x 2 rows: 8 of the 16 registers accumulate */
 #endif
+/* Groups ahead that a panel's bytes are prefetched. Q8_0 (1.06 bytes a weight, the least arithmetic of all) goes twice
+   as far and to L2 only: prefetches to L1 are as many as L1 can have outstanding misses, about 15 GB/s on one thread
+   here, and Q8_0 needs more than that to keep up with its arithmetic. 1-row Q8_0 step streamed on one thread
+   (bench/gguf_stream_bench.c): 0.076-0.080 -> 0.057-0.061 ns a weight, 18 GB/s, the plain read's rate; the other
+   types were no faster that way. */
+#define PREFETCH_AHEAD(t) ((t) == BT_Q8_0 ? 2 * BLOCK_PREFETCH : BLOCK_PREFETCH)
 /* The bytes of group gi (32 k; a K-quant record's share) of panels w0 and w1 (w1 == w0 with `one`), prefetched; past
    the panels' end (pstride bytes each), the next pair's (2 pstride on), which come next. */
 static inline __attribute__((always_inline)) void prefetch_group(const int t, const uint8_t* w0, const uint8_t* w1,
@@ -249,15 +255,20 @@ static inline __attribute__((always_inline)) void prefetch_group(const int t, co
     const int64_t share = BT_RECORD[t] / (BT_RK[t] / 32), end = (gi + 1) * share;
     for (int64_t at = gi * share & ~(int64_t)63; at < end; at += 64) {
         const int64_t to = at < pstride ? at : at + pstride;
-        _mm_prefetch((const char*)(w0 + to), _MM_HINT_T0);
-        if (!one) _mm_prefetch((const char*)(w1 + to), _MM_HINT_T0);
+        if (t == BT_Q8_0) {
+            _mm_prefetch((const char*)(w0 + to), _MM_HINT_T1);
+            if (!one) _mm_prefetch((const char*)(w1 + to), _MM_HINT_T1);
+        } else {
+            _mm_prefetch((const char*)(w0 + to), _MM_HINT_T0);
+            if (!one) _mm_prefetch((const char*)(w1 + to), _MM_HINT_T0);
+        }
     }
 }
 /* R rows of x against a panel pair of type t (w1: the second panel, pstride bytes on, or w0 again with `one`: only
    the first is stored) over the whole of K, the weights expanded in registers: every output's FMA chain runs
    k = 0..K-1 as in the float32 kernel.
    The panels are short streams (5-15 KB at SmolLM2's widths) that the hardware prefetcher hardly ramps up on, so
-   each group's bytes are prefetched BLOCK_PREFETCH groups ahead, and the last groups' reach the next pair's first
+   each group's bytes are prefetched PREFETCH_AHEAD groups ahead, and the last groups' reach the next pair's first
    ones: both of its panels. (Reaching `at` bytes on from each panel instead, the first panel's reach fell on the
    second, already read, and the next pair's second panel started cold: its first groups read at memory latency. A
    1-row step streamed from memory on one thread went from 0.105 to 0.075 ns a weight for Q5_0, 0.092 to 0.071 for
@@ -268,7 +279,7 @@ static inline __attribute__((always_inline)) void reg_kernel(const int t, const 
     v16 acc[REG_ROWS][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = v16_zero();
     for (int gi = 0; gi < K / 32; gi++) {
-        if (BLOCK_PREFETCH) prefetch_group(t, w0, w1, one, pstride, gi + BLOCK_PREFETCH);
+        if (BLOCK_PREFETCH) prefetch_group(t, w0, w1, one, pstride, gi + PREFETCH_AHEAD(t));
         group_view g0, g1;
         group_decode(t, w0, gi, &g0);
         group_decode(t, w1, gi, &g1);
@@ -299,7 +310,7 @@ static inline __attribute__((always_inline)) void reg_kernel(const int t, const 
 static inline __attribute__((always_inline)) void reg_rows_t(const int t, const int R, const float* x, int64_t ldx,
                                                              const uint8_t* wq, int64_t pstride, float* y,
                                                              int64_t ldy, int NB, int K) {
-    for (int gi = 0; BLOCK_PREFETCH && gi < BLOCK_PREFETCH; gi++)  /* the first pair's first groups */
+    for (int gi = 0; gi < PREFETCH_AHEAD(t); gi++)  /* the first pair's first groups */
         prefetch_group(t, wq, wq + pstride, NB == 1, pstride, gi);
     for (int nb = 0; nb < NB; nb += 2) {
         const int one = nb + 1 == NB;
