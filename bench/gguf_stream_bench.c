@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
         const int64_t n = count[0] * pbytes[0] / 32 * 32;
         __m256i acc = _mm256_setzero_si256();
         const double t0 = now();
-        for (int64_t at = 0; at < n; at += 32) acc = _mm256_add_epi32(acc, _mm256_load_si256((const __m256i*)(buf[0] + at)));
+        for (int64_t at = 0; at < n; at += 32)
+            acc = _mm256_add_epi32(acc, _mm256_load_si256((const __m256i*)(buf[0] + at)));
         plain[rep] = n / (now() - t0) / 1e9;
         volatile int sink = _mm256_extract_epi32(acc, 0);
         (void)sink;
@@ -94,8 +95,8 @@ int main(int argc, char** argv) {
     qsort(plain, reps, sizeof(double), by_value);
     printf("%d row(s), %d panels a call, %d passes; plain read on one thread: %.1f GB/s (best), %.1f (median)\n", M,
            panels, reps, plain[reps - 1], plain[reps / 2]);
-    printf("| type | K | bytes/weight | cache ns/weight (best) | stream ns/weight (best) | stream GB/s | stream / cache "
-           "| cache vs Q4_1 | stream vs Q4_1 |\n|---|---|---|---|---|---|---|---|---|\n");
+    printf("| type | K | bytes/weight | cache ns/weight (best) | stream ns/weight (best) | stream GB/s "
+           "| stream / cache | cache vs Q4_1 | stream vs Q4_1 |\n|---|---|---|---|---|---|---|---|---|\n");
     double base_c = 0, base_s = 0;
     for (int i = 0; i < NTYPES; i++) {
         qsort(cached[i], reps, sizeof(double), by_value);
