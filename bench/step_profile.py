@@ -148,7 +148,7 @@ class TimedCall:
 
 # C entry points a decode step calls, by library attribute: the kernel timers wrap them on the loaded library.
 KERNELS = {
-    "gemm": ["gemm_q41_par", "gemm_silu_f32_par", "gemm_f32_par", "gemm_f32", "rms_norm_f32", "rms_norm_f32_par"],
+    "gemm": ["gemm_blocks_par", "gemm_silu_f32_par", "gemm_f32_par", "gemm_f32", "rms_norm_f32", "rms_norm_f32_par"],
     "attention": ["paged_decode_f32", "paged_decode_par_f32"],
     "argmax": ["argmax_rows_f32"],
 }
@@ -220,10 +220,9 @@ def part_bytes(engine: PyTorchEngine, context: int) -> tuple[dict[str, float], d
     runner = engine._runner
 
     def held(obj) -> int:
+        if obj.blocks_nbytes:  # the kernel reads only the blocks
+            return obj.blocks_nbytes
         obj = getattr(obj, "_linear", None) or obj
-        q = getattr(obj, "_q41", None)
-        if q is not None and linear._reads_blocks(q, getattr(obj, "_amx", 0), 1):
-            return q.numel() * q.element_size()
         w = obj.weight
         return w.numel() * w.element_size()
 
@@ -504,7 +503,14 @@ def main() -> None:
     parser.add_argument("--server-requests", type=int, default=3)
     parser.add_argument("--server-tokens", type=int, default=128)
     parser.add_argument("--py-spy", action="store_true", help="sample the server with py-spy meanwhile")
+    parser.add_argument("--gguf", help="profile another GGUF file instead of the shipped one: a type "
+                        "bench/gguf_files.py makes (Q4_K_M, ...) or a path (not with --server)")
     args = parser.parse_args()
+    if args.gguf:
+        from bench.gguf_files import quantized
+
+        global GGUF
+        GGUF = Path(args.gguf) if Path(args.gguf).is_file() else quantized(args.gguf)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     one = read_bandwidth(1)
     allt = read_bandwidth(args.threads)

@@ -40,6 +40,7 @@ static inline int64_t bt_panel_bytes(int t, int K) { return (int64_t)K / BT_RK[t
 typedef __m512 v16;
 static inline v16 v16_f16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
 static inline v16 v16_u8(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
+static inline v16 v16_u8_at(const uint8_t* p) { return v16_u8(_mm_load_si128((const __m128i*)p)); }
 static inline v16 v16_i8(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
 static inline v16 v16_fma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
 static inline v16 v16_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
@@ -56,6 +57,11 @@ static inline v16 v16_f16(const uint8_t* p) {
 static inline v16 v16_u8(__m128i b) {
     v16 r = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)),
              _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
+    return r;
+}
+static inline v16 v16_u8_at(const uint8_t* p) {  /* two vpmovzxbd loads: no shuffle for the upper 8 */
+    v16 r = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p))),
+             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8))))};
     return r;
 }
 static inline v16 v16_i8(__m128i b) {
@@ -113,10 +119,6 @@ static inline __attribute__((always_inline)) void group_decode(const int t, cons
     v->nib = g + 32;
     if (t == BT_Q5_K) v->high = g + 288;
 }
-/* Bits moved left by s (right for s < 0) within each byte's reach: 16-bit shifts, whose spill the caller masks. */
-static inline __attribute__((always_inline)) __m128i shift_bits(__m128i v, const int s) {
-    return s > 0 ? _mm_slli_epi16(v, s) : s < 0 ? _mm_srli_epi16(v, -s) : v;
-}
 /* AVX-512 with VBMI and GFNI: a run of 4 k rows (k = 8 c + 4 h + j, j 0..3) of the 4- to 6-bit types is decoded at
    once, its 4 x 16 q in one 512-bit register as clean bytes (run_decode: the nibbles, shifted down for c >= 2; the
    high bits moved to bits 4 (Q5) or 4-5 (Q6_K) of each byte by one gf2p8affine and merged by one vpternlog), then each
@@ -160,10 +162,33 @@ static const uint8_t RUN_ROW_INDEX[4][64] __attribute__((aligned(64))) = {
 #undef RI
 };
 #else
-typedef int run_view;  /* row by row (group_row) */
+/* Without VBMI and GFNI (AVX2 CPUs; AVX-512 before Ice Lake): the run's 4 x 16 q are still made at once, 32 bytes (2 k
+   rows) an instruction, and stored; each row is then widened straight from that store (vpmovzxbd's load form). Row by
+   row, a 5-bit q took 7 instructions for its 16 bytes before widening (load, shift, mask the nibbles; load, shift,
+   mask the high bits; or), and AVX2 a shuffle more for the upper 8; here that is 3.5 a row, and 1.5-2 for the
+   4-bit types. A 1-row step from cache (bench/gguf_stream_bench.c, best of 9), against Q4_1's time: AVX-512 without
+   VBMI Q5_0 1.20 -> 1.11, Q6_K 1.24 -> 1.15; AVX2 Q5_0 1.29 -> 1.22, Q5_1 1.95 -> 1.21. */
+typedef struct { uint8_t q[64] __attribute__((aligned(32))); } run_view;
+/* Bits moved left by s (right for s < 0) within each byte's reach: 16-bit shifts, whose spill is masked after. */
+static inline __attribute__((always_inline)) __m256i shift_bits(__m256i v, const int s) {
+    return s > 0 ? _mm256_slli_epi16(v, s) : s < 0 ? _mm256_srli_epi16(v, -s) : v;
+}
 static inline __attribute__((always_inline)) void run_decode(const int t, const group_view* v, const int c,
                                                              const int h, run_view* r) {
-    (void)t; (void)v; (void)c; (void)h; *r = 0;
+    if (t == BT_Q8_0) return;
+    for (int half = 0; half < 2; half++) {  /* rows j = 2 half, 2 half + 1 */
+        const __m256i b = _mm256_loadu_si256((const __m256i*)(v->nib + 16 * (8 * (c & 1) + 4 * h) + 32 * half));
+        __m256i q = _mm256_and_si256(c >= 2 ? _mm256_srli_epi16(b, 4) : b, _mm256_set1_epi8(0x0F));
+        if (t == BT_Q6_K)  /* bits 2c, 2c+1 of byte (4 h + j) to bits 4, 5 */
+            q = _mm256_or_si256(q, _mm256_and_si256(
+                shift_bits(_mm256_loadu_si256((const __m256i*)(v->high + 64 * h + 32 * half)), 4 - 2 * c),
+                _mm256_set1_epi8(0x30)));
+        else if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K)  /* bit 2 c + h of byte j to bit 4 */
+            q = _mm256_or_si256(q, _mm256_and_si256(
+                shift_bits(_mm256_loadu_si256((const __m256i*)(v->high + 32 * half)), 4 - (2 * c + h)),
+                _mm256_set1_epi8(0x10)));
+        _mm256_store_si256((__m256i*)(r->q + 32 * half), q);
+    }
 }
 #endif
 /* Row k = 8 c + 4 h + j (c 0..3, h 0..1, j 0..3) of a decoded group (r: its run, from run_decode): the float32
@@ -177,15 +202,9 @@ static inline __attribute__((always_inline)) v16 group_row(const int t, const gr
     const __m512 qf = _mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(0x1111111111111111ULL, idx, *r));
     return c >= 2 ? v16_fma(v->a1, qf, v->b1) : v16_fma(v->a0, qf, v->b0);
 #else
-    (void)r;
-    const __m128i b = load16(v->nib + 16 * (k & 15));
-    __m128i q = _mm_and_si128(c >= 2 ? _mm_srli_epi16(b, 4) : b, _mm_set1_epi8(15));
-    if (t == BT_Q6_K)  /* bits 2c, 2c+1 of byte (4 h + j) to bits 4, 5 */
-        q = _mm_or_si128(q, _mm_and_si128(shift_bits(load16(v->high + 16 * (4 * h + j)), 4 - 2 * c),
-                                          _mm_set1_epi8(0x30)));
-    else if (t == BT_Q5_0 || t == BT_Q5_1 || t == BT_Q5_K)  /* bit 2 c + h of byte j to bit 4 */
-        q = _mm_or_si128(q, _mm_and_si128(shift_bits(load16(v->high + 16 * j), 4 - (2 * c + h)), _mm_set1_epi8(0x10)));
-    return c >= 2 ? v16_fma(v->a1, v16_u8(q), v->b1) : v16_fma(v->a0, v16_u8(q), v->b0);
+    (void)k;
+    const v16 qf = v16_u8_at(r->q + 16 * j);
+    return c >= 2 ? v16_fma(v->a1, qf, v->b1) : v16_fma(v->a0, qf, v->b0);
 #endif
 }
 /* F(c, h) for the 8 runs of 4 k of a group, in k order. */
@@ -223,23 +242,44 @@ static inline v16 v16_bcast(const float* p) { v16 r = {_mm256_broadcast_ss(p), _
 static inline v16 v16_zero(void) { v16 r = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return r; }
 #define REG_ROWS 2  /* 2 panels x 2 rows: 8 of the 16 registers accumulate */
 #endif
-/* R rows of x against a panel pair of type t (w1: the second panel, or w0 again with `one`: only the first is
-   stored) over the whole of K, the weights expanded in registers: every output's FMA chain runs k = 0..K-1 as in the
-   float32 kernel. */
+/* Groups ahead that a panel's bytes are prefetched. Q8_0 (1.06 bytes a weight, the least arithmetic of all) goes twice
+   as far and to L2 only: prefetches to L1 are as many as L1 can have outstanding misses, about 15 GB/s on one thread
+   here, and Q8_0 needs more than that to keep up with its arithmetic. 1-row Q8_0 step streamed on one thread
+   (bench/gguf_stream_bench.c): 0.076-0.080 -> 0.057-0.061 ns a weight, 18 GB/s, the plain read's rate; the other
+   types were no faster that way. */
+#define PREFETCH_AHEAD(t) ((t) == BT_Q8_0 ? 2 * BLOCK_PREFETCH : BLOCK_PREFETCH)
+/* The bytes of group gi (32 k; a K-quant record's share) of panels w0 and w1 (w1 == w0 with `one`), prefetched; past
+   the panels' end (pstride bytes each), the next pair's (2 pstride on), which come next. */
+static inline __attribute__((always_inline)) void prefetch_group(const int t, const uint8_t* w0, const uint8_t* w1,
+                                                                 int one, int64_t pstride, int gi) {
+    const int64_t share = BT_RECORD[t] / (BT_RK[t] / 32), end = (gi + 1) * share;
+    for (int64_t at = gi * share & ~(int64_t)63; at < end; at += 64) {
+        const int64_t to = at < pstride ? at : at + pstride;
+        if (t == BT_Q8_0) {
+            _mm_prefetch((const char*)(w0 + to), _MM_HINT_T1);
+            if (!one) _mm_prefetch((const char*)(w1 + to), _MM_HINT_T1);
+        } else {
+            _mm_prefetch((const char*)(w0 + to), _MM_HINT_T0);
+            if (!one) _mm_prefetch((const char*)(w1 + to), _MM_HINT_T0);
+        }
+    }
+}
+/* R rows of x against a panel pair of type t (w1: the second panel, pstride bytes on, or w0 again with `one`: only
+   the first is stored) over the whole of K, the weights expanded in registers: every output's FMA chain runs
+   k = 0..K-1 as in the float32 kernel.
+   The panels are short streams (5-15 KB at SmolLM2's widths) that the hardware prefetcher hardly ramps up on, so
+   each group's bytes are prefetched PREFETCH_AHEAD groups ahead, and the last groups' reach the next pair's first
+   ones: both of its panels. (Reaching `at` bytes on from each panel instead, the first panel's reach fell on the
+   second, already read, and the next pair's second panel started cold: its first groups read at memory latency. A
+   1-row step streamed from memory on one thread went from 0.105 to 0.075 ns a weight for Q5_0, 0.092 to 0.071 for
+   Q4_1, against 0.060 from cache.) */
 static inline __attribute__((always_inline)) void reg_kernel(const int t, const int R, const float* x, int64_t ldx,
-                                                             const uint8_t* w0, const uint8_t* w1, int one, float* y,
-                                                             int64_t ldy, int K) {
+                                                             const uint8_t* w0, const uint8_t* w1, int one,
+                                                             int64_t pstride, float* y, int64_t ldy, int K) {
     v16 acc[REG_ROWS][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = v16_zero();
     for (int gi = 0; gi < K / 32; gi++) {
-        if (BLOCK_PREFETCH) {  /* the bytes of 32 k BLOCK_PREFETCH groups ahead (a K-quant record's share; past a
-                                  panel's end, the panels after it, which come next): the panels are short streams */
-            const int64_t share = BT_RECORD[t] / (BT_RK[t] / 32), end = (gi + BLOCK_PREFETCH + 1) * share;
-            for (int64_t at = (gi + BLOCK_PREFETCH) * share & ~(int64_t)63; at < end; at += 64) {
-                _mm_prefetch((const char*)(w0 + at), _MM_HINT_T0);
-                if (!one) _mm_prefetch((const char*)(w1 + at), _MM_HINT_T0);
-            }
-        }
+        if (BLOCK_PREFETCH) prefetch_group(t, w0, w1, one, pstride, gi + PREFETCH_AHEAD(t));
         group_view g0, g1;
         group_decode(t, w0, gi, &g0);
         group_decode(t, w1, gi, &g1);
@@ -270,9 +310,11 @@ static inline __attribute__((always_inline)) void reg_kernel(const int t, const 
 static inline __attribute__((always_inline)) void reg_rows_t(const int t, const int R, const float* x, int64_t ldx,
                                                              const uint8_t* wq, int64_t pstride, float* y,
                                                              int64_t ldy, int NB, int K) {
+    for (int gi = 0; gi < PREFETCH_AHEAD(t); gi++)  /* the first pair's first groups */
+        prefetch_group(t, wq, wq + pstride, NB == 1, pstride, gi);
     for (int nb = 0; nb < NB; nb += 2) {
         const int one = nb + 1 == NB;
-        reg_kernel(t, R, x, ldx, wq + nb * pstride, wq + (nb + !one) * pstride, one, y + nb * 16, ldy, K);
+        reg_kernel(t, R, x, ldx, wq + nb * pstride, wq + (nb + !one) * pstride, one, pstride, y + nb * 16, ldy, K);
     }
 }
 static void reg_rows(int t, int r, const float* x, int64_t ldx, const uint8_t* wq, int64_t pstride, float* y,
