@@ -202,9 +202,10 @@ static inline __attribute__((always_inline)) void expand_group_t(const int t, co
     GROUP_RUNS(EXPAND_RUN)
 #undef EXPAND_RUN
 }
-static void expand_group(int t, const uint8_t* panel, int gi, float* w) {
+/* Groups g0 .. g0 + n - 1 of a panel, one after the other in w (the type's switch and constants once a run). */
+static void expand_groups(int t, const uint8_t* panel, int g0, int n, float* w) {
     switch (t) {
-#define EXPAND_CASE(T) case T: expand_group_t(T, panel, gi, w); break;
+#define EXPAND_CASE(T) case T: for (int g = 0; g < n; g++) expand_group_t(T, panel, g0 + g, w + g * 32 * 16); break;
         EXPAND_CASE(BT_Q4_0) EXPAND_CASE(BT_Q4_1) EXPAND_CASE(BT_Q5_0) EXPAND_CASE(BT_Q5_1) EXPAND_CASE(BT_Q8_0)
         EXPAND_CASE(BT_Q4_K) EXPAND_CASE(BT_Q5_K) EXPAND_CASE(BT_Q6_K)
 #undef EXPAND_CASE
@@ -352,8 +353,7 @@ static int gemm_core_blocks(int t, const float* x, int64_t ldx, const uint8_t* w
                     for (int i = 0; i < kc * 16; i += 8)
                         _mm256_storeu_ps(wp + i, t == BT_BF16 ? LOADW_bf16w(h + i) : LOADW_f16w(h + i));
                 } else {
-                    for (int g = 0; g < kc / 32; g++)
-                        expand_group(t, wq + (n0 + p) * pstride, k0 / 32 + g, wp + g * 32 * 16);
+                    expand_groups(t, wq + (n0 + p) * pstride, k0 / 32, kc / 32, wp);
                 }
             }
             gemm_core_from_f32(x + k0, ldx, w, y + n0 * 16, ldy, M, pb, kc, k0 > 0);
