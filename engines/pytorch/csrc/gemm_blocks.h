@@ -359,6 +359,11 @@ static int gemm_core_blocks(int t, const float* x, int64_t ldx, const uint8_t* w
                 } else {
                     expand_groups(t, wq + (n0 + p) * pstride, k0 / 32, kc / 32, wp);
                 }
+                if (n0 + pmax + p < NB) {  /* the next pair's bytes of this piece, into L2 */
+                    const uint8_t* nx = wq + (n0 + pmax + p) * pstride + (int64_t)k0 / BT_RK[t] * BT_RECORD[t];
+                    const int64_t nbytes = (int64_t)kc / BT_RK[t] * BT_RECORD[t];
+                    for (int64_t at = 0; at < nbytes; at += 64) _mm_prefetch((const char*)(nx + at), _MM_HINT_T1);
+                }
             }
             gemm_core_from_f32(x + k0, ldx, w, y + n0 * 16, ldy, M, pb, kc, k0 > 0);
         }
