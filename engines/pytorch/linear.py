@@ -24,7 +24,7 @@ types are read by the float32 kernel directly, widened exactly as they are loade
 different types (a Q4_K_M file's q/k and v) is runs of panels, each of its own type. Decode steps of a few rows are
 bound by the weight stream, so they gain most (bench/gguf_kernel_bench.py: 1 row 1.5-2.4x faster than float32
 weights, 8 rows 1.0-1.5x on a shared, noisy machine); at 24-32 rows the expansion costs more than the bytes save
-(SmolLM2's projections 0.87-0.88x the float32 copies' speed on one thread), at 512 rows 0.99x.
+(SmolLM2's projections 0.88-0.89x the float32 copies' speed on one thread), at 512 rows 0.99x.
 
 On CPUs with AMX, Q4_1 and Q8_0 weights go through the tile unit instead, on steps of every size (`gemm_core_amx`;
 the other types use the kernels above there): x is split into three bfloat16 parts that sum to it exactly and q is
