@@ -16,15 +16,15 @@ Weights a GGUF file holds as quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_
 as float16 / bfloat16 in a float32 model are kept only in that form, repacked into panels (block_panels.py): no
 float32 copy of them exists. Steps of up to 16 rows expand each k row of weights in registers as fma(A, q, B) --
 the dequantized float32 weight bit for bit (gguf_blocks.py) -- straight into the FMA chains (row blocks of 8 x a
-panel pair with AVX-512, 2 with AVX2); larger steps expand a few panels x a run of k into a per-thread float32
-scratch (256 KB, L2) that every row of the tile reuses, and run the float32 micro-kernels over it, each output's
-FMA chain continuing from piece to piece (csrc/gemm_blocks.h). Either way: the float32 kernel's bits on every step,
+panel pair with AVX-512, 2 with AVX2); larger steps expand a panel pair over up to 2048 k into a per-thread
+float32 scratch (at most 256 KB, L2) that every row of the tile reuses, and run the float32 micro-kernels over it,
+each output's FMA chain continuing from piece to piece (csrc/gemm_blocks.h). Either way: the float32 kernel's bits on every step,
 from the file's bytes per weight (0.56 for Q4_0 / Q4_K ... 1.06 for Q8_0, 2 for 16-bit) instead of 4. The 16-bit
 types are read by the float32 kernel directly, widened exactly as they are loaded. A fused weight whose parts have
 different types (a Q4_K_M file's q/k and v) is runs of panels, each of its own type. Decode steps of a few rows are
 bound by the weight stream, so they gain most (bench/gguf_kernel_bench.py: 1 row 1.5-2.4x faster than float32
-weights, 8 rows 1.0-1.5x on a shared, noisy machine); at 32 rows and more the expansion costs about what the bytes
-save (0.8-1.0x there).
+weights, 8 rows 1.0-1.5x on a shared, noisy machine); at 24-32 rows the expansion costs more than the bytes save
+(SmolLM2's projections 0.88-0.89x the float32 copies' speed on one thread), at 512 rows 0.99x.
 
 On CPUs with AMX, Q4_1 and Q8_0 weights go through the tile unit instead, on steps of every size (`gemm_core_amx`;
 the other types use the kernels above there): x is split into three bfloat16 parts that sum to it exactly and q is

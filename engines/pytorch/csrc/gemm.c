@@ -611,7 +611,7 @@ void blocks_rows(const int* segs, const int64_t* ptrs, int nseg, int K, const in
             continue;
         }
         for (int g = 0; g < K / 32; g++) {
-            expand_group(t, panel, g, w);
+            expand_groups(t, panel, g, 1, w);
             for (int k = 0; k < 32; k++) o[32 * g + k] = w[16 * k + c];
         }
     }

@@ -148,9 +148,11 @@ static void SFX(heads)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table,
     for (int t0 = 0; t0 < ctx; t0 += BS) {
         const SFX(T)* kb = kc + (int64_t)table[t0 / BS] * BS * row;
         const int n = ctx - t0 < BS ? ctx - t0 : BS;
-        if (t0 + BS < ctx) prefetch_block(kc + (int64_t)table[t0 / BS + 1] * BS * row, sizeof(SFX(T)) * BS * row);
-        else prefetch_block(vc + (int64_t)table[0] * BS * row, sizeof(SFX(T)) * BS * row);  /* the values' first */
+        /* the next block's keys (after the last, the values' first block), a share with every head */
+        const SFX(T)* ahead = t0 + BS < ctx ? kc + (int64_t)table[t0 / BS + 1] * BS * row
+                                            : vc + (int64_t)table[0] * BS * row;
         for (int h = h0; h < h1; h++) {
+            prefetch_part(ahead, sizeof(SFX(T)) * BS * row, h - h0, h1 - h0);
             const SFX(T)* k = kb + (int64_t)(h / G) * D;
             float* sc = scores + (int64_t)h * ctx + t0;
             int t = 0;
@@ -172,8 +174,9 @@ static void SFX(heads)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table,
     for (int t0 = 0; t0 < ctx; t0 += BS) {
         const SFX(T)* vb = vc + (int64_t)table[t0 / BS] * BS * row;
         const int n = ctx - t0 < BS ? ctx - t0 : BS;
-        if (t0 + BS < ctx) prefetch_block(vc + (int64_t)table[t0 / BS + 1] * BS * row, sizeof(SFX(T)) * BS * row);
+        const SFX(T)* ahead = t0 + BS < ctx ? vc + (int64_t)table[t0 / BS + 1] * BS * row : 0;
         for (int h = h0; h < h1; h++) {
+            if (ahead) prefetch_part(ahead, sizeof(SFX(T)) * BS * row, h - h0, h1 - h0);
             const SFX(T)* v = vb + (int64_t)(h / G) * D;
             const float* p = scores + (int64_t)h * ctx + t0;
             float* o = acc + (int64_t)h * D;
