@@ -67,17 +67,14 @@ def _part_weights(modules: tuple[Any, ...], names: tuple[str, ...], blocks: dict
     return [blocks[n].dequantize() if w is None else w for n, w in zip(names, parts, strict=True)]
 
 
-def _embedding_rows(blocks: dict[str, WeightBlocks], lm_head: Linear) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """The embedding table's rows from its GGUF blocks (gguf_weights.py), None where it has none: from the lm_head's
-    panels where the two are tied and the kernel reads them (the table is then held once), else from an own copy
-    of the blocks (blocks read from the saved cache file are views of its whole mapping)."""
+def _embedding_blocks(blocks: dict[str, WeightBlocks], lm_head: Linear) -> WeightBlocks | None:
+    """The embedding table's own GGUF blocks to look rows up in; None where it has none, or where it is tied to the
+    lm_head whose kernel reads them (rows then come from the lm_head's panels: the table is held once). An own copy:
+    blocks read from the saved cache file are views of its whole mapping."""
     found = blocks.get("model.embed_tokens")
-    if found is None:
+    if found is None or found is blocks.get("lm_head") and lm_head.reads_blocks:
         return None
-    if found is blocks.get("lm_head") and lm_head.reads_blocks:
-        return lm_head.weight_rows
-    own = found.rows(torch.arange(found.shape[0]))
-    return lambda ids: own.rows(ids).dequantize()
+    return found.rows(torch.arange(found.shape[0]))
 
 
 @dataclass
@@ -154,8 +151,9 @@ class PagedModelRunner:
         self.lm_head = Linear(_weight(lm_head), lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers,
                               (blocks or {}).get("lm_head"))
         del hf_model.model.layers, hf_model.lm_head  # the runner holds the (fused, maybe packed) weights now
-        self._embed_rows = _embedding_rows(blocks or {}, self.lm_head)
-        if self._embed_rows is not None:  # the float32 table goes with the model
+        self._embed_blocks = _embedding_blocks(blocks or {}, self.lm_head)
+        self._embed_from_head = has_embed_blocks and self._embed_blocks is None
+        if has_embed_blocks:  # the float32 table goes with the model
             self.embed_tokens = hf_model.model.embed_tokens = None
         shape = (self.num_layers, num_blocks * block_size, self.num_kv_heads, self.head_dim)
         self.k_cache = host_memory.zeros(shape, self.dtype)
@@ -313,8 +311,10 @@ class PagedModelRunner:
 
     def embed(self, lay: StepLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The step's embeddings [T, H] and rotary cos and sin [T, d] (sin's sign folded: see rotate)."""
-        if self._embed_rows is not None:
-            hidden = self._embed_rows(lay.input_ids)
+        if self._embed_blocks is not None:
+            hidden = self._embed_blocks.rows(lay.input_ids).dequantize()
+        elif self._embed_from_head:
+            hidden = self.lm_head.weight_rows(lay.input_ids)
         else:
             hidden = self.embed_tokens(lay.input_ids)
         cos, sin = self.rotary_emb(hidden[None], lay.positions[None])

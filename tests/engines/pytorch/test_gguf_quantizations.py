@@ -88,7 +88,10 @@ def test_the_engine_holds_no_float_copy_of_a_weight(engine: PyTorchEngine) -> No
     held = runner_weights(engine._runner)
     floats = float_weights(held)
     assert not floats, f"{len(floats)} float weights held, e.g. {floats[:3]}"
-    assert engine._runner.embed_tokens is None
+    runner = engine._runner
+    assert runner.embed_tokens is None
+    if runner.lm_head.reads_blocks:  # the tied table held once: its rows come from the lm_head's panels
+        assert runner._embed_from_head and runner._embed_blocks is None
 
 
 def test_embedding_rows_equal_transformers(engine: PyTorchEngine, reference: Any) -> None:

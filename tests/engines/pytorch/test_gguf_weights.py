@@ -41,7 +41,7 @@ def reference(untied: Path) -> object:
 
 def test_the_untied_embedding_and_lm_head_are_blocks_not_float(engine: PyTorchEngine) -> None:
     runner = engine._runner
-    assert runner.embed_tokens is None and runner._embed_rows is not None  # the Q4_0 table, rows as looked up
+    assert runner.embed_tokens is None and runner._embed_blocks.parts[0].qtype == "Q4_0"
     assert runner.lm_head.kind == "kernel" and runner.lm_head.weight is None  # the output's Q8_0 panels
     held = runner_weights(runner)
     floats = float_weights(held)
