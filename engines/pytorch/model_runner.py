@@ -20,7 +20,7 @@ float32 projections, SDPA for attention.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,10 +94,12 @@ class PagedModelRunner:
     def __init__(
         self, hf_model: Any, num_blocks: int, block_size: int, *, fast_kernels: bool = True,
         kernel_cache_dir: Path | None = None, gemm_threads: int = 1, blocks: dict[str, WeightBlocks] | None = None,
-        match_transformers: bool = False,
+        match_transformers: bool = False, packed: Callable[[Iterable[WeightBlocks]], None] | None = None,
     ) -> None:
         """Take over `hf_model`'s weights; q/k/v and gate/up projections are fused into one matmul each.
-        `blocks`: GGUF blocks of the projections by module path (gguf_weights.read_weights), for the GEMM kernel.
+        `blocks`: GGUF blocks of the projections by module path (gguf_weights.read_weights), for the GEMM kernel;
+        `packed` is called with each layer's blocks, and then the lm_head's and the embedding's, once the runner
+        holds them in its own memory (`GGUFWeights.drop_pages`: the file pages they were read from can go).
         `match_transformers` (bfloat16): steps run in transformers' call shapes, bit for bit (exact_forward.py)."""
         config = hf_model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
@@ -138,12 +140,13 @@ class PagedModelRunner:
             except OSError as exc:
                 log.warning("native engine: no helper threads (%s); steps run on one thread", exc)
         self.dense = DenseOps(fast_kernels, self.dtype, kernel_cache_dir, self._helpers)
-        self.layers = [
-            self._take(layer, fast_kernels, kernel_cache_dir, self._helpers, self.dense,
-                       {path.rsplit(".", 1)[1]: b for path, b in (blocks or {}).items()
-                        if path.startswith(f"model.layers.{i}.")})
-            for i, layer in enumerate(hf_model.model.layers)
-        ]
+        packed = packed or (lambda _: None)
+        self.layers = []
+        for i, layer in enumerate(hf_model.model.layers):
+            own = {path.rsplit(".", 1)[1]: b for path, b in (blocks or {}).items()
+                   if path.startswith(f"model.layers.{i}.")}
+            self.layers.append(self._take(layer, fast_kernels, kernel_cache_dir, self._helpers, self.dense, own))
+            packed(own.values())
         if match_transformers and self.dtype != torch.bfloat16:
             raise ValueError("match_transformers is for dtype bfloat16 (float32 already answers as transformers does)")
         self._exact = ExactForward(hf_model) if match_transformers else None
@@ -153,6 +156,7 @@ class PagedModelRunner:
         del hf_model.model.layers, hf_model.lm_head  # the runner holds the (fused, maybe packed) weights now
         self._embed_blocks = _embedding_blocks(blocks or {}, self.lm_head)
         self._embed_from_head = has_embed_blocks and self._embed_blocks is None
+        packed(b for path, b in (blocks or {}).items() if path in ("lm_head", "model.embed_tokens"))
         if has_embed_blocks:  # the float32 table goes with the model
             self.embed_tokens = hf_model.model.embed_tokens = None
         shape = (self.num_layers, num_blocks * block_size, self.num_kv_heads, self.head_dim)
