@@ -295,15 +295,14 @@ class PagedModelRunner:
     def _attention(self, i: int, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    lay: StepLayout, residual: torch.Tensor) -> torch.Tensor:
         """residual + the attention block's output."""
-        t = x.shape[0]
+        t, nd = x.shape[0], lay.num_decode
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = layer.qkv(x)
+        qkv = layer.qkv(x, prompt_from=nd)
         q = qkv[:, : h * d].view(t, h, d)
         k = qkv[:, h * d : (h + kvh) * d].view(t, kvh, d)
         v = qkv[:, (h + kvh) * d :].view(t, kvh, d)
         if layer.q_norm is not None:  # qwen3: per-head norms before the rotation
             q, k = layer.q_norm(q), layer.k_norm(k)
-        nd = lay.num_decode
         parts = []
         if nd:  # the decode kernel rotates q and k itself
             parts.append(self.attention.decode(
@@ -311,7 +310,7 @@ class PagedModelRunner:
             ))
         if nd < t:
             parts.append(self._prefill_attention(i, q[nd:], k[nd:], v[nd:], cos[nd:], sin[nd:], layer.scaling, lay))
-        return layer.o(parts[0] if len(parts) == 1 else torch.cat(parts), residual)
+        return layer.o(parts[0] if len(parts) == 1 else torch.cat(parts), residual, prompt_from=nd)
 
     def embed(self, lay: StepLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The step's embeddings [T, H] and rotary cos and sin [T, d] (sin's sign folded: see rotate)."""
@@ -380,14 +379,25 @@ class PagedModelRunner:
         """The layers and the logits of a step's embeddings."""
         for i, layer in enumerate(self.layers):
             hidden = self._attention(i, layer, self.dense.rms_norm(layer.input_norm, hidden), cos, sin, lay, hidden)
-            hidden = layer.down(layer.gate_up_act(self.dense.rms_norm(layer.post_norm, hidden)), hidden)
+            nd = lay.num_decode
+            mlp = layer.gate_up_act(self.dense.rms_norm(layer.post_norm, hidden), prompt_from=nd)
+            hidden = layer.down(mlp, hidden, prompt_from=nd)
         return self.logits(hidden, lay)
 
     def logits(self, hidden: torch.Tensor, lay: StepLayout,
                head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-        """float32 logits [S, V] of the rows that sample, from the last layer's output (`head`: instead of lm_head)."""
-        if lay.sample_rows is not None:
-            if lay.sample_rows.numel() == 0:
-                return hidden.new_empty(0, self.vocab_size, dtype=torch.float32)
-            hidden = hidden[lay.sample_rows]
-        return (head or self.lm_head)(self.dense.rms_norm(self.norm, hidden)).float()
+        """float32 logits [S, V] of the rows that sample, from the last layer's output (`head`: instead of lm_head).
+        The lm_head sees the decode rows first, then the prompts' last rows (`Linear`'s `prompt_from`)."""
+        rows = lay.sample_rows
+        if rows is not None and rows.numel() == 0:
+            return hidden.new_empty(0, self.vocab_size, dtype=torch.float32)
+        if head is not None:
+            return head(self.dense.rms_norm(self.norm, hidden if rows is None else hidden[rows])).float()
+        if rows is None:  # every row, in order: the decode rows come first
+            return self.lm_head(self.dense.rms_norm(self.norm, hidden), prompt_from=lay.num_decode).float()
+        decode = rows < lay.num_decode
+        order = torch.argsort((~decode).to(torch.uint8), stable=True)  # decode rows first, each part in its order
+        logits = self.lm_head(self.dense.rms_norm(self.norm, hidden[rows[order]]), prompt_from=int(decode.sum()))
+        out = torch.empty(logits.shape, dtype=torch.float32)
+        out[order] = logits.float()
+        return out
