@@ -22,6 +22,8 @@ machine than wall time), the threads each variant ran on, and whether the varian
     python bench/engine_step_bench.py --variant old:runner_file=/tmp/old_runner.py --variant new:
     # GGUF files of other types (bench/gguf_files.py makes them; the tokens then differ, as the weights do):
     python bench/engine_step_bench.py --batches 1 --variant q41:gguf=Q4_1 --variant q4km:gguf=Q4_K_M
+    # on a CPU with AMX, Q4_1/Q8_0 blocks on the tile unit against the FMA kernels:
+    python bench/engine_step_bench.py --variant amx: --variant fma:tile_unit=false
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engines.pytorch.engine as engine_module  # noqa: E402
 from bench.gguf_files import quantized  # noqa: E402
-from engines.pytorch import step_replay  # noqa: E402
+from engines.pytorch import linear, step_replay  # noqa: E402
 from engines.pytorch.engine import PyTorchEngine  # noqa: E402
 from engines.pytorch.model_runner import PagedModelRunner  # noqa: E402
 from engines.types import SamplingParams, SequenceStep  # noqa: E402
@@ -134,6 +136,7 @@ def main() -> None:
         t0 = time.perf_counter()
         runner_file = kwargs.pop("runner_file", None)
         step_replay.ENABLED = kwargs.pop("step_replay", True)  # step_replay=false: decode steps from Python
+        linear.TILE_UNIT = kwargs.pop("tile_unit", True)  # tile_unit=false: GGUF blocks on the FMA kernels (AMX CPUs)
         if runner_file:  # e.g. an older model_runner.py (git show REV:engines/pytorch/model_runner.py > FILE)
             spec = importlib.util.spec_from_file_location(f"runner_{name}", runner_file)
             module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)

@@ -91,7 +91,7 @@ def main() -> None:
     cache = Path(tempfile.mkdtemp(prefix="gguf-kernel-bench-"))
     helpers = HelperThreads(args.threads - 1, cache) if args.threads > 1 else None
     dense = DenseOps(True, torch.float32, cache, helpers)
-    linear.TILE_UNIT = False  # the register kernels on every CPU (the tile unit serves only Q4_1 / Q8_0)
+    linear.TILE_UNIT = False  # the register kernels on every CPU and step (the tile unit: Q4_0/Q4_1/Q8_0)
     rng = np.random.default_rng(0)
     print(f"{args.threads} kernel threads; ratio = float32 ms / blocks ms (above 1: blocks faster)")
     print(f"{args.layers} layers per set")

@@ -74,38 +74,3 @@ def pack(blocks: GGUFBlocks, nb: int) -> torch.Tensor:
     assert records.shape[-1] == _RECORD[name], (name, records.shape)
     return records.reshape(nb, -1)
 
-
-def pack_tile_unit(blocks: GGUFBlocks, nb: int) -> torch.Tensor:
-    """Q4_1 or Q8_0 blocks in the AMX kernel's layout (csrc/gemm.c, gemm_core_amx): per panel and 32 k, the
-    columns' d and m as float32, then q as a byte per k and column in k pairs ([16 k pairs][16 columns][2]); Q8_0's
-    int8 q as q + 128 with m = -128 d (exact: d * (q + 128) - 128 d is d * q). [NB, K / 32 * 640] bytes."""
-    f = blocks.fields()
-    n, k = blocks.shape
-    kb, rows = k // 32, nb * 16
-    scale = f.d.float()
-    if blocks.qtype == "Q8_0":
-        q, offset = (f.q.view(torch.int8).to(torch.int16) + 128).to(torch.uint8), scale * -128.0
-    else:
-        q, offset = f.q, f.m.float()
-    scale, offset, q = (_rows(t, rows) for t in (scale, offset, q))
-    dm = torch.stack((scale, offset)).view(2, nb, 16, kb).permute(1, 3, 0, 2).contiguous()  # [NB, KB, 2, 16]
-    qs = q.view(nb, 16, kb, 32).permute(0, 2, 3, 1).reshape(nb, kb, 16, 2, 16).transpose(3, 4).contiguous()
-    return torch.cat((dm.view(nb, kb, 32).view(torch.uint8), qs.view(nb, kb, 512)), dim=-1).reshape(nb, -1)
-
-
-def tile_unit_rows(panels: torch.Tensor, k: int, index: torch.Tensor) -> torch.Tensor:
-    """Rows `index` of a weight in pack_tile_unit's layout ([NB, K / 32 * 640] bytes), as float32 [T, K]: d * q + m
-    per 32 k, the values gguf-py dequantizes (Q8_0's d * (q + 128) - 128 d is d * q exactly)."""
-    kb = k // 32
-    index = index.to(torch.int64)
-    out = torch.empty(index.shape[0], k, dtype=torch.float32)
-    for a in range(0, index.shape[0], 256):  # a few MB of records at a time
-        rows = index[a : a + 256]
-        column = (rows % 16).view(-1, 1, 1)
-        records = panels.view(-1, kb, 640)[rows // 16]  # [T, KB, 640]
-        dm = records[..., :128].contiguous().view(torch.float32).view(-1, kb, 2, 16)
-        d, m = (dm[:, :, i].gather(-1, column.expand(-1, kb, 1)) for i in (0, 1))  # [T, KB, 1]
-        q = records[..., 128:].view(-1, kb, 16, 16, 2)  # [T, KB, k pair, column, 2]
-        q = q.gather(3, column.view(-1, 1, 1, 1, 1).expand(-1, kb, 16, 1, 2)).view(-1, kb, 32)
-        out[a : a + 256] = (d * q.float() + m).view(-1, k)
-    return out

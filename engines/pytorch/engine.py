@@ -53,7 +53,7 @@ class PyTorchEngine(StepEngine):
         norms (default: the process's CPU budget, engines/cpu_budget.py). `match_transformers` (bfloat16): answer as transformers'
         generate does, bit for bit (exact_forward.py; needs whole prompts and no prefix caching)."""
         budget = cpu_budget().with_override(gemm_threads, "pytorch.gemm_threads")
-        host_memory.keep_freed_memory()
+        host_memory.return_freed_memory()  # while loading (keep_freed_memory once loaded: host_memory.py)
         num_blocks = max(1, kv_cache_tokens // block_size)
         kernel_cache_dir = cache_dir or default_cache_dir()
         gguf = source / gguf_file if gguf_file else source
@@ -70,6 +70,7 @@ class PyTorchEngine(StepEngine):
         self._runner = PagedModelRunner(
             model, num_blocks, block_size, fast_kernels=fast_kernels, kernel_cache_dir=kernel_cache_dir,
             gemm_threads=budget.threads, blocks=blocks, match_transformers=match_transformers,
+            packed=weights.drop_pages if weights is not None else None,
         )
         torch_threads = _set_torch_threads(self._runner.kernel_threads, budget.threads)
         log.info("native engine: CPU budget %d thread%s (%s): our kernels on %d, torch ops on %d",
@@ -81,6 +82,7 @@ class PyTorchEngine(StepEngine):
         del model, blocks, loaded, weights  # the runner holds the weights it serves (packed, or as GGUF blocks)
         gc.collect()
         host_memory.release_freed()
+        host_memory.keep_freed_memory()
         held = runner_weights(self._runner)
         log.info("native engine: weights held: %.1f MB, %.1f MB of them in float tensors",
                  sum(h.nbytes for h in held.values()) / 1e6, sum(h.nbytes for h in float_weights(held)) / 1e6)

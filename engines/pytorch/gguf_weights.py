@@ -16,12 +16,14 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import torch
 
-from engines.pytorch.gguf_blocks import TYPES, GGUFBlocks
+from engines.pytorch import host_memory
+from engines.pytorch.gguf_blocks import TYPES, GGUFBlocks, WeightBlocks
 
 log = logging.getLogger("switchyard.engines.pytorch")
 
@@ -34,10 +36,21 @@ FLOAT = "float"  # the cache file's type for a float32 tensor
 class GGUFWeights:
     """`blocks`: GGUF blocks by module path ("model.layers.3.mlp.up_proj", "lm_head", "model.embed_tokens"; a tied
     lm_head and embedding share one), rows in transformers' order. `tensors`: float32 tensors by parameter name
-    ("model.norm.weight"), every other tensor of the file that the model has."""
+    ("model.norm.weight"), every other tensor of the file that the model has. `mapped`: the addresses of the block
+    tensors that are views of the cache file's mapping (`drop_pages`)."""
 
     blocks: dict[str, GGUFBlocks]
     tensors: dict[str, torch.Tensor]
+    mapped: frozenset[int] = frozenset()
+
+    def drop_pages(self, blocks: Iterable[WeightBlocks]) -> None:
+        """Call once `blocks` (some of `self.blocks`) are packed: the cache file's pages under them leave the
+        resident set (read again from the file if anything reads them later), so that loading holds the packed
+        weights and the file's pages of about one weight at a time, not of the whole file as well."""
+        for found in blocks:
+            for part in found.parts:
+                if part.raw.data_ptr() in self.mapped:
+                    host_memory.drop_file_pages(part.raw)
 
 
 def _row_order(processor: Any, name: str, n: int) -> np.ndarray | None:
@@ -136,34 +149,51 @@ def _from_file(gguf: Path, model: Any) -> GGUFWeights:
     return GGUFWeights(blocks, tensors)
 
 
-def read_weights(gguf: Path, model: Any, cache_file: Path | None = None) -> GGUFWeights:
-    """`gguf`'s weights for `model` (see the module's docstring); `cache_file`: where to keep them between starts
-    (blocks read from it are views of its mapping: take own copies of those kept whole)."""
+def _from_cache(cache_file: Path) -> GGUFWeights | None:
+    """The weights saved in `cache_file`, or None where it is not a cache file of this format. Its tensors are
+    views of the file's mapping."""
     from safetensors import safe_open
+
+    with safe_open(str(cache_file), "pt") as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != CACHE_FORMAT:
+            return None
+        blocks, tensors = {}, {}
+        for key in f.keys():
+            if meta[key] == FLOAT:
+                tensors[key] = f.get_tensor(key)
+            else:
+                blocks[key] = GGUFBlocks(meta[key], f.get_tensor(key))
+    if meta.get("tied") == "1":
+        blocks["lm_head"] = blocks["model.embed_tokens"]
+    return GGUFWeights(blocks, tensors, frozenset(b.raw.data_ptr() for b in blocks.values()))
+
+
+def _save(weights: GGUFWeights, cache_file: Path) -> None:
+    """Write `weights` to `cache_file` (atomically: a concurrent start reads the old file or the new one)."""
     from safetensors.torch import save_file
 
-    if cache_file is not None and cache_file.is_file():
-        with safe_open(str(cache_file), "pt") as f:
-            meta = f.metadata() or {}
-            if meta.get("format") == CACHE_FORMAT:
-                blocks, tensors = {}, {}
-                for key in f.keys():
-                    if meta[key] == FLOAT:
-                        tensors[key] = f.get_tensor(key)
-                    else:
-                        blocks[key] = GGUFBlocks(meta[key], f.get_tensor(key))
-                if meta.get("tied") == "1":
-                    blocks["lm_head"] = blocks["model.embed_tokens"]
-                return GGUFWeights(blocks, tensors)
-    weights = _from_file(gguf, model)
-    if cache_file is not None:
-        tied = weights.blocks.get("lm_head") is not None and weights.blocks.get("lm_head") is weights.blocks.get(
-            "model.embed_tokens")
-        saved = {path: b.raw.contiguous() for path, b in weights.blocks.items() if not (tied and path == "lm_head")}
-        types = {path: b.qtype for path, b in weights.blocks.items() if path in saved}
-        saved.update(weights.tensors)
-        types.update({name: FLOAT for name in weights.tensors})
-        tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
-        save_file(saved, tmp, metadata={"format": CACHE_FORMAT, "tied": "1" if tied else "0", **types})
-        tmp.replace(cache_file)
-    return weights
+    tied = weights.blocks.get("lm_head") is not None and weights.blocks.get("lm_head") is weights.blocks.get(
+        "model.embed_tokens")
+    saved = {path: b.raw.contiguous() for path, b in weights.blocks.items() if not (tied and path == "lm_head")}
+    types = {path: b.qtype for path, b in weights.blocks.items() if path in saved}
+    saved.update(weights.tensors)
+    types.update({name: FLOAT for name in weights.tensors})
+    tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
+    save_file(saved, tmp, metadata={"format": CACHE_FORMAT, "tied": "1" if tied else "0", **types})
+    tmp.replace(cache_file)
+
+
+def read_weights(gguf: Path, model: Any, cache_file: Path | None = None) -> GGUFWeights:
+    """`gguf`'s weights for `model` (see the module's docstring); `cache_file`: where to keep them between starts.
+    With a cache file the weights are always read from it, on the first start once it is written too (the copies
+    made from the GGUF file are freed before anything is packed): views of its mapping, so take own copies of those
+    kept whole, and `drop_pages` the ones packed."""
+    if cache_file is None:
+        return _from_file(gguf, model)
+    cached = _from_cache(cache_file) if cache_file.is_file() else None
+    if cached is None:
+        _save(_from_file(gguf, model), cache_file)
+        cached = _from_cache(cache_file)
+        assert cached is not None, "the cache file was just written in CACHE_FORMAT"
+    return cached

@@ -7,9 +7,13 @@ come from their own mapping, aligned to 2 MiB and advised. The mapping is zero-f
 `torch.zeros` is: an unused KV pool costs no resident memory. Where the advice is not available the tensor is an
 ordinary one.
 
-`keep_freed_memory` stops glibc's malloc from handing each step's large buffers back to the OS only to fault them
-in again, zeroed, on the next step; `release_freed` hands back, once, what loading freed (the float32 weights the
-engine replaced by packed copies and GGUF blocks), which that setting would otherwise keep in the heap.
+The rest sets how much memory loading holds at its peak and serving keeps. `return_freed_memory` (while loading)
+hands each weight's packing scratch back as soon as it is freed, where glibc's default would grow a fragmented heap;
+`drop_file_pages` takes the cache file's pages of a weight out of the resident set once it is packed, so loading
+holds the packed weights and one weight's file pages, not the whole file as well. `keep_freed_memory` (once
+loaded) stops glibc's malloc from handing each step's large buffers back to the OS only to fault them in again,
+zeroed, on the next step; `release_freed` hands back, once, what loading freed (the float32 weights the engine
+replaced by packed copies and GGUF blocks), which that setting would otherwise keep in the heap.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ def copy(src: torch.Tensor) -> torch.Tensor:
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
 MMAP_THRESHOLD = 32 << 20  # the largest glibc accepts on 64-bit: buffers up to this size come from the heap
 TRIM_THRESHOLD = 1 << 30  # free heap memory kept for the next step before any is returned to the OS
+LOAD_MMAP_THRESHOLD = 128 << 10  # glibc's initial threshold, fixed: loading's buffers go back on free
+_MADV_DONTNEED = 4  # madvise's advice number (Linux)
 
 
 def _glibc(name: str) -> Any:
@@ -61,6 +67,18 @@ def _glibc(name: str) -> Any:
         return getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
+
+
+def return_freed_memory() -> bool:
+    """Hand every freed buffer above 128 KiB back to the OS at once (glibc only; elsewhere a no-op that returns
+    False): the setting for loading, which makes and frees a few MB of packing scratch per weight. glibc's default
+    raises its threshold as buffers are freed, after which they come from a heap that fragments and keeps growing
+    (70-100 MB over SmolLM2's load). `keep_freed_memory` is the setting for serving, once loaded."""
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, LOAD_MMAP_THRESHOLD))
 
 
 def keep_freed_memory() -> bool:
@@ -91,3 +109,19 @@ def release_freed() -> bool:
         return False
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return bool(trim(0))
+
+
+def drop_file_pages(t: torch.Tensor) -> bool:
+    """Take the whole pages under `t`, a view of a read-only file's mapping, out of the resident set (Linux
+    madvise MADV_DONTNEED; elsewhere a no-op that returns False). Why: weights read from a mapped file are packed
+    into their own memory, and the file pages they were read from would stay resident, counted as this process's,
+    as long as the mapping lives (the whole file again). A later read faults them in from the file: the contents
+    never change, since nothing writes to such a view."""
+    madvise = _glibc("madvise")
+    if madvise is None or t.numel() == 0:
+        return False
+    madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    page = mmap.PAGESIZE
+    start = -(-t.data_ptr() // page) * page  # whole pages only: a neighbour's partial page stays as it is
+    end = (t.data_ptr() + t.numel() * t.element_size()) // page * page
+    return end <= start or madvise(start, end - start, _MADV_DONTNEED) == 0

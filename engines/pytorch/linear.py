@@ -26,14 +26,15 @@ bound by the weight stream, so they gain most (bench/gguf_kernel_bench.py: 1 row
 weights, 8 rows 1.0-1.5x on a shared, noisy machine); at 24-32 rows the expansion costs more than the bytes save
 (SmolLM2's projections 0.88-0.89x the float32 copies' speed on one thread), at 512 rows 0.99x.
 
-On CPUs with AMX, Q4_1 and Q8_0 weights go through the tile unit instead, on steps of every size (`gemm_core_amx`;
-the other types use the kernels above there): x is split into three bfloat16 parts that sum to it exactly and q is
-exact in bfloat16, so the tile products are exact and only float32 sums round; per 32-k block the sum is scaled by d
-and the block's offset added (m times the sum of x). That is float32-accurate (closer to the float64 product than
-the FMA kernel, in the tests) but not the FMA kernel's bits. A row's bits still depend only on that row, so batching
-does not change them. Measured on SmolLM2's decode and prefill steps against the FMA kernels: a 2048-row prefill
-step 1.6-1.8x faster, a 32-row decode step 1.07-1.23x; steps of a few rows about as fast (0.91-1.01x): the tile
-unit's cost per 32-k block (three products, a store, the scaling) is the same for one row as for sixteen.
+On CPUs with AMX, Q4_0, Q4_1 and Q8_0 panels (the same panels) go through the tile unit instead (`gemm_core_amx`;
+the other types use the kernels above there) for a step's prompt rows, and for its decode rows where there are
+more than TILE_UNIT_MIN_ROWS of them (`_Packed.row_parts`): x is split into three bfloat16 parts that sum to it
+exactly and q is exact in bfloat16, so the tile products are exact and only float32 sums round; per 32-k block the
+sum is scaled by d and the block's offset added (m times the sum of x). That is float32-accurate (closer to the
+float64 product than the FMA kernel, in the tests) but not the FMA kernel's bits, so a row's bits follow its role
+in the step, never another request's prompt chunk. Fewer decode rows stay on the register kernels, which are faster
+there: the tile unit expands every weight of the step to bfloat16 in memory first, a cost the rows of a large step
+share.
 
 bfloat16 weights are packed the same way and converted to float32 as they are loaded (x is converted once, sums
 are float32, one rounding to bfloat16 at the end): half the bytes per decode step, and for a few rows the same
@@ -71,7 +72,15 @@ CHUNK_PANELS = 16
 # between the threads, less expanded q in L2). A 2048-row prefill step was 19% slower with 4 (the row tiles' parts are
 # loaded once per 4 panels instead of 16) and the same with 8, so larger steps keep CHUNK_PANELS.
 TILE_UNIT_FEW_ROWS, TILE_UNIT_FEW_ROWS_PANELS = 64, 4
-BF16_TILES = 3  # a Linear's tile-unit mode for bfloat16 weights (1 and 2: Q4_1 and Q8_0 blocks)
+BF16_TILES = 3  # a Linear's tile-unit mode for bfloat16 weights (1: GGUF blocks, see TILE_UNIT_MIN_ROWS)
+# A step's decode rows on GGUF blocks go through the tile unit where there are more than this many of them, else
+# through the register kernels, which stream the panels once and expand them in registers (prompt rows: always the
+# tile unit). SmolLM2's shipped file, whole decode steps on 2 threads, the tile unit against the FMA kernels: 1 row
+# 0.67x, 8 rows 0.93x, 12 rows 1.08x, 16 rows 1.09x, 24 rows 1.30x, 32 rows 1.36x; prefill 1.5-1.8x. 16, not the
+# crossover (~10): a speculative verification step at the default settings (2 sequences x 6 rows) then gets the
+# bits of one-token steps, as speculation needs.
+TILE_UNIT_MIN_ROWS = 16
+TILE_UNIT_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # the GGUF types the tile unit's kernel reads (csrc/gemm.c, amx_type)
 ROW_TILE = 192
 # Whether weights with GGUF blocks use the tile unit (AMX) where the CPU has one; tests turn it off to reach the
 # register kernels.
@@ -134,19 +143,31 @@ def _avx2() -> bool:
 
 class _Packed:
     """A weight's GGUF blocks as the kernel reads them: runs of panels, each of one type (segs: [end panel, type
-    code] per run, ptrs: each run's panels' address), or one run in the tile unit's layout (amx 1: Q4_1, 2: Q8_0)."""
+    code] per run, ptrs: each run's panels' address). `tile_unit`: whether large steps run some of them on the tile
+    unit (AMX, where the CPU has one and TILE_UNIT allows it)."""
 
-    __slots__ = ("amx", "k", "nbytes", "nseg", "ptrs", "segs", "tensors")
+    __slots__ = ("k", "nbytes", "nseg", "ptrs", "segs", "tensors", "tile_unit")
 
-    def __init__(self, runs: list[tuple[int, int, torch.Tensor]], amx: int, k: int) -> None:
+    def __init__(self, runs: list[tuple[int, int, torch.Tensor]], k: int, tile_unit: bool) -> None:
         """`runs`: (end panel, type code, panels) each, the panels already in host memory (`_in_pieces`); `k`: the
         weight's columns."""
-        self.k = k
+        self.k, self.tile_unit = k, tile_unit
         self.tensors = [t for _, _, t in runs]
         self.segs = torch.tensor([v for end, code, _ in runs for v in (end, code)], dtype=torch.int32)
         self.ptrs = torch.tensor([t.data_ptr() for t in self.tensors], dtype=torch.int64)
-        self.nseg, self.amx = len(runs), amx
+        self.nseg = len(runs)
         self.nbytes = sum(t.numel() * t.element_size() for t in self.tensors)
+
+    def row_parts(self, m: int, prompt_from: int | None) -> list[tuple[int, int, int]]:
+        """The rows of a call of `m` rows as (first, end, gemm_blocks_par's `amx`) ranges: decode rows (those before
+        `prompt_from`; all of them when it is None) go through the tile unit only where there are more than
+        TILE_UNIT_MIN_ROWS of them, prompt rows always. So a row's bits depend on its role in the step and on how
+        many decode rows share it, never on another request's prompt chunk."""
+        decode = m if prompt_from is None else prompt_from
+        on_tiles = int(self.tile_unit and decode > TILE_UNIT_MIN_ROWS)
+        if decode in (0, m) or on_tiles == int(self.tile_unit):
+            return [(0, m, on_tiles if decode == m else int(self.tile_unit))]
+        return [(0, decode, on_tiles), (decode, m, int(self.tile_unit))]
 
 
 PIECE_BYTES = 8 << 20  # file bytes of the rows packed at a time (packing takes a few times its input in scratch)
@@ -173,21 +194,16 @@ def _in_pieces(pack: Callable[[GGUFBlocks, int], torch.Tensor], parts: tuple[GGU
 
 def _pack_blocks(lib: ctypes.CDLL, blocks: WeightBlocks, nb: int, interleave: WeightBlocks | None = None
                  ) -> _Packed | None:
-    """`blocks` (and with `interleave`, gate and up panels in turn: one type) in the kernel's layout: the tile unit's
-    for Q4_1 / Q8_0 where the CPU has one, else runs of panels for the expanding kernels; None where the parts'
-    rows do not fill whole panels (a weight of several types whose boundaries fall inside a panel)."""
+    """`blocks` (and with `interleave`, gate and up panels in turn: one type) in the kernel's layout; None where the
+    parts' rows do not fill whole panels (a weight of several types whose boundaries fall inside a panel)."""
     parts = blocks.parts
+    tile_unit = TILE_UNIT and any(p.qtype in TILE_UNIT_TYPES for p in parts) and bool(lib.amx_supported())
     if interleave is not None:
         if len(parts) != 1 or len(interleave.parts) != 1 or parts[0].qtype != interleave.parts[0].qtype:
             return None
         one, other = parts[0], interleave.parts[0]
-        if TILE_UNIT and one.qtype in ("Q4_1", "Q8_0") and lib.amx_supported():
-            panels = _in_pieces(block_panels.pack_tile_unit, (one, other), nb)
-            return _Packed([(2 * nb, one.type.code, panels)], 1 if one.qtype == "Q4_1" else 2, one.shape[1])
-        return _Packed([(2 * nb, one.type.code, _in_pieces(block_panels.pack, (one, other), nb))], 0, one.shape[1])
-    if len(parts) == 1 and TILE_UNIT and parts[0].qtype in ("Q4_1", "Q8_0") and lib.amx_supported():
-        return _Packed([(nb, parts[0].type.code, _in_pieces(block_panels.pack_tile_unit, parts, nb))],
-                       1 if parts[0].qtype == "Q4_1" else 2, blocks.shape[1])
+        return _Packed([(2 * nb, one.type.code, _in_pieces(block_panels.pack, (one, other), nb))], one.shape[1],
+                       tile_unit)
     runs, end = [], 0
     for i, part in enumerate(parts):
         rows = part.shape[0]
@@ -196,7 +212,7 @@ def _pack_blocks(lib: ctypes.CDLL, blocks: WeightBlocks, nb: int, interleave: We
         panels = (rows + 15) // 16
         end += panels
         runs.append((end, part.type.code, _in_pieces(block_panels.pack, (part,), panels)))
-    return _Packed(runs, 0, blocks.shape[1])
+    return _Packed(runs, blocks.shape[1], tile_unit)
 
 
 class Linear:
@@ -274,7 +290,7 @@ class Linear:
             return False
         self.out_features, self._nb, self.kind, self.weight = n, nb, "kernel", None
         self.bias = bias.detach() if bias is not None else None
-        self._bias_padded, self._fn, self._par, self._blocks, self._amx = None, None, None, packed, packed.amx
+        self._bias_padded, self._fn, self._par, self._blocks, self._amx = None, None, None, packed, 0
         self._pad_bias(torch.float32)
         if helpers is not None:
             helpers.attach(lib)
@@ -294,8 +310,6 @@ class Linear:
         """Rows `index` of the weight held as GGUF blocks, as the float32 values the kernel computes with ([T, K]):
         an embedding table tied to this lm_head is then held once, as these panels."""
         b = self._blocks
-        if b.amx:
-            return block_panels.tile_unit_rows(b.tensors[0], b.k, index)
         index = index.to(torch.int64).contiguous()
         out = torch.empty(index.shape[0], b.k, dtype=torch.float32)
         _lib.blocks_rows(b.segs.data_ptr(), b.ptrs.data_ptr(), b.nseg, b.k, index.data_ptr(), index.shape[0],
@@ -308,7 +322,10 @@ class Linear:
         the tile unit), whatever the rows of this call."""
         return self._amx == BF16_TILES
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, prompt_from: int | None = None
+                 ) -> torch.Tensor:
+        """x @ W.T (+ bias) (+ residual). `prompt_from`: where a step's prompt rows start (they follow its decode
+        rows), for GGUF blocks on the tile unit (`_Packed.row_parts`)."""
         if self.kind == "kernel":
             if x.stride(-1) != 1:
                 x = x.contiguous()
@@ -317,7 +334,7 @@ class Linear:
             y = x.new_empty(m, nb * 16)
             if residual is not None:
                 if nb * 16 != self.out_features:  # padded output columns: add after the slice
-                    return residual + self(x)
+                    return residual + self(x, prompt_from=prompt_from)
                 if residual.stride(-1) != 1:
                     residual = residual.contiguous()
             bias = self._bias_padded.data_ptr() if self._bias_padded is not None else None
@@ -328,10 +345,12 @@ class Linear:
                 return y if nb * 16 == self.out_features else y[:, : self.out_features]
             if self._blocks is not None:
                 b = self._blocks
-                if _lib.gemm_blocks_par(x.data_ptr(), x.stride(0), b.segs.data_ptr(), b.ptrs.data_ptr(), b.nseg, bias,
-                                        res, ldr, y.data_ptr(), y.stride(0), m, nb, k, _chunk(self._amx, m),
-                                        min(m, ROW_TILE), self._amx) != 0:
-                    raise MemoryError("the GEMM kernel could not allocate its scratch")
+                for a, e, mode in b.row_parts(m, prompt_from):
+                    r = residual[a:e].data_ptr() if residual is not None else None
+                    if _lib.gemm_blocks_par(x[a:e].data_ptr(), x.stride(0), b.segs.data_ptr(), b.ptrs.data_ptr(),
+                                            b.nseg, bias, r, ldr, y[a:e].data_ptr(), y.stride(0), e - a, nb, k,
+                                            _chunk(mode, e - a), min(e - a, ROW_TILE), mode) != 0:
+                        raise MemoryError("the GEMM kernel could not allocate its scratch")
                 return y if nb * 16 == self.out_features else y[:, : self.out_features]
             if x.dtype == torch.float32:
                 args = (x.data_ptr(), x.stride(0), self.weight.data_ptr(), bias, res, ldr, y.data_ptr(), y.stride(0),
@@ -446,7 +465,7 @@ class GatedActivation:
         else:
             dtype, n = gate.dtype, gate.shape[0]
         self.out_features = n
-        self._act, self._dense, self._linear, self._blocks, self._amx = act, dense, None, None, 0
+        self._act, self._dense, self._linear, self._blocks = act, dense, None, None
         self.weight: torch.Tensor | None = None  # packed float32 panels, where a step reads them
         fused = fast and dtype == torch.float32 and _is_silu(act) and _avx2()
         self._lib = _load(cache_dir) if fused else None
@@ -462,7 +481,6 @@ class GatedActivation:
         if helpers is not None:
             helpers.attach(self._lib)
         if self._blocks is not None:  # the kernel reads only the blocks
-            self._amx = self._blocks.amx
             return
         k = gate.shape[1]
         padded = torch.zeros(2, nb * 16, k)  # zero columns up to a whole panel
@@ -483,9 +501,10 @@ class GatedActivation:
         where it matches torch)."""
         return self._linear is not None and self._linear.exact_rows
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, prompt_from: int | None = None) -> torch.Tensor:
+        """act(x @ gate.T) * (x @ up.T); `prompt_from` as for `Linear`."""
         if self._linear is not None:
-            return self._dense.act_mul(self._act, self._linear(x))
+            return self._dense.act_mul(self._act, self._linear(x, prompt_from=prompt_from))
         if x.stride(-1) != 1:
             x = x.contiguous()
         m, k = x.shape
@@ -494,7 +513,9 @@ class GatedActivation:
         b = self._blocks
         wp = self.weight.data_ptr() if b is None else None
         segs, ptrs, nseg = (b.segs.data_ptr(), b.ptrs.data_ptr(), b.nseg) if b is not None else (None, None, 0)
-        if self._lib.gemm_silu_f32_par(x.data_ptr(), x.stride(0), wp, segs, ptrs, nseg, y.data_ptr(), y.stride(0),
-                                       m, nb, k, _chunk(self._amx, m), min(m, ROW_TILE), self._amx) != 0:
-            raise MemoryError("the fused MLP kernel could not allocate its scratch")
+        for a, e, mode in b.row_parts(m, prompt_from) if b is not None else [(0, m, 0)]:
+            if self._lib.gemm_silu_f32_par(x[a:e].data_ptr(), x.stride(0), wp, segs, ptrs, nseg, y[a:e].data_ptr(),
+                                           y.stride(0), e - a, nb, k, _chunk(mode, e - a), min(e - a, ROW_TILE),
+                                           mode) != 0:
+                raise MemoryError("the fused MLP kernel could not allocate its scratch")
         return y if nb // 2 * 16 == self.out_features else y[:, : self.out_features]

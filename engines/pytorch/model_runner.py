@@ -20,7 +20,7 @@ float32 projections, SDPA for attention.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,10 +94,12 @@ class PagedModelRunner:
     def __init__(
         self, hf_model: Any, num_blocks: int, block_size: int, *, fast_kernels: bool = True,
         kernel_cache_dir: Path | None = None, gemm_threads: int = 1, blocks: dict[str, WeightBlocks] | None = None,
-        match_transformers: bool = False,
+        match_transformers: bool = False, packed: Callable[[Iterable[WeightBlocks]], None] | None = None,
     ) -> None:
         """Take over `hf_model`'s weights; q/k/v and gate/up projections are fused into one matmul each.
-        `blocks`: GGUF blocks of the projections by module path (gguf_weights.read_weights), for the GEMM kernel.
+        `blocks`: GGUF blocks of the projections by module path (gguf_weights.read_weights), for the GEMM kernel;
+        `packed` is called with each layer's blocks, and then the lm_head's and the embedding's, once the runner
+        holds them in its own memory (`GGUFWeights.drop_pages`: the file pages they were read from can go).
         `match_transformers` (bfloat16): steps run in transformers' call shapes, bit for bit (exact_forward.py)."""
         config = hf_model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
@@ -138,12 +140,13 @@ class PagedModelRunner:
             except OSError as exc:
                 log.warning("native engine: no helper threads (%s); steps run on one thread", exc)
         self.dense = DenseOps(fast_kernels, self.dtype, kernel_cache_dir, self._helpers)
-        self.layers = [
-            self._take(layer, fast_kernels, kernel_cache_dir, self._helpers, self.dense,
-                       {path.rsplit(".", 1)[1]: b for path, b in (blocks or {}).items()
-                        if path.startswith(f"model.layers.{i}.")})
-            for i, layer in enumerate(hf_model.model.layers)
-        ]
+        packed = packed or (lambda _: None)
+        self.layers = []
+        for i, layer in enumerate(hf_model.model.layers):
+            own = {path.rsplit(".", 1)[1]: b for path, b in (blocks or {}).items()
+                   if path.startswith(f"model.layers.{i}.")}
+            self.layers.append(self._take(layer, fast_kernels, kernel_cache_dir, self._helpers, self.dense, own))
+            packed(own.values())
         if match_transformers and self.dtype != torch.bfloat16:
             raise ValueError("match_transformers is for dtype bfloat16 (float32 already answers as transformers does)")
         self._exact = ExactForward(hf_model) if match_transformers else None
@@ -153,6 +156,7 @@ class PagedModelRunner:
         del hf_model.model.layers, hf_model.lm_head  # the runner holds the (fused, maybe packed) weights now
         self._embed_blocks = _embedding_blocks(blocks or {}, self.lm_head)
         self._embed_from_head = has_embed_blocks and self._embed_blocks is None
+        packed(b for path, b in (blocks or {}).items() if path in ("lm_head", "model.embed_tokens"))
         if has_embed_blocks:  # the float32 table goes with the model
             self.embed_tokens = hf_model.model.embed_tokens = None
         shape = (self.num_layers, num_blocks * block_size, self.num_kv_heads, self.head_dim)
@@ -291,15 +295,14 @@ class PagedModelRunner:
     def _attention(self, i: int, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    lay: StepLayout, residual: torch.Tensor) -> torch.Tensor:
         """residual + the attention block's output."""
-        t = x.shape[0]
+        t, nd = x.shape[0], lay.num_decode
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = layer.qkv(x)
+        qkv = layer.qkv(x, prompt_from=nd)
         q = qkv[:, : h * d].view(t, h, d)
         k = qkv[:, h * d : (h + kvh) * d].view(t, kvh, d)
         v = qkv[:, (h + kvh) * d :].view(t, kvh, d)
         if layer.q_norm is not None:  # qwen3: per-head norms before the rotation
             q, k = layer.q_norm(q), layer.k_norm(k)
-        nd = lay.num_decode
         parts = []
         if nd:  # the decode kernel rotates q and k itself
             parts.append(self.attention.decode(
@@ -307,7 +310,7 @@ class PagedModelRunner:
             ))
         if nd < t:
             parts.append(self._prefill_attention(i, q[nd:], k[nd:], v[nd:], cos[nd:], sin[nd:], layer.scaling, lay))
-        return layer.o(parts[0] if len(parts) == 1 else torch.cat(parts), residual)
+        return layer.o(parts[0] if len(parts) == 1 else torch.cat(parts), residual, prompt_from=nd)
 
     def embed(self, lay: StepLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The step's embeddings [T, H] and rotary cos and sin [T, d] (sin's sign folded: see rotate)."""
@@ -376,14 +379,25 @@ class PagedModelRunner:
         """The layers and the logits of a step's embeddings."""
         for i, layer in enumerate(self.layers):
             hidden = self._attention(i, layer, self.dense.rms_norm(layer.input_norm, hidden), cos, sin, lay, hidden)
-            hidden = layer.down(layer.gate_up_act(self.dense.rms_norm(layer.post_norm, hidden)), hidden)
+            nd = lay.num_decode
+            mlp = layer.gate_up_act(self.dense.rms_norm(layer.post_norm, hidden), prompt_from=nd)
+            hidden = layer.down(mlp, hidden, prompt_from=nd)
         return self.logits(hidden, lay)
 
     def logits(self, hidden: torch.Tensor, lay: StepLayout,
                head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-        """float32 logits [S, V] of the rows that sample, from the last layer's output (`head`: instead of lm_head)."""
-        if lay.sample_rows is not None:
-            if lay.sample_rows.numel() == 0:
-                return hidden.new_empty(0, self.vocab_size, dtype=torch.float32)
-            hidden = hidden[lay.sample_rows]
-        return (head or self.lm_head)(self.dense.rms_norm(self.norm, hidden)).float()
+        """float32 logits [S, V] of the rows that sample, from the last layer's output (`head`: instead of lm_head).
+        The lm_head sees the decode rows first, then the prompts' last rows (`Linear`'s `prompt_from`)."""
+        rows = lay.sample_rows
+        if rows is not None and rows.numel() == 0:
+            return hidden.new_empty(0, self.vocab_size, dtype=torch.float32)
+        if head is not None:
+            return head(self.dense.rms_norm(self.norm, hidden if rows is None else hidden[rows])).float()
+        if rows is None:  # every row, in order: the decode rows come first
+            return self.lm_head(self.dense.rms_norm(self.norm, hidden), prompt_from=lay.num_decode).float()
+        decode = rows < lay.num_decode
+        order = torch.argsort((~decode).to(torch.uint8), stable=True)  # decode rows first, each part in its order
+        logits = self.lm_head(self.dense.rms_norm(self.norm, hidden[rows[order]]), prompt_from=int(decode.sum()))
+        out = torch.empty(logits.shape, dtype=torch.float32)
+        out[order] = logits.float()
+        return out

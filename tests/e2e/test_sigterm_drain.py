@@ -11,6 +11,8 @@ import openai
 
 from tests.conftest import DEFAULT_MODEL, ROOT, ServerProcess
 
+TOKENS = 400  # long enough that the streams are still running when the refused request comes (about 3 s at c=4)
+
 
 def test_sigterm_drains_in_flight_requests_and_exits_zero() -> None:
     server = ServerProcess(ROOT / "model_repository", "--drain-seconds", "120")
@@ -21,7 +23,7 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero() -> None:
 
     def stream_one() -> None:
         try:
-            chunks = client.completions.create(model=DEFAULT_MODEL, prompt="Once upon a time", max_tokens=48,
+            chunks = client.completions.create(model=DEFAULT_MODEL, prompt="Once upon a time", max_tokens=TOKENS,
                                                temperature=0, stream=True, extra_body={"ignore_eos": True})
             pieces, reason = 0, None
             for i, chunk in enumerate(chunks):
@@ -48,7 +50,7 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero() -> None:
         for t in threads:
             t.join(timeout=300)
         assert not errors, errors
-        assert results == [("length", 48)] * 4
+        assert results == [("length", TOKENS)] * 4
         assert server.proc.wait(timeout=60) == 0
     finally:
         server.stop()

@@ -239,12 +239,11 @@ void rms_norm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, float eps,
 typedef struct {
     const float* x; const void *wp, *bias, *residual; float* y; uint16_t* y16; int64_t ldx, ldr, ldy;
     int M, NB, K, chunk, mchunk, next;
-    const uint8_t* wq;  /* GGUF blocks in place of wp: amx 1 / 2, the tile unit's panels; else see segs */
-    int amx;  /* wq in the tile unit's layout: 1 Q4_1, 2 Q8_0; 0: the register kernels'; 3: bfloat16 wp (tiles) */
-    const int* segs; const int64_t* seg_ptr; int nseg;  /* amx 0 with blocks: nseg runs of panels, run s ending at
+    int amx;  /* 1: runs of Q4_0 / Q4_1 / Q8_0 panels go through the tile unit; 3: bfloat16 wp (tiles) */
+    const int* segs; const int64_t* seg_ptr; int nseg;  /* GGUF blocks in place of wp: nseg runs of panels, run s ending at
                                                             panel segs[2s] (exclusive), of type segs[2s + 1] (BT_*),
                                                             its panels at address seg_ptr[s] */
-    const uint16_t* xa; const float* xs;  /* x split for the tile unit (q41_prepare); amx 3: x itself */
+    const uint16_t* xa; const float* xs;  /* x split for the tile unit (tile_prepare); amx 3: x itself */
     int failed;  /* set when a thread could not allocate its scratch */
 } gemm_job;
 
@@ -262,17 +261,15 @@ static inline int next_tile(gemm_job* j, int* n0, int* m0, int* nb, int* mc) {
     return 1;
 }
 
-/* The tile unit's layout of Q4_1 / Q8_0 blocks (below): per panel and 32 k, the 16 columns' d and m (float32), then
-   q as a byte per k and column. */
-#define Q41_BLOCK 640
-
-/* ---- AMX (CPUs with AMX-BF16): the same Q4_1 / Q8_0 blocks, on steps of any number of rows ----
-   x is split once per call into three bfloat16 parts whose sum is x exactly (8 + 8 + 8 significant bits), and q
-   (0..255) is exact in bfloat16, so every product in the tile unit is exact and only float32 sums round: per 32-k
-   block C = sum_k x_k q_k (three tile products, one per part), then y = m * sum_k x_k + (d * C + y). The result is
-   float32-accurate (closer to the float64 product than the FMA kernel's, tests/engines/pytorch/test_linear.py) but
-   not the FMA kernel's bits; a row's bits depend only on that row and the weight, so batching does not change them.
-   The block's q are stored in pairs along k ([16 k pairs][16 columns][2]: the tile unit's layout for B). */
+/* ---- AMX (CPUs with AMX-BF16): Q4_0 / Q4_1 / Q8_0 panels on steps of more than a few rows ----
+   The same panels as the register kernels (gemm_blocks.h: per 32 k, the columns' float16 d (and m), then q as
+   nibbles or int8). x is split once per call into three bfloat16 parts whose sum is x exactly (8 + 8 + 8
+   significant bits), and q (0..15, or -128..127) is exact in bfloat16, so every product in the tile unit is exact
+   and only float32 sums round: per 32-k block C = sum_k x_k q_k (three tile products, one per part), then
+   y = m * sum_k x_k + (d * C + y) (Q4_0: m = -8 d; Q8_0: no m). The result is float32-accurate (closer to the
+   float64 product than the FMA kernel's, tests/engines/pytorch/test_linear.py) but not the FMA kernel's bits; a
+   row's bits depend only on that row and the weight, at any number of rows the caller sends here. Each block's q
+   are expanded per call into the tile unit's layout for B ([16 k pairs][16 columns][2] bfloat16). */
 #if defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -325,33 +322,47 @@ static void amx_split_task(void* p) {
         amx_split_rows(j->x + rt * 16 * j->ldx, j->ldx, j->M - rt * 16 < 16 ? j->M - rt * 16 : 16, j->K,
                        j->xa + (int64_t)rt * kb * 1536, j->xs + (int64_t)rt * kb * 16);
 }
-/* One 32-k block of a panel's q as the B tile (bfloat16, exact): Q4_1's 0..15 by table, Q8_0's 0..255 by float. */
-static inline void amx_expand_block(const uint8_t* q, uint16_t* b, int q4) {
-    if (q4) {
-        const __m512i bf16_of = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x4170, 0x4160, 0x4150,
-            0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40e0, 0x40c0, 0x40a0, 0x4080, 0x4040, 0x4000, 0x3f80, 0);
-        for (int j = 0; j < 16; j++)
-            _mm512_store_si512(b + 32 * j, _mm512_permutexvar_epi16(
-                _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(q + 32 * j))), bf16_of));
-    } else {
-        for (int j = 0; j < 32; j += 2) {
-            const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + 16 * j))));
-            const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + 16 * j + 16))));
-            _mm512_store_si512(b + 16 * j, (__m512i)_mm512_cvtne2ps_pbh(f1, f0));
+/* True for the panel types the tile unit reads. */
+static inline int amx_type(int t) { return t == BT_Q4_0 || t == BT_Q4_1 || t == BT_Q8_0; }
+/* One 32-k record's q (rec: a panel's record of type t) as the B tile, bfloat16 (exact): k rows 2r and 2r + 1
+   interleaved column by column; nibbles by table (the low ones are k 0..15, the high ones k 16..31), int8 by float. */
+static inline void amx_expand_block(const uint8_t* rec, int t, uint16_t* b) {
+    if (t == BT_Q8_0) {
+        const uint8_t* q = rec + 32;
+        for (int r = 0; r < 16; r++) {
+            const __m128i k0 = _mm_loadu_si128((const __m128i*)(q + 32 * r)), k1 = _mm_loadu_si128((const __m128i*)(q + 32 * r + 16));
+            const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi8(k0, k1)));
+            const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi8(k0, k1)));
+            _mm512_store_si512(b + 32 * r, (__m512i)_mm512_cvtne2ps_pbh(f1, f0));
         }
+        return;
+    }
+    const __m512i bf16_of = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x4170, 0x4160, 0x4150,
+        0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40e0, 0x40c0, 0x40a0, 0x4080, 0x4040, 0x4000, 0x3f80, 0);
+    const __m256i low4 = _mm256_set1_epi8(15);
+    const uint8_t* nib = rec + (t == BT_Q4_1 ? 64 : 32);
+    for (int r = 0; r < 8; r++) {
+        const __m128i k0 = _mm_loadu_si128((const __m128i*)(nib + 32 * r)), k1 = _mm_loadu_si128((const __m128i*)(nib + 32 * r + 16));
+        const __m256i pairs = _mm256_set_m128i(_mm_unpackhi_epi8(k0, k1), _mm_unpacklo_epi8(k0, k1));
+        const __m256i lo = _mm256_and_si256(pairs, low4), hi = _mm256_and_si256(_mm256_srli_epi16(pairs, 4), low4);
+        _mm512_store_si512(b + 32 * r, _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(lo), bf16_of));
+        _mm512_store_si512(b + 32 * (r + 8), _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(hi), bf16_of));
     }
 }
 /* C (tile c) = the row tile's parts (tiles 0-2) times q (tile b), stored to cb. */
 #define AMX_PRODUCT(c, b, cb) do { _tile_zero(c); _tile_dpbf16ps(c, 0, b); _tile_dpbf16ps(c, 1, b); \
     _tile_dpbf16ps(c, 2, b); _tile_stored(c, cb, 64); } while (0)
-/* y (rows x 16) = m * xs + (d * C + y) for one panel's C (16 x 16, 16 floats apart) of 32-k block kb. */
-static inline void amx_fold(const float* c, const float* s, const uint8_t* dm, float* y, int64_t ldy, int rows,
-                            int kb) {
-    const __m512 d = _mm512_loadu_ps((const float*)dm), m = _mm512_loadu_ps((const float*)dm + 16);
+/* y (rows x 16) = m * xs + (d * C + y) for one panel's C (16 x 16, 16 floats apart) of 32-k block kb, rec that
+   block's record of type t (d and m: its float16 scales; Q4_0's m is -8 d, exact; Q8_0 has none). */
+static inline void amx_fold(const float* c, const float* s, const uint8_t* rec, int t, float* y, int64_t ldy,
+                            int rows, int kb) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)rec));
+    const __m512 m = t == BT_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(rec + 32)))
+                                  : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
     for (int r = 0; r < rows; r++) {
         const __m512 prev = kb ? _mm512_loadu_ps(y + r * ldy) : _mm512_setzero_ps();
         const __m512 scaled = _mm512_fmadd_ps(d, _mm512_load_ps(c + r * 16), prev);
-        _mm512_storeu_ps(y + r * ldy, _mm512_fmadd_ps(m, _mm512_set1_ps(s[r]), scaled));
+        _mm512_storeu_ps(y + r * ldy, t == BT_Q8_0 ? scaled : _mm512_fmadd_ps(m, _mm512_set1_ps(s[r]), scaled));
     }
 }
 static __thread amx_scratch amx_q;  /* a thread's expanded q: [K / 32][16 panels][512] */
@@ -361,32 +372,31 @@ static __thread amx_scratch amx_q;  /* a thread's expanded q: [K / 32][16 panels
    products run, and its C is folded into the row tile's y (16 x 256 floats: L1) AMX_LAG panels later. The q are
    expanded once, block by block as the first row tile reaches them (the next block prefetched, so the weight stream
    overlaps the products), and kept for the other row tiles (amx_q: up to 768 KB, L2). -1: out of memory. */
-static int gemm_core_amx(const uint16_t* xa, const float* xs, const uint8_t* wq, float* y, int64_t ldy, int M,
-                         int NB, int K, int q4) {
-    const int KB = K / 32, RT = (M + 15) / 16;
+static int gemm_core_amx(const uint16_t* xa, const float* xs, const uint8_t* wp, int64_t pstride, int t, float* y,
+                         int64_t ldy, int M, int NB, int K) {
+    const int KB = K / 32, RT = (M + 15) / 16, rs = BT_RECORD[t];
     uint16_t* const qx = (uint16_t*)amx_reserve(&amx_q, (size_t)KB * 16 * 1024);
     if (!qx) return -1;
     float ring[AMX_LAG][256] __attribute__((aligned(64)));
     amx_configure(M < 16 ? M : 16);
     for (int n0 = 0; n0 < NB; n0 += 16) {
         const int nn = NB - n0 < 16 ? NB - n0 : 16;
-        const uint8_t* wn = wq + (int64_t)n0 * KB * Q41_BLOCK;
+        const uint8_t* wn = wp + (int64_t)n0 * pstride;
         for (int rt = 0; rt < RT; rt++) {
             const int rows = M - rt * 16 < 16 ? M - rt * 16 : 16;
             float* yt = y + rt * 16 * ldy + n0 * 16;
             int issued = 0, pn[AMX_LAG], pkb[AMX_LAG];  /* ring slot -> its panel and block */
 #define AMX_FOLD(slot) amx_fold(ring[slot], xs + ((int64_t)rt * KB + pkb[slot]) * 16, \
-                                wn + ((int64_t)pn[slot] * KB + pkb[slot]) * Q41_BLOCK, yt + pn[slot] * 16, ldy, rows, pkb[slot])
+                                wn + pn[slot] * pstride + (int64_t)pkb[slot] * rs, t, yt + pn[slot] * 16, ldy, rows, pkb[slot])
             for (int kb = 0; kb < KB; kb++) {
                 const uint16_t* a = xa + ((int64_t)rt * KB + kb) * 1536;
                 const uint16_t* q = qx + (int64_t)kb * 16 * 512;
                 if (rt == 0)  /* q expanded as the first row tile needs them, the next block's prefetched */
                     for (int n = 0; n < nn; n++) {
-                        const uint8_t* blk = wn + ((int64_t)n * KB + kb) * Q41_BLOCK;
+                        const uint8_t* rec = wn + n * pstride + (int64_t)kb * rs;
                         if (kb + 1 < KB)
-                            for (int l = 0; l < Q41_BLOCK; l += 64)
-                                _mm_prefetch((const char*)blk + Q41_BLOCK + l, _MM_HINT_T0);
-                        amx_expand_block(blk + 128, qx + ((int64_t)kb * 16 + n) * 512, q4);
+                            for (int l = 0; l < rs; l += 64) _mm_prefetch((const char*)rec + rs + l, _MM_HINT_T0);
+                        amx_expand_block(rec, t, qx + ((int64_t)kb * 16 + n) * 512);
                     }
                 _tile_loadd(0, a, 64);
                 _tile_loadd(1, a + 512, 64);
@@ -509,35 +519,34 @@ int amx_supported(void) {
     return 0;
 #endif
 }
-/* One tile of a job on GGUF blocks: the tile unit's kernel (the job's x split, see amx_split) or, run by run of
-   panels, the expanding kernels (gemm_blocks.h; 16-bit panels: the float32 kernel with the weights widened as
-   loaded). */
+/* One tile of a job on GGUF blocks, run by run of panels: the tile unit's kernel for the types it reads where the
+   job's x is split for it (amx 1, see tile_prepare), else the expanding kernels (gemm_blocks.h; 16-bit panels: the
+   float32 kernel with the weights widened as loaded). */
 static void blocks_tile(gemm_job* j, int m0, int n0, float* y, int64_t ldy, int mc, int nb) {
-#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
-    if (j->xa) {
-        const uint8_t* wq = j->wq + (int64_t)n0 * (j->K / 32) * Q41_BLOCK;
-        const int64_t at = (int64_t)m0 / 16 * (j->K / 32);
-        if (gemm_core_amx(j->xa + at * 1536, j->xs + at * 16, wq, y, ldy, mc, nb, j->K, j->amx == 1) != 0)
-            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
-        return;
-    }
-#endif
     const float* x = j->x + m0 * j->ldx;
     for (int s = 0, start = 0; s < j->nseg; start = j->segs[2 * s], s++) {
         const int end = j->segs[2 * s], t = j->segs[2 * s + 1];
         const int lo = n0 > start ? n0 : start, hi = n0 + nb < end ? n0 + nb : end;
         if (lo >= hi) continue;
-        const uint8_t* base = (const uint8_t*)(intptr_t)j->seg_ptr[s];
         const int64_t pstride = bt_panel_bytes(t, j->K);
-        if (gemm_core_blocks(t, x, j->ldx, base + (int64_t)(lo - start) * pstride, pstride,
-                             y + (int64_t)(lo - n0) * 16, ldy, mc, hi - lo, j->K) != 0)
-            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+        const uint8_t* panels = (const uint8_t*)(intptr_t)j->seg_ptr[s] + (int64_t)(lo - start) * pstride;
+        float* ys = y + (int64_t)(lo - n0) * 16;
+        int failed;
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
+        if (j->xa && amx_type(t)) {
+            const int64_t at = (int64_t)m0 / 16 * (j->K / 32);
+            failed = gemm_core_amx(j->xa + at * 1536, j->xs + at * 16, panels, pstride, t, ys, ldy, mc, hi - lo, j->K);
+        } else
+#endif
+            failed = gemm_core_blocks(t, x, j->ldx, panels, pstride, ys, ldy, mc, hi - lo, j->K);
+        if (failed) __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
     }
 }
-/* Before a job with amx != 0 (1: Q4_1 panels, 2: Q8_0, both in amx layout): x split for it; -1: out of memory. */
-static int q41_prepare(gemm_job* j) {
+/* Before a job with amx 1: x split for the tile unit (where it has one; else nothing, and the expanding kernels
+   run); -1: out of memory. */
+static int tile_prepare(gemm_job* j) {
 #if defined(__AMX_BF16__) && defined(__AVX512BF16__)
-    if (j->amx) return amx_split(j->x, j->ldx, j->M, j->K, (uint16_t**)&j->xa, (float**)&j->xs);
+    if (j->amx && amx_supported()) return amx_split(j->x, j->ldx, j->M, j->K, (uint16_t**)&j->xa, (float**)&j->xs);
 #else
     (void)j;  /* no tile unit: nothing to prepare */
 #endif
@@ -549,7 +558,7 @@ static void gemm_task(void* p) {
     for (int n0, m0, nb, mc; next_tile(j, &n0, &m0, &nb, &mc);) {
         const int64_t w0 = (int64_t)n0 * j->K * 16, c0 = (int64_t)n0 * 16, y0 = m0 * j->ldy + c0, r0 = m0 * j->ldr + c0;
         const float* x = j->x + m0 * j->ldx;
-        if (j->wq || j->nseg) {  /* float32 only */
+        if (j->nseg) {  /* float32 only */
             const float *bias = (const float*)j->bias, *res = (const float*)j->residual;
             blocks_tile(j, m0, n0, j->y + y0, j->ldy, mc, nb);
             epilogue_f32(bias ? bias + c0 : 0, res ? res + r0 : 0, j->ldr, j->y + y0, j->ldy, mc, nb);
@@ -577,17 +586,16 @@ void gemm_bf16w_par(const float* x, int64_t ldx, const uint16_t* wp, const uint1
     POOL_RUN(gemm_task, &j);
 }
 
-/* gemm_f32_par with the weight as GGUF blocks: amx 1 / 2, one run of the tile unit's Q4_1 / Q8_0 panels at
-   ptrs[0]; amx 0, nseg runs of panels (gemm_job's segs). Returns 0, or -1 when a scratch (the split of x, an
-   expanding kernel's) could not be allocated. */
+/* gemm_f32_par with the weight as GGUF blocks: nseg runs of panels (gemm_job's segs); amx 1: its Q4_0 / Q4_1 / Q8_0
+   runs through the tile unit where the CPU has one. Returns 0, or -1 when a scratch (the split of x, an expanding
+   kernel's) could not be allocated. */
 int gemm_blocks_par(const float* x, int64_t ldx, const int* segs, const int64_t* ptrs, int nseg, const float* bias,
                     const float* residual, int64_t ldr, float* y, int64_t ldy, int M, int NB, int K, int chunk,
                     int mchunk, int amx) {
     gemm_job j = {.x = x, .bias = bias, .residual = residual, .y = y, .ldx = ldx, .ldr = ldr, .ldy = ldy, .M = M,
                   .NB = NB, .K = K, .chunk = chunk, .mchunk = mchunk, .amx = amx};
-    if (amx) j.wq = (const uint8_t*)(intptr_t)ptrs[0];
-    else j.segs = segs, j.seg_ptr = ptrs, j.nseg = nseg;
-    if (q41_prepare(&j) != 0) return -1;
+    j.segs = segs, j.seg_ptr = ptrs, j.nseg = nseg;
+    if (tile_prepare(&j) != 0) return -1;
     POOL_RUN(gemm_task, &j);
     return j.failed ? -1 : 0;
 }
@@ -628,7 +636,7 @@ static void gemm_silu_task(void* p) {
     if (!tile) return;  /* the other threads take the tiles; the caller reports it if none could */
     for (int n0, m0, nb, mc; next_tile(j, &n0, &m0, &nb, &mc);) {
         const float* x = j->x + m0 * j->ldx;
-        if (j->wq || j->nseg)
+        if (j->nseg)
             blocks_tile(j, m0, n0, tile, ldt, mc, nb);
         else
             gemm_core_f32(x, j->ldx, (const float*)j->wp + (int64_t)n0 * j->K * 16, tile, ldt, mc, nb, j->K);
@@ -643,9 +651,8 @@ int gemm_silu_f32_par(const float* x, int64_t ldx, const float* wp, const int* s
                       float* y, int64_t ldy, int M, int NB, int K, int chunk, int mchunk, int amx) {
     gemm_job j = {.x = x, .wp = wp, .y = y, .ldx = ldx, .ldy = ldy, .M = M, .NB = NB, .K = K, .chunk = chunk,
                   .mchunk = mchunk, .amx = amx};
-    if (amx) j.wq = (const uint8_t*)(intptr_t)ptrs[0];
-    else if (nseg) j.segs = segs, j.seg_ptr = ptrs, j.nseg = nseg;
-    if (q41_prepare(&j) != 0) return -1;
+    if (nseg) j.segs = segs, j.seg_ptr = ptrs, j.nseg = nseg;
+    if (tile_prepare(&j) != 0) return -1;
     POOL_RUN(gemm_silu_task, &j);
     return j.failed || __atomic_load_n(&j.next, __ATOMIC_RELAXED) < tile_count(&j) ? -1 : 0;  /* tiles no thread took */
 }

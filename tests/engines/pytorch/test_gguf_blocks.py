@@ -88,3 +88,19 @@ def test_blocks_that_differ_from_gguf_py_are_left_out(loaded: tuple, monkeypatch
     assert "model.embed_tokens" not in weights.blocks and "lm_head" not in weights.blocks
     assert weights.tensors["model.embed_tokens.weight"].dtype == torch.float32
     assert "model.layers.3.mlp.up_proj" in weights.blocks  # Q4_1: still blocks
+
+
+def test_packed_blocks_pages_of_the_cache_file_are_dropped_and_nothing_else(loaded: tuple, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from engines.pytorch.gguf_blocks import GGUFBlocks
+
+    model, _, weights = loaded
+    cache = tmp_path / "weights.safetensors"
+    monkeypatch.setattr(gguf_weights, "_from_file", lambda gguf, model: weights)
+    mapped = read_weights(GGUF, model, cache)  # the first start reads back the file it wrote: views of it
+    assert mapped.mapped == {b.raw.data_ptr() for b in mapped.blocks.values()}
+    up = "model.layers.3.mlp.up_proj"
+    own = GGUFBlocks("Q4_1", mapped.blocks[up].raw.clone())  # anonymous memory: never dropped (it would be zeroed)
+    mapped.drop_pages([own, *mapped.blocks.values()])
+    assert torch.equal(own.raw, weights.blocks[up].raw)
+    assert all(torch.equal(b.raw, weights.blocks[p].raw) for p, b in mapped.blocks.items())  # read back the same

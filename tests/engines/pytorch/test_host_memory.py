@@ -71,3 +71,30 @@ def test_freed_step_buffers_are_reused_without_page_faults() -> None:
 
     assert refaults("default") > 1000  # glibc's default: the buffers come from fresh mappings at every step
     assert refaults("keep") < 100
+
+
+def _rss_file() -> int:
+    """This process's resident pages of mapped files, in bytes."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssFile:"))
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="madvise via glibc")
+def test_dropped_file_pages_leave_the_resident_set_and_read_back_the_same(tmp_path) -> None:
+    data = torch.randint(0, 256, (32 << 20,), dtype=torch.uint8)
+    path = tmp_path / "weights.bin"
+    data.numpy().tofile(path)
+    mapped = torch.from_file(str(path), shared=False, size=data.numel(), dtype=torch.uint8)  # a private mapping
+    view = mapped[4097 : (24 << 20) + 5]  # not page-aligned at either end
+    assert torch.equal(view, data[4097 : (24 << 20) + 5])  # read: resident
+    before = _rss_file()
+    assert host_memory.drop_file_pages(view)
+    assert before - _rss_file() > 23 << 20  # its whole pages left; partial pages at the ends stay
+    assert torch.equal(mapped, data)  # faulted in from the file again, the same bytes
+
+
+def test_loading_returns_freed_buffers_and_serving_keeps_them() -> None:
+    if platform.libc_ver()[0] == "glibc":
+        assert host_memory.return_freed_memory() and host_memory.keep_freed_memory()
+    else:
+        assert not host_memory.return_freed_memory()

@@ -164,18 +164,8 @@ def test_fused_gate_up_silu_gives_the_bits_of_the_two_steps(threads: int, tmp_pa
     torch.testing.assert_close(unfused(x), F.gelu(F.linear(x, gate)) * F.linear(x, up), atol=1e-5, rtol=1e-4)
 
 
-def _q41(n: int, k: int, gen: torch.Generator) -> GGUFBlocks:
-    """Q4_1 blocks as GGUF stores them (gguf-py's quantization of a random weight)."""
-    return make_blocks("Q4_1", n, k, seed=int(torch.randint(0, 2**31, (1,), generator=gen)))
-
-
-def _q8(n: int, k: int, gen: torch.Generator) -> GGUFBlocks:
-    """Q8_0 blocks, as a tied lm_head keeps them."""
-    return make_blocks("Q8_0", n, k, seed=int(torch.randint(0, 2**31, (1,), generator=gen)))
-
-
-def _tile_unit(lin: Linear) -> bool:
-    return lin._amx != 0
+def _tile_unit(lin: Linear | GatedActivation) -> bool:
+    return lin._blocks is not None and lin._blocks.tile_unit
 
 
 def _max_error(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> float:
@@ -184,32 +174,36 @@ def _max_error(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: t
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_tile_unit_rows_do_not_depend_on_the_batch(threads: int, tmp_path: Path) -> None:
-    """With AMX, Q4_1 weights go through the tile unit at every number of rows: a row's bits are the same alone, in
-    a one-tile step of fewer than 16 rows, past a row tile, past ROW_TILE, with or without helper threads; and the
-    result is at least as close to the float64 product as the float32 FMA kernel's (bias, residual, a padded panel)."""
+@pytest.mark.parametrize("qtype", linear.TILE_UNIT_TYPES)
+def test_tile_unit_takes_large_steps_and_their_rows_do_not_depend_on_the_batch(qtype: str, threads: int,
+                                                                                 tmp_path: Path) -> None:
+    """With AMX, steps of more than TILE_UNIT_MIN_ROWS rows on Q4_0 / Q4_1 / Q8_0 panels go through the tile unit:
+    there a row's bits are the same in every such step (one row tile and the next, past ROW_TILE, with or without
+    helper threads), and at least as close to the float64 product as the float32 FMA kernel's (bias, residual, a
+    padded panel). Smaller steps are the register kernels': the float32 kernel's bits; a step's prompt rows always go
+    through the tile unit, its decode rows only where there are more than TILE_UNIT_MIN_ROWS of them."""
     gen = torch.Generator().manual_seed(9)
     helpers = HelperThreads(threads, tmp_path) if threads > 1 else None
-    blocks = _q41(216, 96, gen)  # 14 panels, the last one half padding
+    blocks = make_blocks(qtype, 216, 96, seed=int(torch.randint(0, 2**31, (1,), generator=gen)))  # 14 panels
     weight, bias = blocks.dequantize(), torch.randn(216, generator=gen)
     plain, packed = Linear(weight, bias, True, tmp_path, helpers), Linear(weight, bias, True, tmp_path, helpers, blocks)
     if not _tile_unit(packed):
         pytest.skip("no AMX here (or no C compiler)")
+    small = linear.TILE_UNIT_MIN_ROWS
     x_all, res_all = torch.randn(ROW_TILE + 21, 96, generator=gen), torch.randn(ROW_TILE + 21, 216, generator=gen)
     full = packed(x_all)
-    for m in (1, 3, 15, 16, 17, 40, ROW_TILE + 21):
-        x = x_all[:m]
-        assert torch.equal(packed(x), full[:m])
-        assert torch.equal(packed(x, res_all[:m]), res_all[:m] + full[:m])  # bias, then the residual: one rounding each
-        assert torch.equal(packed(x_all[m - 1 : m]), full[m - 1 : m])  # the last row alone
-    assert _max_error(full, x_all, weight, bias) <= _max_error(plain(x_all), x_all, weight, bias)
+    for m in (small + 1, 32, 40, ROW_TILE + 21):
+        x = torch.cat((x_all[:m - small - 1], x_all[-small - 1 :]))  # the last rows, in another row tile
+        assert torch.equal(packed(x)[-small - 1 :], full[-small - 1 :])
+        assert torch.equal(packed(x_all[:m], res_all[:m]), res_all[:m] + full[:m])  # bias, then the residual
+    assert not torch.equal(full[:small], plain(x_all[:small]))  # other bits than the FMA kernel's ...
+    assert _max_error(full, x_all, weight, bias) <= _max_error(plain(x_all), x_all, weight, bias)  # ... as close
     torch.testing.assert_close(full, F.linear(x_all, weight, bias), atol=1e-5, rtol=1e-5)
-    q8 = _q8(64, 96, gen)
-    head = Linear(q8.dequantize(), None, True, tmp_path, helpers, q8)
-    logits = head(x_all)
-    assert torch.equal(head(x_all[:5]), logits[:5])
-    assert _max_error(logits, x_all, q8.dequantize(), None) <= _max_error(
-        Linear(q8.dequantize(), None, True, tmp_path, helpers)(x_all), x_all, q8.dequantize(), None)
+    for m in (1, 3, small):  # the register kernels
+        assert torch.equal(packed(x_all[:m]), plain(x_all[:m]))
+    # a step's decode rows (before prompt_from) keep the register kernels' bits beside prompt rows on the tile unit
+    mixed = packed(x_all[:40], res_all[:40], prompt_from=5)
+    assert torch.equal(mixed[:5], plain(x_all[:5], res_all[:5])) and torch.equal(mixed[5:], res_all[5:40] + full[5:40])
 
 
 def _amplified(x: torch.Tensor, weight: torch.Tensor, row: int,
@@ -258,10 +252,11 @@ def test_bfloat16_tile_unit_gives_torchs_bits_and_rows_do_not_depend_on_the_batc
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_tile_unit_fused_gate_up_equals_the_two_steps(threads: int, tmp_path: Path) -> None:
-    """The fused MLP input on the tile unit gives the bits of the concatenated projection then act_mul."""
+    """The fused MLP input gives the bits of the concatenated projection then act_mul, on the tile unit (large steps)
+    and off it."""
     gen = torch.Generator().manual_seed(13)
     helpers = HelperThreads(threads, tmp_path) if threads > 1 else None
-    gate, up = _q41(200, 64, gen), _q41(200, 64, gen)
+    gate, up = (make_blocks("Q4_1", 200, 64, seed=s) for s in (1, 2))
     dense = DenseOps(True, torch.float32, tmp_path, helpers)
     fused = GatedActivation(gate.dequantize(), up.dequantize(), torch.nn.SiLU(), True, tmp_path, helpers, dense,
                             (gate, up))
