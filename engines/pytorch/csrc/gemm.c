@@ -261,15 +261,17 @@ static inline int next_tile(gemm_job* j, int* n0, int* m0, int* nb, int* mc) {
     return 1;
 }
 
-/* ---- AMX (CPUs with AMX-BF16): Q4_0 / Q4_1 / Q8_0 panels on steps of more than a few rows ----
-   The same panels as the register kernels (gemm_blocks.h: per 32 k, the columns' float16 d (and m), then q as
-   nibbles or int8). x is split once per call into three bfloat16 parts whose sum is x exactly (8 + 8 + 8
-   significant bits), and q (0..15, or -128..127) is exact in bfloat16, so every product in the tile unit is exact
-   and only float32 sums round: per 32-k block C = sum_k x_k q_k (three tile products, one per part), then
-   y = m * sum_k x_k + (d * C + y) (Q4_0: m = -8 d; Q8_0: no m). The result is float32-accurate (closer to the
-   float64 product than the FMA kernel's, tests/engines/pytorch/test_linear.py) but not the FMA kernel's bits; a
-   row's bits depend only on that row and the weight, at any number of rows the caller sends here. Each block's q
-   are expanded per call into the tile unit's layout for B ([16 k pairs][16 columns][2] bfloat16). */
+/* ---- AMX (CPUs with AMX-BF16): GGUF panels on the tile unit, for prompt rows and large decode steps ----
+   The same panels as the register kernels (gemm_blocks.h), every type with one scale and offset per 32-k group:
+   Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K (not Q6_K, whose 16-k halves have scales of their own). x is split once
+   per call into three bfloat16 parts whose sum is x exactly (8 + 8 + 8 significant bits), and q (0..31, or
+   -128..127) is exact in bfloat16, so every product in the tile unit is exact and only float32 sums round: per
+   32-k group C = sum_k x_k q_k (three tile products, one per part), then y = b * sum_k x_k + (a * C + y) with the
+   group's scale a and offset b as the register kernels form them (group_decode; Q8_0: no offset). The result is
+   float32-accurate (closer to the float64 product than the FMA kernel's, tests/engines/pytorch/test_linear.py) but
+   not the FMA kernel's bits; a row's bits depend only on that row and the weight, at any number of rows the caller
+   sends here. Each group's q are expanded per call into the tile unit's layout for B ([16 k pairs][16 columns][2]
+   bfloat16). */
 #if defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -322,29 +324,43 @@ static void amx_split_task(void* p) {
         amx_split_rows(j->x + rt * 16 * j->ldx, j->ldx, j->M - rt * 16 < 16 ? j->M - rt * 16 : 16, j->K,
                        j->xa + (int64_t)rt * kb * 1536, j->xs + (int64_t)rt * kb * 16);
 }
-/* True for the panel types the tile unit reads. */
-static inline int amx_type(int t) { return t == BT_Q4_0 || t == BT_Q4_1 || t == BT_Q8_0; }
-/* One 32-k record's q (rec: a panel's record of type t) as the B tile, bfloat16 (exact): k rows 2r and 2r + 1
-   interleaved column by column; nibbles by table (the low ones are k 0..15, the high ones k 16..31), int8 by float. */
-static inline void amx_expand_block(const uint8_t* rec, int t, uint16_t* b) {
+/* True for the panel types the tile unit reads: those with one scale and offset per 32-k group (not Q6_K's two). */
+static inline int amx_type(int t) { return t != BT_Q6_K && t <= BT_Q5_K; }
+/* Bit 4 of q for k rows k and k + 1 (k even) of a 5-bit group, interleaved by column as the B tile wants them: the
+   high bits are packed with k = 4 i + j at bit i of byte 16 j + column (block_panels._high_bits), and k, k + 1
+   share i. 16-bit shifts: after the mask, each byte's bit 4 came from its own byte. */
+static inline __m256i amx_high_pair(const uint8_t* high, int k) {
+    const __m128i a = _mm_loadu_si128((const __m128i*)(high + 16 * (k % 4)));
+    const __m128i b = _mm_loadu_si128((const __m128i*)(high + 16 * (k % 4 + 1)));
+    const __m256i pairs = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
+    const int s = 4 - k / 4;
+    const __m256i moved = s > 0 ? _mm256_slli_epi16(pairs, s) : s < 0 ? _mm256_srli_epi16(pairs, -s) : pairs;
+    return _mm256_and_si256(moved, _mm256_set1_epi8(0x10));
+}
+/* One 32-k group's q (v: gemm_blocks.h's group_decode of it) as the B tile, bfloat16 (exact): k rows 2r and 2r + 1
+   interleaved column by column; 4- and 5-bit q by table (the low nibbles are k 0..15, the high ones k 16..31),
+   Q8_0's int8 by float. */
+static inline void amx_expand_group(int t, const group_view* v, uint16_t* b) {
     if (t == BT_Q8_0) {
-        const uint8_t* q = rec + 32;
         for (int r = 0; r < 16; r++) {
-            const __m128i k0 = _mm_loadu_si128((const __m128i*)(q + 32 * r)), k1 = _mm_loadu_si128((const __m128i*)(q + 32 * r + 16));
+            const __m128i k0 = load16(v->q8 + 32 * r), k1 = load16(v->q8 + 32 * r + 16);
             const __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi8(k0, k1)));
             const __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi8(k0, k1)));
             _mm512_store_si512(b + 32 * r, (__m512i)_mm512_cvtne2ps_pbh(f1, f0));
         }
         return;
     }
-    const __m512i bf16_of = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x4170, 0x4160, 0x4150,
-        0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40e0, 0x40c0, 0x40a0, 0x4080, 0x4040, 0x4000, 0x3f80, 0);
+    const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i bf16_of = (__m512i)_mm512_cvtne2ps_pbh(_mm512_add_ps(iota, _mm512_set1_ps(16.0f)), iota);  /* 0..31 */
     const __m256i low4 = _mm256_set1_epi8(15);
-    const uint8_t* nib = rec + (t == BT_Q4_1 ? 64 : 32);
     for (int r = 0; r < 8; r++) {
-        const __m128i k0 = _mm_loadu_si128((const __m128i*)(nib + 32 * r)), k1 = _mm_loadu_si128((const __m128i*)(nib + 32 * r + 16));
+        const __m128i k0 = load16(v->nib + 32 * r), k1 = load16(v->nib + 32 * r + 16);
         const __m256i pairs = _mm256_set_m128i(_mm_unpackhi_epi8(k0, k1), _mm_unpacklo_epi8(k0, k1));
-        const __m256i lo = _mm256_and_si256(pairs, low4), hi = _mm256_and_si256(_mm256_srli_epi16(pairs, 4), low4);
+        __m256i lo = _mm256_and_si256(pairs, low4), hi = _mm256_and_si256(_mm256_srli_epi16(pairs, 4), low4);
+        if (v->high) {
+            lo = _mm256_or_si256(lo, amx_high_pair(v->high, 2 * r));
+            hi = _mm256_or_si256(hi, amx_high_pair(v->high, 2 * r + 16));
+        }
         _mm512_store_si512(b + 32 * r, _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(lo), bf16_of));
         _mm512_store_si512(b + 32 * (r + 8), _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(hi), bf16_of));
     }
@@ -352,17 +368,16 @@ static inline void amx_expand_block(const uint8_t* rec, int t, uint16_t* b) {
 /* C (tile c) = the row tile's parts (tiles 0-2) times q (tile b), stored to cb. */
 #define AMX_PRODUCT(c, b, cb) do { _tile_zero(c); _tile_dpbf16ps(c, 0, b); _tile_dpbf16ps(c, 1, b); \
     _tile_dpbf16ps(c, 2, b); _tile_stored(c, cb, 64); } while (0)
-/* y (rows x 16) = m * xs + (d * C + y) for one panel's C (16 x 16, 16 floats apart) of 32-k block kb, rec that
-   block's record of type t (d and m: its float16 scales; Q4_0's m is -8 d, exact; Q8_0 has none). */
-static inline void amx_fold(const float* c, const float* s, const uint8_t* rec, int t, float* y, int64_t ldy,
+/* y (rows x 16) = b0 * xs + (a0 * C + y) for one panel's C (16 x 16, 16 floats apart) of 32-k group kb, with the
+   group's scale a0 and offset b0 (group_decode: d, m or -8 d, -16 d; the K types' d * sc, -dmin * min; Q8_0 none). */
+static inline void amx_fold(const float* c, const float* s, int t, const uint8_t* panel, float* y, int64_t ldy,
                             int rows, int kb) {
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)rec));
-    const __m512 m = t == BT_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(rec + 32)))
-                                  : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+    group_view v;
+    group_decode(t, panel, kb, &v);
     for (int r = 0; r < rows; r++) {
         const __m512 prev = kb ? _mm512_loadu_ps(y + r * ldy) : _mm512_setzero_ps();
-        const __m512 scaled = _mm512_fmadd_ps(d, _mm512_load_ps(c + r * 16), prev);
-        _mm512_storeu_ps(y + r * ldy, t == BT_Q8_0 ? scaled : _mm512_fmadd_ps(m, _mm512_set1_ps(s[r]), scaled));
+        const __m512 scaled = _mm512_fmadd_ps(v.a0, _mm512_load_ps(c + r * 16), prev);
+        _mm512_storeu_ps(y + r * ldy, t == BT_Q8_0 ? scaled : _mm512_fmadd_ps(v.b0, _mm512_set1_ps(s[r]), scaled));
     }
 }
 static __thread amx_scratch amx_q;  /* a thread's expanded q: [K / 32][16 panels][512] */
@@ -374,7 +389,7 @@ static __thread amx_scratch amx_q;  /* a thread's expanded q: [K / 32][16 panels
    overlaps the products), and kept for the other row tiles (amx_q: up to 768 KB, L2). -1: out of memory. */
 static int gemm_core_amx(const uint16_t* xa, const float* xs, const uint8_t* wp, int64_t pstride, int t, float* y,
                          int64_t ldy, int M, int NB, int K) {
-    const int KB = K / 32, RT = (M + 15) / 16, rs = BT_RECORD[t];
+    const int KB = K / 32, RT = (M + 15) / 16;
     uint16_t* const qx = (uint16_t*)amx_reserve(&amx_q, (size_t)KB * 16 * 1024);
     if (!qx) return -1;
     float ring[AMX_LAG][256] __attribute__((aligned(64)));
@@ -386,17 +401,17 @@ static int gemm_core_amx(const uint16_t* xa, const float* xs, const uint8_t* wp,
             const int rows = M - rt * 16 < 16 ? M - rt * 16 : 16;
             float* yt = y + rt * 16 * ldy + n0 * 16;
             int issued = 0, pn[AMX_LAG], pkb[AMX_LAG];  /* ring slot -> its panel and block */
-#define AMX_FOLD(slot) amx_fold(ring[slot], xs + ((int64_t)rt * KB + pkb[slot]) * 16, \
-                                wn + pn[slot] * pstride + (int64_t)pkb[slot] * rs, t, yt + pn[slot] * 16, ldy, rows, pkb[slot])
+#define AMX_FOLD(slot) amx_fold(ring[slot], xs + ((int64_t)rt * KB + pkb[slot]) * 16, t, wn + pn[slot] * pstride, \
+                                yt + pn[slot] * 16, ldy, rows, pkb[slot])
             for (int kb = 0; kb < KB; kb++) {
                 const uint16_t* a = xa + ((int64_t)rt * KB + kb) * 1536;
                 const uint16_t* q = qx + (int64_t)kb * 16 * 512;
                 if (rt == 0)  /* q expanded as the first row tile needs them, the next block's prefetched */
                     for (int n = 0; n < nn; n++) {
-                        const uint8_t* rec = wn + n * pstride + (int64_t)kb * rs;
-                        if (kb + 1 < KB)
-                            for (int l = 0; l < rs; l += 64) _mm_prefetch((const char*)rec + rs + l, _MM_HINT_T0);
-                        amx_expand_block(rec, t, qx + ((int64_t)kb * 16 + n) * 512);
+                        group_view v;
+                        group_decode(t, wn + n * pstride, kb, &v);
+                        if (kb + 1 < KB) prefetch_group(t, wn + n * pstride, wn + n * pstride, 1, pstride, kb + 1);
+                        amx_expand_group(t, &v, qx + ((int64_t)kb * 16 + n) * 512);
                     }
                 _tile_loadd(0, a, 64);
                 _tile_loadd(1, a + 512, 64);

@@ -184,13 +184,13 @@ def test_tile_unit_takes_large_steps_and_their_rows_do_not_depend_on_the_batch(q
     through the tile unit, its decode rows only where there are more than TILE_UNIT_MIN_ROWS of them."""
     gen = torch.Generator().manual_seed(9)
     helpers = HelperThreads(threads, tmp_path) if threads > 1 else None
-    blocks = make_blocks(qtype, 216, 96, seed=int(torch.randint(0, 2**31, (1,), generator=gen)))  # 14 panels
+    blocks = make_blocks(qtype, 216, 256, seed=int(torch.randint(0, 2**31, (1,), generator=gen)))  # 14 panels
     weight, bias = blocks.dequantize(), torch.randn(216, generator=gen)
     plain, packed = Linear(weight, bias, True, tmp_path, helpers), Linear(weight, bias, True, tmp_path, helpers, blocks)
     if not _tile_unit(packed):
         pytest.skip("no AMX here (or no C compiler)")
     small = linear.TILE_UNIT_MIN_ROWS
-    x_all, res_all = torch.randn(ROW_TILE + 21, 96, generator=gen), torch.randn(ROW_TILE + 21, 216, generator=gen)
+    x_all, res_all = torch.randn(ROW_TILE + 21, 256, generator=gen), torch.randn(ROW_TILE + 21, 216, generator=gen)
     full = packed(x_all)
     for m in (small + 1, 32, 40, ROW_TILE + 21):
         x = torch.cat((x_all[:m - small - 1], x_all[-small - 1 :]))  # the last rows, in another row tile
@@ -198,7 +198,7 @@ def test_tile_unit_takes_large_steps_and_their_rows_do_not_depend_on_the_batch(q
         assert torch.equal(packed(x_all[:m], res_all[:m]), res_all[:m] + full[:m])  # bias, then the residual
     assert not torch.equal(full[:small], plain(x_all[:small]))  # other bits than the FMA kernel's ...
     assert _max_error(full, x_all, weight, bias) <= _max_error(plain(x_all), x_all, weight, bias)  # ... as close
-    torch.testing.assert_close(full, F.linear(x_all, weight, bias), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(full, F.linear(x_all, weight, bias), atol=5e-5, rtol=1e-4)
     for m in (1, 3, small):  # the register kernels
         assert torch.equal(packed(x_all[:m]), plain(x_all[:m]))
     # a step's decode rows (before prompt_from) keep the register kernels' bits beside prompt rows on the tile unit
