@@ -26,16 +26,15 @@ bound by the weight stream, so they gain most (bench/gguf_kernel_bench.py: 1 row
 weights, 8 rows 1.0-1.5x on a shared, noisy machine); at 24-32 rows the expansion costs more than the bytes save
 (SmolLM2's projections 0.88-0.89x the float32 copies' speed on one thread), at 512 rows 0.99x.
 
-On CPUs with AMX, panels of the types in TILE_UNIT_TYPES (the same panels; not Q6_K and the 16-bit types, which
-use the kernels above there) go through the tile unit instead (`gemm_core_amx`) for a step's prompt rows, and for
-its decode rows where there are
-more than TILE_UNIT_MIN_ROWS of them (`_Packed.row_parts`): x is split into three bfloat16 parts that sum to it
-exactly and q is exact in bfloat16, so the tile products are exact and only float32 sums round; per 32-k block the
-sum is scaled by d and the block's offset added (m times the sum of x). That is float32-accurate (closer to the
-float64 product than the FMA kernel, in the tests) but not the FMA kernel's bits, so a row's bits follow its role
-in the step, never another request's prompt chunk. Fewer decode rows stay on the register kernels, which are faster
-there: the tile unit expands every weight of the step to bfloat16 in memory first, a cost the rows of a large step
-share.
+On CPUs with AMX, panels of the types in TILE_UNIT_TYPES (the same panels; Q6_K and the 16-bit types use the
+kernels above there) go through the tile unit instead (`gemm_core_amx`) for a step's prompt rows, and for its decode
+rows where there are more than TILE_UNIT_MIN_ROWS of them (`_Packed.row_parts`): x is split into three bfloat16
+parts that sum to it exactly and q is exact in bfloat16, so the tile products are exact and only float32 sums round;
+per 32-k group the sum is scaled by the group's scale and its offset added (times the sum of x). That is
+float32-accurate (closer to the float64 product than the FMA kernel, in the tests) but not the FMA kernel's bits,
+so a row's bits follow its role in the step, never another request's prompt chunk. Fewer decode rows stay on the
+register kernels, which are faster there: the tile unit expands every weight of the step to bfloat16 in memory
+first, a cost the rows of a large step share.
 
 bfloat16 weights are packed the same way and converted to float32 as they are loaded (x is converted once, sums
 are float32, one rounding to bfloat16 at the end): half the bytes per decode step, and for a few rows the same
@@ -166,10 +165,10 @@ class _Packed:
         TILE_UNIT_MIN_ROWS of them, prompt rows always. So a row's bits depend on its role in the step and on how
         many decode rows share it, never on another request's prompt chunk."""
         decode = m if prompt_from is None else prompt_from
-        on_tiles = int(self.tile_unit and decode > TILE_UNIT_MIN_ROWS)
-        if decode in (0, m) or on_tiles == int(self.tile_unit):
-            return [(0, m, on_tiles if decode == m else int(self.tile_unit))]
-        return [(0, decode, on_tiles), (decode, m, int(self.tile_unit))]
+        modes = (int(self.tile_unit and decode > TILE_UNIT_MIN_ROWS), int(self.tile_unit))
+        if modes[0] == modes[1]:
+            return [(0, m, modes[0])]
+        return [part for part in ((0, decode, modes[0]), (decode, m, modes[1])) if part[1] > part[0]]
 
 
 PIECE_BYTES = 8 << 20  # file bytes of the rows packed at a time (packing takes a few times its input in scratch)

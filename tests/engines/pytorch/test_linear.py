@@ -164,6 +164,17 @@ def test_fused_gate_up_silu_gives_the_bits_of_the_two_steps(threads: int, tmp_pa
     torch.testing.assert_close(unfused(x), F.gelu(F.linear(x, gate)) * F.linear(x, up), atol=1e-5, rtol=1e-4)
 
 
+def test_decode_rows_go_to_the_tile_unit_only_in_large_steps_prompt_rows_always() -> None:
+    packed = linear._Packed([(1, 2, torch.zeros(1, 320, dtype=torch.uint8))], 32, tile_unit=True)
+    big = linear.TILE_UNIT_MIN_ROWS + 1
+    assert packed.row_parts(40, 5) == [(0, 5, 0), (5, 40, 1)]  # a few decode rows, then prompt rows
+    assert packed.row_parts(40, None) == [(0, 40, 1)] and packed.row_parts(big + 3, big) == [(0, big + 3, 1)]
+    assert packed.row_parts(10, None) == [(0, 10, 0)] and packed.row_parts(10, 10) == [(0, 10, 0)]
+    assert packed.row_parts(12, 0) == [(0, 12, 1)]  # a prefill alone
+    off = linear._Packed([(1, 2, torch.zeros(1, 320, dtype=torch.uint8))], 32, tile_unit=False)
+    assert off.row_parts(40, 5) == [(0, 40, 0)]
+
+
 def _tile_unit(lin: Linear | GatedActivation) -> bool:
     return lin._blocks is not None and lin._blocks.tile_unit
 
