@@ -26,8 +26,8 @@ bound by the weight stream, so they gain most (bench/gguf_kernel_bench.py: 1 row
 weights, 8 rows 1.0-1.5x on a shared, noisy machine); at 24-32 rows the expansion costs more than the bytes save
 (SmolLM2's projections 0.88-0.89x the float32 copies' speed on one thread), at 512 rows 0.99x.
 
-On CPUs with AMX, panels of the types in TILE_UNIT_TYPES (the same panels; Q6_K and the 16-bit types use the
-kernels above there) go through the tile unit instead (`gemm_core_amx`) for a step's prompt rows, and for its decode
+On CPUs with AMX, panels of the types in TILE_UNIT_TYPES (the same panels; the 16-bit types use the kernels
+above there) go through the tile unit instead (`gemm_core_amx`) for a step's prompt rows, and for its decode
 rows where there are more than TILE_UNIT_MIN_ROWS of them (`_Packed.row_parts`): x is split into three bfloat16
 parts that sum to it exactly and q is exact in bfloat16, so the tile products are exact and only float32 sums round;
 per 32-k group the sum is scaled by the group's scale and its offset added (times the sum of x). That is
@@ -80,8 +80,7 @@ BF16_TILES = 3  # a Linear's tile-unit mode for bfloat16 weights (1: GGUF blocks
 # crossover (~10): a speculative verification step at the default settings (2 sequences x 6 rows) then gets the
 # bits of one-token steps, as speculation needs.
 TILE_UNIT_MIN_ROWS = 16
-# the GGUF types the tile unit's kernel reads (csrc/gemm.c, amx_type: one scale and offset per 32-k group)
-TILE_UNIT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K")
+TILE_UNIT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # csrc/gemm.c, amx_type
 ROW_TILE = 192
 # Whether weights with GGUF blocks use the tile unit (AMX) where the CPU has one; tests turn it off to reach the
 # register kernels.

@@ -262,12 +262,12 @@ static inline int next_tile(gemm_job* j, int* n0, int* m0, int* nb, int* mc) {
 }
 
 /* ---- AMX (CPUs with AMX-BF16): GGUF panels on the tile unit, for prompt rows and large decode steps ----
-   The same panels as the register kernels (gemm_blocks.h), every type with one scale and offset per 32-k group:
-   Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K (not Q6_K, whose 16-k halves have scales of their own). x is split once
-   per call into three bfloat16 parts whose sum is x exactly (8 + 8 + 8 significant bits), and q (0..31, or
+   The same panels as the register kernels (gemm_blocks.h), every quantized type. x is split once per call into
+   three bfloat16 parts whose sum is x exactly (8 + 8 + 8 significant bits), and q (0..31, Q6_K's q - 32, or
    -128..127) is exact in bfloat16, so every product in the tile unit is exact and only float32 sums round: per
    32-k group C = sum_k x_k q_k (three tile products, one per part), then y = b * sum_k x_k + (a * C + y) with the
-   group's scale a and offset b as the register kernels form them (group_decode; Q8_0: no offset). The result is
+   group's scale a and offset b as the register kernels form them (group_decode; Q8_0 and Q6_K: no offset; Q6_K's
+   16-k halves, which have scales of their own, are two such products, each with the other half's q zero). The result is
    float32-accurate (closer to the float64 product than the FMA kernel's, tests/engines/pytorch/test_linear.py) but
    not the FMA kernel's bits; a row's bits depend only on that row and the weight, at any number of rows the caller
    sends here. Each group's q are expanded per call into the tile unit's layout for B ([16 k pairs][16 columns][2]
@@ -324,8 +324,12 @@ static void amx_split_task(void* p) {
         amx_split_rows(j->x + rt * 16 * j->ldx, j->ldx, j->M - rt * 16 < 16 ? j->M - rt * 16 : 16, j->K,
                        j->xa + (int64_t)rt * kb * 1536, j->xs + (int64_t)rt * kb * 16);
 }
-/* True for the panel types the tile unit reads: those with one scale and offset per 32-k group (not Q6_K's two). */
-static inline int amx_type(int t) { return t != BT_Q6_K && t <= BT_Q5_K; }
+/* True for the panel types the tile unit reads: every quantized one. */
+static inline int amx_type(int t) { return t <= BT_Q6_K; }
+/* Expanded q of a 32-k group, in bfloat16 elements: the B tile's 16 k-pair rows; Q6_K's two 16-k halves have scales
+   of their own, so its rows are stored as [k 0..15][8 zero rows][k 16..31], and the tiles loaded at row 0 and row 8
+   each hold one half (amx_expand_group). */
+static inline int amx_group_elems(int t) { return t == BT_Q6_K ? 768 : 512; }
 /* Bit 4 of q for k rows k and k + 1 (k even) of a 5-bit group, interleaved by column as the B tile wants them: the
    high bits are packed with k = 4 i + j at bit i of byte 16 j + column (block_panels._high_bits), and k, k + 1
    share i. 16-bit shifts: after the mask, each byte's bit 4 came from its own byte. */
@@ -337,9 +341,19 @@ static inline __m256i amx_high_pair(const uint8_t* high, int k) {
     const __m256i moved = s > 0 ? _mm256_slli_epi16(pairs, s) : s < 0 ? _mm256_srli_epi16(pairs, -s) : pairs;
     return _mm256_and_si256(moved, _mm256_set1_epi8(0x10));
 }
+/* Bits 4-5 of q for k rows k and k + 1 (k even) of a Q6_K group, interleaved by column: packed with k = 8 i + j at
+   bits 2 i of byte 16 j + column, and k, k + 1 share i. */
+static inline __m256i amx_high2_pair(const uint8_t* high, int k) {
+    const __m128i a = _mm_loadu_si128((const __m128i*)(high + 16 * (k % 8)));
+    const __m128i b = _mm_loadu_si128((const __m128i*)(high + 16 * (k % 8 + 1)));
+    const __m256i pairs = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
+    const int s = 4 - 2 * (k / 8);
+    const __m256i moved = s > 0 ? _mm256_slli_epi16(pairs, s) : s < 0 ? _mm256_srli_epi16(pairs, -s) : pairs;
+    return _mm256_and_si256(moved, _mm256_set1_epi8(0x30));
+}
 /* One 32-k group's q (v: gemm_blocks.h's group_decode of it) as the B tile, bfloat16 (exact): k rows 2r and 2r + 1
    interleaved column by column; 4- and 5-bit q by table (the low nibbles are k 0..15, the high ones k 16..31),
-   Q8_0's int8 by float. */
+   Q6_K's as q - 32 by a 64-entry table (amx_group_elems' layout), Q8_0's int8 by float. */
 static inline void amx_expand_group(int t, const group_view* v, uint16_t* b) {
     if (t == BT_Q8_0) {
         for (int r = 0; r < 16; r++) {
@@ -350,37 +364,50 @@ static inline void amx_expand_group(int t, const group_view* v, uint16_t* b) {
         }
         return;
     }
+    const int six = t == BT_Q6_K;
     const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512i bf16_of = (__m512i)_mm512_cvtne2ps_pbh(_mm512_add_ps(iota, _mm512_set1_ps(16.0f)), iota);  /* 0..31 */
+    const __m512 first = _mm512_set1_ps(six ? -32.0f : 0.0f);  /* table entry i: the bfloat16 of first + i */
+    const __m512i bf16_lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_add_ps(iota, _mm512_add_ps(first, _mm512_set1_ps(16))),
+                                                         _mm512_add_ps(iota, first));
+    const __m512i bf16_hi = (__m512i)_mm512_cvtne2ps_pbh(_mm512_add_ps(iota, _mm512_add_ps(first, _mm512_set1_ps(48))),
+                                                         _mm512_add_ps(iota, _mm512_add_ps(first, _mm512_set1_ps(32))));
     const __m256i low4 = _mm256_set1_epi8(15);
+    uint16_t* const upper = b + (six ? 32 * 16 : 32 * 8);  /* k 16..31's rows (Q6_K: after 8 zero rows) */
+    if (six) memset(b + 32 * 8, 0, 8 * 64);
     for (int r = 0; r < 8; r++) {
         const __m128i k0 = load16(v->nib + 32 * r), k1 = load16(v->nib + 32 * r + 16);
         const __m256i pairs = _mm256_set_m128i(_mm_unpackhi_epi8(k0, k1), _mm_unpacklo_epi8(k0, k1));
         __m256i lo = _mm256_and_si256(pairs, low4), hi = _mm256_and_si256(_mm256_srli_epi16(pairs, 4), low4);
-        if (v->high) {
+        if (six) {
+            lo = _mm256_or_si256(lo, amx_high2_pair(v->high, 2 * r));
+            hi = _mm256_or_si256(hi, amx_high2_pair(v->high, 2 * r + 16));
+        } else if (v->high) {
             lo = _mm256_or_si256(lo, amx_high_pair(v->high, 2 * r));
             hi = _mm256_or_si256(hi, amx_high_pair(v->high, 2 * r + 16));
         }
-        _mm512_store_si512(b + 32 * r, _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(lo), bf16_of));
-        _mm512_store_si512(b + 32 * (r + 8), _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(hi), bf16_of));
+        _mm512_store_si512(b + 32 * r, _mm512_permutex2var_epi16(bf16_lo, _mm512_cvtepu8_epi16(lo), bf16_hi));
+        _mm512_store_si512(upper + 32 * r, _mm512_permutex2var_epi16(bf16_lo, _mm512_cvtepu8_epi16(hi), bf16_hi));
     }
 }
 /* C (tile c) = the row tile's parts (tiles 0-2) times q (tile b), stored to cb. */
 #define AMX_PRODUCT(c, b, cb) do { _tile_zero(c); _tile_dpbf16ps(c, 0, b); _tile_dpbf16ps(c, 1, b); \
     _tile_dpbf16ps(c, 2, b); _tile_stored(c, cb, 64); } while (0)
 /* y (rows x 16) = b0 * xs + (a0 * C + y) for one panel's C (16 x 16, 16 floats apart) of 32-k group kb, with the
-   group's scale a0 and offset b0 (group_decode: d, m or -8 d, -16 d; the K types' d * sc, -dmin * min; Q8_0 none). */
+   group's scale a0 and offset b0 (group_decode: d, m or -8 d, -16 d; the K types' d * sc, -dmin * min; Q8_0 none).
+   Q6_K, half h of the group: y = a_h * C + y (its q were expanded as q - 32: no offset). */
 static inline void amx_fold(const float* c, const float* s, int t, const uint8_t* panel, float* y, int64_t ldy,
-                            int rows, int kb) {
+                            int rows, int kb, int h) {
     group_view v;
     group_decode(t, panel, kb, &v);
+    const __m512 a = h ? v.a1 : v.a0;
     for (int r = 0; r < rows; r++) {
-        const __m512 prev = kb ? _mm512_loadu_ps(y + r * ldy) : _mm512_setzero_ps();
-        const __m512 scaled = _mm512_fmadd_ps(v.a0, _mm512_load_ps(c + r * 16), prev);
-        _mm512_storeu_ps(y + r * ldy, t == BT_Q8_0 ? scaled : _mm512_fmadd_ps(v.b0, _mm512_set1_ps(s[r]), scaled));
+        const __m512 prev = kb || h ? _mm512_loadu_ps(y + r * ldy) : _mm512_setzero_ps();
+        const __m512 scaled = _mm512_fmadd_ps(a, _mm512_load_ps(c + r * 16), prev);
+        _mm512_storeu_ps(y + r * ldy, t == BT_Q8_0 || t == BT_Q6_K ? scaled
+                                                                   : _mm512_fmadd_ps(v.b0, _mm512_set1_ps(s[r]), scaled));
     }
 }
-static __thread amx_scratch amx_q;  /* a thread's expanded q: [K / 32][16 panels][512] */
+static __thread amx_scratch amx_q;  /* a thread's expanded q: [K / 32][16 panels][amx_group_elems] */
 #define AMX_LAG 4  /* C tiles stored ahead of their fold: the tile unit's stores reach ordinary loads late */
 /* y[M, NB * 16] = x @ W.T from x's parts (xa, xs: amx_split_rows' layout, M rows) and the panels wq. Per 16 panels
    and row tile, per 32-k block: the parts are loaded once, each panel's q is loaded while the previous one's
@@ -389,8 +416,8 @@ static __thread amx_scratch amx_q;  /* a thread's expanded q: [K / 32][16 panels
    overlaps the products), and kept for the other row tiles (amx_q: up to 768 KB, L2). -1: out of memory. */
 static int gemm_core_amx(const uint16_t* xa, const float* xs, const uint8_t* wp, int64_t pstride, int t, float* y,
                          int64_t ldy, int M, int NB, int K) {
-    const int KB = K / 32, RT = (M + 15) / 16;
-    uint16_t* const qx = (uint16_t*)amx_reserve(&amx_q, (size_t)KB * 16 * 1024);
+    const int KB = K / 32, RT = (M + 15) / 16, ge = amx_group_elems(t), halves = t == BT_Q6_K ? 2 : 1;
+    uint16_t* const qx = (uint16_t*)amx_reserve(&amx_q, (size_t)KB * 16 * ge * 2);
     if (!qx) return -1;
     float ring[AMX_LAG][256] __attribute__((aligned(64)));
     amx_configure(M < 16 ? M : 16);
@@ -400,29 +427,30 @@ static int gemm_core_amx(const uint16_t* xa, const float* xs, const uint8_t* wp,
         for (int rt = 0; rt < RT; rt++) {
             const int rows = M - rt * 16 < 16 ? M - rt * 16 : 16;
             float* yt = y + rt * 16 * ldy + n0 * 16;
-            int issued = 0, pn[AMX_LAG], pkb[AMX_LAG];  /* ring slot -> its panel and block */
+            int issued = 0, pn[AMX_LAG], pkb[AMX_LAG], ph[AMX_LAG];  /* ring slot -> its panel, block and half */
 #define AMX_FOLD(slot) amx_fold(ring[slot], xs + ((int64_t)rt * KB + pkb[slot]) * 16, t, wn + pn[slot] * pstride, \
-                                yt + pn[slot] * 16, ldy, rows, pkb[slot])
+                                yt + pn[slot] * 16, ldy, rows, pkb[slot], ph[slot])
             for (int kb = 0; kb < KB; kb++) {
                 const uint16_t* a = xa + ((int64_t)rt * KB + kb) * 1536;
-                const uint16_t* q = qx + (int64_t)kb * 16 * 512;
+                const uint16_t* q = qx + (int64_t)kb * 16 * ge;
                 if (rt == 0)  /* q expanded as the first row tile needs them, the next block's prefetched */
                     for (int n = 0; n < nn; n++) {
                         group_view v;
                         group_decode(t, wn + n * pstride, kb, &v);
                         if (kb + 1 < KB) prefetch_group(t, wn + n * pstride, wn + n * pstride, 1, pstride, kb + 1);
-                        amx_expand_group(t, &v, qx + ((int64_t)kb * 16 + n) * 512);
+                        amx_expand_group(t, &v, qx + ((int64_t)kb * 16 + n) * ge);
                     }
                 _tile_loadd(0, a, 64);
                 _tile_loadd(1, a + 512, 64);
                 _tile_loadd(2, a + 1024, 64);
                 _tile_loadd(6, q, 64);
-                for (int n = 0; n < nn; n++, issued++) {
-                    const int slot = issued % AMX_LAG, more = n + 1 < nn;
+                for (int i = 0; i < nn * halves; i++, issued++) {  /* panel i / halves, half i % halves */
+                    const int slot = issued % AMX_LAG, more = i + 1 < nn * halves;
+                    const uint16_t* next = q + (i + 1) / halves * ge + (i + 1) % halves * 256;
                     if (issued >= AMX_LAG) AMX_FOLD(slot);  /* the C stored AMX_LAG products ago */
-                    if (n & 1) { if (more) _tile_loadd(6, q + (n + 1) * 512, 64); AMX_PRODUCT(5, 7, ring[slot]); }
-                    else { if (more) _tile_loadd(7, q + (n + 1) * 512, 64); AMX_PRODUCT(4, 6, ring[slot]); }
-                    pn[slot] = n, pkb[slot] = kb;
+                    if (i & 1) { if (more) _tile_loadd(6, next, 64); AMX_PRODUCT(5, 7, ring[slot]); }
+                    else { if (more) _tile_loadd(7, next, 64); AMX_PRODUCT(4, 6, ring[slot]); }
+                    pn[slot] = i / halves, pkb[slot] = kb, ph[slot] = i % halves;
                 }
             }
             for (int i = issued > AMX_LAG ? issued - AMX_LAG : 0; i < issued; i++) AMX_FOLD(i % AMX_LAG);

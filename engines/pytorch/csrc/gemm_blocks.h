@@ -90,7 +90,7 @@ static inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128((const _
 typedef struct { v16 a0, b0, a1, b1; const uint8_t *nib, *q8, *high; } group_view;
 static inline __attribute__((always_inline)) void group_decode(const int t, const uint8_t* panel, int gi,
                                                                group_view* v) {
-    v->q8 = v->high = 0;
+    v->q8 = v->high = v->nib = 0;
     if (t <= BT_Q8_0) {
         const uint8_t* g = panel + (int64_t)gi * BT_RECORD[t];
         v->a0 = v->a1 = v16_f16(g);
