@@ -188,6 +188,9 @@ class EngineInfo:
     # Whether a verification step's logits (SequenceStep.num_draft_tokens) are bit for bit those of one-token
     # decode steps: speculative decoding keeps greedy output unchanged only then, and is not used otherwise.
     exact_verification: bool = False
+    # The most decode rows (one-token steps' and verification steps' rows) a step may hold for that to stay true; 0:
+    # any number (the native engine on a CPU with AMX: past it, decode rows go through the tile unit, other bits).
+    max_exact_decode_rows: int = 0
 
 
 # ---------------------------------------------------------------- tensor (KServe v2) models

@@ -104,6 +104,7 @@ class PyTorchEngine(StepEngine):
             # alone); torch's GEMM and SDPA sum in an order that depends on the rows of the call
             exact_verification=match_transformers or (self._runner.kernel_threads > 0
                                                       and self._runner.attention.uses_kernel),
+            max_exact_decode_rows=self._runner.tile_unit_decode_rows,
         )
         self._generators: dict[str, torch.Generator] = {}
 

@@ -302,6 +302,11 @@ class Linear:
         return self._blocks.nbytes if self._blocks is not None else 0
 
     @property
+    def on_tile_unit(self) -> bool:
+        """Whether some steps run this projection's GGUF blocks on the tile unit (`_Packed.row_parts`)."""
+        return self._blocks is not None and self._blocks.tile_unit
+
+    @property
     def reads_blocks(self) -> bool:
         """Whether the kernel reads this projection's GGUF blocks (then `weight_rows` reads its rows back)."""
         return self._blocks is not None
@@ -494,6 +499,13 @@ class GatedActivation:
         if self._linear is not None:
             return self._linear.blocks_nbytes
         return self._blocks.nbytes if self._blocks is not None else 0
+
+    @property
+    def on_tile_unit(self) -> bool:
+        """As `Linear.on_tile_unit`."""
+        if self._linear is not None:
+            return self._linear.on_tile_unit
+        return self._blocks is not None and self._blocks.tile_unit
 
     @property
     def exact_rows(self) -> bool:

@@ -220,6 +220,14 @@ class PagedModelRunner:
         )
 
     @property
+    def tile_unit_decode_rows(self) -> int:
+        """Decode rows past which a step's projections run them on the tile unit (linear.TILE_UNIT_MIN_ROWS), with
+        other bits than fewer rows get; 0 when no projection reads GGUF blocks on a tile unit."""
+        projections = [self.lm_head, *(p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up_act,
+                                                                           layer.down))]
+        return linear_module.TILE_UNIT_MIN_ROWS if any(p.on_tile_unit for p in projections) else 0
+
+    @property
     def kv_bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.k_cache.element_size()
 

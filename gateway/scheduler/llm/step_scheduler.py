@@ -205,11 +205,15 @@ class StepScheduler:
         running = sorted(self._running, key=lambda s: s.sort_key(now, aging))
         spec = self._spec
         speculate = spec is not None and len(running) <= spec.disable_by_batch_size
+        # proposals stay within the decode rows whose logits the engine computes as one-token steps do
+        limit = self._info.max_exact_decode_rows
+        spare_rows = limit - len(running) if limit else budget
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
             n = min(len(seq.tokens) - seq.num_computed, budget)
-            drafts = self._propose(seq, budget - n) if speculate and n == 1 else []
+            drafts = self._propose(seq, min(budget - n, spare_rows)) if speculate and n == 1 else []
+            spare_rows -= len(drafts)
             if drafts and not self._kv.can_allocate(seq.seq_id, seq.num_computed + n + len(drafts)):
                 drafts = []  # proposals never take blocks another sequence needs
             while self._kv.allocate(seq.seq_id, seq.num_computed + n + len(drafts)) is None:

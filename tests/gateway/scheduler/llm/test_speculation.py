@@ -207,3 +207,18 @@ def test_an_engine_without_exact_verification_gets_no_proposals() -> None:
     sched = scheduler(engine, speculative=SPEC)
     run(sched, engine, req("a", "abcdefghij" * 3, max_tokens=20))
     assert not any(s.num_draft_tokens for step in engine.steps for s in step)
+
+
+def test_proposals_stay_within_the_engines_exact_decode_rows() -> None:
+    """An engine whose verification matches one-token steps only up to a number of decode rows (the native engine
+    on a CPU with AMX) never gets a step with more: the drafts shrink, the output is the same."""
+    plain, _, _ = outputs(None, *requests())
+    engine = VerifyingEngine()
+    engine._info.max_exact_decode_rows = 7
+    sched = scheduler(engine, max_num_seqs=4, max_num_batched_tokens=32, speculative=SPEC)
+    outs = run(sched, engine, *requests())
+    assert {rid: (summary(o), [t for x in o for t in x.new_token_ids]) for rid, o in outs.items()} == plain
+    decode_rows = [sum(len(s.token_ids) for s in step if s.num_draft_tokens or len(s.token_ids) == 1)
+                   for step in engine.steps if any(s.num_draft_tokens for s in step)]
+    assert decode_rows and max(decode_rows) <= 7
+    assert sched.stats().spec_drafts > 0
