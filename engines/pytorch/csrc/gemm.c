@@ -239,7 +239,7 @@ void rms_norm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, float eps,
 typedef struct {
     const float* x; const void *wp, *bias, *residual; float* y; uint16_t* y16; int64_t ldx, ldr, ldy;
     int M, NB, K, chunk, mchunk, next;
-    int amx;  /* 1: runs of Q4_0 / Q4_1 / Q8_0 panels go through the tile unit; 3: bfloat16 wp (tiles) */
+    int amx;  /* 1: runs of quantized panels go through the tile unit (tile_prepare); 3: bfloat16 wp (tiles) */
     const int* segs; const int64_t* seg_ptr; int nseg;  /* GGUF blocks in place of wp: nseg runs of panels, run s ending at
                                                             panel segs[2s] (exclusive), of type segs[2s + 1] (BT_*),
                                                             its panels at address seg_ptr[s] */
@@ -330,26 +330,18 @@ static inline int amx_type(int t) { return t <= BT_Q6_K; }
    of their own, so its rows are stored as [k 0..15][8 zero rows][k 16..31], and the tiles loaded at row 0 and row 8
    each hold one half (amx_expand_group). */
 static inline int amx_group_elems(int t) { return t == BT_Q6_K ? 768 : 512; }
-/* Bit 4 of q for k rows k and k + 1 (k even) of a 5-bit group, interleaved by column as the B tile wants them: the
-   high bits are packed with k = 4 i + j at bit i of byte 16 j + column (block_panels._high_bits), and k, k + 1
-   share i. 16-bit shifts: after the mask, each byte's bit 4 came from its own byte. */
-static inline __m256i amx_high_pair(const uint8_t* high, int k) {
-    const __m128i a = _mm_loadu_si128((const __m128i*)(high + 16 * (k % 4)));
-    const __m128i b = _mm_loadu_si128((const __m128i*)(high + 16 * (k % 4 + 1)));
+/* The high bits of q (bits 4 and up: `bits` of them, 1 for the Q5 types, 2 for Q6_K) for k rows k and k + 1 (k even)
+   of a group, interleaved by column as the B tile wants them: packed with k = 4 bits i + j at bits `bits` i of byte
+   16 j + column (block_panels._high_bits), and k, k + 1 share i. 16-bit shifts: after the mask, each byte's bits
+   came from its own byte. */
+static inline __m256i amx_high_pair(const uint8_t* high, int k, int bits) {
+    const int per = 4 * bits;
+    const __m128i a = _mm_loadu_si128((const __m128i*)(high + 16 * (k % per)));
+    const __m128i b = _mm_loadu_si128((const __m128i*)(high + 16 * (k % per + 1)));
     const __m256i pairs = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
-    const int s = 4 - k / 4;
+    const int s = 4 - bits * (k / per);
     const __m256i moved = s > 0 ? _mm256_slli_epi16(pairs, s) : s < 0 ? _mm256_srli_epi16(pairs, -s) : pairs;
-    return _mm256_and_si256(moved, _mm256_set1_epi8(0x10));
-}
-/* Bits 4-5 of q for k rows k and k + 1 (k even) of a Q6_K group, interleaved by column: packed with k = 8 i + j at
-   bits 2 i of byte 16 j + column, and k, k + 1 share i. */
-static inline __m256i amx_high2_pair(const uint8_t* high, int k) {
-    const __m128i a = _mm_loadu_si128((const __m128i*)(high + 16 * (k % 8)));
-    const __m128i b = _mm_loadu_si128((const __m128i*)(high + 16 * (k % 8 + 1)));
-    const __m256i pairs = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
-    const int s = 4 - 2 * (k / 8);
-    const __m256i moved = s > 0 ? _mm256_slli_epi16(pairs, s) : s < 0 ? _mm256_srli_epi16(pairs, -s) : pairs;
-    return _mm256_and_si256(moved, _mm256_set1_epi8(0x30));
+    return _mm256_and_si256(moved, _mm256_set1_epi8((char)(((1 << bits) - 1) << 4)));
 }
 /* One 32-k group's q (v: gemm_blocks.h's group_decode of it) as the B tile, bfloat16 (exact): k rows 2r and 2r + 1
    interleaved column by column; 4- and 5-bit q by table (the low nibbles are k 0..15, the high ones k 16..31),
@@ -378,12 +370,9 @@ static inline void amx_expand_group(int t, const group_view* v, uint16_t* b) {
         const __m128i k0 = load16(v->nib + 32 * r), k1 = load16(v->nib + 32 * r + 16);
         const __m256i pairs = _mm256_set_m128i(_mm_unpackhi_epi8(k0, k1), _mm_unpacklo_epi8(k0, k1));
         __m256i lo = _mm256_and_si256(pairs, low4), hi = _mm256_and_si256(_mm256_srli_epi16(pairs, 4), low4);
-        if (six) {
-            lo = _mm256_or_si256(lo, amx_high2_pair(v->high, 2 * r));
-            hi = _mm256_or_si256(hi, amx_high2_pair(v->high, 2 * r + 16));
-        } else if (v->high) {
-            lo = _mm256_or_si256(lo, amx_high_pair(v->high, 2 * r));
-            hi = _mm256_or_si256(hi, amx_high_pair(v->high, 2 * r + 16));
+        if (v->high) {
+            lo = _mm256_or_si256(lo, amx_high_pair(v->high, 2 * r, six ? 2 : 1));
+            hi = _mm256_or_si256(hi, amx_high_pair(v->high, 2 * r + 16, six ? 2 : 1));
         }
         _mm512_store_si512(b + 32 * r, _mm512_permutex2var_epi16(bf16_lo, _mm512_cvtepu8_epi16(lo), bf16_hi));
         _mm512_store_si512(upper + 32 * r, _mm512_permutex2var_epi16(bf16_lo, _mm512_cvtepu8_epi16(hi), bf16_hi));
