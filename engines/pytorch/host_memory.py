@@ -56,7 +56,6 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (ma
 MMAP_THRESHOLD = 32 << 20  # the largest glibc accepts on 64-bit: buffers up to this size come from the heap
 TRIM_THRESHOLD = 1 << 30  # free heap memory kept for the next step before any is returned to the OS
 LOAD_MMAP_THRESHOLD = 128 << 10  # glibc's initial threshold, fixed: loading's buffers go back on free
-_MADV_DONTNEED = 4  # madvise's advice number (Linux)
 
 
 def _glibc(name: str) -> Any:
@@ -118,10 +117,10 @@ def drop_file_pages(t: torch.Tensor) -> bool:
     as long as the mapping lives (the whole file again). A later read faults them in from the file: the contents
     never change, since nothing writes to such a view."""
     madvise = _glibc("madvise")
-    if madvise is None or t.numel() == 0:
+    if madvise is None or not hasattr(mmap, "MADV_DONTNEED") or t.numel() == 0:
         return False
     madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
     page = mmap.PAGESIZE
     start = -(-t.data_ptr() // page) * page  # whole pages only: a neighbour's partial page stays as it is
     end = (t.data_ptr() + t.numel() * t.element_size()) // page * page
-    return end <= start or madvise(start, end - start, _MADV_DONTNEED) == 0
+    return end <= start or madvise(start, end - start, mmap.MADV_DONTNEED) == 0

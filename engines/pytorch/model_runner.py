@@ -385,9 +385,9 @@ class PagedModelRunner:
 
     def _dense(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lay: StepLayout) -> torch.Tensor:
         """The layers and the logits of a step's embeddings."""
+        nd = lay.num_decode
         for i, layer in enumerate(self.layers):
             hidden = self._attention(i, layer, self.dense.rms_norm(layer.input_norm, hidden), cos, sin, lay, hidden)
-            nd = lay.num_decode
             mlp = layer.gate_up_act(self.dense.rms_norm(layer.post_norm, hidden), prompt_from=nd)
             hidden = layer.down(mlp, hidden, prompt_from=nd)
         return self.logits(hidden, lay)

@@ -618,8 +618,8 @@ void gemm_bf16w_par(const float* x, int64_t ldx, const uint16_t* wp, const uint1
     POOL_RUN(gemm_task, &j);
 }
 
-/* gemm_f32_par with the weight as GGUF blocks: nseg runs of panels (gemm_job's segs); amx 1: its Q4_0 / Q4_1 / Q8_0
-   runs through the tile unit where the CPU has one. Returns 0, or -1 when a scratch (the split of x, an expanding
+/* gemm_f32_par with the weight as GGUF blocks: nseg runs of panels (gemm_job's segs); amx 1: its quantized runs
+   through the tile unit where the CPU has one. Returns 0, or -1 when a scratch (the split of x, an expanding
    kernel's) could not be allocated. */
 int gemm_blocks_par(const float* x, int64_t ldx, const int* segs, const int64_t* ptrs, int nseg, const float* bias,
                     const float* residual, int64_t ldr, float* y, int64_t ldy, int M, int NB, int K, int chunk,
