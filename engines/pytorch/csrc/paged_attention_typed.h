@@ -1,6 +1,22 @@
 /* The paged attention kernels, once per storage type: paged_attention.c includes this header with TYPE_SUFFIX f32
    and bf16. No include guard: it is meant to be included once per type (type_suffix.h). */
-#if VEC
+#if ZVEC
+/* Scores of 8 consecutive cached rows against one query head of size 64: 8 independent FMA chains of 16 lanes, the
+   two halves of each added, then a transposing horizontal add gives the 8 sums in one register. */
+static inline __m256 SFX(dot8x64)(const float* q, const SFX(T)* k, int64_t row) {
+    __m512 a[8];
+    for (int t = 0; t < 8; t++) a[t] = _mm512_setzero_ps();
+    for (int j = 0; j < 64; j += 16) {
+        const __m512 qj = _mm512_loadu_ps(q + j);
+        for (int t = 0; t < 8; t++) a[t] = _mm512_fmadd_ps(qj, SFX(loadz)(k + t * row + j), a[t]);
+    }
+    __m256 h[8];
+    for (int t = 0; t < 8; t++)
+        h[t] = _mm256_add_ps(_mm512_castps512_ps256(a[t]),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[t]), 1)));
+    return sum8x8(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
+}
+#elif VEC
 /* Scores of 8 consecutive cached rows against one query head of size 64: 8 independent FMA chains, then a
    transposing horizontal add gives the 8 sums in one register. */
 static inline __m256 SFX(dot8x64)(const float* q, const SFX(T)* k, int64_t row) {
@@ -139,9 +155,10 @@ static void SFX(tile64)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table
    the scores, each head's maximum m[h], the weights p = exp(score - m[h]), their sum l[h] and acc[h] = the sum of p
    times the value rows, not yet divided by l[h]. The cache is walked block by block and each block's rows (all KV
    heads, contiguous) are used for every head before moving on, once for the scores and once for the values.
-   qf: H * D scaled queries; scores: H * (t_end - t_begin) floats; acc: H * D floats. */
+   qf: H * D scaled queries; scores: H * (t_end - t_begin) floats; acc: H * D floats. `prefetch`: ask for each
+   next block while this one is used (not when another row of the group has just read the span). */
 static void SFX(span)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, int t_begin, int t_end, int H, int KVH,
-                     int D, int BS, const float* qf, float* scores, float* acc, float* m, float* l) {
+                     int D, int BS, const float* qf, float* scores, float* acc, float* m, float* l, int prefetch) {
     const int G = H / KVH, len = t_end - t_begin;
     const int64_t row = (int64_t)KVH * D;
     for (int t0 = t_begin; t0 < t_end; t0 += BS) {
@@ -151,7 +168,7 @@ static void SFX(span)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, 
         const SFX(T)* ahead = t0 + BS < t_end ? kc + (int64_t)table[t0 / BS + 1] * BS * row
                                               : vc + (int64_t)table[t_begin / BS] * BS * row;
         for (int h = 0; h < H; h++) {
-            prefetch_part(ahead, sizeof(SFX(T)) * BS * row, h, H);
+            if (prefetch) prefetch_part(ahead, sizeof(SFX(T)) * BS * row, h, H);
             const SFX(T)* k = kb + (int64_t)(h / G) * D;
             float* sc = scores + (int64_t)h * len + (t0 - t_begin);
             int t = 0;
@@ -164,22 +181,36 @@ static void SFX(span)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, 
     }
     for (int h = 0; h < H; h++) {
         float* sc = scores + (int64_t)h * len;
-        float mh = sc[0];
-        for (int t = 1; t < len; t++) mh = sc[t] > mh ? sc[t] : mh;
-        m[h] = mh;
-        l[h] = exp_sum(sc, len, mh);
+        m[h] = max_of(sc, len);
+        l[h] = exp_sum(sc, len, m[h]);
     }
     for (int i = 0; i < H * D; i++) acc[i] = 0.0f;
     for (int t0 = t_begin; t0 < t_end; t0 += BS) {
         const SFX(T)* vb = vc + (int64_t)table[t0 / BS] * BS * row;
         const int n = t_end - t0 < BS ? t_end - t0 : BS;
-        const SFX(T)* ahead = t0 + BS < t_end ? vc + (int64_t)table[t0 / BS + 1] * BS * row : 0;
+        const SFX(T)* ahead = prefetch && t0 + BS < t_end ? vc + (int64_t)table[t0 / BS + 1] * BS * row : 0;
         for (int h = 0; h < H; h++) {
             if (ahead) prefetch_part(ahead, sizeof(SFX(T)) * BS * row, h, H);
             const SFX(T)* v = vb + (int64_t)(h / G) * D;
             const float* p = scores + (int64_t)h * len + (t0 - t_begin);
             float* o = acc + (int64_t)h * D;
-#if VEC
+#if ZVEC
+            if (D == 64) {  /* the output row stays in registers over the block */
+                __m512 o0 = _mm512_loadu_ps(o), o1 = _mm512_loadu_ps(o + 16), o2 = _mm512_loadu_ps(o + 32);
+                __m512 o3 = _mm512_loadu_ps(o + 48);
+                for (int t = 0; t < n; t++) {
+                    const SFX(T)* vt = v + t * row;
+                    const __m512 pt = _mm512_set1_ps(p[t]);
+                    o0 = _mm512_fmadd_ps(pt, SFX(loadz)(vt), o0);
+                    o1 = _mm512_fmadd_ps(pt, SFX(loadz)(vt + 16), o1);
+                    o2 = _mm512_fmadd_ps(pt, SFX(loadz)(vt + 32), o2);
+                    o3 = _mm512_fmadd_ps(pt, SFX(loadz)(vt + 48), o3);
+                }
+                _mm512_storeu_ps(o, o0); _mm512_storeu_ps(o + 16, o1); _mm512_storeu_ps(o + 32, o2);
+                _mm512_storeu_ps(o + 48, o3);
+                continue;
+            }
+#elif VEC
             if (D == 64) {  /* the output row stays in registers over the block */
                 __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8), o2 = _mm256_loadu_ps(o + 16);
                 __m256 o3 = _mm256_loadu_ps(o + 24), o4 = _mm256_loadu_ps(o + 32), o5 = _mm256_loadu_ps(o + 40);
@@ -213,7 +244,7 @@ static void SFX(sequence)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* tab
                          int KVH, int D, int BS, float scale, float* qf, float* scores, float* acc) {
     float m[H], l[H];
     for (int i = 0; i < H * D; i++) qf[i] *= scale;
-    SFX(span)(kc, vc, table, 0, ctx, H, KVH, D, BS, qf, scores, acc, m, l);
+    SFX(span)(kc, vc, table, 0, ctx, H, KVH, D, BS, qf, scores, acc, m, l, 1);
     for (int h = 0; h < H; h++) {
         const float inv = 1.0f / l[h];
         for (int j = 0; j < D; j++) SFX(store1)(out + h * D + j, acc[h * D + j] * inv);
@@ -260,7 +291,9 @@ static void SFX(decode_write)(const SFX(T)* k_new, int64_t k_stride, const SFX(T
 /* A decode row attends in spans of DECODE_SPAN positions (a multiple of the block size): each span gives every
    head a partial softmax (span), and the row's spans are merged in order (decode_merge). The spans are the work
    shared between threads, so one long sequence keeps every thread busy; a row's bits depend only on its own
-   context, never on the rows beside it or on the threads. */
+   context, never on the rows beside it or on the threads. The rows of a verification step (consecutive positions
+   of one sequence) form a group: one work item computes a span for all of them in turn, so the group reads each
+   span's keys and values from memory once, then from the core's cache. */
 #ifndef DECODE_SPAN
 #define DECODE_SPAN 128
 #endif
@@ -269,26 +302,45 @@ typedef struct {
     const SFX(T) *kc, *vc; const int32_t *tables, *ctx_lens; SFX(T)* out;
     int max_blocks, B, H, KVH, D, BS, span;
     float* qf;     /* [B][H][D]: every row's rotated, scaled queries */
-    int* first;    /* [B + 1]: row b's spans are items first[b] .. first[b + 1] - 1 */
-    int* ready;    /* [B]: row b's queries are in qf (set by whoever takes its first span) */
+    int* first;    /* [B + 1]: row b's spans' partial results are parts first[b] .. first[b + 1] - 1 */
     int* done;     /* [B]: row b's spans computed (whoever computes the last one merges the row) */
-    float* parts;  /* per item: acc [H][D], then m [H], then l [H] */
+    int* row0;     /* [groups + 1]: group g is rows row0[g] .. row0[g + 1] - 1 */
+    int* item0;    /* [groups + 1]: group g's spans are items item0[g] .. item0[g + 1] - 1 */
+    int* ready;    /* [groups]: the group's queries are in qf (set by whoever takes its first span) */
+    int groups;
+    float* parts;  /* per part: acc [H][D], then m [H], then l [H] */
     int next, rc;
 } SFX(decode_job);
 
-/* Number the spans and allocate the rows' queries and the spans' partial results. Returns 0, or -1 without
-   memory. */
+/* Group the rows, number the spans and allocate the queries and the spans' partial results. Returns 0, or -1
+   without memory. */
 static int SFX(decode_prepare)(SFX(decode_job)* j) {
     const int B = j->B;
     j->span = j->BS >= DECODE_SPAN ? j->BS : (DECODE_SPAN + j->BS - 1) / j->BS * j->BS;
-    j->first = (int*)malloc(sizeof(int) * (size_t)(3 * B + 1));
+    j->first = (int*)malloc(sizeof(int) * (size_t)(5 * B + 3));
     j->qf = (float*)malloc(sizeof(float) * (size_t)B * j->H * j->D);
     if (!j->first || !j->qf) return -1;
-    j->ready = j->first + B + 1;
-    j->done = j->ready + B;
-    memset(j->ready, 0, sizeof(int) * 2 * (size_t)B);
+    j->done = j->first + B + 1;
+    j->row0 = j->done + B;
+    memset(j->done, 0, sizeof(int) * (size_t)B);
     j->first[0] = 0;
     for (int b = 0; b < B; b++) j->first[b + 1] = j->first[b] + (j->ctx_lens[b] + j->span - 1) / j->span;
+    int g = 0;
+    for (int b = 0; b < B; b++)  /* a row one position past the row before, in the same blocks, joins its group */
+        if (b == 0 || j->ctx_lens[b] != j->ctx_lens[b - 1] + 1 ||
+            memcmp(j->tables + (int64_t)b * j->max_blocks, j->tables + (int64_t)(b - 1) * j->max_blocks,
+                   sizeof(int32_t) * (size_t)j->max_blocks) != 0)
+            j->row0[g++] = b;
+    j->row0[g] = B;
+    j->groups = g;
+    j->item0 = j->row0 + g + 1;
+    j->ready = j->item0 + g + 1;
+    memset(j->ready, 0, sizeof(int) * (size_t)g);
+    j->item0[0] = 0;
+    for (int i = 0; i < g; i++) {
+        const int last = j->row0[i + 1] - 1;  /* the group's longest context */
+        j->item0[i + 1] = j->item0[i] + j->first[last + 1] - j->first[last];
+    }
     j->parts = (float*)malloc(sizeof(float) * (size_t)j->first[B] * j->H * (j->D + 2));
     return j->parts ? 0 : -1;
 }
@@ -317,32 +369,41 @@ static void SFX(decode_merge)(const SFX(decode_job)* j, int b) {
     }
 }
 
-/* The spans taken one at a time from j->next: several threads may run this on the same job. A row's first span
-   is taken before its others (the counter only grows): its taker rotates the row's queries, the others wait for
-   them; the taker of a row's last finished span merges it. */
+/* The work items (a group's span) taken one at a time from j->next: several threads may run this on the same job.
+   A group's first span is taken before its others (the counter only grows): its taker rotates the group's
+   queries, the others wait for them; whoever computes a row's last span merges the row. */
 static void SFX(decode_spans)(SFX(decode_job)* j) {
-    const int H = j->H, D = j->D, total = j->first[j->B];
+    const int H = j->H, D = j->D, total = j->item0[j->groups];
+    const size_t size = (size_t)H * (D + 2);
     float* scores = (float*)malloc(sizeof(float) * (size_t)H * j->span);
     if (!scores) { __atomic_store_n(&j->rc, -1, __ATOMIC_RELAXED); return; }
-    int b = 0;
+    int g = 0;
     for (int item; (item = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < total;) {
-        while (j->first[b + 1] <= item) b++;  /* a thread's items only grow */
-        float* qf = j->qf + (size_t)b * H * D;
-        if (item == j->first[b]) {
-            const int64_t c = (int64_t)b * D;
-            SFX(rope_heads)(j->q + b * j->q_stride, j->cos ? j->cos + c : 0, j->sin ? j->sin + c : 0, H, D, qf);
-            for (int i = 0; i < H * D; i++) qf[i] *= j->scale;
-            __atomic_store_n(&j->ready[b], 1, __ATOMIC_RELEASE);
+        while (j->item0[g + 1] <= item) g++;  /* a thread's items only grow */
+        const int s = item - j->item0[g], r0 = j->row0[g], r1 = j->row0[g + 1];
+        if (s == 0) {
+            for (int b = r0; b < r1; b++) {
+                float* qf = j->qf + (size_t)b * H * D;
+                const int64_t c = (int64_t)b * D;
+                SFX(rope_heads)(j->q + b * j->q_stride, j->cos ? j->cos + c : 0, j->sin ? j->sin + c : 0, H, D, qf);
+                for (int i = 0; i < H * D; i++) qf[i] *= j->scale;
+            }
+            __atomic_store_n(&j->ready[g], 1, __ATOMIC_RELEASE);
         } else {
-            while (!__atomic_load_n(&j->ready[b], __ATOMIC_ACQUIRE)) {}
+            while (!__atomic_load_n(&j->ready[g], __ATOMIC_ACQUIRE)) {}
         }
-        const int t0 = (item - j->first[b]) * j->span;
-        const int t1 = t0 + j->span < j->ctx_lens[b] ? t0 + j->span : j->ctx_lens[b];
-        float* part = j->parts + (size_t)item * H * (D + 2);
-        SFX(span)(j->kc, j->vc, j->tables + (int64_t)b * j->max_blocks, t0, t1, H, j->KVH, D, j->BS, qf, scores, part,
-                  part + H * D, part + H * D + H);
-        if (__atomic_add_fetch(&j->done[b], 1, __ATOMIC_ACQ_REL) == j->first[b + 1] - j->first[b])
-            SFX(decode_merge)(j, b);
+        const int t0 = s * j->span;
+        int prefetch = 1;  /* the group's first row in this span reads it from memory, the others from the cache */
+        for (int b = r0; b < r1; b++) {
+            if (j->first[b] + s >= j->first[b + 1]) continue;  /* this row's context ends before the span */
+            const int t1 = t0 + j->span < j->ctx_lens[b] ? t0 + j->span : j->ctx_lens[b];
+            float* part = j->parts + (size_t)(j->first[b] + s) * size;
+            SFX(span)(j->kc, j->vc, j->tables + (int64_t)b * j->max_blocks, t0, t1, H, j->KVH, D, j->BS,
+                      j->qf + (size_t)b * H * D, scores, part, part + H * D, part + H * D + H, prefetch);
+            prefetch = 0;
+            if (__atomic_add_fetch(&j->done[b], 1, __ATOMIC_ACQ_REL) == j->first[b + 1] - j->first[b])
+                SFX(decode_merge)(j, b);
+        }
     }
     free(scores);
 }
@@ -365,7 +426,7 @@ static int SFX(decode_run)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_ne
     /* every row's key and value first: a few hundred floats a row, on this thread */
     SFX(decode_write)(k_new, k_stride, v_new, v_stride, cos, sin, kc, vc, tables, max_blocks, ctx_lens, B, KVH, D, BS);
     SFX(decode_job) j = {q, q_stride, cos, sin, scale, kc, vc, tables, ctx_lens, out, max_blocks, B, H, KVH, D, BS,
-                         0, 0, 0, 0, 0, 0, 0, 0};
+                         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     if (SFX(decode_prepare)(&j) != 0) {
         SFX(decode_free)(&j);
         return -1;

@@ -118,6 +118,29 @@ def test_a_row_computes_the_same_bits_alone_or_in_a_batch(dtype: torch.dtype, tm
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_verification_rows_compute_the_bits_of_one_token_steps(dtype: torch.dtype, tmp_path: Path) -> None:
+    """Consecutive positions of one sequence (a verification step's rows, which the kernel takes together, span by
+    span) beside another sequence: each row gives the bits it gives as a one-token step, across a span boundary."""
+    attn = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path, helpers=HelperThreads(2, tmp_path))
+    if not attn.uses_kernel:
+        pytest.skip("no C compiler here: the engine runs the torch path")
+    case = _case(dtype, batch=8, seed=9, longest=300)
+    tables, lens = case["tables"].tables.tolist(), case["tables"].ctx_lens.tolist()
+    num_blocks = case["k_cache"].shape[0] // BLOCK
+    seq = [num_blocks + i for i in (4, 0, 8, 2, 6, 1, 3, 7, 5)]  # 9 more blocks: 144 positions
+    tables[1:7], lens[1:7] = [seq] * 6, [125 + j for j in range(6)]  # rows 1-6: positions 124-129
+    for name in ("k_cache", "v_cache"):
+        case[name] = torch.cat((case[name], torch.randn(9 * BLOCK, KV_HEADS, HEAD_DIM).to(dtype)))
+    case["tables"] = DecodeTables(tables, lens, BLOCK)
+    together, k_cache, v_cache = _run(attn, case)
+    for b in range(8):  # each row alone, over the cache the step left (every row's key and value written)
+        alone = dict(case, tables=DecodeTables([tables[b]], [lens[b]], BLOCK), k_cache=k_cache, v_cache=v_cache,
+                     **{name: case[name][b : b + 1] for name in ("q", "k", "v", "cos", "sin_folded")})
+        out, _, _ = _run(attn, alone)
+        assert torch.equal(out[0], together[b]), f"row {b}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("threads", [0, 2])
 def test_prefill_kernel_is_causal_attention_over_the_cache(dtype: torch.dtype, threads: int, tmp_path: Path) -> None:
     """Chunks that start at 0 and chunks that continue a sequence (a prefix already cached), against SDPA: the
