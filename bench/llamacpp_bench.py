@@ -298,14 +298,17 @@ def llama_body(prompt: str, max_tokens: int, eog: list[int]) -> dict:
 
 # ---------------------------------------------------------------------------------------------------------- run
 def make_prompts(tokenizer, count: int, rounds: int, input_len: int) -> list[list[str]]:
-    """Per round, `count` prompts of about `input_len` tokens: a paragraph opened by a number unique to the round,
-    so no prompt shares its first token with an earlier one (no prefix cache of any arm applies)."""
+    """Per round, `count` prompts of about `input_len` tokens: paragraphs (from the i-th on, as many as it takes)
+    opened by a number unique to the round, so no prompt shares its first token with an earlier one (no prefix
+    cache of any arm applies)."""
     out = []
     for r in range(rounds):
         texts = []
         for i in range(count):
-            ids = tokenizer(f"{r * count + i + 1}. {PARAGRAPHS[i % len(PARAGRAPHS)]}")["input_ids"][:input_len]
-            texts.append(tokenizer.decode(ids))
+            text, j = f"{r * count + i + 1}.", i
+            while len(tokenizer(text)["input_ids"]) < input_len:
+                text, j = f"{text} {PARAGRAPHS[j % len(PARAGRAPHS)]}", j + 1
+            texts.append(tokenizer.decode(tokenizer(text)["input_ids"][:input_len]))
         out.append(texts)
     return out
 

@@ -136,6 +136,9 @@ class TimedCall:
     def __init__(self, timers: Timers, name: str, inner) -> None:
         self._t, self._name, self.inner = timers, name, inner
 
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)  # the rest of the object (lm_head.weight_rows, on_tile_unit)
+
     def __call__(self, *args, **kwargs):
         outer, self._t.part = self._t.part, self._name
         t0 = time.perf_counter_ns()

@@ -18,6 +18,7 @@ from engines.pytorch.argmax import Argmax
 from engines.pytorch.loader import default_cache_dir, load_gguf_blocks, load_hf, resolve_hf_folder
 from engines.pytorch.model_runner import PagedModelRunner
 from engines.pytorch.sampler import greedy_result, plain_greedy, sample
+from engines.pytorch.step_layout import row_order
 from engines.pytorch.weight_memory import float_weights, runner_weights
 from engines.types import EngineInfo, SequenceStep, StepResult
 
@@ -124,7 +125,7 @@ class PyTorchEngine(StepEngine):
         return gen
 
     def execute(self, batch: Sequence[SequenceStep]) -> StepResult:
-        sampling_steps = [s for s in batch if s.sample]
+        sampling_steps = [s for s in row_order(batch) if s.sample]  # the order of the runner's logits
         if self._argmax is not None and sampling_steps and all(plain_greedy(s) for s in sampling_steps):
             # the runner may take each row's greedy token on the way (a replayed step: step_replay.py)
             logits, tokens = self._runner.forward_greedy(batch)

@@ -333,7 +333,8 @@ class PagedModelRunner:
         return hidden, cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
 
     def forward(self, batch: Sequence[SequenceStep]) -> torch.Tensor:
-        """Write the batch's new tokens into the cache; return float32 logits of the rows that sample, [S, V]."""
+        """Write the batch's new tokens into the cache; return float32 logits of the rows that sample, [S, V], in
+        row order (step_layout.row_order: the decode and verification steps first)."""
         return self.forward_greedy(batch, greedy=False)[0]
 
     @torch.inference_mode()
@@ -394,18 +395,14 @@ class PagedModelRunner:
 
     def logits(self, hidden: torch.Tensor, lay: StepLayout,
                head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-        """float32 logits [S, V] of the rows that sample, from the last layer's output (`head`: instead of lm_head).
-        The lm_head sees the decode rows first, then the prompts' last rows (`Linear`'s `prompt_from`)."""
+        """float32 logits [S, V] of the rows that sample, in row order, from the last layer's output (`head`:
+        instead of lm_head). The decode rows come first, so the lm_head computes them as one-token steps do and
+        the prompts' last rows after them (`Linear`'s `prompt_from`)."""
         rows = lay.sample_rows
         if rows is not None and rows.numel() == 0:
             return hidden.new_empty(0, self.vocab_size, dtype=torch.float32)
+        x = self.dense.rms_norm(self.norm, hidden if rows is None else hidden[rows])
         if head is not None:
-            return head(self.dense.rms_norm(self.norm, hidden if rows is None else hidden[rows])).float()
-        if rows is None:  # every row, in order: the decode rows come first
-            return self.lm_head(self.dense.rms_norm(self.norm, hidden), prompt_from=lay.num_decode).float()
-        decode = rows < lay.num_decode
-        order = torch.argsort((~decode).to(torch.uint8), stable=True)  # decode rows first, each part in its order
-        logits = self.lm_head(self.dense.rms_norm(self.norm, hidden[rows[order]]), prompt_from=int(decode.sum()))
-        out = torch.empty(logits.shape, dtype=torch.float32)
-        out[order] = logits.float()
-        return out
+            return head(x).float()
+        decode = lay.num_decode if rows is None else int((rows < lay.num_decode).sum())
+        return self.lm_head(x, prompt_from=decode).float()

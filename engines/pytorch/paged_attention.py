@@ -4,8 +4,10 @@ A decode step has one new query per sequence. Done with torch ops it needs each 
 keys and values out of the paged cache into a dense tensor (a gather of B x context rows, twice) before
 `scaled_dot_product_attention`, whose CPU kernel is also slow for one query row. Both cost more than the
 projections at batch 32. The decode kernel rotates the step's new query and key (rope), writes the key and value
-rows into their cache slots and then, for each sequence and KV head, scores the query heads of that group against
-the cached keys (found through the block table), takes a softmax and sums the values, with no copy.
+rows into their cache slots and then, for each sequence and each span of 64 positions of its context, scores every
+query head against the span's cached keys (found through the block table), takes a partial softmax and sums the
+values, with no copy; a sequence's spans are merged in order. The spans are what threads share, so one sequence with
+a long context keeps them all busy, and a row's bits depend only on its own context.
 
 Prefill rows (a chunk of new queries per sequence) are rotated and their keys and values written first (every row
 may read keys another row wrote), then each row attends causally to its sequence's cached positions up to its
@@ -31,8 +33,8 @@ import torch.nn.functional as F
 
 from engines.pytorch.native import HelperThreads, Signatures, load_library
 
-SHARE_MIN_SEQS = 4  # fewer prefill rows are not worth waking a helper thread for; fewer decode sequences are
-# shared by KV head instead (paged_decode_par: a sequence's attention reads its whole context every step)
+SHARE_MIN_ROWS = 4  # fewer prefill rows are not worth waking a helper thread for (decode rows are shared in spans
+# of their context: paged_decode_par)
 
 
 def _signatures() -> Signatures:
@@ -42,7 +44,7 @@ def _signatures() -> Signatures:
     prefill = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, p, i32, i32, i32, i32, i32, ctypes.c_float, i32, i32]
     table: Signatures = {"set_pool": (None, [p])}
     for sfx in ("f32", "bf16"):
-        table[f"paged_decode_{sfx}"] = (i32, [*decode, p])  # + the work counter
+        table[f"paged_decode_{sfx}"] = (i32, decode)
         table[f"paged_decode_par_{sfx}"] = (i32, decode)
         table[f"paged_prefill_run_{sfx}"] = (i32, prefill)  # + share
     return table
@@ -63,7 +65,7 @@ class PagedAttention:
         self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
         cache_dir: Path | None, use_kernel: bool = True, helpers: HelperThreads | None = None,
     ) -> None:
-        """`helpers`: threads that share the kernels' work (sequences, prefill rows) from SHARE_MIN_SEQS items."""
+        """`helpers`: threads that share the kernels' work (decode rows' spans of context, prefill rows)."""
         self.num_heads, self.num_kv_heads, self.head_dim, self.block_size = num_heads, num_kv_heads, head_dim, block_size
         fits = num_heads % num_kv_heads == 0 and dtype in (torch.float32, torch.bfloat16)
         self._lib = _load(cache_dir) if use_kernel and fits else None
@@ -91,10 +93,7 @@ class PagedAttention:
                     sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), step.tables.data_ptr(),
                     step.tables.shape[1], step.ctx_lens.data_ptr(), out.data_ptr(), b, h, self.num_kv_heads, d,
                     self.block_size, scale)
-            if self._share:
-                rc = getattr(self._lib, f"paged_decode_par_{self._sfx}")(*args)
-            else:
-                rc = getattr(self._lib, f"paged_decode_{self._sfx}")(*args, ctypes.byref(ctypes.c_int(0)))
+            rc = getattr(self._lib, f"paged_decode{'_par' if self._share else ''}_{self._sfx}")(*args)
             if rc != 0:
                 raise MemoryError("paged attention kernel could not allocate its score buffer")
             return out
@@ -120,7 +119,7 @@ class PagedAttention:
             cos.data_ptr() if cos is not None else None, sin.data_ptr() if sin is not None else None,
             k_cache.data_ptr(), v_cache.data_ptr(), rows.tables.data_ptr(), rows.tables.shape[1],
             rows.row_seq.data_ptr(), rows.row_pos.data_ptr(), out.data_ptr(), r, h, self.num_kv_heads, d,
-            self.block_size, scale, rows.max_ctx, int(self._share and r >= SHARE_MIN_SEQS),
+            self.block_size, scale, rows.max_ctx, int(self._share and r >= SHARE_MIN_ROWS),
         )
         if rc != 0:
             raise MemoryError("paged attention kernel could not allocate its score buffer")

@@ -22,10 +22,10 @@ from engines.types import SequenceStep
 class StepLayout:
     """Index tensors shared by every layer of one step. Rows are the decodes first, then the prefill chunks."""
 
-    steps: list[SequenceStep]  # the batch in row order (decodes and verification steps first)
+    steps: list[SequenceStep]  # the batch in row order (row_order: decodes and verification steps first)
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
-    sample_rows: torch.Tensor | None  # [S] rows (in T) whose logits are sampled; None: all rows, in order
+    sample_rows: torch.Tensor | None  # [S] rows (in T, ascending) whose logits are sampled; None: all rows
     num_decode: int  # decode rows: one per decode step, k + 1 per verification step
     decode: DecodeTables | None = None
     # prefill rows (T - num_decode of them, P sequences)
@@ -43,11 +43,17 @@ def is_decode(step: SequenceStep) -> bool:
     return len(step.token_ids) == 1 or step.num_draft_tokens > 0
 
 
+def row_order(batch: Sequence[SequenceStep]) -> list[SequenceStep]:
+    """The batch in the order of its rows: decode and verification steps first, then prefill chunks, each part in
+    the batch's order. The logits of a step come in this order too (decode rows first: the lm_head keeps them on
+    the kernels of one-token steps, linear.py `prompt_from`)."""
+    return [s for s in batch if is_decode(s)] + [s for s in batch if not is_decode(s)]
+
+
 def order_rows(batch: Sequence[SequenceStep]) -> StepLayout:
-    """The step's rows (decodes first), their tokens, positions and the rows that sample (a verification step's
-    k + 1 rows, in order, for each such step); no attention tables."""
-    decodes = [s for s in batch if is_decode(s)]
-    ordered = decodes + [s for s in batch if not is_decode(s)]
+    """The step's rows (row_order), their tokens, positions and the rows that sample (a verification step's k + 1
+    rows, in order, for each such step); no attention tables."""
+    ordered = row_order(batch)
     ids: list[int] = []
     positions: list[int] = []
     row_of: dict[int, int] = {}  # id(step) -> its last row
@@ -55,12 +61,12 @@ def order_rows(batch: Sequence[SequenceStep]) -> StepLayout:
         ids.extend(seq.token_ids)
         positions.extend(range(seq.start_pos, seq.start_pos + len(seq.token_ids)))
         row_of[id(seq)] = len(ids) - 1
-    sample_rows = [r for s in batch if s.sample for r in range(row_of[id(s)] - s.num_draft_tokens, row_of[id(s)] + 1)]
+    sample_rows = [r for s in ordered if s.sample for r in range(row_of[id(s)] - s.num_draft_tokens, row_of[id(s)] + 1)]
     in_order = len(sample_rows) == len(ids) and sample_rows == list(range(len(ids)))
     return StepLayout(
         steps=ordered,
         input_ids=torch.tensor(ids, dtype=torch.long),
         positions=torch.tensor(positions, dtype=torch.long),
         sample_rows=None if in_order else torch.tensor(sample_rows, dtype=torch.long),
-        num_decode=sum(len(s.token_ids) for s in decodes),
+        num_decode=sum(len(s.token_ids) for s in ordered if is_decode(s)),
     )

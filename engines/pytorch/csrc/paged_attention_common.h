@@ -124,6 +124,20 @@ static void scores16(int nc, const float* const* kp, int kn, const float* qt, in
 #endif
 /* prefill rows handed out together: with the AVX-512 kernel they share each pass over the cache */
 #define PREFILL_TILE (ZVEC ? 16 : 1)
+/* The largest of s[0 .. n - 1] (n >= 1), in lanes: max is exact, so the order does not change the result. */
+static inline float max_of(const float* s, int n) {
+    float m = s[0];
+    int t = 0;
+#if ZVEC
+    if (n >= 16) {
+        __m512 v = _mm512_loadu_ps(s);
+        for (t = 16; t + 16 <= n; t += 16) v = _mm512_max_ps(v, _mm512_loadu_ps(s + t));
+        m = _mm512_reduce_max_ps(v);
+    }
+#endif
+    for (; t < n; t++) m = s[t] > m ? s[t] : m;
+    return m;
+}
 /* s[t] = exp(s[t] - m) for t < n (m: at least their maximum); returns their sum. */
 static inline float exp_sum(float* s, int n, float m) {
     float sum = 0.0f;

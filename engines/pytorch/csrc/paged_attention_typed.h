@@ -1,6 +1,22 @@
 /* The paged attention kernels, once per storage type: paged_attention.c includes this header with TYPE_SUFFIX f32
    and bf16. No include guard: it is meant to be included once per type (type_suffix.h). */
-#if VEC
+#if ZVEC
+/* Scores of 8 consecutive cached rows against one query head of size 64: 8 independent FMA chains of 16 lanes, the
+   two halves of each added, then a transposing horizontal add gives the 8 sums in one register. */
+static inline __m256 SFX(dot8x64)(const float* q, const SFX(T)* k, int64_t row) {
+    __m512 a[8];
+    for (int t = 0; t < 8; t++) a[t] = _mm512_setzero_ps();
+    for (int j = 0; j < 64; j += 16) {
+        const __m512 qj = _mm512_loadu_ps(q + j);
+        for (int t = 0; t < 8; t++) a[t] = _mm512_fmadd_ps(qj, SFX(loadz)(k + t * row + j), a[t]);
+    }
+    __m256 h[8];
+    for (int t = 0; t < 8; t++)
+        h[t] = _mm256_add_ps(_mm512_castps512_ps256(a[t]),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[t]), 1)));
+    return sum8x8(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
+}
+#elif VEC
 /* Scores of 8 consecutive cached rows against one query head of size 64: 8 independent FMA chains, then a
    transposing horizontal add gives the 8 sums in one register. */
 static inline __m256 SFX(dot8x64)(const float* q, const SFX(T)* k, int64_t row) {
@@ -135,26 +151,26 @@ static void SFX(tile64)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table
 }
 #endif
 
-/* One sequence: query heads h0 .. h1 - 1 (all H, or one KV head's group) against its ctx cached keys and values.
-   The cache is walked block by block and each block's rows (all KV heads, contiguous) are used for every head before
-   moving on, once for the scores and once for the values. Each head's arithmetic is the same whichever heads are
-   computed with it. qf: H * D floats, scores: H * ctx floats, acc: H * D floats (scratch, indexed by head). */
-static void SFX(heads)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, int ctx, SFX(T)* out,
-                      int h0, int h1, int KVH, int D, int BS, float scale, float* qf, float* scores, float* acc,
-                      int H) {
-    const int G = H / KVH;
+/* Query heads 0 .. H - 1 against cached positions t_begin .. t_end - 1 (t_begin a multiple of BS) of one sequence:
+   the scores, each head's maximum m[h], the weights p = exp(score - m[h]), their sum l[h] and acc[h] = the sum of p
+   times the value rows, not yet divided by l[h]. The cache is walked block by block and each block's rows (all KV
+   heads, contiguous) are used for every head before moving on, once for the scores and once for the values.
+   qf: H * D scaled queries; scores: H * (t_end - t_begin) floats; acc: H * D floats. `prefetch`: ask for each
+   next block while this one is used (not when another row of the group has just read the span). */
+static void SFX(span)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, int t_begin, int t_end, int H, int KVH,
+                     int D, int BS, const float* qf, float* scores, float* acc, float* m, float* l, int prefetch) {
+    const int G = H / KVH, len = t_end - t_begin;
     const int64_t row = (int64_t)KVH * D;
-    for (int i = h0 * D; i < h1 * D; i++) qf[i] *= scale;
-    for (int t0 = 0; t0 < ctx; t0 += BS) {
+    for (int t0 = t_begin; t0 < t_end; t0 += BS) {
         const SFX(T)* kb = kc + (int64_t)table[t0 / BS] * BS * row;
-        const int n = ctx - t0 < BS ? ctx - t0 : BS;
+        const int n = t_end - t0 < BS ? t_end - t0 : BS;
         /* the next block's keys (after the last, the values' first block), a share with every head */
-        const SFX(T)* ahead = t0 + BS < ctx ? kc + (int64_t)table[t0 / BS + 1] * BS * row
-                                            : vc + (int64_t)table[0] * BS * row;
-        for (int h = h0; h < h1; h++) {
-            prefetch_part(ahead, sizeof(SFX(T)) * BS * row, h - h0, h1 - h0);
+        const SFX(T)* ahead = t0 + BS < t_end ? kc + (int64_t)table[t0 / BS + 1] * BS * row
+                                              : vc + (int64_t)table[t_begin / BS] * BS * row;
+        for (int h = 0; h < H; h++) {
+            if (prefetch) prefetch_part(ahead, sizeof(SFX(T)) * BS * row, h, H);
             const SFX(T)* k = kb + (int64_t)(h / G) * D;
-            float* sc = scores + (int64_t)h * ctx + t0;
+            float* sc = scores + (int64_t)h * len + (t0 - t_begin);
             int t = 0;
 #if VEC
             if (D == 64)
@@ -163,24 +179,38 @@ static void SFX(heads)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table,
             for (; t < n; t++) sc[t] = SFX(dot)(qf + h * D, k + t * row, D);
         }
     }
-    for (int h = h0; h < h1; h++) {
-        float* sc = scores + (int64_t)h * ctx;
-        float m = sc[0];
-        for (int t = 1; t < ctx; t++) m = sc[t] > m ? sc[t] : m;
-        const float inv = 1.0f / exp_sum(sc, ctx, m);
-        for (int t = 0; t < ctx; t++) sc[t] *= inv;
+    for (int h = 0; h < H; h++) {
+        float* sc = scores + (int64_t)h * len;
+        m[h] = max_of(sc, len);
+        l[h] = exp_sum(sc, len, m[h]);
     }
-    for (int i = h0 * D; i < h1 * D; i++) acc[i] = 0.0f;
-    for (int t0 = 0; t0 < ctx; t0 += BS) {
+    for (int i = 0; i < H * D; i++) acc[i] = 0.0f;
+    for (int t0 = t_begin; t0 < t_end; t0 += BS) {
         const SFX(T)* vb = vc + (int64_t)table[t0 / BS] * BS * row;
-        const int n = ctx - t0 < BS ? ctx - t0 : BS;
-        const SFX(T)* ahead = t0 + BS < ctx ? vc + (int64_t)table[t0 / BS + 1] * BS * row : 0;
-        for (int h = h0; h < h1; h++) {
-            if (ahead) prefetch_part(ahead, sizeof(SFX(T)) * BS * row, h - h0, h1 - h0);
+        const int n = t_end - t0 < BS ? t_end - t0 : BS;
+        const SFX(T)* ahead = prefetch && t0 + BS < t_end ? vc + (int64_t)table[t0 / BS + 1] * BS * row : 0;
+        for (int h = 0; h < H; h++) {
+            if (ahead) prefetch_part(ahead, sizeof(SFX(T)) * BS * row, h, H);
             const SFX(T)* v = vb + (int64_t)(h / G) * D;
-            const float* p = scores + (int64_t)h * ctx + t0;
+            const float* p = scores + (int64_t)h * len + (t0 - t_begin);
             float* o = acc + (int64_t)h * D;
-#if VEC
+#if ZVEC
+            if (D == 64) {  /* the output row stays in registers over the block */
+                __m512 o0 = _mm512_loadu_ps(o), o1 = _mm512_loadu_ps(o + 16), o2 = _mm512_loadu_ps(o + 32);
+                __m512 o3 = _mm512_loadu_ps(o + 48);
+                for (int t = 0; t < n; t++) {
+                    const SFX(T)* vt = v + t * row;
+                    const __m512 pt = _mm512_set1_ps(p[t]);
+                    o0 = _mm512_fmadd_ps(pt, SFX(loadz)(vt), o0);
+                    o1 = _mm512_fmadd_ps(pt, SFX(loadz)(vt + 16), o1);
+                    o2 = _mm512_fmadd_ps(pt, SFX(loadz)(vt + 32), o2);
+                    o3 = _mm512_fmadd_ps(pt, SFX(loadz)(vt + 48), o3);
+                }
+                _mm512_storeu_ps(o, o0); _mm512_storeu_ps(o + 16, o1); _mm512_storeu_ps(o + 32, o2);
+                _mm512_storeu_ps(o + 48, o3);
+                continue;
+            }
+#elif VEC
             if (D == 64) {  /* the output row stays in registers over the block */
                 __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8), o2 = _mm256_loadu_ps(o + 16);
                 __m256 o3 = _mm256_loadu_ps(o + 24), o4 = _mm256_loadu_ps(o + 32), o5 = _mm256_loadu_ps(o + 40);
@@ -207,11 +237,18 @@ static void SFX(heads)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table,
                 for (int j = 0; j < D; j++) o[j] += p[t] * SFX(load1)(v + t * row + j);
         }
     }
-    for (int i = h0 * D; i < h1 * D; i++) SFX(store1)(out + i, acc[i]);
 }
-static inline void SFX(sequence)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, int ctx, SFX(T)* out,
-                                int H, int KVH, int D, int BS, float scale, float* qf, float* scores, float* acc) {
-    SFX(heads)(kc, vc, table, ctx, out, 0, H, KVH, D, BS, scale, qf, scores, acc, H);
+/* One query row of a sequence: all its heads over cached positions 0 .. ctx - 1 into out. qf: its H * D rotated
+   queries (scaled here); scores: H * ctx floats; acc: H * D floats. */
+static void SFX(sequence)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, int ctx, SFX(T)* out, int H,
+                         int KVH, int D, int BS, float scale, float* qf, float* scores, float* acc) {
+    float m[H], l[H];
+    for (int i = 0; i < H * D; i++) qf[i] *= scale;
+    SFX(span)(kc, vc, table, 0, ctx, H, KVH, D, BS, qf, scores, acc, m, l, 1);
+    for (int h = 0; h < H; h++) {
+        const float inv = 1.0f / l[h];
+        for (int j = 0; j < D; j++) SFX(store1)(out + h * D + j, acc[h * D + j] * inv);
+    }
 }
 
 /* `heads` rows of D values at x, rotated by c/s (sin with rotate_half's sign folded in, see `rotate`) into out as
@@ -251,41 +288,170 @@ static void SFX(decode_write)(const SFX(T)* k_new, int64_t k_stride, const SFX(T
     }
 }
 
-/* The attention of decode rows whose keys and values are in the cache already (decode_write): row b's query
-   (rotated here) over its cached positions 0 .. ctx_lens[b] - 1. Rows are taken one at a time from *next (an
-   atomic counter starting at 0), so several threads may call this with the same arguments and share the batch;
-   each row is computed the same whichever thread takes it. Returns 0, or -1 without memory. */
-static int SFX(decode_attend)(const SFX(T)* q, int64_t q_stride, const SFX(T)* cos, const SFX(T)* sin,
-                             const SFX(T)* kc, const SFX(T)* vc, const int32_t* tables, int max_blocks,
-                             const int32_t* ctx_lens, SFX(T)* out, int B, int H, int KVH, int D, int BS, float scale,
-                             int* next) {
-    int max_ctx = 1;
-    for (int b = 0; b < B; b++) if (ctx_lens[b] > max_ctx) max_ctx = ctx_lens[b];
-    float* buf = (float*)malloc(sizeof(float) * (size_t)H * ((size_t)max_ctx + 2 * (size_t)D));
-    if (!buf) return -1;
-    for (int b; (b = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < B;) {
-        SFX(rope_heads)(q + b * q_stride, cos ? cos + (int64_t)b * D : 0, sin ? sin + (int64_t)b * D : 0, H, D, buf);
-        SFX(sequence)(kc, vc, tables + (int64_t)b * max_blocks, ctx_lens[b], out + (int64_t)b * H * D, H, KVH, D, BS,
-                      scale, buf, buf + (size_t)H * D, buf + (size_t)H * (D + max_ctx));
+/* A decode row attends in spans of DECODE_SPAN positions (a multiple of the block size): each span gives every
+   head a partial softmax (span), and the row's spans are merged in order (decode_merge). The spans are the work
+   shared between threads, so one long sequence keeps every thread busy; a row's bits depend only on its own
+   context, never on the rows beside it or on the threads. The rows of a verification step (consecutive positions
+   of one sequence) form a group: one work item computes a span for all of them in turn, so the group reads each
+   span's keys and values from memory once, then from the core's cache. */
+#ifndef DECODE_SPAN
+#define DECODE_SPAN 128
+#endif
+typedef struct {
+    const SFX(T)* q; int64_t q_stride; const SFX(T) *cos, *sin; float scale;
+    const SFX(T) *kc, *vc; const int32_t *tables, *ctx_lens; SFX(T)* out;
+    int max_blocks, B, H, KVH, D, BS, span;
+    float* qf;     /* [B][H][D]: every row's rotated, scaled queries */
+    int* first;    /* [B + 1]: row b's spans' partial results are parts first[b] .. first[b + 1] - 1 */
+    int* done;     /* [B]: row b's spans computed (whoever computes the last one merges the row) */
+    int* row0;     /* [groups + 1]: group g is rows row0[g] .. row0[g + 1] - 1 */
+    int* item0;    /* [groups + 1]: group g's spans are items item0[g] .. item0[g + 1] - 1 */
+    int* ready;    /* [groups]: the group's queries are in qf (set by whoever takes its first span) */
+    int groups;
+    float* parts;  /* per part: acc [H][D], then m [H], then l [H] */
+    int next, rc;
+} SFX(decode_job);
+
+/* Group the rows, number the spans and allocate the queries and the spans' partial results. Returns 0, or -1
+   without memory. */
+static int SFX(decode_prepare)(SFX(decode_job)* j) {
+    const int B = j->B;
+    j->span = j->BS >= DECODE_SPAN ? j->BS : (DECODE_SPAN + j->BS - 1) / j->BS * j->BS;
+    j->first = (int*)malloc(sizeof(int) * (size_t)(5 * B + 3));
+    j->qf = (float*)malloc(sizeof(float) * (size_t)B * j->H * j->D);
+    if (!j->first || !j->qf) return -1;
+    j->done = j->first + B + 1;
+    j->row0 = j->done + B;
+    memset(j->done, 0, sizeof(int) * (size_t)B);
+    j->first[0] = 0;
+    for (int b = 0; b < B; b++) j->first[b + 1] = j->first[b] + (j->ctx_lens[b] + j->span - 1) / j->span;
+    int g = 0;
+    for (int b = 0; b < B; b++)  /* a row one position past the row before, in the same blocks, joins its group */
+        if (b == 0 || j->ctx_lens[b] != j->ctx_lens[b - 1] + 1 ||
+            memcmp(j->tables + (int64_t)b * j->max_blocks, j->tables + (int64_t)(b - 1) * j->max_blocks,
+                   sizeof(int32_t) * (size_t)j->max_blocks) != 0)
+            j->row0[g++] = b;
+    j->row0[g] = B;
+    j->groups = g;
+    j->item0 = j->row0 + g + 1;
+    j->ready = j->item0 + g + 1;
+    memset(j->ready, 0, sizeof(int) * (size_t)g);
+    j->item0[0] = 0;
+    for (int i = 0; i < g; i++) {
+        const int last = j->row0[i + 1] - 1;  /* the group's longest context */
+        j->item0[i + 1] = j->item0[i] + j->first[last + 1] - j->first[last];
     }
-    free(buf);
-    return 0;
+    j->parts = (float*)malloc(sizeof(float) * (size_t)j->first[B] * j->H * (j->D + 2));
+    return j->parts ? 0 : -1;
 }
+
+/* Row b's spans into its output, in order: out = the sum of w_s * acc_s over the sum of w_s * l_s, w_s =
+   exp(m_s - M) with M the largest m_s (one span: w = 1 exactly). */
+static void SFX(decode_merge)(const SFX(decode_job)* j, int b) {
+    const int H = j->H, D = j->D, s0 = j->first[b], s1 = j->first[b + 1];
+    const size_t size = (size_t)H * (D + 2);
+    float o[D];
+    for (int h = 0; h < H; h++) {
+        float top = -3.0e38f, l = 0.0f;
+        for (int s = s0; s < s1; s++) {
+            const float m = j->parts[s * size + H * D + h];
+            top = m > top ? m : top;
+        }
+        for (int d = 0; d < D; d++) o[d] = 0.0f;
+        for (int s = s0; s < s1; s++) {
+            const float* part = j->parts + s * size;
+            const float w = exp_neg(part[H * D + h] - top);
+            l += w * part[H * D + H + h];
+            for (int d = 0; d < D; d++) o[d] += w * part[h * D + d];
+        }
+        const float inv = 1.0f / l;
+        for (int d = 0; d < D; d++) SFX(store1)(j->out + ((int64_t)b * H + h) * D + d, o[d] * inv);
+    }
+}
+
+/* The work items (a group's span) taken one at a time from j->next: several threads may run this on the same job.
+   A group's first span is taken before its others (the counter only grows): its taker rotates the group's
+   queries, the others wait for them; whoever computes a row's last span merges the row. */
+static void SFX(decode_spans)(SFX(decode_job)* j) {
+    const int H = j->H, D = j->D, total = j->item0[j->groups];
+    const size_t size = (size_t)H * (D + 2);
+    float* scores = (float*)malloc(sizeof(float) * (size_t)H * j->span);
+    if (!scores) { __atomic_store_n(&j->rc, -1, __ATOMIC_RELAXED); return; }
+    int g = 0;
+    for (int item; (item = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < total;) {
+        while (j->item0[g + 1] <= item) g++;  /* a thread's items only grow */
+        const int s = item - j->item0[g], r0 = j->row0[g], r1 = j->row0[g + 1];
+        if (s == 0) {
+            for (int b = r0; b < r1; b++) {
+                float* qf = j->qf + (size_t)b * H * D;
+                const int64_t c = (int64_t)b * D;
+                SFX(rope_heads)(j->q + b * j->q_stride, j->cos ? j->cos + c : 0, j->sin ? j->sin + c : 0, H, D, qf);
+                for (int i = 0; i < H * D; i++) qf[i] *= j->scale;
+            }
+            __atomic_store_n(&j->ready[g], 1, __ATOMIC_RELEASE);
+        } else {
+            while (!__atomic_load_n(&j->ready[g], __ATOMIC_ACQUIRE)) {}
+        }
+        const int t0 = s * j->span;
+        int prefetch = 1;  /* the group's first row in this span reads it from memory, the others from the cache */
+        for (int b = r0; b < r1; b++) {
+            if (j->first[b] + s >= j->first[b + 1]) continue;  /* this row's context ends before the span */
+            const int t1 = t0 + j->span < j->ctx_lens[b] ? t0 + j->span : j->ctx_lens[b];
+            float* part = j->parts + (size_t)(j->first[b] + s) * size;
+            SFX(span)(j->kc, j->vc, j->tables + (int64_t)b * j->max_blocks, t0, t1, H, j->KVH, D, j->BS,
+                      j->qf + (size_t)b * H * D, scores, part, part + H * D, part + H * D + H, prefetch);
+            prefetch = 0;
+            if (__atomic_add_fetch(&j->done[b], 1, __ATOMIC_ACQ_REL) == j->first[b + 1] - j->first[b])
+                SFX(decode_merge)(j, b);
+        }
+    }
+    free(scores);
+}
+static void SFX(decode_free)(SFX(decode_job)* j) { free(j->first); free(j->qf); free(j->parts); }
+
+static void SFX(decode_task)(void* p) { SFX(decode_spans)((SFX(decode_job)*)p); }
 
 /* q: [B, H, D] rows `q_stride` elements apart; k_new/v_new: [B, KVH, D] rows `k_stride`/`v_stride` apart;
    cos/sin: [B, D] (sin with rotate_half's sign folded in), or NULL when q and k are already rotated. Every row's
    new key (rotated) and value are written to the cache slot of its position ctx_lens[b] - 1 before any row attends:
    rows may be consecutive positions of one sequence (a speculative verification step), each attending over the
-   keys of the rows before it. caches: [slots, KVH, D] of one layer; tables: [B, max_blocks]; out: [B, H, D]
-   contiguous. H is a multiple of KVH, D is even. `next`: an atomic counter starting at 0 (decode_attend). Returns
-   0, or -1 without memory. */
+   keys of the rows before it. Then row b's query attends over its cached positions 0 .. ctx_lens[b] - 1.
+   caches: [slots, KVH, D] of one layer; tables: [B, max_blocks]; out: [B, H, D] contiguous. H is a multiple of
+   KVH, D is even. `share`: the spans go to the helper-thread pool (paged_decode_par), else all on this thread.
+   Returns 0, or -1 without memory. */
+static int SFX(decode_run)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, int64_t k_stride,
+                           const SFX(T)* v_new, int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc,
+                           SFX(T)* vc, const int32_t* tables, int max_blocks, const int32_t* ctx_lens, SFX(T)* out,
+                           int B, int H, int KVH, int D, int BS, float scale, int share) {
+    /* every row's key and value first: a few hundred floats a row, on this thread */
+    SFX(decode_write)(k_new, k_stride, v_new, v_stride, cos, sin, kc, vc, tables, max_blocks, ctx_lens, B, KVH, D, BS);
+    SFX(decode_job) j = {q, q_stride, cos, sin, scale, kc, vc, tables, ctx_lens, out, max_blocks, B, H, KVH, D, BS,
+                         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (SFX(decode_prepare)(&j) != 0) {
+        SFX(decode_free)(&j);
+        return -1;
+    }
+    if (share) {
+        POOL_RUN(SFX(decode_task), &j);
+    } else {
+        SFX(decode_spans)(&j);
+    }
+    SFX(decode_free)(&j);
+    return j.rc;
+}
 int SFX(paged_decode)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new,
                      int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc,
                      const int32_t* tables, int max_blocks, const int32_t* ctx_lens, SFX(T)* out,
-                     int B, int H, int KVH, int D, int BS, float scale, int* next) {
-    SFX(decode_write)(k_new, k_stride, v_new, v_stride, cos, sin, kc, vc, tables, max_blocks, ctx_lens, B, KVH, D, BS);
-    return SFX(decode_attend)(q, q_stride, cos, sin, kc, vc, tables, max_blocks, ctx_lens, out, B, H, KVH, D, BS, scale,
-                              next);
+                     int B, int H, int KVH, int D, int BS, float scale) {
+    return SFX(decode_run)(q, q_stride, k_new, k_stride, v_new, v_stride, cos, sin, kc, vc, tables, max_blocks,
+                           ctx_lens, out, B, H, KVH, D, BS, scale, 0);
+}
+int SFX(paged_decode_par)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new,
+                         int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc,
+                         const int32_t* tables, int max_blocks, const int32_t* ctx_lens, SFX(T)* out,
+                         int B, int H, int KVH, int D, int BS, float scale) {
+    return SFX(decode_run)(q, q_stride, k_new, k_stride, v_new, v_stride, cos, sin, kc, vc, tables, max_blocks,
+                           ctx_lens, out, B, H, KVH, D, BS, scale, 1);
 }
 
 /* The keys (rotated) and values of a prefill chunk's rows into their cache slots: row r is position row_pos[r]
@@ -304,7 +470,7 @@ void SFX(prefill_write)(const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_n
 /* Attention of a prefill chunk (its keys and values written by prefill_write first): row r of q ([R, H, D], rows
    q_stride apart, rotated here by cos/sin [R, D] unless they are NULL) is the query at position row_pos[r] of
    sequence row_seq[r] and attends to the cached positions 0..row_pos[r]: causal. Rows are taken one at a time
-   from *next (an atomic counter starting at 0), as paged_decode takes sequences. max_ctx: the largest row_pos +
+   from *next (an atomic counter starting at 0), so several threads share the chunk. max_ctx: the largest row_pos +
    1. out: [R, H, D] contiguous. Returns 0, or -1 without memory. */
 int SFX(paged_prefill)(const SFX(T)* q, int64_t q_stride, const SFX(T)* cos, const SFX(T)* sin, const SFX(T)* kc,
                       const SFX(T)* vc, const int32_t* tables, int max_blocks, const int32_t* row_seq,
@@ -344,58 +510,7 @@ int SFX(paged_prefill)(const SFX(T)* q, int64_t q_stride, const SFX(T)* cos, con
     free(buf);
     return 0;
 }
-/* Both on the helper-thread pool (native.py): one job each, sequences or rows handed out by the counter in it. */
-typedef struct {
-    const SFX(T) *q, *k_new, *v_new, *cos, *sin; SFX(T) *kc, *vc, *out; const int32_t *tables, *ctx_lens;
-    int64_t q_stride, k_stride, v_stride; int max_blocks, B, H, KVH, D, BS; float scale; int next, rc;
-} SFX(decode_job);
-static void SFX(decode_task)(void* p) {
-    SFX(decode_job)* j = (SFX(decode_job)*)p;
-    if (SFX(decode_attend)(j->q, j->q_stride, j->cos, j->sin, j->kc, j->vc, j->tables, j->max_blocks, j->ctx_lens,
-                           j->out, j->B, j->H, j->KVH, j->D, j->BS, j->scale, &j->next) != 0)
-        __atomic_store_n(&j->rc, -1, __ATOMIC_RELAXED);
-}
-/* A few sequences (fewer than DECODE_SPLIT_BELOW) are shared by KV head (their new keys and values written first,
-   as for every decode step): each (sequence, KV head) item rotates its group's queries and attends,
-   the same arithmetic per head as a whole sequence. One sequence of SmolLM2 (3 KV heads) then takes two thirds of
-   its time alone on two threads: its attention reads the whole context's cache every step. */
-#ifndef DECODE_SPLIT_BELOW
-#define DECODE_SPLIT_BELOW 4
-#endif
-static void SFX(decode_groups_task)(void* p) {
-    SFX(decode_job)* j = (SFX(decode_job)*)p;
-    const int G = j->H / j->KVH, D = j->D;
-    int max_ctx = 1;
-    for (int b = 0; b < j->B; b++) if (j->ctx_lens[b] > max_ctx) max_ctx = j->ctx_lens[b];
-    float* buf = (float*)malloc(sizeof(float) * (size_t)j->H * ((size_t)max_ctx + 2 * (size_t)D));
-    if (!buf) { __atomic_store_n(&j->rc, -1, __ATOMIC_RELAXED); return; }
-    for (int item; (item = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < j->B * j->KVH;) {
-        const int b = item / j->KVH, g = item % j->KVH;
-        const SFX(T)* c = j->cos ? j->cos + (int64_t)b * D : 0;
-        const SFX(T)* s = j->sin ? j->sin + (int64_t)b * D : 0;
-        SFX(rope_heads)(j->q + b * j->q_stride + (int64_t)g * G * D, c, s, G, D, buf + (size_t)g * G * D);
-        SFX(heads)(j->kc, j->vc, j->tables + (int64_t)b * j->max_blocks, j->ctx_lens[b], j->out + (int64_t)b * j->H * D,
-                   g * G, (g + 1) * G, j->KVH, D, j->BS, j->scale, buf, buf + (size_t)j->H * D,
-                   buf + (size_t)j->H * (D + max_ctx), j->H);
-    }
-    free(buf);
-}
-int SFX(paged_decode_par)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new,
-                         int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc,
-                         const int32_t* tables, int max_blocks, const int32_t* ctx_lens, SFX(T)* out,
-                         int B, int H, int KVH, int D, int BS, float scale) {
-    SFX(decode_job) j = {q, k_new, v_new, cos, sin, kc, vc, out, tables, ctx_lens, q_stride, k_stride, v_stride,
-                        max_blocks, B, H, KVH, D, BS, scale, 0, 0};
-    /* every row's key and value first (see paged_decode): a few hundred floats a row, on this thread */
-    SFX(decode_write)(k_new, k_stride, v_new, v_stride, cos, sin, kc, vc, tables, max_blocks, ctx_lens, B, KVH, D, BS);
-    if (B < DECODE_SPLIT_BELOW && KVH > 1) {
-        POOL_RUN(SFX(decode_groups_task), &j);
-    } else {
-        POOL_RUN(SFX(decode_task), &j);
-    }
-    return j.rc;
-}
-
+/* A prefill chunk on the helper-thread pool (native.py): one job, rows handed out by the counter in it. */
 typedef struct {
     const SFX(T) *q, *k_new, *v_new, *cos, *sin; SFX(T) *kc, *vc, *out; const int32_t *tables, *row_seq, *row_pos;
     int64_t q_stride, k_stride, v_stride; int max_blocks, R, H, KVH, D, BS; float scale; int max_ctx, next_write, next, rc;

@@ -9,16 +9,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engines.pytorch import native
 from engines.pytorch.native import HelperThreads
 from engines.pytorch.paged_attention import DecodeTables, PagedAttention, PrefillRows, rotate
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 
 
-def _case(dtype: torch.dtype, batch: int = 5, seed: int = 0) -> dict:
+def _case(dtype: torch.dtype, batch: int = 5, seed: int = 0, longest: int = 70, head_dim: int = HEAD_DIM) -> dict:
+    """`batch` decode rows with contexts of 1 .. `longest` positions (above 128: several spans, merged)."""
     gen = torch.Generator().manual_seed(seed)
     rnd = random.Random(seed)
-    ctx_lens = [rnd.randint(1, 70) for _ in range(batch)]
+    ctx_lens = [rnd.randint(1, longest) for _ in range(batch)]
     ctx_lens[0] = 1  # a sequence's first decode attends to its own new token only
     num_blocks = sum((c + BLOCK - 1) // BLOCK for c in ctx_lens) + 3
     blocks = list(range(num_blocks))
@@ -28,18 +30,18 @@ def _case(dtype: torch.dtype, batch: int = 5, seed: int = 0) -> dict:
         n = (c + BLOCK - 1) // BLOCK
         tables.append(blocks[used : used + n])
         used += n
-    shape = (num_blocks * BLOCK, KV_HEADS, HEAD_DIM)
-    qkv = torch.randn(batch, (HEADS + 2 * KV_HEADS) * HEAD_DIM, generator=gen).to(dtype)
-    angles = torch.rand(batch, HEAD_DIM // 2, generator=gen) * 6
+    shape = (num_blocks * BLOCK, KV_HEADS, head_dim)
+    qkv = torch.randn(batch, (HEADS + 2 * KV_HEADS) * head_dim, generator=gen).to(dtype)
+    angles = torch.rand(batch, head_dim // 2, generator=gen) * 6
     emb = torch.cat((angles, angles), dim=-1)
     cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
     return {
-        "q": qkv[:, : HEADS * HEAD_DIM].view(batch, HEADS, HEAD_DIM),  # strided views, as the runner passes them
-        "k": qkv[:, HEADS * HEAD_DIM : (HEADS + KV_HEADS) * HEAD_DIM].view(batch, KV_HEADS, HEAD_DIM),
-        "v": qkv[:, (HEADS + KV_HEADS) * HEAD_DIM :].view(batch, KV_HEADS, HEAD_DIM),
+        "q": qkv[:, : HEADS * head_dim].view(batch, HEADS, head_dim),  # strided views, as the runner passes them
+        "k": qkv[:, HEADS * head_dim : (HEADS + KV_HEADS) * head_dim].view(batch, KV_HEADS, head_dim),
+        "v": qkv[:, (HEADS + KV_HEADS) * head_dim :].view(batch, KV_HEADS, head_dim),
         "cos": cos,
         "sin": sin,
-        "sin_folded": torch.cat((-sin[:, : HEAD_DIM // 2], sin[:, HEAD_DIM // 2 :]), dim=-1),
+        "sin_folded": torch.cat((-sin[:, : head_dim // 2], sin[:, head_dim // 2 :]), dim=-1),
         "k_cache": torch.randn(shape, generator=gen).to(dtype),
         "v_cache": torch.randn(shape, generator=gen).to(dtype),
         "tables": DecodeTables(tables, ctx_lens, BLOCK),
@@ -54,18 +56,20 @@ def _transformers_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) 
 def _run(attn: PagedAttention, case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     k_cache, v_cache = case["k_cache"].clone(), case["v_cache"].clone()
     out = attn.decode(case["q"], case["k"], case["v"], case["cos"], case["sin_folded"], k_cache, v_cache, case["tables"],
-               HEAD_DIM**-0.5)
+               case["q"].shape[-1] ** -0.5)
     return out, k_cache, v_cache
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_matches_torch_path_and_reference(dtype: torch.dtype, tmp_path: Path) -> None:
-    kernel = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path)
+@pytest.mark.parametrize(("longest", "head_dim"), [(70, HEAD_DIM), (700, HEAD_DIM), (300, 128), (300, 40)])
+def test_kernel_matches_torch_path_and_reference(dtype: torch.dtype, longest: int, head_dim: int,
+                                                 tmp_path: Path) -> None:
+    kernel = PagedAttention(HEADS, KV_HEADS, head_dim, BLOCK, dtype, tmp_path)
     if not kernel.uses_kernel:
         pytest.skip("no C compiler here: the engine runs the torch path")
-    fallback = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path, use_kernel=False)
+    fallback = PagedAttention(HEADS, KV_HEADS, head_dim, BLOCK, dtype, tmp_path, use_kernel=False)
     assert not fallback.uses_kernel
-    case = _case(dtype)
+    case = _case(dtype, longest=longest, head_dim=head_dim)
     out, k_cache, v_cache = _run(kernel, case)
     ref_out, ref_k, ref_v = _run(fallback, case)
     # both write the same (rotated) keys and values, bit for bit what transformers computes
@@ -76,7 +80,7 @@ def test_kernel_matches_torch_path_and_reference(dtype: torch.dtype, tmp_path: P
     # attention output: the same up to float rounding, and the same as a plain SDPA over the gathered cache
     q = _transformers_rotary(case["q"], cos, sin)
     keys, values = ref_k[kv_index].transpose(1, 2), ref_v[kv_index].transpose(1, 2)
-    plain = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask, scale=HEAD_DIM**-0.5,
+    plain = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask, scale=head_dim**-0.5,
                                            enable_gqa=True)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float(), ref_out.float(), atol=tol, rtol=tol)
@@ -84,17 +88,56 @@ def test_kernel_matches_torch_path_and_reference(dtype: torch.dtype, tmp_path: P
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("batch", [24, 1, 3])
-def test_helper_threads_give_the_same_bits(dtype: torch.dtype, batch: int, tmp_path: Path) -> None:
-    """Sequences shared out between threads (or, below 4 sequences, their KV heads) are computed exactly as by one
-    thread."""
+@pytest.mark.parametrize(("batch", "longest"), [(24, 70), (1, 70), (3, 70), (1, 900), (6, 400)])
+def test_helper_threads_give_the_same_bits(dtype: torch.dtype, batch: int, longest: int, tmp_path: Path) -> None:
+    """Spans of context shared out between threads are computed exactly as by one thread."""
     alone = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path)
     if not alone.uses_kernel:
         pytest.skip("no C compiler here: the engine runs the torch path")
     shared = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path, helpers=HelperThreads(2, tmp_path))
-    case = _case(dtype, batch=batch, seed=3)
+    case = _case(dtype, batch=batch, seed=3, longest=longest)
     for got, want in zip(_run(shared, case), _run(alone, case), strict=True):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_computes_the_same_bits_alone_or_in_a_batch(dtype: torch.dtype, tmp_path: Path) -> None:
+    """A decode row's spans follow its own context only: alone it gives the bits it gives beside other rows (what
+    exact speculative verification and batch-invariant decoding rest on)."""
+    attn = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path, helpers=HelperThreads(2, tmp_path))
+    if not attn.uses_kernel:
+        pytest.skip("no C compiler here: the engine runs the torch path")
+    case = _case(dtype, batch=6, seed=5, longest=500)
+    together, _, _ = _run(attn, case)
+    tables, lens = case["tables"].tables.tolist(), case["tables"].ctx_lens.tolist()
+    for b in range(6):
+        alone = dict(case, tables=DecodeTables([tables[b]], [lens[b]], BLOCK),
+                     **{name: case[name][b : b + 1] for name in ("q", "k", "v", "cos", "sin_folded")})
+        out, _, _ = _run(attn, alone)
+        assert torch.equal(out[0], together[b])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_verification_rows_compute_the_bits_of_one_token_steps(dtype: torch.dtype, tmp_path: Path) -> None:
+    """Consecutive positions of one sequence (a verification step's rows, which the kernel takes together, span by
+    span) beside another sequence: each row gives the bits it gives as a one-token step, across a span boundary."""
+    attn = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path, helpers=HelperThreads(2, tmp_path))
+    if not attn.uses_kernel:
+        pytest.skip("no C compiler here: the engine runs the torch path")
+    case = _case(dtype, batch=8, seed=9, longest=300)
+    tables, lens = case["tables"].tables.tolist(), case["tables"].ctx_lens.tolist()
+    num_blocks = case["k_cache"].shape[0] // BLOCK
+    seq = [num_blocks + i for i in (4, 0, 8, 2, 6, 1, 3, 7, 5)]  # 9 more blocks: 144 positions
+    tables[1:7], lens[1:7] = [seq] * 6, [125 + j for j in range(6)]  # rows 1-6: positions 124-129
+    for name in ("k_cache", "v_cache"):
+        case[name] = torch.cat((case[name], torch.randn(9 * BLOCK, KV_HEADS, HEAD_DIM).to(dtype)))
+    case["tables"] = DecodeTables(tables, lens, BLOCK)
+    together, k_cache, v_cache = _run(attn, case)
+    for b in range(8):  # each row alone, over the cache the step left (every row's key and value written)
+        alone = dict(case, tables=DecodeTables([tables[b]], [lens[b]], BLOCK), k_cache=k_cache, v_cache=v_cache,
+                     **{name: case[name][b : b + 1] for name in ("q", "k", "v", "cos", "sin_folded")})
+        out, _, _ = _run(attn, alone)
+        assert torch.equal(out[0], together[b]), f"row {b}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -183,3 +226,20 @@ def test_rotate_is_transformers_rotary_bit_for_bit() -> None:
     case = _case(torch.float32)
     cos, sin = case["cos"][:, None], case["sin"][:, None]
     assert torch.equal(rotate(case["q"], cos, case["sin_folded"][:, None]), _transformers_rotary(case["q"], cos, sin))
+
+
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx2", "-mno-fma")], ids=["avx2", "scalar"])
+def test_the_other_builds_attend_as_the_reference(flags: tuple[str, ...], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library built for CPUs without AVX-512 (and without AVX2: the scalar loops) decodes rows of several spans
+    and prefills (there without the AVX-512 tile) as the reference does."""
+    if not PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, torch.float32, tmp_path).uses_kernel:
+        pytest.skip("no C compiler here: the engine runs the torch path")
+    monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, *flags])
+    monkeypatch.delitem(native._loaded, "paged_attention")
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            test_kernel_matches_torch_path_and_reference(dtype, 300, HEAD_DIM, tmp_path)
+            test_prefill_kernel_is_causal_attention_over_the_cache(dtype, 2, tmp_path)
+    finally:
+        native._loaded.pop("paged_attention", None)
