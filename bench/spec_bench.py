@@ -3,7 +3,8 @@
 Two native-engine servers serve SmolLM2-135M-Instruct (the GGUF file, float32), identical but for
 `pytorch.speculative`; both stay up and the requests alternate between them (ABBA per prompt), one at a time,
 streamed, greedy. Workloads that quote their context (summarise or edit a given text, answer from a pasted
-document, comment a given function) and free chat. For each workload it prints the output tok/s of both (output
+document of a paragraph or of eight (about 1100 tokens: then every step also reads that much cache), comment a
+given function) and free chat. For each workload it prints the output tok/s of both (output
 tokens over the time from the first streamed token to the last: the decode; prefill is the same on both), the
 ratio, the acceptance rate (accepted / proposed tokens, from the server's spec_decode counters), the tokens each
 verification step emitted (1 + accepted / verifications) and whether every answer was the same text on both
@@ -30,6 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.llamacpp_bench import PARAGRAPHS
 from bench.serve_bench import GGUF, MODEL, _port, _wait_ready, measure, stop
 
 STORY = (
@@ -56,6 +58,7 @@ CODE = '''def merge_intervals(intervals):
             merged.append([start, end])
     return merged
 '''
+DOCUMENT = "\n\n".join(PARAGRAPHS)  # eight paragraphs on as many subjects: about 1100 tokens
 WORKLOADS: dict[str, list[str]] = {
     "summarise": [f"Summarise this text in a few sentences:\n\n{STORY}",
                   f"Rewrite this text as a list of facts, one per line:\n\n{STORY}"],
@@ -64,13 +67,17 @@ WORKLOADS: dict[str, list[str]] = {
     "document QA": [(f"Document:\n{STORY}\n\nUsing the document, answer: what happened to the town's industries, "
                      "and what does the museum keep? Quote the document."),
                     f"Document:\n{TYPOS}\n\nWho will do what before the release? Answer from the document."],
+    "long doc QA": [(f"Document:\n{DOCUMENT}\n\nUsing the document, answer: how do you make a simple loaf of bread, "
+                     "and what did the committee decide about the budget? Quote the document."),
+                    (f"Document:\n{DOCUMENT}\n\nUsing the document, answer: what should you check before you deploy "
+                     "the service, and how did the expedition go? Quote the document.")],
     "code": [f"Add a docstring and comments to this Python function and return the whole function:\n\n{CODE}",
              f"Rename the variable `merged` to `result` in this function and return it:\n\n{CODE}"],
     "free chat": ["Write a short story about a dragon who is afraid of the dark.",
                   "Explain how a rainbow forms, for a ten-year-old.",
                   "Give me five ideas for a weekend trip with children."],
 }
-QUOTING = ("summarise", "edit", "document QA", "code")
+QUOTING = ("summarise", "edit", "document QA", "long doc QA", "code")
 
 
 def start(workdir: Path, speculative: dict[str, object] | None) -> tuple[subprocess.Popen, str]:

