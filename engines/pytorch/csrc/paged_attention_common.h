@@ -142,6 +142,16 @@ static inline float max_of(const float* s, int n) {
 static inline float exp_sum(float* s, int n, float m) {
     float sum = 0.0f;
     int t = 0;
+#if ZVEC
+    const __m512 zm = _mm512_set1_ps(m);
+    __m512 zsum = _mm512_setzero_ps();
+    for (; t + 16 <= n; t += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), zm));
+        _mm512_storeu_ps(s + t, e);
+        zsum = _mm512_add_ps(zsum, e);
+    }
+    sum = _mm512_reduce_add_ps(zsum);
+#endif
 #if VEC
     const __m256 vm = _mm256_set1_ps(m);
     __m256 vsum = _mm256_setzero_ps();
@@ -150,7 +160,7 @@ static inline float exp_sum(float* s, int n, float m) {
         _mm256_storeu_ps(s + t, e);
         vsum = _mm256_add_ps(vsum, e);
     }
-    sum = hsum8(vsum);
+    sum += hsum8(vsum);
 #endif
     for (; t < n; t++) { s[t] = exp_neg(s[t] - m); sum += s[t]; }
     return sum;
