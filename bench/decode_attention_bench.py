@@ -1,9 +1,9 @@
 """Decode attention, this tree's C kernel against another revision's, side by side in one run.
 
-The kernel (`paged_decode_par_f32`, engines/pytorch/csrc/paged_attention_typed.h) runs the decode rows of one step
-for 30 layers (SmolLM2's shape: 9 query heads, 3 KV heads of 64, blocks of 16 positions, float32 cache; each layer
-its own cache, shuffled blocks, so the step reads memory as the engine's does) on the helper-thread pool, for
-batches of rows and context lengths that a chat at c=1, a long document and a batched server see. Both builds
+The kernel (`paged_decode_f32`, engines/pytorch/csrc/paged_attention_typed.h) runs the decode rows of one step for
+30 layers (SmolLM2's shape: 9 query heads, 3 KV heads of 64, blocks of 16 positions, float32 cache; each layer its
+own cache, shuffled blocks, so the step reads memory as the engine's does) on the helper-thread pool, for batches
+of rows and context lengths that a chat at c=1, a long document and a batched server see. Both builds
 (this tree's sources and `--against`'s, from git) get the same arguments, in alternating order; the best of
 `--rounds` per build is printed with the ratio.
 
@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -26,8 +27,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engines.pytorch.native import CSRC, HelperThreads, _build  # noqa: E402
-from engines.pytorch.paged_attention import _SIGNATURES, DecodeTables  # noqa: E402
+from engines.pytorch.native import CSRC, HelperThreads, _build
+from engines.pytorch.paged_attention import _SIGNATURES, DecodeTables
 
 H, KVH, D, BS, LAYERS = 9, 3, 64, 16, 30
 CASES = [(1, 128), (1, 512), (1, 2048), (1, 8192), (6, 512), (8, 512), (32, 256), (32, 1024)]
@@ -56,6 +57,16 @@ def library(source_dir: Path, cache: Path, helpers: HelperThreads) -> ctypes.CDL
     return lib
 
 
+def shared_decode(lib: ctypes.CDLL) -> Callable[..., int]:
+    """The decode kernel on the helper threads: `paged_decode_f32(..., share=1)`, or in revisions before it took
+    `share`, `paged_decode_par_f32`."""
+    if hasattr(lib, "paged_decode_par_f32"):
+        fn = lib.paged_decode_par_f32
+        fn.restype, fn.argtypes = ctypes.c_int, _SIGNATURES["paged_decode_f32"][1][:-1]
+        return fn
+    return lambda *args: lib.paged_decode_f32(*args, 1)
+
+
 def layer(batch: int, ctx: int, rnd: random.Random) -> tuple[tuple, list]:
     """One layer's arguments for `batch` rows of `ctx` positions, and the tensors they point into."""
     per = (ctx + BS - 1) // BS
@@ -81,7 +92,7 @@ def main() -> None:
         cache = Path(tmp)
         helpers = HelperThreads(args.threads - 1, cache)
         base = library(sources_at(args.against, Path(tempfile.mkdtemp(dir=tmp))), cache, helpers)
-        libs = {args.against: base.paged_decode_par_f32, "this tree": library(CSRC, cache, helpers).paged_decode_par_f32}
+        libs = {args.against: shared_decode(base), "this tree": shared_decode(library(CSRC, cache, helpers))}
         helpers.enter()
         print(f"decode attention, {LAYERS} layers a step, {args.threads} threads, best of {args.rounds} (ms)")
         print(f"{'rows':>4} {'context':>7} {args.against:>12} {'this tree':>10} {'ratio':>6}")

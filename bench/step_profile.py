@@ -152,7 +152,7 @@ class TimedCall:
 # C entry points a decode step calls, by library attribute: the kernel timers wrap them on the loaded library.
 KERNELS = {
     "gemm": ["gemm_blocks_par", "gemm_silu_f32_par", "gemm_f32_par", "gemm_f32", "rms_norm_f32", "rms_norm_f32_par"],
-    "attention": ["paged_decode_f32", "paged_decode_par_f32"],
+    "attention": ["paged_decode_f32"],
     "argmax": ["argmax_rows_f32"],
 }
 

@@ -179,8 +179,7 @@ class PagedModelRunner:
         holders = [self.lm_head, *(m for layer in self.layers for m in (
             layer.qkv, layer.o, layer.down, getattr(layer.gate_up_act, "_linear", None)) if m is not None)]
         replay = StepReplay(cache_dir, [gemm, attention], [linear_module._SIGNATURES, attention_module._SIGNATURES],
-                            holders, [getattr(attention, f"paged_decode{v}_{s}") for v in ("", "_par")
-                                      for s in ("f32", "bf16")], [self])
+                            holders, [getattr(attention, f"paged_decode_{s}") for s in ("f32", "bf16")], [self])
         return replay if replay.enabled else None
 
     @property

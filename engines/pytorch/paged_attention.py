@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from engines.pytorch.native import HelperThreads, Signatures, load_library
 
 SHARE_MIN_ROWS = 4  # fewer prefill rows are not worth waking a helper thread for (decode rows are shared in spans
-# of their context: paged_decode_par)
+# of their context whatever their number)
 
 
 def _signatures() -> Signatures:
@@ -44,8 +44,7 @@ def _signatures() -> Signatures:
     prefill = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, p, i32, i32, i32, i32, i32, ctypes.c_float, i32, i32]
     table: Signatures = {"set_pool": (None, [p])}
     for sfx in ("f32", "bf16"):
-        table[f"paged_decode_{sfx}"] = (i32, decode)
-        table[f"paged_decode_par_{sfx}"] = (i32, decode)
+        table[f"paged_decode_{sfx}"] = (i32, [*decode, i32])  # + share
         table[f"paged_prefill_run_{sfx}"] = (i32, prefill)  # + share
     return table
 
@@ -92,8 +91,8 @@ class PagedAttention:
             args = (q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), cos.data_ptr(),
                     sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), step.tables.data_ptr(),
                     step.tables.shape[1], step.ctx_lens.data_ptr(), out.data_ptr(), b, h, self.num_kv_heads, d,
-                    self.block_size, scale)
-            rc = getattr(self._lib, f"paged_decode{'_par' if self._share else ''}_{self._sfx}")(*args)
+                    self.block_size, scale, int(self._share))
+            rc = getattr(self._lib, f"paged_decode_{self._sfx}")(*args)
             if rc != 0:
                 raise MemoryError("paged attention kernel could not allocate its score buffer")
             return out

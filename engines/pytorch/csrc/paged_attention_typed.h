@@ -417,12 +417,12 @@ static void SFX(decode_task)(void* p) { SFX(decode_spans)((SFX(decode_job)*)p); 
    rows may be consecutive positions of one sequence (a speculative verification step), each attending over the
    keys of the rows before it. Then row b's query attends over its cached positions 0 .. ctx_lens[b] - 1.
    caches: [slots, KVH, D] of one layer; tables: [B, max_blocks]; out: [B, H, D] contiguous. H is a multiple of
-   KVH, D is even. `share`: the spans go to the helper-thread pool (paged_decode_par), else all on this thread.
-   Returns 0, or -1 without memory. */
-static int SFX(decode_run)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, int64_t k_stride,
-                           const SFX(T)* v_new, int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc,
-                           SFX(T)* vc, const int32_t* tables, int max_blocks, const int32_t* ctx_lens, SFX(T)* out,
-                           int B, int H, int KVH, int D, int BS, float scale, int share) {
+   KVH, D is even. `share`: the spans go to the helper-thread pool, else all on this thread. Returns 0, or -1
+   without memory. */
+int SFX(paged_decode)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new,
+                     int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc,
+                     const int32_t* tables, int max_blocks, const int32_t* ctx_lens, SFX(T)* out,
+                     int B, int H, int KVH, int D, int BS, float scale, int share) {
     /* every row's key and value first: a few hundred floats a row, on this thread */
     SFX(decode_write)(k_new, k_stride, v_new, v_stride, cos, sin, kc, vc, tables, max_blocks, ctx_lens, B, KVH, D, BS);
     SFX(decode_job) j = {q, q_stride, cos, sin, scale, kc, vc, tables, ctx_lens, out, max_blocks, B, H, KVH, D, BS,
@@ -438,20 +438,6 @@ static int SFX(decode_run)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_ne
     }
     SFX(decode_free)(&j);
     return j.rc;
-}
-int SFX(paged_decode)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new,
-                     int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc,
-                     const int32_t* tables, int max_blocks, const int32_t* ctx_lens, SFX(T)* out,
-                     int B, int H, int KVH, int D, int BS, float scale) {
-    return SFX(decode_run)(q, q_stride, k_new, k_stride, v_new, v_stride, cos, sin, kc, vc, tables, max_blocks,
-                           ctx_lens, out, B, H, KVH, D, BS, scale, 0);
-}
-int SFX(paged_decode_par)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new,
-                         int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc,
-                         const int32_t* tables, int max_blocks, const int32_t* ctx_lens, SFX(T)* out,
-                         int B, int H, int KVH, int D, int BS, float scale) {
-    return SFX(decode_run)(q, q_stride, k_new, k_stride, v_new, v_stride, cos, sin, kc, vc, tables, max_blocks,
-                           ctx_lens, out, B, H, KVH, D, BS, scale, 1);
 }
 
 /* The keys (rotated) and values of a prefill chunk's rows into their cache slots: row r is position row_pos[r]
