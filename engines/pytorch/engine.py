@@ -44,6 +44,7 @@ class PyTorchEngine(StepEngine):
         max_model_len: int | None = None,
         block_size: int = 16,
         kv_cache_tokens: int = 16384,
+        kv_cache_dtype: str = "auto",
         cache_dir: Path | None = None,
         fast_kernels: bool = True,
         gemm_threads: int | None = None,
@@ -52,7 +53,8 @@ class PyTorchEngine(StepEngine):
         """`fast_kernels`: our C kernels for projections, attention and norms (see model_runner.py);
         false runs torch ops only. `gemm_threads`: threads sharing each step's projections, attention and
         norms (default: the process's CPU budget, engines/cpu_budget.py). `match_transformers` (bfloat16): answer as transformers'
-        generate does, bit for bit (exact_forward.py; needs whole prompts and no prefix caching)."""
+        generate does, bit for bit (exact_forward.py; needs whole prompts and no prefix caching). `kv_cache_dtype`:
+        "auto" (the model's dtype) or "bfloat16" (under float32: half the cache's bytes, float32 arithmetic)."""
         budget = cpu_budget().with_override(gemm_threads, "pytorch.gemm_threads")
         host_memory.return_freed_memory()  # while loading (keep_freed_memory once loaded: host_memory.py)
         num_blocks = max(1, kv_cache_tokens // block_size)
@@ -72,6 +74,7 @@ class PyTorchEngine(StepEngine):
             model, num_blocks, block_size, fast_kernels=fast_kernels, kernel_cache_dir=kernel_cache_dir,
             gemm_threads=budget.threads, blocks=blocks, match_transformers=match_transformers,
             packed=weights.drop_pages if weights is not None else None,
+            kv_cache_dtype=None if kv_cache_dtype == "auto" else getattr(torch, kv_cache_dtype),
         )
         torch_threads = _set_torch_threads(self._runner.kernel_threads, budget.threads)
         log.info("native engine: CPU budget %d thread%s (%s): our kernels on %d, torch ops on %d",

@@ -95,12 +95,14 @@ class PagedModelRunner:
         self, hf_model: Any, num_blocks: int, block_size: int, *, fast_kernels: bool = True,
         kernel_cache_dir: Path | None = None, gemm_threads: int = 1, blocks: dict[str, WeightBlocks] | None = None,
         match_transformers: bool = False, packed: Callable[[Iterable[WeightBlocks]], None] | None = None,
+        kv_cache_dtype: torch.dtype | None = None,
     ) -> None:
         """Take over `hf_model`'s weights; q/k/v and gate/up projections are fused into one matmul each.
         `blocks`: GGUF blocks of the projections by module path (gguf_weights.read_weights), for the GEMM kernel;
         `packed` is called with each layer's blocks, and then the lm_head's and the embedding's, once the runner
         holds them in its own memory (`GGUFWeights.drop_pages`: the file pages they were read from can go).
-        `match_transformers` (bfloat16): steps run in transformers' call shapes, bit for bit (exact_forward.py)."""
+        `match_transformers` (bfloat16): steps run in transformers' call shapes, bit for bit (exact_forward.py).
+        `kv_cache_dtype`: the KV cache's (default: the model's; bfloat16 under a float32 model halves the cache)."""
         config = hf_model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -159,12 +161,15 @@ class PagedModelRunner:
         packed(b for path, b in (blocks or {}).items() if path in ("lm_head", "model.embed_tokens"))
         if has_embed_blocks:  # the float32 table goes with the model
             self.embed_tokens = hf_model.model.embed_tokens = None
+        kv_dtype = kv_cache_dtype or self.dtype
+        if (self.dtype, kv_dtype) not in attention_module.SUFFIXES and kv_dtype != self.dtype:
+            raise ValueError(f"a {str(kv_dtype).removeprefix('torch.')} KV cache is for float32 models")
         shape = (self.num_layers, num_blocks * block_size, self.num_kv_heads, self.head_dim)
-        self.k_cache = host_memory.zeros(shape, self.dtype)
-        self.v_cache = host_memory.zeros(shape, self.dtype)
+        self.k_cache = host_memory.zeros(shape, kv_dtype)
+        self.v_cache = host_memory.zeros(shape, kv_dtype)
         self.attention = PagedAttention(
             self.num_heads, self.num_kv_heads, self.head_dim, block_size, self.dtype, kernel_cache_dir,
-            use_kernel=fast_kernels, helpers=self._helpers,
+            use_kernel=fast_kernels, helpers=self._helpers, cache_dtype=kv_dtype,
         )
         self._replay = self._step_replay(kernel_cache_dir) if fast_kernels and not match_transformers else None
         log.info("native engine: projections: %s (%d threads), attention: %s",
@@ -179,7 +184,8 @@ class PagedModelRunner:
         holders = [self.lm_head, *(m for layer in self.layers for m in (
             layer.qkv, layer.o, layer.down, getattr(layer.gate_up_act, "_linear", None)) if m is not None)]
         replay = StepReplay(cache_dir, [gemm, attention], [linear_module._SIGNATURES, attention_module._SIGNATURES],
-                            holders, [getattr(attention, f"paged_decode_{s}") for s in ("f32", "bf16")], [self])
+                            holders, [getattr(attention, f"paged_decode_{s}") for s in attention_module.SUFFIXES.values()],
+                            [self])
         return replay if replay.enabled else None
 
     @property
@@ -288,11 +294,11 @@ class PagedModelRunner:
         if lay.prefill is not None:  # the kernel rotates q and k and writes k and v itself
             return self.attention.prefill(q, k, v, cos, sin, k_cache, v_cache, lay.prefill, scale)
         q, k = rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None])
-        k_cache.index_copy_(0, lay.slots, k)
-        v_cache.index_copy_(0, lay.slots, v)
+        k_cache.index_copy_(0, lay.slots, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, lay.slots, v.to(v_cache.dtype))
         b, ctx = lay.kv_index.shape
-        keys = k_cache.index_select(0, lay.kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2)
-        values = v_cache.index_select(0, lay.kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2)
+        keys = k_cache.index_select(0, lay.kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2).to(q.dtype)
+        values = v_cache.index_select(0, lay.kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2).to(q.dtype)
         q_pad = q.new_zeros(lay.batch * lay.max_q, h, d)
         q_pad[lay.q_index] = q
         q_pad = q_pad.view(lay.batch, lay.max_q, h, d).transpose(1, 2)

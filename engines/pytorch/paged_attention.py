@@ -37,13 +37,18 @@ SHARE_MIN_ROWS = 4  # fewer prefill rows are not worth waking a helper thread fo
 # of their context whatever their number)
 
 
+# (activations' dtype, cache's dtype) -> the suffix of the kernels for them
+SUFFIXES = {(torch.float32, torch.float32): "f32", (torch.bfloat16, torch.bfloat16): "bf16",
+            (torch.float32, torch.bfloat16): "f32_kvbf16"}
+
+
 def _signatures() -> Signatures:
-    """csrc/paged_attention.c's entry points, one set per storage type."""
+    """csrc/paged_attention.c's entry points, one set per pair of types (activations, cache): SUFFIXES."""
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     decode = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, i32, i32, i32, i32, i32, ctypes.c_float]
     prefill = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, p, i32, i32, i32, i32, i32, ctypes.c_float, i32, i32]
     table: Signatures = {"set_pool": (None, [p])}
-    for sfx in ("f32", "bf16"):
+    for sfx in SUFFIXES.values():
         table[f"paged_decode_{sfx}"] = (i32, [*decode, i32])  # + share
         table[f"paged_prefill_run_{sfx}"] = (i32, prefill)  # + share
     return table
@@ -63,12 +68,15 @@ class PagedAttention:
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
         cache_dir: Path | None, use_kernel: bool = True, helpers: HelperThreads | None = None,
+        cache_dtype: torch.dtype | None = None,
     ) -> None:
-        """`helpers`: threads that share the kernels' work (decode rows' spans of context, prefill rows)."""
+        """`helpers`: threads that share the kernels' work (decode rows' spans of context, prefill rows).
+        `cache_dtype`: the KV cache's (default `dtype`; bfloat16 under float32 halves the cache, each key and value
+        rounded once as it is written)."""
         self.num_heads, self.num_kv_heads, self.head_dim, self.block_size = num_heads, num_kv_heads, head_dim, block_size
-        fits = num_heads % num_kv_heads == 0 and dtype in (torch.float32, torch.bfloat16)
+        self._sfx = SUFFIXES.get((dtype, cache_dtype or dtype))
+        fits = num_heads % num_kv_heads == 0 and self._sfx is not None
         self._lib = _load(cache_dir) if use_kernel and fits else None
-        self._sfx = "f32" if dtype == torch.float32 else "bf16"
         self._share = helpers is not None and self._lib is not None
         if self._share:
             helpers.attach(self._lib)
@@ -131,11 +139,11 @@ class PagedAttention:
         b, h, d = q.shape
         kvh, group = self.num_kv_heads, h // self.num_kv_heads
         slots, kv_index, mask = step.torch_index()
-        k_cache.index_copy_(0, slots, k)
-        v_cache.index_copy_(0, slots, v)
+        k_cache.index_copy_(0, slots, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
         ctx = kv_index.shape[1]
-        keys = k_cache.index_select(0, kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2)
-        values = v_cache.index_select(0, kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2)
+        keys = k_cache.index_select(0, kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2).to(q.dtype)
+        values = v_cache.index_select(0, kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2).to(q.dtype)
         # the query heads that share a KV head act as `group` query rows of that head: no GQA expansion
         out = F.scaled_dot_product_attention(q.reshape(b, kvh, group, d), keys, values, attn_mask=mask, scale=scale)
         return out.reshape(b, h * d)

@@ -43,6 +43,7 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
         max_model_len=config.max_model_len,
         block_size=config.kv_cache.block_size,
         kv_cache_tokens=config.kv_cache.max_tokens,
+        kv_cache_dtype=config.kv_cache.dtype,
         cache_dir=cache_dir,
         fast_kernels=config.pytorch.fast_kernels,
         gemm_threads=config.pytorch.gemm_threads,

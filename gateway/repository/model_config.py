@@ -48,6 +48,11 @@ class KVCacheConfig(_Strict):
 
     block_size: int = Field(16, ge=1, le=256, description="Tokens per KV block.")
     max_tokens: int = Field(16384, ge=16, description="Pool size in tokens (all sequences together).")
+    dtype: Literal["auto", "bfloat16"] = Field(
+        "auto", description="Storage of keys and values (vLLM's kv_cache_dtype): auto, the model's dtype; bfloat16 "
+        "under a float32 model halves the pool's bytes and what each decode step reads of it, the arithmetic staying "
+        "float32 (answers then may differ from transformers' float32 ones).",
+    )
     enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of earlier requests with the same prefix.")
     session_ttl_seconds: float = Field(600.0, gt=0, description="Idle KV sessions are released after this long.")
     session_max_tokens: int | None = Field(
@@ -95,6 +100,9 @@ class ModelConfig(_Strict):
         if not sched.enable_chunked_prefill and self.max_model_len and sched.max_num_batched_tokens < self.max_model_len:
             raise ValueError(f"scheduler.enable_chunked_prefill: false needs scheduler.max_num_batched_tokens >= "
                              f"max_model_len ({self.max_model_len}); raise it or enable chunked prefill")
+        if self.kv_cache.dtype == "bfloat16" and (self.backend != "pytorch" or self.dtype == "float16"):
+            raise ValueError("kv_cache.dtype: bfloat16 is for the native engine (backend: pytorch) with dtype float32 "
+                             "or bfloat16; remove it or change the backend or dtype")
         if self.pytorch.speculative is not None and not self.pytorch.fast_kernels:
             raise ValueError("pytorch.speculative needs pytorch.fast_kernels: true (only the C kernels verify "
                              "proposals with the bits of one-token steps); remove one of them")

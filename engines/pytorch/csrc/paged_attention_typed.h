@@ -1,14 +1,16 @@
-/* The paged attention kernels, once per storage type: paged_attention.c includes this header with TYPE_SUFFIX f32
-   and bf16. No include guard: it is meant to be included once per type (type_suffix.h). */
+/* The paged attention kernels, once per pair of types: paged_attention.c includes this header with TYPE_SUFFIX (the
+   activations: queries, new keys and values, outputs) f32 or bf16, and CACHE_SUFFIX (the KV cache) f32 or bf16.
+   SFX(T) is the activations' type, CFX(T) the cache's. No include guard: it is meant to be included once per pair
+   (type_suffix.h). */
 #if ZVEC
 /* Scores of 8 consecutive cached rows against one query head of size 64: 8 independent FMA chains of 16 lanes, the
    two halves of each added, then a transposing horizontal add gives the 8 sums in one register. */
-static inline __m256 SFX(dot8x64)(const float* q, const SFX(T)* k, int64_t row) {
+static inline __m256 SFX(dot8x64)(const float* q, const CFX(T)* k, int64_t row) {
     __m512 a[8];
     for (int t = 0; t < 8; t++) a[t] = _mm512_setzero_ps();
     for (int j = 0; j < 64; j += 16) {
         const __m512 qj = _mm512_loadu_ps(q + j);
-        for (int t = 0; t < 8; t++) a[t] = _mm512_fmadd_ps(qj, SFX(loadz)(k + t * row + j), a[t]);
+        for (int t = 0; t < 8; t++) a[t] = _mm512_fmadd_ps(qj, CFX(loadz)(k + t * row + j), a[t]);
     }
     __m256 h[8];
     for (int t = 0; t < 8; t++)
@@ -19,40 +21,40 @@ static inline __m256 SFX(dot8x64)(const float* q, const SFX(T)* k, int64_t row) 
 #elif VEC
 /* Scores of 8 consecutive cached rows against one query head of size 64: 8 independent FMA chains, then a
    transposing horizontal add gives the 8 sums in one register. */
-static inline __m256 SFX(dot8x64)(const float* q, const SFX(T)* k, int64_t row) {
+static inline __m256 SFX(dot8x64)(const float* q, const CFX(T)* k, int64_t row) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     for (int j = 0; j < 64; j += 8) {
         __m256 qj = _mm256_loadu_ps(q + j);
-        a0 = _mm256_fmadd_ps(qj, SFX(load8)(k + j), a0);
-        a1 = _mm256_fmadd_ps(qj, SFX(load8)(k + row + j), a1);
-        a2 = _mm256_fmadd_ps(qj, SFX(load8)(k + 2 * row + j), a2);
-        a3 = _mm256_fmadd_ps(qj, SFX(load8)(k + 3 * row + j), a3);
-        a4 = _mm256_fmadd_ps(qj, SFX(load8)(k + 4 * row + j), a4);
-        a5 = _mm256_fmadd_ps(qj, SFX(load8)(k + 5 * row + j), a5);
-        a6 = _mm256_fmadd_ps(qj, SFX(load8)(k + 6 * row + j), a6);
-        a7 = _mm256_fmadd_ps(qj, SFX(load8)(k + 7 * row + j), a7);
+        a0 = _mm256_fmadd_ps(qj, CFX(load8)(k + j), a0);
+        a1 = _mm256_fmadd_ps(qj, CFX(load8)(k + row + j), a1);
+        a2 = _mm256_fmadd_ps(qj, CFX(load8)(k + 2 * row + j), a2);
+        a3 = _mm256_fmadd_ps(qj, CFX(load8)(k + 3 * row + j), a3);
+        a4 = _mm256_fmadd_ps(qj, CFX(load8)(k + 4 * row + j), a4);
+        a5 = _mm256_fmadd_ps(qj, CFX(load8)(k + 5 * row + j), a5);
+        a6 = _mm256_fmadd_ps(qj, CFX(load8)(k + 6 * row + j), a6);
+        a7 = _mm256_fmadd_ps(qj, CFX(load8)(k + 7 * row + j), a7);
     }
     return sum8x8(a0, a1, a2, a3, a4, a5, a6, a7);
 }
 #endif
 
-static inline float SFX(dot)(const float* q, const SFX(T)* k, int D) {
+static inline float SFX(dot)(const float* q, const CFX(T)* k, int D) {
 #if VEC
     if (D % 8 == 0) {
         __m256 acc = _mm256_setzero_ps();
-        for (int j = 0; j < D; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), SFX(load8)(k + j), acc);
+        for (int j = 0; j < D; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), CFX(load8)(k + j), acc);
         return hsum8(acc);
     }
 #endif
     float s = 0.0f;
-    for (int j = 0; j < D; j++) s += q[j] * SFX(load1)(k + j);
+    for (int j = 0; j < D; j++) s += q[j] * CFX(load1)(k + j);
     return s;
 }
 
 #if ZVEC
 /* acc (4 query rows of 64 floats) = acc * alpha + sum over t < kn of p[t * ldp + r] * v row t (value rows `row`
    elements apart): the tile kernel's output rows, rescaled for their new maximum and summed in registers. */
-static inline void SFX(values4)(float* acc, const float* alpha, const float* p, int ldp, const SFX(T)* v, int64_t row,
+static inline void SFX(values4)(float* acc, const float* alpha, const float* p, int ldp, const CFX(T)* v, int64_t row,
                                int kn) {
     __m512 o[4][4];
     for (int r = 0; r < 4; r++) {
@@ -60,8 +62,8 @@ static inline void SFX(values4)(float* acc, const float* alpha, const float* p, 
         for (int c = 0; c < 4; c++) o[r][c] = _mm512_mul_ps(a, _mm512_loadu_ps(acc + r * 64 + 16 * c));
     }
     for (int t = 0; t < kn; t++) {
-        const SFX(T)* vt = v + t * row;
-        const __m512 v0 = SFX(loadz)(vt), v1 = SFX(loadz)(vt + 16), v2 = SFX(loadz)(vt + 32), v3 = SFX(loadz)(vt + 48);
+        const CFX(T)* vt = v + t * row;
+        const __m512 v0 = CFX(loadz)(vt), v1 = CFX(loadz)(vt + 16), v2 = CFX(loadz)(vt + 32), v3 = CFX(loadz)(vt + 48);
         for (int r = 0; r < 4; r++) {
             const __m512 pt = _mm512_set1_ps(p[t * ldp + r]);
             o[r][0] = _mm512_fmadd_ps(pt, v0, o[r][0]);
@@ -82,7 +84,7 @@ static inline void SFX(values4)(float* acc, const float* alpha, const float* p, 
    taken 16 at a time; a row's keys beyond its own position are masked to exactly 0, so a row's bits depend only on
    its position and the cache, not on the tile it is in. qrot: the tile's rotated queries [n][H][64]; scratch:
    tile64_scratch floats. out: [n, H, 64]. */
-static void SFX(tile64)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, int p0, int n, SFX(T)* out,
+static void SFX(tile64)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table, int p0, int n, SFX(T)* out,
                        int H, int KVH, int BS, float scale, const float* qrot, float* scratch) {
     const int G = H / KVH, QR = n * G, QRP = (int)tile64_qrp(n, G), last = p0 + n - 1;
     const int64_t row = (int64_t)KVH * 64;
@@ -101,15 +103,15 @@ static void SFX(tile64)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table
             const int64_t base = (int64_t)table[t0 / BS] * BS * row + (int64_t)g * 64;
             if (t0 + BS <= last) {
                 const int64_t next = (int64_t)table[t0 / BS + 1] * BS * row;
-                prefetch_block(kc + next, sizeof(SFX(T)) * BS * row);
-                prefetch_block(vc + next, sizeof(SFX(T)) * BS * row);
+                prefetch_block(kc + next, sizeof(CFX(T)) * BS * row);
+                prefetch_block(vc + next, sizeof(CFX(T)) * BS * row);
             }
             for (int tt = 0; tt < BS && t0 + tt <= last; tt += TILE_KEYS) {
                 const int k0 = t0 + tt;  /* the group's first key position */
                 const int kn = last - k0 + 1 < TILE_KEYS ? (BS - tt < last - k0 + 1 ? BS - tt : last - k0 + 1)
                                                          : (BS - tt < TILE_KEYS ? BS - tt : TILE_KEYS);
                 const float* kp[TILE_KEYS];
-                SFX(key_rows)(kc + base + (int64_t)tt * row, row, kn, kconv, kp);
+                CFX(key_rows)(kc + base + (int64_t)tt * row, row, kn, kconv, kp);
                 for (int c0 = 0; c0 < QRP; c0 += 48) {
                     const int nc = (QRP - c0) / 16 < 3 ? (QRP - c0) / 16 : 3;
                     if (last_pos(pos, c0, c0 + nc * 16, QR) < k0) continue;  /* no row of these chunks sees the keys */
@@ -157,19 +159,19 @@ static void SFX(tile64)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table
    heads, contiguous) are used for every head before moving on, once for the scores and once for the values.
    qf: H * D scaled queries; scores: H * (t_end - t_begin) floats; acc: H * D floats. `prefetch`: ask for each
    next block while this one is used (not when another row of the group has just read the span). */
-static void SFX(span)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, int t_begin, int t_end, int H, int KVH,
+static void SFX(span)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table, int t_begin, int t_end, int H, int KVH,
                      int D, int BS, const float* qf, float* scores, float* acc, float* m, float* l, int prefetch) {
     const int G = H / KVH, len = t_end - t_begin;
     const int64_t row = (int64_t)KVH * D;
     for (int t0 = t_begin; t0 < t_end; t0 += BS) {
-        const SFX(T)* kb = kc + (int64_t)table[t0 / BS] * BS * row;
+        const CFX(T)* kb = kc + (int64_t)table[t0 / BS] * BS * row;
         const int n = t_end - t0 < BS ? t_end - t0 : BS;
         /* the next block's keys (after the last, the values' first block), a share with every head */
-        const SFX(T)* ahead = t0 + BS < t_end ? kc + (int64_t)table[t0 / BS + 1] * BS * row
+        const CFX(T)* ahead = t0 + BS < t_end ? kc + (int64_t)table[t0 / BS + 1] * BS * row
                                               : vc + (int64_t)table[t_begin / BS] * BS * row;
         for (int h = 0; h < H; h++) {
-            if (prefetch) prefetch_part(ahead, sizeof(SFX(T)) * BS * row, h, H);
-            const SFX(T)* k = kb + (int64_t)(h / G) * D;
+            if (prefetch) prefetch_part(ahead, sizeof(CFX(T)) * BS * row, h, H);
+            const CFX(T)* k = kb + (int64_t)(h / G) * D;
             float* sc = scores + (int64_t)h * len + (t0 - t_begin);
             int t = 0;
 #if VEC
@@ -186,12 +188,12 @@ static void SFX(span)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, 
     }
     for (int i = 0; i < H * D; i++) acc[i] = 0.0f;
     for (int t0 = t_begin; t0 < t_end; t0 += BS) {
-        const SFX(T)* vb = vc + (int64_t)table[t0 / BS] * BS * row;
+        const CFX(T)* vb = vc + (int64_t)table[t0 / BS] * BS * row;
         const int n = t_end - t0 < BS ? t_end - t0 : BS;
-        const SFX(T)* ahead = prefetch && t0 + BS < t_end ? vc + (int64_t)table[t0 / BS + 1] * BS * row : 0;
+        const CFX(T)* ahead = prefetch && t0 + BS < t_end ? vc + (int64_t)table[t0 / BS + 1] * BS * row : 0;
         for (int h = 0; h < H; h++) {
-            if (ahead) prefetch_part(ahead, sizeof(SFX(T)) * BS * row, h, H);
-            const SFX(T)* v = vb + (int64_t)(h / G) * D;
+            if (ahead) prefetch_part(ahead, sizeof(CFX(T)) * BS * row, h, H);
+            const CFX(T)* v = vb + (int64_t)(h / G) * D;
             const float* p = scores + (int64_t)h * len + (t0 - t_begin);
             float* o = acc + (int64_t)h * D;
 #if ZVEC
@@ -199,12 +201,12 @@ static void SFX(span)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, 
                 __m512 o0 = _mm512_loadu_ps(o), o1 = _mm512_loadu_ps(o + 16), o2 = _mm512_loadu_ps(o + 32);
                 __m512 o3 = _mm512_loadu_ps(o + 48);
                 for (int t = 0; t < n; t++) {
-                    const SFX(T)* vt = v + t * row;
+                    const CFX(T)* vt = v + t * row;
                     const __m512 pt = _mm512_set1_ps(p[t]);
-                    o0 = _mm512_fmadd_ps(pt, SFX(loadz)(vt), o0);
-                    o1 = _mm512_fmadd_ps(pt, SFX(loadz)(vt + 16), o1);
-                    o2 = _mm512_fmadd_ps(pt, SFX(loadz)(vt + 32), o2);
-                    o3 = _mm512_fmadd_ps(pt, SFX(loadz)(vt + 48), o3);
+                    o0 = _mm512_fmadd_ps(pt, CFX(loadz)(vt), o0);
+                    o1 = _mm512_fmadd_ps(pt, CFX(loadz)(vt + 16), o1);
+                    o2 = _mm512_fmadd_ps(pt, CFX(loadz)(vt + 32), o2);
+                    o3 = _mm512_fmadd_ps(pt, CFX(loadz)(vt + 48), o3);
                 }
                 _mm512_storeu_ps(o, o0); _mm512_storeu_ps(o + 16, o1); _mm512_storeu_ps(o + 32, o2);
                 _mm512_storeu_ps(o + 48, o3);
@@ -216,16 +218,16 @@ static void SFX(span)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, 
                 __m256 o3 = _mm256_loadu_ps(o + 24), o4 = _mm256_loadu_ps(o + 32), o5 = _mm256_loadu_ps(o + 40);
                 __m256 o6 = _mm256_loadu_ps(o + 48), o7 = _mm256_loadu_ps(o + 56);
                 for (int t = 0; t < n; t++) {
-                    const SFX(T)* vt = v + t * row;
+                    const CFX(T)* vt = v + t * row;
                     __m256 pt = _mm256_set1_ps(p[t]);
-                    o0 = _mm256_fmadd_ps(pt, SFX(load8)(vt), o0);
-                    o1 = _mm256_fmadd_ps(pt, SFX(load8)(vt + 8), o1);
-                    o2 = _mm256_fmadd_ps(pt, SFX(load8)(vt + 16), o2);
-                    o3 = _mm256_fmadd_ps(pt, SFX(load8)(vt + 24), o3);
-                    o4 = _mm256_fmadd_ps(pt, SFX(load8)(vt + 32), o4);
-                    o5 = _mm256_fmadd_ps(pt, SFX(load8)(vt + 40), o5);
-                    o6 = _mm256_fmadd_ps(pt, SFX(load8)(vt + 48), o6);
-                    o7 = _mm256_fmadd_ps(pt, SFX(load8)(vt + 56), o7);
+                    o0 = _mm256_fmadd_ps(pt, CFX(load8)(vt), o0);
+                    o1 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 8), o1);
+                    o2 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 16), o2);
+                    o3 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 24), o3);
+                    o4 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 32), o4);
+                    o5 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 40), o5);
+                    o6 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 48), o6);
+                    o7 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 56), o7);
                 }
                 _mm256_storeu_ps(o, o0); _mm256_storeu_ps(o + 8, o1); _mm256_storeu_ps(o + 16, o2);
                 _mm256_storeu_ps(o + 24, o3); _mm256_storeu_ps(o + 32, o4); _mm256_storeu_ps(o + 40, o5);
@@ -234,13 +236,13 @@ static void SFX(span)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, 
             }
 #endif
             for (int t = 0; t < n; t++)
-                for (int j = 0; j < D; j++) o[j] += p[t] * SFX(load1)(v + t * row + j);
+                for (int j = 0; j < D; j++) o[j] += p[t] * CFX(load1)(v + t * row + j);
         }
     }
 }
 /* One query row of a sequence: all its heads over cached positions 0 .. ctx - 1 into out. qf: its H * D rotated
    queries (scaled here); scores: H * ctx floats; acc: H * D floats. */
-static void SFX(sequence)(const SFX(T)* kc, const SFX(T)* vc, const int32_t* table, int ctx, SFX(T)* out, int H,
+static void SFX(sequence)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table, int ctx, SFX(T)* out, int H,
                          int KVH, int D, int BS, float scale, float* qf, float* scores, float* acc) {
     float m[H], l[H];
     for (int i = 0; i < H * D; i++) qf[i] *= scale;
@@ -263,22 +265,23 @@ static void SFX(rope_heads)(const SFX(T)* x, const SFX(T)* c, const SFX(T)* s, i
 }
 
 /* The new key (rotated by c/s, or as it is without c) and value of one position into cache slot `slot`. */
-static void SFX(write_kv)(const SFX(T)* k, const SFX(T)* v, const SFX(T)* c, const SFX(T)* s, SFX(T)* kc, SFX(T)* vc,
+static void SFX(write_kv)(const SFX(T)* k, const SFX(T)* v, const SFX(T)* c, const SFX(T)* s, CFX(T)* kc, CFX(T)* vc,
                          int64_t slot, int KVH, int D) {
-    SFX(T)* kdst = kc + slot * KVH * D;
+    CFX(T)* kdst = kc + slot * KVH * D;
     if (c) {
         float rot[KVH * D];
         SFX(rope_heads)(k, c, s, KVH, D, rot);
-        for (int i = 0; i < KVH * D; i++) SFX(store1)(kdst + i, rot[i]);
+        for (int i = 0; i < KVH * D; i++) CFX(store1)(kdst + i, rot[i]);
     } else {
-        memcpy(kdst, k, sizeof(SFX(T)) * KVH * D);
+        for (int i = 0; i < KVH * D; i++) CFX(store1)(kdst + i, SFX(load1)(k + i));
     }
-    memcpy(vc + slot * KVH * D, v, sizeof(SFX(T)) * KVH * D);
+    CFX(T)* vdst = vc + slot * KVH * D;  /* the cache's type: a copy, or a rounding to bfloat16 */
+    for (int i = 0; i < KVH * D; i++) CFX(store1)(vdst + i, SFX(load1)(v + i));
 }
 
 /* The new key (rotated) and value of every decode row into the cache slot of its position ctx_lens[b] - 1. */
 static void SFX(decode_write)(const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new, int64_t v_stride,
-                             const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc, const int32_t* tables,
+                             const SFX(T)* cos, const SFX(T)* sin, CFX(T)* kc, CFX(T)* vc, const int32_t* tables,
                              int max_blocks, const int32_t* ctx_lens, int B, int KVH, int D, int BS) {
     for (int b = 0; b < B; b++) {
         const int pos = ctx_lens[b] - 1;
@@ -299,7 +302,7 @@ static void SFX(decode_write)(const SFX(T)* k_new, int64_t k_stride, const SFX(T
 #endif
 typedef struct {
     const SFX(T)* q; int64_t q_stride; const SFX(T) *cos, *sin; float scale;
-    const SFX(T) *kc, *vc; const int32_t *tables, *ctx_lens; SFX(T)* out;
+    const CFX(T) *kc, *vc; const int32_t *tables, *ctx_lens; SFX(T)* out;
     int max_blocks, B, H, KVH, D, BS, span;
     float* qf;     /* [B][H][D]: every row's rotated, scaled queries */
     int* first;    /* [B + 1]: row b's spans' partial results are parts first[b] .. first[b + 1] - 1 */
@@ -420,7 +423,7 @@ static void SFX(decode_task)(void* p) { SFX(decode_spans)((SFX(decode_job)*)p); 
    KVH, D is even. `share`: the spans go to the helper-thread pool, else all on this thread. Returns 0, or -1
    without memory. */
 int SFX(paged_decode)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new,
-                     int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc,
+                     int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, CFX(T)* kc, CFX(T)* vc,
                      const int32_t* tables, int max_blocks, const int32_t* ctx_lens, SFX(T)* out,
                      int B, int H, int KVH, int D, int BS, float scale, int share) {
     /* every row's key and value first: a few hundred floats a row, on this thread */
@@ -443,7 +446,7 @@ int SFX(paged_decode)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, in
 /* The keys (rotated) and values of a prefill chunk's rows into their cache slots: row r is position row_pos[r]
    of sequence row_seq[r] (block table tables + row_seq[r] * max_blocks); rows are taken from *next. */
 void SFX(prefill_write)(const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new, int64_t v_stride, const SFX(T)* cos,
-                       const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc, const int32_t* tables, int max_blocks,
+                       const SFX(T)* sin, CFX(T)* kc, CFX(T)* vc, const int32_t* tables, int max_blocks,
                        const int32_t* row_seq, const int32_t* row_pos, int R, int KVH, int D, int BS, int* next) {
     for (int r; (r = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < R;) {
         const int32_t* table = tables + (int64_t)row_seq[r] * max_blocks;
@@ -458,8 +461,8 @@ void SFX(prefill_write)(const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_n
    sequence row_seq[r] and attends to the cached positions 0..row_pos[r]: causal. Rows are taken one at a time
    from *next (an atomic counter starting at 0), so several threads share the chunk. max_ctx: the largest row_pos +
    1. out: [R, H, D] contiguous. Returns 0, or -1 without memory. */
-int SFX(paged_prefill)(const SFX(T)* q, int64_t q_stride, const SFX(T)* cos, const SFX(T)* sin, const SFX(T)* kc,
-                      const SFX(T)* vc, const int32_t* tables, int max_blocks, const int32_t* row_seq,
+int SFX(paged_prefill)(const SFX(T)* q, int64_t q_stride, const SFX(T)* cos, const SFX(T)* sin, const CFX(T)* kc,
+                      const CFX(T)* vc, const int32_t* tables, int max_blocks, const int32_t* row_seq,
                       const int32_t* row_pos, SFX(T)* out, int R, int H, int KVH, int D, int BS, float scale,
                       int max_ctx, int* next) {
     size_t need = (size_t)H * ((size_t)max_ctx + 2 * (size_t)D);
@@ -498,7 +501,7 @@ int SFX(paged_prefill)(const SFX(T)* q, int64_t q_stride, const SFX(T)* cos, con
 }
 /* A prefill chunk on the helper-thread pool (native.py): one job, rows handed out by the counter in it. */
 typedef struct {
-    const SFX(T) *q, *k_new, *v_new, *cos, *sin; SFX(T) *kc, *vc, *out; const int32_t *tables, *row_seq, *row_pos;
+    const SFX(T) *q, *k_new, *v_new, *cos, *sin; CFX(T) *kc, *vc; SFX(T)* out; const int32_t *tables, *row_seq, *row_pos;
     int64_t q_stride, k_stride, v_stride; int max_blocks, R, H, KVH, D, BS; float scale; int max_ctx, next_write, next, rc;
 } SFX(prefill_job);
 static void SFX(prefill_write_task)(void* p) {
@@ -515,7 +518,7 @@ static void SFX(prefill_task)(void* p) {
 /* A prefill chunk's rows: prefill_write, then paged_prefill (every row may read keys another row wrote), each
    shared with the helper threads when `share`. Returns 0, or -1 without memory. */
 int SFX(paged_prefill_run)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new,
-                          int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, SFX(T)* kc, SFX(T)* vc,
+                          int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, CFX(T)* kc, CFX(T)* vc,
                           const int32_t* tables, int max_blocks, const int32_t* row_seq, const int32_t* row_pos,
                           SFX(T)* out, int R, int H, int KVH, int D, int BS, float scale, int max_ctx, int share) {
     SFX(prefill_job) j = {q, k_new, v_new, cos, sin, kc, vc, out, tables, row_seq, row_pos, q_stride, k_stride,

@@ -6,4 +6,6 @@
 #define SFX_PASTE_(name, suffix) name##_##suffix
 #define SFX_PASTE(name, suffix) SFX_PASTE_(name, suffix)
 #define SFX(name) SFX_PASTE(name, TYPE_SUFFIX)
+/* A second type in the same kernels (the KV cache's, in paged_attention_typed.h): CFX(name) is name_<CACHE_SUFFIX>. */
+#define CFX(name) SFX_PASTE(name, CACHE_SUFFIX)
 #endif

@@ -241,5 +241,46 @@ def test_the_other_builds_attend_as_the_reference(flags: tuple[str, ...], tmp_pa
         for dtype in (torch.float32, torch.bfloat16):
             test_kernel_matches_torch_path_and_reference(dtype, 300, HEAD_DIM, tmp_path)
             test_prefill_kernel_is_causal_attention_over_the_cache(dtype, 2, tmp_path)
+        test_a_bfloat16_cache_under_float32_activations(tmp_path)
     finally:
         native._loaded.pop("paged_attention", None)
+
+
+def test_a_bfloat16_cache_under_float32_activations(tmp_path: Path) -> None:
+    """kv_cache.dtype bfloat16 of a float32 model: keys (rotated in float32) and values are rounded to bfloat16 once,
+    as they are written; the attention over them is float32, as the torch path and SDPA over that cache compute it,
+    and shared between threads with the same bits."""
+    kernel = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, torch.float32, tmp_path, cache_dtype=torch.bfloat16,
+                            helpers=HelperThreads(2, tmp_path))
+    if not kernel.uses_kernel:
+        pytest.skip("no C compiler here: the engine runs the torch path")
+    alone = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, torch.float32, tmp_path, cache_dtype=torch.bfloat16)
+    fallback = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, torch.float32, tmp_path, use_kernel=False,
+                              cache_dtype=torch.bfloat16)
+    case = _case(torch.float32, batch=6, seed=4, longest=400)
+    case["k_cache"], case["v_cache"] = case["k_cache"].bfloat16(), case["v_cache"].bfloat16()
+    out, k_cache, v_cache = _run(kernel, case)
+    assert out.dtype == torch.float32 and k_cache.dtype == torch.bfloat16
+    ref_out, ref_k, ref_v = _run(fallback, case)
+    assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
+    slots, kv_index, mask = case["tables"].torch_index()
+    cos, sin = case["cos"][:, None], case["sin"][:, None]
+    assert torch.equal(k_cache[slots], _transformers_rotary(case["k"], cos, sin).bfloat16())
+    q = _transformers_rotary(case["q"], cos, sin)
+    keys, values = ref_k[kv_index].transpose(1, 2).float(), ref_v[kv_index].transpose(1, 2).float()
+    plain = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask, scale=HEAD_DIM**-0.5,
+                                           enable_gqa=True)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, plain.reshape(out.shape), atol=1e-5, rtol=1e-5)
+    for got, want in zip(_run(alone, case), (out, k_cache, v_cache), strict=True):
+        assert torch.equal(got, want)
+    # a prefill chunk over the same cache: the torch path's result up to float rounding
+    rows = PrefillRows([case["tables"].tables[1].tolist()], [0], [int(case["tables"].ctx_lens[1])])
+    n = rows.max_ctx
+    q, k, v = (torch.randn(n, x, HEAD_DIM) for x in (HEADS, KV_HEADS, KV_HEADS))
+    got = kernel.prefill(q, k, v, None, None, k_cache.clone(), v_cache.clone(), rows, HEAD_DIM**-0.5)
+    mask = torch.arange(n)[None, :] <= torch.arange(n)[:, None]
+    want = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.bfloat16().float().transpose(0, 1)[None],
+                                          v.bfloat16().float().transpose(0, 1)[None], attn_mask=mask,
+                                          scale=HEAD_DIM**-0.5, enable_gqa=True)
+    torch.testing.assert_close(got, want[0].transpose(0, 1).reshape(n, -1), atol=1e-5, rtol=1e-5)

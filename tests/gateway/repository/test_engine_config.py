@@ -73,6 +73,9 @@ remote:
         ("pytorch: {speculative: {prompt_lookup_min: 5}}\n", "prompt_lookup_min (5) is larger than prompt_lookup_max (4)"),
         ("pytorch: {speculative: {method: eagle}}\n", "pytorch.speculative.method"),
         ("pytorch: {speculative: {}, fast_kernels: false}\n", "pytorch.speculative needs pytorch.fast_kernels: true"),
+        ("dtype: float16\nkv_cache: {dtype: bfloat16}\n", "kv_cache.dtype: bfloat16 is for the native engine"),
+        ("backend: vllm\nkv_cache: {dtype: bfloat16}\n", "kv_cache.dtype: bfloat16 is for the native engine"),
+        ("kv_cache: {dtype: float8}\n", "kv_cache.dtype"),
     ],
 )
 def test_mistakes_are_named_with_their_fix(tmp_path: Path, text: str, message: str) -> None:
