@@ -186,9 +186,10 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.kill()
 
 
-def start_switchyard(gguf: Path, threads: int, workdir: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    """The file as a native-engine model in float32 (a model's files must live inside its folder: a file that is
-    not the shipped one is hard-linked, or copied, into the version folder)."""
+def start_switchyard(gguf: Path, threads: int, workdir: Path, log: Path, kv_dtype: str = "auto"
+                     ) -> tuple[subprocess.Popen, str]:
+    """The file as a native-engine model in float32, its KV cache in `kv_dtype` (a model's files must live inside
+    its folder: a file that is not the shipped one is hard-linked, or copied, into the version folder)."""
     folder = workdir / "repo" / MODEL
     (folder / "1").mkdir(parents=True)
     if gguf == shipped_gguf():
@@ -201,7 +202,8 @@ def start_switchyard(gguf: Path, threads: int, workdir: Path, log: Path) -> tupl
         source = f"1/{gguf.name}"
     (folder / "config.yaml").write_text(
         f"backend: pytorch\nmodel:\n  source: {source}\ndtype: float32\nmax_model_len: 2048\n"
-        f"scheduler: {{max_num_seqs: 8}}\nkv_cache: {{max_tokens: 8192}}\npytorch: {{gemm_threads: {threads}}}\n")
+        f"scheduler: {{max_num_seqs: 8}}\nkv_cache: {{max_tokens: 8192, dtype: {kv_dtype}}}\n"
+        f"pytorch: {{gemm_threads: {threads}}}\n")
     port = _port()
     cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(folder.parent), "--host", "127.0.0.1",
            "--http-port", str(port), "--metrics-port", "0", "--grpc-port", "0", "--log-level", "warning"]
@@ -382,6 +384,8 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=128, help="prompt tokens (default: %(default)s)")
     parser.add_argument("--output-len", type=int, default=128, help="output tokens (default: %(default)s)")
     parser.add_argument("--no-check", action="store_true", help="skip the comparison with transformers' float32")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16"],
+                        help="Switchyard's kv_cache.dtype (bfloat16: 2 bytes a value, as llama.cpp's float16 cache)")
     args = parser.parse_args()
 
     if args.llama_python:
@@ -420,7 +424,7 @@ def main() -> None:
         stack.callback(inproc.close)
         lproc, lurl = start_llama_server(llama_python, gguf, args.threads, logs / "llama-server.log")
         stack.callback(_stop, lproc)
-        sproc, surl = start_switchyard(gguf, args.threads, logs, logs / "switchyard.log")
+        sproc, surl = start_switchyard(gguf, args.threads, logs, logs / "switchyard.log", args.kv_cache_dtype)
         stack.callback(_stop, sproc)
         eog = inproc.eog
         arms = {
