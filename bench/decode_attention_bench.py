@@ -3,7 +3,8 @@
 The kernel (`paged_decode_f32`, engines/pytorch/csrc/paged_attention_typed.h) runs the decode rows of one step for
 30 layers (SmolLM2's shape: 9 query heads, 3 KV heads of 64, blocks of 16 positions, float32 cache; each layer its
 own cache, shuffled blocks, so the step reads memory as the engine's does) on the helper-thread pool, for batches
-of rows and context lengths that a chat at c=1, a long document and a batched server see. Both builds
+of rows and context lengths that a chat at c=1, a long document, a speculative verification step (rows of one
+sequence at consecutive positions) and a batched server see. Both builds
 (this tree's sources and `--against`'s, from git) get the same arguments, in alternating order; the best of
 `--rounds` per build is printed with the ratio.
 
@@ -31,7 +32,9 @@ from engines.pytorch.native import CSRC, HelperThreads, _build
 from engines.pytorch.paged_attention import _SIGNATURES, DecodeTables
 
 H, KVH, D, BS, LAYERS = 9, 3, 64, 16, 30
-CASES = [(1, 128), (1, 512), (1, 2048), (1, 8192), (6, 512), (8, 512), (32, 256), (32, 1024)]
+# (rows, context, rows of one sequence: a verification step's consecutive positions, else one sequence a row)
+CASES = [(1, 128, False), (1, 512, False), (1, 2048, False), (1, 8192, False), (6, 512, True), (6, 2048, True),
+         (6, 8192, True), (6, 512, False), (8, 512, False), (32, 256, False), (32, 1024, False)]
 
 
 def sources_at(rev: str, folder: Path) -> Path:
@@ -52,7 +55,8 @@ def library(source_dir: Path, cache: Path, helpers: HelperThreads) -> ctypes.CDL
         raise SystemExit("no C compiler: nothing to compare")
     lib = ctypes.CDLL(str(path))
     for fn, (restype, argtypes) in _SIGNATURES.items():
-        getattr(lib, fn).restype, getattr(lib, fn).argtypes = restype, argtypes
+        if hasattr(lib, fn):  # an older revision lacks the newer entry points
+            getattr(lib, fn).restype, getattr(lib, fn).argtypes = restype, argtypes
     helpers.attach(lib)
     return lib
 
@@ -67,13 +71,16 @@ def shared_decode(lib: ctypes.CDLL) -> Callable[..., int]:
     return lambda *args: lib.paged_decode_f32(*args, 1)
 
 
-def layer(batch: int, ctx: int, rnd: random.Random) -> tuple[tuple, list]:
-    """One layer's arguments for `batch` rows of `ctx` positions, and the tensors they point into."""
-    per = (ctx + BS - 1) // BS
-    blocks = list(range(batch * per))
+def layer(batch: int, ctx: int, verify: bool, rnd: random.Random) -> tuple[tuple, list]:
+    """One layer's arguments for `batch` rows of `ctx` positions (`verify`: rows at positions ctx - 1 .. of one
+    sequence), and the tensors they point into."""
+    per = (ctx + batch + BS - 1) // BS
+    seqs = 1 if verify else batch
+    blocks = list(range(seqs * per))
     rnd.shuffle(blocks)
-    tables = DecodeTables([blocks[i * per : (i + 1) * per] for i in range(batch)], [ctx] * batch, BS)
-    kc, vc = torch.randn(batch * per * BS, KVH, D), torch.randn(batch * per * BS, KVH, D)
+    tables = [blocks[(0 if verify else i) * per : ((0 if verify else i) + 1) * per] for i in range(batch)]
+    tables = DecodeTables(tables, [ctx + i if verify else ctx for i in range(batch)], BS)
+    kc, vc = torch.randn(seqs * per * BS, KVH, D), torch.randn(seqs * per * BS, KVH, D)
     q, k, v = torch.randn(batch, H, D), torch.randn(batch, KVH, D), torch.randn(batch, KVH, D)
     cos, sin, out = torch.rand(batch, D), torch.rand(batch, D), torch.empty(batch, H * D)
     args = (q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), cos.data_ptr(),
@@ -95,10 +102,10 @@ def main() -> None:
         libs = {args.against: shared_decode(base), "this tree": shared_decode(library(CSRC, cache, helpers))}
         helpers.enter()
         print(f"decode attention, {LAYERS} layers a step, {args.threads} threads, best of {args.rounds} (ms)")
-        print(f"{'rows':>4} {'context':>7} {args.against:>12} {'this tree':>10} {'ratio':>6}")
+        print(f"{'rows':>4} {'context':>7} {'of':>9} {args.against:>12} {'this tree':>10} {'ratio':>6}")
         rnd = random.Random(0)
-        for batch, ctx in CASES:
-            layers = [layer(batch, ctx, rnd) for _ in range(LAYERS)]
+        for batch, ctx, verify in CASES:
+            layers = [layer(batch, ctx, verify, rnd) for _ in range(LAYERS)]
             best = dict.fromkeys(libs, float("inf"))
             for r in range(args.rounds + 1):
                 for name in list(libs)[:: 1 if r % 2 else -1]:
@@ -112,7 +119,8 @@ def main() -> None:
                     if r:  # the first round warms both
                         best[name] = min(best[name], elapsed)
             old, new = best[args.against], best["this tree"]
-            print(f"{batch:>4} {ctx:>7} {old * 1e3:>12.3f} {new * 1e3:>10.3f} {old / new:>5.2f}x", flush=True)
+            of = "1 seq" if verify or batch == 1 else f"{batch} seqs"
+            print(f"{batch:>4} {ctx:>7} {of:>9} {old * 1e3:>12.3f} {new * 1e3:>10.3f} {old / new:>5.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -153,90 +153,100 @@ static void SFX(tile64)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table
 }
 #endif
 
-/* Query heads 0 .. H - 1 against cached positions t_begin .. t_end - 1 (t_begin a multiple of BS) of one sequence:
-   the scores, each head's maximum m[h], the weights p = exp(score - m[h]), their sum l[h] and acc[h] = the sum of p
-   times the value rows, not yet divided by l[h]. The cache is walked block by block and each block's rows (all KV
-   heads, contiguous) are used for every head before moving on, once for the scores and once for the values.
-   qf: H * D scaled queries; scores: H * (t_end - t_begin) floats; acc: H * D floats. `prefetch`: ask for each
-   next block while this one is used (not when another row of the group has just read the span). */
-static void SFX(span)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table, int t_begin, int t_end, int H, int KVH,
-                     int D, int BS, const float* qf, float* scores, float* acc, float* m, float* l, int prefetch) {
-    const int G = H / KVH, len = t_end - t_begin;
+/* Rows 0 .. R - 1 of one sequence (consecutive positions: a verification step's, or one row), all query heads,
+   against cached positions t_begin .. t_end[r] - 1 (t_begin a multiple of BS; t_end ascending): the scores, each
+   head's maximum m[r][h], the weights p = exp(score - m), their sum l[r][h] and acc[r][h] = the sum of p times the
+   value rows, not yet divided by l. The cache is walked block by block, once for the scores and once for the
+   values, and each block's rows (all KV heads, contiguous) are used for every row and head before moving on, so the
+   block is read from memory once. A row's arithmetic is the same whichever rows are computed with it.
+   qf: [R][H][D] scaled queries; scores: R * H * (t_end[R - 1] - t_begin) floats; acc[r]: H * D floats, m[r] and
+   l[r]: H floats. `prefetch`: ask for each next block while this one is used. */
+static void SFX(span)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table, int t_begin, const int* t_end, int R,
+                     int H, int KVH, int D, int BS, const float* qf, float* scores, float* const* acc, float* const* m,
+                     float* const* l, int prefetch) {
+    const int G = H / KVH, end = t_end[R - 1], len = end - t_begin;
     const int64_t row = (int64_t)KVH * D;
-    for (int t0 = t_begin; t0 < t_end; t0 += BS) {
+    for (int t0 = t_begin; t0 < end; t0 += BS) {
         const CFX(T)* kb = kc + (int64_t)table[t0 / BS] * BS * row;
-        const int n = t_end - t0 < BS ? t_end - t0 : BS;
         /* the next block's keys (after the last, the values' first block), a share with every head */
-        const CFX(T)* ahead = t0 + BS < t_end ? kc + (int64_t)table[t0 / BS + 1] * BS * row
-                                              : vc + (int64_t)table[t_begin / BS] * BS * row;
-        for (int h = 0; h < H; h++) {
-            if (prefetch) prefetch_part(ahead, sizeof(CFX(T)) * BS * row, h, H);
-            const CFX(T)* k = kb + (int64_t)(h / G) * D;
-            float* sc = scores + (int64_t)h * len + (t0 - t_begin);
-            int t = 0;
+        const CFX(T)* ahead = t0 + BS < end ? kc + (int64_t)table[t0 / BS + 1] * BS * row
+                                            : vc + (int64_t)table[t_begin / BS] * BS * row;
+        for (int r = 0; r < R; r++) {
+            const int n = t_end[r] - t0 < BS ? t_end[r] - t0 : BS;
+            for (int h = 0; h < H; h++) {
+                if (prefetch && r == 0) prefetch_part(ahead, sizeof(CFX(T)) * BS * row, h, H);
+                const CFX(T)* k = kb + (int64_t)(h / G) * D;
+                const float* q = qf + ((int64_t)r * H + h) * D;
+                float* sc = scores + ((int64_t)r * H + h) * len + (t0 - t_begin);
+                int t = 0;
 #if VEC
-            if (D == 64)
-                for (; t + 8 <= n; t += 8) _mm256_storeu_ps(sc + t, SFX(dot8x64)(qf + h * D, k + t * row, row));
+                if (D == 64)
+                    for (; t + 8 <= n; t += 8) _mm256_storeu_ps(sc + t, SFX(dot8x64)(q, k + t * row, row));
 #endif
-            for (; t < n; t++) sc[t] = SFX(dot)(qf + h * D, k + t * row, D);
+                for (; t < n; t++) sc[t] = SFX(dot)(q, k + t * row, D);
+            }
         }
     }
-    for (int h = 0; h < H; h++) {
-        float* sc = scores + (int64_t)h * len;
-        m[h] = max_of(sc, len);
-        l[h] = exp_sum(sc, len, m[h]);
-    }
-    for (int i = 0; i < H * D; i++) acc[i] = 0.0f;
-    for (int t0 = t_begin; t0 < t_end; t0 += BS) {
-        const CFX(T)* vb = vc + (int64_t)table[t0 / BS] * BS * row;
-        const int n = t_end - t0 < BS ? t_end - t0 : BS;
-        const CFX(T)* ahead = prefetch && t0 + BS < t_end ? vc + (int64_t)table[t0 / BS + 1] * BS * row : 0;
+    for (int r = 0; r < R; r++) {
         for (int h = 0; h < H; h++) {
-            if (ahead) prefetch_part(ahead, sizeof(CFX(T)) * BS * row, h, H);
-            const CFX(T)* v = vb + (int64_t)(h / G) * D;
-            const float* p = scores + (int64_t)h * len + (t0 - t_begin);
-            float* o = acc + (int64_t)h * D;
+            float* sc = scores + ((int64_t)r * H + h) * len;
+            m[r][h] = max_of(sc, t_end[r] - t_begin);
+            l[r][h] = exp_sum(sc, t_end[r] - t_begin, m[r][h]);
+        }
+        for (int i = 0; i < H * D; i++) acc[r][i] = 0.0f;
+    }
+    for (int t0 = t_begin; t0 < end; t0 += BS) {
+        const CFX(T)* vb = vc + (int64_t)table[t0 / BS] * BS * row;
+        const CFX(T)* ahead = prefetch && t0 + BS < end ? vc + (int64_t)table[t0 / BS + 1] * BS * row : 0;
+        for (int r = 0; r < R; r++) {
+            const int n = t_end[r] - t0 < BS ? t_end[r] - t0 : BS;
+            for (int h = 0; h < H; h++) {
+                if (ahead && r == 0) prefetch_part(ahead, sizeof(CFX(T)) * BS * row, h, H);
+                const CFX(T)* v = vb + (int64_t)(h / G) * D;
+                const float* p = scores + ((int64_t)r * H + h) * len + (t0 - t_begin);
+                float* o = acc[r] + (int64_t)h * D;
 #if ZVEC
-            if (D == 64) {  /* the output row stays in registers over the block */
-                __m512 o0 = _mm512_loadu_ps(o), o1 = _mm512_loadu_ps(o + 16), o2 = _mm512_loadu_ps(o + 32);
-                __m512 o3 = _mm512_loadu_ps(o + 48);
-                for (int t = 0; t < n; t++) {
-                    const CFX(T)* vt = v + t * row;
-                    const __m512 pt = _mm512_set1_ps(p[t]);
-                    o0 = _mm512_fmadd_ps(pt, CFX(loadz)(vt), o0);
-                    o1 = _mm512_fmadd_ps(pt, CFX(loadz)(vt + 16), o1);
-                    o2 = _mm512_fmadd_ps(pt, CFX(loadz)(vt + 32), o2);
-                    o3 = _mm512_fmadd_ps(pt, CFX(loadz)(vt + 48), o3);
+                if (D == 64) {  /* the output row stays in registers over the block */
+                    __m512 o0 = _mm512_loadu_ps(o), o1 = _mm512_loadu_ps(o + 16), o2 = _mm512_loadu_ps(o + 32);
+                    __m512 o3 = _mm512_loadu_ps(o + 48);
+                    for (int t = 0; t < n; t++) {
+                        const CFX(T)* vt = v + t * row;
+                        const __m512 pt = _mm512_set1_ps(p[t]);
+                        o0 = _mm512_fmadd_ps(pt, CFX(loadz)(vt), o0);
+                        o1 = _mm512_fmadd_ps(pt, CFX(loadz)(vt + 16), o1);
+                        o2 = _mm512_fmadd_ps(pt, CFX(loadz)(vt + 32), o2);
+                        o3 = _mm512_fmadd_ps(pt, CFX(loadz)(vt + 48), o3);
+                    }
+                    _mm512_storeu_ps(o, o0); _mm512_storeu_ps(o + 16, o1); _mm512_storeu_ps(o + 32, o2);
+                    _mm512_storeu_ps(o + 48, o3);
+                    continue;
                 }
-                _mm512_storeu_ps(o, o0); _mm512_storeu_ps(o + 16, o1); _mm512_storeu_ps(o + 32, o2);
-                _mm512_storeu_ps(o + 48, o3);
-                continue;
-            }
 #elif VEC
-            if (D == 64) {  /* the output row stays in registers over the block */
-                __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8), o2 = _mm256_loadu_ps(o + 16);
-                __m256 o3 = _mm256_loadu_ps(o + 24), o4 = _mm256_loadu_ps(o + 32), o5 = _mm256_loadu_ps(o + 40);
-                __m256 o6 = _mm256_loadu_ps(o + 48), o7 = _mm256_loadu_ps(o + 56);
-                for (int t = 0; t < n; t++) {
-                    const CFX(T)* vt = v + t * row;
-                    __m256 pt = _mm256_set1_ps(p[t]);
-                    o0 = _mm256_fmadd_ps(pt, CFX(load8)(vt), o0);
-                    o1 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 8), o1);
-                    o2 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 16), o2);
-                    o3 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 24), o3);
-                    o4 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 32), o4);
-                    o5 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 40), o5);
-                    o6 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 48), o6);
-                    o7 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 56), o7);
+                if (D == 64) {  /* the output row stays in registers over the block */
+                    __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8), o2 = _mm256_loadu_ps(o + 16);
+                    __m256 o3 = _mm256_loadu_ps(o + 24), o4 = _mm256_loadu_ps(o + 32), o5 = _mm256_loadu_ps(o + 40);
+                    __m256 o6 = _mm256_loadu_ps(o + 48), o7 = _mm256_loadu_ps(o + 56);
+                    for (int t = 0; t < n; t++) {
+                        const CFX(T)* vt = v + t * row;
+                        __m256 pt = _mm256_set1_ps(p[t]);
+                        o0 = _mm256_fmadd_ps(pt, CFX(load8)(vt), o0);
+                        o1 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 8), o1);
+                        o2 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 16), o2);
+                        o3 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 24), o3);
+                        o4 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 32), o4);
+                        o5 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 40), o5);
+                        o6 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 48), o6);
+                        o7 = _mm256_fmadd_ps(pt, CFX(load8)(vt + 56), o7);
+                    }
+                    _mm256_storeu_ps(o, o0); _mm256_storeu_ps(o + 8, o1); _mm256_storeu_ps(o + 16, o2);
+                    _mm256_storeu_ps(o + 24, o3); _mm256_storeu_ps(o + 32, o4); _mm256_storeu_ps(o + 40, o5);
+                    _mm256_storeu_ps(o + 48, o6); _mm256_storeu_ps(o + 56, o7);
+                    continue;
                 }
-                _mm256_storeu_ps(o, o0); _mm256_storeu_ps(o + 8, o1); _mm256_storeu_ps(o + 16, o2);
-                _mm256_storeu_ps(o + 24, o3); _mm256_storeu_ps(o + 32, o4); _mm256_storeu_ps(o + 40, o5);
-                _mm256_storeu_ps(o + 48, o6); _mm256_storeu_ps(o + 56, o7);
-                continue;
-            }
 #endif
-            for (int t = 0; t < n; t++)
-                for (int j = 0; j < D; j++) o[j] += p[t] * CFX(load1)(v + t * row + j);
+                for (int t = 0; t < n; t++)
+                    for (int j = 0; j < D; j++) o[j] += p[t] * CFX(load1)(v + t * row + j);
+            }
         }
     }
 }
@@ -244,9 +254,10 @@ static void SFX(span)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table, 
    queries (scaled here); scores: H * ctx floats; acc: H * D floats. */
 static void SFX(sequence)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table, int ctx, SFX(T)* out, int H,
                          int KVH, int D, int BS, float scale, float* qf, float* scores, float* acc) {
-    float m[H], l[H];
+    float mh[H], lh[H];
+    float *m = mh, *l = lh;
     for (int i = 0; i < H * D; i++) qf[i] *= scale;
-    SFX(span)(kc, vc, table, 0, ctx, H, KVH, D, BS, qf, scores, acc, m, l, 1);
+    SFX(span)(kc, vc, table, 0, &ctx, 1, H, KVH, D, BS, qf, scores, &acc, &m, &l, 1);
     for (int h = 0; h < H; h++) {
         const float inv = 1.0f / l[h];
         for (int j = 0; j < D; j++) SFX(store1)(out + h * D + j, acc[h * D + j] * inv);
@@ -295,8 +306,8 @@ static void SFX(decode_write)(const SFX(T)* k_new, int64_t k_stride, const SFX(T
    head a partial softmax (span), and the row's spans are merged in order (decode_merge). The spans are the work
    shared between threads, so one long sequence keeps every thread busy; a row's bits depend only on its own
    context, never on the rows beside it or on the threads. The rows of a verification step (consecutive positions
-   of one sequence) form a group: one work item computes a span for all of them in turn, so the group reads each
-   span's keys and values from memory once, then from the core's cache. */
+   of one sequence) form a group: one work item computes a span for all of them, block by block, so the group
+   reads each block's keys and values from memory once and the other rows find them in the core's first cache. */
 #ifndef DECODE_SPAN
 #define DECODE_SPAN 128
 #endif
@@ -378,7 +389,9 @@ static void SFX(decode_merge)(const SFX(decode_job)* j, int b) {
 static void SFX(decode_spans)(SFX(decode_job)* j) {
     const int H = j->H, D = j->D, total = j->item0[j->groups];
     const size_t size = (size_t)H * (D + 2);
-    float* scores = (float*)malloc(sizeof(float) * (size_t)H * j->span);
+    int most = 1;  /* the largest group */
+    for (int g = 0; g < j->groups; g++) most = j->row0[g + 1] - j->row0[g] > most ? j->row0[g + 1] - j->row0[g] : most;
+    float* scores = (float*)malloc(sizeof(float) * (size_t)most * H * j->span);
     if (!scores) { __atomic_store_n(&j->rc, -1, __ATOMIC_RELAXED); return; }
     int g = 0;
     for (int item; (item = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < total;) {
@@ -396,17 +409,22 @@ static void SFX(decode_spans)(SFX(decode_job)* j) {
             while (!__atomic_load_n(&j->ready[g], __ATOMIC_ACQUIRE)) {}
         }
         const int t0 = s * j->span;
-        int prefetch = 1;  /* the group's first row in this span reads it from memory, the others from the cache */
-        for (int b = r0; b < r1; b++) {
-            if (j->first[b] + s >= j->first[b + 1]) continue;  /* this row's context ends before the span */
-            const int t1 = t0 + j->span < j->ctx_lens[b] ? t0 + j->span : j->ctx_lens[b];
-            float* part = j->parts + (size_t)(j->first[b] + s) * size;
-            SFX(span)(j->kc, j->vc, j->tables + (int64_t)b * j->max_blocks, t0, t1, H, j->KVH, D, j->BS,
-                      j->qf + (size_t)b * H * D, scores, part, part + H * D, part + H * D + H, prefetch);
-            prefetch = 0;
+        int rs = r0;  /* the group's rows whose context reaches this span: rs .. r1 - 1 (contexts ascend) */
+        while (j->first[rs] + s >= j->first[rs + 1]) rs++;
+        const int R = r1 - rs;
+        int t_end[R];
+        float *acc[R], *m[R], *l[R];
+        for (int b = rs; b < r1; b++) {
+            t_end[b - rs] = t0 + j->span < j->ctx_lens[b] ? t0 + j->span : j->ctx_lens[b];
+            acc[b - rs] = j->parts + (size_t)(j->first[b] + s) * size;
+            m[b - rs] = acc[b - rs] + H * D;
+            l[b - rs] = m[b - rs] + H;
+        }
+        SFX(span)(j->kc, j->vc, j->tables + (int64_t)rs * j->max_blocks, t0, t_end, R, H, j->KVH, D, j->BS,
+                  j->qf + (size_t)rs * H * D, scores, acc, m, l, 1);
+        for (int b = rs; b < r1; b++)
             if (__atomic_add_fetch(&j->done[b], 1, __ATOMIC_ACQ_REL) == j->first[b + 1] - j->first[b])
                 SFX(decode_merge)(j, b);
-        }
     }
     free(scores);
 }
