@@ -160,10 +160,10 @@ static void SFX(tile64)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table
    values, and each block's rows (all KV heads, contiguous) are used for every row and head before moving on, so the
    block is read from memory once. A row's arithmetic is the same whichever rows are computed with it.
    qf: [R][H][D] scaled queries; scores: R * H * (t_end[R - 1] - t_begin) floats; acc[r]: H * D floats, m[r] and
-   l[r]: H floats. `prefetch`: ask for each next block while this one is used. */
+   l[r]: H floats. The next block is asked for (into L2) while this one is used. */
 static void SFX(span)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table, int t_begin, const int* t_end, int R,
                      int H, int KVH, int D, int BS, const float* qf, float* scores, float* const* acc, float* const* m,
-                     float* const* l, int prefetch) {
+                     float* const* l) {
     const int G = H / KVH, end = t_end[R - 1], len = end - t_begin;
     const int64_t row = (int64_t)KVH * D;
     for (int t0 = t_begin; t0 < end; t0 += BS) {
@@ -174,7 +174,7 @@ static void SFX(span)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table, 
         for (int r = 0; r < R; r++) {
             const int n = t_end[r] - t0 < BS ? t_end[r] - t0 : BS;
             for (int h = 0; h < H; h++) {
-                if (prefetch && r == 0) prefetch_part(ahead, sizeof(CFX(T)) * BS * row, h, H);
+                if (r == 0) prefetch_part(ahead, sizeof(CFX(T)) * BS * row, h, H);
                 const CFX(T)* k = kb + (int64_t)(h / G) * D;
                 const float* q = qf + ((int64_t)r * H + h) * D;
                 float* sc = scores + ((int64_t)r * H + h) * len + (t0 - t_begin);
@@ -197,7 +197,7 @@ static void SFX(span)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table, 
     }
     for (int t0 = t_begin; t0 < end; t0 += BS) {
         const CFX(T)* vb = vc + (int64_t)table[t0 / BS] * BS * row;
-        const CFX(T)* ahead = prefetch && t0 + BS < end ? vc + (int64_t)table[t0 / BS + 1] * BS * row : 0;
+        const CFX(T)* ahead = t0 + BS < end ? vc + (int64_t)table[t0 / BS + 1] * BS * row : 0;
         for (int r = 0; r < R; r++) {
             const int n = t_end[r] - t0 < BS ? t_end[r] - t0 : BS;
             for (int h = 0; h < H; h++) {
@@ -257,7 +257,7 @@ static void SFX(sequence)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* tab
     float mh[H], lh[H];
     float *m = mh, *l = lh;
     for (int i = 0; i < H * D; i++) qf[i] *= scale;
-    SFX(span)(kc, vc, table, 0, &ctx, 1, H, KVH, D, BS, qf, scores, &acc, &m, &l, 1);
+    SFX(span)(kc, vc, table, 0, &ctx, 1, H, KVH, D, BS, qf, scores, &acc, &m, &l);
     for (int h = 0; h < H; h++) {
         const float inv = 1.0f / l[h];
         for (int j = 0; j < D; j++) SFX(store1)(out + h * D + j, acc[h * D + j] * inv);
@@ -389,8 +389,9 @@ static void SFX(decode_merge)(const SFX(decode_job)* j, int b) {
 static void SFX(decode_spans)(SFX(decode_job)* j) {
     const int H = j->H, D = j->D, total = j->item0[j->groups];
     const size_t size = (size_t)H * (D + 2);
-    int most = 1;  /* the largest group */
-    for (int g = 0; g < j->groups; g++) most = j->row0[g + 1] - j->row0[g] > most ? j->row0[g + 1] - j->row0[g] : most;
+    int most = 1;  /* the largest group's rows */
+    for (int i = 0; i < j->groups; i++)
+        if (j->row0[i + 1] - j->row0[i] > most) most = j->row0[i + 1] - j->row0[i];
     float* scores = (float*)malloc(sizeof(float) * (size_t)most * H * j->span);
     if (!scores) { __atomic_store_n(&j->rc, -1, __ATOMIC_RELAXED); return; }
     int g = 0;
@@ -421,7 +422,7 @@ static void SFX(decode_spans)(SFX(decode_job)* j) {
             l[b - rs] = m[b - rs] + H;
         }
         SFX(span)(j->kc, j->vc, j->tables + (int64_t)rs * j->max_blocks, t0, t_end, R, H, j->KVH, D, j->BS,
-                  j->qf + (size_t)rs * H * D, scores, acc, m, l, 1);
+                  j->qf + (size_t)rs * H * D, scores, acc, m, l);
         for (int b = rs; b < r1; b++)
             if (__atomic_add_fetch(&j->done[b], 1, __ATOMIC_ACQ_REL) == j->first[b + 1] - j->first[b])
                 SFX(decode_merge)(j, b);
