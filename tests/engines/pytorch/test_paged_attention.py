@@ -284,3 +284,36 @@ def test_a_bfloat16_cache_under_float32_activations(tmp_path: Path) -> None:
                                           v.bfloat16().float().transpose(0, 1)[None], attn_mask=mask,
                                           scale=HEAD_DIM**-0.5, enable_gqa=True)
     torch.testing.assert_close(got, want[0].transpose(0, 1).reshape(n, -1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("block", [1, 7, 48, 256])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_any_block_size_attends_as_the_torch_path(block: int, cache_dtype: torch.dtype, tmp_path: Path) -> None:
+    """Spans are whole blocks (128 positions rounded up to a block, or one block past 128): rows of other sequences
+    and a verification step's rows of one sequence, over blocks of any size, give the torch path's output."""
+    kernel = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, block, torch.float32, tmp_path, cache_dtype=cache_dtype,
+                            helpers=HelperThreads(2, tmp_path))
+    if not kernel.uses_kernel:
+        pytest.skip("no C compiler here: the engine runs the torch path")
+    fallback = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, block, torch.float32, tmp_path, use_kernel=False,
+                              cache_dtype=cache_dtype)
+    rnd, gen = random.Random(block), torch.Generator().manual_seed(block)
+    lens = [rnd.randint(1, 600) for _ in range(4)] + [300, 301, 302]  # the last three: one sequence's rows
+    per = [(c + block - 1) // block for c in lens]
+    blocks = list(range(sum(per[:5])))
+    rnd.shuffle(blocks)
+    tables, used = [], 0
+    for n in per[:5]:
+        tables.append(blocks[used : used + n])
+        used += n
+    tables += [tables[4]] * 2
+    batch = len(lens)
+    q, k, v = (torch.randn(batch, n, HEAD_DIM, generator=gen) for n in (HEADS, KV_HEADS, KV_HEADS))
+    angles = torch.rand(batch, HEAD_DIM // 2, generator=gen) * 6
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    sin_folded = torch.cat((-sin[:, : HEAD_DIM // 2], sin[:, HEAD_DIM // 2 :]), dim=-1)
+    k_cache = torch.randn(used * block, KV_HEADS, HEAD_DIM, generator=gen).to(cache_dtype)
+    v_cache = torch.randn(used * block, KV_HEADS, HEAD_DIM, generator=gen).to(cache_dtype)
+    outs = [attn.decode(q, k, v, cos, sin_folded, k_cache.clone(), v_cache.clone(),
+                        DecodeTables(tables, lens, block), HEAD_DIM**-0.5) for attn in (kernel, fallback)]
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
