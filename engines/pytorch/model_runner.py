@@ -35,7 +35,9 @@ from engines.pytorch import linear as linear_module
 from engines.pytorch import paged_attention as attention_module
 from engines.pytorch.linear import DenseOps, GatedActivation, Linear
 from engines.pytorch.native import HelperThreads
-from engines.pytorch.paged_attention import DecodeTables, PagedAttention, PrefillRows, cache_slots, rotate
+from engines.pytorch.paged_attention import (
+    DecodeTables, PagedAttention, PrefillRows, cache_slots, read_cache, rotate, write_cache,
+)
 from engines.pytorch import step_replay
 from engines.pytorch.step_replay import StepReplay
 from engines.pytorch.step_layout import StepLayout, is_decode, order_rows
@@ -294,11 +296,9 @@ class PagedModelRunner:
         if lay.prefill is not None:  # the kernel rotates q and k and writes k and v itself
             return self.attention.prefill(q, k, v, cos, sin, k_cache, v_cache, lay.prefill, scale)
         q, k = rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None])
-        k_cache.index_copy_(0, lay.slots, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, lay.slots, v.to(v_cache.dtype))
-        b, ctx = lay.kv_index.shape
-        keys = k_cache.index_select(0, lay.kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2).to(q.dtype)
-        values = v_cache.index_select(0, lay.kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2).to(q.dtype)
+        write_cache(k_cache, lay.slots, k)
+        write_cache(v_cache, lay.slots, v)
+        keys, values = read_cache(k_cache, lay.kv_index, q.dtype), read_cache(v_cache, lay.kv_index, q.dtype)
         q_pad = q.new_zeros(lay.batch * lay.max_q, h, d)
         q_pad[lay.q_index] = q
         q_pad = q_pad.view(lay.batch, lay.max_q, h, d).transpose(1, 2)

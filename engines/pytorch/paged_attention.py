@@ -4,7 +4,7 @@ A decode step has one new query per sequence. Done with torch ops it needs each 
 keys and values out of the paged cache into a dense tensor (a gather of B x context rows, twice) before
 `scaled_dot_product_attention`, whose CPU kernel is also slow for one query row. Both cost more than the
 projections at batch 32. The decode kernel rotates the step's new query and key (rope), writes the key and value
-rows into their cache slots and then, for each sequence and each span of 64 positions of its context, scores every
+rows into their cache slots and then, for each sequence and each span of 128 positions of its context, scores every
 query head against the span's cached keys (found through the block table), takes a partial softmax and sums the
 values, with no copy; a sequence's spans are merged in order. The spans are what threads share, so one sequence with
 a long context keeps them all busy, and a row's bits depend only on its own context.
@@ -139,14 +139,24 @@ class PagedAttention:
         b, h, d = q.shape
         kvh, group = self.num_kv_heads, h // self.num_kv_heads
         slots, kv_index, mask = step.torch_index()
-        k_cache.index_copy_(0, slots, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
-        ctx = kv_index.shape[1]
-        keys = k_cache.index_select(0, kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2).to(q.dtype)
-        values = v_cache.index_select(0, kv_index.view(-1)).view(b, ctx, kvh, d).transpose(1, 2).to(q.dtype)
+        write_cache(k_cache, slots, k)
+        write_cache(v_cache, slots, v)
+        keys, values = read_cache(k_cache, kv_index, q.dtype), read_cache(v_cache, kv_index, q.dtype)
         # the query heads that share a KV head act as `group` query rows of that head: no GQA expansion
         out = F.scaled_dot_product_attention(q.reshape(b, kvh, group, d), keys, values, attn_mask=mask, scale=scale)
         return out.reshape(b, h * d)
+
+
+def write_cache(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
+    """Rows x [T, KVH, D] into cache slots `slots` [T] of one layer's cache [slots, KVH, D], in the cache's dtype
+    (bfloat16 under a float32 model: rounded once, as the kernels store them)."""
+    cache.index_copy_(0, slots, x.to(cache.dtype))
+
+
+def read_cache(cache: torch.Tensor, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The cache slots `index` [B, ctx] of one layer's cache as [B, KVH, ctx, D] in `dtype` (the queries')."""
+    b, ctx = index.shape
+    return cache.index_select(0, index.view(-1)).view(b, ctx, *cache.shape[1:]).transpose(1, 2).to(dtype)
 
 
 def cache_slots(block_table: list[int], block_size: int, end: int) -> torch.Tensor:
