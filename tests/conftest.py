@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
@@ -147,6 +148,20 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self._log.close()
+
+
+@contextlib.contextmanager
+def one_model_server(repo: Path, config: str, *extra: str, name: str = DEFAULT_MODEL,
+                     startup_timeout: float = 600.0) -> Iterator[ServerProcess]:
+    """A server (`extra`: its flags) over the empty folder `repo` made a repository of one model, `name`, whose
+    config.yaml is `config`; stopped on exit."""
+    (repo / name).mkdir()
+    (repo / name / "config.yaml").write_text(config)
+    proc = ServerProcess(repo, *extra, startup_timeout=startup_timeout)
+    try:
+        yield proc
+    finally:
+        proc.stop()
 
 
 @pytest.fixture(scope="session")

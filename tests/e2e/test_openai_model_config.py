@@ -12,14 +12,13 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import jsonschema
 import openai
 import pytest
 
-from tests.conftest import DEFAULT_MODEL, ROOT, ServerProcess
+from tests.conftest import DEFAULT_MODEL, ROOT, ServerProcess, one_model_server
 
 CONFIG = """
 backend: pytorch
@@ -40,15 +39,9 @@ LONG = {"model": DEFAULT_MODEL, "prompt": "Tell me a long story.", "max_tokens":
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repo: Path = tmp_path_factory.mktemp("repo")
-    (repo / DEFAULT_MODEL).mkdir()
-    (repo / DEFAULT_MODEL / "config.yaml").write_text(CONFIG)
     assert (ROOT / "model_repository" / DEFAULT_MODEL).is_dir()
-    proc = ServerProcess(repo)
-    try:
+    with one_model_server(tmp_path_factory.mktemp("repo"), CONFIG) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def _gauge(text: str, name: str) -> float:

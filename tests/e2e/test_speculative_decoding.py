@@ -5,12 +5,11 @@ show proposals were made and accepted."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
 
-from tests.conftest import DEFAULT_MODEL, ServerProcess, smollm2_config
+from tests.conftest import DEFAULT_MODEL, ServerProcess, one_model_server, smollm2_config
 
 PASSAGE = ("The lighthouse keeper climbed the spiral stairs every evening at dusk. He trimmed the wick, polished the "
            "great lens, and wrote the weather in a leather logbook. Ships passing the reef at night steered by his "
@@ -24,15 +23,9 @@ CHATS = [
 
 @pytest.fixture(scope="module")
 def spec_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repo: Path = tmp_path_factory.mktemp("repo")
-    (repo / DEFAULT_MODEL).mkdir()
-    (repo / DEFAULT_MODEL / "config.yaml").write_text(
-        smollm2_config(4096, "pytorch:\n  speculative: {num_speculative_tokens: 4}\n"))
-    proc = ServerProcess(repo)
-    try:
+    config = smollm2_config(4096, "pytorch:\n  speculative: {num_speculative_tokens: 4}\n")
+    with one_model_server(tmp_path_factory.mktemp("repo"), config) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def _client(server: ServerProcess) -> openai.OpenAI:

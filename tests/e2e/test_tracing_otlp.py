@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from tests.conftest import DEFAULT_MODEL, ServerProcess, smollm2_config
+from tests.conftest import DEFAULT_MODEL, ServerProcess, one_model_server, smollm2_config
 
 pytestmark = pytest.mark.slow
 
@@ -69,14 +69,9 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture(scope="module")
 def traced_server(receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repo = tmp_path_factory.mktemp("traced_repository")
-    (repo / DEFAULT_MODEL).mkdir()
-    (repo / DEFAULT_MODEL / "config.yaml").write_text(LLM_CONFIG)
-    proc = ServerProcess(repo, "--otlp-traces-endpoint", receiver.url, startup_timeout=300)
-    try:
+    with one_model_server(tmp_path_factory.mktemp("traced_repository"), LLM_CONFIG, "--otlp-traces-endpoint",
+                          receiver.url, startup_timeout=300) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def test_a_chat_request_is_exported_under_the_clients_trace(traced_server: ServerProcess, receiver: Receiver) -> None:

@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tests.conftest import ServerProcess  # noqa: E402
+from tests.conftest import ServerProcess, one_model_server  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -45,14 +45,9 @@ vllm:
 
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repo = tmp_path_factory.mktemp("vllm_repository")
-    (repo / MODEL).mkdir()
-    (repo / MODEL / "config.yaml").write_text(CONFIG)
-    proc = ServerProcess(repo, startup_timeout=1200)
-    try:
+    with one_model_server(tmp_path_factory.mktemp("vllm_repository"), CONFIG, name=MODEL,
+                          startup_timeout=1200) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
