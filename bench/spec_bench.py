@@ -77,7 +77,6 @@ WORKLOADS: dict[str, list[str]] = {
                   "Explain how a rainbow forms, for a ten-year-old.",
                   "Give me five ideas for a weekend trip with children."],
 }
-QUOTING = ("summarise", "edit", "document QA", "long doc QA", "code")
 
 
 def start(workdir: Path, speculative: dict[str, object] | None) -> tuple[subprocess.Popen, str]:
