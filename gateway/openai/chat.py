@@ -1,18 +1,21 @@
 """POST /v1/chat/completions: messages -> the model's chat template -> generation -> OpenAI's shapes.
 
-Tools (tools.py, tool_parsers.py) and `response_format` (guided.py) shape both ends: they add to the prompt and
-constrain sampling, and the answer is read back into `message.tool_calls` or streamed as tool-call deltas.
+Tools (tools.py, tool_parsers/) and `response_format` (guided.py) shape both ends: they add to the prompt and
+constrain sampling, and the answer is read back into `message.tool_calls` or streamed as tool-call deltas. A model
+that reasons (reasoning.py) has its reasoning split off first, into `reasoning_content` / `reasoning`.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
-from gateway.openai.chat_template import render_chat
+from gateway.openai.chat_template import render_chat, template_text
 from gateway.openai.fanout import Choice, merged_stream, primed
 from gateway.openai.guided import request_guidance
 from gateway.openai.protocol import ChatCompletionRequest
+from gateway.openai.reasoning import AUTO, ReasoningStreamer, ThinkParser, reasoning_parser_for
 from gateway.openai.results import (
     CollectedChoice,
     UsageTally,
@@ -33,18 +36,52 @@ def _finish_reason(reason: str | None, called: bool) -> str | None:
     return "tool_calls" if called and reason == "stop" else reason
 
 
-def _message(c: CollectedChoice, plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
+@dataclass(frozen=True)
+class Reasoning:
+    """How this request's answers are split into reasoning and content."""
+
+    parser: ThinkParser
+    starts_open: bool  # the prompt opened the reasoning: the answer begins inside it
+
+    def streamer(self) -> ReasoningStreamer:
+        return self.parser.streamer(self.starts_open)
+
+
+def reasoning_for(model: LoadedModel, prompt: list[int], guided: bool) -> Reasoning | None:
+    """The model's reasoning parser (`parameters.reasoning_parser`), unless the answer is grammar-constrained (it
+    then has no room to reason)."""
+    setting = str((getattr(model.config, "parameters", None) or {}).get("reasoning_parser", AUTO))
+    tokenizer = model.scheduler.tokenizer
+    parser = reasoning_parser_for(setting, template_text(tokenizer) if setting == AUTO else None)
+    if parser is None or guided:
+        return None
+    return Reasoning(parser, parser.starts_open(tokenizer.decode(prompt[-8:], skip_special_tokens=False)))
+
+
+def _message(c: CollectedChoice, plan: ToolPlan, reasoning: Reasoning | None) -> tuple[dict[str, Any], str | None]:
+    text, message = c.text, {"role": "assistant"}
+    if reasoning is not None:
+        split = reasoning.parser.split(text, reasoning.starts_open)
+        text = split.content
+        if split.reasoning is not None:
+            message |= {"reasoning_content": split.reasoning, "reasoning": split.reasoning}
     if plan.active and plan.parser is not None:
-        content, calls = plan.parser.parse(c.text, plan.names)
+        if plan.constrained:  # a forced call is never text, even when max_tokens cut it (finish_reason "length")
+            content, calls = None, plan.parser.parse_forced(text, plan.call_names)
+        else:
+            content, calls = plan.parser.parse(text, plan.names)
         calls = calls[: plan.max_calls]
-        if calls:
-            tool_calls = [
-                {"id": new_call_id(), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-                for call in calls
-            ]
-            message = {"role": "assistant", "content": content, "tool_calls": tool_calls}
-            return message, _finish_reason(c.finish_reason, True)
-    return {"role": "assistant", "content": c.text}, c.finish_reason
+        if calls or plan.constrained:
+            message["content"] = content
+            if calls:
+                message["tool_calls"] = [
+                    {"id": new_call_id(), "type": "function",
+                     "function": {"name": call.name, "arguments": call.arguments}}
+                    for call in calls
+                ]
+            return message, _finish_reason(c.finish_reason, bool(calls))
+    message["content"] = None if not text and "reasoning" in message else text
+    return message, c.finish_reason
 
 
 async def chat_prompt(req: ChatCompletionRequest, model: LoadedModel) -> tuple[list[int], ToolPlan]:
@@ -74,6 +111,9 @@ async def chat_completion(
     if guidance is None:
         guidance = await request_guidance(req, scheduler)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    if plan.active and plan.parser is not None and plan.parser.needs_special_tokens:
+        req = req.model_copy(update={"skip_special_tokens": False})  # the dialect's markers are special tokens
+    reasoning = reasoning_for(model, prompt, guidance is not None)
     choices = [
         Choice(i, prompt, to_sampling_params(req, max_tokens, info.vocab_size, logprobs, i, guidance))
         for i in range(req.n)
@@ -81,13 +121,13 @@ async def chat_completion(
     stream = merged_stream(scheduler, choices, req.priority, session_id)
     if req.stream:
         include_usage = force_usage or bool(req.stream_options and req.stream_options.include_usage)
-        return _chunks(model, req, plan, await primed(stream), len(prompt), include_usage)
+        return _chunks(model, req, plan, reasoning, await primed(stream), len(prompt), include_usage)
 
     collected = await collect(stream)
     tokenizer = scheduler.tokenizer
     out_choices = []
     for i, c in sorted(collected.items()):
-        message, finish = _message(c, plan)
+        message, finish = _message(c, plan, reasoning)
         out_choices.append({
             "index": i,
             "message": message,
@@ -110,6 +150,7 @@ async def _chunks(
     model: LoadedModel,
     req: ChatCompletionRequest,
     plan: ToolPlan,
+    reasoning: Reasoning | None,
     stream: AsyncIterator[Any],
     prompt_len: int,
     include_usage: bool,
@@ -117,10 +158,11 @@ async def _chunks(
     head = {"id": new_id("chatcmpl"), "object": "chat.completion.chunk", "created": now(), "model": model.name}
     tokenizer = model.scheduler.tokenizer
     streamers = (
-        {i: plan.parser.streamer(plan.names, plan.constrained, plan.max_calls) for i in range(req.n)}
+        {i: plan.parser.streamer(plan.call_names, plan.constrained, plan.max_calls) for i in range(req.n)}
         if plan.active and plan.parser is not None
         else {}
     )
+    thinkers = {i: reasoning.streamer() for i in range(req.n)} if reasoning is not None else {}
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
         return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
@@ -134,10 +176,20 @@ async def _chunks(
             tally.add(index, out)
             lp = chat_logprobs(tokenizer, out.logprobs) if req.logprobs and out.logprobs else None
             streamer = streamers.get(index)
+            thinker = thinkers.get(index)
+            text, thought = out.text, ""
+            if thinker is not None:
+                thought, text = thinker.feed(text)
+                if out.finished:
+                    more_thought, more_text = thinker.finish()
+                    thought, text = thought + more_thought, text + more_text
             if streamer is None:
-                events: list[Any] = [out.text] if out.text else []
+                events: list[Any] = [text] if text else []
             else:
-                events = streamer.feed(out.text) + (streamer.finish() if out.finished else [])
+                events = streamer.feed(text) + (streamer.finish() if out.finished else [])
+            if thought:
+                yield chunk(index, {"reasoning_content": thought, "reasoning": thought}, logprobs=lp)
+                lp = None
             for delta in _deltas(events):
                 yield chunk(index, delta, logprobs=lp)
                 lp = None

@@ -36,9 +36,19 @@ _PROBE_TOOL = {"type": "function", "function": {"name": _PROBE_NAME, "descriptio
 class TemplateSupport:
     tools: bool
     tool_calls: bool
+    system: bool = True  # Gemma 2's template refuses a system turn: the tool prompt then opens the first user turn
 
 
 _SUPPORT: weakref.WeakKeyDictionary[Tokenizer, TemplateSupport] = weakref.WeakKeyDictionary()
+
+
+def template_text(tokenizer: Tokenizer) -> str | None:
+    """The chat template's source (the GGUF's `tokenizer.chat_template` or the folder's), for telling the family's
+    tool-call and reasoning dialects; None when the tokenizer does not show it. Named templates are joined."""
+    template = getattr(getattr(tokenizer, "hf", None), "chat_template", None)
+    if isinstance(template, dict):
+        return "\n".join(str(t) for t in template.values())
+    return template if isinstance(template, str) else None
 
 
 def _renders_probe(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -58,6 +68,7 @@ def _probe(tokenizer: Tokenizer) -> TemplateSupport:
     return TemplateSupport(
         tools=_renders_probe(tokenizer, [user], [_PROBE_TOOL], True),
         tool_calls=_renders_probe(tokenizer, history, [_PROBE_TOOL], False),
+        system=_renders_probe(tokenizer, [{"role": "system", "content": _PROBE_NAME}, user], None, True),
     )
 
 
@@ -105,9 +116,9 @@ def message_dicts(
         if msg.name is not None:
             item["name"] = msg.name
         if msg.tool_call_id is not None:
-            item["tool_call_id"] = msg.tool_call_id
+            item["tool_call_id"] = parser.template_call_id(msg.tool_call_id) if parser else msg.tool_call_id
         if msg.tool_calls:
-            calls = [{"id": c.id, "type": "function",
+            calls = [{"id": parser.template_call_id(c.id) if parser else c.id, "type": "function",
                       "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
                      for c in msg.tool_calls]
             if support.tool_calls or parser is None:
@@ -119,11 +130,16 @@ def message_dicts(
     return out
 
 
-def _with_tool_prompt(messages: list[dict[str, Any]], prompt: str) -> list[dict[str, Any]]:
-    if messages and messages[0]["role"] in ("system", "developer"):
-        first = {**messages[0], "content": f"{messages[0]['content']}\n\n{prompt}".strip()}
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": prompt}, *messages]
+def _with_tool_prompt(messages: list[dict[str, Any]], prompt: str, system: bool) -> list[dict[str, Any]]:
+    """The tools' description in the system turn, or at the start of the first user turn where there is none."""
+    roles = ("system", "developer") if system else ("user",)
+    for i, message in enumerate(messages):
+        if message["role"] in roles:
+            joined = f"{message['content']}\n\n{prompt}" if system else f"{prompt}\n\n{message['content']}"
+            return [*messages[:i], {**message, "content": joined.strip()}, *messages[i + 1 :]]
+        if system or message["role"] not in ("system", "developer"):
+            break
+    return [{"role": "system" if system else "user", "content": prompt}, *messages]
 
 
 def _render(tokenizer: Tokenizer, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
@@ -131,7 +147,7 @@ def _render(tokenizer: Tokenizer, messages: list[ChatMessage], tools: list[dict[
     support = template_support(tokenizer)
     dicts = message_dicts(messages, support, parser)
     if tools and not support.tools and parser is not None:
-        dicts, tools = _with_tool_prompt(dicts, parser.system_prompt(tools)), None
+        dicts, tools = _with_tool_prompt(dicts, parser.system_prompt(tools), support.system), None
     return tokenizer.apply_chat_template(dicts, tools or None, add_generation_prompt, **kwargs)
 
 

@@ -1,0 +1,113 @@
+"""Reasoning read apart from the answer, as vLLM's `--reasoning-parser` does: `<think>...</think>` (Qwen 3, QwQ,
+DeepSeek-R1 and its distills) becomes the message's `reasoning_content` (and vLLM's newer `reasoning`), the rest its
+`content`.
+
+A parser is chosen per model with `parameters.reasoning_parser`: `auto` (the default: `qwen3` when the chat template
+writes `<think>`, else none), `none`, `qwen3` or `deepseek_r1`. Whether the answer starts inside the reasoning is
+read from the prompt: DeepSeek-R1's template (and Qwen3's thinking-only ones) end the prompt with an open
+`<think>`, and the model then writes only the closing tag. `deepseek_r1` assumes that always, as vLLM's does. An
+answer cut before its `</think>` is all reasoning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.errors import InternalError
+from gateway.openai.tool_parsers.base import partial_suffix
+
+OPEN, CLOSE = "<think>", "</think>"
+AUTO, NONE = "auto", "none"
+
+
+@dataclass(frozen=True)
+class Split:
+    reasoning: str | None
+    content: str
+
+
+class ReasoningStreamer:
+    """A choice's text deltas -> (reasoning, content) pieces; a possible start of a tag is held back until known."""
+
+    def __init__(self, starts_open: bool) -> None:
+        self._state = "reasoning" if starts_open else "start"
+        self._buf = ""
+
+    def feed(self, text: str) -> tuple[str, str]:
+        """The reasoning text and the content text this delta releases."""
+        self._buf += text
+        reasoning = content = ""
+        while True:
+            if self._state == "start":
+                head = self._buf.lstrip()
+                if head.startswith(OPEN):
+                    self._state, self._buf = "reasoning", head[len(OPEN) :]
+                    continue
+                if OPEN.startswith(head):  # nothing yet, or the start of "<think>"
+                    return reasoning, content
+                self._state = "content"
+                continue
+            if self._state == "reasoning":
+                at = self._buf.find(CLOSE)
+                if at == -1:
+                    keep = partial_suffix(self._buf, CLOSE)
+                    reasoning += self._buf[: len(self._buf) - keep]
+                    self._buf = self._buf[len(self._buf) - keep :]
+                    return reasoning, content
+                reasoning += self._buf[:at]
+                self._state, self._buf = "after", self._buf[at + len(CLOSE) :]
+                continue
+            if self._state == "after":  # the whitespace between the reasoning and the answer is neither
+                self._buf = self._buf.lstrip()
+                if not self._buf:
+                    return reasoning, content
+                self._state = "content"
+            content += self._buf
+            self._buf = ""
+            return reasoning, content
+
+    def finish(self) -> tuple[str, str]:
+        rest, self._buf = self._buf, ""
+        if self._state == "reasoning":
+            return rest, ""
+        return "", rest if self._state != "after" else ""
+
+
+class ThinkParser:
+    """`<think>...</think>` reasoning; `always_open`: the answer starts inside it whatever the prompt says."""
+
+    def __init__(self, name: str, always_open: bool) -> None:
+        self.name = name
+        self.always_open = always_open
+
+    def starts_open(self, prompt_tail: str) -> bool:
+        """Whether the answer begins inside the reasoning: the prompt (its last characters) opened it."""
+        return self.always_open or prompt_tail.rstrip().endswith(OPEN)
+
+    def split(self, text: str, starts_open: bool) -> Split:
+        streamer = ReasoningStreamer(starts_open)
+        reasoning, content = streamer.feed(text)
+        more_reasoning, more_content = streamer.finish()
+        reasoning += more_reasoning
+        content += more_content
+        return Split(reasoning or None, content)
+
+    def streamer(self, starts_open: bool) -> ReasoningStreamer:
+        return ReasoningStreamer(starts_open)
+
+
+PARSERS: dict[str, ThinkParser] = {p.name: p for p in (ThinkParser("qwen3", False), ThinkParser("deepseek_r1", True))}
+
+
+def reasoning_parser_for(setting: str, chat_template: str | None) -> ThinkParser | None:
+    """The model's reasoning parser from `parameters.reasoning_parser` (`auto`: from its chat template)."""
+    if setting == AUTO:
+        return PARSERS["qwen3"] if chat_template and OPEN in chat_template else None
+    if setting == NONE:
+        return None
+    parser = PARSERS.get(setting)
+    if parser is None:
+        raise InternalError(
+            f"the model's reasoning parser is misconfigured; use one of {sorted([AUTO, NONE, *PARSERS])}"
+        )
+    return parser
