@@ -28,6 +28,8 @@ RESERVED_KWARGS = (
     "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "processor_kwargs",
 )
 _PROBE_NAME = "zq_probe_fn"
+_PROBE_RESULT = "zq_probe_result"
+_PROBE_ID = "zqprobe01"  # 9 alphanumeric characters: Mistral's templates refuse any other call id
 _PROBE_TOOL = {"type": "function", "function": {"name": _PROBE_NAME, "description": "probe",
                                                  "parameters": {"type": "object", "properties": {}}}}
 
@@ -37,6 +39,7 @@ class TemplateSupport:
     tools: bool
     tool_calls: bool
     system: bool = True  # Gemma 2's template refuses a system turn: the tool prompt then opens the first user turn
+    tool_results: bool = True  # Gemma's and Phi-3's know no `tool` role: results are then written in a user turn
 
 
 _SUPPORT: weakref.WeakKeyDictionary[Tokenizer, TemplateSupport] = weakref.WeakKeyDictionary()
@@ -52,22 +55,24 @@ def template_text(tokenizer: Tokenizer) -> str | None:
 
 
 def _renders_probe(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                   generation_prompt: bool) -> bool:
+                   generation_prompt: bool, probe: str = _PROBE_NAME) -> bool:
     try:
         ids = tokenizer.apply_chat_template(messages, tools, generation_prompt)
     except Exception:  # a template that refuses the probe does not support it
         return False
-    return _PROBE_NAME in tokenizer.decode(ids, skip_special_tokens=False)
+    return probe in tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def _probe(tokenizer: Tokenizer) -> TemplateSupport:
     user = {"role": "user", "content": "hi"}
-    call = {"id": "call_probe", "type": "function", "function": {"name": _PROBE_NAME, "arguments": {}}}
-    history = [user, {"role": "assistant", "content": "", "tool_calls": [call]},
-               {"role": "tool", "tool_call_id": "call_probe", "content": "ok"}]
+    call = {"id": _PROBE_ID, "type": "function", "function": {"name": _PROBE_NAME, "arguments": {}}}
+    called = [user, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    history = [*called, {"role": "tool", "tool_call_id": _PROBE_ID, "content": _PROBE_RESULT}]
     return TemplateSupport(
         tools=_renders_probe(tokenizer, [user], [_PROBE_TOOL], True),
-        tool_calls=_renders_probe(tokenizer, history, [_PROBE_TOOL], False),
+        tool_calls=(_renders_probe(tokenizer, history, [_PROBE_TOOL], False)
+                    or _renders_probe(tokenizer, called, [_PROBE_TOOL], False)),
+        tool_results=_renders_probe(tokenizer, history, [_PROBE_TOOL], False, _PROBE_RESULT),
         system=_renders_probe(tokenizer, [{"role": "system", "content": _PROBE_NAME}, user], None, True),
     )
 
@@ -126,7 +131,15 @@ def message_dicts(
             else:
                 written = parser.render_calls([c["function"] for c in calls])
                 item["content"] = f"{item['content']}\n{written}" if item["content"] else written
+        if msg.role == "tool" and not support.tool_results and parser is not None:
+            result = parser.render_result(item["content"])
+            if out and out[-1].get("tool_result"):  # results of one turn's calls share one user turn
+                out[-1]["content"] += f"\n{result}"
+                continue
+            item = {"role": "user", "content": result, "tool_result": True}
         out.append(item)
+    for item in out:
+        item.pop("tool_result", None)
     return out
 
 

@@ -202,6 +202,10 @@ class ToolParser(ABC):
     def grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
         """A Lark grammar (llguidance dialect) accepting exactly one call, or 1..MAX_PARALLEL_CALLS when parallel."""
 
+    def render_result(self, content: str) -> str:
+        """A tool's result as text in a user turn, for templates without a `tool` role (Hermes' convention)."""
+        return f"<tool_response>\n{content}\n</tool_response>"
+
     def template_call_id(self, call_id: str) -> str:
         """A call id as the family's template accepts it in the history (Mistral's must be 9 characters)."""
         return call_id
