@@ -8,14 +8,13 @@ that reasons (reasoning.py) has its reasoning split off first, into `reasoning_c
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
-from gateway.openai.chat_template import render_chat, template_text
+from gateway.openai.chat_template import render_chat
 from gateway.openai.fanout import Choice, merged_stream, primed
 from gateway.openai.guided import request_guidance
 from gateway.openai.protocol import ChatCompletionRequest
-from gateway.openai.reasoning import AUTO, ReasoningStreamer, ThinkParser, reasoning_parser_for
+from gateway.openai.reasoning import Reasoning, reasoning_for
 from gateway.openai.results import (
     CollectedChoice,
     UsageTally,
@@ -36,32 +35,10 @@ def _finish_reason(reason: str | None, called: bool) -> str | None:
     return "tool_calls" if called and reason == "stop" else reason
 
 
-@dataclass(frozen=True)
-class Reasoning:
-    """How this request's answers are split into reasoning and content."""
-
-    parser: ThinkParser
-    starts_open: bool  # the prompt opened the reasoning: the answer begins inside it
-
-    def streamer(self) -> ReasoningStreamer:
-        return self.parser.streamer(self.starts_open)
-
-
-def reasoning_for(model: LoadedModel, prompt: list[int], guided: bool) -> Reasoning | None:
-    """The model's reasoning parser (`parameters.reasoning_parser`), unless the answer is grammar-constrained (it
-    then has no room to reason)."""
-    setting = str((getattr(model.config, "parameters", None) or {}).get("reasoning_parser", AUTO))
-    tokenizer = model.scheduler.tokenizer
-    parser = reasoning_parser_for(setting, template_text(tokenizer) if setting == AUTO else None)
-    if parser is None or guided:
-        return None
-    return Reasoning(parser, parser.starts_open(tokenizer.decode(prompt[-8:], skip_special_tokens=False)))
-
-
 def _message(c: CollectedChoice, plan: ToolPlan, reasoning: Reasoning | None) -> tuple[dict[str, Any], str | None]:
     text, message = c.text, {"role": "assistant"}
     if reasoning is not None:
-        split = reasoning.parser.split(text, reasoning.starts_open)
+        split = reasoning.split(text)
         text = split.content
         if split.reasoning is not None:
             message |= {"reasoning_content": split.reasoning, "reasoning": split.reasoning}
@@ -113,7 +90,7 @@ async def chat_completion(
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     if plan.active and plan.parser is not None and plan.parser.needs_special_tokens:
         req = req.model_copy(update={"skip_special_tokens": False})  # the dialect's markers are special tokens
-    reasoning = reasoning_for(model, prompt, guidance is not None)
+    reasoning = reasoning_for(model.config, scheduler.tokenizer, prompt, guidance is not None)
     choices = [
         Choice(i, prompt, to_sampling_params(req, max_tokens, info.vocab_size, logprobs, i, guidance))
         for i in range(req.n)

@@ -12,8 +12,11 @@ answer cut before its `</think>` is all reasoning.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from engines.interface import Tokenizer
 from gateway.errors import InternalError
+from gateway.openai.chat_template import template_text
 from gateway.openai.tool_parsers.base import partial_suffix
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -111,3 +114,27 @@ def reasoning_parser_for(setting: str, chat_template: str | None) -> ThinkParser
             f"the model's reasoning parser is misconfigured; use one of {sorted([AUTO, NONE, *PARSERS])}"
         )
     return parser
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """How one request's answers are split into reasoning and content."""
+
+    parser: ThinkParser
+    starts_open: bool  # the prompt opened the reasoning: the answer begins inside it
+
+    def split(self, text: str) -> Split:
+        return self.parser.split(text, self.starts_open)
+
+    def streamer(self) -> ReasoningStreamer:
+        return self.parser.streamer(self.starts_open)
+
+
+def reasoning_for(config: Any, tokenizer: Tokenizer, prompt: list[int], guided: bool) -> Reasoning | None:
+    """The model's reasoning parser (`parameters.reasoning_parser` of its config) for this prompt, unless the answer
+    is grammar-constrained (the grammar leaves no room to reason)."""
+    setting = str((getattr(config, "parameters", None) or {}).get("reasoning_parser", AUTO))
+    parser = reasoning_parser_for(setting, template_text(tokenizer) if setting == AUTO else None)
+    if parser is None or guided:
+        return None
+    return Reasoning(parser, parser.starts_open(tokenizer.decode(prompt[-8:], skip_special_tokens=False)))

@@ -131,9 +131,15 @@ class _RegionStreamer(ToolStreamer):
         out: list[StreamEvent] = [ToolCallDelta(index, new_call_id(), call.name)]
         return out + [ToolCallDelta(index, arguments=call.arguments)] if call.arguments else out
 
-    def _whole_calls(self) -> list[StreamEvent]:
+    def _calls_text(self) -> str:
+        """The region without its marker (a forced answer has none, but reads the same with one)."""
         assert self._region is not None
-        objects, _ = self._parser.read_calls(self._region[self._marker :])
+        region = self._region[self._marker :]
+        at = self._parser.start(region, True) if self._trusted else None
+        return region[at[0] + at[1] :] if isinstance(at, tuple) else region
+
+    def _whole_calls(self) -> list[StreamEvent]:
+        objects, _ = self._parser.read_calls(self._calls_text())
         out: list[StreamEvent] = []
         for obj in objects[self._sent_objects :]:
             call = call_from_object(obj, self._names)
@@ -147,7 +153,7 @@ class _RegionStreamer(ToolStreamer):
             return [rest] if rest else []
         if self._trusted:
             out = self._whole_calls()
-            region = self._region[self._marker :]
+            region = self._calls_text()
             _, end = self._parser.read_calls(region)
             if region[end:].strip() or not self.calls:
                 cut = self._parser.partial_call(region[end:], self._names)
