@@ -88,9 +88,10 @@ async def chat_completion(
     if guidance is None:
         guidance = await request_guidance(req, scheduler)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    if plan.active and plan.parser is not None and plan.parser.needs_special_tokens:
-        req = req.model_copy(update={"skip_special_tokens": False})  # the dialect's markers are special tokens
     reasoning = reasoning_for(model.config, scheduler.tokenizer, prompt, guidance is not None)
+    if (plan.active and plan.parser is not None and plan.parser.needs_special_tokens) or (
+            reasoning is not None and reasoning.parser.needs_special_tokens):
+        req = req.model_copy(update={"skip_special_tokens": False})  # the markers read are special tokens
     choices = [
         Choice(i, prompt, to_sampling_params(req, max_tokens, info.vocab_size, logprobs, i, guidance))
         for i in range(req.n)

@@ -82,6 +82,19 @@ def test_reasoning_then_an_answer() -> None:
     assert _message(CollectedChoice(text, "stop"), ToolPlan("none"), None)[0] == {"role": "assistant", "content": text}
 
 
+def test_gpt_oss_reasoning_and_a_call() -> None:
+    harmony = Reasoning(REASONING["openai_gptoss"], starts_open=False)
+    text = ("<|channel|>analysis<|message|>Needs the time.<|end|><|start|>assistant<|channel|>commentary "
+            'to=functions.get_time <|constrain|>json<|message|>{"tz": "CET"}')
+    message, finish = _message(CollectedChoice(text, "stop"), _plan(), harmony)
+    assert (message["reasoning_content"], message["content"], finish) == ("Needs the time.", None, "tool_calls")
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == \
+        [("get_time", {"tz": "CET"})]
+    streamed = _streamed(text, _plan(), harmony, "stop")
+    assert (streamed["reasoning_content"], streamed["content"]) == ("Needs the time.", "")
+    assert [(n, json.loads(a)) for n, a in streamed["tool_calls"].values()] == [("get_time", {"tz": "CET"})]
+
+
 @pytest.mark.parametrize("dialect", sorted(PARSERS))
 def test_forced_call_cut_by_max_tokens_is_a_partial_call(dialect: str) -> None:
     whole = PARSERS[dialect].render_calls([{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}])

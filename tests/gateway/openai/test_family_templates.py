@@ -45,6 +45,8 @@ FAMILIES = {
                                       None),
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": (TemplateSupport(False, True, system=True, tool_results=True),
                                                  "hermes", "qwen3"),
+    # harmony: the reasoning parser hands calls on as hermes blocks
+    "openai-gpt-oss-120b": (NATIVE, "hermes", "openai_gptoss"),
 }
 
 

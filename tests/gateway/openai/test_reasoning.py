@@ -44,6 +44,33 @@ def test_split_whole_and_streamed(text: str, starts_open: bool, reasoning: str |
         assert _stream(pieces, starts_open) == (reasoning or "", content), pieces
 
 
+HARMONY = [
+    ("<|channel|>analysis<|message|>The user greets me.<|end|><|start|>assistant<|channel|>final<|message|>Hello!",
+     "The user greets me.", "Hello!"),
+    ("<|channel|>analysis<|message|>Needs the weather.<|end|><|start|>assistant<|channel|>commentary "
+     'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}',
+     "Needs the weather.", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+    ('<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{"tz": "CET"}<|call|>', None,
+     '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>\n'),
+    ("<|channel|>analysis<|message|>cut by max_tok", "cut by max_tok", ""),
+    ("<|channel|>analysis<|mess", None, ""),
+    ("not harmony at all", None, "not harmony at all"),
+]
+
+
+@pytest.mark.parametrize(("text", "reasoning", "content"), HARMONY)
+def test_gpt_oss_channels(text: str, reasoning: str | None, content: str) -> None:
+    harmony = PARSERS["openai_gptoss"]
+    assert harmony.split(text, False) == Split(reasoning, content)
+    for pieces in [list(text), *([text[:i], text[i:]] for i in range(len(text) + 1))]:
+        streamer = harmony.streamer(False)
+        r = c = ""
+        for piece in [*pieces, None]:
+            dr, dc = streamer.finish() if piece is None else streamer.feed(piece)
+            r, c = r + dr, c + dc
+        assert (r, c) == (reasoning or "", content), pieces
+
+
 def test_the_prompt_tells_whether_the_answer_starts_inside_the_reasoning() -> None:
     assert QWEN3.starts_open("<|im_start|>assistant\n<think>\n")
     assert not QWEN3.starts_open("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # Qwen3, enable_thinking=False
@@ -59,6 +86,8 @@ def test_parser_from_config_and_template() -> None:
     assert reasoning_parser_for("auto", r1) is QWEN3  # its prompt ends in an open <think>, which starts_open reads
     assert reasoning_parser_for("auto", llama) is None
     assert reasoning_parser_for("auto", None) is None
+    gpt_oss = (TEMPLATES / "openai-gpt-oss-120b.jinja").read_text()
+    assert reasoning_parser_for("auto", gpt_oss) is PARSERS["openai_gptoss"]
     assert reasoning_parser_for("none", qwen3) is None
     assert reasoning_parser_for("deepseek_r1", None) is PARSERS["deepseek_r1"]
     with pytest.raises(InternalError, match="deepseek_r1"):
