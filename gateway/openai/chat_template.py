@@ -1,9 +1,10 @@
 """Chat messages -> the model's own chat template -> prompt token ids, tools included.
 
 Templates differ in what they know: some render `tools` and assistant `tool_calls` themselves (Qwen, Hermes,
-Llama 3.1), many small models' templates ignore both (SmolLM2). We probe each template once; where it ignores
-them, the tools are described in the system message and past calls are written as text, both in the model's
-tool-call dialect, so a conversation with tool results round-trips on any model.
+Llama 3.1, Mistral), many templates ignore both (SmolLM2, Gemma, Phi-3), and some know no system turn (Gemma 2) or
+no `tool` role (Gemma, Phi-3). We probe each template once; where it ignores them, the tools are described in the
+system message (or the first user turn), past calls are written as text in the model's tool-call dialect and tool
+results as `<tool_response>` blocks in a user turn, so a conversation with tool results round-trips on any model.
 """
 
 from __future__ import annotations
