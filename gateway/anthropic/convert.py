@@ -1,9 +1,9 @@
 """Messages <-> chat: an Anthropic request becomes a chat request, a chat answer becomes a Message.
 
 The chat path does the work (chat template, sampling, forced tools through guided decoding, the model's tool-call
-dialect), so /v1/messages and /v1/chat/completions give the same answer for the same conversation. Stop sequences
-are generated with the matched string kept in the text, so the answer can say which one matched
-(`stop_sequence`), as Anthropic's does, and the string is cut here.
+dialect and reasoning parser: reasoning becomes a thinking block), so /v1/messages and /v1/chat/completions give
+the same answer for the same conversation. Stop sequences are generated with the matched string kept in the text,
+so the answer can say which one matched (`stop_sequence`), as Anthropic's does, and the string is cut here.
 """
 
 from __future__ import annotations
@@ -93,6 +93,8 @@ def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
                  "top_k": req.top_k, "stop": req.stop_sequences or None, "stream": req.stream,
                  "include_stop_str_in_output": bool(req.stop_sequences),
                  "user": req.metadata.user_id if req.metadata else None}
+        if req.thinking is not None:
+            body["chat_template_kwargs"] = {"enable_thinking": req.thinking.type != "disabled"}
     try:
         chat = ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
     except ValidationError as exc:
@@ -135,12 +137,20 @@ def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
             "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
 
 
+def thinking_block(text: str) -> dict[str, Any]:
+    """The model's reasoning as a thinking block. Its signature is empty: nothing here signs thinking, and replayed
+    thinking blocks are not read back (the chat templates drop past reasoning)."""
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
 def message_body(msg_id: str, model: str, req: MessagesRequest, chat: dict[str, Any]) -> dict[str, Any]:
     choice = chat["choices"][0]
     message = choice["message"]
     text, stop = cut_stop(message.get("content") or "", choice["finish_reason"], req.stop_sequences)
     calls = message.get("tool_calls") or []
-    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    thought = message.get("reasoning_content")
+    content: list[dict[str, Any]] = [thinking_block(thought)] if thought else []
+    content += [{"type": "text", "text": text}] if text else []
     content += [{"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
                  "input": tool_input(c["function"]["arguments"])} for c in calls]
     return {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": content,

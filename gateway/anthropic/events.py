@@ -1,6 +1,7 @@
 """A streamed chat answer as Anthropic's Messages events.
 
-`message_start`, then per content block `content_block_start`, its deltas (`text_delta` or `input_json_delta`) and
+`message_start`, then per content block `content_block_start`, its deltas (`thinking_delta` and a closing
+`signature_delta`, `text_delta` or `input_json_delta`) and
 `content_block_stop`, then `message_delta` (stop_reason, stop_sequence, usage) and `message_stop`. A failure
 after the stream started sends an `error` event in Anthropic's shape. With stop sequences, the last characters of
 the text are held back until it is known whether they are the stop sequence that ended the answer (which is cut,
@@ -14,9 +15,9 @@ from typing import Any
 
 from sse_starlette.sse import EventSourceResponse
 
-from gateway.anthropic.convert import cut_stop, stop_reason, usage
+from gateway.anthropic.convert import cut_stop, stop_reason, thinking_block, usage
 from gateway.errors import SwitchyardError
-from gateway.openai.chat_pieces import CallStart, ChatReader, Text
+from gateway.openai.chat_pieces import CallStart, ChatReader, Reasoning, Text
 from gateway.http.sse import typed_events_response
 
 class _Blocks:
@@ -35,8 +36,10 @@ class _Blocks:
     def stop(self) -> list[dict[str, Any]]:
         if self.kind is None:
             return []
+        signature = ([{"type": "content_block_delta", "index": self.index,
+                       "delta": {"type": "signature_delta", "signature": ""}}] if self.kind == "thinking" else [])
         self.kind = None
-        return [{"type": "content_block_stop", "index": self.index}]
+        return [*signature, {"type": "content_block_stop", "index": self.index}]
 
 
 async def message_events(chunks: AsyncIterator[dict[str, Any]], start: dict[str, Any],
@@ -58,7 +61,12 @@ async def message_events(chunks: AsyncIterator[dict[str, Any]], start: dict[str,
 
     try:
         async for piece in reader.pieces():
-            if isinstance(piece, Text):
+            if isinstance(piece, Reasoning):
+                for event in blocks.start(thinking_block("")) if blocks.kind != "thinking" else []:
+                    yield event
+                yield {"type": "content_block_delta", "index": blocks.index,
+                       "delta": {"type": "thinking_delta", "thinking": piece.text}}
+            elif isinstance(piece, Text):
                 pending += piece.text
                 cut = max(0, len(pending) - hold)
                 for event in text_events(pending[:cut]):

@@ -75,6 +75,13 @@ class CountTokensRequest(_Lenient):
     tool_choice: ToolChoice | None = None
 
 
+class ThinkingConfig(_Lenient):
+    """Extended thinking: passed to the chat template as `enable_thinking` (Qwen 3 reads it; others ignore it)."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(None, ge=1)
+
+
 class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1)
     stop_sequences: list[StrictStr] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
@@ -83,6 +90,7 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
     metadata: Metadata | None = None
+    thinking: ThinkingConfig | None = None
 
     @field_validator("stop_sequences")
     @classmethod

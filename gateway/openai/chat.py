@@ -1,7 +1,8 @@
 """POST /v1/chat/completions: messages -> the model's chat template -> generation -> OpenAI's shapes.
 
-Tools (tools.py, tool_parsers.py) and `response_format` (guided.py) shape both ends: they add to the prompt and
-constrain sampling, and the answer is read back into `message.tool_calls` or streamed as tool-call deltas.
+Tools (tools.py, tool_parsers/) and `response_format` (guided.py) shape both ends: they add to the prompt and
+constrain sampling, and the answer is read back into `message.tool_calls` or streamed as tool-call deltas. A model
+that reasons (reasoning.py) has its reasoning split off first, into `reasoning_content` / `reasoning`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from gateway.openai.chat_template import render_chat
 from gateway.openai.fanout import Choice, merged_stream, primed
 from gateway.openai.guided import request_guidance
 from gateway.openai.protocol import ChatCompletionRequest
+from gateway.openai.reasoning import Reasoning, reasoning_for
 from gateway.openai.results import (
     CollectedChoice,
     UsageTally,
@@ -33,18 +35,30 @@ def _finish_reason(reason: str | None, called: bool) -> str | None:
     return "tool_calls" if called and reason == "stop" else reason
 
 
-def _message(c: CollectedChoice, plan: ToolPlan) -> tuple[dict[str, Any], str | None]:
+def _message(c: CollectedChoice, plan: ToolPlan, reasoning: Reasoning | None) -> tuple[dict[str, Any], str | None]:
+    text, message = c.text, {"role": "assistant"}
+    if reasoning is not None:
+        split = reasoning.split(text)
+        text = split.content
+        if split.reasoning is not None:
+            message |= {"reasoning_content": split.reasoning, "reasoning": split.reasoning}
     if plan.active and plan.parser is not None:
-        content, calls = plan.parser.parse(c.text, plan.names)
+        if plan.constrained:  # a forced call is never text, even when max_tokens cut it (finish_reason "length")
+            content, calls = None, plan.parser.parse_forced(text, plan.call_names)
+        else:
+            content, calls = plan.parser.parse(text, plan.names)
         calls = calls[: plan.max_calls]
-        if calls:
-            tool_calls = [
-                {"id": new_call_id(), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-                for call in calls
-            ]
-            message = {"role": "assistant", "content": content, "tool_calls": tool_calls}
-            return message, _finish_reason(c.finish_reason, True)
-    return {"role": "assistant", "content": c.text}, c.finish_reason
+        if calls or plan.constrained:
+            message["content"] = content
+            if calls:
+                message["tool_calls"] = [
+                    {"id": new_call_id(), "type": "function",
+                     "function": {"name": call.name, "arguments": call.arguments}}
+                    for call in calls
+                ]
+            return message, _finish_reason(c.finish_reason, bool(calls))
+    message["content"] = None if not text and "reasoning" in message else text
+    return message, c.finish_reason
 
 
 async def chat_prompt(req: ChatCompletionRequest, model: LoadedModel) -> tuple[list[int], ToolPlan]:
@@ -74,6 +88,10 @@ async def chat_completion(
     if guidance is None:
         guidance = await request_guidance(req, scheduler)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    reasoning = reasoning_for(model.config, scheduler.tokenizer, prompt, guidance is not None)
+    if (plan.active and plan.parser is not None and plan.parser.needs_special_tokens) or (
+            reasoning is not None and reasoning.parser.needs_special_tokens):
+        req = req.model_copy(update={"skip_special_tokens": False})  # the markers read are special tokens
     choices = [
         Choice(i, prompt, to_sampling_params(req, max_tokens, info.vocab_size, logprobs, i, guidance))
         for i in range(req.n)
@@ -81,13 +99,13 @@ async def chat_completion(
     stream = merged_stream(scheduler, choices, req.priority, session_id)
     if req.stream:
         include_usage = force_usage or bool(req.stream_options and req.stream_options.include_usage)
-        return _chunks(model, req, plan, await primed(stream), len(prompt), include_usage)
+        return _chunks(model, req, plan, reasoning, await primed(stream), len(prompt), include_usage)
 
     collected = await collect(stream)
     tokenizer = scheduler.tokenizer
     out_choices = []
     for i, c in sorted(collected.items()):
-        message, finish = _message(c, plan)
+        message, finish = _message(c, plan, reasoning)
         out_choices.append({
             "index": i,
             "message": message,
@@ -110,6 +128,7 @@ async def _chunks(
     model: LoadedModel,
     req: ChatCompletionRequest,
     plan: ToolPlan,
+    reasoning: Reasoning | None,
     stream: AsyncIterator[Any],
     prompt_len: int,
     include_usage: bool,
@@ -117,10 +136,11 @@ async def _chunks(
     head = {"id": new_id("chatcmpl"), "object": "chat.completion.chunk", "created": now(), "model": model.name}
     tokenizer = model.scheduler.tokenizer
     streamers = (
-        {i: plan.parser.streamer(plan.names, plan.constrained, plan.max_calls) for i in range(req.n)}
+        {i: plan.parser.streamer(plan.call_names, plan.constrained, plan.max_calls) for i in range(req.n)}
         if plan.active and plan.parser is not None
         else {}
     )
+    thinkers = {i: reasoning.streamer() for i in range(req.n)} if reasoning is not None else {}
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
         return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
@@ -134,10 +154,20 @@ async def _chunks(
             tally.add(index, out)
             lp = chat_logprobs(tokenizer, out.logprobs) if req.logprobs and out.logprobs else None
             streamer = streamers.get(index)
+            thinker = thinkers.get(index)
+            text, thought = out.text, ""
+            if thinker is not None:
+                thought, text = thinker.feed(text)
+                if out.finished:
+                    more_thought, more_text = thinker.finish()
+                    thought, text = thought + more_thought, text + more_text
             if streamer is None:
-                events: list[Any] = [out.text] if out.text else []
+                events: list[Any] = [text] if text else []
             else:
-                events = streamer.feed(out.text) + (streamer.finish() if out.finished else [])
+                events = streamer.feed(text) + (streamer.finish() if out.finished else [])
+            if thought:
+                yield chunk(index, {"reasoning_content": thought, "reasoning": thought}, logprobs=lp)
+                lp = None
             for delta in _deltas(events):
                 yield chunk(index, delta, logprobs=lp)
                 lp = None

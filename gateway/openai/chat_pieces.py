@@ -1,6 +1,6 @@
-"""A streamed chat answer read back as pieces (text, the start of a tool call, argument fragments), its finish
-reason and its usage. Frontends that stream in another protocol (Responses, Messages) translate these pieces instead of each
-walking the chat chunks' nesting."""
+"""A streamed chat answer read back as pieces (reasoning, text, the start of a tool call, argument fragments), its
+finish reason and its usage. Frontends that stream in another protocol (Responses, Messages) translate these pieces
+instead of each walking the chat chunks' nesting."""
 
 from __future__ import annotations
 
@@ -15,6 +15,11 @@ class Text:
 
 
 @dataclass(frozen=True)
+class Reasoning:
+    text: str
+
+
+@dataclass(frozen=True)
 class CallStart:
     call_id: str
     name: str
@@ -25,12 +30,13 @@ class CallArguments:
     fragment: str
 
 
-Piece = Text | CallStart | CallArguments
+Piece = Reasoning | Text | CallStart | CallArguments
 
 
 class ChatReader:
     """Reads a one-choice chat chunk stream (as `chat_completion` streams it): `pieces()` yields its text and tool
-    calls in order; `finish_reason` and `usage` (OpenAI's chat usage object) are set as they arrive."""
+    calls (and the reasoning before them) in order; `finish_reason` and `usage` (OpenAI's chat usage object) are set
+    as they arrive."""
 
     def __init__(self, chunks: AsyncIterator[dict[str, Any]]) -> None:
         self._chunks = chunks
@@ -43,6 +49,8 @@ class ChatReader:
                 self.usage = chunk["usage"]
             for choice in chunk["choices"]:
                 delta = choice["delta"]
+                if delta.get("reasoning_content"):
+                    yield Reasoning(delta["reasoning_content"])
                 if delta.get("content"):
                     yield Text(delta["content"])
                 for call in delta.get("tool_calls") or []:

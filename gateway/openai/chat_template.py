@@ -1,9 +1,10 @@
 """Chat messages -> the model's own chat template -> prompt token ids, tools included.
 
 Templates differ in what they know: some render `tools` and assistant `tool_calls` themselves (Qwen, Hermes,
-Llama 3.1), many small models' templates ignore both (SmolLM2). We probe each template once; where it ignores
-them, the tools are described in the system message and past calls are written as text, both in the model's
-tool-call dialect, so a conversation with tool results round-trips on any model.
+Llama 3.1, Mistral), many templates ignore both (SmolLM2, Gemma, Phi-3), and some know no system turn (Gemma 2) or
+no `tool` role (Gemma, Phi-3). We probe each template once; where it ignores them, the tools are described in the
+system message (or the first user turn), past calls are written as text in the model's tool-call dialect and tool
+results as `<tool_response>` blocks in a user turn, so a conversation with tool results round-trips on any model.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ RESERVED_KWARGS = (
     "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "processor_kwargs",
 )
 _PROBE_NAME = "zq_probe_fn"
+_PROBE_RESULT = "zq_probe_result"
+_PROBE_ID = "zqprobe01"  # 9 alphanumeric characters: Mistral's templates refuse any other call id
 _PROBE_TOOL = {"type": "function", "function": {"name": _PROBE_NAME, "description": "probe",
                                                  "parameters": {"type": "object", "properties": {}}}}
 
@@ -36,28 +39,42 @@ _PROBE_TOOL = {"type": "function", "function": {"name": _PROBE_NAME, "descriptio
 class TemplateSupport:
     tools: bool
     tool_calls: bool
+    system: bool = True  # Gemma 2's template refuses a system turn: the tool prompt then opens the first user turn
+    tool_results: bool = True  # Gemma's and Phi-3's know no `tool` role: results are then written in a user turn
 
 
 _SUPPORT: weakref.WeakKeyDictionary[Tokenizer, TemplateSupport] = weakref.WeakKeyDictionary()
 
 
+def template_text(tokenizer: Tokenizer) -> str | None:
+    """The chat template's source (the GGUF's `tokenizer.chat_template` or the folder's), for telling the family's
+    tool-call and reasoning dialects; None when the tokenizer does not show it. Named templates are joined."""
+    template = getattr(getattr(tokenizer, "hf", None), "chat_template", None)
+    if isinstance(template, dict):
+        return "\n".join(str(t) for t in template.values())
+    return template if isinstance(template, str) else None
+
+
 def _renders_probe(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                   generation_prompt: bool) -> bool:
+                   generation_prompt: bool, probe: str = _PROBE_NAME) -> bool:
     try:
         ids = tokenizer.apply_chat_template(messages, tools, generation_prompt)
     except Exception:  # a template that refuses the probe does not support it
         return False
-    return _PROBE_NAME in tokenizer.decode(ids, skip_special_tokens=False)
+    return probe in tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def _probe(tokenizer: Tokenizer) -> TemplateSupport:
     user = {"role": "user", "content": "hi"}
-    call = {"id": "call_probe", "type": "function", "function": {"name": _PROBE_NAME, "arguments": {}}}
-    history = [user, {"role": "assistant", "content": "", "tool_calls": [call]},
-               {"role": "tool", "tool_call_id": "call_probe", "content": "ok"}]
+    call = {"id": _PROBE_ID, "type": "function", "function": {"name": _PROBE_NAME, "arguments": {}}}
+    called = [user, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    history = [*called, {"role": "tool", "tool_call_id": _PROBE_ID, "content": _PROBE_RESULT}]
     return TemplateSupport(
         tools=_renders_probe(tokenizer, [user], [_PROBE_TOOL], True),
-        tool_calls=_renders_probe(tokenizer, history, [_PROBE_TOOL], False),
+        tool_calls=(_renders_probe(tokenizer, history, [_PROBE_TOOL], False)
+                    or _renders_probe(tokenizer, called, [_PROBE_TOOL], False)),
+        tool_results=_renders_probe(tokenizer, history, [_PROBE_TOOL], False, _PROBE_RESULT),
+        system=_renders_probe(tokenizer, [{"role": "system", "content": _PROBE_NAME}, user], None, True),
     )
 
 
@@ -105,9 +122,9 @@ def message_dicts(
         if msg.name is not None:
             item["name"] = msg.name
         if msg.tool_call_id is not None:
-            item["tool_call_id"] = msg.tool_call_id
+            item["tool_call_id"] = parser.template_call_id(msg.tool_call_id) if parser else msg.tool_call_id
         if msg.tool_calls:
-            calls = [{"id": c.id, "type": "function",
+            calls = [{"id": parser.template_call_id(c.id) if parser else c.id, "type": "function",
                       "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
                      for c in msg.tool_calls]
             if support.tool_calls or parser is None:
@@ -115,15 +132,28 @@ def message_dicts(
             else:
                 written = parser.render_calls([c["function"] for c in calls])
                 item["content"] = f"{item['content']}\n{written}" if item["content"] else written
+        if msg.role == "tool" and not support.tool_results and parser is not None:
+            result = parser.render_result(item["content"])
+            if out and out[-1].get("tool_result"):  # results of one turn's calls share one user turn
+                out[-1]["content"] += f"\n{result}"
+                continue
+            item = {"role": "user", "content": result, "tool_result": True}
         out.append(item)
+    for item in out:
+        item.pop("tool_result", None)
     return out
 
 
-def _with_tool_prompt(messages: list[dict[str, Any]], prompt: str) -> list[dict[str, Any]]:
-    if messages and messages[0]["role"] in ("system", "developer"):
-        first = {**messages[0], "content": f"{messages[0]['content']}\n\n{prompt}".strip()}
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": prompt}, *messages]
+def _with_tool_prompt(messages: list[dict[str, Any]], prompt: str, system: bool) -> list[dict[str, Any]]:
+    """The tools' description in the system turn, or at the start of the first user turn where there is none."""
+    roles = ("system", "developer") if system else ("user",)
+    for i, message in enumerate(messages):
+        if message["role"] in roles:
+            joined = f"{message['content']}\n\n{prompt}" if system else f"{prompt}\n\n{message['content']}"
+            return [*messages[:i], {**message, "content": joined.strip()}, *messages[i + 1 :]]
+        if system or message["role"] not in ("system", "developer"):
+            break
+    return [{"role": "system" if system else "user", "content": prompt}, *messages]
 
 
 def _render(tokenizer: Tokenizer, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
@@ -131,7 +161,7 @@ def _render(tokenizer: Tokenizer, messages: list[ChatMessage], tools: list[dict[
     support = template_support(tokenizer)
     dicts = message_dicts(messages, support, parser)
     if tools and not support.tools and parser is not None:
-        dicts, tools = _with_tool_prompt(dicts, parser.system_prompt(tools)), None
+        dicts, tools = _with_tool_prompt(dicts, parser.system_prompt(tools), support.system), None
     return tokenizer.apply_chat_template(dicts, tools or None, add_generation_prompt, **kwargs)
 
 

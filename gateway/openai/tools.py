@@ -2,7 +2,7 @@
 
 `tool_choice`:
 * `none`  -- tools are left out of the prompt and the answer is plain text;
-* `auto`  -- tools go into the prompt and the answer is parsed with the model's dialect (tool_parsers.py);
+* `auto`  -- tools go into the prompt and the answer is parsed with the model's dialect (tool_parsers/);
 * `required` / a named function -- the answer is grammar-constrained to the dialect's call format, with the
   arguments constrained to the tool's JSON Schema, so the calls always parse and validate.
 """
@@ -17,21 +17,23 @@ from engines.types import GuidedSpec
 from gateway.errors import InternalError, InvalidRequestError
 from gateway.openai.guided import Guidance, check_json_schema, decoder_for, engine_enforces_specs
 from gateway.openai.protocol import ChatCompletionRequest, NamedToolChoice
-from gateway.openai.tool_parsers import PARSERS, ToolParser
+from gateway.openai.chat_template import template_text
+from gateway.openai.tool_parsers import AUTO, PARSERS, ToolParser, detect
 from gateway.repository.registry import LoadedModel
 
 log = logging.getLogger("switchyard.openai")
 
-DEFAULT_PARSER = "hermes"
-
 
 def parser_for(model: LoadedModel) -> ToolParser:
-    name = str((getattr(model.config, "parameters", None) or {}).get("tool_parser", DEFAULT_PARSER))
+    """`parameters.tool_parser` of the model's config, or (`auto`, the default) the one its chat template implies."""
+    name = str((getattr(model.config, "parameters", None) or {}).get("tool_parser", AUTO))
+    if name == AUTO:
+        name = detect(template_text(model.scheduler.tokenizer))
     parser = PARSERS.get(name)
     if parser is None:
-        log.error("model '%s': parameters.tool_parser '%s' is unknown (use one of %s)",
-                  model.name, name, sorted(PARSERS))
-        raise InternalError(f"the model's tool parser is misconfigured; use one of {sorted(PARSERS)}")
+        choices = sorted([AUTO, *PARSERS])
+        log.error("model '%s': parameters.tool_parser '%s' is unknown (use one of %s)", model.name, name, choices)
+        raise InternalError(f"the model's tool parser is misconfigured; use one of {choices}")
     return parser
 
 
@@ -48,6 +50,11 @@ class ToolPlan:
     @property
     def names(self) -> set[str]:
         return {t["function"]["name"] for t in self.tools}
+
+    @property
+    def call_names(self) -> set[str]:
+        """The tools the answer may call: a constrained answer only the forced ones."""
+        return {t["function"]["name"] for t in self.forced} if self.constrained else self.names
 
     @property
     def active(self) -> bool:

@@ -132,12 +132,28 @@ def function_call_item(call_id: str, name: str, arguments: str, status: str = "c
             "arguments": arguments, "status": status}
 
 
-def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """A chat answer's message as output items: its text (if any, or if there is nothing else), then its calls."""
+def reasoning_item(text: str, status: str = "completed", rs_id: str | None = None) -> dict[str, Any]:
+    """The model's reasoning (`reasoning_content` of the chat answer) as a reasoning item, its text in full."""
+    return {"type": "reasoning", "id": rs_id or item_id("rs"), "summary": [], "status": status,
+            "content": [{"type": "reasoning_text", "text": text}], "encrypted_content": None}
+
+
+def item_status(finish_reason: str | None, last: bool) -> str:
+    """An output item's status: the last one is `incomplete` when the output cap cut it."""
+    return "incomplete" if last and finish_reason == "length" else "completed"
+
+
+def output_items(message: dict[str, Any], finish_reason: str | None = None) -> list[dict[str, Any]]:
+    """A chat answer's message as output items: its reasoning, its text (if any, or if there is nothing else), then
+    its calls."""
     calls = message.get("tool_calls") or []
     text = message.get("content") or ""
-    items = [message_item(text)] if text or not calls else []
+    thought = message.get("reasoning_content")
+    items = [reasoning_item(thought)] if thought else []
+    items += [message_item(text)] if text or not (calls or thought) else []
     items += [function_call_item(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
+    if items:
+        items[-1]["status"] = item_status(finish_reason, True)
     return items
 
 

@@ -96,7 +96,8 @@ class ResponsesService:
     async def _complete(self, turn: _Turn) -> dict[str, Any]:
         body = await self._chat(turn)
         choice = body["choices"][0]
-        final = turn.response("completed", output_items(choice["message"]), body["usage"], choice["finish_reason"])
+        reason = choice["finish_reason"]
+        final = turn.response("completed", output_items(choice["message"], reason), body["usage"], reason)
         return await self._keep(turn, final)
 
     async def create(self, req: ResponsesRequest, model: LoadedModel,
