@@ -10,17 +10,19 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gateway.repository.layout import ModelDir, resolve_source
-from gateway.repository.loaded_model import LoadedModel
+from gateway.repository.loaded_model import LoadedLLM, LoadedModel, LoadedTensorModel
 from gateway.repository.model_config import AnyModelConfig, ModelConfig
 from gateway.repository.serving import ServingScheduler
 from gateway.repository.tensor_config import TensorModelConfig
 from gateway.scheduler.llm.interface import LLMScheduler
 
 if TYPE_CHECKING:
+    from gateway.repository.registry import ModelRegistry
     from gateway.scheduler.llm.speculation import SpeculativeConfig
+    from gateway.scheduler.tensor.rate_limiter import RateLimiter
 
 log = logging.getLogger("switchyard.repository")
 
@@ -74,19 +76,20 @@ def _speculative(config: ModelConfig) -> SpeculativeConfig | None:
                              spec.disable_by_batch_size, spec.min_acceptance)
 
 
-def build_model(model: ModelDir, config: AnyModelConfig, cache_dir: Path | None, registry: Any) -> LoadedModel:
+def build_model(model: ModelDir, config: AnyModelConfig, cache_dir: Path | None, models: ModelRegistry,
+                rate_limiter: RateLimiter | None = None) -> LoadedModel:
     """Load one model (blocking): an LLM's engine and scheduler, or a tensor model's backend instances behind their
-    batcher (`registry`: where an ensemble finds the models it calls)."""
+    batcher (`models`: where an ensemble finds the models it calls; `rate_limiter`: the server's, or None)."""
     started = time.monotonic()
     if isinstance(config, TensorModelConfig):
-        from gateway.kserve.model import TensorModel
-        from gateway.kserve.schedulers import scheduler_factory
+        from gateway.tensor.model import TensorModel
+        from gateway.tensor.schedulers import scheduler_factory
 
         log.info("loading model '%s' (backend %s)", model.name, config.resolved_backend)
-        tensor = TensorModel(model, config, getattr(registry, "rate_limiter", None))
-        tensor.load(scheduler_factory(registry))
-        entry = LoadedModel(model.name, config, tensor=tensor, folder=model.name,
-                            load_seconds=time.monotonic() - started)
+        tensor = TensorModel(model, config, rate_limiter)
+        tensor.load(scheduler_factory(models.find_tensor))
+        entry = LoadedTensorModel(name=model.name, config=config, tensor=tensor, folder=model.name,
+                                  load_seconds=time.monotonic() - started)
         log.info("model '%s' ready in %.1fs: backend %s, versions %s, %d instance(s), max_batch_size %d",
                  model.name, time.monotonic() - started, tensor.backend, sorted(tensor.versions),
                  config.instance_count, config.max_batch_size)
@@ -102,4 +105,5 @@ def build_model(model: ModelDir, config: AnyModelConfig, cache_dir: Path | None,
         info.num_kv_blocks, info.block_size,
         info.num_kv_blocks * info.block_size * info.kv_bytes_per_token / 2**20,
     )
-    return LoadedModel(name, config, scheduler=scheduler, folder=model.name, load_seconds=time.monotonic() - started)
+    return LoadedLLM(name=name, config=config, scheduler=scheduler, folder=model.name,
+                     load_seconds=time.monotonic() - started)
