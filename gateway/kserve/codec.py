@@ -107,19 +107,19 @@ def _values_to_array(flat: list[Any], datatype: str, label: str) -> np.ndarray:
     return wide.astype(dtype)
 
 
-def _tensor_header(tensor: Any, where: str) -> tuple[str, str, tuple[int, ...], dict[str, Any]]:
+def _tensor_header(doc: Any, where: str) -> tuple[str, str, tuple[int, ...], dict[str, Any]]:
     """Common checks on an input's name, datatype, shape and parameters."""
-    if not isinstance(tensor, Mapping):
+    if not isinstance(doc, Mapping):
         raise TensorCodecError(f"{where} must be a JSON object")
-    name = tensor.get("name")
+    name = doc.get("name")
     if not isinstance(name, str) or not name:
         raise TensorCodecError(f"{where} needs a non-empty string 'name'")
-    datatype = tensor.get("datatype")
+    datatype = doc.get("datatype")
     numpy_dtype(datatype)
-    if "shape" not in tensor:
+    if "shape" not in doc:
         raise TensorCodecError(f"input {short_repr(name)} has no 'shape'")
-    shape = parse_shape(tensor["shape"], f"input {short_repr(name)}")
-    params = tensor.get("parameters")
+    shape = parse_shape(doc["shape"], f"input {short_repr(name)}")
+    params = doc.get("parameters")
     if params is None:
         params = {}
     elif not isinstance(params, Mapping):
@@ -127,13 +127,13 @@ def _tensor_header(tensor: Any, where: str) -> tuple[str, str, tuple[int, ...], 
     return name, datatype, shape, dict(params)
 
 
-def decode_json_tensor(tensor: Any) -> InputTensor:
-    """Decode ``{"name","datatype","shape","data","parameters"?}`` into an :class:`InputTensor`."""
-    name, datatype, shape, params = _tensor_header(tensor, "input")
-    if "data" not in tensor:
+def decode_json_tensor(doc: Any) -> InputTensor:
+    """Decode a JSON tensor ``{"name","datatype","shape","data","parameters"?}`` into an :class:`InputTensor`."""
+    name, datatype, shape, params = _tensor_header(doc, "input")
+    if "data" not in doc:
         raise TensorCodecError(f"input {short_repr(name)} has no 'data'")
     label = f"input {short_repr(name)}"
-    flat = _flatten(tensor["data"], label)
+    flat = _flatten(doc["data"], label)
     if len(flat) != math.prod(shape):
         raise count_error(label, shape, datatype, str(len(flat)))
     array = reshape_checked(_values_to_array(flat, datatype, label), shape, label)
