@@ -112,7 +112,7 @@ def create_app(config: ServerConfig, control: ModelControl | None = None) -> Fas
     lifecycle = Lifecycle()
     access = AccessControl(keys, RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm), lifecycle)
     endpoint_counts = EndpointCounts()
-    metrics_registry = build_metrics_registry(registry, endpoint_counts)
+    metrics_registry = build_metrics_registry(registry, endpoint_counts, control.rate_limiter)
     app = FastAPI(title="Switchyard", version=__version__,
                   lifespan=_lifespan(config, control, access, metrics_registry))
     app.state.config = config

@@ -31,6 +31,7 @@ from gateway.http_metrics import EndpointCounts
 from gateway.inference_stats import FAILURE_REASONS
 from gateway.repository.registry import ModelRegistry
 from gateway.request_metrics import Histogram
+from gateway.scheduler.tensor.rate_limiter import RateLimiter
 
 
 class SchedulerCollector(Collector):
@@ -179,7 +180,7 @@ class TritonCollector(Collector):
                 for reason in FAILURE_REASONS:
                     failure.add_metric([*key, reason], stats.fail_reasons.get(reason, 0))
                 pending.add_metric(key, waiting)
-                load.add_metric(key, getattr(model, "load_seconds", 0.0))
+                load.add_metric(key, model.load_seconds)
         yield from (family for family, _ in counters[:1])
         yield failure
         yield from (family for family, _ in counters[1:])
@@ -190,11 +191,12 @@ class RateLimiterCollector(Collector):
     """The rate limiter (`--rate-limit execution_count`): time requests waited for their instance's resources (per
     model version; also part of nv_inference_queue_duration_us), and each resource's amount and use."""
 
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry, limiter: RateLimiter | None) -> None:
         self._models = registry
+        self._limiter = limiter
 
     def collect(self) -> Iterator[Metric]:
-        limiter = getattr(self._models, "rate_limiter", None)
+        limiter = self._limiter
         if limiter is None:
             return
         labels = ["model", "version"]
@@ -262,11 +264,12 @@ class EndpointCollector(Collector):
         yield family
 
 
-def build_metrics_registry(models: ModelRegistry, endpoints: EndpointCounts | None = None) -> CollectorRegistry:
-    """A fresh registry for one app (never prometheus_client's global one)."""
+def build_metrics_registry(models: ModelRegistry, endpoints: EndpointCounts | None = None,
+                           rate_limiter: RateLimiter | None = None) -> CollectorRegistry:
+    """A fresh registry for one app (never prometheus_client's global one); `rate_limiter`: the server's, if any."""
     registry = CollectorRegistry()
     for collector in (SchedulerCollector(models), LLMRequestCollector(models), TritonCollector(models),
-                      RateLimiterCollector(models), CpuCollector()):
+                      RateLimiterCollector(models, rate_limiter), CpuCollector()):
         registry.register(collector)
     if endpoints is not None:
         registry.register(EndpointCollector(endpoints))

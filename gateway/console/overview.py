@@ -74,7 +74,7 @@ def _folder_facts(control: ModelControl, name: str) -> dict[str, Any]:
             return {}
         config = parse_model_config(folder.config_path, name)
     except (ConfigError, ValueError, OSError) as exc:
-        return {"config_error": control.public(str(exc))[:300]}
+        return {"config_error": control.states.public(str(exc))[:300]}
     kind = "tensor" if isinstance(config, TensorModelConfig) else "llm"
     facts: dict[str, Any] = {"backend": _backend(config), "kind": kind}
     if isinstance(config, ModelConfig):
@@ -100,7 +100,7 @@ def models(control: ModelControl) -> list[dict[str, Any]]:
     """One entry per model folder (its versions merged), in folder order; a failed load's reason with it."""
     loaded = {m.folder: m for m in control.models.all_models()}
     rows: dict[str, dict[str, Any]] = {}
-    for row in control.index():
+    for row in control.states.index():
         name = row["name"]
         if name in rows:
             continue

@@ -119,7 +119,7 @@ class DataPlane:
     # ------------------------------------------------------------------ repository
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        return self.control.index(ready_only=ready_only)
+        return self.control.states.index(ready_only=ready_only)
 
     async def load(self, name: str, parameters: Mapping[str, Any]) -> None:
         """Load or reload a model; the only parameter is `config`, a JSON object (or its text) that overrides the

@@ -9,9 +9,9 @@ Triton's model control modes (`--model-control-mode`):
 
 A reload builds and starts the new copy while the old one serves, swaps them, and stops the old copy only once
 its in-flight requests have finished (see `serving.py`); a failed reload leaves the old copy serving. A failed load
-keeps its reason (the exception's message, paths shown relative to the repository, never a traceback) in the
-folder's state, which the load API's error, the repository index and the console show. Names that arrive over the
-network are checked before the file system is touched (see `layout.find_model_dir`).
+keeps its reason in the folder's state (`model_states.py`), which the load API's error, the repository index and
+the console show. Names that arrive over the network are checked before the file system is touched (see
+`layout.find_model_dir`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -43,6 +42,7 @@ from gateway.repository.layout import (
 )
 from gateway.repository.loaded_model import LoadedModel
 from gateway.repository.model_config import AnyModelConfig, ModelConfig, parse_model_config, validate_model_config
+from gateway.repository.model_states import ModelStates
 from gateway.repository.registry import ModelRegistry
 from gateway.repository.tensor_config import TensorModelConfig
 
@@ -56,22 +56,12 @@ ControlMode = Literal["none", "explicit", "poll"]
 #: Triton's words when the repository API is off (its tools and scripts look for them).
 CONTROL_DISABLED = "explicit model load / unload is not allowed if polling is enabled"
 DRAIN_TIMEOUT_S = 30.0
-MAX_REASON_CHARS = 1000
 
 
 class ModelControlDisabledError(ServiceUnavailableError):
     """Load/unload through the repository API in the `none` or `poll` mode: 503 (UNAVAILABLE), as Triton."""
 
     code = "model_control_disabled"
-
-
-@dataclass(frozen=True)
-class ModelState:
-    """A model folder's state as Triton's repository index names it (READY, LOADING, UNLOADING, UNAVAILABLE), with
-    why: a failed load's reason, 'unloaded', or for a READY model a failed reload's."""
-
-    state: str
-    reason: str = ""
 
 
 class ModelControl:
@@ -95,7 +85,7 @@ class ModelControl:
         self.control_mode = control_mode
         self.load_models = list(load_models)  # explicit mode: loaded at startup; ["*"] = all
         self._parsed: list[tuple[ModelDir, AnyModelConfig]] | None = None
-        self._states: dict[str, ModelState] = {}  # folder name -> its state
+        self.states = ModelStates(root, self.models)  # each folder's state, and the repository index
         self._fingerprints: dict[str, str] = {}  # folder name -> its files when its last load began (polling)
         self.retiring = Retirement(drain_timeout_s, self._retired)  # old copies finishing their requests
         self._watcher: RepositoryWatcher | None = None  # poll mode
@@ -157,7 +147,7 @@ class ModelControl:
         for model, config in ordered:
             entry = self._build(model, config)
             self.models.publish(entry)
-            self._states[model.name] = ModelState("READY")
+            self.states.set(model.name, "READY")
             loaded.append(entry)
         return loaded
 
@@ -180,25 +170,10 @@ class ModelControl:
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
         except ConfigError as exc:
-            raise InvalidRequestError(self.public(str(exc))) from None
+            raise InvalidRequestError(self.states.public(str(exc))) from None
         if model is None:
             raise NotFoundError(f"no model named '{name}' in the model repository")
         return model
-
-    def public(self, message: str) -> str:
-        """An error for the network: one line, paths shown relative to the repository, bounded."""
-        message = " ".join(message.split())
-        for prefix in (str(self.root.resolve()), str(self.root)):
-            message = message.replace(prefix + "/", "").replace(prefix, ".")
-        return message[:MAX_REASON_CHARS]
-
-    def _reason(self, exc: BaseException) -> str:
-        """Why a load failed, for the network: a config error's message, or the exception's type and message (what
-        an engine says names the file, the tensor and the fix). The traceback goes to the server log only."""
-        if isinstance(exc, ConfigError):
-            return self.public(str(exc))
-        message = str(exc).strip()
-        return self.public(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
 
     async def load(self, name: str, config_override: dict[str, Any] | None = None) -> LoadedModel:
         """Load (or reload) a model by folder name (explicit mode). In-flight requests finish on the old copy."""
@@ -245,7 +220,7 @@ class ModelControl:
                 raise ConfigError(f"{model.config_path}: the served name '{served}' is taken by the model folder "
                                   f"'{other.folder}'; choose another served_model_name.")
             if old is None:
-                self._states[name] = ModelState("LOADING")
+                self.states.set(name, "LOADING")
             entry = await asyncio.to_thread(self._build, model, config)
         except Exception as exc:
             raise self._failed(name, old, "load", exc) from None
@@ -255,7 +230,7 @@ class ModelControl:
             await stop_quietly(entry)
             raise self._failed(name, old, "start", exc) from None
         self.models.publish(entry, replaces=old)  # the swap: new requests reach the new copy from here on
-        self._states[name] = ModelState("READY")
+        self.states.set(name, "READY")
         if old is not None:
             log.info("model '%s' reloaded; the previous copy stops once its %d request(s) in flight finish",
                      name, old.in_flight)
@@ -263,17 +238,13 @@ class ModelControl:
         return entry
 
     def _failed(self, name: str, old: LoadedModel | None, step: str, exc: BaseException) -> SwitchyardError:
-        """Record a failed load in the folder's state (a loaded copy keeps serving: READY, with the reason;
-        otherwise UNAVAILABLE) and return the error for the caller: 400 for a config error, 500 otherwise."""
+        """Log a failed load, record its reason in the folder's state, and return the error for the caller: 400
+        for a config error, 500 otherwise."""
         if isinstance(exc, ConfigError):
             log.error("model '%s' failed to %s: %s", name, step, exc)
         else:
             log.error("model '%s' failed to %s", name, step, exc_info=exc)
-        reason = self._reason(exc)
-        if old is not None:
-            self._states[name] = ModelState("READY", f"reload failed, serving the previous copy: {reason}")
-        else:
-            self._states[name] = ModelState("UNAVAILABLE", reason)
+        reason = self.states.failed(name, old is not None, exc)
         error = InvalidRequestError if isinstance(exc, ConfigError) else InternalError
         return error(f"failed to {step} '{name}': {reason}")
 
@@ -281,18 +252,18 @@ class ModelControl:
         """Take a model out of service now; its copy stops in the background once its requests finish."""
         entry = self.models.in_folder(name)
         if entry is None:
-            if self._states.get(name, ModelState("")).state != "UNLOADING":
-                self._states[name] = ModelState("UNAVAILABLE", "unloaded")
+            if self.states.get(name).state != "UNLOADING":
+                self.states.set(name, "UNAVAILABLE", "unloaded")
             return None
         self.models.withdraw(entry)
-        self._states[name] = ModelState("UNLOADING")
+        self.states.set(name, "UNLOADING")
         log.info("unloading model '%s' (%d request(s) in flight)", name, entry.in_flight)
         return self.retiring.retire(entry, None)
 
     def _retired(self, entry: LoadedModel, successor: LoadedModel | None) -> None:
         """An unloaded copy has stopped: its folder is UNAVAILABLE (unless it was loaded again meanwhile)."""
-        if successor is None and self._states.get(entry.folder, ModelState("")).state == "UNLOADING":
-            self._states[entry.folder] = ModelState("UNAVAILABLE", "unloaded")
+        if successor is None and self.states.get(entry.folder).state == "UNLOADING":
+            self.states.set(entry.folder, "UNAVAILABLE", "unloaded")
 
     # ------------------------------------------------------------------ polling (poll mode)
 
@@ -335,40 +306,6 @@ class ModelControl:
             await self._watcher.stop()
             self._watcher = None
         await self.retiring.close()
-
-    # ------------------------------------------------------------------ states
-
-    def state(self, folder: str) -> ModelState:
-        """The folder's state; a folder never loaded has the empty state."""
-        return self._states.get(folder, ModelState(""))
-
-    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Triton's repository index: every model folder with its state (a never-loaded model: its name only)."""
-        rows: list[dict[str, str]] = []
-        try:
-            names = sorted({p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")})
-        except OSError:
-            names = []
-        for name in names:
-            try:
-                model = find_model_dir(self.root, name)
-            except (ValueError, ConfigError):
-                continue
-            if model is None:
-                continue
-            state = self.state(name)
-            entry = self.models.in_folder(name)
-            if entry is not None:
-                reason = state.reason if state.state == "READY" else ""
-                rows.extend({"name": name, "version": str(version), "state": "READY", "reason": reason}
-                            for version in entry.versions)
-            elif ready_only:
-                continue
-            elif state.state:
-                rows.append({"name": name, "version": "", "state": state.state, "reason": state.reason})
-            else:
-                rows.append({"name": name})
-        return rows
 
 
 class Retirement:

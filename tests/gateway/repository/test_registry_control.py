@@ -19,18 +19,18 @@ def repo(tmp_path: Path) -> Path:
     return root
 
 
-async def tag_of(registry: ModelRegistry, name: str = "tagger") -> str:
+async def tag_of(registry: ModelControl, name: str = "tagger") -> str:
     _, outputs = await registry.models.get(name).tensor.infer([x_input()])
     return next(o for o in outputs if o.name == "TAG").array[0, 0].decode()
 
 
-async def start(registry: ModelRegistry) -> None:
+async def start(registry: ModelControl) -> None:
     registry.prepare()
     for model in registry.load_all():
         await model.start()
 
 
-async def close(registry: ModelRegistry) -> None:
+async def close(registry: ModelControl) -> None:
     await registry.close()
     for model in registry.models.all_models():
         await model.stop()
@@ -59,17 +59,17 @@ async def test_explicit_mode_loads_nothing_until_asked(repo: Path) -> None:
     await start(registry)
     try:
         assert registry.models.all_models() == []
-        assert registry.index() == [{"name": "other"}, {"name": "tagger"}]  # never loaded: the name only, as Triton
-        assert registry.index(ready_only=True) == []
+        assert registry.states.index() == [{"name": "other"}, {"name": "tagger"}]  # never loaded: the name only, as Triton
+        assert registry.states.index(ready_only=True) == []
         with pytest.raises(ModelNotFoundError):
             registry.models.get("tagger")
         await registry.load("tagger")
         assert await tag_of(registry) == "v1:a"
-        assert {"name": "tagger", "version": "1", "state": "READY", "reason": ""} in registry.index()
+        assert {"name": "tagger", "version": "1", "state": "READY", "reason": ""} in registry.states.index()
         await registry.unload("tagger")
         with pytest.raises(ModelNotFoundError):
             registry.models.get("tagger")
-        assert {"name": "tagger", "version": "", "state": "UNAVAILABLE", "reason": "unloaded"} in registry.index()
+        assert {"name": "tagger", "version": "", "state": "UNAVAILABLE", "reason": "unloaded"} in registry.states.index()
     finally:
         await close(registry)
 

@@ -73,7 +73,7 @@ async def test_failed_reload_keeps_the_old_copy_serving(registry: ModelControl) 
         await registry.load("tagger")
     assert registry.models.get("tagger") is old
     assert await infer_tag(old) == "v1:a"
-    [row] = [r for r in registry.index() if r["name"] == "tagger"]
+    [row] = [r for r in registry.states.index() if r["name"] == "tagger"]
     assert row["state"] == "READY" and row["version"] == "1"
     assert row["reason"].startswith("reload failed, serving the previous copy:") and "max_batch_size" in row["reason"]
     # weights/code that fail to load: same
@@ -86,7 +86,7 @@ async def test_failed_reload_keeps_the_old_copy_serving(registry: ModelControl) 
     write_tagger(registry.root, "tagger", tag="d", code_version="v2")
     await registry.load("tagger")
     assert await infer_tag(registry.models.get("tagger")) == "v2:d"
-    assert [r["reason"] for r in registry.index() if r["name"] == "tagger"] == [""]
+    assert [r["reason"] for r in registry.states.index() if r["name"] == "tagger"] == [""]
 
 
 async def test_unload_drains_in_flight_requests(registry: ModelControl) -> None:
@@ -97,13 +97,13 @@ async def test_unload_drains_in_flight_requests(registry: ModelControl) -> None:
     await asyncio.sleep(0.05)
     with pytest.raises(ModelNotFoundError):
         registry.models.get("tagger")  # out of service at once
-    assert [r["state"] for r in registry.index() if r["name"] == "tagger"] == ["UNLOADING"]
+    assert [r["state"] for r in registry.states.index() if r["name"] == "tagger"] == ["UNLOADING"]
     with pytest.raises(ServiceUnavailableError, match="unloading"):
         await infer_tag(old)  # a late caller holding the old copy: 503, not a hang
     assert not unloading.done()
     assert await asyncio.gather(*running) == ["v1:a"] * 3
     await asyncio.wait_for(unloading, 5)
-    assert [r["state"] for r in registry.index() if r["name"] == "tagger"] == ["UNAVAILABLE"]
+    assert [r["state"] for r in registry.states.index() if r["name"] == "tagger"] == ["UNAVAILABLE"]
 
 
 async def test_drain_timeout_stops_a_stuck_copy(tmp_path: Path) -> None:

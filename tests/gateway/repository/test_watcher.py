@@ -104,14 +104,14 @@ async def test_broken_config_keeps_the_old_copy_then_recovers(polled) -> None:
     await watcher.poll()
     await watcher.poll()
     assert registry.models.get("tagger") is old and await tag_of(registry) == "v1:a"
-    [row] = [r for r in registry.index() if r["name"] == "tagger"]
+    [row] = [r for r in registry.states.index() if r["name"] == "tagger"]
     assert row["state"] == "READY" and "reload failed" in row["reason"] and "bogus_field" in row["reason"]
     assert await watcher.poll() == ({}, [])  # not retried (nor logged) every poll while the files stay the same
     set_tag(registry.root / "tagger", "fixed")
     await watcher.poll()
     await watcher.poll()
     assert await tag_of(registry) == "v1:fixed"
-    assert [r["reason"] for r in registry.index() if r["name"] == "tagger"] == [""]
+    assert [r["reason"] for r in registry.states.index() if r["name"] == "tagger"] == [""]
 
 
 async def test_new_and_removed_folders(polled) -> None:
@@ -123,7 +123,7 @@ async def test_new_and_removed_folders(polled) -> None:
     changed, _ = await watcher.poll()
     assert sorted(changed) == ["broken", "fresh"]
     assert await tag_of(registry, "fresh") == "v1:new"
-    [row] = [r for r in registry.index() if r["name"] == "broken"]
+    [row] = [r for r in registry.states.index() if r["name"] == "broken"]
     assert row["state"] == "UNAVAILABLE" and "backend" in row["reason"]
     with pytest.raises(ModelNotFoundError):
         registry.models.get("broken")
