@@ -125,7 +125,8 @@ class DataPlane:
         """Load or reload a model; the only parameter is `config`, a JSON object (or its text) that overrides the
         model's config file for this load."""
         if any(k.startswith("file:") for k in parameters):
-            raise InvalidRequestError("model files cannot be sent over the network ('file:' parameters are not supported)")
+            raise InvalidRequestError("model files cannot be sent over the network ('file:' parameters are not "
+                                      "supported)")
         unknown = [k for k in parameters if k != "config"]
         if unknown:
             raise InvalidRequestError(f"unknown load parameter '{unknown[0][:64]}'; only 'config' is supported")

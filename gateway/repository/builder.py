@@ -21,7 +21,6 @@ from gateway.scheduler.llm.interface import LLMScheduler
 
 if TYPE_CHECKING:
     from gateway.repository.registry import ModelRegistry
-    from gateway.scheduler.llm.speculation import SpeculativeConfig
     from gateway.scheduler.tensor.rate_limiter import RateLimiter
 
 log = logging.getLogger("switchyard.repository")
@@ -35,7 +34,6 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
         return build_async_scheduler(model, config, cache_dir)
     from engines.pytorch.engine import PyTorchEngine
     from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
-    from gateway.scheduler.llm.step_scheduler import BatcherLimits
 
     source = resolve_source(model, config.model.source, "model.source")
     engine = PyTorchEngine(
@@ -51,29 +49,7 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
         gemm_threads=config.pytorch.gemm_threads,
         match_transformers=config.pytorch.match_transformers,
     )
-    limits = BatcherLimits(
-        max_num_seqs=config.scheduler.max_num_seqs,
-        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
-        enable_chunked_prefill=config.scheduler.enable_chunked_prefill,
-        max_queue_size=config.scheduler.max_queue_size,
-        aging_seconds=config.scheduler.aging_seconds,
-        enable_prefix_caching=config.kv_cache.enable_prefix_caching,
-        session_ttl_seconds=config.kv_cache.session_ttl_seconds,
-        session_max_tokens=config.kv_cache.session_max_tokens,
-        speculative=_speculative(config),
-    )
-    return ContinuousBatcher(engine, limits)
-
-
-def _speculative(config: ModelConfig) -> SpeculativeConfig | None:
-    """The scheduler's speculative-decoding settings, or None when the config leaves it off."""
-    from gateway.scheduler.llm.speculation import SpeculativeConfig
-
-    spec = config.pytorch.speculative
-    if spec is None:
-        return None
-    return SpeculativeConfig(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max,
-                             spec.disable_by_batch_size, spec.min_acceptance)
+    return ContinuousBatcher(engine, config.scheduler, config.kv_cache, config.pytorch.speculative)
 
 
 def build_model(model: ModelDir, config: AnyModelConfig, cache_dir: Path | None, models: ModelRegistry,

@@ -124,7 +124,8 @@ class ModelControl:
         for model in self._startup_models():
             self._fingerprints[model.name] = folder_fingerprint(model.path)
             config = parse_model_config(model.config_path, model.name)
-            if isinstance(config, ModelConfig) and config.backend == "pytorch" or isinstance(config, TensorModelConfig) and config.model.source:
+            local_weights = config.backend == "pytorch" if isinstance(config, ModelConfig) else bool(config.model.source)
+            if local_weights:
                 resolve_source(model, config.model.source, "model.source")
             parsed.append((model, config))
         self._parsed = parsed
