@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -124,8 +124,8 @@ class ModelControl:
         for model in self._startup_models():
             self._fingerprints[model.name] = folder_fingerprint(model.path)
             config = parse_model_config(model.config_path, model.name)
-            local_weights = config.backend == "pytorch" if isinstance(config, ModelConfig) else bool(config.model.source)
-            if local_weights:
+            local = config.backend == "pytorch" if isinstance(config, ModelConfig) else bool(config.model.source)
+            if local:  # weights in the folder or a package: checked before anything loads
                 resolve_source(model, config.model.source, "model.source")
             parsed.append((model, config))
         self._parsed = parsed
@@ -313,7 +313,8 @@ class Retirement:
     """Copies taken out of service (replaced by a reload, or unloaded): each finishes its requests in the background
     (at most `drain_timeout_s`), then stops; `on_stopped(old, successor)` is called once it has."""
 
-    def __init__(self, drain_timeout_s: float, on_stopped: Any = None) -> None:
+    def __init__(self, drain_timeout_s: float,
+                 on_stopped: Callable[[LoadedModel, LoadedModel | None], None] | None = None) -> None:
         self.drain_timeout_s = drain_timeout_s
         self.on_stopped = on_stopped
         self.tasks: set[asyncio.Task[None]] = set()
