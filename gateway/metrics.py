@@ -12,8 +12,7 @@ state (no default registry) and the hot path takes no lock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import psutil
 from prometheus_client import CollectorRegistry, generate_latest
@@ -29,9 +28,10 @@ from prometheus_client.utils import floatToGoString
 
 from engines.cpu_budget import cpu_budget
 from gateway.http_metrics import EndpointCounts
-from gateway.inference_stats import FAILURE_REASONS, ModelStats
+from gateway.inference_stats import FAILURE_REASONS
 from gateway.repository.registry import ModelRegistry
 from gateway.request_metrics import Histogram
+from gateway.scheduler.tensor.rate_limiter import RateLimiter
 
 
 class SchedulerCollector(Collector):
@@ -68,7 +68,7 @@ class SchedulerCollector(Collector):
         accepted = CounterMetricFamily(
             "switchyard_spec_decode_num_accepted_tokens", "Proposed tokens accepted by verification.", labels=["model"]
         )
-        for model in self._models.models():
+        for model in self._models.llms():
             s = model.scheduler.stats()
             running.add_metric([model.name], s.running)
             waiting.add_metric([model.name], s.waiting)
@@ -120,7 +120,7 @@ class LLMRequestCollector(Collector):
         success = CounterMetricFamily(
             "switchyard_request_success", "Finished requests by finish reason.", labels=[*labels, "finished_reason"]
         )
-        for model in self._models.models():
+        for model in self._models.llms():
             r = model.scheduler.stats().requests
             name = [model.name]
             _histogram(ttft, name, r.ttft)
@@ -133,16 +133,6 @@ class LLMRequestCollector(Collector):
             for reason, count in sorted(finished.items()):
                 success.add_metric([model.name, reason], count)
         yield from (ttft, tpot, e2e, queue, prompt, generation, success)
-
-
-def _versions(model: Any) -> Iterable[tuple[str, ModelStats, int]]:
-    """(version, statistics, pending requests) for each served version of a loaded model."""
-    if model.scheduler is not None:
-        s = model.scheduler.stats()
-        yield "1", s.requests.model_stats, s.waiting
-        return
-    for version, entry in sorted(model.tensor.versions.items()):
-        yield str(version), entry.stats, int(getattr(entry.batcher, "queued", 0))
 
 
 class TritonCollector(Collector):
@@ -183,14 +173,14 @@ class TritonCollector(Collector):
         )
         load = GaugeMetricFamily("nv_model_load_duration_secs", "Model load time in seconds", labels=labels)
         for model in self._models.all_models():
-            for version, stats, waiting in _versions(model):
-                key = [model.name, version]
+            for version, stats, waiting in model.version_stats():
+                key = [model.name, str(version)]
                 for family, read in counters:
                     family.add_metric(key, read(stats))
                 for reason in FAILURE_REASONS:
                     failure.add_metric([*key, reason], stats.fail_reasons.get(reason, 0))
                 pending.add_metric(key, waiting)
-                load.add_metric(key, getattr(model, "load_seconds", 0.0))
+                load.add_metric(key, model.load_seconds)
         yield from (family for family, _ in counters[:1])
         yield failure
         yield from (family for family, _ in counters[1:])
@@ -201,11 +191,12 @@ class RateLimiterCollector(Collector):
     """The rate limiter (`--rate-limit execution_count`): time requests waited for their instance's resources (per
     model version; also part of nv_inference_queue_duration_us), and each resource's amount and use."""
 
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry, limiter: RateLimiter | None) -> None:
         self._models = registry
+        self._limiter = limiter
 
     def collect(self) -> Iterator[Metric]:
-        limiter = getattr(self._models, "rate_limiter", None)
+        limiter = self._limiter
         if limiter is None:
             return
         labels = ["model", "version"]
@@ -215,9 +206,9 @@ class RateLimiterCollector(Collector):
         waits = CounterMetricFamily("switchyard_rate_limiter_wait_requests",
                                     "Requests that went through the rate limiter", labels=labels)
         for model in self._models.all_models():
-            for version, stats, _ in _versions(model):
-                wait_us.add_metric([model.name, version], stats.rate_limiter.ns // 1000)
-                waits.add_metric([model.name, version], stats.rate_limiter.count)
+            for version, stats, _ in model.version_stats():
+                wait_us.add_metric([model.name, str(version)], stats.rate_limiter.ns // 1000)
+                waits.add_metric([model.name, str(version)], stats.rate_limiter.count)
         amount = GaugeMetricFamily("switchyard_rate_limiter_resource_count",
                                    "Copies of a rate limiter resource (device 'global' for global resources)",
                                    labels=["resource", "device"])
@@ -273,11 +264,12 @@ class EndpointCollector(Collector):
         yield family
 
 
-def build_metrics_registry(models: ModelRegistry, endpoints: EndpointCounts | None = None) -> CollectorRegistry:
-    """A fresh registry for one app (never prometheus_client's global one)."""
+def build_metrics_registry(models: ModelRegistry, endpoints: EndpointCounts | None = None,
+                           rate_limiter: RateLimiter | None = None) -> CollectorRegistry:
+    """A fresh registry for one app (never prometheus_client's global one); `rate_limiter`: the server's, if any."""
     registry = CollectorRegistry()
     for collector in (SchedulerCollector(models), LLMRequestCollector(models), TritonCollector(models),
-                      RateLimiterCollector(models), CpuCollector()):
+                      RateLimiterCollector(models, rate_limiter), CpuCollector()):
         registry.register(collector)
     if endpoints is not None:
         registry.register(EndpointCollector(endpoints))

@@ -3,9 +3,11 @@
 Top to bottom: the app (`gateway/app.py`, `cli.py`) mounts the frontends; the frontends (`openai/`, `kserve/`,
 `console/`, and every other API folder listed in FRONTENDS) stand side by side and never import each other, but for
 the ADAPTERS, which translate their protocol into the OpenAI path (and `openai/` never imports them); below
-them the repository, the schedulers and the shared pieces (`gateway/http/` for HTTP, `gateway/tensors.py` for
-tensors, `gateway/inference_stats.py`) know no frontend; the engines know nothing of `gateway/`. Imports under
-`if TYPE_CHECKING:` count: a circle of types is still a circle for the reader.
+them the runtime (RUNTIME: the repository and model control, the tensor-model runtime, the schedulers, the KV
+cache) and the shared pieces (`gateway/http/` for HTTP, `gateway/tensors.py` for tensors,
+`gateway/inference_stats.py`) know no frontend, with no exception; the engines know nothing of `gateway/`. Imports
+under `if TYPE_CHECKING:` count: a circle of types is still a circle for the reader. A loaded model is typed by its
+kind (`LoadedLLM`, `LoadedTensorModel`), never by an untyped `tensor: Any` and a `tensor is None` switch.
 """
 
 from __future__ import annotations
@@ -26,12 +28,9 @@ FRONTENDS = ("openai", "kserve", "console", "responses", "anthropic", "rerank")
 ADAPTERS = {"responses": "openai", "anthropic": "openai", "rerank": "openai"}
 #: Modules allowed to import frontends: they assemble the server.
 ASSEMBLY = {"gateway", "gateway.__main__", "gateway.app", "gateway.cli"}
-#: Imports below the frontends that are known and allowed, each with why.
-ALLOWED = {
-    # Tensor models (TensorModel, its scheduler choice) still live in kserve/; the repository builds them lazily.
-    ("gateway.repository.builder", "gateway.kserve.model"),
-    ("gateway.repository.builder", "gateway.kserve.schedulers"),
-}
+#: The runtime every frontend calls: which model answers a name and its lifecycle, the tensor-model runtime, the
+#: schedulers and the KV cache. It serves every protocol, so it imports none.
+RUNTIME = ("gateway.repository", "gateway.tensor", "gateway.scheduler", "gateway.kv_cache")
 #: Shared pieces at the bottom of gateway/: they may import nothing of gateway/ but these.
 BOTTOM = {"gateway.http": {"gateway.errors"}, "gateway.tensors": set()}
 
@@ -113,10 +112,53 @@ def test_frontends_never_import_each_other() -> None:
 
 
 def test_nothing_below_the_frontends_imports_one() -> None:
-    wrong = [(m, t) for m, t in _edges()
-             if _frontend(t) and not _frontend(m) and m not in ASSEMBLY and (m, t) not in ALLOWED]
+    wrong = [(m, t) for m, t in _edges() if _frontend(t) and not _frontend(m) and m not in ASSEMBLY]
     assert not wrong, ("only the app assembles frontends; the scheduler, repository and shared modules must not "
                        f"import one (move what they need below the frontends): {wrong}")
+
+
+def test_the_runtime_imports_no_frontend() -> None:
+    """The runtime packages exist (so the rule below cannot pass vacuously) and reach no frontend at all."""
+    for package in RUNTIME:
+        assert any(_in(m, package) for m in MODULES), f"{package} is gone: update RUNTIME"
+    wrong = [(m, t) for m, t in _edges() if any(_in(m, p) for p in RUNTIME) and _frontend(t)]
+    assert not wrong, f"the runtime serves every frontend and imports none of them: {wrong}"
+
+
+def _untyped_tensors(tree: ast.AST) -> Iterator[int]:
+    """Lines that declare a `tensor` as `Any` (a field, a variable or a parameter) or switch on `tensor is None`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign):
+            target = node.target
+            name = target.id if isinstance(target, ast.Name) else getattr(target, "attr", "")
+            annotation = node.annotation
+        elif isinstance(node, ast.arg):
+            name, annotation = node.arg, node.annotation
+        elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.Is, ast.IsNot)):
+            left = node.left
+            named = left.id if isinstance(left, ast.Name) else getattr(left, "attr", "")
+            if named == "tensor" and isinstance(node.comparators[0], ast.Constant) and node.comparators[0].value is None:
+                yield node.lineno
+            continue
+        else:
+            continue
+        if name == "tensor" and annotation is not None and ast.unparse(annotation) in ("Any", "typing.Any"):
+            yield node.lineno
+
+
+def test_loaded_models_are_typed_by_kind() -> None:
+    wrong = [f"{path.relative_to(ROOT)}:{line}" for module, path in sorted(MODULES.items()) if _in(module, "gateway")
+             for line in _untyped_tensors(ast.parse(path.read_text(), str(path)))]
+    assert not wrong, ("a `tensor: Any` or a `tensor is None` switch: type the model by its kind (LoadedLLM, "
+                       f"LoadedTensorModel, TensorModel) and use isinstance: {wrong}")
+
+
+def test_untyped_tensors_are_found() -> None:
+    """The finder itself, on the shapes it must catch and one it must leave alone."""
+    source = ("class A:\n    tensor: Any = None\n"
+              "def f(tensor: Any) -> None:\n    if model.tensor is None: pass\n"
+              "def g(tensor: TensorModel) -> None: ...\n")
+    assert sorted(_untyped_tensors(ast.parse(source))) == [2, 3, 4]
 
 
 @pytest.mark.parametrize("bottom", sorted(BOTTOM))

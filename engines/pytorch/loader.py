@@ -11,7 +11,6 @@ loading needs about the memory the engine then holds.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +26,9 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("SWITCHYARD_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "switchyard"
+    """Where the engine caches when its caller names no folder (the engine used on its own: tests, benchmarks). The
+    server always names one: `ServerConfig.cache_dir`, which reads `--cache-dir` and `SWITCHYARD_CACHE_DIR`."""
+    return Path.home() / ".cache" / "switchyard"
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:

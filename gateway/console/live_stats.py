@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gateway.repository.loaded_model import LoadedTensorModel
 from gateway.repository.registry import ModelRegistry
 from gateway.request_metrics import Histogram
 
@@ -22,7 +23,7 @@ def _buckets(histogram: Histogram) -> dict[str, Any]:
 
 def snapshot(registry: ModelRegistry) -> dict[str, Any]:
     llms = []
-    for model in registry.models():
+    for model in registry.llms():
         s = model.scheduler.stats()
         r = s.requests
         llms.append({
@@ -44,13 +45,13 @@ def snapshot(registry: ModelRegistry) -> dict[str, Any]:
         })
     tensors = []
     for model in registry.all_models():
-        if model.tensor is None:
+        if not isinstance(model, LoadedTensorModel):
             continue
-        versions = model.tensor.versions.values()
+        stats = [s for _, s, _ in model.version_stats()]
         tensors.append({
             "name": model.name,
-            "success": sum(v.stats.success.count for v in versions),
-            "failure": sum(sum(v.stats.fail_reasons.values()) for v in versions),
-            "inferences": sum(v.stats.inference_count for v in versions),
+            "success": sum(s.success.count for s in stats),
+            "failure": sum(sum(s.fail_reasons.values()) for s in stats),
+            "inferences": sum(s.inference_count for s in stats),
         })
     return {"time": time.monotonic(), "llms": llms, "tensors": tensors}

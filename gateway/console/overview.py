@@ -14,10 +14,11 @@ from engines.cpu_budget import cpu_budget as detect_cpu_budget
 from gateway import __version__
 from gateway.errors import ConfigError
 from gateway.repository.layout import find_model_dir
-from gateway.repository.loaded_model import LoadedModel
+from gateway.repository.loaded_model import LoadedLLM, LoadedModel, LoadedTensorModel
 from gateway.repository.model_config import ModelConfig, parse_model_config
-from gateway.repository.registry import ModelRegistry
+from gateway.repository.model_control import ModelControl
 from gateway.repository.tensor_config import TensorModelConfig
+from gateway.tensor.embedding import can_embed
 
 
 def cpu_budget() -> dict[str, Any]:
@@ -55,27 +56,25 @@ def _loaded_facts(model: LoadedModel) -> dict[str, Any]:
         "in_flight": model.in_flight,
         "load_seconds": round(model.load_seconds, 2),
     }
-    if model.scheduler is not None:
+    if isinstance(model, LoadedLLM):
         info = model.scheduler.info
         facts.update(dtype=info.dtype, model_type=info.model_type)
-    else:
+    elif isinstance(model, LoadedTensorModel):
         entry = model.tensor.version()
-        outputs = {s.name: s.datatype for s in entry.outputs}
-        inputs = {s.name: s.datatype for s in entry.inputs}
         facts["dtype"] = entry.outputs[0].datatype if entry.outputs else None  # the main output's
-        facts["embeddings"] = inputs.get("TEXT") == "BYTES" and outputs.get("EMBEDDING") == "FP32"
+        facts["embeddings"] = can_embed(model.tensor)
     return facts
 
 
-def _folder_facts(registry: ModelRegistry, name: str) -> dict[str, Any]:
+def _folder_facts(control: ModelControl, name: str) -> dict[str, Any]:
     """What the config file of a model that is not loaded says (no weights are touched)."""
     try:
-        folder = find_model_dir(registry.root, name)
+        folder = find_model_dir(control.root, name)
         if folder is None:
             return {}
         config = parse_model_config(folder.config_path, name)
     except (ConfigError, ValueError, OSError) as exc:
-        return {"config_error": registry._public(str(exc))[:300]}
+        return {"config_error": control.states.public(str(exc))[:300]}
     kind = "tensor" if isinstance(config, TensorModelConfig) else "llm"
     facts: dict[str, Any] = {"backend": _backend(config), "kind": kind}
     if isinstance(config, ModelConfig):
@@ -97,18 +96,18 @@ def _state(row: dict[str, str]) -> tuple[str, str]:
     return "unloaded", ""
 
 
-def models(registry: ModelRegistry) -> list[dict[str, Any]]:
-    """One entry per model folder (its versions merged), in folder order."""
-    loaded = {m.folder: m for m in registry.all_models()}
+def models(control: ModelControl) -> list[dict[str, Any]]:
+    """One entry per model folder (its versions merged), in folder order; a failed load's reason with it."""
+    loaded = {m.folder: m for m in control.models.all_models()}
     rows: dict[str, dict[str, Any]] = {}
-    for row in registry.index():
+    for row in control.states.index():
         name = row["name"]
         if name in rows:
             continue
         state, reason = _state(row)
         entry: dict[str, Any] = {"name": name, "state": state, "reason": reason}
         model = loaded.get(name)
-        entry.update(_loaded_facts(model) if model is not None else _folder_facts(registry, name))
+        entry.update(_loaded_facts(model) if model is not None else _folder_facts(control, name))
         rows[name] = entry
     for folder, model in loaded.items():  # a loaded model whose folder has gone (poll mode removes it next scan)
         rows.setdefault(folder, {"name": folder, "state": "ready", "reason": "", **_loaded_facts(model)})

@@ -62,7 +62,7 @@ async def overview_json(request: Request) -> dict[str, Any]:
     return {
         "server": overview.server(app.state.config, keys.admin_enabled, not keys.inference_open,
                                   bool(app.state.ready), routes),
-        "models": overview.models(app.state.registry),
+        "models": overview.models(app.state.model_control),
     }
 
 

@@ -20,73 +20,30 @@ from __future__ import annotations
 import json
 import math
 import re
-import struct
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from gateway.http.body_depth import has_lone_surrogate
-from gateway.tensors import DATATYPES, FIXED_DATATYPES, InputTensor, OutputTensor
+from gateway.tensors import (
+    DATATYPES,
+    InputTensor,
+    OutputTensor,
+    TensorCodecError,
+    as_bytes,
+    count_error,
+    datatype_of,
+    decode_binary_tensor,
+    encode_binary_tensor,
+    numpy_dtype,
+    parse_shape,
+    reshape_checked,
+    short_repr,
+)
 
 HEADER_LENGTH_HEADER = "Inference-Header-Content-Length"
-
-
-class TensorCodecError(ValueError):
-    """A tensor or infer request that cannot be decoded; the message is client-safe."""
-
-
-_WIRE_SIZE: dict[str, int] = {**{k: v.itemsize for k, v in FIXED_DATATYPES.items()}, "BF16": 2}
-_BY_DTYPE: dict[np.dtype, str] = {v: k for k, v in FIXED_DATATYPES.items()}
-_U32 = struct.Struct("<I")
 _MAX_NESTING = 64
-_MAX_DIM = 2**63 - 1
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    """repr() clipped, so an error never echoes a megabyte back to the client."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def numpy_dtype(datatype: Any) -> np.dtype:
-    """The numpy dtype used for a wire datatype (BYTES -> object, BF16 -> float32)."""
-    if not isinstance(datatype, str) or datatype not in DATATYPES:
-        raise TensorCodecError(f"unknown datatype {_short(datatype)}")
-    return DATATYPES[datatype]
-
-
-def datatype_of(array: np.ndarray) -> str:
-    """The wire datatype for a numpy array (str/bytes/object arrays are BYTES)."""
-    dtype = np.asarray(array).dtype
-    if dtype.kind in "OSU":
-        return "BYTES"
-    name = _BY_DTYPE.get(dtype.newbyteorder("="))
-    if name is None:
-        raise TensorCodecError(f"numpy dtype {dtype} has no KServe v2 datatype")
-    return name
-
-
-def parse_shape(shape: Any, label: str = "tensor") -> tuple[int, ...]:
-    """Validate a wire shape: a list of non-negative integers."""
-    if not isinstance(shape, (list, tuple)):
-        raise TensorCodecError(f"{label}: shape must be a list of integers")
-    for dim in shape:
-        if type(dim) is not int or dim < 0 or dim > _MAX_DIM:
-            raise TensorCodecError(f"{label}: shape dimensions must be non-negative integers, got {_short(dim)}")
-    return tuple(shape)
-
-
-def _reshape(flat: np.ndarray, shape: tuple[int, ...], label: str) -> np.ndarray:
-    try:
-        return flat.reshape(shape)
-    except ValueError:
-        raise TensorCodecError(f"{label}: shape {_short(list(shape))} is too large") from None
-
-
-def _count_error(label: str, shape: tuple[int, ...], datatype: str, got: str) -> TensorCodecError:
-    want = math.prod(shape)
-    return TensorCodecError(f"{label}: shape {_short(list(shape))} needs {want} {datatype} element(s), got {got}")
 
 
 # ---------------------------------------------------------------- JSON tensors
@@ -150,36 +107,36 @@ def _values_to_array(flat: list[Any], datatype: str, label: str) -> np.ndarray:
     return wide.astype(dtype)
 
 
-def _tensor_header(tensor: Any, where: str) -> tuple[str, str, tuple[int, ...], dict[str, Any]]:
+def _tensor_header(doc: Any, where: str) -> tuple[str, str, tuple[int, ...], dict[str, Any]]:
     """Common checks on an input's name, datatype, shape and parameters."""
-    if not isinstance(tensor, Mapping):
+    if not isinstance(doc, Mapping):
         raise TensorCodecError(f"{where} must be a JSON object")
-    name = tensor.get("name")
+    name = doc.get("name")
     if not isinstance(name, str) or not name:
         raise TensorCodecError(f"{where} needs a non-empty string 'name'")
-    datatype = tensor.get("datatype")
+    datatype = doc.get("datatype")
     numpy_dtype(datatype)
-    if "shape" not in tensor:
-        raise TensorCodecError(f"input {_short(name)} has no 'shape'")
-    shape = parse_shape(tensor["shape"], f"input {_short(name)}")
-    params = tensor.get("parameters")
+    if "shape" not in doc:
+        raise TensorCodecError(f"input {short_repr(name)} has no 'shape'")
+    shape = parse_shape(doc["shape"], f"input {short_repr(name)}")
+    params = doc.get("parameters")
     if params is None:
         params = {}
     elif not isinstance(params, Mapping):
-        raise TensorCodecError(f"input {_short(name)}: parameters must be a JSON object")
+        raise TensorCodecError(f"input {short_repr(name)}: parameters must be a JSON object")
     return name, datatype, shape, dict(params)
 
 
-def decode_json_tensor(tensor: Any) -> InputTensor:
-    """Decode ``{"name","datatype","shape","data","parameters"?}`` into an :class:`InputTensor`."""
-    name, datatype, shape, params = _tensor_header(tensor, "input")
-    if "data" not in tensor:
-        raise TensorCodecError(f"input {_short(name)} has no 'data'")
-    label = f"input {_short(name)}"
-    flat = _flatten(tensor["data"], label)
+def decode_json_tensor(doc: Any) -> InputTensor:
+    """Decode a JSON tensor ``{"name","datatype","shape","data","parameters"?}`` into an :class:`InputTensor`."""
+    name, datatype, shape, params = _tensor_header(doc, "input")
+    if "data" not in doc:
+        raise TensorCodecError(f"input {short_repr(name)} has no 'data'")
+    label = f"input {short_repr(name)}"
+    flat = _flatten(doc["data"], label)
     if len(flat) != math.prod(shape):
-        raise _count_error(label, shape, datatype, str(len(flat)))
-    array = _reshape(_values_to_array(flat, datatype, label), shape, label)
+        raise count_error(label, shape, datatype, str(len(flat)))
+    array = reshape_checked(_values_to_array(flat, datatype, label), shape, label)
     return InputTensor(name, datatype, array, params)
 
 
@@ -192,9 +149,9 @@ def encode_json_tensor(
     dtype = numpy_dtype(datatype)
     if datatype == "BYTES":
         try:
-            data: list[Any] = [_as_bytes(v).decode("utf-8") for v in array.ravel()]
+            data: list[Any] = [as_bytes(v).decode("utf-8") for v in array.ravel()]
         except UnicodeDecodeError:
-            raise TensorCodecError(f"output {_short(name)} is not UTF-8; request it with binary_data") from None
+            raise TensorCodecError(f"output {short_repr(name)} is not UTF-8; request it with binary_data") from None
     else:
         data = array.astype(dtype, copy=False).ravel().tolist()
     entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
@@ -202,87 +159,6 @@ def encode_json_tensor(
         entry["parameters"] = dict(parameters)
     entry["data"] = data
     return entry
-
-
-# ---------------------------------------------------------------- binary tensors
-
-
-def _split_bytes(view: memoryview, count: int, label: str) -> np.ndarray:
-    """BYTES elements from 4-byte little-endian length prefixes, each checked against what is left."""
-    total = len(view)
-    if count * 4 > total:
-        raise TensorCodecError(f"{label}: {total} bytes cannot hold {count} BYTES element(s)")
-    out = np.empty(count, dtype=object)
-    offset = 0
-    for i in range(count):
-        if total - offset < 4:
-            raise TensorCodecError(f"{label}: BYTES data ends before element {i}")
-        (length,) = _U32.unpack_from(view, offset)
-        offset += 4
-        if length > total - offset:
-            raise TensorCodecError(f"{label}: BYTES element {i} claims {length} bytes but only {total - offset} remain")
-        out[i] = bytes(view[offset : offset + length])
-        offset += length
-    if offset != total:
-        raise TensorCodecError(f"{label}: {total - offset} unexpected byte(s) after the BYTES elements")
-    return out
-
-
-def decode_binary_tensor(
-    datatype: Any, shape: Any, blob: bytes | bytearray | memoryview, label: str = "tensor"
-) -> np.ndarray:
-    """Decode one raw tensor (binary extension blob or gRPC raw content) into an array."""
-    numpy_dtype(datatype)
-    shape = parse_shape(shape, label)
-    view = memoryview(blob).cast("B")
-    count = math.prod(shape)
-    if datatype == "BYTES":
-        return _reshape(_split_bytes(view, count, label), shape, label)
-    size = count * _WIRE_SIZE[datatype]
-    if len(view) != size:
-        raise _count_error(label, shape, datatype, f"{len(view)} bytes instead of {size}")
-    if datatype == "BOOL":
-        flat = np.frombuffer(view, dtype=np.uint8) != 0
-    elif datatype == "BF16":
-        flat = (np.frombuffer(view, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
-    else:
-        dtype = FIXED_DATATYPES[datatype]
-        flat = np.frombuffer(view, dtype=dtype.newbyteorder("<")).astype(dtype)
-    return _reshape(flat, shape, label)
-
-
-def _as_bytes(item: Any) -> bytes:
-    if isinstance(item, (bytes, bytearray, memoryview)):
-        return bytes(item)
-    return str(item).encode("utf-8")
-
-
-def _to_bf16_bits(array: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns, rounding to nearest-even and keeping NaN a NaN."""
-    f32 = np.ascontiguousarray(array, dtype=np.float32)
-    bits = f32.view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    rounded[np.isnan(f32)] = 0x7FC0
-    return rounded.astype("<u2")
-
-
-def encode_binary_tensor(array: np.ndarray, datatype: str | None = None) -> bytes:
-    """Raw little-endian, row-major bytes for a tensor (BYTES: length-prefixed elements)."""
-    array = np.asarray(array)
-    datatype = datatype or datatype_of(array)
-    numpy_dtype(datatype)
-    if datatype == "BYTES":
-        parts: list[bytes] = []
-        for item in array.ravel():
-            data = _as_bytes(item)
-            if len(data) > 0xFFFFFFFF:
-                raise TensorCodecError("BYTES element longer than 4 GiB")
-            parts.append(_U32.pack(len(data)))
-            parts.append(data)
-        return b"".join(parts)
-    if datatype == "BF16":
-        return _to_bf16_bits(array).tobytes()
-    return np.ascontiguousarray(array, dtype=FIXED_DATATYPES[datatype].newbyteorder("<")).tobytes()
 
 
 # ---------------------------------------------------------------- HTTP infer requests / responses
@@ -345,12 +221,12 @@ def _parse_outputs(raw: Any, default_binary: bool) -> list[RequestedOutput]:
             raise TensorCodecError(f"outputs[{i}] must be an object with a non-empty string 'name'")
         name = entry["name"]
         if name in seen:
-            raise TensorCodecError(f"output {_short(name)} is requested twice")
+            raise TensorCodecError(f"output {short_repr(name)} is requested twice")
         seen.add(name)
         params = entry.get("parameters", {})
         if not isinstance(params, Mapping):
-            raise TensorCodecError(f"output {_short(name)}: parameters must be a JSON object")
-        binary = _bool_param(params, "binary_data", default_binary, f"output {_short(name)}")
+            raise TensorCodecError(f"output {short_repr(name)}: parameters must be a JSON object")
+        binary = _bool_param(params, "binary_data", default_binary, f"output {short_repr(name)}")
         outputs.append(RequestedOutput(name, binary, dict(params)))
     return outputs
 
@@ -386,7 +262,7 @@ def parse_infer_request(body: bytes, header_length: Any = None) -> InferRequest:
     seen: set[str] = set()
     for i, raw in enumerate(raw_inputs):
         name, datatype, shape, tparams = _tensor_header(raw, f"inputs[{i}]")
-        label = f"input {_short(name)}"
+        label = f"input {short_repr(name)}"
         if name in seen:
             raise TensorCodecError(f"{label} is given twice")
         seen.add(name)
@@ -471,9 +347,9 @@ def decode_raw_input_contents(inputs: Sequence[Any], raw_contents: Sequence[byte
     for i, (spec, blob) in enumerate(zip(inputs, raw_contents)):
         name, datatype, shape, params = _tensor_header(spec, f"inputs[{i}]")
         if name in seen:
-                raise TensorCodecError(f"input {_short(name)} is given twice")
+                raise TensorCodecError(f"input {short_repr(name)} is given twice")
         seen.add(name)
-        array = decode_binary_tensor(datatype, shape, blob, f"input {_short(name)}")
+        array = decode_binary_tensor(datatype, shape, blob, f"input {short_repr(name)}")
         decoded.append(InputTensor(name, datatype, array, params))
     return decoded
 

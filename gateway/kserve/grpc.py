@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -20,10 +19,8 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from gateway import __version__
 from gateway.access import AccessControl
-from gateway.errors import ConfigError, InvalidRequestError, NotFoundError, SwitchyardError
-from gateway.kserve import llm_bridge
+from gateway.errors import ConfigError, SwitchyardError
 from gateway.kserve.codec import (
     InputTensor,
     OutputTensor,
@@ -32,11 +29,10 @@ from gateway.kserve.codec import (
     decode_raw_input_contents,
     encode_raw_output_contents,
 )
+from gateway.kserve.data_plane import DataPlane
 from gateway.kserve.grpc_access import AccessInterceptor
-from gateway.kserve.http import EXTENSIONS
 from gateway.kserve.proto import kserve_inference_pb2 as pb
 from gateway.kserve.proto import kserve_inference_pb2_grpc as pb_grpc
-from gateway.repository.registry import LoadedModel, ModelRegistry
 
 log = logging.getLogger("switchyard.grpc")
 
@@ -138,8 +134,8 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         self.app = app
 
     @property
-    def registry(self) -> ModelRegistry:
-        return self.app.state.registry
+    def plane(self) -> DataPlane:
+        return self.app.state.kserve
 
     # ------------------------------------------------------------------ health and metadata
 
@@ -153,96 +149,51 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:  # noqa: N802
-        try:
-            model = self.registry.get(request.name)
-            _check_version(model, request.version)
-        except NotFoundError:
-            return pb.ModelReadyResponse(ready=False)
-        return pb.ModelReadyResponse(ready=True)
+        return pb.ModelReadyResponse(ready=self.plane.model_ready(request.name, request.version))
 
     @_rpc
     async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:  # noqa: N802
-        return pb.ServerMetadataResponse(name="switchyard", version=__version__, extensions=EXTENSIONS)
+        return json_format.ParseDict(DataPlane.server_metadata(), pb.ServerMetadataResponse())
 
     @_rpc
     async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:  # noqa: N802
-        model = self.registry.get(request.name)
-        if model.tensor is not None:
-            doc = model.tensor.metadata(request.version or None)
-        else:
-            _check_version(model, request.version)
-            doc = llm_bridge.llm_metadata(model)
-        return json_format.ParseDict(doc, pb.ModelMetadataResponse())
+        return json_format.ParseDict(self.plane.model_metadata(request.name, request.version),
+                                     pb.ModelMetadataResponse())
 
     @_rpc
     async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:  # noqa: N802
-        model = self.registry.get(request.name)
-        if model.tensor is not None:
-            doc = model.tensor.config_json(request.version or None)
-        else:
-            _check_version(model, request.version)
-            doc = llm_bridge.llm_config(model)
+        doc = self.plane.model_config(request.name, request.version)
         return pb.ModelConfigResponse(config=json_format.ParseDict(doc, pb.ModelConfig(), ignore_unknown_fields=True))
 
     @_rpc
     async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:  # noqa: N802
-        from gateway.kserve.http import _stats
-
-        if request.name:
-            entries = _stats(self.registry.get(request.name), request.version or None)
-        else:
-            entries = [s for m in self.registry.all_models() for s in _stats(m, None)]
+        entries = self.plane.statistics(request.name, request.version)
         return json_format.ParseDict({"model_stats": entries}, pb.ModelStatisticsResponse())
 
     # ------------------------------------------------------------------ repository
 
     @_rpc
     async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:  # noqa: N802
-        rows = self.registry.index(ready_only=request.ready)
+        rows = self.plane.repository_index(ready_only=request.ready)
         return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows])
 
     @_rpc
     async def RepositoryModelLoad(self, request: Any, context: Any) -> pb.RepositoryModelLoadResponse:  # noqa: N802
-        params = {}
-        for key, value in request.parameters.items():
-            params[key] = getattr(value, value.WhichOneof("parameter_choice") or "string_param")
-        if any(k.startswith("file:") for k in params):
-            raise InvalidRequestError("model files cannot be sent over the network ('file:' parameters are not supported)")
-        unknown = [k for k in params if k != "config"]
-        if unknown:
-            raise InvalidRequestError(f"unknown load parameter '{unknown[0][:64]}'; only 'config' is supported")
-        override = None
-        if "config" in params:
-            try:
-                override = json.loads(params["config"])
-            except (TypeError, ValueError):
-                raise InvalidRequestError("parameter 'config' must be a JSON object") from None
-            if not isinstance(override, dict):
-                raise InvalidRequestError("parameter 'config' must be a JSON object")
-        await self.registry.load(request.model_name, override)
+        await self.plane.load(request.model_name, read_params(request.parameters))
         return pb.RepositoryModelLoadResponse()
 
     @_rpc
     async def RepositoryModelUnload(self, request: Any, context: Any) -> pb.RepositoryModelUnloadResponse:  # noqa: N802
-        await self.registry.unload(request.model_name)
+        await self.plane.unload(request.model_name, read_params(request.parameters))
         return pb.RepositoryModelUnloadResponse()
 
     # ------------------------------------------------------------------ inference
 
     @_rpc
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:  # noqa: N802
-        model = self.registry.get(request.model_name)
-        inputs = decode_inputs(request)
-        params = read_params(request.parameters)
-        wanted = [o.name for o in request.outputs]
-        if model.tensor is not None:
-            entry, outputs = await model.tensor.infer(inputs, wanted, request.model_version or None, params)
-            return build_response(model.name, str(entry.version), request.id, outputs)
-        _check_version(model, request.model_version)
-        prompt, values, _stream = llm_bridge.infer_values(inputs, params)
-        text = "".join([d async for d in llm_bridge.generate_text(model, prompt, values)])
-        outputs = [OutputTensor(llm_bridge.TEXT_OUTPUT, llm_bridge.text_tensor(text), "BYTES")]
-        return build_response(model.name, "1", request.id, outputs)
+        version, outputs = await self.plane.infer(request.model_name, request.model_version, decode_inputs(request),
+                                                  [o.name for o in request.outputs], read_params(request.parameters))
+        return build_response(request.model_name, version, request.id, outputs)
 
     async def ModelStreamInfer(  # noqa: N802
         self, request_iterator: AsyncIterator[Any], context: Any
@@ -288,51 +239,28 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _stream_one(self, request: Any) -> AsyncIterator[pb.ModelInferResponse]:
         """One stream request's responses, each flagged final or not."""
-        model = self.registry.get(request.model_name)
-        inputs = decode_inputs(request)
+        name = request.model_name
         params = read_params(request.parameters)
         empty_final = params.pop(EMPTY_FINAL, False) is True
-        wanted = [o.name for o in request.outputs]
-
-        async def responses() -> AsyncIterator[tuple[str, list[OutputTensor]]]:
-            if model.tensor is not None:
-                async for entry, outputs in model.tensor.infer_stream(inputs, wanted, request.model_version or None, params):
-                    yield str(entry.version), outputs
-                return
-            _check_version(model, request.model_version)
-            prompt, values, stream = llm_bridge.infer_values(inputs, params)
-            deltas = llm_bridge.generate_text(model, prompt, values)
-            if stream:
-                async for delta in deltas:
-                    yield "1", [OutputTensor(llm_bridge.TEXT_OUTPUT, llm_bridge.text_tensor(delta), "BYTES")]
-            else:
-                text = "".join([d async for d in deltas])
-                yield "1", [OutputTensor(llm_bridge.TEXT_OUTPUT, llm_bridge.text_tensor(text), "BYTES")]
-
+        responses = self.plane.infer_stream(name, request.model_version, decode_inputs(request),
+                                            [o.name for o in request.outputs], params)
         held: tuple[str, list[OutputTensor]] | None = None
         try:
-            async for version, outputs in responses():
+            async for version, outputs in responses:
                 if empty_final:
-                    yield build_response(model.name, version, request.id, outputs, {FINAL: False})
+                    yield build_response(name, version, request.id, outputs, {FINAL: False})
                     continue
                 if held is not None:
-                    yield build_response(model.name, held[0], request.id, held[1], {FINAL: False})
+                    yield build_response(name, held[0], request.id, held[1], {FINAL: False})
                 held = (version, outputs)
         except Exception:
             if held is not None:  # what was produced before the failure still goes out
-                yield build_response(model.name, held[0], request.id, held[1], {FINAL: False})
+                yield build_response(name, held[0], request.id, held[1], {FINAL: False})
             raise
         if empty_final:
-            yield build_response(model.name, "", request.id, [], {FINAL: True})
+            yield build_response(name, "", request.id, [], {FINAL: True})
         elif held is not None:
-            yield build_response(model.name, held[0], request.id, held[1], {FINAL: True})
-
-
-def _check_version(model: LoadedModel, version: str) -> None:
-    if model.tensor is not None:
-        model.tensor.version(version or None)
-    elif version not in ("", "1"):
-        raise NotFoundError(f"model '{model.name}' has no version '{version[:40]}'")
+            yield build_response(name, held[0], request.id, held[1], {FINAL: True})
 
 
 async def start_grpc_server(

@@ -17,8 +17,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway import __version__
-from gateway.errors import InvalidRequestError, NotFoundError, SwitchyardError
+from gateway.errors import InvalidRequestError, SwitchyardError
 from gateway.http.body_depth import has_lone_surrogate
 from gateway.http.disconnect import cancel_on_disconnect
 from gateway.http.sse import EventStream
@@ -26,36 +25,20 @@ from gateway.kserve import llm_bridge
 from gateway.kserve.codec import (
     HEADER_LENGTH_HEADER,
     InputTensor,
-    OutputTensor,
     TensorCodecError,
     build_infer_response,
     decode_json_tensor,
     parse_infer_request,
 )
-from gateway.repository.registry import LoadedModel, ModelRegistry
+from gateway.kserve.data_plane import DataPlane
+from gateway.repository.loaded_model import LoadedLLM, LoadedTensorModel
 
 log = logging.getLogger("switchyard.kserve")
 router = APIRouter()
 
-EXTENSIONS = [
-    "binary_tensor_data", "model_configuration", "model_repository", "schedule_policy", "statistics", "generate",
-    "sequence",
-]
 
-
-def _registry(request: Request) -> ModelRegistry:
-    return request.app.state.registry
-
-
-def _model(request: Request, name: str) -> LoadedModel:
-    return _registry(request).get(name)
-
-
-def _check_version(model: LoadedModel, version: str | None) -> None:
-    if model.tensor is not None:
-        model.tensor.version(version)
-    elif version not in (None, "", "1"):
-        raise NotFoundError(f"model '{model.name}' has no version '{str(version)[:40]}'")
+def _plane(request: Request) -> DataPlane:
+    return request.app.state.kserve
 
 
 async def _json_body(request: Request, default: Any = None) -> Any:
@@ -95,40 +78,31 @@ async def _body(request: Request) -> bytes:
 
 @router.get("/v2")
 async def server_metadata() -> dict[str, Any]:
-    return {"name": "switchyard", "version": __version__, "extensions": EXTENSIONS}
+    return DataPlane.server_metadata()
 
 
 @router.get("/v2/models/stats")  # before /v2/models/{name}, which would take "stats" for a model name
 async def all_stats(request: Request) -> dict[str, Any]:
-    return {"model_stats": [s for m in _registry(request).all_models() for s in _stats(m, None)]}
+    return {"model_stats": _plane(request).statistics()}
 
 
 @router.get("/v2/models/{name}")
 @router.get("/v2/models/{name}/versions/{version}")
 async def model_metadata(name: str, request: Request, version: str | None = None) -> dict[str, Any]:
-    model = _model(request, name)
-    if model.tensor is not None:
-        return model.tensor.metadata(version)
-    _check_version(model, version)
-    return llm_bridge.llm_metadata(model)
+    return _plane(request).model_metadata(name, version)
 
 
 @router.get("/v2/models/{name}/ready")
 @router.get("/v2/models/{name}/versions/{version}/ready")
 async def model_ready(name: str, request: Request, version: str | None = None) -> Response:
-    model = _model(request, name)
-    _check_version(model, version)
+    _plane(request).model(name, version)  # 404 when not ready
     return Response(status_code=200)
 
 
 @router.get("/v2/models/{name}/config")
 @router.get("/v2/models/{name}/versions/{version}/config")
 async def model_config(name: str, request: Request, version: str | None = None) -> dict[str, Any]:
-    model = _model(request, name)
-    if model.tensor is not None:
-        return model.tensor.config_json(version)
-    _check_version(model, version)
-    return llm_bridge.llm_config(model)
+    return _plane(request).model_config(name, version)
 
 
 # ---------------------------------------------------------------- inference
@@ -137,7 +111,8 @@ async def model_config(name: str, request: Request, version: str | None = None) 
 @router.post("/v2/models/{name}/infer")
 @router.post("/v2/models/{name}/versions/{version}/infer")
 async def infer(name: str, request: Request, version: str | None = None) -> Response:
-    model = _model(request, name)
+    plane = _plane(request)
+    plane.model(name, version)  # an unknown model is a 404 before the body is read
     body = await _body(request)
     try:
         parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH_HEADER))
@@ -147,23 +122,8 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
         if "classification" in out.parameters:
             raise InvalidRequestError("the classification extension is not supported")
     wanted = [o.name for o in parsed.outputs]
-    if model.tensor is not None:
-        entry, outputs = await cancel_on_disconnect(
-            request, model.tensor.infer(parsed.inputs, wanted, version, parsed.parameters)
-        )
-        served = str(entry.version)
-    else:
-        _check_version(model, version)
-        prompt, values, _stream = llm_bridge.infer_values(parsed.inputs, parsed.parameters)
-        if wanted and wanted != [llm_bridge.TEXT_OUTPUT]:
-            raise InvalidRequestError(f"model '{name}' has only the output '{llm_bridge.TEXT_OUTPUT}'")
-
-        async def run() -> str:
-            return "".join([d async for d in llm_bridge.generate_text(model, prompt, values)])
-
-        text = await cancel_on_disconnect(request, run())
-        outputs = [OutputTensor(llm_bridge.TEXT_OUTPUT, llm_bridge.text_tensor(text), "BYTES")]
-        served = "1"
+    served, outputs = await cancel_on_disconnect(
+        request, plane.infer(name, version, parsed.inputs, wanted, parsed.parameters))
     try:
         payload, header_length = build_infer_response(name, outputs, request=parsed, model_version=served)
     except TensorCodecError as exc:
@@ -173,13 +133,7 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
     return Response(payload, media_type="application/octet-stream", headers={HEADER_LENGTH_HEADER: str(header_length)})
 
 
-def _generate_model(request: Request, name: str, version: str | None) -> LoadedModel:
-    model = _model(request, name)
-    _check_version(model, version)
-    return model
-
-
-async def _tensor_generate(model: LoadedModel, body: Any, version: str | None) -> AsyncIterator[dict[str, Any]]:
+async def _tensor_generate(model: LoadedTensorModel, body: Any, version: str | None) -> AsyncIterator[dict[str, Any]]:
     """Triton's generate on a tensor model: top-level fields named like inputs become tensors, outputs come back
     as fields (a single element as a scalar)."""
     if not isinstance(body, dict):
@@ -217,9 +171,9 @@ async def _tensor_generate(model: LoadedModel, body: Any, version: str | None) -
 @router.post("/v2/models/{name}/generate")
 @router.post("/v2/models/{name}/versions/{version}/generate")
 async def generate(name: str, request: Request, version: str | None = None) -> dict[str, Any]:
-    model = _generate_model(request, name, version)
+    model = _plane(request).model(name, version)
     body = await _json_body(request)
-    if model.tensor is not None:
+    if isinstance(model, LoadedTensorModel):
         async def collect() -> list[dict[str, Any]]:
             return [doc async for doc in _tensor_generate(model, body, version)]
 
@@ -227,6 +181,7 @@ async def generate(name: str, request: Request, version: str | None = None) -> d
         if len(docs) != 1:
             raise InvalidRequestError(f"model '{name}' sent {len(docs)} responses; use generate_stream")
         return docs[0]
+    assert isinstance(model, LoadedLLM)
     prompt, values = llm_bridge.generate_body(body)
 
     async def run() -> str:
@@ -239,18 +194,19 @@ async def generate(name: str, request: Request, version: str | None = None) -> d
 @router.post("/v2/models/{name}/generate_stream")
 @router.post("/v2/models/{name}/versions/{version}/generate_stream")
 async def generate_stream(name: str, request: Request, version: str | None = None) -> Response:
-    model = _generate_model(request, name, version)
+    model = _plane(request).model(name, version)
     body = await _json_body(request)
-    if model.tensor is not None:
+    if isinstance(model, LoadedTensorModel):
         docs = _tensor_generate(model, body, version)
     else:
+        assert isinstance(model, LoadedLLM)
         prompt, values = llm_bridge.generate_body(body)
         docs = _llm_docs(model, name, prompt, values)
     first = await _first(docs)  # errors before the first event get a proper status
     return EventStream(_events(first, docs), request.app.state.config.stream_send_timeout_secs)
 
 
-async def _llm_docs(model: LoadedModel, name: str, prompt: str, values: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+async def _llm_docs(model: LoadedLLM, name: str, prompt: str, values: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     async for delta in llm_bridge.generate_text(model, prompt, values):
         yield {"model_name": name, "model_version": "1", llm_bridge.TEXT_OUTPUT: delta}
 
@@ -279,20 +235,10 @@ async def _events(first: dict[str, Any] | None, docs: AsyncIterator[dict[str, An
 # ---------------------------------------------------------------- statistics
 
 
-def _stats(model: LoadedModel, version: str | None) -> list[dict[str, Any]]:
-    if model.tensor is None:
-        _check_version(model, version)
-        return [model.scheduler.stats().requests.model_stats.as_dict(model.name, "1")]
-    if version not in (None, ""):
-        entry = model.tensor.version(version)
-        return [entry.stats.as_dict(model.name, str(entry.version))]
-    return [e.stats.as_dict(model.name, str(v)) for v, e in sorted(model.tensor.versions.items())]
-
-
 @router.get("/v2/models/{name}/stats")
 @router.get("/v2/models/{name}/versions/{version}/stats")
 async def model_stats(name: str, request: Request, version: str | None = None) -> dict[str, Any]:
-    return {"model_stats": _stats(_model(request, name), version)}
+    return {"model_stats": _plane(request).statistics(name, version)}
 
 
 # ---------------------------------------------------------------- repository
@@ -306,7 +252,7 @@ async def repository_index(request: Request) -> JSONResponse:
     ready = body.get("ready", False)
     if not isinstance(ready, bool):
         raise InvalidRequestError("'ready' must be true or false")
-    return JSONResponse(_registry(request).index(ready_only=ready))
+    return JSONResponse(_plane(request).repository_index(ready_only=ready))
 
 
 def _load_parameters(body: Any) -> dict[str, Any]:
@@ -322,31 +268,11 @@ def _load_parameters(body: Any) -> dict[str, Any]:
 
 @router.post("/v2/repository/models/{name:path}/load")
 async def repository_load(name: str, request: Request) -> Response:
-    params = _load_parameters(await _json_body(request))
-    files = [k for k in params if k.startswith("file:")]
-    if files:
-        raise InvalidRequestError("model files cannot be sent over the network ('file:' parameters are not supported)")
-    unknown = [k for k in params if k != "config"]
-    if unknown:
-        raise InvalidRequestError(f"unknown load parameter '{unknown[0][:64]}'; only 'config' is supported")
-    override = None
-    if "config" in params:
-        raw = params["config"]
-        try:
-            override = json.loads(raw) if isinstance(raw, str) else raw
-        except ValueError:
-            raise InvalidRequestError("parameters.config must be a JSON object (as a string)") from None
-        if not isinstance(override, dict):
-            raise InvalidRequestError("parameters.config must be a JSON object")
-    await _registry(request).load(name, override)
+    await _plane(request).load(name, _load_parameters(await _json_body(request)))
     return Response(status_code=200)
 
 
 @router.post("/v2/repository/models/{name:path}/unload")
 async def repository_unload(name: str, request: Request) -> Response:
-    params = _load_parameters(await _json_body(request))
-    unknown = [k for k in params if k != "unload_dependents"]
-    if unknown:
-        raise InvalidRequestError(f"unknown unload parameter '{unknown[0][:64]}'")
-    await _registry(request).unload(name)
+    await _plane(request).unload(name, _load_parameters(await _json_body(request)))
     return Response(status_code=200)

@@ -19,7 +19,7 @@ from engines.types import GenerationRequest, SamplingParams
 from gateway.errors import InternalError, InvalidRequestError, ServiceUnavailableError
 from gateway.ids import random_hex
 from gateway.kserve.codec import InputTensor
-from gateway.repository.registry import LoadedModel
+from gateway.repository.loaded_model import LoadedLLM
 
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
@@ -107,10 +107,9 @@ def _text(value: Any, where: str) -> str:
     return value
 
 
-async def generate_text(model: LoadedModel, prompt: str, values: Mapping[str, Any]) -> AsyncIterator[str]:
+async def generate_text(model: LoadedLLM, prompt: str, values: Mapping[str, Any]) -> AsyncIterator[str]:
     """Run one generation and yield its text deltas; errors surface as SwitchyardError."""
     scheduler = model.scheduler
-    assert scheduler is not None
     prompt_ids = scheduler.tokenizer.encode(prompt)
     if not prompt_ids:
         raise InvalidRequestError("text_input produced no tokens")
@@ -160,7 +159,7 @@ def infer_values(inputs: Sequence[InputTensor], parameters: Mapping[str, Any]) -
     return _text(tensors[TEXT_INPUT], "text_input"), values, stream
 
 
-def llm_metadata(model: LoadedModel) -> dict[str, Any]:
+def llm_metadata(model: LoadedLLM) -> dict[str, Any]:
     return {
         "name": model.name,
         "versions": ["1"],
@@ -174,7 +173,7 @@ def llm_metadata(model: LoadedModel) -> dict[str, Any]:
     }
 
 
-def llm_config(model: LoadedModel) -> dict[str, Any]:
+def llm_config(model: LoadedLLM) -> dict[str, Any]:
     return {
         "name": model.name,
         "backend": model.config.backend,

@@ -1,16 +1,12 @@
-"""POST /v1/embeddings, served by tensor models through their dynamic batcher, so requests from different clients
-share backend calls.
+"""POST /v1/embeddings, served by tensor models that keep the embedding contract (`gateway/tensor/embedding.py`)
+through their dynamic batcher, so requests from different clients share backend calls.
 
-A model serves embeddings when it has a BYTES input `TEXT` and an FP32 output `EMBEDDING` (the transformers
-backend's embed task, or any python model written that way); token-id input also needs an INT64 input
-`INPUT_IDS`, and usage counts come from an optional INT32 output `TOKEN_COUNT`. Texts longer than the model's
-`max_length` are truncated, as sentence-transformers does. `dimensions` keeps the first N values and
-re-normalises them (L2).
+Texts longer than the model's `max_length` are truncated, as sentence-transformers does. `dimensions` keeps the
+first N values and re-normalises them (L2).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 from typing import Any, Literal
@@ -24,8 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from gateway.errors import InvalidRequestError
 from gateway.http.body_depth import NestingAwareRoute
 from gateway.http.disconnect import cancel_on_disconnect
-from gateway.repository.registry import LoadedModel
-from gateway.tensors import InputTensor
+from gateway.tensor.embedding import embed, embedding_model, embedding_width
 
 log = logging.getLogger("switchyard.openai")
 
@@ -43,18 +38,6 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(None, ge=1)
     user: StrictStr | None = None
-
-
-def embedding_model(model: LoadedModel) -> Any:
-    """The model's served version if it can embed; 400 otherwise."""
-    tensor = model.tensor
-    if tensor is not None:
-        entry = tensor.version()
-        inputs = {s.name: s.datatype for s in entry.inputs}
-        outputs = {s.name: s.datatype for s in entry.outputs}
-        if inputs.get("TEXT") == "BYTES" and outputs.get("EMBEDDING") == "FP32":
-            return tensor
-    raise InvalidRequestError(f"The model '{model.name}' does not produce embeddings.", param="model")
 
 
 def _items(raw: Any) -> list[str | list[int]]:
@@ -77,44 +60,6 @@ def _items(raw: Any) -> list[str | list[int]]:
         if isinstance(item, list) and any(t < 0 for t in item):
             raise InvalidRequestError("token ids must be non-negative", param="input")
     return items
-
-
-async def embed(tensor: Any, items: list[str | list[int]]) -> tuple[list[np.ndarray], int]:
-    """One batcher request per run of texts (at most max_batch_size rows) and per token list, all at once."""
-    limit = max(1, tensor.config.max_batch_size)
-    batched = tensor.config.max_batch_size > 0
-    input_names = {s.name for s in tensor.version().inputs}
-    groups: list[list[int]] = []
-    for index, item in enumerate(items):
-        last = groups[-1] if groups else None
-        if isinstance(item, str) and last and isinstance(items[last[0]], str) and len(last) < limit:
-            last.append(index)
-        else:
-            groups.append([index])
-    if any(isinstance(i, list) for i in items) and "INPUT_IDS" not in input_names:
-        raise InvalidRequestError("this model does not accept token ids; send text", param="input")
-
-    async def run(group: list[int]) -> dict[str, np.ndarray]:
-        first = items[group[0]]
-        if isinstance(first, str):
-            array = np.array([[items[i].encode("utf-8")] for i in group], dtype=object)  # type: ignore[union-attr]
-            tensor_in = InputTensor("TEXT", "BYTES", array if batched else array.reshape(-1))
-        else:
-            ids = np.array([first], dtype=np.int64)
-            tensor_in = InputTensor("INPUT_IDS", "INT64", ids if batched else ids.reshape(-1))
-        _, outputs = await tensor.infer([tensor_in])
-        return {o.name: o.array for o in outputs}
-
-    results = await asyncio.gather(*(run(g) for g in groups))
-    vectors: list[np.ndarray] = [np.empty(0)] * len(items)
-    tokens = 0
-    for group, result in zip(groups, results, strict=True):
-        embeddings = np.asarray(result["EMBEDDING"], dtype=np.float32).reshape(len(group), -1)
-        for row, index in enumerate(group):
-            vectors[index] = embeddings[row]
-        if "TOKEN_COUNT" in result:
-            tokens += int(np.asarray(result["TOKEN_COUNT"]).sum())
-    return vectors, tokens
 
 
 def _encode(vector: np.ndarray, dimensions: int | None, encoding: str) -> np.ndarray | str:
@@ -140,8 +85,8 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> Respons
     tensor = embedding_model(model)
     items = _items(body.input)
     if body.dimensions is not None:
-        width = next((s.dims[-1] for s in tensor.version().outputs if s.name == "EMBEDDING" and s.dims), None)
-        if width is not None and width > 0 and body.dimensions > width:
+        width = embedding_width(tensor)
+        if width is not None and body.dimensions > width:
             raise InvalidRequestError(f"dimensions must be at most {width} for this model", param="dimensions")
     try:
         vectors, tokens = await cancel_on_disconnect(request, embed(tensor, items))

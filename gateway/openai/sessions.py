@@ -55,7 +55,7 @@ async def create_session() -> dict[str, Any]:
 async def delete_session(session_id: str, request: Request) -> dict[str, Any]:
     _check(session_id)
     scoped = scoped_session_id(request, session_id)
-    deleted = [m.name for m in request.app.state.registry.models() if m.scheduler.delete_session(scoped)]
+    deleted = [m.name for m in request.app.state.registry.llms() if m.scheduler.delete_session(scoped)]
     if not deleted:
         raise NotFoundError(f"no active session '{session_id[:64]}'")
     return {"id": session_id, "object": "session", "deleted": True}

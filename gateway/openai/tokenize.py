@@ -47,7 +47,7 @@ def _model(request: Request, name: str | None) -> LoadedModel:
     registry: ModelRegistry = request.app.state.registry
     if name is not None:
         return registry.llm(name)
-    models = registry.models()  # the LLMs
+    models = registry.llms()
     if len(models) != 1:
         raise InvalidRequestError("several language models are served: name one in 'model'", param="model")
     return models[0]

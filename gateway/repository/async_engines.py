@@ -12,18 +12,14 @@ import os
 from pathlib import Path
 
 from engines.interface import AsyncGenerateEngine
+from engines.pytorch.loader import default_cache_dir
 from gateway.errors import ConfigError
 from gateway.repository.layout import ModelDir, resolve_source
 from gateway.repository.model_config import ModelConfig
-from gateway.scheduler.llm.admission import AdmissionLimits, AdmissionScheduler
+from gateway.scheduler.llm.admission import AdmissionScheduler
 from gateway.scheduler.llm.interface import LLMScheduler
 
 log = logging.getLogger("switchyard.repository")
-
-
-def resolve_cache_dir(cache_dir: Path | None) -> Path:
-    env = os.environ.get("SWITCHYARD_CACHE_DIR")
-    return cache_dir or (Path(env) if env else Path.home() / ".cache" / "switchyard")
 
 
 def build_async_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None) -> LLMScheduler:
@@ -33,17 +29,12 @@ def build_async_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path 
     if builder is None:
         raise ConfigError(f"{model.config_path}: field 'backend': '{config.backend}' has no engine builder.")
     try:
-        engine = builder(model, config, resolve_cache_dir(cache_dir))
+        engine = builder(model, config, cache_dir or default_cache_dir())
     except ImportError as exc:
         raise ConfigError(f"{model.config_path}: field 'backend': {exc}") from None
     except ValueError as exc:
         raise ConfigError(f"{model.config_path}: {exc}") from None
-    limits = AdmissionLimits(
-        max_concurrent=config.scheduler.max_num_seqs,
-        max_queue_size=config.scheduler.max_queue_size,
-        aging_seconds=config.scheduler.aging_seconds,
-    )
-    return AdmissionScheduler(engine, limits)
+    return AdmissionScheduler(engine, config.scheduler)
 
 
 def _hf_folder(model: ModelDir, config: ModelConfig, cache_dir: Path) -> Path:

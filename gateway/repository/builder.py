@@ -10,17 +10,18 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gateway.repository.layout import ModelDir, resolve_source
-from gateway.repository.loaded_model import LoadedModel
+from gateway.repository.loaded_model import LoadedLLM, LoadedModel, LoadedTensorModel
 from gateway.repository.model_config import AnyModelConfig, ModelConfig
 from gateway.repository.serving import ServingScheduler
 from gateway.repository.tensor_config import TensorModelConfig
 from gateway.scheduler.llm.interface import LLMScheduler
 
 if TYPE_CHECKING:
-    from gateway.scheduler.llm.speculation import SpeculativeConfig
+    from gateway.repository.registry import ModelRegistry
+    from gateway.scheduler.tensor.rate_limiter import RateLimiter
 
 log = logging.getLogger("switchyard.repository")
 
@@ -33,7 +34,6 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
         return build_async_scheduler(model, config, cache_dir)
     from engines.pytorch.engine import PyTorchEngine
     from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
-    from gateway.scheduler.llm.step_scheduler import BatcherLimits
 
     source = resolve_source(model, config.model.source, "model.source")
     engine = PyTorchEngine(
@@ -49,44 +49,23 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
         gemm_threads=config.pytorch.gemm_threads,
         match_transformers=config.pytorch.match_transformers,
     )
-    limits = BatcherLimits(
-        max_num_seqs=config.scheduler.max_num_seqs,
-        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
-        enable_chunked_prefill=config.scheduler.enable_chunked_prefill,
-        max_queue_size=config.scheduler.max_queue_size,
-        aging_seconds=config.scheduler.aging_seconds,
-        enable_prefix_caching=config.kv_cache.enable_prefix_caching,
-        session_ttl_seconds=config.kv_cache.session_ttl_seconds,
-        session_max_tokens=config.kv_cache.session_max_tokens,
-        speculative=_speculative(config),
-    )
-    return ContinuousBatcher(engine, limits)
+    return ContinuousBatcher(engine, config.scheduler, config.kv_cache, config.pytorch.speculative)
 
 
-def _speculative(config: ModelConfig) -> SpeculativeConfig | None:
-    """The scheduler's speculative-decoding settings, or None when the config leaves it off."""
-    from gateway.scheduler.llm.speculation import SpeculativeConfig
-
-    spec = config.pytorch.speculative
-    if spec is None:
-        return None
-    return SpeculativeConfig(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max,
-                             spec.disable_by_batch_size, spec.min_acceptance)
-
-
-def build_model(model: ModelDir, config: AnyModelConfig, cache_dir: Path | None, registry: Any) -> LoadedModel:
+def build_model(model: ModelDir, config: AnyModelConfig, cache_dir: Path | None, models: ModelRegistry,
+                rate_limiter: RateLimiter | None = None) -> LoadedModel:
     """Load one model (blocking): an LLM's engine and scheduler, or a tensor model's backend instances behind their
-    batcher (`registry`: where an ensemble finds the models it calls)."""
+    batcher (`models`: where an ensemble finds the models it calls; `rate_limiter`: the server's, or None)."""
     started = time.monotonic()
     if isinstance(config, TensorModelConfig):
-        from gateway.kserve.model import TensorModel
-        from gateway.kserve.schedulers import scheduler_factory
+        from gateway.tensor.model import TensorModel
+        from gateway.tensor.schedulers import scheduler_factory
 
         log.info("loading model '%s' (backend %s)", model.name, config.resolved_backend)
-        tensor = TensorModel(model, config, getattr(registry, "rate_limiter", None))
-        tensor.load(scheduler_factory(registry))
-        entry = LoadedModel(model.name, config, tensor=tensor, folder=model.name,
-                            load_seconds=time.monotonic() - started)
+        tensor = TensorModel(model, config, rate_limiter)
+        tensor.load(scheduler_factory(models.find_tensor))
+        entry = LoadedTensorModel(name=model.name, config=config, tensor=tensor, folder=model.name,
+                                  load_seconds=time.monotonic() - started)
         log.info("model '%s' ready in %.1fs: backend %s, versions %s, %d instance(s), max_batch_size %d",
                  model.name, time.monotonic() - started, tensor.backend, sorted(tensor.versions),
                  config.instance_count, config.max_batch_size)
@@ -102,4 +81,5 @@ def build_model(model: ModelDir, config: AnyModelConfig, cache_dir: Path | None,
         info.num_kv_blocks, info.block_size,
         info.num_kv_blocks * info.block_size * info.kv_bytes_per_token / 2**20,
     )
-    return LoadedModel(name, config, scheduler=scheduler, folder=model.name, load_seconds=time.monotonic() - started)
+    return LoadedLLM(name=name, config=config, scheduler=scheduler, folder=model.name,
+                     load_seconds=time.monotonic() - started)

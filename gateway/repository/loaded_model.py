@@ -1,74 +1,155 @@
-"""A served model as the frontends see it: an LLM behind its scheduler or a tensor model behind its batcher,
-plus the hand-over a reload or an unload needs (stop new requests here, wait for the running ones)."""
+"""A served model as the frontends see it, in one of two kinds: an LLM behind its scheduler (`LoadedLLM`) or a
+tensor model behind its batchers (`LoadedTensorModel`). Both carry the hand-over a reload or an unload needs (stop
+new requests here, wait for the running ones); frontends tell them apart with `isinstance`, or ask the registry for
+the kind they serve (`ModelRegistry.llm`, `ModelRegistry.tensor`)."""
 
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import ClassVar
 
-from gateway.repository.model_config import AnyModelConfig
-from gateway.repository.serving import ServingScheduler
-from gateway.scheduler.llm.interface import LLMScheduler
+from gateway.errors import NotFoundError
+from gateway.inference_stats import ModelStats
+from gateway.repository.model_config import AnyModelConfig, ModelConfig
+from gateway.repository.serving import InFlight, ServingScheduler
+from gateway.repository.tensor_config import TensorModelConfig
+from gateway.tensor.model import TensorModel
 
 
-@dataclass
-class LoadedModel:
-    """A served model. `scheduler` is set for LLMs, `tensor` for tensor models (see `kind`)."""
+@dataclass(kw_only=True)
+class LoadedModel(ABC):
+    """What every served model has: its served name, config, folder and how it hands over to a successor."""
 
+    kind: ClassVar[str]
     name: str
     config: AnyModelConfig
-    scheduler: LLMScheduler | None = None
-    tensor: Any = None  # gateway.kserve.model.TensorModel
     folder: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     load_seconds: float = 0.0  # how long loading took (nv_model_load_duration_secs)
 
     @property
-    def kind(self) -> str:
-        return "llm" if self.scheduler is not None else "tensor"
-
-    @property
+    @abstractmethod
     def max_model_len(self) -> int | None:
         """Context length in tokens (LLMs, text encoders); None for models without one."""
-        if self.scheduler is not None:
-            return self.scheduler.info.max_model_len
-        return self.tensor.describe().get("max_model_len") if self.tensor is not None else None
 
     @property
+    @abstractmethod
     def versions(self) -> list[int]:
-        return sorted(self.tensor.versions) if self.tensor is not None else [1]
+        """The served version numbers."""
 
-    async def start(self) -> None:
-        if self.scheduler is not None:
-            await self.scheduler.start()
-        if self.tensor is not None:
-            await self.tensor.start()
+    @abstractmethod
+    def version_number(self, version: str | int | None) -> int:
+        """The served version `version` names ('' or None: the latest); 404 when it is not served."""
 
-    async def stop(self) -> None:
-        if self.scheduler is not None:
-            await self.scheduler.stop()
-        if self.tensor is not None:
-            await self.tensor.stop()
+    @abstractmethod
+    def version_stats(self) -> list[tuple[int, ModelStats, int]]:
+        """(version, statistics, requests waiting) per served version, oldest first."""
+
+    @property
+    @abstractmethod
+    def _gate(self) -> InFlight:
+        """The counter of this copy's requests."""
+
+    @abstractmethod
+    def _hand_over(self, successor: LoadedModel | None) -> None:
+        """Send new requests to `successor` (a reload), or refuse them (an unload)."""
+
+    @abstractmethod
+    async def start(self) -> None: ...
+
+    @abstractmethod
+    async def stop(self) -> None: ...
 
     # ------------------------------------------------------------------ hand-over (reload, unload)
-
-    def _gates(self) -> list[Any]:
-        return [g for g in (getattr(self.scheduler, "in_flight", None), getattr(self.tensor, "in_flight", None))
-                if g is not None]
 
     @property
     def in_flight(self) -> int:
         """Requests running on this copy (those that started after it was retired went to its successor)."""
-        return sum(g.count for g in self._gates())
+        return self._gate.count
 
     def retire(self, successor: LoadedModel | None = None) -> None:
         """No new request starts here: with a successor (a reload) they go there, without one (unload) they get 503."""
-        if isinstance(self.scheduler, ServingScheduler):
-            self.scheduler.in_flight.retire(successor.scheduler if successor is not None else None)
-        if self.tensor is not None and hasattr(self.tensor, "in_flight"):
-            self.tensor.in_flight.retire(successor.tensor if successor is not None else None)
+        if successor is not None and type(successor) is not type(self):
+            successor = None  # a reload that changed the model's kind: requests for the old kind cannot follow
+        self._hand_over(successor)
 
     async def wait_idle(self) -> None:
-        for gate in self._gates():
-            await gate.wait_idle()
+        await self._gate.wait_idle()
+
+
+@dataclass(kw_only=True)
+class LoadedLLM(LoadedModel):
+    """An LLM: an engine behind its scheduler (for /v1 and v2 generate)."""
+
+    kind: ClassVar[str] = "llm"
+    config: ModelConfig
+    scheduler: ServingScheduler
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.scheduler.info.max_model_len
+
+    @property
+    def versions(self) -> list[int]:
+        return [1]
+
+    def version_number(self, version: str | int | None) -> int:
+        if version not in (None, "", 1, "1"):
+            raise NotFoundError(f"model '{self.name}' has no version '{str(version)[:40]}'")
+        return 1
+
+    def version_stats(self) -> list[tuple[int, ModelStats, int]]:
+        stats = self.scheduler.stats()
+        return [(1, stats.requests.model_stats, stats.waiting)]
+
+    @property
+    def _gate(self) -> InFlight:
+        return self.scheduler.in_flight
+
+    def _hand_over(self, successor: LoadedModel | None) -> None:
+        self.scheduler.in_flight.retire(successor.scheduler if isinstance(successor, LoadedLLM) else None)
+
+    async def start(self) -> None:
+        await self.scheduler.start()
+
+    async def stop(self) -> None:
+        await self.scheduler.stop()
+
+
+@dataclass(kw_only=True)
+class LoadedTensorModel(LoadedModel):
+    """A tensor model: backend instances behind batchers (for v2 infer, /v1/embeddings and rerank)."""
+
+    kind: ClassVar[str] = "tensor"
+    config: TensorModelConfig
+    tensor: TensorModel
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.tensor.describe().get("max_model_len")
+
+    @property
+    def versions(self) -> list[int]:
+        return sorted(self.tensor.versions)
+
+    def version_number(self, version: str | int | None) -> int:
+        return self.tensor.version(version).version
+
+    def version_stats(self) -> list[tuple[int, ModelStats, int]]:
+        return [(number, entry.stats, int(getattr(entry.batcher, "queued", 0)))
+                for number, entry in sorted(self.tensor.versions.items())]
+
+    @property
+    def _gate(self) -> InFlight:
+        return self.tensor.in_flight
+
+    def _hand_over(self, successor: LoadedModel | None) -> None:
+        self.tensor.in_flight.retire(successor.tensor if isinstance(successor, LoadedTensorModel) else None)
+
+    async def start(self) -> None:
+        await self.tensor.start()
+
+    async def stop(self) -> None:
+        await self.tensor.stop()

@@ -1,7 +1,7 @@
 """Poll mode (`--model-control-mode=poll`): rescan the model repository and apply what changed.
 
 Every `--repository-poll-secs` the watcher fingerprints each model folder (see `layout.folder_fingerprint`: config
-files by content, other files by size and mtime) and compares with what the registry last loaded:
+files by content, other files by size and mtime) and compares with what model control last loaded:
 
 * a new folder with a config file is loaded;
 * a folder that disappeared (or lost its config file) is unloaded, after its in-flight requests finish;
@@ -31,7 +31,7 @@ def scan_fingerprints(root: Path) -> dict[str, str]:
     """Folder name -> fingerprint for every folder of `root` holding a config file (blocking).
 
     A folder the layout refuses (two config files, a link leaving the repository, a bad name) gets a fingerprint
-    of the refusal, so the registry reports it once instead of on every poll; its files are not read."""
+    of the refusal, so model control reports it once instead of on every poll; its files are not read."""
     if not root.is_dir():
         raise ConfigError(f"model repository '{root}' is not a directory (removed or unmounted?)")
     found: dict[str, str] = {}
@@ -53,18 +53,18 @@ def scan_fingerprints(root: Path) -> dict[str, str]:
 class RepositoryWatcher:
     """The polling task; `poll()` is one rescan (tests call it directly)."""
 
-    def __init__(self, registry: Any, interval_s: float) -> None:
+    def __init__(self, control: Any, interval_s: float) -> None:
         if interval_s <= 0:
             raise ValueError("the poll interval must be positive")
-        self.registry = registry  # gateway.repository.registry.ModelRegistry
+        self.control = control  # gateway.repository.model_control.ModelControl
         self.interval_s = interval_s
-        self._seen: dict[str, str] = registry.fingerprints()  # the previous scan (startup: what was loaded)
+        self._seen: dict[str, str] = control.fingerprints()  # the previous scan (startup: what was loaded)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="repository-watcher")
-            log.info("polling the model repository '%s' every %gs", self.registry.root, self.interval_s)
+            log.info("polling the model repository '%s' every %gs", self.control.root, self.interval_s)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -88,13 +88,13 @@ class RepositoryWatcher:
 
     async def poll(self) -> tuple[dict[str, str], list[str]]:
         """Rescan once and apply the changes that have settled; returns (folders (re)loaded, folders unloaded)."""
-        current = await asyncio.to_thread(scan_fingerprints, self.registry.root)
+        current = await asyncio.to_thread(scan_fingerprints, self.control.root)
         previous, self._seen = self._seen, current
-        known = self.registry.fingerprints()
+        known = self.control.fingerprints()
         changed = {name: fp for name, fp in current.items() if known.get(name) != fp and previous.get(name) == fp}
         removed = [name for name in known if name not in current and name not in previous]
         if changed or removed:
             log.info("model repository changed: %s",
                      ", ".join([f"{n} (load)" for n in changed] + [f"{n} (unload)" for n in removed]))
-            await self.registry.apply_changes(changed, removed)
+            await self.control.apply_changes(changed, removed)
         return changed, removed

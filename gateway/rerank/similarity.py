@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from gateway.errors import InvalidRequestError
-from gateway.openai.embeddings import embed, embedding_model
-from gateway.repository.registry import LoadedModel
+from gateway.repository.loaded_model import LoadedModel
 from gateway.rerank.protocol import MAX_TEXT_CHARS
+from gateway.tensor.embedding import embed, embedding_model
 
 
 def _check(texts: list[str], param: str) -> None:

@@ -16,7 +16,6 @@ from typing import Any
 from gateway.config import ServerConfig
 from gateway.errors import InvalidRequestError, NotFoundError, SwitchyardError
 from gateway.openai.chat import chat_completion
-from gateway.repository.async_engines import resolve_cache_dir
 from gateway.repository.registry import LoadedModel
 from gateway.responses.background import BackgroundResponses
 from gateway.responses.convert import (
@@ -189,6 +188,6 @@ class ResponsesService:
 
 def open_service(config: ServerConfig) -> ResponsesService:
     """The service over its store: `responses_store`, or responses.sqlite3 in the cache directory."""
-    path = config.responses_store or resolve_cache_dir(config.cache_dir) / "responses.sqlite3"
+    path = config.responses_store or config.cache_dir / "responses.sqlite3"
     store = ResponseStore(path, config.responses_max_stored, config.responses_ttl_secs, config.responses_max_bytes)
     return ResponsesService(store)

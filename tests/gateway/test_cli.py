@@ -4,6 +4,7 @@ both, the older spellings still work, and a wrong value names where it came from
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -51,7 +52,8 @@ def test_values_from_flags_and_environment() -> None:
            "SWITCHYARD_CORS_ALLOW_ORIGINS": "https://a.example, https://b.example", "SWITCHYARD_CACHE_DIR": ""}
     config = load_config(["--grpc-port", "0", "--drain-seconds=2.5"], environ=env)
     assert (config.http_port, config.grpc_port, config.drain_seconds) == (9000, 0, 2.5)
-    assert config.always_include_usage is True and config.console is False and config.cache_dir is None
+    assert config.always_include_usage is True and config.console is False
+    assert config.cache_dir == Path.home() / ".cache" / "switchyard"  # what the engines default to as well
     assert config.cors_allow_origins == ("https://a.example", "https://b.example")
     assert load_config(["--http-port", "9001", "--console"], environ=env).http_port == 9001  # the flag wins
     assert load_config(["--console"], environ=env).console is True

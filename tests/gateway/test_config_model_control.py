@@ -42,11 +42,11 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Non
     class Stop(Exception):
         pass
 
-    def fake_registry(root, cache_dir, **kw):
+    def fake_control(root, cache_dir, **kw):
         seen.update(kw)
         raise Stop
 
-    monkeypatch.setattr("gateway.repository.registry.ModelRegistry", fake_registry)
+    monkeypatch.setattr("gateway.repository.model_control.ModelControl", fake_control)
     with pytest.raises(Stop):
         main(["serve", "--model-repository", str(tmp_path)])
     assert seen["control_mode"] == "explicit" and seen["load_models"] == ["a", "b"]

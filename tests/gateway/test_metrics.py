@@ -15,6 +15,8 @@ from engines.cpu_budget import cpu_budget
 from gateway.errors import InternalError, RateLimitError, ServiceUnavailableError
 from gateway.inference_stats import ModelStats
 from gateway.metrics import build_metrics_registry, render
+from gateway.repository.loaded_model import LoadedLLM, LoadedTensorModel
+from gateway.repository.registry import ModelRegistry
 from gateway.scheduler.llm.interface import SchedulerStats
 from gateway.scheduler.tensor.dynamic_batcher import BatchingPolicy, DynamicBatcher, QueueRules
 from tests.gateway.scheduler.tensor.test_dynamic_batcher import _Failing, request, started
@@ -34,7 +36,8 @@ def value(parsed: dict, name: str, **labels: str) -> float:
     return parsed[key]
 
 
-def fake_registry(llm_name: str = "llm", tensor_name: str = "tensor") -> SimpleNamespace:
+def fake_registry(llm_name: str = "llm", tensor_name: str = "tensor") -> ModelRegistry:
+    """A registry holding an LLM and a tensor model whose schedulers and batchers report fixed statistics."""
     stats = SchedulerStats(waiting=3, prefix_cache_queried_tokens=40, prefix_cache_hit_tokens=10, spec_drafts=4,
                            spec_draft_tokens=16, spec_accepted_tokens=9)
     r = stats.requests
@@ -50,7 +53,8 @@ def fake_registry(llm_name: str = "llm", tensor_name: str = "tensor") -> SimpleN
     r.model_stats.queue.add(5_000_000)
     r.model_stats.record_batch(1, 1, 0, 1_195_000_000, 0)
     r.model_stats.record_failure(400_000_000, "CANCELED")
-    llm = SimpleNamespace(name=llm_name, scheduler=SimpleNamespace(stats=lambda: stats), tensor=None, load_seconds=4.5)
+    llm = LoadedLLM(name=llm_name, config=None, scheduler=SimpleNamespace(stats=lambda: stats),  # type: ignore[arg-type]
+                    load_seconds=4.5)
 
     tstats = ModelStats()
     for _ in range(3):
@@ -61,8 +65,12 @@ def fake_registry(llm_name: str = "llm", tensor_name: str = "tensor") -> SimpleN
     tstats.record_failure(0, "REJECTED")
     tstats.record_failure(0, "REJECTED")
     versions = {2: SimpleNamespace(stats=tstats, batcher=SimpleNamespace(queued=2))}
-    tensor = SimpleNamespace(name=tensor_name, scheduler=None, tensor=SimpleNamespace(versions=versions), load_seconds=0.25)
-    return SimpleNamespace(models=lambda: [llm], all_models=lambda: [llm, tensor])
+    tensor = LoadedTensorModel(name=tensor_name, config=None, tensor=SimpleNamespace(versions=versions),  # type: ignore[arg-type]
+                               load_seconds=0.25)
+    registry = ModelRegistry()
+    registry.publish(llm)
+    registry.publish(tensor)
+    return registry
 
 
 def test_triton_metrics_have_triton_names_labels_and_units() -> None:

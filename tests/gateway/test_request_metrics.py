@@ -10,12 +10,12 @@ import pytest
 from engines.types import GenerationOutput, GenerationRequest, SamplingParams
 from gateway import request_metrics
 from gateway.errors import InternalError, RateLimitError
+from gateway.repository.model_config import SchedulerConfig
 from gateway.request_metrics import Histogram, LLMRequestStats
-from gateway.scheduler.llm.admission import AdmissionLimits, AdmissionScheduler
+from gateway.scheduler.llm.admission import AdmissionScheduler
 from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
-from gateway.scheduler.llm.step_scheduler import BatcherLimits
 from tests.gateway.scheduler.llm.test_admission import ScriptedEngine, drain, until
-from tests.gateway.scheduler.llm.test_step_scheduler import CountingEngine
+from tests.gateway.scheduler.llm.test_step_scheduler import CountingEngine, tiny_budget
 from tests.gateway.scheduler.llm.test_step_scheduler import req as char_request
 
 
@@ -165,7 +165,7 @@ async def test_updates_without_token_ids_count_by_completion_tokens(clock: FakeC
 
 
 async def test_continuous_batcher_records_every_request() -> None:
-    batcher = ContinuousBatcher(CountingEngine(), BatcherLimits(max_num_seqs=4, max_num_batched_tokens=8))
+    batcher = ContinuousBatcher(CountingEngine(), tiny_budget(max_num_seqs=4, max_num_batched_tokens=8))
     await batcher.start()
     try:
         for i, prompt in enumerate(["abc", "hello", "xy"]):
@@ -184,7 +184,7 @@ async def test_continuous_batcher_records_every_request() -> None:
 async def test_admission_scheduler_records_rejections_and_successes() -> None:
     engine = ScriptedEngine(tokens=3)
     engine.gate = asyncio.Event()
-    scheduler = AdmissionScheduler(engine, AdmissionLimits(max_concurrent=1, max_queue_size=1))
+    scheduler = AdmissionScheduler(engine, SchedulerConfig(max_num_seqs=1, max_queue_size=1))
     await scheduler.start()
     try:
         first = asyncio.create_task(drain(scheduler, request("a", prompt=1)))

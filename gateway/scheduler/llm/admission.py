@@ -1,7 +1,7 @@
 """Admission control in front of engines that batch internally (vLLM, TensorRT-LLM, remote upstreams).
 
 Those engines schedule their own steps, so the gateway does not build batches for them. It decides *which* requests
-enter the engine and *when*: at most `max_concurrent` at once (beyond that the engine would only queue them
+enter the engine and *when*: at most `scheduler.max_num_seqs` at once (beyond that the engine would only queue them
 itself, where our priorities cannot reach), waiting requests ordered by (priority, arrival) with aging, a bounded
 queue (429 beyond it), and a stream that aborts its engine request when the client goes away (the iterator is
 closed). Engine failures become the gateway's errors: a bad request 400, an unavailable engine 503 (and the model
@@ -24,16 +24,10 @@ from dataclasses import dataclass
 from engines.interface import AsyncGenerateEngine, EngineUnavailableError, Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest
 from gateway.errors import InvalidRequestError, RateLimitError, ServiceUnavailableError
+from gateway.repository.model_config import SchedulerConfig
 from gateway.scheduler.llm.interface import LLMScheduler, SchedulerStats, admission_key
 
 log = logging.getLogger("switchyard.scheduler.admission")
-
-
-@dataclass
-class AdmissionLimits:
-    max_concurrent: int = 32  # requests inside the engine at once
-    max_queue_size: int = 1024  # waiting requests beyond this get 429
-    aging_seconds: float = 30.0  # a request waiting longer than this is admitted ahead of every priority
 
 
 @dataclass
@@ -47,9 +41,10 @@ class _Ticket:
 
 
 class AdmissionScheduler(LLMScheduler):
-    def __init__(self, engine: AsyncGenerateEngine, limits: AdmissionLimits | None = None) -> None:
+    def __init__(self, engine: AsyncGenerateEngine, scheduler: SchedulerConfig | None = None) -> None:
+        """`scheduler`: the model config's section (`max_num_seqs` requests inside the engine at once)."""
         self._engine = engine
-        self._limits = limits or AdmissionLimits()
+        self._limits = scheduler or SchedulerConfig()
         self._waiting: list[_Ticket] = []
         self._active: set[str] = set()
         self._slots_used = 0
@@ -131,7 +126,7 @@ class AdmissionScheduler(LLMScheduler):
             )
 
     async def _acquire(self, request: GenerationRequest) -> None:
-        if self._slots_used < self._limits.max_concurrent and not self._waiting:
+        if self._slots_used < self._limits.max_num_seqs and not self._waiting:
             self._slots_used += 1
             return
         ticket = _Ticket(request, next(self._order), asyncio.get_running_loop().create_future())
@@ -152,7 +147,7 @@ class AdmissionScheduler(LLMScheduler):
     def _dispatch(self) -> None:
         now = time.monotonic()
         aging = self._limits.aging_seconds
-        while self._waiting and self._slots_used < self._limits.max_concurrent:
+        while self._waiting and self._slots_used < self._limits.max_num_seqs:
             ticket = min(self._waiting, key=lambda t: t.sort_key(now, aging))
             self._waiting.remove(ticket)
             if ticket.granted.done():  # its caller gave up already

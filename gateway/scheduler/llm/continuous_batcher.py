@@ -15,8 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from engines.interface import StepEngine, Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest, StepResult
 from gateway.errors import ServiceUnavailableError
+from gateway.repository.engine_config import SpeculativeSection
+from gateway.repository.model_config import KVCacheConfig, SchedulerConfig
 from gateway.scheduler.llm.interface import LLMScheduler, SchedulerStats
-from gateway.scheduler.llm.step_scheduler import BatcherLimits, StepPlan, StepScheduler
+from gateway.scheduler.llm.step_scheduler import StepPlan, StepScheduler
 
 log = logging.getLogger("switchyard.scheduler")
 
@@ -24,9 +26,11 @@ log = logging.getLogger("switchyard.scheduler")
 class ContinuousBatcher(LLMScheduler):
     """The LLM scheduler of step engines (the native engine): `StepScheduler`'s policy, driven on the event loop."""
 
-    def __init__(self, engine: StepEngine, limits: BatcherLimits | None = None) -> None:
+    def __init__(self, engine: StepEngine, scheduler: SchedulerConfig | None = None,
+                 kv_cache: KVCacheConfig | None = None, speculative: SpeculativeSection | None = None) -> None:
+        """The sections are the model config's, as `StepScheduler` takes them."""
         self._engine = engine
-        self._policy = StepScheduler(engine.info, engine.tokenizer, limits)
+        self._policy = StepScheduler(engine.info, engine.tokenizer, scheduler, kv_cache, speculative)
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="switchyard-step")
         self._task: asyncio.Task[None] | None = None

@@ -35,17 +35,6 @@ WORTH = 0.2
 PAUSE_FIRST, PAUSE_MAX = 16, 256
 
 
-@dataclass(frozen=True)
-class SpeculativeConfig:
-    """n-gram speculative decoding (vLLM's `speculative_config` names)."""
-
-    num_speculative_tokens: int = 5
-    prompt_lookup_min: int = 2
-    prompt_lookup_max: int = 4
-    disable_by_batch_size: int = 2
-    min_acceptance: float = 0.15
-
-
 def verifiable(params: SamplingParams) -> bool:
     """Whether a request's tokens can be verified exactly (see the module docstring)."""
     return params.logprobs is None and params.constraint is None and params.guided is None and (

@@ -6,7 +6,7 @@ the KV pool allow. When the pool runs dry, the most recently admitted running se
 are freed and it is recomputed later from its prompt plus what it already generated. Requests are never failed
 for lack of KV space and the scheduler never waits on itself.
 
-With speculative decoding on (`BatcherLimits.speculative`), a decoding sequence's step may carry proposed tokens
+With speculative decoding on (the config's `pytorch.speculative`), a decoding sequence's step may carry proposed tokens
 after its last one (speculation.py decides when, ngram_draft.py what); the engine verifies them in the same step,
 and `update` appends the accepted ones and the engine's token after them, gives back the KV blocks that held only
 rejected ones, and stops exactly where one-token steps would have (EOS, stop strings, max_tokens).
@@ -28,26 +28,14 @@ from engines.types import EngineInfo, GenerationOutput, GenerationRequest, Seque
 from gateway.errors import RateLimitError
 from gateway.kv_cache.manager import KVCacheManager
 from gateway.kv_cache.sessions import SessionStore
+from gateway.repository.engine_config import SpeculativeSection
+from gateway.repository.model_config import KVCacheConfig, SchedulerConfig
 from gateway.scheduler.llm.interface import SchedulerStats, admission_key
 from gateway.scheduler.llm.ngram_draft import NgramIndex
 from gateway.scheduler.llm.output_processor import OutputProcessor
-from gateway.scheduler.llm.speculation import SequenceSpeculation, SpeculativeConfig, verifiable
+from gateway.scheduler.llm.speculation import SequenceSpeculation, verifiable
 
 log = logging.getLogger("switchyard.scheduler")
-
-
-@dataclass
-class BatcherLimits:
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 512
-    # False: every prompt is prefilled whole; the first one a step admits may take it past max_num_batched_tokens
-    enable_chunked_prefill: bool = True
-    max_queue_size: int = 1024
-    enable_prefix_caching: bool = True
-    aging_seconds: float = 30.0  # a request waiting longer than this is admitted ahead of every priority
-    session_ttl_seconds: float = 600.0
-    session_max_tokens: int | None = None  # pinned-session cap; default a quarter of the KV pool
-    speculative: SpeculativeConfig | None = None  # n-gram speculative decoding; None: off
 
 
 @dataclass
@@ -95,29 +83,29 @@ class StepScheduler:
     Every request ends with exactly one output whose `finished` is true (stop, length, abort or error); after it the
     engine may drop the sequence's state."""
 
-    def __init__(self, info: EngineInfo, tokenizer: Tokenizer, limits: BatcherLimits | None = None) -> None:
+    def __init__(self, info: EngineInfo, tokenizer: Tokenizer, scheduler: SchedulerConfig | None = None,
+                 kv_cache: KVCacheConfig | None = None, speculative: SpeculativeSection | None = None) -> None:
+        """The model config's validated sections: `scheduler` (budgets, queue), `kv_cache` (prefix caching,
+        sessions; the pool itself is the engine's) and `pytorch.speculative` (None: off)."""
         self._info = info
         self._tokenizer = tokenizer
-        self._limits = limits or BatcherLimits()
-        self._kv = KVCacheManager(info.num_kv_blocks, info.block_size, self._limits.enable_prefix_caching)
-        max_session_tokens = self._limits.session_max_tokens or info.num_kv_blocks * info.block_size // 4
+        self._limits = scheduler or SchedulerConfig()
+        kv = kv_cache or KVCacheConfig()
+        self._kv = KVCacheManager(info.num_kv_blocks, info.block_size, kv.enable_prefix_caching)
+        max_session_tokens = kv.session_max_tokens or info.num_kv_blocks * info.block_size // 4
         self._sessions = SessionStore(
-            self._kv.pool, self._limits.session_ttl_seconds, max(0, max_session_tokens // info.block_size)
+            self._kv.pool, kv.session_ttl_seconds, max(0, max_session_tokens // info.block_size)
         )
         self._waiting: list[_Sequence] = []
         self._running: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
         self._order = itertools.count()
         self._stats = SchedulerStats(kv_blocks_total=info.num_kv_blocks)
-        self._spec = self._limits.speculative if info.exact_verification else None
-        if self._limits.speculative is not None and self._spec is None:
+        self._spec = speculative if info.exact_verification else None
+        if speculative is not None and self._spec is None:
             log.warning("speculative decoding is off: this engine's verification steps would not compute what "
                         "one-token steps compute (the native engine needs its C kernels: pytorch.fast_kernels)")
         self._outputs: list[GenerationOutput] = []  # gathered by the call in progress, handed back when it returns
-
-    @property
-    def limits(self) -> BatcherLimits:
-        return self._limits
 
     def stats(self) -> SchedulerStats:
         self._stats.running = len(self._running)

@@ -15,7 +15,7 @@ pytest.importorskip("sklearn")
 pytest.importorskip("treelite")
 
 from gateway.errors import ConfigError  # noqa: E402
-from gateway.kserve.model import TensorModel  # noqa: E402
+from gateway.tensor.model import TensorModel  # noqa: E402
 from gateway.repository.layout import find_model_dir  # noqa: E402
 from gateway.repository.model_config import parse_model_config  # noqa: E402
 from tests.engines.backends import forest_models as fm  # noqa: E402
@@ -135,16 +135,16 @@ def test_corrupt_model_file_names_the_file(tmp_path: Path) -> None:
 
 async def test_a_load_request_cannot_turn_pickles_on(tmp_path: Path) -> None:
     from gateway.errors import InvalidRequestError
-    from gateway.repository.registry import ModelRegistry
+    from gateway.repository.model_control import ModelControl
 
     fm.write_sklearn(tmp_path, "skl_closed", allow_pickle=False)
-    registry = ModelRegistry(tmp_path, control_mode="explicit")
+    registry = ModelControl(tmp_path, control_mode="explicit")
     registry.prepare()
     override = {"backend": "fil", "max_batch_size": 8,
                 "parameters": {"model_type": "sklearn_pkl", "allow_pickle": "true"}}
     with pytest.raises(InvalidRequestError, match="may not change parameter 'allow_pickle'"):
         await registry.load("skl_closed", override)
-    assert registry.all_models() == []
+    assert registry.models.all_models() == []
     await registry.close()
 
 

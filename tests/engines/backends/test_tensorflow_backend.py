@@ -13,7 +13,7 @@ pytestmark = pytest.mark.tensorflow
 tf = pytest.importorskip("tensorflow")
 
 from gateway.errors import ConfigError  # noqa: E402
-from gateway.kserve.model import TensorModel  # noqa: E402
+from gateway.tensor.model import TensorModel  # noqa: E402
 from gateway.repository.layout import find_model_dir  # noqa: E402
 from gateway.repository.model_config import parse_model_config  # noqa: E402
 from tests.engines.backends import tensorflow_models  # noqa: E402

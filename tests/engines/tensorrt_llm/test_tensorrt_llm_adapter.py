@@ -21,7 +21,8 @@ from engines.remote.tokenizer import load_tokenizer
 from engines.types import GenerationRequest, SamplingParams
 from gateway.errors import ServiceUnavailableError
 from gateway.repository.layout import ModelDir, resolve_source
-from gateway.scheduler.llm.admission import AdmissionLimits, AdmissionScheduler
+from gateway.repository.model_config import SchedulerConfig
+from gateway.scheduler.llm.admission import AdmissionScheduler
 from tests.conftest import ServerProcess
 
 STANDIN = Path(__file__).parent / "standin"
@@ -153,7 +154,7 @@ async def test_streams_deltas_to_the_canned_answer(trt, tokenizer_dir: Path) -> 
 
 async def test_closing_the_stream_aborts_the_tensorrt_llm_request(trt, tokenizer_dir: Path) -> None:  # type: ignore[no-untyped-def]
     engine = make_engine(tokenizer_dir, step_seconds=0.01)
-    scheduler = AdmissionScheduler(engine, AdmissionLimits(max_concurrent=2))
+    scheduler = AdmissionScheduler(engine, SchedulerConfig(max_num_seqs=2))
     await scheduler.start()
     stream = scheduler.generate(req("gone", ignore_eos=True, max_tokens=500))
     await anext(stream)
@@ -166,7 +167,7 @@ async def test_closing_the_stream_aborts_the_tensorrt_llm_request(trt, tokenizer
 
 async def test_failures_fail_the_request_or_the_engine(trt, tokenizer_dir: Path) -> None:  # type: ignore[no-untyped-def]
     engine = make_engine(tokenizer_dir)
-    scheduler = AdmissionScheduler(engine, AdmissionLimits())
+    scheduler = AdmissionScheduler(engine)
     await scheduler.start()
     llm = trt.LLM.instances[-1]
     llm.fail_at = 2  # a RequestError: this request fails, the engine serves on

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.errors import ConfigError, InvalidRequestError, ModelNotFoundError
-from gateway.repository.registry import CONTROL_DISABLED, ModelControlDisabledError, ModelRegistry
+from gateway.repository.model_control import CONTROL_DISABLED, ModelControl, ModelControlDisabledError
 from tests.gateway.repository.tiny_models import write_tagger, x_input
 
 
@@ -19,29 +19,29 @@ def repo(tmp_path: Path) -> Path:
     return root
 
 
-async def tag_of(registry: ModelRegistry, name: str = "tagger") -> str:
-    _, outputs = await registry.get(name).tensor.infer([x_input()])
+async def tag_of(registry: ModelControl, name: str = "tagger") -> str:
+    _, outputs = await registry.models.get(name).tensor.infer([x_input()])
     return next(o for o in outputs if o.name == "TAG").array[0, 0].decode()
 
 
-async def start(registry: ModelRegistry) -> None:
+async def start(registry: ModelControl) -> None:
     registry.prepare()
     for model in registry.load_all():
         await model.start()
 
 
-async def close(registry: ModelRegistry) -> None:
+async def close(registry: ModelControl) -> None:
     await registry.close()
-    for model in registry.all_models():
+    for model in registry.models.all_models():
         await model.stop()
 
 
 @pytest.mark.parametrize("mode", ["none", "poll"])
 async def test_load_and_unload_are_refused_outside_explicit_mode(repo: Path, mode: str) -> None:
-    registry = ModelRegistry(repo, control_mode=mode)
+    registry = ModelControl(repo, control_mode=mode)
     await start(registry)
     try:
-        assert {m.name for m in registry.all_models()} == {"tagger", "other"}  # everything loads at startup
+        assert {m.name for m in registry.models.all_models()} == {"tagger", "other"}  # everything loads at startup
         for call in (registry.load("tagger"), registry.unload("tagger"), registry.load("../etc")):
             with pytest.raises(ModelControlDisabledError) as refused:
                 await call
@@ -55,53 +55,53 @@ async def test_load_and_unload_are_refused_outside_explicit_mode(repo: Path, mod
 
 
 async def test_explicit_mode_loads_nothing_until_asked(repo: Path) -> None:
-    registry = ModelRegistry(repo, control_mode="explicit")
+    registry = ModelControl(repo, control_mode="explicit")
     await start(registry)
     try:
-        assert registry.all_models() == []
-        assert registry.index() == [{"name": "other"}, {"name": "tagger"}]  # never loaded: the name only, as Triton
-        assert registry.index(ready_only=True) == []
+        assert registry.models.all_models() == []
+        assert registry.states.index() == [{"name": "other"}, {"name": "tagger"}]  # never loaded: the name only, as Triton
+        assert registry.states.index(ready_only=True) == []
         with pytest.raises(ModelNotFoundError):
-            registry.get("tagger")
+            registry.models.get("tagger")
         await registry.load("tagger")
         assert await tag_of(registry) == "v1:a"
-        assert {"name": "tagger", "version": "1", "state": "READY", "reason": ""} in registry.index()
+        assert {"name": "tagger", "version": "1", "state": "READY", "reason": ""} in registry.states.index()
         await registry.unload("tagger")
         with pytest.raises(ModelNotFoundError):
-            registry.get("tagger")
-        assert {"name": "tagger", "version": "", "state": "UNAVAILABLE", "reason": "unloaded"} in registry.index()
+            registry.models.get("tagger")
+        assert {"name": "tagger", "version": "", "state": "UNAVAILABLE", "reason": "unloaded"} in registry.states.index()
     finally:
         await close(registry)
 
 
 async def test_explicit_mode_loads_the_named_models_at_startup(repo: Path) -> None:
-    registry = ModelRegistry(repo, control_mode="explicit", load_models=["tagger"])
+    registry = ModelControl(repo, control_mode="explicit", load_models=["tagger"])
     await start(registry)
     try:
-        assert [m.name for m in registry.all_models()] == ["tagger"]
+        assert [m.name for m in registry.models.all_models()] == ["tagger"]
     finally:
         await close(registry)
-    everything = ModelRegistry(repo, control_mode="explicit", load_models=["*"])
+    everything = ModelControl(repo, control_mode="explicit", load_models=["*"])
     await start(everything)
     try:
-        assert {m.name for m in everything.all_models()} == {"tagger", "other"}
+        assert {m.name for m in everything.models.all_models()} == {"tagger", "other"}
     finally:
         await close(everything)
 
 
 def test_unknown_or_bad_startup_model_is_a_config_error(repo: Path) -> None:
     with pytest.raises(ConfigError, match="--load-model missing: .* no model folder 'missing'"):
-        ModelRegistry(repo, control_mode="explicit", load_models=["missing"]).prepare()
+        ModelControl(repo, control_mode="explicit", load_models=["missing"]).prepare()
     with pytest.raises(ConfigError, match="--load-model"):
-        ModelRegistry(repo, control_mode="explicit", load_models=["../tagger"]).prepare()
+        ModelControl(repo, control_mode="explicit", load_models=["../tagger"]).prepare()
 
 
 def test_empty_repository_is_an_error_only_in_none_mode(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="--model-control-mode=poll or explicit"):
-        ModelRegistry(tmp_path / "empty").prepare()
+        ModelControl(tmp_path / "empty").prepare()
     for mode in ("explicit", "poll"):
-        registry = ModelRegistry(tmp_path / "empty", control_mode=mode)
+        registry = ModelControl(tmp_path / "empty", control_mode=mode)
         registry.prepare()
         assert registry.load_all() == []
 
@@ -116,7 +116,7 @@ HOSTILE = [
 
 @pytest.mark.parametrize("name", HOSTILE)
 async def test_hostile_names_are_400_before_the_file_system(repo: Path, name: str, monkeypatch) -> None:
-    registry = ModelRegistry(repo, control_mode="explicit")
+    registry = ModelControl(repo, control_mode="explicit")
     registry.prepare()
     from gateway.repository import layout
 
@@ -133,4 +133,4 @@ async def test_hostile_names_are_400_before_the_file_system(repo: Path, name: st
             await call(name)
         assert refused.value.status == 400 and "not a valid model name" in refused.value.message
     assert touched == []  # refused before any path was built from the name
-    assert registry.all_models() == []
+    assert registry.models.all_models() == []

@@ -11,7 +11,8 @@ import pytest
 
 from engines.types import GenerationOutput, GenerationRequest, SamplingParams
 from gateway.errors import InvalidRequestError, ModelNotFoundError, ServiceUnavailableError
-from gateway.repository.registry import LoadedModel, ModelRegistry
+from gateway.repository.loaded_model import LoadedLLM, LoadedModel
+from gateway.repository.model_control import ModelControl
 from gateway.repository.serving import ServingScheduler
 from gateway.scheduler.llm.interface import LLMScheduler, SchedulerStats
 from tests.gateway.repository.tiny_models import set_tag, write_tagger, x_input
@@ -27,21 +28,21 @@ async def infer_tag(model: LoadedModel) -> str:
 
 
 @pytest.fixture
-async def registry(tmp_path: Path) -> AsyncIterator[ModelRegistry]:
+async def registry(tmp_path: Path) -> AsyncIterator[ModelControl]:
     repo = tmp_path / "repo"
     write_tagger(repo, "tagger", tag="a", delay=0.3)
-    reg = ModelRegistry(repo, control_mode="explicit", load_models=["*"], drain_timeout_s=10)
+    reg = ModelControl(repo, control_mode="explicit", load_models=["*"], drain_timeout_s=10)
     reg.prepare()
     for model in reg.load_all():
         await model.start()
     yield reg
     await reg.close()
-    for model in reg.all_models():
+    for model in reg.models.all_models():
         await model.stop()
 
 
-async def test_reload_under_load_drops_nothing(registry: ModelRegistry) -> None:
-    old = registry.get("tagger")
+async def test_reload_under_load_drops_nothing(registry: ModelControl) -> None:
+    old = registry.models.get("tagger")
     stopped = asyncio.Event()
     real_stop = old.stop
 
@@ -56,8 +57,8 @@ async def test_reload_under_load_drops_nothing(registry: ModelRegistry) -> None:
     assert old.in_flight == 12
     set_tag(registry.root / "tagger", "b", delay=0.0)
     new = await registry.load("tagger")  # returns once the new copy serves
-    assert registry.get("tagger") is new and new is not old
-    assert await infer_tag(registry.get("tagger")) == "v1:b"
+    assert registry.models.get("tagger") is new and new is not old
+    assert await infer_tag(registry.models.get("tagger")) == "v1:b"
     assert not stopped.is_set()  # the old copy still finishes its requests
     assert await asyncio.gather(*in_flight) == ["v1:a"] * 12
     await asyncio.wait_for(stopped.wait(), 5)
@@ -65,14 +66,14 @@ async def test_reload_under_load_drops_nothing(registry: ModelRegistry) -> None:
     assert await infer_tag(old) == "v1:b"
 
 
-async def test_failed_reload_keeps_the_old_copy_serving(registry: ModelRegistry) -> None:
-    old = registry.get("tagger")
+async def test_failed_reload_keeps_the_old_copy_serving(registry: ModelControl) -> None:
+    old = registry.models.get("tagger")
     (registry.root / "tagger" / "config.yaml").write_text("backend: python\nmax_batch_size: -3\n")
     with pytest.raises(InvalidRequestError, match="(?s)failed to load 'tagger'.*max_batch_size"):
         await registry.load("tagger")
-    assert registry.get("tagger") is old
+    assert registry.models.get("tagger") is old
     assert await infer_tag(old) == "v1:a"
-    [row] = [r for r in registry.index() if r["name"] == "tagger"]
+    [row] = [r for r in registry.states.index() if r["name"] == "tagger"]
     assert row["state"] == "READY" and row["version"] == "1"
     assert row["reason"].startswith("reload failed, serving the previous copy:") and "max_batch_size" in row["reason"]
     # weights/code that fail to load: same
@@ -80,35 +81,35 @@ async def test_failed_reload_keeps_the_old_copy_serving(registry: ModelRegistry)
     (registry.root / "tagger" / "1" / "model.py").write_text("raise RuntimeError('broken weights')\n")
     with pytest.raises(InvalidRequestError, match="RuntimeError: broken weights"):
         await registry.load("tagger")
-    assert registry.get("tagger") is old and await infer_tag(old) == "v1:a"
+    assert registry.models.get("tagger") is old and await infer_tag(old) == "v1:a"
     # fixed: the next load works and clears the reason
     write_tagger(registry.root, "tagger", tag="d", code_version="v2")
     await registry.load("tagger")
-    assert await infer_tag(registry.get("tagger")) == "v2:d"
-    assert [r["reason"] for r in registry.index() if r["name"] == "tagger"] == [""]
+    assert await infer_tag(registry.models.get("tagger")) == "v2:d"
+    assert [r["reason"] for r in registry.states.index() if r["name"] == "tagger"] == [""]
 
 
-async def test_unload_drains_in_flight_requests(registry: ModelRegistry) -> None:
-    old = registry.get("tagger")
+async def test_unload_drains_in_flight_requests(registry: ModelControl) -> None:
+    old = registry.models.get("tagger")
     running = [asyncio.create_task(infer_tag(old)) for _ in range(3)]
     await asyncio.sleep(0.05)
     unloading = asyncio.create_task(registry.unload("tagger"))
     await asyncio.sleep(0.05)
     with pytest.raises(ModelNotFoundError):
-        registry.get("tagger")  # out of service at once
-    assert [r["state"] for r in registry.index() if r["name"] == "tagger"] == ["UNLOADING"]
+        registry.models.get("tagger")  # out of service at once
+    assert [r["state"] for r in registry.states.index() if r["name"] == "tagger"] == ["UNLOADING"]
     with pytest.raises(ServiceUnavailableError, match="unloading"):
         await infer_tag(old)  # a late caller holding the old copy: 503, not a hang
     assert not unloading.done()
     assert await asyncio.gather(*running) == ["v1:a"] * 3
     await asyncio.wait_for(unloading, 5)
-    assert [r["state"] for r in registry.index() if r["name"] == "tagger"] == ["UNAVAILABLE"]
+    assert [r["state"] for r in registry.states.index() if r["name"] == "tagger"] == ["UNAVAILABLE"]
 
 
 async def test_drain_timeout_stops_a_stuck_copy(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     write_tagger(repo, "tagger", delay=1.0)
-    registry = ModelRegistry(repo, control_mode="explicit", load_models=["tagger"], drain_timeout_s=0.2)
+    registry = ModelControl(repo, control_mode="explicit", load_models=["tagger"], drain_timeout_s=0.2)
     registry.prepare()
     [model] = registry.load_all()
     await model.start()
@@ -166,14 +167,14 @@ async def collect(scheduler: LLMScheduler) -> list[str]:
 
 async def test_llm_copies_hand_over_the_same_way() -> None:
     old_inner, new_inner = FakeLLM("old", gap=0.3), FakeLLM("new", gap=0.01)
-    old = LoadedModel("m", None, scheduler=ServingScheduler(old_inner, "m"))  # type: ignore[arg-type]
-    new = LoadedModel("m", None, scheduler=ServingScheduler(new_inner, "m"))  # type: ignore[arg-type]
+    old = LoadedLLM(name="m", config=None, scheduler=ServingScheduler(old_inner, "m"))  # type: ignore[arg-type]
+    new = LoadedLLM(name="m", config=None, scheduler=ServingScheduler(new_inner, "m"))  # type: ignore[arg-type]
     assert old.scheduler.extra == "engine-specific" and old.scheduler.stats().running == 1  # the inner's
     running = asyncio.create_task(collect(old.scheduler))
     await asyncio.sleep(0.02)
     assert old.in_flight == 1
-    registry = ModelRegistry(Path("."), drain_timeout_s=5)
-    retiring = asyncio.create_task(registry._drain_and_stop(old, new, None))
+    registry = ModelControl(Path("."), drain_timeout_s=5)
+    retiring = asyncio.create_task(registry.retiring.drain_and_stop(old, new))
     await asyncio.sleep(0.01)
     assert await collect(old.scheduler) == ["new"] * 3  # a late caller is forwarded to the successor
     assert not old_inner.stopped

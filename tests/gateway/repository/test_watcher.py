@@ -12,7 +12,7 @@ import pytest
 
 from gateway.errors import ModelNotFoundError
 from gateway.repository.layout import folder_fingerprint
-from gateway.repository.registry import ModelRegistry
+from gateway.repository.model_control import ModelControl
 from gateway.repository.watcher import RepositoryWatcher, scan_fingerprints
 from tests.gateway.repository.tiny_models import set_tag, write_tagger, x_input
 
@@ -51,41 +51,41 @@ def test_scan_lists_model_folders_only(tmp_path: Path) -> None:
     assert not found["tagger"].startswith("refused:")
 
 
-async def tag_of(registry: ModelRegistry, name: str = "tagger") -> str:
-    _, outputs = await registry.get(name).tensor.infer([x_input()])
+async def tag_of(registry: ModelControl, name: str = "tagger") -> str:
+    _, outputs = await registry.models.get(name).tensor.infer([x_input()])
     return next(o for o in outputs if o.name == "TAG").array[0, 0].decode()
 
 
 @pytest.fixture
-async def polled(tmp_path: Path) -> AsyncIterator[tuple[ModelRegistry, RepositoryWatcher]]:
+async def polled(tmp_path: Path) -> AsyncIterator[tuple[ModelControl, RepositoryWatcher]]:
     repo = tmp_path / "repo"
     write_tagger(repo, "tagger", tag="a")
-    registry = ModelRegistry(repo, control_mode="poll", drain_timeout_s=5)
+    registry = ModelControl(repo, control_mode="poll", drain_timeout_s=5)
     registry.prepare()
     for model in registry.load_all():
         await model.start()
     yield registry, RepositoryWatcher(registry, 60)  # polled by hand below
     await registry.close()
-    for model in registry.all_models():
+    for model in registry.models.all_models():
         await model.stop()
 
 
 async def test_nothing_changes_nothing(polled) -> None:
     registry, watcher = polled
-    before = registry.get("tagger")
+    before = registry.models.get("tagger")
     for _ in range(3):
         assert await watcher.poll() == ({}, [])
-    assert registry.get("tagger") is before
+    assert registry.models.get("tagger") is before
 
 
 async def test_changed_config_reloads_after_it_settles(polled) -> None:
     registry, watcher = polled
-    old = registry.get("tagger")
+    old = registry.models.get("tagger")
     set_tag(registry.root / "tagger", "b")
     assert await watcher.poll() == ({}, [])  # first sight: maybe still being written
     changed, removed = await watcher.poll()  # the same twice: apply
     assert list(changed) == ["tagger"] and removed == []
-    assert registry.get("tagger") is not old and await tag_of(registry) == "v1:b"
+    assert registry.models.get("tagger") is not old and await tag_of(registry) == "v1:b"
     assert await watcher.poll() == ({}, [])  # applied once
 
 
@@ -99,19 +99,19 @@ async def test_changed_model_file_reloads(polled) -> None:
 
 async def test_broken_config_keeps_the_old_copy_then_recovers(polled) -> None:
     registry, watcher = polled
-    old = registry.get("tagger")
+    old = registry.models.get("tagger")
     (registry.root / "tagger" / "config.yaml").write_text("backend: python\nmax_batch_size: 8\nbogus_field: 1\n")
     await watcher.poll()
     await watcher.poll()
-    assert registry.get("tagger") is old and await tag_of(registry) == "v1:a"
-    [row] = [r for r in registry.index() if r["name"] == "tagger"]
+    assert registry.models.get("tagger") is old and await tag_of(registry) == "v1:a"
+    [row] = [r for r in registry.states.index() if r["name"] == "tagger"]
     assert row["state"] == "READY" and "reload failed" in row["reason"] and "bogus_field" in row["reason"]
     assert await watcher.poll() == ({}, [])  # not retried (nor logged) every poll while the files stay the same
     set_tag(registry.root / "tagger", "fixed")
     await watcher.poll()
     await watcher.poll()
     assert await tag_of(registry) == "v1:fixed"
-    assert [r["reason"] for r in registry.index() if r["name"] == "tagger"] == [""]
+    assert [r["reason"] for r in registry.states.index() if r["name"] == "tagger"] == [""]
 
 
 async def test_new_and_removed_folders(polled) -> None:
@@ -123,18 +123,18 @@ async def test_new_and_removed_folders(polled) -> None:
     changed, _ = await watcher.poll()
     assert sorted(changed) == ["broken", "fresh"]
     assert await tag_of(registry, "fresh") == "v1:new"
-    [row] = [r for r in registry.index() if r["name"] == "broken"]
+    [row] = [r for r in registry.states.index() if r["name"] == "broken"]
     assert row["state"] == "UNAVAILABLE" and "backend" in row["reason"]
     with pytest.raises(ModelNotFoundError):
-        registry.get("broken")
-    old = registry.get("tagger")
+        registry.models.get("broken")
+    old = registry.models.get("tagger")
     shutil.rmtree(registry.root / "tagger")
     assert await watcher.poll() == ({}, [])
     _, removed = await watcher.poll()
     assert removed == ["tagger"]
     with pytest.raises(ModelNotFoundError):
-        registry.get("tagger")
-    await asyncio.wait_for(asyncio.gather(*registry._retiring), 5)
+        registry.models.get("tagger")
+    await asyncio.wait_for(asyncio.gather(*registry.retiring.tasks), 5)
     assert all(not e.batcher._loop_task or e.batcher._loop_task.done() for e in old.tensor.versions.values())
     assert "tagger" not in registry.fingerprints()
 
@@ -146,7 +146,7 @@ async def test_a_missing_repository_unloads_nothing(polled) -> None:
     try:
         with pytest.raises(Exception, match="not a directory"):
             await watcher.poll()
-        assert registry.get("tagger")
+        assert registry.models.get("tagger")
     finally:
         moved.rename(registry.root)
 
@@ -154,7 +154,7 @@ async def test_a_missing_repository_unloads_nothing(polled) -> None:
 async def test_background_polling(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     write_tagger(repo, "tagger", tag="a")
-    registry = ModelRegistry(repo, control_mode="poll")
+    registry = ModelControl(repo, control_mode="poll")
     registry.prepare()
     for model in registry.load_all():
         await model.start()
@@ -168,11 +168,11 @@ async def test_background_polling(tmp_path: Path) -> None:
         assert await tag_of(registry) == "v1:b"
     finally:
         await registry.close()
-        for model in registry.all_models():
+        for model in registry.models.all_models():
             await model.stop()
     assert registry._watcher is None
 
 
 def test_interval_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
-        RepositoryWatcher(ModelRegistry(tmp_path), 0)
+        RepositoryWatcher(ModelControl(tmp_path), 0)

@@ -10,7 +10,8 @@ import pytest
 from engines.interface import AsyncGenerateEngine, EngineUnavailableError, RequestRefusedError, Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SamplingParams
 from gateway.errors import InvalidRequestError, RateLimitError, ServiceUnavailableError
-from gateway.scheduler.llm.admission import AdmissionLimits, AdmissionScheduler
+from gateway.repository.model_config import SchedulerConfig
+from gateway.scheduler.llm.admission import AdmissionScheduler
 
 
 class NullTokenizer(Tokenizer):
@@ -116,7 +117,7 @@ async def drain(scheduler: AdmissionScheduler, request: GenerationRequest) -> li
 
 
 async def started(
-    limits: AdmissionLimits, engine: ScriptedEngine | None = None
+    limits: SchedulerConfig, engine: ScriptedEngine | None = None
 ) -> tuple[AdmissionScheduler, ScriptedEngine]:
     engine = engine or ScriptedEngine()
     scheduler = AdmissionScheduler(engine, limits)
@@ -132,7 +133,7 @@ async def until(predicate, timeout: float = 2.0) -> None:  # type: ignore[no-unt
 
 
 async def test_caps_requests_inside_the_engine() -> None:
-    scheduler, engine = await started(AdmissionLimits(max_concurrent=2))
+    scheduler, engine = await started(SchedulerConfig(max_num_seqs=2))
     results = await asyncio.gather(*(drain(scheduler, req(f"r{i}")) for i in range(6)))
     assert engine.max_in_flight == 2
     assert all(r[-1].finished and r[-1].completion_tokens == 3 for r in results)
@@ -140,7 +141,7 @@ async def test_caps_requests_inside_the_engine() -> None:
 
 
 async def test_waiting_requests_enter_by_priority_then_arrival() -> None:
-    scheduler, engine = await started(AdmissionLimits(max_concurrent=1))
+    scheduler, engine = await started(SchedulerConfig(max_num_seqs=1))
     engine.gate = asyncio.Event()
     holder = asyncio.create_task(drain(scheduler, req("holder")))
     await until(lambda: engine.started == ["holder"])
@@ -153,7 +154,7 @@ async def test_waiting_requests_enter_by_priority_then_arrival() -> None:
 
 
 async def test_aging_lets_a_starved_request_jump_the_priorities() -> None:
-    scheduler, engine = await started(AdmissionLimits(max_concurrent=1, aging_seconds=0.05))
+    scheduler, engine = await started(SchedulerConfig(max_num_seqs=1, aging_seconds=0.05))
     engine.gate = asyncio.Event()
     holder = asyncio.create_task(drain(scheduler, req("holder")))
     await until(lambda: engine.started == ["holder"])
@@ -168,7 +169,7 @@ async def test_aging_lets_a_starved_request_jump_the_priorities() -> None:
 
 
 async def test_full_queue_is_429_with_retry_after() -> None:
-    scheduler, engine = await started(AdmissionLimits(max_concurrent=1, max_queue_size=1))
+    scheduler, engine = await started(SchedulerConfig(max_num_seqs=1, max_queue_size=1))
     engine.gate = asyncio.Event()
     holder = asyncio.create_task(drain(scheduler, req("holder")))
     queued = asyncio.create_task(drain(scheduler, req("queued")))
@@ -182,7 +183,7 @@ async def test_full_queue_is_429_with_retry_after() -> None:
 
 
 async def test_closing_the_stream_aborts_the_engine_request_and_frees_its_slot() -> None:
-    scheduler, engine = await started(AdmissionLimits(max_concurrent=1), ScriptedEngine(tokens=50))
+    scheduler, engine = await started(SchedulerConfig(max_num_seqs=1), ScriptedEngine(tokens=50))
     stream = scheduler.generate(req("gone"))
     first = await anext(stream)
     assert not first.finished
@@ -194,7 +195,7 @@ async def test_closing_the_stream_aborts_the_engine_request_and_frees_its_slot()
 
 
 async def test_a_request_cancelled_while_waiting_leaves_no_trace() -> None:
-    scheduler, engine = await started(AdmissionLimits(max_concurrent=1))
+    scheduler, engine = await started(SchedulerConfig(max_num_seqs=1))
     engine.gate = asyncio.Event()
     holder = asyncio.create_task(drain(scheduler, req("holder")))
     await until(lambda: engine.started == ["holder"])
@@ -211,7 +212,7 @@ async def test_a_request_cancelled_while_waiting_leaves_no_trace() -> None:
 
 
 async def test_engine_errors_become_gateway_errors() -> None:
-    scheduler, engine = await started(AdmissionLimits())
+    scheduler, engine = await started(SchedulerConfig())
     engine.behaviour = {"bad": "value_error", "field": "refused", "down": "unavailable", "crash": "crash",
                         "cut": "truncate"}
     with pytest.raises(InvalidRequestError, match="prompt too long") as bad:
@@ -232,7 +233,7 @@ async def test_engine_errors_become_gateway_errors() -> None:
 
 
 async def test_an_unhealthy_engine_makes_the_model_unready_and_refuses_with_503() -> None:
-    scheduler, engine = await started(AdmissionLimits())
+    scheduler, engine = await started(SchedulerConfig())
     assert scheduler.healthy
     engine.is_healthy = False
     assert not scheduler.healthy
@@ -242,7 +243,7 @@ async def test_an_unhealthy_engine_makes_the_model_unready_and_refuses_with_503(
 
 
 async def test_stop_fails_waiting_requests_and_shuts_the_engine_down() -> None:
-    scheduler, engine = await started(AdmissionLimits(max_concurrent=1))
+    scheduler, engine = await started(SchedulerConfig(max_num_seqs=1))
     engine.gate = asyncio.Event()
     holder = scheduler.generate(req("holder"))
     holder_task = asyncio.create_task(anext(holder))
@@ -262,6 +263,6 @@ async def test_stop_fails_waiting_requests_and_shuts_the_engine_down() -> None:
 
 
 async def test_sessions_are_the_engines_business() -> None:
-    scheduler, engine = await started(AdmissionLimits())
+    scheduler, engine = await started(SchedulerConfig())
     assert scheduler.delete_session("s1")
     assert engine.sessions_deleted == ["s1"]

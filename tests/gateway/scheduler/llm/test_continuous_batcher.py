@@ -11,9 +11,9 @@ import pytest
 
 from engines.types import GenerationRequest
 from gateway.errors import ServiceUnavailableError
+from gateway.repository.model_config import KVCacheConfig, SchedulerConfig
 from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
-from gateway.scheduler.llm.step_scheduler import BatcherLimits
-from tests.gateway.scheduler.llm.test_step_scheduler import CountingEngine, req
+from tests.gateway.scheduler.llm.test_step_scheduler import CountingEngine, req, tiny_budget
 
 
 async def drain(batcher: ContinuousBatcher, r: GenerationRequest) -> tuple[str, str | None, int]:
@@ -28,7 +28,7 @@ async def drain(batcher: ContinuousBatcher, r: GenerationRequest) -> tuple[str, 
 @pytest.fixture
 async def setup():
     engine = CountingEngine()
-    batcher = ContinuousBatcher(engine, BatcherLimits(max_num_seqs=4, max_num_batched_tokens=8))
+    batcher = ContinuousBatcher(engine, tiny_budget(max_num_seqs=4, max_num_batched_tokens=8))
     await batcher.start()
     yield engine, batcher
     await batcher.stop()
@@ -77,7 +77,7 @@ async def test_engine_failure_fails_only_that_step() -> None:
             return super().execute(batch)
 
     engine = Flaky()
-    batcher = ContinuousBatcher(engine, BatcherLimits())
+    batcher = ContinuousBatcher(engine)
     await batcher.start()
     try:
         _, reason, _ = await drain(batcher, req("a", "abc", max_tokens=5))
@@ -90,7 +90,8 @@ async def test_engine_failure_fails_only_that_step() -> None:
 
 async def test_idle_loop_expires_sessions() -> None:
     engine = CountingEngine(num_blocks=16, block_size=4)
-    batcher = ContinuousBatcher(engine, BatcherLimits(max_num_batched_tokens=64, session_ttl_seconds=0.2))
+    batcher = ContinuousBatcher(engine, SchedulerConfig(max_num_batched_tokens=64),
+                                KVCacheConfig(session_ttl_seconds=0.2))
     await batcher.start()
     try:
         r = req("s1", "abcdefghijkl", max_tokens=1)
@@ -105,7 +106,7 @@ async def test_idle_loop_expires_sessions() -> None:
 
 async def test_stop_ends_in_flight_streams_and_refuses_new_ones() -> None:
     engine = CountingEngine()
-    batcher = ContinuousBatcher(engine, BatcherLimits(max_num_seqs=1))
+    batcher = ContinuousBatcher(engine, SchedulerConfig(max_num_seqs=1))
     with pytest.raises(ServiceUnavailableError):
         await drain(batcher, req("early", "abc"))
     await batcher.start()

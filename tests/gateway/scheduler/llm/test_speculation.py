@@ -16,8 +16,8 @@ import pytest
 
 from engines.types import EngineInfo, SamplingParams, SequenceStep, StepResult
 from gateway.kv_cache.manager import KVCacheManager
+from gateway.repository.engine_config import SpeculativeSection
 from gateway.scheduler.llm.ngram_draft import NgramIndex
-from gateway.scheduler.llm.speculation import SpeculativeConfig
 from tests.char_tokenizer import EOS
 from tests.gateway.scheduler.llm.test_step_scheduler import CountingEngine, req, run, scheduler, summary
 
@@ -71,10 +71,10 @@ class VerifyingEngine(CountingEngine):
         return result
 
 
-SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3, disable_by_batch_size=4)
+SPEC = SpeculativeSection(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3, disable_by_batch_size=4)
 
 
-def outputs(spec: SpeculativeConfig | None, *requests, rule: Rule = counting_with_turns, **limits):
+def outputs(spec: SpeculativeSection | None, *requests, rule: Rule = counting_with_turns, **limits):
     engine = VerifyingEngine(rule)
     sched = scheduler(engine, max_num_seqs=4, max_num_batched_tokens=32, speculative=spec, **limits)
     outs = run(sched, engine, *requests)
@@ -177,7 +177,7 @@ def test_low_acceptance_pauses_proposals() -> None:
 
 def test_large_batches_and_unverifiable_requests_get_no_proposals() -> None:
     many = [req(f"r{i}", "abcdefghij" * 3, max_tokens=10) for i in range(4)]
-    _, engine, _ = outputs(SpeculativeConfig(disable_by_batch_size=3, prompt_lookup_min=1), *many)
+    _, engine, _ = outputs(SpeculativeSection(disable_by_batch_size=3, prompt_lookup_min=1), *many)
     assert not any(s.num_draft_tokens for step in engine.steps for s in step if len(step) > 3)
     for kw in ({"logprobs": 1}, {"temperature": 1.0, "seed": 7}):
         r = req("x", "abcdefghij" * 3, max_tokens=10)

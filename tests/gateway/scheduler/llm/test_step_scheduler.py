@@ -14,7 +14,9 @@ import pytest
 from engines.interface import StepEngine, Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SamplingParams, SequenceStep, StepResult
 from gateway.errors import RateLimitError
-from gateway.scheduler.llm.step_scheduler import BatcherLimits, StepScheduler
+from gateway.repository.engine_config import SpeculativeSection
+from gateway.repository.model_config import KVCacheConfig, SchedulerConfig
+from gateway.scheduler.llm.step_scheduler import StepScheduler
 from tests.char_tokenizer import EOS, CharTokenizer
 
 
@@ -52,8 +54,17 @@ def req(rid: str, prompt: str, max_tokens: int = 4, priority: int = 0, **kw: obj
     return GenerationRequest(rid, CharTokenizer().encode(prompt), SamplingParams(temperature=0, max_tokens=max_tokens, **kw), priority)
 
 
-def scheduler(engine: CountingEngine, **limits: object) -> StepScheduler:
-    return StepScheduler(engine.info, engine.tokenizer, BatcherLimits(**limits))  # type: ignore[arg-type]
+def tiny_budget(**fields: object) -> SchedulerConfig:
+    """A scheduler section whose token budget may be below the config's minimum of 16, so a few characters of
+    prompt already need several chunks (the toy engines' tokens are characters)."""
+    return SchedulerConfig.model_construct(**fields)  # type: ignore[arg-type]
+
+
+def scheduler(engine: CountingEngine, speculative: SpeculativeSection | None = None, **limits: object) -> StepScheduler:
+    """A policy over `engine` with the model config's sections; `limits`: fields of `scheduler` and `kv_cache`."""
+    kv = {k: limits.pop(k) for k in list(limits) if k in KVCacheConfig.model_fields}
+    return StepScheduler(engine.info, engine.tokenizer, tiny_budget(**limits),
+                         KVCacheConfig(**kv), speculative)  # type: ignore[arg-type]
 
 
 def step(sched: StepScheduler, engine: CountingEngine) -> list[GenerationOutput]:

@@ -20,16 +20,16 @@ from engines.interface import TensorBackend
 from engines.types import TensorModelSpec, TensorSpec
 from gateway.errors import ConfigError, InternalError, InvalidRequestError, NotFoundError
 from gateway.inference_stats import ModelStats
-from gateway.kserve.codec import DATATYPES, InputTensor, OutputTensor, TensorCodecError, decode_binary_tensor
-from gateway.kserve.config_view import config_json
-from gateway.kserve.validation import finish_outputs, prepare_inputs
 from gateway.repository.layout import ModelDir, resolve_source
 from gateway.repository.serving import InFlight
 from gateway.repository.tensor_config import DynamicBatching, TensorModelConfig
 from gateway.scheduler.tensor.dynamic_batcher import BatchingPolicy, DynamicBatcher, QueueRules
 from gateway.scheduler.tensor.rate_limiter import InstanceGate, RateLimiter
+from gateway.tensor.triton_config import config_json
+from gateway.tensor.validation import finish_outputs, prepare_inputs
+from gateway.tensors import DATATYPES, InputTensor, OutputTensor, TensorCodecError, decode_binary_tensor
 
-log = logging.getLogger("switchyard.kserve")
+log = logging.getLogger("switchyard.tensor")
 
 #: Triton's `default-max-batch-size`: what auto-complete gives a batchable model whose config omits max_batch_size.
 DEFAULT_MAX_BATCH_SIZE = 4
@@ -144,7 +144,7 @@ class TensorModel:
                 raise
             log.exception("model '%s' failed to load", self.name)
             raise ConfigError(f"{self.dir.config_path}: the model failed to load ({type(exc).__name__}: "
-                              f"{str(exc)[:300]}); see the server log.") from None
+                              f"{str(exc)[:300]})") from None
         if any(g.kind == "KIND_GPU" for g in self.config.instance_group):
             log.warning("model '%s': instance_group kind KIND_GPU runs on the CPU in this build", self.name)
 

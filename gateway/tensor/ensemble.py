@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gateway.errors import ConfigError, InternalError, ServiceUnavailableError
 from gateway.inference_stats import failure_reason
-from gateway.kserve.codec import InputTensor, datatype_of
+from gateway.tensors import InputTensor, datatype_of
+
+if TYPE_CHECKING:
+    from gateway.tensor.model import TensorModel
+
+#: The loaded tensor model that answers a name, or None (the registry's lookup, seen from the runtime).
+FindTensor = Callable[[str], "TensorModel | None"]
 
 
-def check_graph(config_path: Any, inputs: list[str], outputs: list[str], steps: list[Any], registry: Any) -> None:
+def check_graph(config_path: Any, inputs: list[str], outputs: list[str], steps: list[Any], find: FindTensor) -> None:
     """Every step input is produced before it is needed, every output is produced, the step models exist."""
     available = set(inputs)
     pending = list(steps)
@@ -37,8 +43,7 @@ def check_graph(config_path: Any, inputs: list[str], outputs: list[str], steps: 
     if missing_out:
         raise ConfigError(f"{config_path}: ensemble outputs {missing_out} are not produced by any step's output_map.")
     for step in steps:
-        model = next((m for m in registry.all_models() if m.name == step.model_name), None)
-        if model is None or model.tensor is None:
+        if find(step.model_name) is None:
             raise ConfigError(f"{config_path}: ensemble step model '{step.model_name}' is not a loaded tensor model; "
                               "add it to the repository.")
 
@@ -48,9 +53,9 @@ class EnsembleScheduler:
 
     takes_sequence_parameters = False
 
-    def __init__(self, name: str, registry: Any, steps: list[Any], output_names: list[str], stats: Any) -> None:
+    def __init__(self, name: str, find: FindTensor, steps: list[Any], output_names: list[str], stats: Any) -> None:
         self.name = name
-        self.registry = registry
+        self.find = find
         self.steps = steps
         self.output_names = output_names
         self.stats = stats
@@ -62,16 +67,13 @@ class EnsembleScheduler:
         pass
 
     async def _run_step(self, step: Any, tensors: dict[str, np.ndarray], parameters: dict[str, Any]) -> dict[str, Any]:
-        try:
-            model = self.registry.get(step.model_name)
-        except Exception:
-            raise ServiceUnavailableError(f"ensemble '{self.name}': step model '{step.model_name}' is not loaded") from None
-        if model.tensor is None:
-            raise InternalError(f"ensemble '{self.name}': step model '{step.model_name}' is not a tensor model")
+        model = self.find(step.model_name)
+        if model is None:
+            raise ServiceUnavailableError(f"ensemble '{self.name}': step model '{step.model_name}' is not loaded")
         inputs = [InputTensor(model_input, datatype_of(tensors[source]), tensors[source])
                   for model_input, source in step.input_map.items()]
         version = None if step.model_version == -1 else str(step.model_version)
-        _, outputs = await model.tensor.infer(inputs, list(step.output_map), version, parameters)
+        _, outputs = await model.infer(inputs, list(step.output_map), version, parameters)
         return {step.output_map[o.name]: o.array for o in outputs}
 
     async def infer(self, inputs: dict[str, np.ndarray], rows: int = 1, priority: int | None = None,

@@ -16,10 +16,10 @@ import numpy as np
 
 from engines.types import TensorSpec
 from gateway.errors import InternalError, InvalidRequestError
-from gateway.kserve.codec import DATATYPES, InputTensor, OutputTensor
 from gateway.repository.tensor_config import TensorModelConfig
+from gateway.tensors import DATATYPES, InputTensor, OutputTensor
 
-log = logging.getLogger("switchyard.kserve")
+log = logging.getLogger("switchyard.tensor")
 
 
 def prepare_inputs(

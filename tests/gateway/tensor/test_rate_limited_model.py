@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from gateway.errors import ConfigError
-from gateway.kserve.model import TensorModel
+from gateway.tensor.model import TensorModel
 from gateway.repository.layout import find_model_dir
 from gateway.repository.model_config import parse_model_config
 from gateway.scheduler.tensor.rate_limiter import RateLimiter, ResourceLimit
@@ -39,9 +39,9 @@ async def test_dynamic_and_sequence_batchers_wait_on_their_gates(tmp_path: Path)
     copy_with_limiter(tmp_path, "accumulator")
     probe, acc = model(tmp_path, "batch_probe", limiter), model(tmp_path, "accumulator", limiter)
     probe.load()
-    from gateway.kserve.schedulers import scheduler_factory
+    from gateway.tensor.schedulers import scheduler_factory
 
-    acc.load(scheduler_factory(None))
+    acc.load(scheduler_factory(lambda name: None))
     gates = probe.versions[1].gates + acc.versions[1].gates
     assert len(gates) == 4 and {g.priority for g in gates} == {3}
     assert gates[0].needs == {("R", 0): 2, ("G", None): 1}

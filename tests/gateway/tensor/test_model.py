@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from gateway.errors import ConfigError, InvalidRequestError, NotFoundError
-from gateway.kserve.codec import InputTensor, encode_binary_tensor
-from gateway.kserve.model import TensorModel
+from gateway.tensors import InputTensor, encode_binary_tensor
+from gateway.tensor.model import TensorModel
 from gateway.repository.layout import find_model_dir
 from gateway.repository.model_config import parse_model_config
 

@@ -1,0 +1,364 @@
+"""Model lifecycle: what loads, unloads and reloads, and in which state each model folder is (each model is built
+by `builder.py` and published in the `ModelRegistry` the frontends read). Which models load, and when, follows
+Triton's model control modes (`--model-control-mode`):
+
+* `none`: every model loads at startup; the repository API's load/unload is refused.
+* `explicit`: only `--load-model` models load at startup (`*` = all); the repository API loads and unloads.
+* `poll`: every model loads at startup, then `watcher.RepositoryWatcher` applies the repository's changes;
+  the repository API's load/unload is refused.
+
+A reload builds and starts the new copy while the old one serves, swaps them, and stops the old copy only once
+its in-flight requests have finished (see `serving.py`); a failed reload leaves the old copy serving. A failed load
+keeps its reason in the folder's state (`model_states.py`), which the load API's error, the repository index and
+the console show. Names that arrive over the network are checked before the file system is touched (see
+`layout.find_model_dir`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from gateway.errors import (
+    ConfigError,
+    InternalError,
+    InvalidRequestError,
+    NotFoundError,
+    ServiceUnavailableError,
+    SwitchyardError,
+)
+from gateway.heap import collect_retired
+from gateway.repository.builder import build_model
+from gateway.repository.layout import (
+    ModelDir,
+    find_model_dir,
+    folder_fingerprint,
+    is_valid_model_name,
+    resolve_source,
+    scan_repository,
+)
+from gateway.repository.loaded_model import LoadedModel
+from gateway.repository.model_config import AnyModelConfig, ModelConfig, parse_model_config, validate_model_config
+from gateway.repository.model_states import ModelStates
+from gateway.repository.registry import ModelRegistry
+from gateway.repository.tensor_config import TensorModelConfig
+
+if TYPE_CHECKING:
+    from gateway.repository.watcher import RepositoryWatcher
+    from gateway.scheduler.tensor.rate_limiter import RateLimiter
+
+log = logging.getLogger("switchyard.repository")
+
+ControlMode = Literal["none", "explicit", "poll"]
+#: Triton's words when the repository API is off (its tools and scripts look for them).
+CONTROL_DISABLED = "explicit model load / unload is not allowed if polling is enabled"
+DRAIN_TIMEOUT_S = 30.0
+
+
+class ModelControlDisabledError(ServiceUnavailableError):
+    """Load/unload through the repository API in the `none` or `poll` mode: 503 (UNAVAILABLE), as Triton."""
+
+    code = "model_control_disabled"
+
+
+class ModelControl:
+    """Loads, unloads and reloads the repository's models into `models`, and keeps each folder's state."""
+
+    def __init__(
+        self,
+        root: Path,
+        cache_dir: Path | None = None,
+        *,
+        control_mode: ControlMode = "none",
+        load_models: Iterable[str] = (),
+        drain_timeout_s: float = DRAIN_TIMEOUT_S,
+        rate_limiter: RateLimiter | None = None,
+        models: ModelRegistry | None = None,
+    ) -> None:
+        self.root = root
+        self.models = models if models is not None else ModelRegistry()
+        self.rate_limiter = rate_limiter  # the server's --rate-limit, given to every tensor model it loads
+        self.cache_dir = cache_dir
+        self.control_mode = control_mode
+        self.load_models = list(load_models)  # explicit mode: loaded at startup; ["*"] = all
+        self._parsed: list[tuple[ModelDir, AnyModelConfig]] | None = None
+        self.states = ModelStates(root, self.models)  # each folder's state, and the repository index
+        self._fingerprints: dict[str, str] = {}  # folder name -> its files when its last load began (polling)
+        self.retiring = Retirement(drain_timeout_s, self._retired)  # old copies finishing their requests
+        self._watcher: RepositoryWatcher | None = None  # poll mode
+        self._lock: asyncio.Lock | None = None
+
+    # ------------------------------------------------------------------ startup
+
+    def _startup_models(self) -> list[ModelDir]:
+        """The model folders to load at startup, as the control mode says."""
+        if not self.root.is_dir():
+            raise ConfigError(f"model repository '{self.root}' is not a directory; pass --model-repository DIR.")
+        if self.control_mode == "explicit" and self.load_models != ["*"]:
+            found = []
+            for name in self.load_models:
+                try:
+                    model = find_model_dir(self.root, name)
+                except ValueError as exc:
+                    raise ConfigError(f"--load-model: {exc}.") from None
+                if model is None:
+                    raise ConfigError(f"--load-model {name}: the repository '{self.root}' has no model folder '{name}' "
+                                      "with a config file; model names are folder names.")
+                found.append(model)
+            return found
+        found = scan_repository(self.root)
+        if not found and self.control_mode == "none":
+            raise ConfigError(f"model repository '{self.root}' holds no model (no <model>/config.yaml found); add one, "
+                              "or start with --model-control-mode=poll or explicit to add models later.")
+        if not found:
+            log.warning("model repository '%s' holds no model yet", self.root)
+        return found
+
+    def prepare(self) -> None:
+        """Parse and check the startup models' configs without loading weights, so config errors surface before
+        serving. In explicit mode without --load-model nothing loads at startup."""
+        parsed = []
+        for model in self._startup_models():
+            self._fingerprints[model.name] = folder_fingerprint(model.path)
+            config = parse_model_config(model.config_path, model.name)
+            local = config.backend == "pytorch" if isinstance(config, ModelConfig) else bool(config.model.source)
+            if local:  # weights in the folder or a package: checked before anything loads
+                resolve_source(model, config.model.source, "model.source")
+            parsed.append((model, config))
+        self._parsed = parsed
+
+    def _build(self, model: ModelDir, config: AnyModelConfig) -> LoadedModel:
+        """Load one model (blocking)."""
+        return build_model(model, config, self.cache_dir, self.models, self.rate_limiter)
+
+    def load_all(self) -> list[LoadedModel]:
+        """Load each startup model's weights and build its scheduler (blocking; call off the event loop).
+
+        Ensembles load last, so the models they call are there first."""
+        if self._parsed is None:
+            self.prepare()
+        assert self._parsed is not None
+        ordered = sorted(
+            self._parsed, key=lambda mc: isinstance(mc[1], TensorModelConfig) and mc[1].resolved_backend == "ensemble"
+        )
+        loaded = []
+        for model, config in ordered:
+            entry = self._build(model, config)
+            self.models.publish(entry)
+            self.states.set(model.name, "READY")
+            loaded.append(entry)
+        return loaded
+
+    # ------------------------------------------------------------------ repository API (event loop)
+
+    def _locked(self) -> asyncio.Lock:
+        self._lock = self._lock or asyncio.Lock()
+        return self._lock
+
+    def _check_control(self) -> None:
+        if self.control_mode == "explicit":
+            return
+        how = ("the repository is polled: add, change or remove model folders instead" if self.control_mode == "poll"
+               else "start the server with --model-control-mode=explicit to load and unload models through this API")
+        raise ModelControlDisabledError(f"{CONTROL_DISABLED} (model control mode is '{self.control_mode}'; {how})")
+
+    def _find(self, name: str) -> ModelDir:
+        try:
+            model = find_model_dir(self.root, name)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        except ConfigError as exc:
+            raise InvalidRequestError(self.states.public(str(exc))) from None
+        if model is None:
+            raise NotFoundError(f"no model named '{name}' in the model repository")
+        return model
+
+    async def load(self, name: str, config_override: dict[str, Any] | None = None) -> LoadedModel:
+        """Load (or reload) a model by folder name (explicit mode). In-flight requests finish on the old copy."""
+        self._check_control()
+        async with self._locked():
+            return await self._load_folder(name, config_override)
+
+    async def unload(self, name: str) -> None:
+        """Unload a model by folder name (explicit mode); returns once its in-flight requests have finished."""
+        self._check_control()
+        async with self._locked():
+            self._find(name)
+            task = self._unload_folder(name)
+        if task is not None:
+            await asyncio.shield(task)  # the unload completes even if the caller goes away
+
+    def _config(self, model: ModelDir, override: dict[str, Any] | None) -> AnyModelConfig:
+        """The folder's config, or a load request's override of it (which may not touch the weights' location)."""
+        config = parse_model_config(model.config_path, model.name)
+        if override is None:
+            return config
+        if "model" in override:
+            raise ConfigError("a load request's config may not set 'model' (weights location); edit the file")
+        weights = config.model
+        on_disk = config.parameters.get("allow_pickle") if isinstance(config, TensorModelConfig) else None
+        config = validate_model_config(override, f"{model.name}: load request config", model.name,
+                                       tensor=model.config_path.suffix == ".pbtxt")
+        if isinstance(config, TensorModelConfig) and config.parameters.get("allow_pickle") != on_disk:
+            raise ConfigError("a load request's config may not change parameter 'allow_pickle' (loading a "
+                              "pickle runs code): set it in the model's config file")
+        return config.model_copy(update={"model": weights}) if type(weights) is type(config.model) else config
+
+    async def _load_folder(self, name: str, config_override: dict[str, Any] | None = None,
+                           fingerprint: str | None = None) -> LoadedModel:
+        """Build and start a new copy while the old one (if any) serves, then swap them (call under the lock)."""
+        model = self._find(name)
+        self._fingerprints[name] = fingerprint or await asyncio.to_thread(folder_fingerprint, model.path)
+        old = self.models.in_folder(name)
+        try:
+            config = self._config(model, config_override)
+            served = (config.served_model_name if isinstance(config, ModelConfig) else None) or name
+            other = self.models.find(served)
+            if other is not None and other.folder != name:
+                raise ConfigError(f"{model.config_path}: the served name '{served}' is taken by the model folder "
+                                  f"'{other.folder}'; choose another served_model_name.")
+            if old is None:
+                self.states.set(name, "LOADING")
+            entry = await asyncio.to_thread(self._build, model, config)
+        except Exception as exc:
+            raise self._failed(name, old, "load", exc) from None
+        try:
+            await entry.start()
+        except Exception as exc:
+            await stop_quietly(entry)
+            raise self._failed(name, old, "start", exc) from None
+        self.models.publish(entry, replaces=old)  # the swap: new requests reach the new copy from here on
+        self.states.set(name, "READY")
+        if old is not None:
+            log.info("model '%s' reloaded; the previous copy stops once its %d request(s) in flight finish",
+                     name, old.in_flight)
+            self.retiring.retire(old, entry)
+        return entry
+
+    def _failed(self, name: str, old: LoadedModel | None, step: str, exc: BaseException) -> SwitchyardError:
+        """Log a failed load, record its reason in the folder's state, and return the error for the caller: 400
+        for a config error, 500 otherwise."""
+        if isinstance(exc, ConfigError):
+            log.error("model '%s' failed to %s: %s", name, step, exc)
+        else:
+            log.error("model '%s' failed to %s", name, step, exc_info=exc)
+        reason = self.states.failed(name, old is not None, exc)
+        error = InvalidRequestError if isinstance(exc, ConfigError) else InternalError
+        return error(f"failed to {step} '{name}': {reason}")
+
+    def _unload_folder(self, name: str) -> asyncio.Task[None] | None:
+        """Take a model out of service now; its copy stops in the background once its requests finish."""
+        entry = self.models.in_folder(name)
+        if entry is None:
+            if self.states.get(name).state != "UNLOADING":
+                self.states.set(name, "UNAVAILABLE", "unloaded")
+            return None
+        self.models.withdraw(entry)
+        self.states.set(name, "UNLOADING")
+        log.info("unloading model '%s' (%d request(s) in flight)", name, entry.in_flight)
+        return self.retiring.retire(entry, None)
+
+    def _retired(self, entry: LoadedModel, successor: LoadedModel | None) -> None:
+        """An unloaded copy has stopped: its folder is UNAVAILABLE (unless it was loaded again meanwhile)."""
+        if successor is None and self.states.get(entry.folder).state == "UNLOADING":
+            self.states.set(entry.folder, "UNAVAILABLE", "unloaded")
+
+    # ------------------------------------------------------------------ polling (poll mode)
+
+    def fingerprints(self) -> dict[str, str]:
+        """Folder name -> fingerprint of its files when its last load (or load attempt) began."""
+        return dict(self._fingerprints)
+
+    async def apply_changes(self, changed: Mapping[str, str], removed: Iterable[str]) -> None:
+        """The watcher's findings: unload removed folders, (re)load changed ones (ensembles last). Failures are
+        logged and shown by the repository index; a model whose reload fails keeps serving its old copy."""
+        async with self._locked():
+            for name in removed:
+                self._fingerprints.pop(name, None)
+                self._unload_folder(name)
+            for name in sorted(changed, key=lambda folder: _is_ensemble(self.root, folder)):
+                try:
+                    self._find(name)
+                except (InvalidRequestError, NotFoundError) as exc:
+                    self._fingerprints[name] = changed[name]
+                    if is_valid_model_name(name):
+                        self._failed(name, self.models.in_folder(name), "load", ConfigError(exc.message))
+                    else:
+                        log.error("model repository: ignoring folder '%s': %s", name[:80], exc.message)
+                    continue
+                try:
+                    await self._load_folder(name, fingerprint=changed[name])
+                except (InvalidRequestError, NotFoundError, InternalError):
+                    pass  # logged by _failed; the index says why
+
+    def start_polling(self, interval_s: float) -> None:
+        """Poll mode: rescan the repository every `interval_s` seconds (call on the event loop, after startup)."""
+        from gateway.repository.watcher import RepositoryWatcher
+
+        self._watcher = RepositoryWatcher(self, interval_s)
+        self._watcher.start()
+
+    async def close(self) -> None:
+        """Stop polling and let replaced or unloaded copies finish (shutdown; the loaded models stop separately)."""
+        if self._watcher is not None:
+            await self._watcher.stop()
+            self._watcher = None
+        await self.retiring.close()
+
+
+class Retirement:
+    """Copies taken out of service (replaced by a reload, or unloaded): each finishes its requests in the background
+    (at most `drain_timeout_s`), then stops; `on_stopped(old, successor)` is called once it has."""
+
+    def __init__(self, drain_timeout_s: float,
+                 on_stopped: Callable[[LoadedModel, LoadedModel | None], None] | None = None) -> None:
+        self.drain_timeout_s = drain_timeout_s
+        self.on_stopped = on_stopped
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def retire(self, old: LoadedModel, successor: LoadedModel | None) -> asyncio.Task[None]:
+        task = asyncio.create_task(self.drain_and_stop(old, successor), name=f"retire-{old.name}")
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def drain_and_stop(self, old: LoadedModel, successor: LoadedModel | None) -> None:
+        old.retire(successor)
+        try:
+            if old.in_flight:
+                await asyncio.wait_for(old.wait_idle(), self.drain_timeout_s)
+        except TimeoutError:
+            log.warning("model '%s': %d request(s) still running after %gs of draining; stopping them",
+                        old.name, old.in_flight, self.drain_timeout_s)
+        finally:
+            await stop_quietly(old)
+            collect_retired()
+            if self.on_stopped is not None:
+                self.on_stopped(old, successor)
+
+    async def close(self) -> None:
+        """Shutdown: give the copies still draining their time, then cancel what is left."""
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=self.drain_timeout_s)
+            for task in list(self.tasks):
+                task.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def stop_quietly(entry: LoadedModel) -> None:
+    try:
+        await entry.stop()
+    except Exception:
+        log.exception("model '%s' did not stop cleanly", entry.name)
+
+
+def _is_ensemble(root: Path, name: str) -> bool:
+    try:
+        model = find_model_dir(root, name)
+        config = parse_model_config(model.config_path, name) if model is not None else None
+    except (ConfigError, ValueError, OSError):
+        return False
+    return isinstance(config, TensorModelConfig) and config.resolved_backend == "ensemble"
