@@ -1,4 +1,4 @@
-"""Batched forward pass of a Llama-family decoder over a paged KV cache.
+"""Batched forward pass of a decoder (models/: the family's layers, made of layers/) over a paged KV cache.
 
 The KV cache is a fixed pool of `num_blocks * block_size` slots per layer. A step takes any mix of prefill
 chunks and decodes: the new tokens of every sequence are packed into one flat batch for the dense layers
@@ -6,6 +6,10 @@ chunks and decodes: the new tokens of every sequence are packed into one flat ba
 the block tables (`PagedAttention`'s C kernels): decode rows (one new token per sequence) and prefill rows (causal
 over their sequence's cache). Without the kernels, prefill rows gather their sequences' keys and values and use
 `scaled_dot_product_attention` with a causal mask.
+
+The runner owns the cache, the step's layout, the attention over the cache (`_attend`: the C kernels for plain
+causal attention, torch ops for sliding windows and soft-capped scores, layers/attention.py) and the step replay; the
+model's layers see the step through `_Step` (layers/attention.py `StepContext`).
 
 Numerics follow transformers: rotary embeddings, activations and residual adds compute what the transformers
 modules compute (bit for bit), q/k/v and gate/up run as fused copies of the same weights. With `fast_kernels` (the

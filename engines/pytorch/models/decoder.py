@@ -7,7 +7,7 @@ the KV cache, the step's layout and the step replay, and runs the model's layers
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -71,7 +71,6 @@ class DecoderModel:
     # the layout transformers' layers are read from; `match_transformers` (exact_forward.py) runs Llama-shaped
     # models only: plain attention and the Llama norm placement
     llama_shaped: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def projections(self) -> list[Any]:
         return [p for layer in self.layers for p in layer.projections()]
@@ -111,7 +110,8 @@ def attention(hf_layer: Any, i: int, config: Any, blocks: dict[str, WeightBlocks
 
 
 def gated_mlp(hf_layer: Any, blocks: dict[str, WeightBlocks], kernels: Kernels) -> GatedMLP:
-    """Layer i's dense gated MLP from transformers' layer."""
+    """A layer's dense gated MLP from transformers' layer (`mlp.gate_proj`/`up_proj` or `gate_up_proj`,
+    `down_proj`, `act_fn`)."""
     mlp = hf_layer.mlp
     act = getattr(mlp, "act_fn", None) or mlp.activation_fn
     return GatedMLP(gate_up_activation(mlp, act, blocks, kernels), linear_of(mlp.down_proj, "down_proj", blocks,

@@ -3,9 +3,11 @@ biases), Qwen3 (per-head q/k norms). Pre-norm layers: x + attn(norm(x)), then x 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from engines.pytorch.gguf_blocks import WeightBlocks
+from engines.pytorch.layers.mlp import MLP
 from engines.pytorch.layers.norms import RMSNorm
 from engines.pytorch.layers.projections import Kernels
 from engines.pytorch.layers.rotary import Rotary
@@ -14,15 +16,16 @@ from engines.pytorch.models.decoder import DecoderLayer, DecoderModel, attention
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
-def llama_layers(hf_model: Any, blocks: dict[str, WeightBlocks] | None, kernels: Kernels,
-                 packed: Any) -> list[DecoderLayer]:
-    """Llama-shaped layers of transformers' model (`packed(blocks)` after each layer's are held)."""
+def llama_layers(hf_model: Any, blocks: dict[str, WeightBlocks] | None, kernels: Kernels, packed: Any,
+                 mlp: Callable[[Any, dict[str, WeightBlocks], Kernels], MLP] = gated_mlp) -> list[DecoderLayer]:
+    """Llama-shaped layers of transformers' model (`packed(blocks)` after each layer's are held); `mlp` builds a
+    layer's MLP slot from transformers' layer (a mixture-of-experts family passes its own)."""
     config = hf_model.config
     layers = []
     for i, hf_layer in enumerate(hf_model.model.layers):
         own = layer_blocks(blocks, i)
         layers.append(DecoderLayer(
-            attn=attention(hf_layer, i, config, own, kernels), mlp=gated_mlp(hf_layer, own, kernels),
+            attn=attention(hf_layer, i, config, own, kernels), mlp=mlp(hf_layer, own, kernels),
             input_norm=RMSNorm(hf_layer.input_layernorm), post_norm=RMSNorm(hf_layer.post_attention_layernorm)))
         packed(own.values())
     return layers
