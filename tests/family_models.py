@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 # bump when the way folders are made changes, so that folders made the old way are not used
-MAKER_VERSION = 2
+MAKER_VERSION = 3
 SEED = 1234
 
 _ROPE_LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -122,8 +122,9 @@ def _config(name: str, tokenizer: Any) -> Any:
 
 
 def _randomize(model: Any, seed: int) -> None:
-    """Weights with spread logits: matrices ~ N(0, 1/fan_in), embeddings and output heads ~ N(0, 1), norm weights and biases
-    around their neutral value (one for scales, zero for Gemma's 1 + w scales and for biases)."""
+    """Weights with spread logits: matrices ~ N(0, 1/fan_in) (embeddings too: N(0, 1/hidden)), untied output
+    heads ~ N(0, 4/hidden), norm weights and biases around their neutral value (one for scales, zero for Gemma's
+    1 + w scales and for biases)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -131,8 +132,10 @@ def _randomize(model: Any, seed: int) -> None:
         for name, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
             noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
             if param.ndim >= 2:
-                fan_in = 1 if "embed" in name or "lm_head" in name else param.shape[-1]
-                param.copy_(noise / fan_in ** 0.5)
+                # embeddings small beside the blocks' outputs (so attention, not the token's own embedding, decides
+                # the next token; Gemma's sqrt(hidden) scale brings them to ~1), heads giving logits of std ~2
+                scale = 2.0 if "lm_head" in name else 1.0
+                param.copy_(noise * scale / param.shape[-1] ** 0.5)
             elif "norm" in name or "layernorm" in name:
                 neutral = 0.0 if float(param.detach().abs().max()) == 0.0 else 1.0  # Gemma's norms start at zero
                 param.copy_(neutral + 0.2 * noise)

@@ -42,7 +42,7 @@ from engines.pytorch.layers.norms import RMSNorm
 from engines.pytorch.layers.projections import Kernels, weight
 from engines.pytorch.layers.rotary import Tables
 from engines.pytorch.linear import DenseOps, Linear
-from engines.pytorch.models import SUPPORTED_MODEL_TYPES, build_model, check_supported
+from engines.pytorch.models import build_model, check_supported
 from engines.pytorch.native import HelperThreads
 from engines.pytorch.paged_attention import (
     DecodeTables, PagedAttention, PrefillRows, cache_slots, read_cache, rotate, write_cache,
@@ -53,9 +53,6 @@ from engines.pytorch.step_layout import StepLayout, is_decode, order_rows
 from engines.types import SequenceStep
 
 log = logging.getLogger("switchyard.engines.pytorch")
-
-__all__ = ["PagedModelRunner", "SUPPORTED_MODEL_TYPES"]
-
 
 def _embedding_blocks(blocks: dict[str, WeightBlocks], lm_head: Linear) -> WeightBlocks | None:
     """The embedding table's own GGUF blocks to look rows up in; None where it has none, or where it is tied to the
@@ -112,7 +109,7 @@ class PagedModelRunner:
         `match_transformers` (bfloat16): steps run in transformers' call shapes, bit for bit (exact_forward.py).
         `kv_cache_dtype`: the KV cache's (default: the model's; bfloat16 under a float32 model halves the cache)."""
         config = hf_model.config
-        check_supported(config.model_type, getattr(config, "architectures", None))
+        check_supported(config.model_type, getattr(config, "architectures", None))  # before any work
         self.embed_tokens = hf_model.model.embed_tokens
         # The embedding table is the lm_head's (tied) or its own: from GGUF blocks, rows are dequantized as they are
         # looked up (the float32 values transformers loads, bit for bit: gguf_weights.py checked the whole table

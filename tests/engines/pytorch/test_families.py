@@ -1,5 +1,6 @@
 """Every dense decoder family the native engine serves answers as transformers' float32 does, from the family's HF
-folder (tests/family_models.py: tiny random-weight models made with transformers' config classes): greedy tokens
+folder (tests/family_models.py: tiny random-weight models made with transformers' config classes; transformers'
+eager attention, which every family's attention is defined by): greedy tokens
 equal, each token's logprob within 1e-4, batched with chunked prefill and decodes mixed, in the default kernels and
 in each forced kernel path (the AVX2 build, no tile unit) and in torch ops alone. The one excuse for a different
 token is a tie: the reference's top two logits closer than TIE; the test prints the smallest margins it met."""
@@ -28,6 +29,8 @@ LOGPROB_TOLERANCE = 1e-4
 PROMPTS = ["The capital of France is", "Write a haiku about the sea, then explain it line by line. " * 2,
            "Summarize the plot of Romeo and Juliet, with its main characters and places. " * 6]
 KERNEL_PATHS = ("default", "avx2", "no_tile_unit", "torch")
+# transformers' reference attention: its default (SDPA) leaves out Gemma 2's soft-capping of the scores
+REFERENCE_ATTENTION = "eager"
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +40,8 @@ def references() -> dict[str, tuple[Path, list[list[int]], list[tuple[list[int],
     found = {}
     for name in DENSE:
         folder = family_folder(name)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                     attn_implementation=REFERENCE_ATTENTION)
         tokenizer = AutoTokenizer.from_pretrained(folder)
         prompts = [tokenizer(p).input_ids for p in PROMPTS]
         refs = []
