@@ -48,8 +48,8 @@ class Family:
         return _config_class(self.config_class).model_type
 
 
-def _longrope(head_dim: int) -> dict[str, Any]:
-    half = head_dim // 2
+def _longrope(rotary_dim: int) -> dict[str, Any]:
+    half = rotary_dim // 2
     return {"rope_type": "longrope", "rope_theta": 10000.0,
             "short_factor": [1.0 + 0.05 * i for i in range(half)],
             "long_factor": [1.0 + 0.4 * i for i in range(half)],
@@ -82,6 +82,11 @@ FAMILIES: dict[str, Family] = {
                                            "max_position_embeddings": 256,
                                            "original_max_position_embeddings": 64,
                                            "rope_parameters": _longrope(16)}),
+    # Phi-4-mini's shape of attention: LongRoPE over 3/4 of each head (partial rotary)
+    "phi4_mini": Family("Phi3Config", {**_SHAPE, "num_hidden_layers": 3, "tie_word_embeddings": True,
+                                       "max_position_embeddings": 256, "original_max_position_embeddings": 64,
+                                       "partial_rotary_factor": 0.75,
+                                       "rope_parameters": {**_longrope(12), "partial_rotary_factor": 0.75}}),
     "granite": Family("GraniteConfig", {**_SHAPE, "tie_word_embeddings": True, "embedding_multiplier": 12.0,
                                         "residual_multiplier": 0.22, "attention_multiplier": 0.0078125,
                                         "logits_scaling": 8.0}),

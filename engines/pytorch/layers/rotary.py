@@ -28,11 +28,26 @@ def fold_sin(sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
+def partial_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """Where each of a head's dimensions goes when only the first `rotary_dim` rotate (partial rotary: Phi-4-mini):
+    transformers rotates pairs (i, i + rotary_dim / 2) of them and passes the rest. Reordered as [rotated first
+    half, passed first half, rotated second half, passed second half], the rotated pairs are (i, i + head_dim / 2)
+    as in a full rotation, and the passed dimensions pair with each other under cos 1 and sin 0 (x * 1 + y * 0 = x
+    exactly), so the kernels' full-width rotation computes transformers' partial one. q and k are reordered alike
+    (their dot products are the same sums); v is not. Returns new -> old dimension."""
+    r, p = rotary_dim // 2, (head_dim - rotary_dim) // 2
+    return torch.cat((torch.arange(r), rotary_dim + torch.arange(p), r + torch.arange(r),
+                      rotary_dim + p + torch.arange(p)))
+
+
 class Rotary:
     """Rotary tables [T, head_dim] for a step's rows."""
 
-    def __init__(self, module: Any, config: Any) -> None:
+    def __init__(self, module: Any, config: Any, head_dim: int | None = None) -> None:
+        """`head_dim`: where transformers' tables are narrower (partial rotary), they are widened to it in
+        `partial_order`'s order with cos 1 and sin 0 for the passed dimensions."""
         self._module = module
+        self._head_dim = head_dim
         rope_type = getattr(module, "rope_type", "default")
         self.layer_types: list[str | None] = (sorted(rope_type) if isinstance(rope_type, dict) else [None])
         params = getattr(config, "rope_parameters", None) or {}
@@ -54,8 +69,20 @@ class Rotary:
                 cos, sin = self._table(like, lay.positions, layer_type)
             else:
                 cos, sin = self._longrope(like, lay)
+            if self._head_dim is not None and cos.shape[-1] < self._head_dim:
+                cos, sin = self._widen(cos, 1.0), self._widen(sin, 0.0)
             tables[layer_type] = (cos, fold_sin(sin))
         return tables
+
+    def _widen(self, table: torch.Tensor, passed: float) -> torch.Tensor:
+        half, pad = table.shape[-1] // 2, (self._head_dim - table.shape[-1]) // 2
+        fill = table.new_full((table.shape[0], pad), passed)
+        return torch.cat((table[:, :half], fill, table[:, half:], fill), dim=-1)
+
+    def width(self) -> int:
+        """The dimensions transformers' tables rotate (of the first layer type)."""
+        cos, _ = self._table(torch.zeros(1, 1), torch.zeros(1, dtype=torch.long), self.layer_types[0])
+        return cos.shape[-1]
 
     def _longrope(self, like: torch.Tensor, lay: StepLayout) -> tuple[torch.Tensor, torch.Tensor]:
         """Short-factor rows from a call whose positions all lie within the original length, long-factor rows

@@ -33,12 +33,13 @@ KERNEL_PATHS = ("default", "avx2", "no_tile_unit", "torch")
 REFERENCE_ATTENTION = "eager"
 
 
-@pytest.fixture(scope="module")
-def references() -> dict[str, tuple[Path, list[list[int]], list[tuple[list[int], list[float], list[float]]]]]:
-    """Per family: its folder, the prompts' ids and transformers' float32 greedy tokens, their logprobs and each
-    step's top-two margin."""
-    found = {}
-    for name in DENSE:
+_REFERENCES: dict[str, tuple[Path, list[list[int]], list[tuple[list[int], list[float], list[float]]]]] = {}
+
+
+def _reference(name: str) -> tuple[Path, list[list[int]], list[tuple[list[int], list[float], list[float]]]]:
+    """Family `name`'s folder, the prompts' ids and transformers' float32 greedy tokens, their logprobs and each
+    step's top-two margin (made once per test session)."""
+    if name not in _REFERENCES:
         folder = family_folder(name)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
                                                      attn_implementation=REFERENCE_ATTENTION)
@@ -53,8 +54,8 @@ def references() -> dict[str, tuple[Path, list[list[int]], list[tuple[list[int],
             logprobs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
             top = logits.topk(2, dim=-1).values
             refs.append((tokens, logprobs, (top[:, 0] - top[:, 1]).tolist()))
-        found[name] = (folder, prompts, refs)
-    return found
+        _REFERENCES[name] = (folder, prompts, refs)
+    return _REFERENCES[name]
 
 
 def _force(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,9 +90,8 @@ async def _generate(engine: PyTorchEngine, prompts: list[list[int]]) -> list[tup
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
 @pytest.mark.parametrize("family", DENSE)
-def test_family_greedy_equals_transformers_float32(family: str, path: str, references: dict,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    folder, prompts, refs = references[family]
+def test_family_greedy_equals_transformers_float32(family: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder, prompts, refs = _reference(family)
     _force(path, monkeypatch)
     engine = PyTorchEngine(folder, dtype="float32", kv_cache_tokens=1024, block_size=16, gemm_threads=1,
                            fast_kernels=path != "torch")
