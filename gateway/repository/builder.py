@@ -32,23 +32,28 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
         from gateway.repository.async_engines import build_async_scheduler
 
         return build_async_scheduler(model, config, cache_dir)
+    from engines.interface import UnsupportedModelError
     from engines.pytorch.engine import PyTorchEngine
+    from gateway.errors import ConfigError
     from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
 
     source = resolve_source(model, config.model.source, "model.source")
-    engine = PyTorchEngine(
-        source,
-        gguf_file=config.model.gguf_file,
-        dtype=config.dtype,
-        max_model_len=config.max_model_len,
-        block_size=config.kv_cache.block_size,
-        kv_cache_tokens=config.kv_cache.max_tokens,
-        kv_cache_dtype=config.kv_cache.dtype,
-        cache_dir=cache_dir,
-        fast_kernels=config.pytorch.fast_kernels,
-        gemm_threads=config.pytorch.gemm_threads,
-        match_transformers=config.pytorch.match_transformers,
-    )
+    try:
+        engine = PyTorchEngine(
+            source,
+            gguf_file=config.model.gguf_file,
+            dtype=config.dtype,
+            max_model_len=config.max_model_len,
+            block_size=config.kv_cache.block_size,
+            kv_cache_tokens=config.kv_cache.max_tokens,
+            kv_cache_dtype=config.kv_cache.dtype,
+            cache_dir=cache_dir,
+            fast_kernels=config.pytorch.fast_kernels,
+            gemm_threads=config.pytorch.gemm_threads,
+            match_transformers=config.pytorch.match_transformers,
+        )
+    except UnsupportedModelError as exc:  # the model's state on /v2/repository/index says why
+        raise ConfigError(f"{model.config_path}: {exc}") from None
     return ContinuousBatcher(engine, config.scheduler, config.kv_cache, config.pytorch.speculative)
 
 
