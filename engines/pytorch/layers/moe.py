@@ -31,15 +31,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from engines.pytorch.expert_blocks import LayerExperts
 from engines.pytorch.gguf_blocks import WeightBlocks
-from engines.pytorch.linear import DenseOps, GatedActivation, Linear
-from engines.pytorch.native import HelperThreads
+from engines.pytorch.layers.projections import Kernels
+from engines.pytorch.linear import GatedActivation, Linear
 
 
 @dataclass(frozen=True)
@@ -73,16 +72,16 @@ class SparseMoE:
         self.router, self.experts, self.routing, self.hidden_size = router, list(experts), routing, hidden_size
 
     @classmethod
-    def build(cls, block: Any, config: Any, fast: bool, cache_dir: Path | None, helpers: HelperThreads | None,
-              dense: DenseOps, experts_blocks: LayerExperts | None = None,
+    def build(cls, block: Any, config: Any, kernels: Kernels, experts_blocks: LayerExperts | None = None,
               router_blocks: WeightBlocks | None = None) -> SparseMoE:
         """Take over transformers' block (`mlp` of a Qwen3-MoE or Mixtral decoder layer): the router's weight, and
         each expert's halves of `experts.gate_up_proj` [E, 2 I, H] and its `experts.down_proj` [E, H, I] -- or,
         with `experts_blocks`, the experts' GGUF blocks instead (those tensors may then be on the meta device),
         and with `router_blocks` the router's."""
         experts = block.experts
+        fast, cache_dir, helpers, dense = kernels.fast, kernels.cache_dir, kernels.helpers, kernels.dense
         router_weight = None if block.gate.weight.is_meta else block.gate.weight.detach()
-        router = Linear(router_weight, None, fast, cache_dir, helpers, router_blocks)
+        router = kernels.linear(router_weight, None, router_blocks)
         made = []
         if experts_blocks is not None:
             gate, up, down = experts_blocks
@@ -91,20 +90,19 @@ class SparseMoE:
             for e in range(gate.num_experts):
                 made.append((GatedActivation(None, None, experts.act_fn, fast, cache_dir, helpers, dense,
                                              (gate.expert(e), up.expert(e))),
-                             Linear(None, None, fast, cache_dir, helpers, down.expert(e))))
+                             kernels.linear(None, None, down.expert(e))))
         else:
             gate_up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()
             width = gate_up.shape[1] // 2
             for e in range(gate_up.shape[0]):
                 made.append((GatedActivation(gate_up[e, :width], gate_up[e, width:], experts.act_fn, fast, cache_dir,
                                              helpers, dense),
-                             Linear(down[e], None, fast, cache_dir, helpers)))
+                             kernels.linear(down[e])))
         return cls(router, made, Routing.of(config), config.hidden_size)
 
-    @property
     def projections(self) -> list[Linear | GatedActivation]:
         """Every projection of the block (the router's and the experts'), for what the runner asks of them all
-        (`on_tile_unit`, `blocks_nbytes`)."""
+        (layers/mlp.py's `MLP`: the step replay's recorder, `on_tile_unit`)."""
         return [self.router, *(p for pair in self.experts for p in pair)]
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ import torch
 from engines.pytorch import linear, native
 from engines.pytorch.expert_blocks import ExpertBlocks, LayerExperts
 from engines.pytorch.layers.moe import Routing, SparseMoE
+from engines.pytorch.layers.projections import Kernels
 from engines.pytorch.linear import DenseOps
 
 HIDDEN = 64
@@ -56,7 +57,7 @@ def _reference(config, implementation: str = "grouped_mm", dtype: torch.dtype = 
 
 
 def _ours(reference, config, fast: bool, tmp_path: Path, dtype: torch.dtype = torch.float32, **kw) -> SparseMoE:
-    return SparseMoE.build(reference, config, fast, tmp_path, None, DenseOps(fast, dtype, tmp_path), **kw)
+    return SparseMoE.build(reference, config, Kernels(fast, tmp_path, None, DenseOps(fast, dtype, tmp_path)), **kw)
 
 
 def _theirs(reference, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -257,7 +258,7 @@ def test_experts_from_gguf_blocks_match_transformers_on_their_weights(family: st
         reference.experts.gate_up_proj.copy_(torch.cat((experts.gate.dequantize(), experts.up.dequantize()), dim=1))
         reference.experts.down_proj.copy_(experts.down.dequantize())
     if block.router.kind == "kernel":
-        assert all(p.blocks_nbytes for p in block.projections[1:])  # the kernel reads the blocks, no float32 copy
+        assert all(p.blocks_nbytes for p in block.projections()[1:])  # the kernel reads the blocks, no float32 copy
     for rows in ROWS:
         x = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(rows))
         expected, chosen = _theirs(reference, x)
