@@ -26,7 +26,9 @@ dense Llama config with no experts, so a Mixtral GGUF needs the expert metadata 
 
 from __future__ import annotations
 
+import re
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -37,6 +39,7 @@ from engines.pytorch.gguf_blocks import TYPES, GGUFBlocks
 
 CHECK_EXPERT_ROWS = 16  # rows of each checked expert compared with gguf-py's dequantization as the file is read
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+EXPERT_NAME = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,11 @@ class ExpertBlocks:
     @property
     def nbytes(self) -> int:
         return self.raw.numel()
+
+    @property
+    def parts(self) -> tuple[ExpertBlocks, ...]:
+        """As `WeightBlocks.parts`, for what goes over every held block tensor (`GGUFWeights.drop_pages`)."""
+        return (self,)
 
     def expert(self, e: int) -> GGUFBlocks:
         """Expert `e`'s [N, K] weight: a view of the tensor's bytes (nothing is copied)."""
@@ -160,3 +168,53 @@ def layer_experts(reader: Any, layer: int, counts: ExpertCounts, hidden: int, fi
             raise ValueError(f"blk.{layer}.{name}.weight in {file} is {list(blocks.shape)} (experts, rows, columns); "
                              f"the metadata says {list(want[name])}: the file is corrupt or from another converter")
     return LayerExperts(gate, up, down)
+
+
+def expert_block_path(tensor_name: str) -> str | None:
+    """Where a layer's expert blocks are kept among a file's blocks by module path (models/moe.py reads them there):
+    `blk.3.ffn_up_exps.weight` -> `model.layers.3.mlp.experts.up_proj`; None for any other tensor."""
+    found = EXPERT_NAME.fullmatch(tensor_name)
+    return None if found is None else f"model.layers.{found[1]}.mlp.experts.{found[2]}_proj"
+
+
+def expert_parameters(block_paths: Iterable[str]) -> set[str]:
+    """transformers' parameters that expert blocks kept under `block_paths` stand for (its experts hold gate and up
+    as one `gate_up_proj` [E, 2 I, H]): what a loader need not find among the file's float tensors."""
+    found = set()
+    for path in block_paths:
+        stem, _, part = path.rpartition(".")
+        if stem.endswith(".mlp.experts") and part in ("gate_proj", "up_proj", "down_proj"):
+            found.add(f"{stem}.{'down_proj' if part == 'down_proj' else 'gate_up_proj'}")
+    return found
+
+
+def blocks_of(qtype: str, raw: torch.Tensor) -> GGUFBlocks | ExpertBlocks:
+    """Blocks saved as their raw bytes (a loader's cache): a 3-D tensor is a layer's experts."""
+    return ExpertBlocks(qtype, raw) if raw.dim() == 3 else GGUFBlocks(qtype, raw)
+
+
+def moe_config(config: Any, field: Callable[[str], Any]) -> Any:
+    """transformers' config of a GGUF file (AutoConfig's) completed with what its GGUF loader leaves out of an MoE
+    file; `field(key)`: the file's `{arch}.key` metadata (None where absent). Qwen3-MoE: the experts' width
+    (`expert_feed_forward_length`, else `moe_intermediate_size` keeps the config class's default). A `llama` file
+    with experts is Mixtral (llama.cpp's converter writes Mixtral so; transformers builds a dense Llama of it): a
+    MixtralConfig of the same fields, `expert_count` experts of `feed_forward_length`, `expert_used_count` a token.
+    Any other config is returned as it is."""
+    count, used = field("expert_count"), field("expert_used_count")
+    if not count:
+        return config
+    if not used or int(used) > int(count):
+        raise ValueError(f"expert_used_count is {used} for {count} experts: the file's metadata is corrupt")
+    if config.model_type == "qwen3_moe":
+        width = field("expert_feed_forward_length")
+        if width:
+            config.moe_intermediate_size = int(width)
+        config.num_experts, config.num_experts_per_tok = int(count), int(used)
+        return config
+    if config.model_type == "llama":
+        from transformers import MixtralConfig
+
+        fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
+        fields.update(num_local_experts=int(count), num_experts_per_tok=int(used), architectures=["MixtralForCausalLM"])
+        return MixtralConfig(**fields)
+    return config

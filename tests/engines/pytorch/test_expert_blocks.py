@@ -136,3 +136,37 @@ def test_types_the_kernels_do_not_read_are_left_to_transformers(tmp_path: Path) 
     router = next(t for t in reader.tensors if t.name == "blk.0.ffn_gate_inp.weight")
     with pytest.raises(ValueError, match="ffn_gate_inp.weight in the GGUF file has shape .* 3 dimensions"):
         expert_tensor(router)
+
+
+def test_where_a_loader_keeps_expert_blocks_and_what_they_stand_for() -> None:
+    from engines.pytorch.expert_blocks import ExpertBlocks, blocks_of, expert_block_path, expert_parameters
+    from engines.pytorch.gguf_blocks import GGUFBlocks
+
+    assert expert_block_path("blk.12.ffn_up_exps.weight") == "model.layers.12.mlp.experts.up_proj"
+    assert expert_block_path("blk.1.ffn_gate_inp.weight") is None and expert_block_path("blk.1.ffn_up.weight") is None
+    paths = [expert_block_path(f"blk.3.ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
+    assert expert_parameters([*paths, "model.layers.3.mlp.gate_proj"]) == {
+        "model.layers.3.mlp.experts.gate_up_proj", "model.layers.3.mlp.experts.down_proj"}
+    assert isinstance(blocks_of("Q8_0", torch.zeros(2, 3, 34, dtype=torch.uint8)), ExpertBlocks)
+    assert isinstance(blocks_of("Q8_0", torch.zeros(3, 34, dtype=torch.uint8)), GGUFBlocks)
+
+
+def test_moe_config_completes_what_transformers_gguf_loader_leaves_out() -> None:
+    """Qwen3-MoE's expert width; a llama file with experts becomes Mixtral (transformers would build a dense
+    Llama and leave its MLP random); dense files are left as they are."""
+    from transformers import LlamaConfig, Qwen3MoeConfig
+
+    from engines.pytorch.expert_blocks import moe_config
+
+    qwen = moe_config(Qwen3MoeConfig(), {"expert_count": 8, "expert_used_count": 2,
+                                         "expert_feed_forward_length": 32}.get)
+    assert (qwen.moe_intermediate_size, qwen.num_experts, qwen.num_experts_per_tok) == (32, 8, 2)
+    llama = LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                        num_hidden_layers=2, rms_norm_eps=1e-5)
+    mixtral = moe_config(llama, {"expert_count": 6, "expert_used_count": 2}.get)
+    assert mixtral.model_type == "mixtral" and mixtral.architectures == ["MixtralForCausalLM"]
+    assert (mixtral.num_local_experts, mixtral.num_experts_per_tok, mixtral.intermediate_size) == (6, 2, 96)
+    assert (mixtral.num_key_value_heads, mixtral.rms_norm_eps, mixtral.sliding_window) == (2, 1e-5, None)
+    assert moe_config(llama, {}.get) is llama
+    with pytest.raises(ValueError, match="expert_used_count is 7 for 6 experts"):
+        moe_config(llama, {"expert_count": 6, "expert_used_count": 7}.get)
