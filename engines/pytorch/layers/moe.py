@@ -65,11 +65,10 @@ class SparseMoE:
     """A sparse MoE block over the engine's projections (see the module's docstring): `block(x)` is transformers'
     block's output for the rows x [T, H]."""
 
-    def __init__(self, router: Linear, experts: Sequence[tuple[GatedActivation, Linear]], routing: Routing,
-                 hidden_size: int) -> None:
+    def __init__(self, router: Linear, experts: Sequence[tuple[GatedActivation, Linear]], routing: Routing) -> None:
         if not 0 < routing.top_k <= len(experts):
             raise ValueError(f"{routing.top_k} experts a token of {len(experts)}: the config is inconsistent")
-        self.router, self.experts, self.routing, self.hidden_size = router, list(experts), routing, hidden_size
+        self.router, self.experts, self.routing = router, list(experts), routing
 
     @classmethod
     def build(cls, block: Any, config: Any, kernels: Kernels, experts_blocks: LayerExperts | None = None,
@@ -98,7 +97,7 @@ class SparseMoE:
                 made.append((GatedActivation(gate_up[e, :width], gate_up[e, width:], experts.act_fn, fast, cache_dir,
                                              helpers, dense),
                              kernels.linear(down[e])))
-        return cls(router, made, Routing.of(config), config.hidden_size)
+        return cls(router, made, Routing.of(config))
 
     def projections(self) -> list[Linear | GatedActivation]:
         """Every projection of the block (the router's and the experts'), for what the runner asks of them all

@@ -247,8 +247,9 @@ def test_experts_from_gguf_blocks_match_transformers_on_their_weights(family: st
     config = _config(family)
     reference = _reference(config)
     e, two_i, h = reference.experts.gate_up_proj.shape
-    experts = LayerExperts(_quantized_experts(e, two_i // 2, h, qtype, 1), _quantized_experts(e, two_i // 2, h, qtype, 2),
-                           _quantized_experts(e, h, two_i // 2, qtype, 3))
+    i = two_i // 2
+    experts = LayerExperts(_quantized_experts(e, i, h, qtype, 1), _quantized_experts(e, i, h, qtype, 2),
+                           _quantized_experts(e, h, i, qtype, 3))
     with torch.no_grad():  # the block is built while transformers' experts are zeros: it reads the blocks only
         reference.experts.gate_up_proj.zero_()
         reference.experts.down_proj.zero_()
