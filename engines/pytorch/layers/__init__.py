@@ -5,5 +5,6 @@
 - `projections.py`: the fused projections (q/k/v, gate/up) from separate or already fused weights and GGUF blocks;
 - `attention.py`: a decoder's attention block over the paged KV cache (C kernels, or torch ops for sliding windows
   and soft-capping), and the `StepContext` a layer sees of the step;
-- `mlp.py`: the MLP slot (`MLP`) and the gated dense MLP that fills it (SiLU, GELU-tanh).
+- `mlp.py`: the MLP slot (`MLP`) and the gated dense MLP that fills it (SiLU, GELU-tanh);
+- `moe.py`: the sparse mixture-of-experts block that fills it for Qwen3-MoE and Mixtral (router, experts).
 """
