@@ -25,7 +25,6 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 SLOW_PATHS = (
     "e2e/",  # every module starts a real server
     "engines/pytorch/test_greedy_matches_transformers.py",  # SmolLM2 through the native engine and transformers
-    "engines/pytorch/models/test_moe_models.py",  # tiny Qwen3-MoE and Mixtral through the engine and transformers
     "engines/pytorch/test_gguf_blocks.py",  # SmolLM2's GGUF blocks against its loaded weights
     "engines/pytorch/test_speculative_verify.py",  # SmolLM2's verification steps against one-token decodes
     "engines/pytorch/test_gguf_quantizations.py",  # SmolLM2 in every GGUF type, native engine against transformers

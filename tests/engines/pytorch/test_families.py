@@ -1,9 +1,9 @@
-"""Every dense decoder family the native engine serves answers as transformers' float32 does, from the family's HF
-folder (tests/family_models.py: tiny random-weight models made with transformers' config classes; transformers'
-eager attention, which every family's attention is defined by): greedy tokens
-equal, each token's logprob within 1e-4, batched with chunked prefill and decodes mixed, in the default kernels and
-in each forced kernel path (the AVX2 build, no tile unit) and in torch ops alone. The one excuse for a different
-token is a tie: the reference's top two logits closer than TIE; the test prints the smallest margins it met."""
+"""Every decoder family the native engine serves, mixture-of-experts ones included, answers as transformers'
+float32 does, from the family's HF folder (tests/family_models.py: tiny random-weight models made with transformers'
+config classes; transformers' eager attention, which every family's attention is defined by): greedy tokens equal,
+each token's logprob within 1e-4, batched with chunked prefill and decodes mixed, in the default kernels and in each
+forced kernel path (the AVX2 build, no tile unit) and in torch ops alone. The one excuse for a different token is a
+tie: the reference's top two logits closer than TIE; the test prints the smallest margins it met."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from engines.pytorch import linear, native
 from engines.pytorch.engine import PyTorchEngine
 from engines.types import GenerationRequest, SamplingParams
 from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
-from gateway.scheduler.llm.step_scheduler import BatcherLimits
-from tests.family_models import DENSE, family_folder
+from gateway.repository.model_config import SchedulerConfig
+from tests.family_models import FAMILIES, family_folder
 
 NEW_TOKENS = 10
 TIE = 1e-4
@@ -70,7 +70,7 @@ def _force(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def _generate(engine: PyTorchEngine, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
     # a small token budget: prompts are prefilled in chunks, beside the other prompts' decodes
-    batcher = ContinuousBatcher(engine, BatcherLimits(max_num_seqs=4, max_num_batched_tokens=24))
+    batcher = ContinuousBatcher(engine, SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=24))
     await batcher.start()
 
     async def run(i: int, ids: list[int]) -> tuple[list[int], list[float]]:
@@ -89,7 +89,7 @@ async def _generate(engine: PyTorchEngine, prompts: list[list[int]]) -> list[tup
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
-@pytest.mark.parametrize("family", DENSE)
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_greedy_equals_transformers_float32(family: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     folder, prompts, refs = _reference(family)
     _force(path, monkeypatch)
