@@ -80,9 +80,10 @@ def main() -> None:
     for spec, engine in engines.items():
         runner = engine._runner
         calls[spec], info[spec] = {}, {}
-        intermediate = runner.layers[0].gate_up_act(torch.zeros(1, runner.hidden_size)).shape[1]
+        intermediate = runner.layers[0].mlp.gate_up_act(torch.zeros(1, runner.hidden_size)).shape[1]
         for part in PARTS:
-            modules = [runner.lm_head] if part == "lm_head" else [getattr(layer, part) for layer in runner.layers]
+            modules = [runner.lm_head] if part == "lm_head" else [
+                getattr(layer.attn if part in ("qkv", "o") else layer.mlp, part) for layer in runner.layers]
             width = intermediate if part == "down" else runner.hidden_size
             x = torch.randn(1, width, generator=gen)
             calls[spec][part] = [(m, x) for m in modules]

@@ -166,9 +166,9 @@ class Instrument:
         self._undo: list[tuple[object, str, object]] = []
         runner = engine._runner
         t = self.timers
-        for layer in runner.layers:
-            for name in ("qkv", "o", "gate_up_act", "down"):
-                self._set(layer, name, TimedCall(t, name, getattr(layer, name)))
+        for layer in runner.layers:  # models/decoder.py: the attention's projections, the MLP's
+            for owner, name in ((layer.attn, "qkv"), (layer.attn, "o"), (layer.mlp, "gate_up_act"), (layer.mlp, "down")):
+                self._set(owner, name, TimedCall(t, name, getattr(owner, name)))
         self._set(runner, "lm_head", TimedCall(t, "lm_head", runner.lm_head))
         final = runner.norm
 
@@ -176,7 +176,7 @@ class Instrument:
             return timed(t, "final norm" if module is final else "norms", _inner)(module, x)
         self._set(runner.dense, "rms_norm", norm)
         self._set(runner.attention, "decode", timed(t, "attention", runner.attention.decode))
-        self._set(runner, "embed", timed(t, "embedding + rotary", runner.embed))
+        self._set(runner, "_embed", timed(t, "embedding + rotary", runner._embed))
         self._set(runner, "_layout", timed(t, "step layout", runner._layout))
         self._set(engine_module, "sample", timed(t, "sampling", engine_module.sample))
         libs = {"gemm": linear._lib, "attention": runner.attention._lib,
@@ -231,8 +231,8 @@ def part_bytes(engine: PyTorchEngine, context: int) -> tuple[dict[str, float], d
 
     engine_bytes: dict[str, float] = collections.Counter()
     for layer in runner.layers:
-        for name in ("qkv", "o", "gate_up_act", "down"):
-            engine_bytes[name] += held(getattr(layer, name))
+        for owner, name in ((layer.attn, "qkv"), (layer.attn, "o"), (layer.mlp, "gate_up_act"), (layer.mlp, "down")):
+            engine_bytes[name] += held(getattr(owner, name))
         engine_bytes["norms"] += 2 * runner.hidden_size * 4
     engine_bytes["lm_head"] = held(runner.lm_head)
     engine_bytes["final norm"] = runner.hidden_size * 4

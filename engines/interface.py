@@ -99,6 +99,12 @@ class ModelFileError(ValueError):
     fault of the server)."""
 
 
+class UnsupportedModelError(ValueError):
+    """A model the engine cannot serve (an architecture or a feature of it the engine does not implement), found
+    before its weights load. The message names the model type, what the engine serves and the fix (another
+    backend); the gateway reports it as the model's load failure."""
+
+
 class EngineUnavailableError(RuntimeError):
     """The engine cannot take or finish requests right now (dead, stopped, every upstream down).
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import random
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from engines.pytorch import host_memory
 from engines.pytorch.argmax import Argmax
 from engines.pytorch.loader import default_cache_dir, load_gguf_blocks, load_hf, resolve_hf_folder
 from engines.pytorch.model_runner import PagedModelRunner
+from engines.pytorch.models import check_supported
 from engines.pytorch.sampler import greedy_result, plain_greedy, sample
 from engines.pytorch.step_layout import row_order
 from engines.pytorch.weight_memory import float_weights, runner_weights
@@ -32,6 +34,19 @@ def _set_torch_threads(kernel_threads: int, budget_threads: int) -> int:
     threads = 1 if kernel_threads else budget_threads
     torch.set_num_threads(threads)
     return threads
+
+
+def _check_architecture(source: Path, gguf: Path) -> None:
+    """Refuse a model of a family the engine does not serve from its HF folder's config.json, before any weight
+    loads (UnsupportedModelError; a GGUF file's family is checked once transformers has read its config)."""
+    config = source / "config.json"
+    if gguf.suffix == ".gguf" or not config.is_file():
+        return
+    try:
+        fields = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return  # transformers says what is wrong with it
+    check_supported(fields.get("model_type"), fields.get("architectures"))
 
 
 class PyTorchEngine(StepEngine):
@@ -60,6 +75,7 @@ class PyTorchEngine(StepEngine):
         num_blocks = max(1, kv_cache_tokens // block_size)
         kernel_cache_dir = cache_dir or default_cache_dir()
         gguf = source / gguf_file if gguf_file else source
+        _check_architecture(source, gguf)
         loaded = None
         if fast_kernels and dtype == "float32" and gguf.is_file() and gguf.suffix == ".gguf":
             # block weights straight from the file: no float32 model of it is ever built (loader.py)

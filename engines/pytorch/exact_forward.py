@@ -140,15 +140,16 @@ class ExactForward:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         h, kvh, d = runner.num_heads, runner.num_kv_heads, runner.head_dim
+        attn = layer.attn
         x = runner.dense.rms_norm(layer.input_norm, hidden)
         qkv = _assemble(rows, x, (h + 2 * kvh) * d,
-                        lambda sel: self._one_rows(layer.qkv, _Cat(w.q, w.k, w.v), x[sel]),
+                        lambda sel: self._one_rows(attn.qkv, _Cat(w.q, w.k, w.v), x[sel]),
                         lambda part: torch.cat((w.q(x[part]), w.k(x[part]), w.v(x[part])), dim=-1))
         q = qkv[:, : h * d].view(-1, h, d)
         k = qkv[:, h * d : (h + kvh) * d].view(-1, kvh, d)
         v = qkv[:, (h + kvh) * d :].view(-1, kvh, d)
-        if layer.q_norm is not None:
-            q, k = layer.q_norm(q), layer.k_norm(k)
+        if attn.q_norm is not None:
+            q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         k_cache, v_cache = runner.k_cache[i], runner.v_cache[i]
         k_cache.index_copy_(0, rows.slots, k)
@@ -158,27 +159,27 @@ class ExactForward:
             keys = k[first : first + n].transpose(0, 1)[None].contiguous()
             values = v[first : first + n].transpose(0, 1)[None].contiguous()
             query = q[first : first + n][None].transpose(1, 2)
-            att, _ = sdpa_attention_forward(w.attention, query, keys, values, None, scaling=layer.scaling)
+            att, _ = sdpa_attention_forward(w.attention, query, keys, values, None, scaling=attn.scaling)
             out[first : first + n] = att.reshape(n, h * d)
         for r, ctx in zip(rows.one_row.tolist(), rows.context, strict=True):  # generate's decode: one query
             keys = k_cache.index_select(0, ctx).transpose(0, 1)[None].contiguous()
             values = v_cache.index_select(0, ctx).transpose(0, 1)[None].contiguous()
             att, _ = sdpa_attention_forward(w.attention, q[r : r + 1][None].transpose(1, 2), keys, values, None,
-                                            scaling=layer.scaling)
+                                            scaling=attn.scaling)
             out[r] = att.reshape(h * d)
         hidden = _assemble(rows, hidden, hidden.shape[1],
-                           lambda sel: self._one_rows(layer.o, w.o, out[sel], hidden[sel]),
+                           lambda sel: self._one_rows(attn.o, w.o, out[sel], hidden[sel]),
                            lambda part: hidden[part] + w.o(out[part]))
         x = runner.dense.rms_norm(layer.post_norm, hidden)
         return _assemble(rows, hidden, hidden.shape[1],
-                         lambda sel: self._one_rows(layer.down, w.down, self._act_mul(layer, w, x[sel]), hidden[sel]),
+                         lambda sel: self._one_rows(layer.mlp.down, w.down, self._act_mul(layer, w, x[sel]), hidden[sel]),
                          lambda part: hidden[part] + w.down(w.act(w.gate(x[part])) * w.up(x[part])))
 
     @staticmethod
     def _act_mul(layer: Any, w: _Weights, x: torch.Tensor) -> torch.Tensor:
         """act(gate) * up of one-row rows: the fused projection on the tile unit, else per row in torch."""
-        if layer.gate_up_act.exact_rows:
-            return layer.gate_up_act(x)
+        if layer.mlp.gate_up_act.exact_rows:
+            return layer.mlp.gate_up_act(x)
         return _per_row(lambda row: w.act(w.gate(row)) * w.up(row), x)
 
 

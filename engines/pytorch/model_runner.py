@@ -1,4 +1,4 @@
-"""Batched forward pass of a Llama-family decoder over a paged KV cache.
+"""Batched forward pass of a decoder (models/: the family's layers, made of layers/) over a paged KV cache.
 
 The KV cache is a fixed pool of `num_blocks * block_size` slots per layer. A step takes any mix of prefill
 chunks and decodes: the new tokens of every sequence are packed into one flat batch for the dense layers
@@ -6,6 +6,10 @@ chunks and decodes: the new tokens of every sequence are packed into one flat ba
 the block tables (`PagedAttention`'s C kernels): decode rows (one new token per sequence) and prefill rows (causal
 over their sequence's cache). Without the kernels, prefill rows gather their sequences' keys and values and use
 `scaled_dot_product_attention` with a causal mask.
+
+The runner owns the cache, the step's layout, the attention over the cache (`_attend`: the C kernels for plain
+causal attention, torch ops for sliding windows and soft-capped scores, layers/attention.py) and the step replay; the
+model's layers see the step through `_Step` (layers/attention.py `StepContext`).
 
 Numerics follow transformers: rotary embeddings, activations and residual adds compute what the transformers
 modules compute (bit for bit), q/k/v and gate/up run as fused copies of the same weights. With `fast_kernels` (the
@@ -21,7 +25,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +32,17 @@ import torch
 import torch.nn.functional as F
 
 from engines.pytorch import host_memory
-from engines.pytorch.gguf_blocks import GGUFBlocks, WeightBlocks
+from engines.interface import UnsupportedModelError
+from engines.pytorch.gguf_blocks import WeightBlocks
 from engines.pytorch.exact_forward import ExactForward
 from engines.pytorch import linear as linear_module
 from engines.pytorch import paged_attention as attention_module
-from engines.pytorch.linear import DenseOps, GatedActivation, Linear
+from engines.pytorch.layers.attention import Attention, SequenceRows, attend_torch
+from engines.pytorch.layers.norms import RMSNorm
+from engines.pytorch.layers.projections import Kernels, weight
+from engines.pytorch.layers.rotary import Tables
+from engines.pytorch.linear import DenseOps, Linear
+from engines.pytorch.models import SUPPORTED_MODEL_TYPES, build_model, check_supported
 from engines.pytorch.native import HelperThreads
 from engines.pytorch.paged_attention import (
     DecodeTables, PagedAttention, PrefillRows, cache_slots, read_cache, rotate, write_cache,
@@ -45,28 +54,7 @@ from engines.types import SequenceStep
 
 log = logging.getLogger("switchyard.engines.pytorch")
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-
-
-def _joined(blocks: dict[str, WeightBlocks], *names: str) -> WeightBlocks | None:
-    """The blocks of a fused projection, if every part has them."""
-    return GGUFBlocks.cat([blocks[n] for n in names]) if all(n in blocks for n in names) else None
-
-
-def _weight(module: Any) -> torch.Tensor | None:
-    """A module's weight, or None where it exists only as GGUF blocks (left on the meta device by the loader)."""
-    return None if module.weight.is_meta else module.weight
-
-
-def _part_weights(modules: tuple[Any, ...], names: tuple[str, ...], blocks: dict[str, WeightBlocks],
-                  fused_blocks: Any) -> list[torch.Tensor] | None:
-    """The float32 weights of a fused projection's parts, or None where the kernels read the fused blocks and some
-    part exists only as blocks (no float copy is made). Where the fused weight has no blocks (some part lacks
-    them), a part that exists only as blocks is expanded."""
-    parts = [_weight(m) for m in modules]
-    if fused_blocks is not None and None in parts:
-        return None
-    return [blocks[n].dequantize() if w is None else w for n, w in zip(names, parts, strict=True)]
+__all__ = ["PagedModelRunner", "SUPPORTED_MODEL_TYPES"]
 
 
 def _embedding_blocks(blocks: dict[str, WeightBlocks], lm_head: Linear) -> WeightBlocks | None:
@@ -79,17 +67,35 @@ def _embedding_blocks(blocks: dict[str, WeightBlocks], lm_head: Linear) -> Weigh
     return found.rows(torch.arange(found.shape[0]))
 
 
-@dataclass
-class _Layer:
-    qkv: Linear
-    o: Linear
-    gate_up_act: GatedActivation
-    down: Linear
-    input_norm: Any
-    post_norm: Any
-    q_norm: Any  # qwen3 only
-    k_norm: Any
-    scaling: float
+class _Step:
+    """A step as the layers see it (layers/attention.py `StepContext`): its layout and rotary tables, the norms'
+    ops and the runner's attention over its KV cache."""
+
+    __slots__ = ("_runner", "lay", "tables", "num_decode", "_rows")
+
+    def __init__(self, runner: PagedModelRunner, lay: StepLayout, tables: Tables) -> None:
+        self._runner, self.lay, self.tables, self.num_decode = runner, lay, tables, lay.num_decode
+        self._rows: tuple[torch.Tensor, list[SequenceRows]] | None = None
+
+    def norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        return self._runner.dense.rms_norm(norm, x)
+
+    def attend(self, attention: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self._runner._attend(attention, q, k, v, self)
+
+    def sequence_rows(self) -> tuple[torch.Tensor, list[SequenceRows]]:
+        """Every row's cache slot and each sequence's rows (for attention in torch ops), made once a step."""
+        if self._rows is None:
+            bs = self._runner.block_size
+            slots, sequences, row = [], [], 0
+            for seq in self.lay.steps:
+                n = len(seq.token_ids)
+                seq_slots = cache_slots(seq.block_table, bs, seq.start_pos + n)
+                slots.append(seq_slots[seq.start_pos :])
+                sequences.append(SequenceRows(row, n, seq.start_pos, seq_slots))
+                row += n
+            self._rows = (torch.cat(slots), sequences)
+        return self._rows
 
 
 class PagedModelRunner:
@@ -106,22 +112,13 @@ class PagedModelRunner:
         `match_transformers` (bfloat16): steps run in transformers' call shapes, bit for bit (exact_forward.py).
         `kv_cache_dtype`: the KV cache's (default: the model's; bfloat16 under a float32 model halves the cache)."""
         config = hf_model.config
-        if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"model type '{config.model_type}' is not supported by the native engine "
-                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)}); use backend: vllm for it"
-            )
+        check_supported(config.model_type, getattr(config, "architectures", None))
         self.embed_tokens = hf_model.model.embed_tokens
         # The embedding table is the lm_head's (tied) or its own: from GGUF blocks, rows are dequantized as they are
         # looked up (the float32 values transformers loads, bit for bit: gguf_weights.py checked the whole table
         # against gguf-py), so no float32 copy of it is kept.
         has_embed_blocks = "model.embed_tokens" in (blocks or {})
-        self.rotary_emb = hf_model.model.rotary_emb
-        self.norm = hf_model.model.norm
         self.dtype = next(hf_model.parameters()).dtype
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.num_layers = config.num_hidden_layers
         self.hidden_size = config.hidden_size
         self.block_size = block_size
@@ -129,12 +126,10 @@ class PagedModelRunner:
         self.vocab_size = hf_model.lm_head.out_features
         self.fast_kernels = fast_kernels
         # Weights loaded from safetensors are views of the file's mapping, which stays resident as long as any of
-        # them lives: own copies of the ones kept as they are (a tied lm_head shares the embedding's copy), so with
-        # packed projections the mapping goes.
-        for module in [*([] if has_embed_blocks else [self.embed_tokens]), self.norm, *(m for layer in hf_model.model.layers for m in (
-                layer.input_layernorm, layer.post_attention_layernorm, getattr(layer.self_attn, "q_norm", None),
-                getattr(layer.self_attn, "k_norm", None)) if m is not None)]:
-            for param in module.parameters():
+        # them lives: own copies of the ones kept as they are (the norms copy theirs, layers/norms.py; a tied
+        # lm_head shares the embedding's copy), so with packed projections the mapping goes.
+        if not has_embed_blocks:
+            for param in self.embed_tokens.parameters():
                 param.data = param.data.clone()
         # helper threads for the C kernels (projections, attention, norms); they only run inside them
         self._helpers = None
@@ -145,17 +140,20 @@ class PagedModelRunner:
                 log.warning("native engine: no helper threads (%s); steps run on one thread", exc)
         self.dense = DenseOps(fast_kernels, self.dtype, kernel_cache_dir, self._helpers)
         packed = packed or (lambda _: None)
-        self.layers = []
-        for i, layer in enumerate(hf_model.model.layers):
-            own = {path.rsplit(".", 1)[1]: b for path, b in (blocks or {}).items()
-                   if path.startswith(f"model.layers.{i}.")}
-            self.layers.append(self._take(layer, fast_kernels, kernel_cache_dir, self._helpers, self.dense, own))
-            packed(own.values())
+        kernels = Kernels(fast_kernels, kernel_cache_dir, self._helpers, self.dense)
+        self.model = build_model(hf_model, blocks, kernels, packed)  # models/: the family's layers
+        self.layers, self.norm = self.model.layers, self.model.norm
+        first = self.layers[0].attn
+        self.num_heads, self.num_kv_heads, self.head_dim = first.num_heads, first.num_kv_heads, first.head_dim
         if match_transformers and self.dtype != torch.bfloat16:
             raise ValueError("match_transformers is for dtype bfloat16 (float32 already answers as transformers does)")
+        if match_transformers and not self.model.llama_shaped:
+            raise UnsupportedModelError(
+                f"pytorch.match_transformers runs Llama-shaped models with plain causal attention (llama, qwen2, "
+                f"qwen3, mistral without a sliding window), not {config.model_type}; leave it off for this model")
         self._exact = ExactForward(hf_model) if match_transformers else None
         lm_head = hf_model.lm_head
-        self.lm_head = Linear(_weight(lm_head), lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers,
+        self.lm_head = Linear(weight(lm_head), lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers,
                               (blocks or {}).get("lm_head"))
         del hf_model.model.layers, hf_model.lm_head  # the runner holds the (fused, maybe packed) weights now
         self._embed_blocks = _embedding_blocks(blocks or {}, self.lm_head)
@@ -183,8 +181,8 @@ class PagedModelRunner:
         gemm, attention = linear_module._lib, self.attention._lib
         if not step_replay.ENABLED or gemm is None or attention is None or self.lm_head.kind != "kernel":
             return None
-        holders = [self.lm_head, *(m for layer in self.layers for m in (
-            layer.qkv, layer.o, layer.down, getattr(layer.gate_up_act, "_linear", None)) if m is not None)]
+        projections = [self.lm_head, *self.model.projections()]
+        holders = [*projections, *(p._linear for p in projections if getattr(p, "_linear", None) is not None)]
         replay = StepReplay(cache_dir, [gemm, attention], [linear_module._SIGNATURES, attention_module._SIGNATURES],
                             holders, [getattr(attention, f"paged_decode_{s}") for s in attention_module.SUFFIXES.values()],
                             [self])
@@ -198,40 +196,11 @@ class PagedModelRunner:
             return 0
         return 1 + (self._helpers.count if self._helpers is not None else 0)
 
-    @staticmethod
-    def _take(layer: Any, fast: bool, cache_dir: Path | None, helpers: HelperThreads | None, dense: DenseOps,
-              blocks: dict[str, WeightBlocks]) -> _Layer:
-        """One weight for q/k/v and one for gate/up: fewer, larger matmuls (the same dot products)."""
-        attn, mlp = layer.self_attn, layer.mlp
-        projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-        names = ("q_proj", "k_proj", "v_proj")
-        qkv_blocks = _joined(blocks, *names)
-        qkv_parts = _part_weights(projs, names, blocks, qkv_blocks)
-        qkv = torch.cat(qkv_parts) if qkv_parts is not None else None
-        bias = torch.cat([p.bias for p in projs]).contiguous() if attn.q_proj.bias is not None else None
-        if mlp.gate_proj.bias is not None:
-            raise ValueError("MLP projections with bias are not supported by the native engine; use backend: vllm")
-        gate_up = (blocks["gate_proj"], blocks["up_proj"]) if "gate_proj" in blocks and "up_proj" in blocks else None
-        gate, up = _part_weights((mlp.gate_proj, mlp.up_proj), ("gate_proj", "up_proj"), blocks, gate_up) \
-            or (None, None)
-        return _Layer(
-            qkv=Linear(qkv, bias, fast, cache_dir, helpers, qkv_blocks),
-            o=Linear(_weight(attn.o_proj), attn.o_proj.bias, fast, cache_dir, helpers, blocks.get("o_proj")),
-            gate_up_act=GatedActivation(gate, up, mlp.act_fn, fast, cache_dir, helpers, dense, gate_up),
-            down=Linear(_weight(mlp.down_proj), None, fast, cache_dir, helpers, blocks.get("down_proj")),
-            input_norm=layer.input_layernorm,
-            post_norm=layer.post_attention_layernorm,
-            q_norm=getattr(attn, "q_norm", None),
-            k_norm=getattr(attn, "k_norm", None),
-            scaling=attn.scaling,
-        )
-
     @property
     def tile_unit_decode_rows(self) -> int:
         """Decode rows past which a step's projections run them on the tile unit (linear.TILE_UNIT_MIN_ROWS), with
         other bits than fewer rows get; 0 when no projection reads GGUF blocks on a tile unit."""
-        projections = [self.lm_head, *(p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up_act,
-                                                                           layer.down))]
+        projections = [self.lm_head, *self.model.projections()]
         return linear_module.TILE_UNIT_MIN_ROWS if any(p.on_tile_unit for p in projections) else 0
 
     @property
@@ -305,37 +274,44 @@ class PagedModelRunner:
         out = F.scaled_dot_product_attention(q_pad, keys, values, attn_mask=lay.mask, scale=scale, enable_gqa=h != kvh)
         return out.transpose(1, 2).reshape(lay.batch * lay.max_q, h * d)[lay.q_index]
 
-    def _attention(self, i: int, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   lay: StepLayout, residual: torch.Tensor) -> torch.Tensor:
-        """residual + the attention block's output."""
-        t, nd = x.shape[0], lay.num_decode
-        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = layer.qkv(x, prompt_from=nd)
-        q = qkv[:, : h * d].view(t, h, d)
-        k = qkv[:, h * d : (h + kvh) * d].view(t, kvh, d)
-        v = qkv[:, (h + kvh) * d :].view(t, kvh, d)
-        if layer.q_norm is not None:  # qwen3: per-head norms before the rotation
-            q, k = layer.q_norm(q), layer.k_norm(k)
+    def _attend(self, attention: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: _Step
+                ) -> torch.Tensor:
+        """A layer's attention of the step's rows (StepContext.attend): plain causal attention on the paged kernels
+        (decode rows, then prefill rows), a sliding window or soft-capped scores in torch ops."""
+        i, lay = attention.layer_idx, step.lay
+        cos, sin = step.tables[attention.rope]
+        if not attention.plain:
+            slots, sequences = step.sequence_rows()
+            return attend_torch(attention, q, k, v, cos, sin, self.k_cache[i], self.v_cache[i], slots, sequences)
+        t, nd = q.shape[0], lay.num_decode
         parts = []
         if nd:  # the decode kernel rotates q and k itself
             parts.append(self.attention.decode(
-                q[:nd], k[:nd], v[:nd], cos[:nd], sin[:nd], self.k_cache[i], self.v_cache[i], lay.decode, layer.scaling
-            ))
+                q[:nd], k[:nd], v[:nd], cos[:nd], sin[:nd], self.k_cache[i], self.v_cache[i], lay.decode,
+                attention.scaling))
         if nd < t:
-            parts.append(self._prefill_attention(i, q[nd:], k[nd:], v[nd:], cos[nd:], sin[nd:], layer.scaling, lay))
-        return layer.o(parts[0] if len(parts) == 1 else torch.cat(parts), residual, prompt_from=nd)
+            parts.append(self._prefill_attention(i, q[nd:], k[nd:], v[nd:], cos[nd:], sin[nd:], attention.scaling,
+                                                 lay))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def embed(self, lay: StepLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The step's embeddings [T, H] and rotary cos and sin [T, d] (sin's sign folded: see rotate)."""
+    def _embed(self, lay: StepLayout) -> tuple[torch.Tensor, Tables]:
+        """The step's embeddings [T, H] (scaled as the family scales them) and its rotary tables."""
         if self._embed_blocks is not None:
             hidden = self._embed_blocks.rows(lay.input_ids).dequantize()
         elif self._embed_from_head:
             hidden = self.lm_head.weight_rows(lay.input_ids)
         else:
-            hidden = self.embed_tokens(lay.input_ids)
-        cos, sin = self.rotary_emb(hidden[None], lay.positions[None])
-        half = self.head_dim // 2
-        return hidden, cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
+            hidden = F.embedding(lay.input_ids, self.embed_tokens.weight)
+        if self.model.embed_scale is not None:
+            hidden = self.model.embed_scale(hidden)
+        return hidden, self.model.rotary(hidden, lay)
+
+    def embed(self, lay: StepLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The step's embeddings [T, H] and rotary cos and sin [T, d] (sin's sign folded: see rotate) of a model
+        with one rotary table."""
+        hidden, tables = self._embed(lay)
+        cos, sin = tables[None]
+        return hidden, cos, sin
 
     def forward(self, batch: Sequence[SequenceStep]) -> torch.Tensor:
         """Write the batch's new tokens into the cache; return float32 logits of the rows that sample, [S, V], in
@@ -353,26 +329,28 @@ class PagedModelRunner:
         if self._exact is not None:
             return self._exact.forward(self, batch), None
         lay = self._layout(batch)
-        hidden, cos, sin = self.embed(lay)
+        hidden, tables = self._embed(lay)
         if helpers is None:
-            return self._layers(lay, hidden, cos, sin, greedy)
+            return self._layers(lay, hidden, tables, greedy)
         helpers.wake()  # the kernels follow: helpers spin between them, then sleep until the next step
         try:
-            return self._layers(lay, hidden, cos, sin, greedy)
+            return self._layers(lay, hidden, tables, greedy)
         finally:
             helpers.rest()
 
-    def _layers(self, lay: StepLayout, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, greedy: bool
+    def _layers(self, lay: StepLayout, hidden: torch.Tensor, tables: Tables, greedy: bool
                 ) -> tuple[torch.Tensor, list[int] | None]:
         """The layers and logits of a step's embeddings: replayed in one C call where the step allows (and then
-        with the greedy tokens when asked), else from Python."""
+        with the greedy tokens when asked), else from Python. A model whose layers run torch ops between the
+        kernels (a sliding window, soft-capping, multipliers) records no plan (step_replay.py refuses it)."""
 
         def dense(h: torch.Tensor) -> torch.Tensor:
-            return self._dense(h, cos, sin, lay)
+            return self._dense(h, tables, lay)
 
-        if self._replay is None or not self._replayable(lay):
+        if self._replay is None or not self._replayable(lay) or len(tables) != 1:
             return dense(hidden), None
         rows = lay.num_decode
+        cos, sin = next(iter(tables.values()))
         inputs = {"cos": cos, "sin": sin, "tables": lay.decode.tables, "ctx_lens": lay.decode.ctx_lens}
         max_blocks = lay.decode.tables.shape[1]
         state = self._replay.plan_state(rows)
@@ -389,13 +367,11 @@ class PagedModelRunner:
         order: the same kernel calls for every step of that many rows, whichever sequences the rows belong to."""
         return lay.decode is not None and lay.num_decode == lay.input_ids.numel() and lay.sample_rows is None
 
-    def _dense(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lay: StepLayout) -> torch.Tensor:
+    def _dense(self, hidden: torch.Tensor, tables: Tables, lay: StepLayout) -> torch.Tensor:
         """The layers and the logits of a step's embeddings."""
-        nd = lay.num_decode
-        for i, layer in enumerate(self.layers):
-            hidden = self._attention(i, layer, self.dense.rms_norm(layer.input_norm, hidden), cos, sin, lay, hidden)
-            mlp = layer.gate_up_act(self.dense.rms_norm(layer.post_norm, hidden), prompt_from=nd)
-            hidden = layer.down(mlp, hidden, prompt_from=nd)
+        step = _Step(self, lay, tables)
+        for layer in self.layers:
+            hidden = layer(hidden, step)
         return self.logits(hidden, lay)
 
     def logits(self, hidden: torch.Tensor, lay: StepLayout,
@@ -408,6 +384,9 @@ class PagedModelRunner:
             return hidden.new_empty(0, self.vocab_size, dtype=torch.float32)
         x = self.dense.rms_norm(self.norm, hidden if rows is None else hidden[rows])
         if head is not None:
-            return head(x).float()
-        decode = lay.num_decode if rows is None else int((rows < lay.num_decode).sum())
-        return self.lm_head(x, prompt_from=decode).float()
+            logits = head(x)
+        else:
+            decode = lay.num_decode if rows is None else int((rows < lay.num_decode).sum())
+            logits = self.lm_head(x, prompt_from=decode)
+        hook = self.model.logits_hook
+        return (logits if hook is None else hook(logits)).float()

@@ -31,24 +31,29 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
         from gateway.repository.async_engines import build_async_scheduler
 
         return build_async_scheduler(model, config, cache_dir)
+    from engines.interface import UnsupportedModelError
     from engines.pytorch.engine import PyTorchEngine
+    from gateway.errors import ConfigError
     from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
     from gateway.scheduler.llm.step_scheduler import BatcherLimits
 
     source = resolve_source(model, config.model.source, "model.source")
-    engine = PyTorchEngine(
-        source,
-        gguf_file=config.model.gguf_file,
-        dtype=config.dtype,
-        max_model_len=config.max_model_len,
-        block_size=config.kv_cache.block_size,
-        kv_cache_tokens=config.kv_cache.max_tokens,
-        kv_cache_dtype=config.kv_cache.dtype,
-        cache_dir=cache_dir,
-        fast_kernels=config.pytorch.fast_kernels,
-        gemm_threads=config.pytorch.gemm_threads,
-        match_transformers=config.pytorch.match_transformers,
-    )
+    try:
+        engine = PyTorchEngine(
+            source,
+            gguf_file=config.model.gguf_file,
+            dtype=config.dtype,
+            max_model_len=config.max_model_len,
+            block_size=config.kv_cache.block_size,
+            kv_cache_tokens=config.kv_cache.max_tokens,
+            kv_cache_dtype=config.kv_cache.dtype,
+            cache_dir=cache_dir,
+            fast_kernels=config.pytorch.fast_kernels,
+            gemm_threads=config.pytorch.gemm_threads,
+            match_transformers=config.pytorch.match_transformers,
+        )
+    except UnsupportedModelError as exc:  # the model's state on /v2/repository/index says why
+        raise ConfigError(f"{model.config_path}: {exc}") from None
     limits = BatcherLimits(
         max_num_seqs=config.scheduler.max_num_seqs,
         max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
