@@ -25,6 +25,7 @@ from engines.gguf_cache import cache_key, publish
 from engines.interface import ModelFileError
 from engines.pytorch.gguf_config import gguf_config
 from engines.pytorch.gguf_weights import GGUFWeights
+from engines.pytorch.models import check_supported
 
 log = logging.getLogger("switchyard.engines.pytorch")
 
@@ -58,6 +59,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
 
     log.info("converting %s to safetensors (first start only; cached in %s)", gguf.name, target.parent)
     config = gguf_config(gguf)
+    check_supported(config.model_type, getattr(config, "architectures", None))
     tokenizer = _gguf_tokenizer(gguf)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=config,
                                                  dtype=torch.float32)
@@ -102,6 +104,7 @@ def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, An
     cached = (cache_dir or default_cache_dir()) / "gguf" / _gguf_key(gguf)  # + .config, + the weights' suffix
     folder = _gguf_config_folder(gguf, cached.with_name(f"{cached.name}.config"))
     config = AutoConfig.from_pretrained(folder)
+    check_supported(config.model_type, getattr(config, "architectures", None))  # before any weight is read
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     rotary = getattr(model.model, "rotary_emb", None)
