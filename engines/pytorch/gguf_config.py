@@ -10,6 +10,9 @@ engine serves, that list loses:
   function of (rope_theta, head size, factor, low/high frequency factors, original context); the parameters are
   recovered from it and checked by computing the tensor again, bit for bit, so that the rotary tables are the ones
   transformers computes for the original folder;
+- linear RoPE scaling (`<arch>.rope.scaling.type` / `.factor`; Gemma 3's global layers): transformers reads neither;
+- Gemma 2 / 3's query scale (`query_pre_attn_scalar`): not in the file; llama.cpp takes the head size, or hidden /
+  heads for the 27B models (known by their layer count), where transformers' config class defaults to 256;
 - bias presence: a llama, mistral or qwen3 file with q/k/v/o or MLP biases (`attention_bias`, `mlp_bias`), which
   transformers would build without them and whose bias tensors it would drop without a word.
 Rope theta, norm epsilon and tied embeddings (no `output.weight`) transformers reads itself. A Mistral's sliding
@@ -35,6 +38,7 @@ log = logging.getLogger("switchyard.engines.pytorch")
 ROPE_FREQS = "rope_freqs.weight"
 # Llama 3.x's own values; the converter's defaults too (conversion/llama.py)
 LLAMA3_FREQ_FACTORS = (1.0, 4.0)  # low_freq_factor, high_freq_factor
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # how llama.cpp tells the 27B models (hidden / heads scale)
 ATTENTION_BIAS = re.compile(r"blk\.\d+\.attn_(q|k|v|output)\.bias")
 MLP_BIAS = re.compile(r"blk\.\d+\.ffn_(gate|up|down)\.bias")
 
@@ -58,7 +62,11 @@ def gguf_config(gguf: Path) -> Any:
     except (ValueError, KeyError, TypeError) as exc:
         raise ModelFileError(f"{gguf.name}: transformers cannot make a config of it ({exc}); serve the model's HF "
                              "folder instead, or use backend: vllm") from None
-    found = {**_head_size(layout, config), **_biases(layout, config), **_rope_scaling(layout, config)}
+    found = {**_head_size(layout, config), **_biases(layout, config), **_linear_rope(layout, config),
+             **_rope_scaling(layout, config)}
+    for key, value in found.items():
+        setattr(config, key, value)
+    found.update(_gemma_query_scale(layout, config))
     for key, value in found.items():
         setattr(config, key, value)
     if found:
@@ -78,6 +86,16 @@ def _head_size(layout: GGUFLayout, config: Any) -> dict[str, Any]:
     return {"head_dim": int(key)} if key != default or getattr(config, "head_dim", None) is None else {}
 
 
+def _gemma_query_scale(layout: GGUFLayout, config: Any) -> dict[str, Any]:
+    """Gemma's query_pre_attn_scalar as llama.cpp sets it (src/models/gemma2.cpp, gemma3.cpp)."""
+    layers_27b = GEMMA_27B_LAYERS.get(layout.architecture)
+    if layers_27b is None:
+        return {}
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    scalar = config.hidden_size // config.num_attention_heads if config.num_hidden_layers == layers_27b else head_dim
+    return {"query_pre_attn_scalar": scalar} if scalar != getattr(config, "query_pre_attn_scalar", None) else {}
+
+
 def _biases(layout: GGUFLayout, config: Any) -> dict[str, Any]:
     found = {}
     for attr, pattern in (("attention_bias", ATTENTION_BIAS), ("mlp_bias", MLP_BIAS)):
@@ -85,6 +103,26 @@ def _biases(layout: GGUFLayout, config: Any) -> dict[str, Any]:
         if present and hasattr(config, attr) and not getattr(config, attr):
             found[attr] = True
     return found
+
+
+def _linear_rope(layout: GGUFLayout, config: Any) -> dict[str, Any]:
+    """Linear RoPE scaling from the metadata; on a config with rope parameters per layer type (Gemma 3) it is the
+    global layers', as llama.cpp applies it (the sliding layers keep `rope.freq_base_swa`, unscaled)."""
+    kind = layout.field("rope.scaling.type")
+    if kind in (None, "none"):
+        return {}
+    factor = layout.field("rope.scaling.factor")
+    if kind != "linear" or not factor:
+        raise ModelFileError(f"{layout.path.name}: RoPE scaling '{kind}' ({layout.architecture}.rope.scaling.*) is "
+                             "not read from GGUF files by the native engine (linear and Llama 3's are); serve the "
+                             "model's HF folder instead, or use backend: vllm")
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    scaled = {"rope_type": "linear", "factor": float(factor)}
+    if "full_attention" in rope:
+        rope["full_attention"] = {**rope["full_attention"], **scaled}
+    else:
+        rope.update(scaled)
+    return {"rope_parameters": rope}
 
 
 def llama3_factors(base: float, dim: int, factor: float, low: float, high: float, original: int) -> np.ndarray:

@@ -121,9 +121,9 @@ def _unplaced(gguf: Path, name: str) -> None:
 
 def _check_shape(gguf: Path, tensor: Any, param: str, expected: torch.Size | None) -> None:
     """The file's tensor has the shape the config gives its parameter (before gguf-py or a kernel reads it)."""
-    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
     if expected is None:
         return
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
     # the same shape, or (where a tensor processor reshapes, as for stacked experts) at least as many values
     if (tuple(expected) != shape) if len(expected) == len(shape) else (int(np.prod(shape)) != expected.numel()):
         raise ModelFileError(

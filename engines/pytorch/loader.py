@@ -31,7 +31,7 @@ log = logging.getLogger("switchyard.engines.pytorch")
 
 WEIGHTS_CACHE = "weights-1.safetensors"  # gguf_weights.read_weights's cache file, beside the config folder
 # bump when what is read from a GGUF file changes (gguf_config.py), so that folders cached the old way are not used
-GGUF_READ_VERSION = 2
+GGUF_READ_VERSION = 4
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -97,6 +97,7 @@ def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, An
     `weights.blocks` (gguf_weights.py). None, saying why in the log, where gguf-py cannot name the file's tensors
     (then load the float32 model through `resolve_hf_folder`). Raises ModelFileError for a bad file, and for one
     that lacks a weight of the model its config describes."""
+    from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from engines.pytorch.gguf_weights import read_weights
@@ -105,11 +106,10 @@ def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, An
     folder = _gguf_config_folder(gguf, cached.with_name(f"{cached.name}.config"))
     config = AutoConfig.from_pretrained(folder)
     check_supported(config.model_type, getattr(config, "architectures", None))  # before any weight is read
-    with torch.device("meta"):
+    # parameters on the meta device; buffers (rotary tables, Gemma's embedding scale) are computed at build, not
+    # loaded, so they are built for real
+    with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    rotary = getattr(model.model, "rotary_emb", None)
-    if rotary is not None:  # its tables are computed at build, not loaded: build it again off the meta device
-        model.model.rotary_emb = type(rotary)(config=model.config)
     try:
         weights = read_weights(gguf, model, cached.with_name(f"{cached.name}.{WEIGHTS_CACHE}"))
     except ModelFileError:
@@ -125,7 +125,6 @@ def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, An
         head.weight = table.weight  # a tied table kept in float32
     in_blocks = {f"{path}.weight" for path in weights.blocks}
     missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta and n not in in_blocks]
-    missing += [n for n, b in model.named_buffers() if b.is_meta]  # computed at build (rotary's, above), not loaded
     if missing:
         raise ModelFileError(f"{gguf.name} has no tensor for the model's {missing[0]} (and {len(missing) - 1} more "
                              "weights) that its config describes; the file is incomplete: "
