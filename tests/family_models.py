@@ -101,6 +101,23 @@ FAMILIES: dict[str, Family] = {
 DENSE = tuple(name for name, f in FAMILIES.items() if not f.moe)
 MOE = tuple(name for name, f in FAMILIES.items() if f.moe)
 
+# Variants for the tests of llama.cpp-converted files (tests/engines/pytorch/test_gguf_converted_families.py), after
+# DENSE and MOE so the family parity test does not run them. K-quant blocks hold 256 values: widths that are
+# multiples of 256 keep llama.cpp from falling back to other types. Gemma 3's files carry neither its sliding-window
+# pattern nor its query scale: llama.cpp takes every 6th layer as global and the head size as the scale (hidden /
+# heads for the 27B), as Gemma 3 has them, so that variant has six layers with the last global and a scale of its
+# head size (the family's own has four layers and a scale of 24).
+_WIDE = {"hidden_size": 256, "intermediate_size": 512}
+FAMILIES.update({
+    "llama3_rope_wide": Family("LlamaConfig", {**FAMILIES["llama3_rope"].config, **_WIDE}),
+    "qwen3_wide": Family("Qwen3Config", {**FAMILIES["qwen3"].config, **_WIDE, "head_dim": 128}),
+    "llama_bias": Family("LlamaConfig", {**FAMILIES["llama_untied"].config, "attention_bias": True}),
+    "llama_mlp_bias": Family("LlamaConfig", {**FAMILIES["llama_untied"].config, "mlp_bias": True}),
+    "gemma3_six": Family("Gemma3TextConfig", {**FAMILIES["gemma3"].config, "num_hidden_layers": 6,
+                                              "query_pre_attn_scalar": 32,
+                                              "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}),
+})
+
 
 def _config_class(name: str) -> Any:
     import transformers

@@ -19,7 +19,7 @@ from engines.pytorch.engine import PyTorchEngine
 from engines.types import GenerationRequest, SamplingParams
 from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
 from gateway.repository.model_config import SchedulerConfig
-from tests.family_models import FAMILIES, family_folder
+from tests.family_models import DENSE, MOE, family_folder
 
 NEW_TOKENS = 10
 TIE = 1e-4
@@ -89,7 +89,7 @@ async def _generate(engine: PyTorchEngine, prompts: list[list[int]]) -> list[tup
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", DENSE + MOE)
 def test_family_greedy_equals_transformers_float32(family: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     folder, prompts, refs = _reference(family)
     _force(path, monkeypatch)

@@ -32,22 +32,10 @@ from engines.pytorch.engine import PyTorchEngine
 from engines.pytorch.loader import resolve_hf_folder
 from engines.types import GenerationRequest, SamplingParams
 from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
-from gateway.scheduler.llm.step_scheduler import BatcherLimits
-from tests.family_models import FAMILIES, Family, family_folder
+from gateway.repository.model_config import SchedulerConfig
+from tests.family_models import family_folder
 
 NEW_TOKENS = 8
-# K-quant blocks hold 256 values: widths that are multiples of 256 keep llama.cpp from falling back to other types
-WIDE = {"hidden_size": 256, "intermediate_size": 512}
-FAMILIES.setdefault("llama3_rope_wide", Family("LlamaConfig", {**FAMILIES["llama3_rope"].config, **WIDE}))
-FAMILIES.setdefault("qwen3_wide", Family("Qwen3Config", {**FAMILIES["qwen3"].config, **WIDE, "head_dim": 128}))
-FAMILIES.setdefault("llama_bias", Family("LlamaConfig", {**FAMILIES["llama_untied"].config, "attention_bias": True}))
-# Gemma 3's files carry neither its sliding-window pattern nor its query scale: llama.cpp takes every 6th layer as
-# global and the head size as the scale (hidden / heads for the 27B), as Gemma 3 has them, so the test model has six
-# layers with the last global and a scale of its head size (family_models' has four layers and a scale of 24)
-FAMILIES.setdefault("gemma3_six", Family("Gemma3TextConfig", {
-    **FAMILIES["gemma3"].config, "num_hidden_layers": 6, "query_pre_attn_scalar": 32,
-    "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}))
-FAMILIES.setdefault("llama_mlp_bias", Family("LlamaConfig", {**FAMILIES["llama_untied"].config, "mlp_bias": True}))
 # qwen2 is left out: transformers gives its folder (SmolLM2's tokenizer under a qwen2 config) its Qwen2Tokenizer,
 # whose pre-tokenizer llama.cpp's converter does not recognize, so the converter refuses the folder
 # gemma2 and phi3 are left out too: llama.cpp's converter reads their vocabulary from a SentencePiece
@@ -77,7 +65,7 @@ def _prompts(vocab: int, count: int, longest: int) -> list[list[int]]:
 
 
 async def _generate(engine: PyTorchEngine, prompts: list[list[int]]) -> list[list[int]]:
-    batcher = ContinuousBatcher(engine, BatcherLimits(max_num_seqs=4, max_num_batched_tokens=32))
+    batcher = ContinuousBatcher(engine, SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32))
     await batcher.start()
 
     async def run(i: int, ids: list[int]) -> list[int]:
