@@ -31,6 +31,7 @@ import ctypes
 import logging
 import platform
 import struct
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,42 +101,75 @@ class _Call:
     resets: list = field(default_factory=list)  # (address, bytes before the call)
 
 
+class _Patch:
+    """One patched attribute: the original function, and how many active recorders rely on the wrapper."""
+
+    def __init__(self, obj: Any, name: str, active: threading.local) -> None:
+        self.original = fn = getattr(obj, name)
+        self.users = 0
+
+        def recording(*args: Any) -> Any:
+            recorder = getattr(active, "recorder", None)
+            if recorder is not None:
+                recorder.record(fn, args)
+            return fn(*args)
+
+        setattr(obj, name, recording)
+
+
 class _Recorder:
-    """Wraps the kernel libraries' functions (and Linear's captured entry points) to record every call."""
+    """Records every call into the kernel libraries' functions (and Linear's captured entry points) that the
+    recording thread makes, while it is active (a context manager).
 
-    def __init__(self, libs: list[ctypes.CDLL], signatures: list[Signatures], holders: list[Any]) -> None:
+    The libraries are shared: two models in one process load the same ctypes objects and step on their own threads,
+    so a recording may overlap another model's steps or its recording. The attributes are patched once, by the
+    first recorder active on them, with a wrapper that records only for the recorder of the calling thread (every
+    other thread calls straight through); the last recorder to leave puts the functions back, whatever the order
+    in which recordings end."""
+
+    _lock = threading.Lock()
+    _patched: dict[tuple[int, str], _Patch] = {}  # (id(obj), name) -> its wrapper, while any recorder uses it
+    _active = threading.local()  # .recorder: the recorder of the calling thread, if it is recording
+
+    def __init__(self, libs: list[Any], signatures: list[Signatures], holders: list[Any]) -> None:
         self.calls: list[_Call] = []
-        self._undo: list[tuple[Any, str, Any]] = []
+        self._targets: list[tuple[Any, str]] = []
         for lib, table in zip(libs, signatures, strict=True):
-            for name in table:
-                if name != "set_pool":
-                    self._wrap(lib, name)
+            self._targets.extend((lib, name) for name in table if name != "set_pool")
         for obj in holders:  # Linear keeps its float32 entry points as attributes
-            for name in ("_fn", "_par"):
-                if getattr(obj, name, None) is not None:
-                    self._wrap(obj, name)
+            self._targets.extend((obj, name) for name in ("_fn", "_par") if getattr(obj, name, None) is not None)
 
-    def _wrap(self, obj: Any, name: str) -> None:
-        fn = getattr(obj, name)
-        calls = self.calls
+    def __enter__(self) -> _Recorder:
+        if getattr(self._active, "recorder", None) is not None:
+            raise RuntimeError("a thread records one step at a time")
+        with self._lock:
+            for obj, name in self._targets:
+                patch = self._patched.get((id(obj), name))
+                if patch is None:
+                    patch = self._patched[(id(obj), name)] = _Patch(obj, name, self._active)
+                patch.users += 1
+        self._active.recorder = self
+        return self
 
-        def record(*args: Any, _fn: Any = fn) -> Any:
-            call = _Call(_fn, args)
-            for a in args:
-                target = getattr(a, "_obj", a)  # byref(x) -> x
-                if isinstance(target, ctypes._SimpleCData | ctypes.Array | ctypes.Structure):
-                    call.keep.append(target)
-                    address = ctypes.addressof(target)
-                    call.resets.append((address, ctypes.string_at(address, ctypes.sizeof(target))))
-            calls.append(call)
-            return _fn(*args)
+    def __exit__(self, *exc: object) -> None:
+        self._active.recorder = None
+        with self._lock:
+            for obj, name in self._targets:
+                patch = self._patched[(id(obj), name)]
+                patch.users -= 1
+                if not patch.users:
+                    setattr(obj, name, patch.original)
+                    del self._patched[(id(obj), name)]
 
-        self._undo.append((obj, name, fn))
-        setattr(obj, name, record)
-
-    def undo(self) -> None:
-        for obj, name, fn in reversed(self._undo):
-            setattr(obj, name, fn)
+    def record(self, fn: Any, args: tuple) -> None:
+        call = _Call(fn, args)
+        for a in args:
+            target = getattr(a, "_obj", a)  # byref(x) -> x
+            if isinstance(target, ctypes._SimpleCData | ctypes.Array | ctypes.Structure):
+                call.keep.append(target)
+                address = ctypes.addressof(target)
+                call.resets.append((address, ctypes.string_at(address, ctypes.sizeof(target))))
+        self.calls.append(call)
 
 
 def _words(call: _Call) -> tuple[list[int], list[float]]:
@@ -254,13 +288,11 @@ class StepReplay:
         watch = _Watch()
         failure = None
         try:
-            with watch:
+            with recorder, watch:
                 logits = forward(hidden)
         except _Unreplayable as exc:
             failure = str(exc)
             logits = None
-        finally:
-            recorder.undo()
         if logits is None:  # the forward stopped at an op that computes: run it again, unwatched
             self._off(rows, failure)
             return forward(hidden)
