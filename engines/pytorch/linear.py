@@ -58,6 +58,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from engines.interface import StepInputError
 from engines.pytorch import block_panels, host_memory
 from engines.pytorch.gguf_blocks import GGUFBlocks, WeightBlocks
 from engines.pytorch.native import HelperThreads, Signatures, load_library
@@ -316,6 +317,11 @@ class Linear:
         an embedding table tied to this lm_head is then held once, as these panels."""
         b = self._blocks
         index = index.to(torch.int64).contiguous()
+        if index.numel():  # the kernel reads row `index` of the panels unchecked
+            low, high = torch.aminmax(index)
+            if int(low) < 0 or int(high) >= self.out_features:
+                bad = int(low) if int(low) < 0 else int(high)
+                raise StepInputError(f"token id {bad} is outside the vocabulary (0 .. {self.out_features - 1})")
         out = torch.empty(index.shape[0], b.k, dtype=torch.float32)
         _lib.blocks_rows(b.segs.data_ptr(), b.ptrs.data_ptr(), b.nseg, b.k, index.data_ptr(), index.shape[0],
                          out.data_ptr())

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engines.interface import StepInputError
 from engines.pytorch import linear, native
 from engines.pytorch.gguf_blocks import GGUFBlocks
 from tests.random_gguf_blocks import make_blocks
@@ -309,3 +310,15 @@ def test_weight_rows_in_the_other_builds(flags: tuple[str, ...], tmp_path: Path,
     lin = Linear(None, None, True, tmp_path, blocks=mixed)
     assert torch.equal(lin.weight_rows(torch.arange(128).flip(0)), mixed.dequantize().flip(0))
     monkeypatch.delitem(native._loaded, "gemm")
+
+
+def test_weight_rows_refuse_ids_outside_the_weight(tmp_path: Path) -> None:
+    """Token ids into the tied embedding's lookup: the kernel reads row `id` of the panels unchecked, so an id
+    outside the vocabulary is a StepInputError before the call."""
+    lin = Linear(None, None, True, tmp_path, blocks=make_blocks("Q8_0", 200, 64, seed=3))
+    if lin.kind != "kernel":
+        pytest.skip("no C compiler or no AVX2/FMA here: the engine dequantizes the blocks for torch")
+    assert lin.weight_rows(torch.tensor([0, 199])).shape == (2, 64)
+    for bad in (200, -1):
+        with pytest.raises(StepInputError, match=f"token id {bad} is outside the vocabulary \\(0 .. 199\\)"):
+            lin.weight_rows(torch.tensor([5, bad, 7]))
