@@ -42,6 +42,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engines.pytorch import argmax as argmax_module
+from engines.pytorch.linear import decode_rows_pinned
 from engines.pytorch.native import Signatures, load_library
 
 log = logging.getLogger("switchyard.engines.pytorch")
@@ -247,6 +248,12 @@ class _Plan:
         self.validated = False
 
 
+def _key(rows: int) -> tuple[int, bool]:
+    """A plan's key: the step's rows, and whether the calling thread's step keeps its decode rows off the tile unit
+    (linear.decode_rows_on_registers), which changes the projections' calls."""
+    return rows, decode_rows_pinned()
+
+
 class StepReplay:
     """Replays decode-only steps of a runner (see the module's docstring). `run` returns None when a step is not
     (yet) replayed: the caller then runs its Python forward."""
@@ -265,7 +272,7 @@ class StepReplay:
         self._argmax = load_library("argmax", cache_dir, argmax_module._SIGNATURES)
         self._libs, self._signatures, self._holders, self._owners = libs, signatures, holders, owners
         self._attention = {ctypes.cast(f, ctypes.c_void_p).value for f in attention_fns}
-        self._plans: dict[int, _Plan | None] = {}
+        self._plans: dict[tuple[int, bool], _Plan | None] = {}  # by _key
         self._greedy_out = torch.empty(0, dtype=torch.int64)
 
     @property
@@ -274,9 +281,9 @@ class StepReplay:
 
     def plan_state(self, rows: int) -> str:
         """'none' (not recorded yet), 'recorded', 'replayed' or 'off' (not replayable) for steps of `rows` rows."""
-        if rows not in self._plans:
+        if _key(rows) not in self._plans:
             return "none"
-        plan = self._plans[rows]
+        plan = self._plans[_key(rows)]
         return "off" if plan is None else "replayed" if plan.validated else "recorded"
 
     # ------------------------------------------------------------------ recording
@@ -297,14 +304,14 @@ class StepReplay:
             self._off(rows, failure)
             return forward(hidden)
         try:
-            self._plans[rows] = self._build(recorder.calls, watch.allocated, hidden, logits, step_inputs)
+            self._plans[_key(rows)] = self._build(recorder.calls, watch.allocated, hidden, logits, step_inputs)
         except _Unreplayable as exc:
             self._off(rows, str(exc))
         return logits
 
     def _off(self, rows: int, why: str | None) -> None:
         if len(self._plans) < MAX_PLANS:
-            self._plans[rows] = None
+            self._plans[_key(rows)] = None
         log.info("native engine: decode steps of %d rows run from Python (%s)", rows, why)
 
     def _build(self, calls: list[_Call], allocated: list[torch.Tensor], hidden: torch.Tensor, logits: torch.Tensor,
@@ -420,7 +427,7 @@ class StepReplay:
             greedy: bool) -> tuple[torch.Tensor, list[int] | None] | None:
         """The logits of a step of `rows` rows (and with `greedy`, each row's argmax when all logits are finite),
         or None when steps of that many rows have no validated plan."""
-        plan = self._plans.get(rows)
+        plan = self._plans.get(_key(rows))
         if plan is None or not plan.validated:
             return None
         return self._replay(plan, hidden, step_inputs, max_blocks, greedy)
@@ -429,7 +436,7 @@ class StepReplay:
                  step_inputs: dict[str, torch.Tensor], max_blocks: int) -> torch.Tensor | None:
         """For a recorded plan not yet checked: the Python forward's logits, after checking that the replay gives the
         same bits (else the plan is dropped). None when there is no plan to check."""
-        plan = self._plans.get(rows)
+        plan = self._plans.get(_key(rows))
         if plan is None or plan.validated:
             return None
         expected = reference(hidden)
@@ -438,7 +445,7 @@ class StepReplay:
             plan.validated = True
             log.info("native engine: decode steps of %d rows replay %d kernel calls in one C call", rows, plan.calls)
         else:
-            self._plans[rows] = None
+            self._plans[_key(rows)] = None
             log.warning("native engine: the replayed step of %d rows differs from the Python forward; "
                         "those steps run from Python", rows)
         return expected

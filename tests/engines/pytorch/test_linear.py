@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -322,3 +323,23 @@ def test_weight_rows_refuse_ids_outside_the_weight(tmp_path: Path) -> None:
     for bad in (200, -1):
         with pytest.raises(StepInputError, match=f"token id {bad} is outside the vocabulary \\(0 .. 199\\)"):
             lin.weight_rows(torch.tensor([5, bad, 7]))
+
+
+def test_decode_rows_stay_on_the_register_kernels_when_asked() -> None:
+    """Forced path (any CPU: the split is decided in Python): a weight whose panels use the tile unit sends more
+    than 16 decode rows there, except inside `decode_rows_on_registers` (a step with a seeded request), where every
+    decode row keeps the register kernels' bits whatever the batch; prompt rows use the tile unit either way, and
+    another thread's steps are not affected."""
+    packed = linear._Packed([], 64, tile_unit=True)
+    assert packed.row_parts(24, None) == [(0, 24, 1)]
+    assert packed.row_parts(40, 24) == [(0, 40, 1)]
+    assert packed.row_parts(8, None) == [(0, 8, 0)]
+    with linear.decode_rows_on_registers():
+        assert packed.row_parts(24, None) == [(0, 24, 0)]
+        assert packed.row_parts(40, 24) == [(0, 24, 0), (24, 40, 1)]
+        elsewhere: list[list[tuple[int, int, int]]] = []
+        thread = threading.Thread(target=lambda: elsewhere.append(packed.row_parts(24, None)))
+        thread.start()
+        thread.join()
+        assert elsewhere == [[(0, 24, 1)]]
+    assert packed.row_parts(24, None) == [(0, 24, 1)]

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from engines.pytorch import step_replay
+from engines.pytorch import linear, step_replay
 from engines.pytorch.model_runner import PagedModelRunner
 from engines.types import SamplingParams, SequenceStep
 
@@ -198,3 +198,15 @@ def test_overlapping_recordings_on_two_threads_keep_their_own_calls() -> None:
     assert [c.args for c in recorders[1].calls] == [(20,), (21,)]
     assert lib.kernel is kernel
     assert not step_replay._Recorder._patched
+
+
+def test_steps_that_keep_decode_rows_on_registers_have_plans_of_their_own(tmp_path: Path) -> None:
+    """A step with a seeded request keeps its decode rows off the tile unit (other projection calls on a CPU with
+    AMX): it never replays the plan recorded for steps of as many rows without one."""
+    runner = _runner(tmp_path, replay=True)
+    _decode(runner, batch=3, steps=3)
+    assert runner._replay.plan_state(3) == "replayed"
+    with linear.decode_rows_on_registers():
+        assert runner._replay.plan_state(3) == "none"
+        _decode(runner, batch=3, steps=3)
+        assert runner._replay.plan_state(3) == "replayed"
