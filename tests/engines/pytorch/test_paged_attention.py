@@ -302,11 +302,11 @@ def test_any_block_size_attends_as_the_torch_path(block: int, cache_dtype: torch
                               cache_dtype=cache_dtype)
     rnd, gen = random.Random(block), torch.Generator().manual_seed(block)
     lens = [rnd.randint(1, 600) for _ in range(4)] + [300, 301, 302]  # the last three: one sequence's rows
-    per = [(c + block - 1) // block for c in lens]
-    blocks = list(range(sum(per[:5])))
+    per = [(c + block - 1) // block for c in lens[:4] + lens[-1:]]  # the shared sequence's table covers its last row
+    blocks = list(range(sum(per)))
     rnd.shuffle(blocks)
     tables, used = [], 0
-    for n in per[:5]:
+    for n in per:
         tables.append(blocks[used : used + n])
         used += n
     tables += [tables[4]] * 2
