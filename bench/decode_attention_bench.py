@@ -79,7 +79,7 @@ def layer(batch: int, ctx: int, verify: bool, rnd: random.Random) -> tuple[tuple
     blocks = list(range(seqs * per))
     rnd.shuffle(blocks)
     tables = [blocks[(0 if verify else i) * per : ((0 if verify else i) + 1) * per] for i in range(batch)]
-    tables = DecodeTables(tables, [ctx + i if verify else ctx for i in range(batch)], BS)
+    tables = DecodeTables(tables, [ctx + i if verify else ctx for i in range(batch)], BS, seqs * per)
     kc, vc = torch.randn(seqs * per * BS, KVH, D), torch.randn(seqs * per * BS, KVH, D)
     q, k, v = torch.randn(batch, H, D), torch.randn(batch, KVH, D), torch.randn(batch, KVH, D)
     cos, sin, out = torch.rand(batch, D), torch.rand(batch, D), torch.empty(batch, H * D)

@@ -105,6 +105,13 @@ class UnsupportedModelError(ValueError):
     backend); the gateway reports it as the model's load failure."""
 
 
+class StepInputError(RuntimeError):
+    """A step's inputs break what the engine's C kernels rely on: a token id outside the vocabulary, a block table
+    too short for the step's positions or naming a block outside the KV pool. A scheduler bug, caught before the C
+    call would read or write another sequence's cache; the step's requests end with an error (the batcher fails
+    the step) and the server goes on."""
+
+
 class EngineUnavailableError(RuntimeError):
     """The engine cannot take or finish requests right now (dead, stopped, every upstream down).
 

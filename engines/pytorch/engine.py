@@ -16,6 +16,7 @@ from engines.hf_tokenizer import HFTokenizer
 from engines.interface import StepEngine, Tokenizer
 from engines.pytorch import host_memory
 from engines.pytorch.argmax import Argmax
+from engines.pytorch.linear import decode_rows_on_registers
 from engines.pytorch.loader import default_cache_dir, load_gguf_blocks, load_hf, resolve_hf_folder
 from engines.pytorch.model_runner import PagedModelRunner
 from engines.pytorch.models import check_supported
@@ -145,13 +146,16 @@ class PyTorchEngine(StepEngine):
 
     def execute(self, batch: Sequence[SequenceStep]) -> StepResult:
         sampling_steps = [s for s in row_order(batch) if s.sample]  # the order of the runner's logits
-        if self._argmax is not None and sampling_steps and all(plain_greedy(s) for s in sampling_steps):
-            # the runner may take each row's greedy token on the way (a replayed step: step_replay.py)
-            logits, tokens = self._runner.forward_greedy(batch)
-            if tokens is not None:
-                return greedy_result(sampling_steps, tokens)
-        else:
-            logits = self._runner.forward(batch)
+        # A request with a seed reproduces whatever its batch: its step keeps decode rows off the tile unit, whose
+        # bits differ from the register kernels' (only steps of more than 16 decode rows would use it; linear.py).
+        with decode_rows_on_registers(any(s.sampling.seed is not None for s in batch)):
+            if self._argmax is not None and sampling_steps and all(plain_greedy(s) for s in sampling_steps):
+                # the runner may take each row's greedy token on the way (a replayed step: step_replay.py)
+                logits, tokens = self._runner.forward_greedy(batch)
+                if tokens is not None:
+                    return greedy_result(sampling_steps, tokens)
+            else:
+                logits = self._runner.forward(batch)
         for step in sampling_steps:
             if not step.sampling.greedy:
                 self._generator(step)

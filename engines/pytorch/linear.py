@@ -51,13 +51,16 @@ as GGUF blocks are then dequantized to float32 once, at load.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from engines.interface import StepInputError
 from engines.pytorch import block_panels, host_memory
 from engines.pytorch.gguf_blocks import GGUFBlocks, WeightBlocks
 from engines.pytorch.native import HelperThreads, Signatures, load_library
@@ -85,6 +88,25 @@ ROW_TILE = 192
 # Whether weights with GGUF blocks use the tile unit (AMX) where the CPU has one; tests turn it off to reach the
 # register kernels.
 TILE_UNIT = True
+_step = threading.local()  # .registers: the calling thread's step keeps its decode rows on the register kernels
+
+
+@contextlib.contextmanager
+def decode_rows_on_registers(on: bool = True) -> Iterator[None]:
+    """Within it, the calling thread's steps keep every decode row on the register kernels, however many share the
+    step: the bits a decode row gets then do not depend on its batch (the engine's steps that carry a request with
+    a seed, which must reproduce whatever the batch: engine.py)."""
+    saved = getattr(_step, "registers", False)
+    _step.registers = on
+    try:
+        yield
+    finally:
+        _step.registers = saved
+
+
+def decode_rows_pinned() -> bool:
+    """Whether the calling thread's step keeps its decode rows off the tile unit (`decode_rows_on_registers`)."""
+    return getattr(_step, "registers", False)
 
 
 _lib: ctypes.CDLL | None = None
@@ -161,10 +183,11 @@ class _Packed:
     def row_parts(self, m: int, prompt_from: int | None) -> list[tuple[int, int, int]]:
         """The rows of a call of `m` rows as (first, end, gemm_blocks_par's `amx`) ranges: decode rows (those before
         `prompt_from`; all of them when it is None) go through the tile unit only where there are more than
-        TILE_UNIT_MIN_ROWS of them, prompt rows always. So a row's bits depend on its role in the step and on how
-        many decode rows share it, never on another request's prompt chunk."""
+        TILE_UNIT_MIN_ROWS of them (and none inside `decode_rows_on_registers`), prompt rows always. So a row's bits
+        depend on its role in the step and on how many decode rows share it, never on another request's prompt
+        chunk."""
         decode = m if prompt_from is None else prompt_from
-        modes = (int(self.tile_unit and decode > TILE_UNIT_MIN_ROWS), int(self.tile_unit))
+        modes = (int(self.tile_unit and decode > TILE_UNIT_MIN_ROWS and not decode_rows_pinned()), int(self.tile_unit))
         if modes[0] == modes[1]:
             return [(0, m, modes[0])]
         return [part for part in ((0, decode, modes[0]), (decode, m, modes[1])) if part[1] > part[0]]
@@ -316,6 +339,11 @@ class Linear:
         an embedding table tied to this lm_head is then held once, as these panels."""
         b = self._blocks
         index = index.to(torch.int64).contiguous()
+        if index.numel():  # the kernel reads row `index` of the panels unchecked
+            low, high = torch.aminmax(index)
+            if int(low) < 0 or int(high) >= self.out_features:
+                bad = int(low) if int(low) < 0 else int(high)
+                raise StepInputError(f"token id {bad} is outside the vocabulary (0 .. {self.out_features - 1})")
         out = torch.empty(index.shape[0], b.k, dtype=torch.float32)
         _lib.blocks_rows(b.segs.data_ptr(), b.ptrs.data_ptr(), b.nseg, b.k, index.data_ptr(), index.shape[0],
                          out.data_ptr())

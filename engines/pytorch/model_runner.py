@@ -215,7 +215,8 @@ class PagedModelRunner:
         if decodes:  # a verification step's rows: one decode row per position, each over the cache up to it (the
             # decode kernel writes every row's key and value before any row attends)
             rows = [(s, s.start_pos + j) for s in decodes for j in range(len(s.token_ids))]
-            lay.decode = DecodeTables([s.block_table[: p // bs + 1] for s, p in rows], [p + 1 for _, p in rows], bs)
+            lay.decode = DecodeTables([s.block_table[: p // bs + 1] for s, p in rows], [p + 1 for _, p in rows], bs,
+                                      self.num_blocks)
         if prefills:
             self._prefill_layout(prefills, lay)
         return lay
@@ -224,7 +225,8 @@ class PagedModelRunner:
         bs = self.block_size
         if self.attention.uses_kernel:
             tables = [s.block_table[: (s.start_pos + len(s.token_ids) + bs - 1) // bs] for s in batch]
-            lay.prefill = PrefillRows(tables, [s.start_pos for s in batch], [len(s.token_ids) for s in batch])
+            lay.prefill = PrefillRows(tables, [s.start_pos for s in batch], [len(s.token_ids) for s in batch], bs,
+                                      self.num_blocks)
             return
         slots: list[int] = []
         q_index: list[int] = []

@@ -176,6 +176,7 @@ class HelperThreads:
         self._run = ctypes.cast(lib.pool_run, ctypes.c_void_p)
         self._stats = lib.pool_stats
         self._wake, self._rest = lib.pool_wake, lib.pool_rest
+        self.enter()  # the thread that builds them may use them (a thread that never entered runs its jobs alone)
 
     def wake(self) -> None:
         """A step's kernels follow: sleeping helpers start spinning now (call right before the first)."""
@@ -196,7 +197,8 @@ class HelperThreads:
 
     def enter(self) -> None:
         """Let the calling thread's jobs take `count` helpers (the pool is process-wide and only grows: another
-        engine may have started more). Call on the step's thread before its kernels."""
+        engine may have started more). Call on the step's thread before its kernels: a thread that never did runs
+        its jobs alone."""
         self._width(self.count)
 
     def attach(self, lib: ctypes.CDLL) -> None:

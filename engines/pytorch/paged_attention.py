@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from engines.interface import StepInputError
 from engines.pytorch.native import HelperThreads, Signatures, load_library
 
 SHARE_MIN_ROWS = 4  # fewer prefill rows are not worth waking a helper thread for (decode rows are shared in spans
@@ -173,12 +174,31 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-class DecodeTables:
-    """Per-step index tensors of the decode rows, shared by every layer."""
+class _BlockTables:
+    """Block tables as the kernels read them ([rows, width] int32, rows padded with block 0), checked on the way in:
+    the C kernels trust every entry (a short table would read and write block 0, another sequence's; an id past
+    the pool, memory outside it)."""
 
-    def __init__(self, block_tables: list[list[int]], ctx_lens: list[int], block_size: int) -> None:
+    def __init__(self, block_tables: list[list[int]], ends: list[int], block_size: int, num_blocks: int) -> None:
+        """`ends`: the context each row reaches (its table must cover positions 0 .. end - 1); `num_blocks`: the
+        KV pool's. Raises StepInputError otherwise."""
+        for row, (table, end) in enumerate(zip(block_tables, ends, strict=True)):
+            if len(table) * block_size < end:
+                raise StepInputError(f"the block table of row {row} has {len(table)} blocks of {block_size} "
+                                     f"positions for a context of {end}")
         width = max(len(t) for t in block_tables)
         self.tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
+        low, high = (int(x) for x in torch.aminmax(self.tables))
+        if low < 0 or high >= num_blocks:
+            raise StepInputError(f"a block table names block {low if low < 0 else high}; the KV pool has blocks "
+                                 f"0 .. {num_blocks - 1}")
+
+
+class DecodeTables(_BlockTables):
+    """Per-step index tensors of the decode rows, shared by every layer."""
+
+    def __init__(self, block_tables: list[list[int]], ctx_lens: list[int], block_size: int, num_blocks: int) -> None:
+        super().__init__(block_tables, ctx_lens, block_size, num_blocks)
         self.ctx_lens = torch.tensor(ctx_lens, dtype=torch.int32)
         self.block_size = block_size
         self._torch_index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -199,12 +219,12 @@ class DecodeTables:
         return self._torch_index
 
 
-class PrefillRows:
+class PrefillRows(_BlockTables):
     """Per-step index tensors of the prefill rows, shared by every layer: each row's sequence and position."""
 
-    def __init__(self, block_tables: list[list[int]], starts: list[int], lengths: list[int]) -> None:
-        width = max(len(t) for t in block_tables)
-        self.tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
+    def __init__(self, block_tables: list[list[int]], starts: list[int], lengths: list[int], block_size: int,
+                 num_blocks: int) -> None:
+        super().__init__(block_tables, [s + n for s, n in zip(starts, lengths, strict=True)], block_size, num_blocks)
         self.row_seq = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32), torch.tensor(lengths))
         self.row_pos = torch.cat([torch.arange(s, s + n, dtype=torch.int32) for s, n in zip(starts, lengths, strict=True)])
         self.max_ctx = max(s + n for s, n in zip(starts, lengths, strict=True))

@@ -31,6 +31,7 @@ import ctypes
 import logging
 import platform
 import struct
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engines.pytorch import argmax as argmax_module
+from engines.pytorch.linear import decode_rows_pinned
 from engines.pytorch.native import Signatures, load_library
 
 log = logging.getLogger("switchyard.engines.pytorch")
@@ -100,42 +102,75 @@ class _Call:
     resets: list = field(default_factory=list)  # (address, bytes before the call)
 
 
+class _Patch:
+    """One patched attribute: the original function, and how many active recorders rely on the wrapper."""
+
+    def __init__(self, obj: Any, name: str, active: threading.local) -> None:
+        self.original = fn = getattr(obj, name)
+        self.users = 0
+
+        def recording(*args: Any) -> Any:
+            recorder = getattr(active, "recorder", None)
+            if recorder is not None:
+                recorder.record(fn, args)
+            return fn(*args)
+
+        setattr(obj, name, recording)
+
+
 class _Recorder:
-    """Wraps the kernel libraries' functions (and Linear's captured entry points) to record every call."""
+    """Records every call into the kernel libraries' functions (and Linear's captured entry points) that the
+    recording thread makes, while it is active (a context manager).
 
-    def __init__(self, libs: list[ctypes.CDLL], signatures: list[Signatures], holders: list[Any]) -> None:
+    The libraries are shared: two models in one process load the same ctypes objects and step on their own threads,
+    so a recording may overlap another model's steps or its recording. The attributes are patched once, by the
+    first recorder active on them, with a wrapper that records only for the recorder of the calling thread (every
+    other thread calls straight through); the last recorder to leave puts the functions back, whatever the order
+    in which recordings end."""
+
+    _lock = threading.Lock()
+    _patched: dict[tuple[int, str], _Patch] = {}  # (id(obj), name) -> its wrapper, while any recorder uses it
+    _active = threading.local()  # .recorder: the recorder of the calling thread, if it is recording
+
+    def __init__(self, libs: list[Any], signatures: list[Signatures], holders: list[Any]) -> None:
         self.calls: list[_Call] = []
-        self._undo: list[tuple[Any, str, Any]] = []
+        self._targets: list[tuple[Any, str]] = []
         for lib, table in zip(libs, signatures, strict=True):
-            for name in table:
-                if name != "set_pool":
-                    self._wrap(lib, name)
+            self._targets.extend((lib, name) for name in table if name != "set_pool")
         for obj in holders:  # Linear keeps its float32 entry points as attributes
-            for name in ("_fn", "_par"):
-                if getattr(obj, name, None) is not None:
-                    self._wrap(obj, name)
+            self._targets.extend((obj, name) for name in ("_fn", "_par") if getattr(obj, name, None) is not None)
 
-    def _wrap(self, obj: Any, name: str) -> None:
-        fn = getattr(obj, name)
-        calls = self.calls
+    def __enter__(self) -> _Recorder:
+        if getattr(self._active, "recorder", None) is not None:
+            raise RuntimeError("a thread records one step at a time")
+        with self._lock:
+            for obj, name in self._targets:
+                patch = self._patched.get((id(obj), name))
+                if patch is None:
+                    patch = self._patched[(id(obj), name)] = _Patch(obj, name, self._active)
+                patch.users += 1
+        self._active.recorder = self
+        return self
 
-        def record(*args: Any, _fn: Any = fn) -> Any:
-            call = _Call(_fn, args)
-            for a in args:
-                target = getattr(a, "_obj", a)  # byref(x) -> x
-                if isinstance(target, ctypes._SimpleCData | ctypes.Array | ctypes.Structure):
-                    call.keep.append(target)
-                    address = ctypes.addressof(target)
-                    call.resets.append((address, ctypes.string_at(address, ctypes.sizeof(target))))
-            calls.append(call)
-            return _fn(*args)
+    def __exit__(self, *exc: object) -> None:
+        self._active.recorder = None
+        with self._lock:
+            for obj, name in self._targets:
+                patch = self._patched[(id(obj), name)]
+                patch.users -= 1
+                if not patch.users:
+                    setattr(obj, name, patch.original)
+                    del self._patched[(id(obj), name)]
 
-        self._undo.append((obj, name, fn))
-        setattr(obj, name, record)
-
-    def undo(self) -> None:
-        for obj, name, fn in reversed(self._undo):
-            setattr(obj, name, fn)
+    def record(self, fn: Any, args: tuple) -> None:
+        call = _Call(fn, args)
+        for a in args:
+            target = getattr(a, "_obj", a)  # byref(x) -> x
+            if isinstance(target, ctypes._SimpleCData | ctypes.Array | ctypes.Structure):
+                call.keep.append(target)
+                address = ctypes.addressof(target)
+                call.resets.append((address, ctypes.string_at(address, ctypes.sizeof(target))))
+        self.calls.append(call)
 
 
 def _words(call: _Call) -> tuple[list[int], list[float]]:
@@ -213,6 +248,12 @@ class _Plan:
         self.validated = False
 
 
+def _key(rows: int) -> tuple[int, bool]:
+    """A plan's key: the step's rows, and whether the calling thread's step keeps its decode rows off the tile unit
+    (linear.decode_rows_on_registers), which changes the projections' calls."""
+    return rows, decode_rows_pinned()
+
+
 class StepReplay:
     """Replays decode-only steps of a runner (see the module's docstring). `run` returns None when a step is not
     (yet) replayed: the caller then runs its Python forward."""
@@ -231,7 +272,7 @@ class StepReplay:
         self._argmax = load_library("argmax", cache_dir, argmax_module._SIGNATURES)
         self._libs, self._signatures, self._holders, self._owners = libs, signatures, holders, owners
         self._attention = {ctypes.cast(f, ctypes.c_void_p).value for f in attention_fns}
-        self._plans: dict[int, _Plan | None] = {}
+        self._plans: dict[tuple[int, bool], _Plan | None] = {}  # by _key
         self._greedy_out = torch.empty(0, dtype=torch.int64)
 
     @property
@@ -240,9 +281,9 @@ class StepReplay:
 
     def plan_state(self, rows: int) -> str:
         """'none' (not recorded yet), 'recorded', 'replayed' or 'off' (not replayable) for steps of `rows` rows."""
-        if rows not in self._plans:
+        if _key(rows) not in self._plans:
             return "none"
-        plan = self._plans[rows]
+        plan = self._plans[_key(rows)]
         return "off" if plan is None else "replayed" if plan.validated else "recorded"
 
     # ------------------------------------------------------------------ recording
@@ -254,25 +295,23 @@ class StepReplay:
         watch = _Watch()
         failure = None
         try:
-            with watch:
+            with recorder, watch:
                 logits = forward(hidden)
         except _Unreplayable as exc:
             failure = str(exc)
             logits = None
-        finally:
-            recorder.undo()
         if logits is None:  # the forward stopped at an op that computes: run it again, unwatched
             self._off(rows, failure)
             return forward(hidden)
         try:
-            self._plans[rows] = self._build(recorder.calls, watch.allocated, hidden, logits, step_inputs)
+            self._plans[_key(rows)] = self._build(recorder.calls, watch.allocated, hidden, logits, step_inputs)
         except _Unreplayable as exc:
             self._off(rows, str(exc))
         return logits
 
     def _off(self, rows: int, why: str | None) -> None:
         if len(self._plans) < MAX_PLANS:
-            self._plans[rows] = None
+            self._plans[_key(rows)] = None
         log.info("native engine: decode steps of %d rows run from Python (%s)", rows, why)
 
     def _build(self, calls: list[_Call], allocated: list[torch.Tensor], hidden: torch.Tensor, logits: torch.Tensor,
@@ -388,7 +427,7 @@ class StepReplay:
             greedy: bool) -> tuple[torch.Tensor, list[int] | None] | None:
         """The logits of a step of `rows` rows (and with `greedy`, each row's argmax when all logits are finite),
         or None when steps of that many rows have no validated plan."""
-        plan = self._plans.get(rows)
+        plan = self._plans.get(_key(rows))
         if plan is None or not plan.validated:
             return None
         return self._replay(plan, hidden, step_inputs, max_blocks, greedy)
@@ -397,7 +436,7 @@ class StepReplay:
                  step_inputs: dict[str, torch.Tensor], max_blocks: int) -> torch.Tensor | None:
         """For a recorded plan not yet checked: the Python forward's logits, after checking that the replay gives the
         same bits (else the plan is dropped). None when there is no plan to check."""
-        plan = self._plans.get(rows)
+        plan = self._plans.get(_key(rows))
         if plan is None or plan.validated:
             return None
         expected = reference(hidden)
@@ -406,7 +445,7 @@ class StepReplay:
             plan.validated = True
             log.info("native engine: decode steps of %d rows replay %d kernel calls in one C call", rows, plan.calls)
         else:
-            self._plans[rows] = None
+            self._plans[_key(rows)] = None
             log.warning("native engine: the replayed step of %d rows differs from the Python forward; "
                         "those steps run from Python", rows)
         return expected

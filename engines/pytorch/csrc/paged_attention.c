@@ -5,6 +5,7 @@
    model). */
 #include "paged_attention_common.h"
 #include "pool_client.h"
+#include "spin_wait.h"
 #include "type_suffix.h"
 
 #define TYPE_SUFFIX f32

@@ -407,7 +407,8 @@ static void SFX(decode_spans)(SFX(decode_job)* j) {
             }
             __atomic_store_n(&j->ready[g], 1, __ATOMIC_RELEASE);
         } else {
-            while (!__atomic_load_n(&j->ready[g], __ATOMIC_ACQUIRE)) {}
+            unsigned spins = 0;  /* the group's first span was taken: its taker is rotating the queries */
+            while (!__atomic_load_n(&j->ready[g], __ATOMIC_ACQUIRE)) spin_wait_step(&spins);
         }
         const int t0 = s * j->span;
         int rs = r0;  /* the group's rows whose context reaches this span: rs .. r1 - 1 (contexts ascend) */

@@ -6,7 +6,12 @@
    quota would be burnt on spinning). A job is `fn(arg)` run by the caller and by every
    helper that joins before the caller is done; kernels hand out work through an atomic counter in `arg`, so a
    helper that joins late (or not at all, when its core is busy) simply does less, and the results do not depend on
-   who did what. */
+   who did what.
+
+   Budgets: each engine's step thread sets how many helpers its jobs may take (pool_width); a thread that never set
+   it runs its jobs alone. A job carries its number and width: a helper joins by a CAS on `state`, whose upper half
+   is the number of the job it belongs to, so a helper that checked its index against one job's width cannot slip
+   into a later, narrower job between that check and its CAS. */
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -14,23 +19,24 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
-#include <immintrin.h>
+#include "spin_wait.h"
 
-#define CLOSED (1 << 30)
+#define CLOSED (1u << 30)
+#define INSIDE (CLOSED - 1)  /* state's low bits: helpers inside the job */
 /* How long a helper spins for the next job before it sleeps. By time, not by count: a pause takes from about 10 to
    150 cycles depending on the CPU (60 ns on the AMD EPYC here). Longer than the gaps between a step's jobs (a
    single-threaded attention or norm; tens of microseconds of Python between the kernels where a step is not
    replayed), short enough that a helper does not hold a core long after a step that did not call pool_rest. */
 #define SPIN_NS 200000
 typedef void (*task_fn)(void*);
-static unsigned gen;         /* bumped for every job */
-static int state;            /* helpers inside the current job, | CLOSED once the caller is done */
+static unsigned gen;         /* bumped for every job: the current job's number */
+static uint64_t state;       /* the current job's number << 32 | CLOSED once the caller is done | helpers inside */
 static int sleepers, started;
 static int resting;          /* set by pool_rest: helpers sleep at once instead of spinning */
 static task_fn job_fn;
 static void* job_arg;
 static int job_helpers;                /* helpers 0 .. job_helpers - 1 take part in the current job */
-static __thread int width = INT_MAX;   /* helpers the calling thread's jobs may take (pool_width) */
+static __thread int width;             /* helpers the calling thread's jobs may take (pool_width); none unset */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 /* Hand-off counters (pool_stats): what a profile needs to tell the pool's cost from the kernels'. */
 static int64_t job_start_ns;           /* when the current job was posted */
@@ -51,10 +57,10 @@ static void* helper(void* arg) {
         int64_t spin_from = 0;
         while ((g = __atomic_load_n(&gen, __ATOMIC_SEQ_CST)) == seen) {
             if (!__atomic_load_n(&resting, __ATOMIC_RELAXED)) {
-                if (++spins & 63) { _mm_pause(); continue; }  /* the clock every 64 pauses */
+                if (++spins & 63) { SPIN_PAUSE(); continue; }  /* the clock every 64 pauses */
                 const int64_t t = now_ns();
                 if (!spin_from) spin_from = t;
-                if (t - spin_from < SPIN_NS) { _mm_pause(); continue; }
+                if (t - spin_from < SPIN_NS) { SPIN_PAUSE(); continue; }
             }
             __atomic_add_fetch(&sleepers, 1, __ATOMIC_SEQ_CST);
             syscall(SYS_futex, &gen, FUTEX_WAIT_PRIVATE, seen, 0, 0, 0);
@@ -71,8 +77,10 @@ static void* helper(void* arg) {
                 syscall(SYS_futex, &job_helpers, FUTEX_WAIT_PRIVATE, w, 0, 0, 0);
             continue;
         }
-        int s = __atomic_load_n(&state, __ATOMIC_SEQ_CST);
-        while (!(s & CLOSED))
+        /* Join job g only: the CAS fails once `state` belongs to a later job (whose width may leave this helper
+           out) or job g is closed. `w` above may be a later job's, but then job g is closed or replaced too. */
+        uint64_t s = __atomic_load_n(&state, __ATOMIC_SEQ_CST);
+        while ((unsigned)(s >> 32) == g && !(s & CLOSED))
             if (__atomic_compare_exchange_n(&state, &s, s + 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
                 __atomic_add_fetch(&stat_enter_ns, now_ns() - __atomic_load_n(&job_start_ns, __ATOMIC_RELAXED),
                                    __ATOMIC_RELAXED);
@@ -99,7 +107,7 @@ int pool_start(int count) {
 }
 
 /* At most `helpers` helpers join the jobs this thread runs from now on (an engine whose budget is smaller than
-   the pool, which only grows, uses no more than its budget). */
+   the pool, which only grows, uses no more than its budget). Unset, a thread's jobs run on it alone. */
 void pool_width(int helpers) { width = helpers; }
 
 /* fn(arg) on the caller and on the helpers; returns when all of them are out of it. One job at a time: a
@@ -111,8 +119,9 @@ void pool_run(task_fn fn, void* arg) {
     __atomic_store_n(&resting, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&job_start_ns, now_ns(), __ATOMIC_RELAXED);
     int before = __atomic_exchange_n(&job_helpers, width, __ATOMIC_SEQ_CST);
-    __atomic_store_n(&state, 0, __ATOMIC_SEQ_CST);
-    __atomic_add_fetch(&gen, 1, __ATOMIC_SEQ_CST);
+    const unsigned number = __atomic_load_n(&gen, __ATOMIC_SEQ_CST) + 1;  /* only a lock holder bumps gen */
+    __atomic_store_n(&state, (uint64_t)number << 32, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&gen, number, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&sleepers, __ATOMIC_SEQ_CST) > 0) {
         syscall(SYS_futex, &gen, FUTEX_WAKE_PRIVATE, INT_MAX, 0, 0, 0);
         stat_woken++;
@@ -121,7 +130,8 @@ void pool_run(task_fn fn, void* arg) {
     fn(arg);
     const int64_t done = now_ns();
     __atomic_fetch_or(&state, CLOSED, __ATOMIC_SEQ_CST);
-    while (__atomic_load_n(&state, __ATOMIC_SEQ_CST) & ~CLOSED) _mm_pause();
+    unsigned spins = 0;
+    while (__atomic_load_n(&state, __ATOMIC_SEQ_CST) & INSIDE) spin_wait_step(&spins);
     stat_join_ns += now_ns() - done;
     stat_jobs++;
     pthread_mutex_unlock(&lock);

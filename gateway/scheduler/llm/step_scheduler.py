@@ -193,7 +193,8 @@ class StepScheduler:
         running = sorted(self._running, key=lambda s: s.sort_key(now, aging))
         spec = self._spec
         speculate = spec is not None and len(running) <= spec.disable_by_batch_size
-        # proposals stay within the decode rows whose logits the engine computes as one-token steps do
+        # proposals stay within the decode rows whose logits the engine computes as one-token steps do (running
+        # sequences here; admissions that are decode rows shorten them after: _fit_drafts)
         limit = self._info.max_exact_decode_rows
         spare_rows = limit - len(running) if limit else budget
         i = 0
@@ -255,7 +256,26 @@ class StepScheduler:
             self._kv.free(seq.seq_id)  # drop prefix-cache references taken by admit; retry next step
             seq.num_computed = 0
             break
+        if limit:
+            self._fit_drafts(scheduled, limit)
         return scheduled
+
+    def _fit_drafts(self, scheduled: list[tuple[_Sequence, SequenceStep]], limit: int) -> None:
+        """Shorten proposals, latest-scheduled first, until the step's decode rows fit `limit`. An admission whose
+        uncached remainder is one token (a prefix-cache hit, a preempted sequence back) is a decode row too, known only
+        once admitted; admissions come before proposals, which only save steps."""
+        rows = sum(len(step.token_ids) for _, step in scheduled if len(step.token_ids) == 1 + step.num_draft_tokens)
+        excess = rows - limit
+        for k in range(len(scheduled) - 1, -1, -1):
+            seq, step = scheduled[k]
+            if excess <= 0:
+                return
+            if not step.num_draft_tokens:
+                continue
+            keep = max(0, step.num_draft_tokens - excess)
+            excess -= step.num_draft_tokens - keep
+            self._kv.truncate(seq.seq_id, seq.num_computed + 1 + keep)  # the blocks only cut proposals needed
+            scheduled[k] = (seq, self._step(seq, 1, step.draft_token_ids[:keep]))
 
     def _uncomputed_blocks(self, seq: _Sequence) -> list[bytes]:
         """Digests of the full blocks a prefilling sequence has still to compute (none once it decodes)."""

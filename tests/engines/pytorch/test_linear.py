@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from engines.interface import StepInputError
 from engines.pytorch import linear, native
 from engines.pytorch.gguf_blocks import GGUFBlocks
 from tests.random_gguf_blocks import make_blocks
@@ -309,3 +311,35 @@ def test_weight_rows_in_the_other_builds(flags: tuple[str, ...], tmp_path: Path,
     lin = Linear(None, None, True, tmp_path, blocks=mixed)
     assert torch.equal(lin.weight_rows(torch.arange(128).flip(0)), mixed.dequantize().flip(0))
     monkeypatch.delitem(native._loaded, "gemm")
+
+
+def test_weight_rows_refuse_ids_outside_the_weight(tmp_path: Path) -> None:
+    """Token ids into the tied embedding's lookup: the kernel reads row `id` of the panels unchecked, so an id
+    outside the vocabulary is a StepInputError before the call."""
+    lin = Linear(None, None, True, tmp_path, blocks=make_blocks("Q8_0", 200, 64, seed=3))
+    if lin.kind != "kernel":
+        pytest.skip("no C compiler or no AVX2/FMA here: the engine dequantizes the blocks for torch")
+    assert lin.weight_rows(torch.tensor([0, 199])).shape == (2, 64)
+    for bad in (200, -1):
+        with pytest.raises(StepInputError, match=f"token id {bad} is outside the vocabulary \\(0 .. 199\\)"):
+            lin.weight_rows(torch.tensor([5, bad, 7]))
+
+
+def test_decode_rows_stay_on_the_register_kernels_when_asked() -> None:
+    """Forced path (any CPU: the split is decided in Python): a weight whose panels use the tile unit sends more
+    than 16 decode rows there, except inside `decode_rows_on_registers` (a step with a seeded request), where every
+    decode row keeps the register kernels' bits whatever the batch; prompt rows use the tile unit either way, and
+    another thread's steps are not affected."""
+    packed = linear._Packed([], 64, tile_unit=True)
+    assert packed.row_parts(24, None) == [(0, 24, 1)]
+    assert packed.row_parts(40, 24) == [(0, 40, 1)]
+    assert packed.row_parts(8, None) == [(0, 8, 0)]
+    with linear.decode_rows_on_registers():
+        assert packed.row_parts(24, None) == [(0, 24, 0)]
+        assert packed.row_parts(40, 24) == [(0, 24, 0), (24, 40, 1)]
+        elsewhere: list[list[tuple[int, int, int]]] = []
+        thread = threading.Thread(target=lambda: elsewhere.append(packed.row_parts(24, None)))
+        thread.start()
+        thread.join()
+        assert elsewhere == [[(0, 24, 1)]]
+    assert packed.row_parts(24, None) == [(0, 24, 1)]

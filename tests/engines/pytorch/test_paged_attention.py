@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engines.interface import StepInputError
 from engines.pytorch import native
 from engines.pytorch.native import HelperThreads
 from engines.pytorch.paged_attention import DecodeTables, PagedAttention, PrefillRows, rotate
@@ -44,7 +45,7 @@ def _case(dtype: torch.dtype, batch: int = 5, seed: int = 0, longest: int = 70, 
         "sin_folded": torch.cat((-sin[:, : head_dim // 2], sin[:, head_dim // 2 :]), dim=-1),
         "k_cache": torch.randn(shape, generator=gen).to(dtype),
         "v_cache": torch.randn(shape, generator=gen).to(dtype),
-        "tables": DecodeTables(tables, ctx_lens, BLOCK),
+        "tables": DecodeTables(tables, ctx_lens, BLOCK, num_blocks),
     }
 
 
@@ -111,7 +112,7 @@ def test_a_row_computes_the_same_bits_alone_or_in_a_batch(dtype: torch.dtype, tm
     together, _, _ = _run(attn, case)
     tables, lens = case["tables"].tables.tolist(), case["tables"].ctx_lens.tolist()
     for b in range(6):
-        alone = dict(case, tables=DecodeTables([tables[b]], [lens[b]], BLOCK),
+        alone = dict(case, tables=DecodeTables([tables[b]], [lens[b]], BLOCK, case["k_cache"].shape[0] // BLOCK),
                      **{name: case[name][b : b + 1] for name in ("q", "k", "v", "cos", "sin_folded")})
         out, _, _ = _run(attn, alone)
         assert torch.equal(out[0], together[b])
@@ -131,10 +132,11 @@ def test_verification_rows_compute_the_bits_of_one_token_steps(dtype: torch.dtyp
     tables[1:7], lens[1:7] = [seq] * 6, [125 + j for j in range(6)]  # rows 1-6: positions 124-129
     for name in ("k_cache", "v_cache"):
         case[name] = torch.cat((case[name], torch.randn(9 * BLOCK, KV_HEADS, HEAD_DIM).to(dtype)))
-    case["tables"] = DecodeTables(tables, lens, BLOCK)
+    case["tables"] = DecodeTables(tables, lens, BLOCK, num_blocks + 9)
     together, k_cache, v_cache = _run(attn, case)
     for b in range(8):  # each row alone, over the cache the step left (every row's key and value written)
-        alone = dict(case, tables=DecodeTables([tables[b]], [lens[b]], BLOCK), k_cache=k_cache, v_cache=v_cache,
+        alone = dict(case, tables=DecodeTables([tables[b]], [lens[b]], BLOCK, num_blocks + 9), k_cache=k_cache,
+                     v_cache=v_cache,
                      **{name: case[name][b : b + 1] for name in ("q", "k", "v", "cos", "sin_folded")})
         out, _, _ = _run(attn, alone)
         assert torch.equal(out[0], together[b]), f"row {b}"
@@ -174,8 +176,8 @@ def test_prefill_kernel_is_causal_attention_over_the_cache(dtype: torch.dtype, t
     want_k, want_v = k_cache.clone(), v_cache.clone()
     want_k[chunk_slots] = _transformers_rotary(k, cos[:, None], sin[:, None])
     want_v[chunk_slots] = v
-    out = kernel.prefill(q, k, v, cos, sin_folded, k_cache, v_cache, PrefillRows(tables, starts, lengths),
-                         HEAD_DIM**-0.5)
+    out = kernel.prefill(q, k, v, cos, sin_folded, k_cache, v_cache,
+                         PrefillRows(tables, starts, lengths, BLOCK, num_blocks), HEAD_DIM**-0.5)
     # the chunk's keys (rotated bit for bit as transformers rotates) and values are in their slots, nothing else moved
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
     q = _transformers_rotary(q, cos[:, None], sin[:, None])
@@ -211,13 +213,13 @@ def test_prefill_rows_do_not_depend_on_the_chunking(dtype: torch.dtype, tmp_path
     v_cache = torch.zeros_like(k_cache)
     # one chunk, after another sequence's rows
     whole = kernel.prefill(torch.cat((q2, q)), torch.cat((k2, k)), torch.cat((v2, v)), None, None, k_cache, v_cache,
-                           PrefillRows([table2, table], [0, 0], [other, n]), HEAD_DIM**-0.5)[other:]
+                           PrefillRows([table2, table], [0, 0], [other, n], BLOCK, 8), HEAD_DIM**-0.5)[other:]
     k_cache.zero_(), v_cache.zero_()
     parts, start = [], 0
     for size in (7, 13, 50):
         end = start + size
         parts.append(kernel.prefill(q[start:end], k[start:end], v[start:end], None, None, k_cache, v_cache,
-                                    PrefillRows([table], [start], [size]), HEAD_DIM**-0.5))
+                                    PrefillRows([table], [start], [size], BLOCK, 8), HEAD_DIM**-0.5))
         start = end
     assert torch.equal(torch.cat(parts), whole)
 
@@ -275,7 +277,8 @@ def test_a_bfloat16_cache_under_float32_activations(tmp_path: Path) -> None:
     for got, want in zip(_run(alone, case), (out, k_cache, v_cache), strict=True):
         assert torch.equal(got, want)
     # a prefill chunk over the same cache: the torch path's result up to float rounding
-    rows = PrefillRows([case["tables"].tables[1].tolist()], [0], [int(case["tables"].ctx_lens[1])])
+    rows = PrefillRows([case["tables"].tables[1].tolist()], [0], [int(case["tables"].ctx_lens[1])], BLOCK,
+                       case["k_cache"].shape[0] // BLOCK)
     n = rows.max_ctx
     q, k, v = (torch.randn(n, x, HEAD_DIM) for x in (HEADS, KV_HEADS, KV_HEADS))
     got = kernel.prefill(q, k, v, None, None, k_cache.clone(), v_cache.clone(), rows, HEAD_DIM**-0.5)
@@ -299,11 +302,11 @@ def test_any_block_size_attends_as_the_torch_path(block: int, cache_dtype: torch
                               cache_dtype=cache_dtype)
     rnd, gen = random.Random(block), torch.Generator().manual_seed(block)
     lens = [rnd.randint(1, 600) for _ in range(4)] + [300, 301, 302]  # the last three: one sequence's rows
-    per = [(c + block - 1) // block for c in lens]
-    blocks = list(range(sum(per[:5])))
+    per = [(c + block - 1) // block for c in lens[:4] + lens[-1:]]  # the shared sequence's table covers its last row
+    blocks = list(range(sum(per)))
     rnd.shuffle(blocks)
     tables, used = [], 0
-    for n in per[:5]:
+    for n in per:
         tables.append(blocks[used : used + n])
         used += n
     tables += [tables[4]] * 2
@@ -315,5 +318,45 @@ def test_any_block_size_attends_as_the_torch_path(block: int, cache_dtype: torch
     k_cache = torch.randn(used * block, KV_HEADS, HEAD_DIM, generator=gen).to(cache_dtype)
     v_cache = torch.randn(used * block, KV_HEADS, HEAD_DIM, generator=gen).to(cache_dtype)
     outs = [attn.decode(q, k, v, cos, sin_folded, k_cache.clone(), v_cache.clone(),
-                        DecodeTables(tables, lens, block), HEAD_DIM**-0.5) for attn in (kernel, fallback)]
+                        DecodeTables(tables, lens, block, used), HEAD_DIM**-0.5) for attn in (kernel, fallback)]
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+
+
+def test_tables_the_kernels_would_misread_are_refused_before_the_call() -> None:
+    """A table too short for the row's context (the kernel would read and write block 0, another sequence's), or a
+    block id outside the pool: a StepInputError, raised where the step's tables are built."""
+    assert DecodeTables([[3, 1], [0]], [32, 9], BLOCK, 4).tables.tolist() == [[3, 1], [0, 0]]
+    with pytest.raises(StepInputError, match="row 1 has 1 blocks of 16 positions for a context of 17"):
+        DecodeTables([[3, 1], [0]], [32, 17], BLOCK, 4)
+    with pytest.raises(StepInputError, match="names block 4; the KV pool has blocks 0 .. 3"):
+        DecodeTables([[3, 4], [0]], [32, 9], BLOCK, 4)
+    with pytest.raises(StepInputError, match="names block -1"):
+        DecodeTables([[-1]], [1], BLOCK, 4)
+    assert PrefillRows([[2, 0]], [10], [22], BLOCK, 4).max_ctx == 32
+    with pytest.raises(StepInputError, match="row 0 has 2 blocks of 16 positions for a context of 33"):
+        PrefillRows([[2, 0]], [10], [23], BLOCK, 4)
+    with pytest.raises(StepInputError, match="names block 9"):
+        PrefillRows([[1], [9]], [0, 0], [3, 3], BLOCK, 4)
+
+
+def test_a_step_with_a_bad_table_fails_without_touching_the_cache(tmp_path: Path) -> None:
+    """Through the runner: a decode whose table lacks the block of its position raises before any kernel runs,
+    and the cache holds what it held."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engines.pytorch.model_runner import PagedModelRunner
+    from engines.types import SamplingParams, SequenceStep
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)).float().eval()
+    runner = PagedModelRunner(model, num_blocks=4, block_size=16, kernel_cache_dir=tmp_path, gemm_threads=1)
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    prompt = list(range(1, 17))
+    runner.forward([SequenceStep("s", prompt, 0, [2], True, params, prompt, 16, 0)])
+    before = runner.k_cache.clone()
+    with pytest.raises(StepInputError, match="1 blocks of 16 positions for a context of 17"):
+        runner.forward([SequenceStep("s", [5], 16, [2], True, params, [*prompt, 5], 16, 1)])  # position 16: block 2
+    with pytest.raises(StepInputError, match="names block 4"):
+        runner.forward([SequenceStep("s", [5], 16, [2, 4], True, params, [*prompt, 5], 16, 1)])
+    assert torch.equal(runner.k_cache, before)

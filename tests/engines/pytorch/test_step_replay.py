@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from engines.pytorch import step_replay
+from engines.pytorch import linear, step_replay
 from engines.pytorch.model_runner import PagedModelRunner
 from engines.types import SamplingParams, SequenceStep
 
@@ -151,3 +151,62 @@ def test_replayed_verification_steps_give_the_python_forwards_bits(tmp_path: Pat
     assert greedy[0] is None and greedy[1] is None and all(g is not None for g in greedy[2:])
     for a, b in zip(got, expected, strict=True):
         assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def test_overlapping_recordings_on_two_threads_keep_their_own_calls() -> None:
+    """Two models in one process share the kernel libraries and step on their own threads. Recording A starts,
+    recording B starts, each thread calls the shared function, A ends first, B calls again, B ends: each recorder
+    holds exactly its own thread's calls, and the library's function is the original again."""
+    import threading
+
+    def kernel(x: int) -> int:
+        return x + 1
+
+    lib = SimpleNamespace(kernel=kernel)
+    table = {"kernel": (None, [])}
+    recorders = [step_replay._Recorder([lib], [table], []) for _ in range(2)]
+    turn = [threading.Event() for _ in range(6)]
+    results: dict[int, int] = {}
+
+    def thread_a() -> None:
+        with recorders[0]:
+            turn[0].set()
+            turn[1].wait()
+            results[0] = lib.kernel(10)
+            turn[2].set()
+            turn[3].wait()
+        turn[4].set()
+
+    def thread_b() -> None:
+        turn[0].wait()
+        with recorders[1]:
+            turn[1].set()
+            turn[2].wait()
+            results[1] = lib.kernel(20)
+            turn[3].set()
+            turn[4].wait()
+            results[2] = lib.kernel(21)
+        assert lib.kernel(99) == 100  # after both: calls are recorded nowhere
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert results == {0: 11, 1: 21, 2: 22}
+    assert [c.args for c in recorders[0].calls] == [(10,)]
+    assert [c.args for c in recorders[1].calls] == [(20,), (21,)]
+    assert lib.kernel is kernel
+    assert not step_replay._Recorder._patched
+
+
+def test_steps_that_keep_decode_rows_on_registers_have_plans_of_their_own(tmp_path: Path) -> None:
+    """A step with a seeded request keeps its decode rows off the tile unit (other projection calls on a CPU with
+    AMX): it never replays the plan recorded for steps of as many rows without one."""
+    runner = _runner(tmp_path, replay=True)
+    _decode(runner, batch=3, steps=3)
+    assert runner._replay.plan_state(3) == "replayed"
+    with linear.decode_rows_on_registers():
+        assert runner._replay.plan_state(3) == "none"
+        _decode(runner, batch=3, steps=3)
+        assert runner._replay.plan_state(3) == "replayed"

@@ -19,7 +19,8 @@ from gateway.kv_cache.manager import KVCacheManager
 from gateway.repository.engine_config import SpeculativeSection
 from gateway.scheduler.llm.ngram_draft import NgramIndex
 from tests.char_tokenizer import EOS
-from tests.gateway.scheduler.llm.test_step_scheduler import CountingEngine, req, run, scheduler, summary
+from engines.pytorch.step_layout import is_decode
+from tests.gateway.scheduler.llm.test_step_scheduler import CountingEngine, req, run, scheduler, step, summary
 
 Rule = Callable[[Sequence[int]], int]
 
@@ -222,3 +223,37 @@ def test_proposals_stay_within_the_engines_exact_decode_rows() -> None:
                    for step in engine.steps if any(s.num_draft_tokens for s in step)]
     assert decode_rows and max(decode_rows) <= 7
     assert sched.stats().spec_drafts > 0
+
+
+def test_admitted_decode_rows_count_against_the_exact_decode_rows() -> None:
+    """Admissions whose uncached remainder is one token (a prefix-cache hit on a 13-token prompt over blocks of 4)
+    are decode rows too: with a limit of 7, a sequence that could verify 4 proposals beside six such admissions
+    verifies fewer (or none), and every step that verifies stays within 7 decode rows."""
+    engine = VerifyingEngine()
+    engine._info.max_exact_decode_rows = 7
+    sched = scheduler(engine, max_num_seqs=8, max_num_batched_tokens=32, speculative=SPEC)
+    cached = "abcdefghijklm"
+    run(sched, engine, req("warm", cached, max_tokens=1))
+    sched.add(req("spec", "abcdefghijklmnopqrstuvwxyzabcde", max_tokens=40))
+    outs = step(sched, engine)  # its prompt (12 tokens cached); "f" follows, then up to 4 proposals "ghij"
+    for i in range(6):
+        sched.add(req(f"hit{i}", cached, max_tokens=3))
+    plan = sched.schedule()
+    assert [len(s.token_ids) for s in plan.steps[1:]] == [1] * 6  # six admissions, one uncached token each
+    assert plan.steps[0].seq_id == "spec" and len(plan.steps[0].token_ids) >= 1
+    decode_rows = sum(len(s.token_ids) for s in plan.steps if is_decode(s))
+    assert decode_rows <= 7, f"{decode_rows} decode rows in a step that verifies proposals"
+    outs += sched.update(plan, engine.execute(plan.steps))
+    for _ in range(200):
+        if not sched.has_unfinished():
+            break
+        outs += step(sched, engine)
+    verifying = [sum(len(s.token_ids) for s in st if is_decode(s)) for st in engine.steps
+                 if any(s.num_draft_tokens for s in st)]
+    assert verifying and max(verifying) <= 7
+    assert sched.stats().kv_blocks_used == 0
+    got = "".join(o.text for o in outs if o.request_id == "spec")
+    plain_engine = VerifyingEngine()
+    plain = run(scheduler(plain_engine, max_num_seqs=8, max_num_batched_tokens=32),
+                plain_engine, req("spec", "abcdefghijklmnopqrstuvwxyzabcde", max_tokens=40))["spec"]
+    assert got == "".join(o.text for o in plain)
