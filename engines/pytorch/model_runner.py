@@ -74,7 +74,7 @@ def _embedding_blocks(blocks: dict[str, WeightBlocks], lm_head: Linear) -> Weigh
     lm_head whose kernel reads them (rows then come from the lm_head's panels: the table is held once). An own copy:
     blocks read from the saved cache file are views of its whole mapping."""
     found = blocks.get("model.embed_tokens")
-    if found is None or found is blocks.get("lm_head") and lm_head.reads_blocks:
+    if found is None or (found is blocks.get("lm_head") and lm_head.reads_blocks):
         return None
     return found.rows(torch.arange(found.shape[0]))
 
@@ -131,9 +131,21 @@ class PagedModelRunner:
         # Weights loaded from safetensors are views of the file's mapping, which stays resident as long as any of
         # them lives: own copies of the ones kept as they are (a tied lm_head shares the embedding's copy), so with
         # packed projections the mapping goes.
-        for module in [*([] if has_embed_blocks else [self.embed_tokens]), self.norm, *(m for layer in hf_model.model.layers for m in (
-                layer.input_layernorm, layer.post_attention_layernorm, getattr(layer.self_attn, "q_norm", None),
-                getattr(layer.self_attn, "k_norm", None)) if m is not None)]:
+        for module in [
+            *([] if has_embed_blocks else [self.embed_tokens]),
+            self.norm,
+            *(
+                m
+                for layer in hf_model.model.layers
+                for m in (
+                    layer.input_layernorm,
+                    layer.post_attention_layernorm,
+                    getattr(layer.self_attn, "q_norm", None),
+                    getattr(layer.self_attn, "k_norm", None),
+                )
+                if m is not None
+            ),
+        ]:
             for param in module.parameters():
                 param.data = param.data.clone()
         # helper threads for the C kernels (projections, attention, norms); they only run inside them
@@ -185,9 +197,14 @@ class PagedModelRunner:
             return None
         holders = [self.lm_head, *(m for layer in self.layers for m in (
             layer.qkv, layer.o, layer.down, getattr(layer.gate_up_act, "_linear", None)) if m is not None)]
-        replay = StepReplay(cache_dir, [gemm, attention], [linear_module._SIGNATURES, attention_module._SIGNATURES],
-                            holders, [getattr(attention, f"paged_decode_{s}") for s in attention_module.SUFFIXES.values()],
-                            [self])
+        replay = StepReplay(
+            cache_dir,
+            [gemm, attention],
+            [linear_module._SIGNATURES, attention_module._SIGNATURES],
+            holders,
+            [getattr(attention, f"paged_decode_{s}") for s in attention_module.SUFFIXES.values()],
+            [self],
+        )
         return replay if replay.enabled else None
 
     @property
@@ -279,7 +296,9 @@ class PagedModelRunner:
         key_pos = torch.arange(max_ctx)
         # A query at position p sees keys at positions <= p; padded query rows (p = -1) see key 0 only, which
         # keeps softmax finite; their outputs are dropped.
-        mask = (key_pos[None, None, :] <= q_pos[:, :, None].clamp(min=0)) & (key_pos[None, None, :] < ctx_lens[:, None, None])
+        mask = (key_pos[None, None, :] <= q_pos[:, :, None].clamp(min=0)) & (
+            key_pos[None, None, :] < ctx_lens[:, None, None]
+        )
         lay.slots = torch.tensor(slots, dtype=torch.long)
         lay.kv_index = kv_index
         lay.mask = mask[:, None, :, :]
