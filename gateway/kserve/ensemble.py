@@ -65,7 +65,9 @@ class EnsembleScheduler:
         try:
             model = self.registry.get(step.model_name)
         except Exception:
-            raise ServiceUnavailableError(f"ensemble '{self.name}': step model '{step.model_name}' is not loaded") from None
+            raise ServiceUnavailableError(
+                f"ensemble '{self.name}': step model '{step.model_name}' is not loaded"
+            ) from None
         if model.tensor is None:
             raise InternalError(f"ensemble '{self.name}': step model '{step.model_name}' is not a tensor model")
         inputs = [InputTensor(model_input, datatype_of(tensors[source]), tensors[source])

@@ -61,7 +61,9 @@ EMPTY_FINAL = "triton_enable_empty_final_response"
 
 
 def status_code(error: SwitchyardError) -> grpc.StatusCode:
-    return _CODES.get(error.status, grpc.StatusCode.INTERNAL if error.status >= 500 else grpc.StatusCode.INVALID_ARGUMENT)
+    return _CODES.get(
+        error.status, grpc.StatusCode.INTERNAL if error.status >= 500 else grpc.StatusCode.INVALID_ARGUMENT
+    )
 
 
 def _rpc(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -115,7 +117,9 @@ def decode_inputs(request: pb.ModelInferRequest) -> list[InputTensor]:
     for spec, tensor in zip(specs, request.inputs, strict=True):
         field = _CONTENTS.get(tensor.datatype)
         if field is None:
-            raise TensorCodecError(f"input '{tensor.name[:64]}': {tensor.datatype[:16]} data must be sent in raw_input_contents")
+            raise TensorCodecError(
+                f"input '{tensor.name[:64]}': {tensor.datatype[:16]} data must be sent in raw_input_contents"
+            )
         decoded = decode_json_tensor({**spec, "data": list(getattr(tensor.contents, field))})
         tensors.append(InputTensor(decoded.name, decoded.datatype, decoded.array, spec["parameters"]))
     return tensors
@@ -207,7 +211,9 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         for key, value in request.parameters.items():
             params[key] = getattr(value, value.WhichOneof("parameter_choice") or "string_param")
         if any(k.startswith("file:") for k in params):
-            raise InvalidRequestError("model files cannot be sent over the network ('file:' parameters are not supported)")
+            raise InvalidRequestError(
+                "model files cannot be sent over the network ('file:' parameters are not supported)"
+            )
         unknown = [k for k in params if k != "config"]
         if unknown:
             raise InvalidRequestError(f"unknown load parameter '{unknown[0][:64]}'; only 'config' is supported")
@@ -296,7 +302,9 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
 
         async def responses() -> AsyncIterator[tuple[str, list[OutputTensor]]]:
             if model.tensor is not None:
-                async for entry, outputs in model.tensor.infer_stream(inputs, wanted, request.model_version or None, params):
+                async for entry, outputs in model.tensor.infer_stream(
+                    inputs, wanted, request.model_version or None, params
+                ):
                     yield str(entry.version), outputs
                 return
             _check_version(model, request.model_version)

@@ -194,7 +194,9 @@ async def _tensor_generate(model: LoadedModel, body: Any, version: str | None) -
             continue
         spec = declared.get(key)
         if spec is None:
-            raise InvalidRequestError(f"unexpected field '{key[:64]}'; model '{model.name}' takes {', '.join(declared)}")
+            raise InvalidRequestError(
+                f"unexpected field '{key[:64]}'; model '{model.name}' takes {', '.join(declared)}"
+            )
         data = value if isinstance(value, list) else [value]
         shape = ([1] if batched else []) + [len(data)]
         try:
@@ -250,7 +252,9 @@ async def generate_stream(name: str, request: Request, version: str | None = Non
     return EventStream(_events(first, docs), request.app.state.config.stream_send_timeout_secs)
 
 
-async def _llm_docs(model: LoadedModel, name: str, prompt: str, values: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+async def _llm_docs(
+    model: LoadedModel, name: str, prompt: str, values: dict[str, Any]
+) -> AsyncIterator[dict[str, Any]]:
     async for delta in llm_bridge.generate_text(model, prompt, values):
         yield {"model_name": name, "model_version": "1", llm_bridge.TEXT_OUTPUT: delta}
 

@@ -117,7 +117,9 @@ class ModelRegistry:
         for model in self._startup_models():
             self._fingerprints[model.name] = folder_fingerprint(model.path)
             config = parse_model_config(model.config_path, model.name)
-            if isinstance(config, ModelConfig) and config.backend == "pytorch" or isinstance(config, TensorModelConfig) and config.model.source:
+            if (isinstance(config, ModelConfig) and config.backend == "pytorch") or (
+                isinstance(config, TensorModelConfig) and config.model.source
+            ):
                 resolve_source(model, config.model.source, "model.source")
             parsed.append((model, config))
         self._parsed = parsed
