@@ -176,7 +176,9 @@ def _read_keys(path: Path, what: str) -> list[str]:
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
-        raise ConfigError(f"cannot read the {what} file {path}: {exc.strerror}; check the path and permissions.")
+        raise ConfigError(
+            f"cannot read the {what} file {path}: {exc.strerror}; check the path and permissions."
+        ) from exc
     keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
     if not keys:
         raise ConfigError(f"the {what} file {path} holds no key; write one key per line.")

@@ -1,6 +1,6 @@
 """A streamed chat answer read back as pieces (text, the start of a tool call, argument fragments), its finish
-reason and its usage. Frontends that stream in another protocol (Responses, Messages) translate these pieces instead of each
-walking the chat chunks' nesting."""
+reason and its usage. Frontends that stream in another protocol (Responses, Messages) translate these pieces
+instead of each walking the chat chunks' nesting."""
 
 from __future__ import annotations
 

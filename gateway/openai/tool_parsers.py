@@ -367,7 +367,7 @@ class _JsonStreamer(ToolStreamer):
         rest, self._buf = self._buf, ""
         if not rest:
             return []
-        content, calls = self._parser.parse(rest, self._names)
+        _, calls = self._parser.parse(rest, self._names)
         if not calls:
             return [rest]
         out: list[StreamEvent] = []
