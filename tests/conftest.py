@@ -53,8 +53,8 @@ def _deselects_slow(markexpr: str) -> bool:
         return False
     others = sorted(set(re.findall(r"[A-Za-z_][\w.:+-]*", markexpr)) - {"and", "or", "not", "slow"})[:8]
     for values in itertools.product((False, True), repeat=len(others)):
-        marks = {"slow", *(name for name, on in zip(others, values) if on)}
-        if expression.evaluate(lambda name, /, **kwargs: name in marks):
+        marks = {"slow", *(name for name, on in zip(others, values, strict=True) if on)}
+        if expression.evaluate(lambda name, /, **kwargs: name in marks):  # noqa: B023 - evaluated right here
             return False
     return True
 

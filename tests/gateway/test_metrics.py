@@ -61,7 +61,9 @@ def fake_registry(llm_name: str = "llm", tensor_name: str = "tensor") -> SimpleN
     tstats.record_failure(0, "REJECTED")
     tstats.record_failure(0, "REJECTED")
     versions = {2: SimpleNamespace(stats=tstats, batcher=SimpleNamespace(queued=2))}
-    tensor = SimpleNamespace(name=tensor_name, scheduler=None, tensor=SimpleNamespace(versions=versions), load_seconds=0.25)
+    tensor = SimpleNamespace(
+        name=tensor_name, scheduler=None, tensor=SimpleNamespace(versions=versions), load_seconds=0.25
+    )
     return SimpleNamespace(models=lambda: [llm], all_models=lambda: [llm, tensor])
 
 

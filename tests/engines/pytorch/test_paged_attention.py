@@ -55,8 +55,17 @@ def _transformers_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) 
 
 def _run(attn: PagedAttention, case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     k_cache, v_cache = case["k_cache"].clone(), case["v_cache"].clone()
-    out = attn.decode(case["q"], case["k"], case["v"], case["cos"], case["sin_folded"], k_cache, v_cache, case["tables"],
-               case["q"].shape[-1] ** -0.5)
+    out = attn.decode(
+        case["q"],
+        case["k"],
+        case["v"],
+        case["cos"],
+        case["sin_folded"],
+        k_cache,
+        v_cache,
+        case["tables"],
+        case["q"].shape[-1] ** -0.5,
+    )
     return out, k_cache, v_cache
 
 

@@ -90,7 +90,7 @@ async def test_explicit_mode_loads_the_named_models_at_startup(repo: Path) -> No
 
 
 def test_unknown_or_bad_startup_model_is_a_config_error(repo: Path) -> None:
-    with pytest.raises(ConfigError, match="--load-model missing: .* no model folder 'missing'"):
+    with pytest.raises(ConfigError, match=r"--load-model missing: .* no model folder 'missing'"):
         ModelRegistry(repo, control_mode="explicit", load_models=["missing"]).prepare()
     with pytest.raises(ConfigError, match="--load-model"):
         ModelRegistry(repo, control_mode="explicit", load_models=["../tagger"]).prepare()
