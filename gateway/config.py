@@ -237,7 +237,7 @@ def _kind(annotation: Any) -> tuple[Literal["value", "bool", "list"], tuple[str,
 
 def _setting(name: str, field: FieldInfo) -> Setting:
     """A field's spellings: the declared ones, else derived from its name."""
-    cli: dict[str, Any] = field.json_schema_extra["cli"]  # type: ignore[index,assignment] - set by setting()
+    cli: dict[str, Any] = field.json_schema_extra["cli"]  # type: ignore[index,assignment]  # set by setting()
     kind, choices = _kind(field.annotation)
     return Setting(
         name=name,

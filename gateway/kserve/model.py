@@ -277,7 +277,7 @@ class TensorModel:
         if version in (None, "", -1, "-1"):
             return self.versions[max(self.versions)]
         try:
-            number = int(version)  # type: ignore[arg-type]
+            number = int(version)
         except (TypeError, ValueError):
             raise NotFoundError(f"model '{self.name}' has no version '{str(version)[:40]}'") from None
         if number not in self.versions:
