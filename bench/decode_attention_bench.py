@@ -28,8 +28,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engines.pytorch.native import CSRC, HelperThreads, _build
-from engines.pytorch.paged_attention import _SIGNATURES, DecodeTables
+from engines.pytorch.native import CSRC, HelperThreads, _build  # noqa: E402
+from engines.pytorch.paged_attention import _SIGNATURES, DecodeTables  # noqa: E402
 
 H, KVH, D, BS, LAYERS = 9, 3, 64, 16, 30
 # (rows, context, rows of one sequence: a verification step's consecutive positions, else one sequence a row)

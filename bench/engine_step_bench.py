@@ -143,11 +143,15 @@ def main() -> None:
             spec.loader.exec_module(module)
             if not hasattr(module.PagedModelRunner, "forward_greedy"):  # a runner from before the step replay
                 module.PagedModelRunner.forward_greedy = lambda self, batch, greedy=True: (self.forward(batch), None)
-            engine_module.PagedModelRunner = lambda model, n, bs, _m=module, **kw: _m.PagedModelRunner(model, n, bs, **kw)
+            engine_module.PagedModelRunner = lambda model, n, bs, _m=module, **kw: _m.PagedModelRunner(
+                model, n, bs, **kw
+            )
         gguf = kwargs.pop("gguf", None)  # a GGUF type bench/gguf_files.py makes (Q4_K_M, ...), or a file's path
         model = GGUF if gguf is None else Path(gguf) if Path(gguf).is_file() else quantized(gguf)
         try:
-            engines[name] = PyTorchEngine(model, dtype=args.dtype, kv_cache_tokens=kv_tokens, block_size=BLOCK, **kwargs)
+            engines[name] = PyTorchEngine(
+                model, dtype=args.dtype, kv_cache_tokens=kv_tokens, block_size=BLOCK, **kwargs
+            )
         finally:
             engine_module.PagedModelRunner = PagedModelRunner
         print(f"{name} {kwargs}: built in {time.perf_counter() - t0:.1f} s; torch threads {threads[name][0]}, "
@@ -182,8 +186,11 @@ def main() -> None:
             tt, kt = threads[name]
             rows.append((batch, name, f"{tt}/{kt or '-'}", ms * 1000, batch / ms, base / ms, cpu_ms * 1000,
                          base_cpu / cpu_ms, same))
-            print(f"B={batch:3d} {name:>10}: {ms * 1000:8.2f} ms/step {batch / ms:8.1f} tok/s x{base / ms:.2f} vs {first}"
-                  f" | process cpu {cpu_ms * 1000:8.2f} ms x{base_cpu / cpu_ms:.2f} | same tokens: {same}", flush=True)
+            print(
+                f"B={batch:3d} {name:>10}: {ms * 1000:8.2f} ms/step {batch / ms:8.1f} tok/s x{base / ms:.2f} vs {first}"
+                f" | process cpu {cpu_ms * 1000:8.2f} ms x{base_cpu / cpu_ms:.2f} | same tokens: {same}",
+                flush=True,
+            )
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 

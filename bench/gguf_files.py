@@ -51,7 +51,11 @@ def cache_folder(source: Path, cache_dir: Path | None = None) -> Path:
 
     stat = source.stat()
     ident = f"{source.name}|{stat.st_size}|{stat.st_mtime_ns}|{MAKER_VERSION}"
-    return (cache_dir or default_cache_dir()) / "gguf-quants" / f"{source.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+    return (
+        (cache_dir or default_cache_dir())
+        / "gguf-quants"
+        / f"{source.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+    )
 
 
 def quantized(kind: str, cache_dir: Path | None = None, source: Path | None = None) -> Path:

@@ -96,7 +96,10 @@ def main() -> None:
     print(f"{args.threads} kernel threads; ratio = float32 ms / blocks ms (above 1: blocks faster)")
     print(f"{args.layers} layers per set")
     peer_cols = f" {args.peer} ms | time vs peer | GB/s | GB/s vs peer |" if args.peer else ""
-    print(f"| type | rows | blocks ms | float32 ms | ratio | blocks bytes/weight | float32 bytes/weight | equal |{peer_cols}")
+    print(
+        "| type | rows | blocks ms | float32 ms | ratio | blocks bytes/weight | float32 bytes/weight | equal |"
+        + peer_cols
+    )
     print("|---|---|---|---|---|---|---|---|" + "---|" * (4 if args.peer else 0))
     for qtype in args.types:
         shapes = {"down": (HIDDEN, INTERMEDIATE)}
@@ -116,8 +119,8 @@ def main() -> None:
                 True, {n: GGUFBlocks(b.qtype, b.raw.clone()) for n, b in peer.items()}, cache, helpers, dense)]
         for rows in args.rows:
             xs = {w: torch.randn(rows, w) for w in (HIDDEN, INTERMEDIATE)}
-            def run(kind: str) -> list[torch.Tensor]:
-                return [fn(xs[INTERMEDIATE if name == "down" else HIDDEN]) for name, fn in sets[kind]]
+            def run(kind: str) -> list[torch.Tensor]:  # called in this iteration only
+                return [fn(xs[INTERMEDIATE if name == "down" else HIDDEN]) for name, fn in sets[kind]]  # noqa: B023
             equal = all(torch.equal(a, b) for a, b in zip(run("blocks"), run("float32"), strict=True))
             times: dict[str, list[float]] = {kind: [] for kind in sets}
             for _ in range(args.reps + 2):

@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.gguf_files import ALL_TYPES, QuantizerMissing, quantized, shipped_gguf
+from bench.gguf_files import ALL_TYPES, QuantizerMissing, quantized, shipped_gguf  # noqa: E402
 
 BLOCK = 16
 

@@ -49,8 +49,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.llamacpp_env import DEFAULT_VENV, MISSING, find_llama_python, llama_cpp_version, quantize, setup
-from bench.loadgen import sse_chunks
+from bench.llamacpp_env import DEFAULT_VENV, MISSING, find_llama_python, llama_cpp_version, quantize, setup  # noqa: E402
+from bench.loadgen import sse_chunks  # noqa: E402
 
 SHIPPED = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL = "llm"
@@ -359,7 +359,10 @@ def check_against_transformers(hf_folder: Path, prompts: list[str], answers: dic
                 same = text.startswith(expected)
             equal += same
             if not same and not first_miss:
-                at = next((k for k, (a, b) in enumerate(zip(text, expected)) if a != b), min(len(text), len(expected)))
+                at = next(
+                    (k for k, (a, b) in enumerate(zip(text, expected, strict=False)) if a != b),
+                    min(len(text), len(expected)),
+                )
                 first_miss = f" (prompt {i + 1} differs from character {at})"
         result[arm] = f"{equal}/{len(references)}{first_miss}"
     return result
@@ -367,12 +370,17 @@ def check_against_transformers(hf_folder: Path, prompts: list[str], answers: dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--llama-python", type=Path,
-                        help="Python of an environment with llama-cpp-python[server] (default: $SWITCHYARD_LLAMA_PYTHON, "
-                             f"then {DEFAULT_VENV.relative_to(ROOT)}/bin/python)")
+    parser.add_argument(
+        "--llama-python",
+        type=Path,
+        help="Python of an environment with llama-cpp-python[server] (default: $SWITCHYARD_LLAMA_PYTHON, "
+        f"then {DEFAULT_VENV.relative_to(ROOT)}/bin/python)",
+    )
     parser.add_argument("--setup", action="store_true",
                         help="build the llama.cpp environment first if it is missing (minutes; under --llama-venv)")
-    parser.add_argument("--llama-venv", type=Path, default=DEFAULT_VENV, help="where --setup builds (default: %(default)s)")
+    parser.add_argument(
+        "--llama-venv", type=Path, default=DEFAULT_VENV, help="where --setup builds (default: %(default)s)"
+    )
     parser.add_argument("--gguf", type=Path, help=f"the GGUF file (default: the shipped {SHIPPED})")
     parser.add_argument("--quantize", metavar="TYPE",
                         help="first make a TYPE file (Q4_K_M, Q6_K, Q8_0, ...) from --gguf with llama.cpp's quantizer")
@@ -433,7 +441,7 @@ def main() -> None:
             "switchyard": lambda texts: run_http(surl, [switchyard_body(t, args.output_len) for t in texts]),
         }
         warm = ["0. " + PARAGRAPHS[-1][:200]]  # not measured: first-request costs (allocations, kernel caches)
-        for name, arm in arms.items():
+        for arm in arms.values():
             arm(warm)
         for r in range(args.rounds):
             order = list(arms) if r % 2 == 0 else list(arms)[::-1]

@@ -5,8 +5,9 @@ standard library and llama_cpp), loads one GGUF file once and answers timing req
 
 First line out: {"eog": [ids llama.cpp ends a generation at], "n_vocab": N}. Then, per JSON line in
 ({"prompt": text, "max_tokens": n, "logit_bias": {id: bias}}), one JSON line out: {"ttft": s, "total": s,
-"tokens": n, "finish_reason": ..., "text": ..., "prompt_tokens": n}, measured around `Llama.create_completion(stream=True)` with greedy
-sampling: the Python API a llama-cpp-python user calls, without HTTP.
+"tokens": n, "finish_reason": ..., "text": ..., "prompt_tokens": n}, measured around
+`Llama.create_completion(stream=True)` with greedy sampling: the Python API a llama-cpp-python user calls, without
+HTTP.
 """
 
 from __future__ import annotations

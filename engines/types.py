@@ -232,4 +232,4 @@ class TensorModelSpec:
     source: str | None = None
     instance_index: int = 0
     decoupled: bool = False
-    config: dict = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)

@@ -98,7 +98,7 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
         return _error_response(request, InternalError("internal server error; see the server log"))
 
 

@@ -1,10 +1,10 @@
 """API keys: who may call what.
 
 Three kinds of route: *public* ones (health, metrics; configurable) answer everyone; *admin* ones (the model
-repository API's load, unload and reload) need the admin key; everything else needs an API key (or the admin key). A fourth, the web
-console's page and its static files, holds no data: a browser cannot attach a key to a page navigation, so it
-is served without one (the page then asks for the key and sends it on every call, and the console's data
-routes under /ui/api are inference routes); it still passes the drain check and the per-caller rate limit.
+repository API's load, unload and reload) need the admin key; everything else needs an API key (or the admin key).
+A fourth, the web console's page and its static files, holds no data: a browser cannot attach a key to a page
+navigation, so it is served without one (the page then asks for the key and sends it on every call, and the console's
+data routes under /ui/api are inference routes); it still passes the drain check and the per-caller rate limit.
 When no API key is configured the inference routes are open, as in vLLM and Triton, but the admin routes stay
 closed unless an admin key is configured: nobody can load models over the network by accident.
 

@@ -176,7 +176,9 @@ def _read_keys(path: Path, what: str) -> list[str]:
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
-        raise ConfigError(f"cannot read the {what} file {path}: {exc.strerror}; check the path and permissions.")
+        raise ConfigError(
+            f"cannot read the {what} file {path}: {exc.strerror}; check the path and permissions."
+        ) from exc
     keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
     if not keys:
         raise ConfigError(f"the {what} file {path} holds no key; write one key per line.")
@@ -235,7 +237,7 @@ def _kind(annotation: Any) -> tuple[Literal["value", "bool", "list"], tuple[str,
 
 def _setting(name: str, field: FieldInfo) -> Setting:
     """A field's spellings: the declared ones, else derived from its name."""
-    cli: dict[str, Any] = field.json_schema_extra["cli"]  # type: ignore[index,assignment] - set by setting()
+    cli: dict[str, Any] = field.json_schema_extra["cli"]  # type: ignore[index,assignment]  # set by setting()
     kind, choices = _kind(field.annotation)
     return Setting(
         name=name,

@@ -75,7 +75,11 @@ class ModelStats:
         self.inference_count += rows
         self.execution_count += 1
         self.last_inference_ms = int(time.time() * 1000)
-        for duration, ns in ((self.compute_input, input_ns), (self.compute_infer, infer_ns), (self.compute_output, output_ns)):
+        for duration, ns in (
+            (self.compute_input, input_ns),
+            (self.compute_infer, infer_ns),
+            (self.compute_output, output_ns),
+        ):
             duration.add(ns * requests, requests)
         stat = self.batches.setdefault(rows, BatchStat())
         stat.compute_input.add(input_ns)

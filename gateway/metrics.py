@@ -42,11 +42,19 @@ class SchedulerCollector(Collector):
         self._models = registry
 
     def collect(self) -> Iterator[Metric]:
-        running = GaugeMetricFamily("switchyard_num_requests_running", "Sequences in the running batch.", labels=["model"])
-        waiting = GaugeMetricFamily("switchyard_num_requests_waiting", "Sequences waiting for admission.", labels=["model"])
+        running = GaugeMetricFamily(
+            "switchyard_num_requests_running", "Sequences in the running batch.", labels=["model"]
+        )
+        waiting = GaugeMetricFamily(
+            "switchyard_num_requests_waiting", "Sequences waiting for admission.", labels=["model"]
+        )
         kv_used = GaugeMetricFamily("switchyard_kv_cache_blocks_used", "KV-cache blocks in use.", labels=["model"])
-        kv_usage = GaugeMetricFamily("switchyard_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use.", labels=["model"])
-        preempt = CounterMetricFamily("switchyard_num_preemptions", "Sequences preempted for lack of KV blocks.", labels=["model"])
+        kv_usage = GaugeMetricFamily(
+            "switchyard_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use.", labels=["model"]
+        )
+        preempt = CounterMetricFamily(
+            "switchyard_num_preemptions", "Sequences preempted for lack of KV blocks.", labels=["model"]
+        )
         steps = CounterMetricFamily("switchyard_engine_steps", "Model steps executed.", labels=["model"])
         prefix_q = CounterMetricFamily(
             "switchyard_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", labels=["model"]
@@ -57,10 +65,16 @@ class SchedulerCollector(Collector):
         hit_rate = GaugeMetricFamily(
             "switchyard_prefix_cache_hit_rate", "Prefix-cache hits / queries since the model loaded.", labels=["model"]
         )
-        sessions = GaugeMetricFamily("switchyard_kv_sessions", "Stateful KV sessions holding pinned blocks.", labels=["model"])
-        pinned = GaugeMetricFamily("switchyard_kv_session_pinned_blocks", "KV blocks pinned by sessions.", labels=["model"])
+        sessions = GaugeMetricFamily(
+            "switchyard_kv_sessions", "Stateful KV sessions holding pinned blocks.", labels=["model"]
+        )
+        pinned = GaugeMetricFamily(
+            "switchyard_kv_session_pinned_blocks", "KV blocks pinned by sessions.", labels=["model"]
+        )
         drafts = CounterMetricFamily(
-            "switchyard_spec_decode_num_drafts", "Speculative proposals verified (steps of one sequence).", labels=["model"]
+            "switchyard_spec_decode_num_drafts",
+            "Speculative proposals verified (steps of one sequence).",
+            labels=["model"],
         )
         draft_tokens = CounterMetricFamily(
             "switchyard_spec_decode_num_draft_tokens", "Tokens proposed by speculative decoding.", labels=["model"]
@@ -168,7 +182,8 @@ class TritonCollector(Collector):
             labels=[*labels, "reason"],
         )
         pending = GaugeMetricFamily(
-            "nv_inference_pending_request_count", "Instantaneous number of pending requests awaiting execution per-model.",
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per-model.",
             labels=labels,
         )
         load = GaugeMetricFamily("nv_model_load_duration_secs", "Model load time in seconds", labels=labels)
@@ -212,8 +227,11 @@ class RateLimiterCollector(Collector):
         amount = GaugeMetricFamily("switchyard_rate_limiter_resource_count",
                                    "Copies of a rate limiter resource (device 'global' for global resources)",
                                    labels=["resource", "device"])
-        used = GaugeMetricFamily("switchyard_rate_limiter_resource_in_use",
-                                 "Copies of a rate limiter resource held by executing instances", labels=["resource", "device"])
+        used = GaugeMetricFamily(
+            "switchyard_rate_limiter_resource_in_use",
+            "Copies of a rate limiter resource held by executing instances",
+            labels=["resource", "device"],
+        )
         for name, device, total, in_use in limiter.snapshot():
             key = [name, "global" if device is None else str(device)]
             amount.add_metric(key, total)
@@ -257,8 +275,11 @@ class EndpointCollector(Collector):
         self._counts = counts
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily("switchyard_http_requests", "HTTP requests by endpoint (route), method and status.",
-                                     labels=["endpoint", "method", "status"])
+        family = CounterMetricFamily(
+            "switchyard_http_requests",
+            "HTTP requests by endpoint (route), method and status.",
+            labels=["endpoint", "method", "status"],
+        )
         for (endpoint, method, status), n in sorted(self._counts.counts.items()):
             family.add_metric([endpoint, method, status], n)
         yield family

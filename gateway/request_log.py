@@ -103,7 +103,12 @@ class RequestIdMiddleware:
             path = scope.get("path", "")[:200]
             quiet = path in QUIET_PATHS and status < 400  # probes and scrapes every few seconds
             access_log.log(
-                logging.DEBUG if quiet else logging.INFO, "%s %s %d %.1f ms", scope.get("method"), path, status, duration_ms,
+                logging.DEBUG if quiet else logging.INFO,
+                "%s %s %d %.1f ms",
+                scope.get("method"),
+                path,
+                status,
+                duration_ms,
                 extra={"method": scope.get("method"), "path": path, "status": status, "duration_ms": duration_ms},
             )
             _REQUEST_ID.reset(token)

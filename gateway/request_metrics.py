@@ -140,7 +140,9 @@ class LLMRequestStats:
                     if out.finished:
                         final = out
                         done = True
-                        self._end(timing, now, out.finish_reason or "stop", _FINISH_FAILURES.get(out.finish_reason or ""))
+                        self._end(
+                            timing, now, out.finish_reason or "stop", _FINISH_FAILURES.get(out.finish_reason or "")
+                        )
                     yield out
                     if done:
                         return

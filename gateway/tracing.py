@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Mapping
 from contextvars import ContextVar
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import ConfigError
@@ -32,7 +33,7 @@ log = logging.getLogger("switchyard.tracing")
 TRACE_HEADERS = ("traceparent", "tracestate")
 
 # The trace context of the HTTP request being handled (empty when the client sent none).
-incoming: ContextVar[Mapping[str, str]] = ContextVar("switchyard_trace_context", default={})
+incoming: ContextVar[Mapping[str, str]] = ContextVar("switchyard_trace_context", default=MappingProxyType({}))
 
 _provider: TracerProvider | None = None
 _tracer: Tracer | None = None

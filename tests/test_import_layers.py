@@ -1,18 +1,18 @@
 """The import layers of `gateway/` and `engines/`, read from the source (no import runs), and no import circles.
 
-Top to bottom: the app (`gateway/app.py`, `cli.py`) mounts the frontends; the frontends (`openai/`, `kserve/`,
-`console/`, and every other API folder listed in FRONTENDS) stand side by side and never import each other, but for
-the ADAPTERS, which translate their protocol into the OpenAI path (and `openai/` never imports them); below
-them the runtime (RUNTIME: the repository and model control, the tensor-model runtime, the schedulers, the KV
-cache) and the shared pieces (`gateway/http/` for HTTP, `gateway/tensors.py` for tensors,
-`gateway/inference_stats.py`) know no frontend, with no exception; the engines know nothing of `gateway/`. Imports
-under `if TYPE_CHECKING:` count: a circle of types is still a circle for the reader. A loaded model is typed by its
-kind (`LoadedLLM`, `LoadedTensorModel`), never by an untyped `tensor: Any` and a `tensor is None` switch.
+The rules are the table under "Source layout" in docs/architecture.md, parsed here, so the page and the test cannot
+drift: the app (`role: app`) assembles the frontends; the frontends (`frontend`, `adapter`) stand side by side and
+never import each other, but for the adapters, which translate their protocol into the OpenAI path (and `openai/`
+never imports them); below them (`below`, `bottom`) nothing knows a frontend, and the `bottom` pieces import only
+what their row names; the engines know nothing of `gateway/`. Imports under `if TYPE_CHECKING:` count: a circle of
+types is still a circle. A loaded model is typed by its kind (`LoadedLLM`, `LoadedTensorModel`), never by an untyped
+`tensor: Any` and a `tensor is None` switch.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,19 +20,38 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("gateway", "engines")
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+ROLES = {"app", "frontend", "adapter", "below", "bottom", "engines"}
 
-#: API frontends: sub-packages of gateway/ that serve one protocol. A new API folder is added here.
-FRONTENDS = ("openai", "kserve", "console", "responses", "anthropic", "rerank")
+
+def _layer_table() -> list[tuple[str, list[str], list[str]]]:
+    """(role, modules, may import) per row of the page's table, the module names as written in backticks."""
+    text = ARCHITECTURE.read_text()
+    found = re.search(r"<!-- import layers:.*?-->\n(.*?)<!-- end of the import layers -->", text, re.S)
+    assert found, f"{ARCHITECTURE.relative_to(ROOT)} lost its import layers table (and its two marker comments)"
+    rows = []
+    for line in found.group(1).strip().splitlines()[2:]:  # past the header and the --- line
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        assert len(cells) == 3 and cells[0] in ROLES, f"not a row of role | modules | may import: {line}"
+        names = [re.findall(r"`([\w.]+)`", cell) for cell in cells[1:]]
+        rows.append((cells[0], names[0], [n for n in names[1] if n.split(".")[0] in PACKAGES]))
+    return rows
+
+
+LAYERS = _layer_table()
+#: API frontends: sub-packages of gateway/ that serve one protocol (both frontend and adapter rows).
+FRONTENDS = tuple(m.split(".")[1] for role, modules, _ in LAYERS if role in ("frontend", "adapter") for m in modules)
 #: Frontends that translate their protocol into the OpenAI path (chat, embeddings) instead of repeating it, as
-#: LiteLLM and vLLM do: they may import `openai/`, which never imports them; they import no other frontend.
-ADAPTERS = {"responses": "openai", "anthropic": "openai", "rerank": "openai"}
+#: LiteLLM and vLLM do: they may import the frontend their row names, which never imports them.
+ADAPTERS = {m.split(".")[1]: may[0].split(".")[1] for role, modules, may in LAYERS if role == "adapter"
+            for m in modules}
 #: Modules allowed to import frontends: they assemble the server.
-ASSEMBLY = {"gateway", "gateway.__main__", "gateway.app", "gateway.cli"}
-#: The runtime every frontend calls: which model answers a name and its lifecycle, the tensor-model runtime, the
-#: schedulers and the KV cache. It serves every protocol, so it imports none.
-RUNTIME = ("gateway.repository", "gateway.tensor", "gateway.scheduler", "gateway.kv_cache")
+ASSEMBLY = {m for role, modules, _ in LAYERS if role == "app" for m in modules}
+#: The runtime every frontend calls (the `below` row's packages: which model answers a name and its lifecycle, the
+#: tensor-model runtime, the schedulers, the KV cache). It serves every protocol, so it imports none.
+RUNTIME = tuple(m for role, modules, _ in LAYERS if role == "below" for m in modules)
 #: Shared pieces at the bottom of gateway/: they may import nothing of gateway/ but these.
-BOTTOM = {"gateway.http": {"gateway.errors"}, "gateway.tensors": set()}
+BOTTOM = {m: set(may) for role, modules, may in LAYERS if role == "bottom" for m in modules}
 
 
 def _modules() -> dict[str, Path]:
@@ -97,6 +116,22 @@ def test_the_graph_is_read() -> None:
     assert {"gateway.app", "gateway.openai.router", "engines.interface"} <= MODULES.keys()
     assert "gateway.openai.router" in GRAPH["gateway.app"]
     assert "gateway.http.sse" in GRAPH["gateway.openai.router"]
+
+
+def test_the_page_names_only_modules_that_exist() -> None:
+    """A module moved or renamed on one side and not the other fails here: the page's table is the rule set."""
+    named = {m for _, modules, may in LAYERS for m in (*modules, *may)}
+    missing = sorted(named - MODULES.keys())
+    assert not missing, f"docs/architecture.md's import layers table names modules that do not exist: {missing}"
+    assert set(ADAPTERS.values()) <= set(FRONTENDS) and ASSEMBLY and BOTTOM and FRONTENDS
+
+
+def test_every_package_of_the_gateway_has_a_row() -> None:
+    """A new folder of gateway/ (a new API frontend, say) must be placed in the table, not escape the rules."""
+    packages = {".".join(p.relative_to(ROOT).parts[:-1]) for p in (ROOT / "gateway").glob("*/__init__.py")}
+    named = {m for _, modules, _ in LAYERS for m in modules}
+    assert not packages - named, f"add these packages to docs/architecture.md's import layers table: "\
+                                 f"{sorted(packages - named)}"
 
 
 def test_engines_import_nothing_of_the_gateway() -> None:

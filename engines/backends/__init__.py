@@ -28,5 +28,7 @@ def create_backend(name: str) -> TensorBackend:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"backend {name!r} needs the Python package '{exc.name}'; install it (pip install {exc.name})") from None
+        raise ValueError(
+            f"backend {name!r} needs the Python package '{exc.name}'; install it (pip install {exc.name})"
+        ) from None
     return getattr(module, class_name)()

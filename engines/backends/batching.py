@@ -10,7 +10,9 @@ import numpy as np
 from engines.types import TensorModelSpec
 
 
-def concat_requests(spec: TensorModelSpec, requests: Sequence[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], list[int]]:
+def concat_requests(
+    spec: TensorModelSpec, requests: Sequence[dict[str, np.ndarray]]
+) -> tuple[dict[str, np.ndarray], list[int]]:
     """One input dict for the whole batch, plus each request's batch size (1 each when the model has no batch dim)."""
     if spec.max_batch_size == 0:
         if len(requests) != 1:
@@ -24,7 +26,9 @@ def concat_requests(spec: TensorModelSpec, requests: Sequence[dict[str, np.ndarr
     return batch, sizes
 
 
-def split_outputs(spec: TensorModelSpec, outputs: dict[str, np.ndarray], sizes: list[int]) -> list[dict[str, np.ndarray]]:
+def split_outputs(
+    spec: TensorModelSpec, outputs: dict[str, np.ndarray], sizes: list[int]
+) -> list[dict[str, np.ndarray]]:
     """Undo `concat_requests` on the model's outputs."""
     if len(sizes) == 1:
         return [outputs]

@@ -35,7 +35,10 @@ class OnnxRuntimeBackend(TensorBackend):
 
         path = model_file(spec, "model.onnx")
         options = ort.SessionOptions()
-        for param, attr in (("intra_op_thread_count", "intra_op_num_threads"), ("inter_op_thread_count", "inter_op_num_threads")):
+        for param, attr in (
+            ("intra_op_thread_count", "intra_op_num_threads"),
+            ("inter_op_thread_count", "inter_op_num_threads"),
+        ):
             if param in spec.parameters:
                 setattr(options, attr, int(spec.parameters[param]))
         try:
@@ -66,7 +69,9 @@ class OnnxRuntimeBackend(TensorBackend):
         feed = {}
         for name, array in batch.items():
             if array.dtype == object:
-                array = np.vectorize(lambda b: b.decode("utf-8", "replace") if isinstance(b, bytes) else b, otypes=[object])(array)
+                array = np.vectorize(
+                    lambda b: b.decode("utf-8", "replace") if isinstance(b, bytes) else b, otypes=[object]
+                )(array)
             feed[name] = array
         names = [o.name for o in self._spec.outputs] or [o.name for o in self._session.get_outputs()]
         results = self._session.run(names, feed)

@@ -75,11 +75,15 @@ class PythonBackend(TensorBackend):
                     "Switchyard does not provide; rewrite execute() with plain dicts of numpy arrays as documented "
                     "in engines/backends/python_backend.py"
                 ) from None
-            raise ValueError(f"'{spec.name}/{spec.version}/{path.name}' needs the module '{exc.name}'; install it") from None
+            raise ValueError(
+                f"'{spec.name}/{spec.version}/{path.name}' needs the module '{exc.name}'; install it"
+            ) from None
         cls = getattr(module, "TritonPythonModel", None)
         if not isinstance(cls, type) or not callable(getattr(cls, "execute", None)):
             sys.modules.pop(self._module_name, None)
-            raise ValueError(f"'{spec.name}/{spec.version}/{path.name}' must define class TritonPythonModel with execute()")
+            raise ValueError(
+                f"'{spec.name}/{spec.version}/{path.name}' must define class TritonPythonModel with execute()"
+            )
         self._model = cls()
         initialize = getattr(self._model, "initialize", None)
         if callable(initialize):
@@ -101,7 +105,11 @@ class PythonBackend(TensorBackend):
     def execute(self, requests: list[dict[str, Any]]) -> list[Any]:
         responses = self._model.execute(requests)
         if responses is None or not hasattr(responses, "__len__") or len(responses) != len(requests):
-            got = "None" if responses is None else (len(responses) if hasattr(responses, "__len__") else type(responses).__name__)
+            got = (
+                "None"
+                if responses is None
+                else (len(responses) if hasattr(responses, "__len__") else type(responses).__name__)
+            )
             raise RuntimeError(f"TritonPythonModel.execute returned {got} responses for {len(requests)} requests")
         return list(responses)
 

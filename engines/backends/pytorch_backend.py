@@ -38,7 +38,9 @@ class TorchScriptBackend(TensorBackend):
                 self._module = torch.jit.load(path, map_location="cpu")
                 self._module.eval()
         except Exception as exc:  # torch raises many types for a bad file
-            raise ValueError(f"'{spec.name}/{spec.version}/{default}' could not be loaded by torch: {str(exc)[:200]}") from None
+            raise ValueError(
+                f"'{spec.name}/{spec.version}/{default}' could not be loaded by torch: {str(exc)[:200]}"
+            ) from None
         self._spec = spec
 
     def execute(self, requests: list[dict[str, Any]]) -> list[Any]:
@@ -51,7 +53,9 @@ class TorchScriptBackend(TensorBackend):
             result = self._module(*args)
         tensors = list(result) if isinstance(result, (tuple, list)) else [result]
         if len(tensors) != len(self._spec.outputs):
-            raise RuntimeError(f"the model returned {len(tensors)} tensors for {len(self._spec.outputs)} configured outputs")
+            raise RuntimeError(
+                f"the model returned {len(tensors)} tensors for {len(self._spec.outputs)} configured outputs"
+            )
         outputs = {o.name: t.detach().cpu().numpy() for o, t in zip(self._spec.outputs, tensors, strict=True)}
         return split_outputs(self._spec, outputs, sizes)
 

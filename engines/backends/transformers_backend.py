@@ -72,7 +72,9 @@ class TransformersBackend(TensorBackend):
         auto = AutoModelForSequenceClassification if self._task == "classify" else AutoModel
         self._model = auto.from_pretrained(folder, dtype=dtype).eval()
         config = self._model.config
-        limit = min(getattr(config, "max_position_embeddings", 512) or 512, self._tokenizer.model_max_length or 512, 512)
+        limit = min(
+            getattr(config, "max_position_embeddings", 512) or 512, self._tokenizer.model_max_length or 512, 512
+        )
         default_len = _read_json(folder / "sentence_bert_config.json").get("max_seq_length", limit)
         self._max_length = min(int(params.get("max_length", default_len)), limit)
         self._spec = spec
@@ -123,7 +125,9 @@ class TransformersBackend(TensorBackend):
                 parsed.append(exc)
         # every text of the batch in one tokenizer call rather than one call per request
         texts = [text for item in parsed if isinstance(item, _Texts) for text in item]
-        encoded = iter(self._tokenizer(texts, truncation=True, max_length=self._max_length)["input_ids"] if texts else [])
+        encoded = iter(
+            self._tokenizer(texts, truncation=True, max_length=self._max_length)["input_ids"] if texts else []
+        )
         per_request = [[list(next(encoded)) for _ in item] if isinstance(item, _Texts) else item for item in parsed]
         rows = [row for item in per_request if not isinstance(item, Exception) for row in item]
         vectors = self._forward(rows) if rows else np.zeros((0, self._described["embedding_dim"]), np.float32)

@@ -68,9 +68,10 @@ class PyTorchEngine(StepEngine):
     ) -> None:
         """`fast_kernels`: our C kernels for projections, attention and norms (see model_runner.py);
         false runs torch ops only. `gemm_threads`: threads sharing each step's projections, attention and
-        norms (default: the process's CPU budget, engines/cpu_budget.py). `match_transformers` (bfloat16): answer as transformers'
-        generate does, bit for bit (exact_forward.py; needs whole prompts and no prefix caching). `kv_cache_dtype`:
-        "auto" (the model's dtype) or "bfloat16" (under float32: half the cache's bytes, float32 arithmetic)."""
+        norms (default: the process's CPU budget, engines/cpu_budget.py). `match_transformers` (bfloat16): answer as
+        transformers' generate does, bit for bit (exact_forward.py; needs whole prompts and no prefix caching).
+        `kv_cache_dtype`: "auto" (the model's dtype) or "bfloat16" (under float32: half the cache's bytes, float32
+        arithmetic)."""
         budget = cpu_budget().with_override(gemm_threads, "pytorch.gemm_threads")
         host_memory.return_freed_memory()  # while loading (keep_freed_memory once loaded: host_memory.py)
         num_blocks = max(1, kv_cache_tokens // block_size)

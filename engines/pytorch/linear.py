@@ -18,10 +18,10 @@ float32 copy of them exists. Steps of up to 16 rows expand each k row of weights
 the dequantized float32 weight bit for bit (gguf_blocks.py) -- straight into the FMA chains (row blocks of 8 x a
 panel pair with AVX-512, 2 with AVX2); larger steps expand a panel pair over up to 2048 k into a per-thread
 float32 scratch (at most 256 KB, L2) that every row of the tile reuses, and run the float32 micro-kernels over it,
-each output's FMA chain continuing from piece to piece (csrc/gemm_blocks.h). Either way: the float32 kernel's bits on every step,
-from the file's bytes per weight (0.56 for Q4_0 / Q4_K ... 1.06 for Q8_0, 2 for 16-bit) instead of 4. The 16-bit
-types are read by the float32 kernel directly, widened exactly as they are loaded. A fused weight whose parts have
-different types (a Q4_K_M file's q/k and v) is runs of panels, each of its own type. Decode steps of a few rows are
+each output's FMA chain continuing from piece to piece (csrc/gemm_blocks.h). Either way: the float32 kernel's bits
+on every step, from the file's bytes per weight (0.56 for Q4_0 / Q4_K ... 1.06 for Q8_0, 2 for 16-bit) instead of 4. The
+16-bit types are read by the float32 kernel directly, widened exactly as they are loaded. A fused weight whose parts
+have different types (a Q4_K_M file's q/k and v) is runs of panels, each of its own type. Decode steps of a few rows are
 bound by the weight stream, so they gain most (bench/gguf_kernel_bench.py: 1 row 1.5-2.4x faster than float32
 weights, 8 rows 1.0-1.5x on a shared, noisy machine); at 24-32 rows the expansion costs more than the bytes save
 (SmolLM2's projections 0.88-0.89x the float32 copies' speed on one thread), at 512 rows 0.99x.

@@ -3,8 +3,8 @@
 The sources are C files shipped with the package in `engines/pytorch/csrc/`: a library `name` is `csrc/name.c`
 with the headers beside it. A library is compiled once per source (the .c file and every header), flags, compiler
 and CPU (`-march=native`: a cache shared between machines must not hand one CPU's build to another), in a second or
-two, into `<cache>/kernels/`, and loaded with ctypes (which releases the GIL during calls). Callers get None when there is no compiler or the build fails, and
-then use their torch path.
+two, into `<cache>/kernels/`, and loaded with ctypes (which releases the GIL during calls). Callers get None when
+there is no compiler or the build fails, and then use their torch path.
 
 Loading a library runs its code in the server, so only a trusted one is loaded: the kernels folder is created
 0700, and a library that is not a regular file owned by the server's user, or that group or others may write, is

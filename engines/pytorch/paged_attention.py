@@ -74,7 +74,12 @@ class PagedAttention:
         """`helpers`: threads that share the kernels' work (decode rows' spans of context, prefill rows).
         `cache_dtype`: the KV cache's (default `dtype`; bfloat16 under float32 halves the cache, each key and value
         rounded once as it is written)."""
-        self.num_heads, self.num_kv_heads, self.head_dim, self.block_size = num_heads, num_kv_heads, head_dim, block_size
+        self.num_heads, self.num_kv_heads, self.head_dim, self.block_size = (
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            block_size,
+        )
         self._sfx = SUFFIXES.get((dtype, cache_dtype or dtype))
         fits = num_heads % num_kv_heads == 0 and self._sfx is not None
         self._lib = _load(cache_dir) if use_kernel and fits else None
@@ -105,7 +110,15 @@ class PagedAttention:
             if rc != 0:
                 raise MemoryError("paged attention kernel could not allocate its score buffer")
             return out
-        return self._torch(rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None]), v, k_cache, v_cache, step, scale)
+        return self._torch(
+            rotate(q, cos[:, None], sin[:, None]),
+            rotate(k, cos[:, None], sin[:, None]),
+            v,
+            k_cache,
+            v_cache,
+            step,
+            scale,
+        )
 
     def prefill(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
@@ -226,5 +239,7 @@ class PrefillRows(_BlockTables):
                  num_blocks: int) -> None:
         super().__init__(block_tables, [s + n for s, n in zip(starts, lengths, strict=True)], block_size, num_blocks)
         self.row_seq = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32), torch.tensor(lengths))
-        self.row_pos = torch.cat([torch.arange(s, s + n, dtype=torch.int32) for s, n in zip(starts, lengths, strict=True)])
+        self.row_pos = torch.cat(
+            [torch.arange(s, s + n, dtype=torch.int32) for s, n in zip(starts, lengths, strict=True)]
+        )
         self.max_ctx = max(s + n for s, n in zip(starts, lengths, strict=True))

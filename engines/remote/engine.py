@@ -374,7 +374,9 @@ def probe_max_model_len(settings: RemoteSettings) -> int | None:
     for up in settings.upstreams:
         try:
             ask = urllib.request.Request(f"{up.base_url}/v1/models", headers=headers)
-            with urllib.request.urlopen(ask, timeout=up.connect_timeout + 2.0) as resp:  # a URL from config, never from a request
+            with urllib.request.urlopen(
+                ask, timeout=up.connect_timeout + 2.0
+            ) as resp:  # a URL from config, never from a request
                 entries = json.loads(resp.read()).get("data") or []
         except (OSError, urllib.error.URLError, ValueError, AttributeError):
             continue

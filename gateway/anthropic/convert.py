@@ -73,7 +73,9 @@ def _tool_choice(req: CountTokensRequest) -> tuple[Any, bool]:
     parallel = not choice.disable_parallel_tool_use
     if choice.type == "tool":
         if not choice.name:
-            raise InvalidRequestError("tool_choice.name: a tool choice of type 'tool' names the tool", param="tool_choice")
+            raise InvalidRequestError(
+                "tool_choice.name: a tool choice of type 'tool' names the tool", param="tool_choice"
+            )
         if choice.name not in {t.name for t in req.tools or []}:
             raise InvalidRequestError(f"tool_choice names tool '{choice.name}', which is not in tools",
                                       param="tool_choice")

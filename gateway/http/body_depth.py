@@ -40,7 +40,9 @@ def has_lone_surrogate(raw: bytes, doc: Any = _UNSET) -> bool:
     try:
         if doc is _UNSET:
             doc = json.loads(raw)
-        json.dumps(doc, ensure_ascii=False).encode("utf-8")  # a surrogate pair was joined by the parser; a lone one fails
+        json.dumps(doc, ensure_ascii=False).encode(
+            "utf-8"
+        )  # a surrogate pair was joined by the parser; a lone one fails
     except UnicodeEncodeError:
         return True
     except (ValueError, RecursionError):  # not JSON at all: the parser reports that itself
@@ -156,7 +158,9 @@ class NestingAwareRoute(APIRoute):
                 else:
                     surrogate = has_lone_surrogate(raw)
                 if surrogate:
-                    raise InvalidRequestError("the request body is not valid JSON: it holds an unpaired UTF-16 surrogate")
+                    raise InvalidRequestError(
+                        "the request body is not valid JSON: it holds an unpaired UTF-16 surrogate"
+                    )
             try:
                 return await handler(request)
             except HTTPException as exc:

@@ -344,7 +344,7 @@ def decode_raw_input_contents(inputs: Sequence[Any], raw_contents: Sequence[byte
         raise TensorCodecError(f"raw_input_contents has {len(raw_contents)} entries for {len(inputs)} inputs")
     decoded: list[InputTensor] = []
     seen: set[str] = set()
-    for i, (spec, blob) in enumerate(zip(inputs, raw_contents)):
+    for i, (spec, blob) in enumerate(zip(inputs, raw_contents, strict=True)):
         name, datatype, shape, params = _tensor_header(spec, f"inputs[{i}]")
         if name in seen:
                 raise TensorCodecError(f"input {short_repr(name)} is given twice")

@@ -35,7 +35,7 @@ def peer_address(peer: str) -> str:
     return peer
 
 
-def _admitted(handler: grpc.RpcMethodHandler, admit: Callable[[str], None]) -> grpc.RpcMethodHandler:
+def _admitted(handler: grpc.RpcMethodHandler, admit: Callable[[str], object]) -> grpc.RpcMethodHandler:
     """The handler with `admit(peer address)` run first, inside the call (where the peer is known and the
     rate limiter's caller is bound for the call's task); a SwitchyardError ends the call with its status."""
 

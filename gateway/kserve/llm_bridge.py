@@ -77,7 +77,11 @@ def sampling_from(values: Mapping[str, Any], max_model_len: int, prompt_len: int
     stop = values.get("stop")
     if stop is not None:
         stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or not all(isinstance(s, str) and 0 < len(s) <= 1024 for s in stop) or len(stop) > _MAX_STOPS:
+        if (
+            not isinstance(stop, list)
+            or not all(isinstance(s, str) and 0 < len(s) <= 1024 for s in stop)
+            or len(stop) > _MAX_STOPS
+        ):
             raise InvalidRequestError(f"'stop' must be a string or a list of at most {_MAX_STOPS} non-empty strings")
         params["stop"] = stop
     max_tokens = params.pop("max_tokens", 16)
@@ -135,7 +139,9 @@ def generate_body(body: Any) -> tuple[str, dict[str, Any]]:
         if key in ("parameters", TEXT_INPUT, "id", "stream"):
             continue
         if key not in _NUMERIC and key not in _FLAGS and key != "stop":
-            raise InvalidRequestError(f"unexpected field '{key[:64]}'; the model takes text_input and sampling settings")
+            raise InvalidRequestError(
+                f"unexpected field '{key[:64]}'; the model takes text_input and sampling settings"
+            )
         values[key] = value
     return _text(body.get(TEXT_INPUT), TEXT_INPUT), values
 

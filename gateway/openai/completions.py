@@ -29,7 +29,7 @@ async def _prompts(req: CompletionRequest, model: LoadedModel) -> list[list[int]
     elif raw and all(isinstance(t, int) for t in raw):
         items = [raw]  # type: ignore[list-item]
     else:
-        items = list(raw)  # type: ignore[arg-type]
+        items = list(raw)
     if not items:
         raise InvalidRequestError("prompt must not be empty", param="prompt")
     if len(items) > MAX_PROMPTS:

@@ -61,7 +61,9 @@ class KVCacheConfig(_Strict):
     enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of earlier requests with the same prefix.")
     session_ttl_seconds: float = Field(600.0, gt=0, description="Idle KV sessions are released after this long.")
     session_max_tokens: int | None = Field(
-        None, ge=0, description="Cap on KV tokens pinned by sessions (least recently used evicted); default 1/4 of the pool."
+        None,
+        ge=0,
+        description="Cap on KV tokens pinned by sessions (least recently used evicted); default 1/4 of the pool.",
     )
 
 
@@ -110,7 +112,11 @@ class ModelConfig(_Strict):
     @model_validator(mode="after")
     def _whole_prompts(self) -> ModelConfig:
         sched = self.scheduler
-        if not sched.enable_chunked_prefill and self.max_model_len and sched.max_num_batched_tokens < self.max_model_len:
+        if (
+            not sched.enable_chunked_prefill
+            and self.max_model_len
+            and sched.max_num_batched_tokens < self.max_model_len
+        ):
             raise ValueError(f"scheduler.enable_chunked_prefill: false needs scheduler.max_num_batched_tokens >= "
                              f"max_model_len ({self.max_model_len}); raise it or enable chunked prefill")
         if self.kv_cache.dtype == "bfloat16" and (self.backend != "pytorch" or self.dtype == "float16"):

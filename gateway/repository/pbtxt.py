@@ -99,11 +99,12 @@ def parse_pbtxt(
 ) -> dict[str, Any]:
     """Parse protobuf text format into dicts; pass empty ``repeated``/``maps`` for the schema-free view."""
     if isinstance(text, (bytes, bytearray)):
+        raw = bytes(text)
         try:
-            text = bytes(text).decode("utf-8-sig")
+            text = raw.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
-            line = text.count(b"\n", 0, exc.start) + 1
-            column = exc.start - (text.rfind(b"\n", 0, exc.start) + 1) + 1
+            line = raw.count(b"\n", 0, exc.start) + 1
+            column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
             raise PbtxtError("file is not valid UTF-8", line, column) from None
     return _Parser(text, repeated, maps).parse()
 

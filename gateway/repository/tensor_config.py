@@ -154,7 +154,9 @@ class Control(_Strict):
         given = [v for v in (self.int32_false_true, self.fp32_false_true, self.bool_false_true) if v]
         if self.kind == "CONTROL_SEQUENCE_CORRID":
             if self.data_type not in ("UINT64", "INT64", "UINT32", "INT32", "BYTES"):
-                raise ValueError("a CORRID control needs data_type TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING")
+                raise ValueError(
+                    "a CORRID control needs data_type TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING"
+                )
         elif len(given) != 1 or len(given[0]) != 2:
             raise ValueError(f"{self.kind} needs exactly one of int32_false_true / fp32_false_true / "
                              "bool_false_true with two values [false, true]")

@@ -42,7 +42,9 @@ def batching_policy(config: TensorModelConfig) -> BatchingPolicy:
         return BatchingPolicy(max_batch_size=config.max_batch_size, decoupled=config.decoupled)
 
     def rules(p: Any) -> QueueRules:
-        return QueueRules(p.timeout_action, p.default_timeout_microseconds / 1e6, p.allow_timeout_override, p.max_queue_size)
+        return QueueRules(
+            p.timeout_action, p.default_timeout_microseconds / 1e6, p.allow_timeout_override, p.max_queue_size
+        )
 
     return BatchingPolicy(
         max_batch_size=config.max_batch_size,
@@ -96,7 +98,8 @@ class TensorModel:
         chosen = self.config.version_policy.select(available)
         if not chosen:
             raise ConfigError(
-                f"{self.dir.config_path}: no version folder matches version_policy (found {list(available) or 'none'}); "
+                f"{self.dir.config_path}: no version folder matches version_policy "
+                f"(found {list(available) or 'none'}); "
                 f"add a version folder such as {self.dir.path.name}/1/ or fix version_policy."
             )
         return chosen
@@ -274,7 +277,7 @@ class TensorModel:
         if version in (None, "", -1, "-1"):
             return self.versions[max(self.versions)]
         try:
-            number = int(version)  # type: ignore[arg-type]
+            number = int(version)
         except (TypeError, ValueError):
             raise NotFoundError(f"model '{self.name}' has no version '{str(version)[:40]}'") from None
         if number not in self.versions:
@@ -334,7 +337,9 @@ class TensorModel:
     ) -> AsyncIterator[tuple[TensorVersion, list[OutputTensor]]]:
         """Like `infer`, for decoupled models: one item per response."""
         if self.in_flight.successor is not None:  # reloaded since the caller looked this copy up
-            async with contextlib.aclosing(self.in_flight.successor.infer_stream(inputs, wanted, version, parameters)) as rest:
+            async with contextlib.aclosing(
+                self.in_flight.successor.infer_stream(inputs, wanted, version, parameters)
+            ) as rest:
                 async for item in rest:
                     yield item
             return

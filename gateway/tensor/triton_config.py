@@ -9,7 +9,9 @@ from engines.types import TensorSpec
 from gateway.repository.tensor_config import WIRE_DATATYPES, TensorModelConfig, triton_datatype
 
 
-def config_json(name: str, config: TensorModelConfig, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> dict[str, Any]:
+def config_json(
+    name: str, config: TensorModelConfig, inputs: list[TensorSpec], outputs: list[TensorSpec]
+) -> dict[str, Any]:
     """The config in Triton's JSON form (what `/v2/models/{m}/config` returns; also the gRPC ModelConfig)."""
     doc = config.model_dump(exclude={"model", "owned_by", "input", "output", "name"}, exclude_none=True)
     doc = {"name": name, **doc}

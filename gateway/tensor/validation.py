@@ -62,7 +62,9 @@ def prepare_inputs(
             try:
                 array = array.reshape(target)
             except ValueError:
-                raise InvalidRequestError(f"input '{spec.name}': shape {list(shape)} cannot be reshaped to {target}") from None
+                raise InvalidRequestError(
+                    f"input '{spec.name}': shape {list(shape)} cannot be reshaped to {target}"
+                ) from None
         arrays[spec.name] = array
     missing = [s.name for s in declared_inputs if not s.optional and s.name not in arrays]
     if missing:

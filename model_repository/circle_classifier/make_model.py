@@ -25,8 +25,15 @@ def main() -> None:
     print(f"training accuracy {accuracy:.3f}")
     model = torch.nn.Sequential(net, torch.nn.Softmax(dim=1)).eval()
     out = Path(__file__).resolve().parent / "1" / "model.onnx"
-    torch.onnx.export(model, (torch.zeros(1, 2),), str(out), dynamo=False, input_names=["FEATURES"],
-                      output_names=["PROBABILITIES"], dynamic_axes={"FEATURES": {0: "batch"}, "PROBABILITIES": {0: "batch"}})
+    torch.onnx.export(
+        model,
+        (torch.zeros(1, 2),),
+        str(out),
+        dynamo=False,
+        input_names=["FEATURES"],
+        output_names=["PROBABILITIES"],
+        dynamic_axes={"FEATURES": {0: "batch"}, "PROBABILITIES": {0: "batch"}},
+    )
     print(f"wrote {out}")
 
 

@@ -29,6 +29,6 @@ def test_a_named_python_without_llama_cpp_is_an_error(no_default_venv: Path, mon
 
 
 def test_quantize_without_llama_cpp_says_how_to_get_it(no_default_venv: Path) -> None:
-    with pytest.raises(LlamaCppUnavailable, match="bench/llamacpp_env.py --setup"):
+    with pytest.raises(LlamaCppUnavailable, match=r"bench/llamacpp_env\.py --setup"):
         quantize(no_default_venv / "in.gguf", no_default_venv / "out.gguf", "Q4_K_M")
     assert not (no_default_venv / "out.gguf").exists()

@@ -73,8 +73,13 @@ def test_public_routes_need_no_key(secured: ServerProcess) -> None:
     bearer(USER_KEY[:-1] + "0"), bearer("x" * len(USER_KEY)), {"X-Api-Key": USER_KEY},
 ])
 def test_inference_without_a_valid_key_is_401(secured: ServerProcess, headers: dict[str, str]) -> None:
-    for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v2/models/text_echo/infer"),
-                         ("GET", "/v2"), ("GET", "/v1/nonexistent")):
+    for method, path in (
+        ("GET", "/v1/models"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v2/models/text_echo/infer"),
+        ("GET", "/v2"),
+        ("GET", "/v1/nonexistent"),
+    ):
         resp = httpx.request(method, secured.base_url + path, headers=headers, json={})
         assert resp.status_code == 401, (path, headers, resp.text)
         assert resp.headers["www-authenticate"] == "Bearer"
@@ -106,7 +111,9 @@ def test_admin_routes_need_the_admin_key(secured: ServerProcess) -> None:
     b"/health/../v2/repository/models/text_echo/unload", b"/v2/%2e%2e/v2/repository/models/text_echo/unload",
 ])
 def test_path_tricks_do_not_bypass_the_admin_key(secured: ServerProcess, path: bytes) -> None:
-    reply = raw_request(secured.port, b"POST " + path + b" HTTP/1.1", b"Authorization: Bearer " + USER_KEY.encode() + b"\r\n")
+    reply = raw_request(
+        secured.port, b"POST " + path + b" HTTP/1.1", b"Authorization: Bearer " + USER_KEY.encode() + b"\r\n"
+    )
     status = int(reply.split(b" ", 2)[1])
     assert status in (400, 403), (path, reply[:300])
     assert b"READY" not in reply

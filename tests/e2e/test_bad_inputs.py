@@ -243,11 +243,12 @@ BAD_ENCODINGS = {
     "raw NUL in a string": b'{"model": "m", "prompt": "a\x00b", "messages": [], "input": "a\x00b"}',
     "invalid UTF-8 in a string": b'{"model": "m", "prompt": "a\xff\xfeb", "input": "a\xc3\x28"}',
     "escaped lone surrogate": b'{"model": "MODEL", "prompt": "a\\ud800", "input": "a\\ud800", "tokens": [1], '
-                              b'"messages": [{"role": "user", "content": "\\udc00"}]}',
-    "UTF-8-encoded surrogate": b'{"model": "MODEL", "prompt": "a\xed\xa0\x80", "input": "a\xed\xa0\x80", "tokens": [1], '
-                               b'"messages": [{"role": "user", "content": "\xed\xb0\x80"}]}',
+    b'"messages": [{"role": "user", "content": "\\udc00"}]}',
+    "UTF-8-encoded surrogate": b'{"model": "MODEL", "prompt": "a\xed\xa0\x80", "input": "a\xed\xa0\x80", '
+    b'"tokens": [1], '
+    b'"messages": [{"role": "user", "content": "\xed\xb0\x80"}]}',
     "surrogate in a key": b'{"model": "MODEL", "prompt": "a", "input": "a", "tokens": [1], "\\ud800": 1, '
-                          b'"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"\\ud800": 1}}',
+    b'"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"\\ud800": 1}}',
 }
 
 
@@ -272,19 +273,22 @@ def test_escaped_nul_and_valid_surrogate_pairs_are_text(http: httpx.Client) -> N
                                   "/v2/repository/models/text_echo/load"])
 def test_v2_bad_encodings_are_400(v2: httpx.Client, path: str, case: str) -> None:
     raw = {
-        "raw NUL in a string": b'{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["a\x00"]}]}',
-        "invalid UTF-8 in a string": b'{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["\xff"]}]}',
+        "raw NUL in a string": b'{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], '
+        b'"data": ["a\x00"]}]}',
+        "invalid UTF-8 in a string": b'{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], '
+        b'"data": ["\xff"]}]}',
         "escaped lone surrogate": b'{"TEXT": "\\ud800", "inputs": [{"name": "TEXT", "datatype": "BYTES", '
-                                  b'"shape": [1, 1], "data": ["\\ud800"]}], "parameters": {"config": "\\ud800"}}',
+        b'"shape": [1, 1], "data": ["\\ud800"]}], "parameters": {"config": "\\ud800"}}',
         "UTF-8-encoded surrogate": b'{"TEXT": "\xed\xa0\x80", "inputs": [{"name": "TEXT", "datatype": "BYTES", '
-                                   b'"shape": [1, 1], "data": ["\xed\xa0\x80"]}]}',
+        b'"shape": [1, 1], "data": ["\xed\xa0\x80"]}]}',
         "surrogate in a key": b'{"\\udfff": 1, "TEXT": "a", "inputs": [{"name": "\\udfff", "datatype": "BYTES", '
-                              b'"shape": [1, 1], "data": ["a"]}]}',
+        b'"shape": [1, 1], "data": ["a"]}]}',
     }[case]
     assert_v2_error(v2.post(path, content=raw, headers={**JSON_HEADERS, **ADMIN}), 400)
     # the same lone surrogate in the JSON header of a binary request
     if case == "escaped lone surrogate" and path.endswith("/infer"):
-        head = b'{"inputs": [{"name": "TEXT\\ud800", "datatype": "BYTES", "shape": [1, 1], "parameters": {"binary_data_size": 5}}]}'
+        head = (b'{"inputs": [{"name": "TEXT\\ud800", "datatype": "BYTES", "shape": [1, 1], '
+                b'"parameters": {"binary_data_size": 5}}]}')
         resp = v2.post(path, content=head + struct.pack("<I", 1) + b"a",
                        headers={"Inference-Header-Content-Length": str(len(head))})
         assert_v2_error(resp, 400)
@@ -356,8 +360,11 @@ def test_content_length_shorter_than_the_body(server: ServerProcess) -> None:
     """The declared length wins: the body is cut (not JSON) and the rest is read as a next request, which is not
     HTTP: 400 either way (from the parser, which then closes the connection, or from the app)."""
     body = json.dumps(CHAT).encode()
-    reply = raw_exchange(server.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 10\r\n\r\n" + body)
+    reply = raw_exchange(
+        server.port,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 10\r\n\r\n" + body,
+    )
     assert status_of(reply) == 400, reply[:300]
     assert_no_leak(reply.decode("latin-1"))
 
@@ -462,7 +469,9 @@ def test_sampling_ranges_are_400(http: httpx.Client, extra: dict, param: str) ->
 
 def test_token_ids_outside_the_vocabulary_are_400(http: httpx.Client) -> None:
     for prompt in ([-1], [49152], [2**31], [2**63], [10**30], [[1, 2], [3, -4]], [[10**30]]):
-        assert_openai_error(http.post("/v1/completions", json={"model": DEFAULT_MODEL, "prompt": prompt}), 400, "prompt")
+        assert_openai_error(
+            http.post("/v1/completions", json={"model": DEFAULT_MODEL, "prompt": prompt}), 400, "prompt"
+        )
     for tokens in ([-1], [49152], [10**30]):
         assert_openai_error(http.post("/detokenize", json={"model": DEFAULT_MODEL, "tokens": tokens}), 400)
     for ids in ([-1], [10**9], [10**30]):
@@ -490,8 +499,9 @@ def test_bad_logit_bias_is_400(http: httpx.Client, bias: dict) -> None:
 
 def test_non_finite_logit_bias_is_400(http: httpx.Client) -> None:
     raw = b'{"model": "%s", "prompt": "hi", "logit_bias": {"5": NaN}}' % DEFAULT_MODEL.encode()
-    assert assert_openai_error(http.post("/v1/completions", content=raw, headers=JSON_HEADERS), 400)["param"].startswith(
-        "logit_bias")
+    assert assert_openai_error(http.post("/v1/completions", content=raw, headers=JSON_HEADERS), 400)[
+        "param"
+    ].startswith("logit_bias")
 
 
 @pytest.mark.parametrize("stop", [["ab"] * 10_000, "x" * (1 << 20), ["x" * (1 << 20)], [""], [1], [None], {"a": 1}])
@@ -659,7 +669,9 @@ def test_image_urls_are_refused_and_never_fetched(http: httpx.Client) -> None:
                 messages = [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, part]}]
                 err = assert_openai_error(http.post("/v1/chat/completions", json={**CHAT, "messages": messages}), 400)
                 assert err["param"] == "messages.0.content"
-        audio = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}]
+        audio = [
+            {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}
+        ]
         assert_openai_error(http.post("/v1/chat/completions", json={**CHAT, "messages": audio}), 400)
         time.sleep(0.5)
         assert hits == [], f"the server fetched {hits}"
@@ -699,8 +711,11 @@ def test_no_setting_takes_a_file_path(http: httpx.Client, v2: httpx.Client, tmp_
     """Triton's log and trace settings (which name files) are not served; nothing writes where a client says."""
     target = tmp_path / "written-by-a-client"
     for client in (http, v2):
-        for path, body in (("/v2/logging", {"log_file": str(target)}), ("/v2/trace/setting", {"trace_file": str(target)}),
-                           ("/v2/models/add_sub/trace/setting", {"trace_file": str(target)})):
+        for path, body in (
+            ("/v2/logging", {"log_file": str(target)}),
+            ("/v2/trace/setting", {"trace_file": str(target)}),
+            ("/v2/models/add_sub/trace/setting", {"trace_file": str(target)}),
+        ):
             resp = client.post(path, json=body, headers=ADMIN)
             assert resp.status_code in (400, 403, 404, 405), (path, resp.status_code)
             assert_v2_error(resp, resp.status_code)
@@ -928,8 +943,15 @@ def test_unload_while_requests_are_in_flight(tensors: ServerProcess) -> None:
 
 
 def test_both_servers_still_serve_real_work(http: httpx.Client, v2: httpx.Client) -> None:
-    resp = http.post("/v1/chat/completions", json={"model": DEFAULT_MODEL, "temperature": 0, "max_tokens": 12,
-                                                   "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    resp = http.post(
+        "/v1/chat/completions",
+        json={
+            "model": DEFAULT_MODEL,
+            "temperature": 0,
+            "max_tokens": 12,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        },
+    )
     assert resp.status_code == 200 and "Paris" in resp.json()["choices"][0]["message"]["content"]
     assert http.get("/health").json() == {"status": "ok"}
     resp = v2.post("/v2/models/add_sub/infer", json={"inputs": [A4, B4]})

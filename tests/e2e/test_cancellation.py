@@ -27,7 +27,8 @@ async def test_streams_cut_after_half_a_second_are_aborted(server: ServerProcess
         await asyncio.gather(*(cut(client) for _ in range(20)))
     assert server.wait_idle() == (0, 0, 0)
     started = time.monotonic()
-    r = httpx.post(server.base_url + "/v1/completions", json={"model": DEFAULT_MODEL, "prompt": "hi", "max_tokens": 4}, timeout=60)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
+        r = await client.post("/v1/completions", json={"model": DEFAULT_MODEL, "prompt": "hi", "max_tokens": 4})
     assert r.status_code == 200 and time.monotonic() - started < 30
 
 

@@ -53,10 +53,14 @@ def test_sdk_single_and_batch(client: openai.OpenAI) -> None:
 
 
 def test_float_base64_and_dimensions(http: httpx.Client) -> None:
-    as_float = http.post("/v1/embeddings", json={"model": EMBED, "input": "hello world", "encoding_format": "float"}).json()
+    as_float = http.post(
+        "/v1/embeddings", json={"model": EMBED, "input": "hello world", "encoding_format": "float"}
+    ).json()
     floats = np.array(as_float["data"][0]["embedding"], dtype=np.float32)
     assert as_float["object"] == "list" and as_float["data"][0]["object"] == "embedding"
-    as_b64 = http.post("/v1/embeddings", json={"model": EMBED, "input": "hello world", "encoding_format": "base64"}).json()
+    as_b64 = http.post(
+        "/v1/embeddings", json={"model": EMBED, "input": "hello world", "encoding_format": "base64"}
+    ).json()
     decoded = np.frombuffer(base64.b64decode(as_b64["data"][0]["embedding"]), dtype="<f4")
     np.testing.assert_array_equal(decoded, floats)
     short = http.post("/v1/embeddings", json={"model": EMBED, "input": "hello world", "dimensions": 64,
@@ -64,7 +68,9 @@ def test_float_base64_and_dimensions(http: httpx.Client) -> None:
     cut = np.array(short["data"][0]["embedding"])
     assert cut.shape == (64,) and abs(np.linalg.norm(cut) - 1) < 1e-5
     np.testing.assert_allclose(cut, floats[:64] / np.linalg.norm(floats[:64]), atol=1e-6)
-    assert_openai_error(http.post("/v1/embeddings", json={"model": EMBED, "input": "x", "dimensions": 385}), 400, "dimensions")
+    assert_openai_error(
+        http.post("/v1/embeddings", json={"model": EMBED, "input": "x", "dimensions": 385}), 400, "dimensions"
+    )
 
 
 def test_token_id_input(client: openai.OpenAI) -> None:

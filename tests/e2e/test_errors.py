@@ -67,14 +67,18 @@ def test_invalid_chat_fields_are_400_with_param(http: httpx.Client, body: dict, 
 
 def test_nan_is_rejected(http: httpx.Client) -> None:
     raw = '{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}' % DEFAULT_MODEL
-    assert_openai_error(http.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"}), 400)
+    assert_openai_error(
+        http.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"}), 400
+    )
 
 
 @pytest.mark.parametrize(
     "raw", [b"{not json", b"[1, 2]", b'"a string"', b"\x00\x01", b"\xff\xfe{}", b""]
 )
 def test_malformed_bodies_are_400(http: httpx.Client, raw: bytes) -> None:
-    assert_openai_error(http.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"}), 400)
+    assert_openai_error(
+        http.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"}), 400
+    )
 
 
 def test_unknown_model_is_404(http: httpx.Client) -> None:
@@ -99,7 +103,9 @@ def test_context_length_exceeded(http: httpx.Client) -> None:
 
 def test_completion_prompt_errors(http: httpx.Client) -> None:
     for prompt in ("", [], [-1], [10**9], [[]]):
-        assert_openai_error(http.post("/v1/completions", json={"model": DEFAULT_MODEL, "prompt": prompt}), 400, param="prompt")
+        assert_openai_error(
+            http.post("/v1/completions", json={"model": DEFAULT_MODEL, "prompt": prompt}), 400, param="prompt"
+        )
     assert_openai_error(
         http.post("/v1/completions", json={"model": DEFAULT_MODEL, "prompt": "a", "suffix": "b"}), 400, param="suffix"
     )
@@ -112,7 +118,9 @@ def test_routes_and_methods(http: httpx.Client) -> None:
 
 def test_oversized_and_lying_bodies(http: httpx.Client) -> None:
     big = b"x" * (33 * 1024 * 1024)
-    assert_openai_error(http.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"}), 413)
+    assert_openai_error(
+        http.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"}), 413
+    )
     # a negative Content-Length is refused by the HTTP parser itself (before the app): 400, connection closed
     host, port = http.base_url.host, http.base_url.port
     with socket.create_connection((host, port), timeout=10) as sock:

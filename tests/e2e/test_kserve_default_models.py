@@ -21,7 +21,11 @@ def client(server: ServerProcess):
 @pytest.mark.parametrize("binary", [True, False])
 def test_minilm_over_v2(client: httpclient.InferenceServerClient, binary: bool) -> None:
     meta = client.get_model_metadata("all-minilm-l6-v2")
-    assert meta["platform"] == "transformers" and meta["outputs"][0] == {"name": "EMBEDDING", "datatype": "FP32", "shape": [-1, 384]}
+    assert meta["platform"] == "transformers" and meta["outputs"][0] == {
+        "name": "EMBEDDING",
+        "datatype": "FP32",
+        "shape": [-1, 384],
+    }
     text = httpclient.InferInput("TEXT", [2, 1], "BYTES")
     text.set_data_from_numpy(np.array([[b"hello world"], [b"hello world"]], dtype=object), binary_data=binary)
     outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("EMBEDDING", "TOKEN_COUNT")]

@@ -173,7 +173,9 @@ def test_repository_over_grpc(client: grpcclient.InferenceServerClient) -> None:
     assert client.is_model_ready("scale_shift")
     x = grpcclient.InferInput("INPUT__0", [2, 3], "FP32")
     x.set_data_from_numpy(np.ones((2, 3), dtype=np.float32))
-    np.testing.assert_array_equal(client.infer("scale_shift", [x]).as_numpy("OUTPUT__0"), np.full((2, 3), 3.0, np.float32))
+    np.testing.assert_array_equal(
+        client.infer("scale_shift", [x]).as_numpy("OUTPUT__0"), np.full((2, 3), 3.0, np.float32)
+    )
     with pytest.raises(InferenceServerException) as escape:
         client.load_model("../etc", headers=ADMIN_HEADERS)
     assert escape.value.status() == "StatusCode.INVALID_ARGUMENT"

@@ -166,7 +166,10 @@ def test_full_queue_is_refused_with_429(http: httpx.Client) -> None:
 def test_queue_timeout_override_rejects(http: httpx.Client) -> None:
     slow = {"inputs": [{"name": "X", "shape": [1, 1], "datatype": "INT64", "data": [1]},
                        {"name": "DELAY_MS", "shape": [1, 1], "datatype": "INT32", "data": [500]}]}
-    quick = {"parameters": {"timeout": 50_000}, "inputs": [{"name": "X", "shape": [1, 1], "datatype": "INT64", "data": [2]}]}
+    quick = {
+        "parameters": {"timeout": 50_000},
+        "inputs": [{"name": "X", "shape": [1, 1], "datatype": "INT64", "data": [2]}],
+    }
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         first = pool.submit(http.post, "/v2/models/queue_probe/infer", json=slow)
         import time
@@ -179,7 +182,12 @@ def test_queue_timeout_override_rejects(http: httpx.Client) -> None:
 
 def test_generate_on_tensor_and_decoupled_models(http: httpx.Client) -> None:
     resp = http.post("/v2/models/text_echo/generate", json={"TEXT": "hey"})
-    assert resp.status_code == 200 and resp.json() == {"model_name": "text_echo", "model_version": "1", "UPPER": "HEY!", "LENGTH": 3}
+    assert resp.status_code == 200 and resp.json() == {
+        "model_name": "text_echo",
+        "model_version": "1",
+        "UPPER": "HEY!",
+        "LENGTH": 3,
+    }
     with http.stream("POST", "/v2/models/counter_stream/generate_stream", json={"IN": 4}) as stream:
         events = [json.loads(line[5:]) for line in stream.iter_lines() if line.startswith("data:")]
     assert [e["OUT"] for e in events] == [0, 1, 2, 3]
@@ -190,7 +198,10 @@ def test_generate_on_tensor_and_decoupled_models(http: httpx.Client) -> None:
 
 def test_model_errors_are_contained(http: httpx.Client) -> None:
     def call(value: int) -> httpx.Response:
-        return http.post("/v2/models/flaky/infer", json={"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [value]}]})
+        return http.post(
+            "/v2/models/flaky/infer",
+            json={"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [value]}]},
+        )
 
     message = assert_v2_error(call(13), 500, "failed to execute")
     assert "secret" not in message and "/opt/" not in message
@@ -214,7 +225,10 @@ B4 = _tensor("INPUT1", "FP32", [1, 4], [1, 1, 1, 1])
         ({"inputs": [_tensor("INPUT0", "FP99", [1, 4], [1, 2, 3, 4]), B4]}, "unknown datatype"),
         ({"inputs": [_tensor("INPUT0", "FP64", [1, 4], [1, 2, 3, 4]), B4]}, "does not match"),
         ({"inputs": [_tensor("INPUT0", "FP32", [1, 2, 2], [1, 2, 3, 4]), B4]}, "does not match"),
-        ({"inputs": [_tensor("INPUT0", "FP32", [9, 4], [0] * 36), _tensor("INPUT1", "FP32", [9, 4], [0] * 36)]}, "max_batch_size"),
+        (
+            {"inputs": [_tensor("INPUT0", "FP32", [9, 4], [0] * 36), _tensor("INPUT1", "FP32", [9, 4], [0] * 36)]},
+            "max_batch_size",
+        ),
         ({"inputs": [A4]}, "needs input"),
         ({"inputs": [A4, B4, _tensor("EXTRA", "FP32", [1], [1])]}, "unexpected input"),
         ({"inputs": [A4, B4], "outputs": [{"name": "NOPE"}]}, "no output"),
@@ -242,8 +256,16 @@ def test_bad_binary_bodies_are_400(http: httpx.Client) -> None:
     assert_v2_error(http.post("/v2/models/text_echo/infer", content=body, headers=headers), 400, "larger than")
     for bad_length in (10**6, -5, "abc"):
         body, headers = binary_request(text, lying, bad_length)
-        assert_v2_error(http.post("/v2/models/text_echo/infer", content=body, headers=headers), 400, "Inference-Header-Content-Length")
-    assert_v2_error(http.post("/v2/models/add_sub/infer", content=b"{nope", headers={"Content-Type": "application/json"}), 400, "JSON")
+        assert_v2_error(
+            http.post("/v2/models/text_echo/infer", content=body, headers=headers),
+            400,
+            "Inference-Header-Content-Length",
+        )
+    assert_v2_error(
+        http.post("/v2/models/add_sub/infer", content=b"{nope", headers={"Content-Type": "application/json"}),
+        400,
+        "JSON",
+    )
 
 
 def test_gzip_request_bodies(http: httpx.Client) -> None:
@@ -253,7 +275,9 @@ def test_gzip_request_bodies(http: httpx.Client) -> None:
     resp = http.post("/v2/models/add_sub/versions/1/infer", content=body, headers={"Content-Encoding": "gzip"})
     assert resp.status_code == 200 and resp.json()["outputs"][0]["data"] == [2, 3, 4, 5]
     bomb = gzip.compress(b"\0" * (40 * 1024 * 1024))  # inflates past the 32 MiB body limit
-    assert_v2_error(http.post("/v2/models/add_sub/infer", content=bomb, headers={"Content-Encoding": "gzip"}), 400, "limit")
+    assert_v2_error(
+        http.post("/v2/models/add_sub/infer", content=bomb, headers={"Content-Encoding": "gzip"}), 400, "limit"
+    )
 
 
 def test_unknown_model_and_route(http: httpx.Client) -> None:
@@ -263,7 +287,9 @@ def test_unknown_model_and_route(http: httpx.Client) -> None:
 
 
 def test_repository_index_unload_and_load(client: httpclient.InferenceServerClient, http: httpx.Client) -> None:
-    index = {(m["name"], m.get("version", "")): m["state"] for m in client.get_model_repository_index(headers=ADMIN_HEADERS)}
+    index = {
+        (m["name"], m.get("version", "")): m["state"] for m in client.get_model_repository_index(headers=ADMIN_HEADERS)
+    }
     assert index[("add_sub", "1")] == "READY" and index[("add_sub", "2")] == "READY"
     client.unload_model("text_echo", headers=ADMIN_HEADERS)
     assert not client.is_model_ready("text_echo")
@@ -296,7 +322,9 @@ def test_bad_load_requests(http: httpx.Client) -> None:
     assert http.post("/v2/models/text_echo/generate", json={"TEXT": "x"}).status_code == 200  # still serving
 
 
-@pytest.mark.parametrize("name", ["%2e%2e", "%2e%2e%2fetc", "a%2f..%2fb", "%2fetc%2fpasswd", "bad%00name", "..%2f..%2fetc"])
+@pytest.mark.parametrize(
+    "name", ["%2e%2e", "%2e%2e%2fetc", "a%2f..%2fb", "%2fetc%2fpasswd", "bad%00name", "..%2f..%2fetc"]
+)
 def test_repository_names_cannot_escape(http: httpx.Client, name: str) -> None:
     for action in ("load", "unload"):
         resp = http.post(f"/v2/repository/models/{name}/{action}")
@@ -306,8 +334,12 @@ def test_repository_names_cannot_escape(http: httpx.Client, name: str) -> None:
 
 def test_raw_traversal_paths_are_refused(kserve_server: ServerProcess) -> None:
     """Paths a normalising client would rewrite, sent verbatim."""
-    for path in (b"/v2/repository/models/../load", b"/v2/repository/models/../etc/load", b"/v2/repository/models/a/../b/load",
-                 b"/v2/repository/models//etc/passwd/load"):
+    for path in (
+        b"/v2/repository/models/../load",
+        b"/v2/repository/models/../etc/load",
+        b"/v2/repository/models/a/../b/load",
+        b"/v2/repository/models//etc/passwd/load",
+    ):
         with socket.create_connection(("127.0.0.1", kserve_server.port), timeout=10) as sock:
             sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
             reply = b""

@@ -52,7 +52,9 @@ def test_concurrent_sequences_over_grpc(kserve_server: ServerProcess) -> None:
         for i in range(1, 6):
             tensor = grpcclient.InferInput("IN", [1, 1], "INT32")
             tensor.set_data_from_numpy(np.array([[sequence_id * i]], dtype=np.int32))
-            result = c.infer("accumulator", [tensor], sequence_id=sequence_id, sequence_start=i == 1, sequence_end=i == 5)
+            result = c.infer(
+                "accumulator", [tensor], sequence_id=sequence_id, sequence_start=i == 1, sequence_end=i == 5
+            )
             totals.append(int(result.as_numpy("OUT")[0, 0]))
             assert int(result.as_numpy("CALLS")[0, 0]) == i  # never moved to another instance
         c.close()
@@ -64,22 +66,34 @@ def test_concurrent_sequences_over_grpc(kserve_server: ServerProcess) -> None:
         assert totals == [sequence_id * n * (n + 1) // 2 for n in range(1, 6)]
 
 
-def test_sequence_errors_and_idle_release(client: httpclient.InferenceServerClient, kserve_server: ServerProcess) -> None:
+def test_sequence_errors_and_idle_release(
+    client: httpclient.InferenceServerClient, kserve_server: ServerProcess
+) -> None:
     with httpx.Client(base_url=kserve_server.base_url, timeout=30) as http:
         body = {"inputs": [{"name": "IN", "shape": [1, 1], "datatype": "INT32", "data": [1]}]}
         resp = http.post("/v2/models/accumulator/infer", json=body)
         assert resp.status_code == 400 and "sequence_id" in resp.json()["error"]
-        resp = http.post("/v2/models/accumulator/infer", json={**body, "parameters": {"sequence_id": "named", "sequence_start": True}})
+        resp = http.post(
+            "/v2/models/accumulator/infer",
+            json={**body, "parameters": {"sequence_id": "named", "sequence_start": True}},
+        )
         assert resp.status_code == 400 and "integer" in resp.json()["error"]
-        resp = http.post("/v2/models/accumulator/infer", json={**body, "parameters": {"sequence_id": 9, "sequence_start": "yes"}})
+        resp = http.post(
+            "/v2/models/accumulator/infer", json={**body, "parameters": {"sequence_id": 9, "sequence_start": "yes"}}
+        )
         assert resp.status_code == 400 and "sequence_start" in resp.json()["error"]
     assert step(client, 2, 404, start=True) == (2, 1)
     time.sleep(1.6)  # max_sequence_idle_microseconds is 1 s
     with pytest.raises(InferenceServerException, match="not active"):
         step(client, 1, 404)
     config = client.get_model_config("accumulator")["sequence_batching"]
-    assert config["control_input"][3]["control"][0] == {"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_UINT64",
-                                                         "int32_false_true": [], "fp32_false_true": [], "bool_false_true": []}
+    assert config["control_input"][3]["control"][0] == {
+        "kind": "CONTROL_SEQUENCE_CORRID",
+        "data_type": "TYPE_UINT64",
+        "int32_false_true": [],
+        "fp32_false_true": [],
+        "bool_false_true": [],
+    }
     assert config["state"][0]["data_type"] == "TYPE_INT32"
 
 

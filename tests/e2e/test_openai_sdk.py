@@ -124,7 +124,9 @@ def test_n_choices(client: openai.OpenAI) -> None:
 
 
 def test_completions(client: openai.OpenAI) -> None:
-    resp = client.completions.create(model=DEFAULT_MODEL, prompt="The capital of France is", max_tokens=4, temperature=0)
+    resp = client.completions.create(
+        model=DEFAULT_MODEL, prompt="The capital of France is", max_tokens=4, temperature=0
+    )
     assert resp.object == "text_completion"
     assert resp.choices[0].finish_reason == "length"
     assert resp.usage.completion_tokens == 4
@@ -144,7 +146,9 @@ def test_completions(client: openai.OpenAI) -> None:
 
 
 def test_completions_default_max_tokens_is_16(client: openai.OpenAI) -> None:
-    resp = client.completions.create(model=DEFAULT_MODEL, prompt="Once upon a time", temperature=0, extra_body={"ignore_eos": True})
+    resp = client.completions.create(
+        model=DEFAULT_MODEL, prompt="Once upon a time", temperature=0, extra_body={"ignore_eos": True}
+    )
     assert resp.usage.completion_tokens == 16
 
 

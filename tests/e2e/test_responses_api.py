@@ -215,7 +215,9 @@ def test_bad_inputs_are_400_in_openai_shape(base_url: str) -> None:
 
 
 def endpoint_requests(server: ServerProcess, endpoint: str, status: str = "200") -> float:
-    pattern = rf'^switchyard_http_requests_total{{endpoint="{re.escape(endpoint)}",method="POST",status="{status}"}} (\S+)$'
+    pattern = (
+        rf'^switchyard_http_requests_total{{endpoint="{re.escape(endpoint)}",method="POST",status="{status}"}} (\S+)$'
+    )
     match = re.search(pattern, httpx.get(f"{server.base_url}/metrics").text, re.M)
     return float(match.group(1)) if match else 0.0
 

@@ -33,8 +33,13 @@ def test_grpc_methods_are_classified() -> None:
 
 
 def test_inference_keys() -> None:
-    assert KEYS.authorize(Role.INFERENCE, "Bearer sk-user-1").key_id != KEYS.authorize(Role.INFERENCE, "Bearer sk-user-2").key_id
-    assert KEYS.authorize(Role.INFERENCE, "bearer   sk-user-2 ").admin is False  # the scheme is case-insensitive (RFC 7235)
+    assert (
+        KEYS.authorize(Role.INFERENCE, "Bearer sk-user-1").key_id
+        != KEYS.authorize(Role.INFERENCE, "Bearer sk-user-2").key_id
+    )
+    assert (
+        KEYS.authorize(Role.INFERENCE, "bearer   sk-user-2 ").admin is False
+    )  # the scheme is case-insensitive (RFC 7235)
     assert KEYS.authorize(Role.INFERENCE, "Bearer sk-admin").admin  # the admin key works everywhere
     assert KEYS.authorize(Role.PUBLIC, None) is ANONYMOUS
 

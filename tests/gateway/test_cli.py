@@ -75,7 +75,7 @@ def test_api_keys_from_every_source_count(tmp_path) -> None:
                          environ={"SWITCHYARD_API_KEYS": "k-env1,k-env2", "SWITCHYARD_ADMIN_KEY": "a-env"})
     assert [k.get_secret_value() for k in config.api_keys] == ["k-flag", "k-env1", "k-env2", "k-file"]
     assert [k.get_secret_value() for k in config.admin_keys] == ["a-env", "a-file"]
-    with pytest.raises(ConfigError, match="cannot read the API key file .*check the path"):
+    with pytest.raises(ConfigError, match=r"cannot read the API key file .*check the path"):
         load_config(["--api-key-file", str(tmp_path / "missing")], environ={})
     (tmp_path / "empty").write_text("# nothing\n")
     with pytest.raises(ConfigError, match="holds no key; write one key per line"):
@@ -85,8 +85,8 @@ def test_api_keys_from_every_source_count(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
-        (["--http-port", "eighty"], {}, r"setting 'http_port' \(--http-port\): .*integer \(got 'eighty'\); "
-                                        r"give --http-port a valid value"),
+        (["--http-port", "eighty"], {}, (r"setting 'http_port' \(--http-port\): .*integer \(got 'eighty'\); "
+                                         r"give --http-port a valid value")),
         ([], {"SWITCHYARD_HTTP_PORT": "70000"}, r"\(SWITCHYARD_HTTP_PORT\): .*less than or equal to 65535"),
         ([], {"SWITCHYARD_CONSOLE": "maybe"}, r"\(SWITCHYARD_CONSOLE\): Input should be a valid boolean"),
         ([], {"SWITCHYARD_LOG_FORMAT": "xml"}, r"\(SWITCHYARD_LOG_FORMAT\): Input should be 'text' or 'json'"),

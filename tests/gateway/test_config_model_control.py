@@ -33,7 +33,9 @@ def test_flags() -> None:
 
 
 def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    config = load_config([], environ={"SWITCHYARD_MODEL_CONTROL_MODE": "Poll", "SWITCHYARD_REPOSITORY_POLL_SECS": "2.5"})
+    config = load_config(
+        [], environ={"SWITCHYARD_MODEL_CONTROL_MODE": "Poll", "SWITCHYARD_REPOSITORY_POLL_SECS": "2.5"}
+    )
     assert (config.model_control_mode, config.repository_poll_secs) == ("poll", 2.5)
     monkeypatch.setenv("SWITCHYARD_MODEL_CONTROL_MODE", "explicit")
     monkeypatch.setenv("SWITCHYARD_LOAD_MODEL", "a, b")  # the older spelling of SWITCHYARD_LOAD_MODELS
@@ -56,7 +58,10 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Non
     ("values", "message"),
     [
         ({"load_models": ["a"]}, "--load-model is only used with --model-control-mode=explicit"),
-        ({"model_control_mode": "poll", "load_models": ["a"]}, "add --model-control-mode=explicit or drop --load-model"),
+        (
+            {"model_control_mode": "poll", "load_models": ["a"]},
+            "add --model-control-mode=explicit or drop --load-model",
+        ),
         ({"model_control_mode": "explicit", "load_models": ["*", "a"]}, "must be the only --load-model"),
         ({"model_control_mode": "explicit", "load_models": ["../etc"]}, "is not a model name"),
         ({"model_control_mode": "explicit", "repository_poll_secs": 5}, "--repository-poll-secs is only used with"),

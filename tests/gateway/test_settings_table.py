@@ -9,7 +9,9 @@ from gateway.settings_table import DOC, render, rewritten
 
 def test_the_docs_table_is_current() -> None:
     text = DOC.read_text()
-    assert rewritten(text) == text, "docs/configuration.md's settings table is stale: run python -m gateway.settings_table"
+    assert rewritten(text) == text, (
+        "docs/configuration.md's settings table is stale: run python -m gateway.settings_table"
+    )
 
 
 def test_the_table_has_a_row_per_setting() -> None:

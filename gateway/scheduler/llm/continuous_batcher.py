@@ -108,7 +108,9 @@ class ContinuousBatcher(LLMScheduler):
             except Exception:
                 # A scheduling bug must not strand requests: fail everything in flight and keep serving.
                 stats = self._policy.stats()
-                log.exception("scheduler iteration failed; failing %d in-flight sequences", stats.running + stats.waiting)
+                log.exception(
+                    "scheduler iteration failed; failing %d in-flight sequences", stats.running + stats.waiting
+                )
                 self._deliver(self._policy.finish_all("error", error="internal scheduler error; see the server log"))
                 self._flush()
 

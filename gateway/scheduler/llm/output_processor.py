@@ -52,7 +52,9 @@ class OutputProcessor:
         for stop in params.stop:
             at = self._pending.find(stop)
             if at != -1:
-                self._pending = self._pending[: at + len(stop)] if params.include_stop_str_in_output else self._pending[:at]
+                self._pending = (
+                    self._pending[: at + len(stop)] if params.include_stop_str_in_output else self._pending[:at]
+                )
                 self.finish_reason = "stop"
                 return self._flush()
         if self.num_tokens >= params.max_tokens or max_total_reached:

@@ -9,9 +9,9 @@ alone, still through the queue, so queue policies and instance concurrency apply
 
 Queue policies: a full queue rejects at once (429 / gRPC UNAVAILABLE); a request that outlives its timeout while
 queued is rejected (REJECT, 503) or moved behind every other request (DELAY). With the rate limiter on
-(`gates`), a formed batch waits until its instance holds its resources (see rate_limiter.py). Each instance executes on its own
-worker thread (never on the event loop); `instance_count` instances run batches concurrently. Outputs are split
-back per request; `preserve_ordering` releases responses in arrival order. Decoupled models stream responses.
+(`gates`), a formed batch waits until its instance holds its resources (see rate_limiter.py). Each instance executes
+on its own worker thread (never on the event loop); `instance_count` instances run batches concurrently. Outputs are
+split back per request; `preserve_ordering` releases responses in arrival order. Decoupled models stream responses.
 All queue state is touched only on the event loop.
 """
 
@@ -198,7 +198,9 @@ class DynamicBatcher:
     ) -> dict[str, Any]:
         """Queue one request (`rows` = its batch size) and wait for its outputs."""
         if self.policy.decoupled:
-            raise InvalidRequestError(f"model '{self.name}' is decoupled; use streaming (ModelStreamInfer or generate_stream)")
+            raise InvalidRequestError(
+                f"model '{self.name}' is decoupled; use streaming (ModelStreamInfer or generate_stream)"
+            )
         item = self._enqueue(inputs, rows, priority, timeout_us)
         item.future = asyncio.get_running_loop().create_future()
         try:

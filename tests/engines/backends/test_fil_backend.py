@@ -129,7 +129,7 @@ def test_wrong_feature_count_is_refused(tmp_path: Path) -> None:
 def test_corrupt_model_file_names_the_file(tmp_path: Path) -> None:
     fm.write_xgboost(tmp_path, "broken", "model")
     (tmp_path / "broken" / "1" / "xgboost.model").write_bytes(b"\x00not a model")
-    with pytest.raises(ConfigError, match="could not load xgboost.model .*legacy binary"):
+    with pytest.raises(ConfigError, match=r"could not load xgboost\.model .*legacy binary"):
         load(tmp_path, "broken")
 
 

@@ -65,8 +65,11 @@ def test_initialize_execute_finalize(tmp_path: Path) -> None:
 
 
 def test_each_instance_gets_its_own_module(tmp_path: Path) -> None:
-    folder = write_model(tmp_path / "counter", "class TritonPythonModel:\n    n = 0\n    def execute(self, requests):\n"
-                         "        type(self).n += 1\n        return [{'OUT': r['IN'] * type(self).n} for r in requests]\n")
+    folder = write_model(
+        tmp_path / "counter",
+        "class TritonPythonModel:\n    n = 0\n    def execute(self, requests):\n"
+        "        type(self).n += 1\n        return [{'OUT': r['IN'] * type(self).n} for r in requests]\n",
+    )
     a, b = PythonBackend(), PythonBackend()
     a.load(spec(folder))
     b.load(spec(folder))
@@ -101,12 +104,14 @@ def test_load_errors_say_what_to_fix(tmp_path: Path, source: str, fragment: str)
 
 def test_missing_model_file(tmp_path: Path) -> None:
     (tmp_path / "empty" / "1").mkdir(parents=True)
-    with pytest.raises(ValueError, match="model.py' is missing"):
+    with pytest.raises(ValueError, match=r"model\.py' is missing"):
         PythonBackend().load(spec(tmp_path / "empty"))
 
 
 def test_wrong_number_of_responses_is_an_error(tmp_path: Path) -> None:
-    folder = write_model(tmp_path / "short", "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n")
+    folder = write_model(
+        tmp_path / "short", "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
+    )
     backend = PythonBackend()
     backend.load(spec(folder))
     with pytest.raises(RuntimeError, match="0 responses for 1 requests"):

@@ -27,7 +27,9 @@ def text_request(*texts: str) -> dict[str, np.ndarray]:
 @pytest.fixture(scope="module")
 def minilm():
     backend = create_backend("transformers")
-    backend.load(TensorModelSpec("all-minilm-l6-v2", 1, "/nonexistent", "/nonexistent/1", 64, [], [], source=str(MINILM)))
+    backend.load(
+        TensorModelSpec("all-minilm-l6-v2", 1, "/nonexistent", "/nonexistent/1", 64, [], [], source=str(MINILM))
+    )
     yield backend
     backend.unload()
 
@@ -84,5 +86,7 @@ def test_sequence_classification_task(tmp_path: Path) -> None:
 
 
 def test_missing_model_folder(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="config.json"):
-        create_backend("transformers").load(TensorModelSpec("x", 1, str(tmp_path), str(tmp_path), 1, [], [], source=str(tmp_path)))
+    with pytest.raises(ValueError, match=r"config\.json"):
+        create_backend("transformers").load(
+            TensorModelSpec("x", 1, str(tmp_path), str(tmp_path), 1, [], [], source=str(tmp_path))
+        )

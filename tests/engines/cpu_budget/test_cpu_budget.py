@@ -158,5 +158,5 @@ def test_bad_omp_num_threads_says_how_to_fix_it(tmp_path: Path, omp: str) -> Non
 
 def test_override_below_one_is_refused() -> None:
     budget = CpuBudget(2, 2, None, "affinity", "2 CPUs in the affinity mask")
-    with pytest.raises(ValueError, match="pytorch.gemm_threads must be at least 1"):
+    with pytest.raises(ValueError, match=r"pytorch\.gemm_threads must be at least 1"):
         budget.with_override(0, "pytorch.gemm_threads")

@@ -59,6 +59,7 @@ def test_kernels_stay_on_at_every_budget_with_the_same_bits(tmp_path: Path, torc
         assert torch.equal(got, results[0])
 
 
+@pytest.mark.slow  # loads SmolLM2's engine
 def test_engine_sizes_its_threads_from_the_cgroup_quota(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A container limited to 3 CPUs on a 64-CPU node: 3 kernel threads, torch's ops on the step's thread."""
     (tmp_path / "cgroup.controllers").write_text("cpu\n")

@@ -41,6 +41,7 @@ def _compile(march: str, name: str) -> tuple[str, str, int, str]:
     return march, name, proc.returncode, proc.stderr
 
 
+@pytest.mark.slow  # compiles every library for every instruction set it has paths for (minutes on 2 cores)
 def test_every_library_builds_without_a_warning_on_every_path() -> None:
     jobs = [(march, name) for march, names in MARCHES.items() for name in names]
     with ThreadPoolExecutor(max_workers=4) as pool:

@@ -29,7 +29,7 @@ def loaded() -> tuple:
 
 
 def test_every_projection_is_found_and_exact(loaded: tuple, reference: object) -> None:
-    model, _, weights = loaded
+    _, _, weights = loaded
     blocks = weights.blocks
     layers = reference.model.layers
     # q, k, v, o, gate, up, down of every layer; the tied embedding (Q8_0), which is the lm_head too

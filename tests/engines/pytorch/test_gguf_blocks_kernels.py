@@ -94,6 +94,8 @@ def test_without_the_kernel_the_blocks_are_dequantized(tmp_path: Path) -> None:
     assert lin.kind == "torch" and torch.equal(lin.weight, blocks.dequantize())
 
 
+# slow lane: compiles the C libraries again for another target (tens of seconds on 2 cores)
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512vbmi", "-mno-gfni")],
                          ids=["avx2", "avx512-rows"])
 def test_the_other_builds_give_the_same_bits(flags: tuple[str, ...], tmp_path: Path,

@@ -109,8 +109,20 @@ def _greedy(engine: PyTorchEngine, prompts: list[list[int]], tokens: int) -> lis
     new = [list(p) for p in prompts]
     out: list[list[int]] = [[] for _ in prompts]
     for _ in range(tokens):
-        steps = [SequenceStep(f"s{i}", new[i], len(history[i]) - len(new[i]), list(range(i * per_seq, (i + 1) * per_seq)),
-                              True, params, list(history[i]), len(prompts[i]), len(out[i])) for i in range(len(prompts))]
+        steps = [
+            SequenceStep(
+                f"s{i}",
+                new[i],
+                len(history[i]) - len(new[i]),
+                list(range(i * per_seq, (i + 1) * per_seq)),
+                True,
+                params,
+                list(history[i]),
+                len(prompts[i]),
+                len(out[i]),
+            )
+            for i in range(len(prompts))
+        ]
         result = engine.execute(steps)
         for i in range(len(prompts)):
             token = result.token_ids[f"s{i}"]

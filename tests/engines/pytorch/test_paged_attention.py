@@ -56,8 +56,17 @@ def _transformers_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) 
 
 def _run(attn: PagedAttention, case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     k_cache, v_cache = case["k_cache"].clone(), case["v_cache"].clone()
-    out = attn.decode(case["q"], case["k"], case["v"], case["cos"], case["sin_folded"], k_cache, v_cache, case["tables"],
-               case["q"].shape[-1] ** -0.5)
+    out = attn.decode(
+        case["q"],
+        case["k"],
+        case["v"],
+        case["cos"],
+        case["sin_folded"],
+        k_cache,
+        v_cache,
+        case["tables"],
+        case["q"].shape[-1] ** -0.5,
+    )
     return out, k_cache, v_cache
 
 
@@ -230,6 +239,8 @@ def test_rotate_is_transformers_rotary_bit_for_bit() -> None:
     assert torch.equal(rotate(case["q"], cos, case["sin_folded"][:, None]), _transformers_rotary(case["q"], cos, sin))
 
 
+# slow lane: compiles the C libraries again for another target (tens of seconds on 2 cores)
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx2", "-mno-fma")], ids=["avx2", "scalar"])
 def test_the_other_builds_attend_as_the_reference(flags: tuple[str, ...], tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:

@@ -65,7 +65,7 @@ def assert_same(a: np.ndarray, b: np.ndarray) -> None:
 
 def test_every_listed_datatype_is_known():
     assert set(DATATYPES) == set(SAMPLES)
-    assert numpy_dtype("BF16") == np.float32 and numpy_dtype("BYTES") == object
+    assert numpy_dtype("BF16") == np.float32 and numpy_dtype("BYTES") == np.dtype(object)
     assert datatype_of(np.zeros(1, np.float16)) == "FP16"
     assert datatype_of(np.zeros(1, np.dtype(">i4"))) == "INT32"
     assert datatype_of(np.array(["a"])) == "BYTES" and datatype_of(np.array([b"a"])) == "BYTES"
@@ -236,7 +236,7 @@ def test_grpc_raw_contents_round_trip():
     meta, raw = encode_raw_output_contents(outs)
     assert [m["datatype"] for m in meta] == ["INT16", "BYTES", "BF16"] and all(isinstance(r, bytes) for r in raw)
     decoded = decode_raw_input_contents(meta, raw)
-    for out, got in zip(outs, decoded):
+    for out, got in zip(outs, decoded, strict=True):
         assert got.name == out.name
         assert_same(got.array, out.array)
 

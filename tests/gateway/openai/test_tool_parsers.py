@@ -134,8 +134,8 @@ def test_plain_text_streams_through_untouched() -> None:
     [
         '{"name": "get_time", "arguments": {"city": "Rome"}}',
         '```json\n{"name": "get_time", "arguments": {"city": "Rome"}}\n```',
-        '[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
-        '{"name": "get_time", "arguments": {"city": "Rome"}}]',
+        ('[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+         '{"name": "get_time", "arguments": {"city": "Rome"}}]'),
     ],
 )
 def test_json_dialect(text: str) -> None:

@@ -58,19 +58,32 @@ remote:
         ("backend: remote\nremote:\n  upstreams: ['http://a:1?x=1']\n", "drop the query"),
         ("backend: remote\nremote:\n  upstreams: [http://a:1]\n  retrys: 3\n", "remote.retrys"),
         ("backend: remote\nremote:\n  upstreams: [http://a:1]\n  api_key_env: 'A B'\n", "environment variable name"),
-        ("backend: remote\nremote:\n  upstreams: [http://a:1]\n  routing: {policy: round_robin}\n",
-         "'cache_aware' or 'least_outstanding'"),
-        ("backend: remote\nremote:\n  upstreams: [http://a:1]\n  routing: {cache_tokens: 8}\n",
-         "must be at least block_tokens (16)"),
+        (
+            "backend: remote\nremote:\n  upstreams: [http://a:1]\n  routing: {policy: round_robin}\n",
+            "'cache_aware' or 'least_outstanding'",
+        ),
+        (
+            "backend: remote\nremote:\n  upstreams: [http://a:1]\n  routing: {cache_tokens: 8}\n",
+            "must be at least block_tokens (16)",
+        ),
         ("backend: vllm\nvllm:\n  kv_cache_gib: 1\n", "vllm.kv_cache_gib"),
         ("backend: tensorrt_llm\ntensorrt_llm:\n  kv_cache_free_gpu_memory_fraction: 2\n", "less than or equal to 1"),
-        ("pytorch: {match_transformers: true}\n", "needs dtype: bfloat16, scheduler.enable_chunked_prefill: false, "
-         "kv_cache.enable_prefix_caching: false"),
-        ("dtype: bfloat16\npytorch: {match_transformers: true}\nscheduler: {enable_chunked_prefill: false}\n",
-         "needs kv_cache.enable_prefix_caching: false"),
-        ("max_model_len: 2048\nscheduler: {enable_chunked_prefill: false, max_num_batched_tokens: 512}\n",
-         "max_num_batched_tokens >= max_model_len (2048)"),
-        ("pytorch: {speculative: {prompt_lookup_min: 5}}\n", "prompt_lookup_min (5) is larger than prompt_lookup_max (4)"),
+        (
+            "pytorch: {match_transformers: true}\n",
+            "needs dtype: bfloat16, scheduler.enable_chunked_prefill: false, kv_cache.enable_prefix_caching: false",
+        ),
+        (
+            "dtype: bfloat16\npytorch: {match_transformers: true}\nscheduler: {enable_chunked_prefill: false}\n",
+            "needs kv_cache.enable_prefix_caching: false",
+        ),
+        (
+            "max_model_len: 2048\nscheduler: {enable_chunked_prefill: false, max_num_batched_tokens: 512}\n",
+            "max_num_batched_tokens >= max_model_len (2048)",
+        ),
+        (
+            "pytorch: {speculative: {prompt_lookup_min: 5}}\n",
+            "prompt_lookup_min (5) is larger than prompt_lookup_max (4)",
+        ),
         ("pytorch: {speculative: {method: eagle}}\n", "pytorch.speculative.method"),
         ("pytorch: {speculative: {}, fast_kernels: false}\n", "pytorch.speculative needs pytorch.fast_kernels: true"),
         ("dtype: float16\nkv_cache: {dtype: bfloat16}\n", "kv_cache.dtype: bfloat16 is for the native engine"),

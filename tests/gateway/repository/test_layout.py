@@ -22,7 +22,8 @@ def repo(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    "name", ["..", ".", "../etc", "a/../b", "/etc/passwd", "%2e%2e%2f", "bad\x00name", "good\n", "", "a" * 200, "-x", "a\\b"]
+    "name",
+    ["..", ".", "../etc", "a/../b", "/etc/passwd", "%2e%2e%2f", "bad\x00name", "good\n", "", "a" * 200, "-x", "a\\b"],
 )
 def test_hostile_names_are_refused_before_the_file_system(repo: Path, name: str) -> None:
     assert not is_valid_model_name(name)

@@ -69,7 +69,7 @@ async def test_reload_under_load_drops_nothing(registry: ModelControl) -> None:
 async def test_failed_reload_keeps_the_old_copy_serving(registry: ModelControl) -> None:
     old = registry.models.get("tagger")
     (registry.root / "tagger" / "config.yaml").write_text("backend: python\nmax_batch_size: -3\n")
-    with pytest.raises(InvalidRequestError, match="(?s)failed to load 'tagger'.*max_batch_size"):
+    with pytest.raises(InvalidRequestError, match=r"(?s)failed to load 'tagger'.*max_batch_size"):
         await registry.load("tagger")
     assert registry.models.get("tagger") is old
     assert await infer_tag(old) == "v1:a"

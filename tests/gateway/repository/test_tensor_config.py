@@ -100,13 +100,21 @@ def test_sequence_and_ensemble_sections(tmp_path: Path) -> None:
     assert isinstance(seq, TensorModelConfig) and seq.sequence_batching is not None
     assert seq.sequence_batching.control_input[1].control[0].data_type == "UINT64"
     assert seq.sequence_batching.oldest is not None and seq.sequence_batching.state[0].initial_state[0].zero_data
-    ens = parse_model_config(write(tmp_path, "pipe", "config.pbtxt", """
+    ens = parse_model_config(
+        write(
+            tmp_path,
+            "pipe",
+            "config.pbtxt",
+            """
         platform: "ensemble" max_batch_size: 8
         input { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] }
         output { name: "LABEL" data_type: TYPE_STRING dims: [ 1 ] }
         ensemble_scheduling { step [
           { model_name: "pre" model_version: -1 input_map { key: "RAW" value: "TEXT" } output_map { key: "FEATS" value: "f" } },
-          { model_name: "post" model_version: 1 input_map { key: "F" value: "f" } output_map { key: "OUT" value: "LABEL" } } ] }"""), "pipe")
+          { model_name: "post" model_version: 1 input_map { key: "F" value: "f" } output_map { key: "OUT" value: "LABEL" } } ] }""",
+        ),
+        "pipe",
+    )
     assert isinstance(ens, TensorModelConfig) and ens.resolved_backend == "ensemble"
     assert ens.ensemble_scheduling is not None and ens.ensemble_scheduling.step[0].input_map == {"RAW": "TEXT"}
 
@@ -115,23 +123,45 @@ def test_sequence_and_ensemble_sections(tmp_path: Path) -> None:
     ("text", "field", "fragment"),
     [
         ('backend: "python" optimization { cuda { graphs: true } }', "(top level)", "'optimization'"),
-        ('backend: "python" input { name: "A" data_type: TYPE_FP32 dims: 1 allow_ragged_batch: true }', "input.0.allow_ragged_batch", "ragged"),
-        ('backend: "python" output { name: "A" data_type: TYPE_FP32 dims: 1 label_filename: "l.txt" }', "output.0.label_filename", "classification"),
+        (
+            'backend: "python" input { name: "A" data_type: TYPE_FP32 dims: 1 allow_ragged_batch: true }',
+            "input.0.allow_ragged_batch",
+            "ragged",
+        ),
+        (
+            'backend: "python" output { name: "A" data_type: TYPE_FP32 dims: 1 label_filename: "l.txt" }',
+            "output.0.label_filename",
+            "classification",
+        ),
         ('backend: "python" instance_group { count: 1 gpus: [ 0 ] }', "instance_group.0.gpus", "GPU"),
         ('backend: "python" response_cache { enable: true }', "response_cache.enable", "response cache"),
         ('platform: "tensorrt_plan"', "(top level)", "tensorrt_plan"),
         ('backend: "openvino" max_batch_size: 1', "(top level)", "not a tensor backend"),
         ('backend: "python" input { name: "A" data_type: TYPE_FP33 dims: 1 }', "input.0.data_type", "TYPE_FP33"),
         ('backend: "python" input { name: "A" data_type: TYPE_FP32 dims: 0 }', "input.0.dims", "dims"),
-        ('backend: "python" max_batch_size: 2 dynamic_batching { preferred_batch_size: 4 }', "(top level)", "max_batch_size"),
-        ('backend: "python" dynamic_batching { priority_levels: 2 default_priority_level: 3 }', "dynamic_batching", "default_priority_level"),
+        (
+            'backend: "python" max_batch_size: 2 dynamic_batching { preferred_batch_size: 4 }',
+            "(top level)",
+            "max_batch_size",
+        ),
+        (
+            'backend: "python" dynamic_batching { priority_levels: 2 default_priority_level: 3 }',
+            "dynamic_batching",
+            "default_priority_level",
+        ),
         ('backend: "python" max_batch_sise: 4', "max_batch_sise", "remove it or check its spelling"),
         ('backend: "python" version_policy { latest { num_versions: 1 } all { } }', "version_policy", "one of"),
         ('backend: "python" dynamic_batching { } sequence_batching { }', "(top level)", "only one"),
-        ('backend: "python" sequence_batching { control_input { name: "S" control { kind: CONTROL_SEQUENCE_START } } }',
-         "sequence_batching.control_input.0.control.0", "false_true"),
-        ('backend: "python" input { name: "A" data_type: TYPE_FP32 dims: 1 } input { name: "A" data_type: TYPE_FP32 dims: 1 }',
-         "(top level)", "unique"),
+        (
+            'backend: "python" sequence_batching { control_input { name: "S" control { kind: CONTROL_SEQUENCE_START } } }',
+            "sequence_batching.control_input.0.control.0",
+            "false_true",
+        ),
+        (
+            'backend: "python" input { name: "A" data_type: TYPE_FP32 dims: 1 } input { name: "A" data_type: TYPE_FP32 dims: 1 }',
+            "(top level)",
+            "unique",
+        ),
     ],
 )
 def test_unsupported_and_wrong_fields_name_file_and_field(tmp_path: Path, text: str, field: str, fragment: str) -> None:
@@ -156,7 +186,9 @@ def test_name_must_match_folder(tmp_path: Path) -> None:
 def test_yaml_detection_keeps_llm_configs_llm(tmp_path: Path) -> None:
     llm = parse_model_config(write(tmp_path, "llm", "config.yaml", "backend: pytorch\nmodel: weights.gguf\n"), "llm")
     assert isinstance(llm, ModelConfig)
-    torchscript = parse_model_config(write(tmp_path, "ts", "config.yaml", "backend: pytorch\nmax_batch_size: 4\n"), "ts")
+    torchscript = parse_model_config(
+        write(tmp_path, "ts", "config.yaml", "backend: pytorch\nmax_batch_size: 4\n"), "ts"
+    )
     assert isinstance(torchscript, TensorModelConfig) and torchscript.resolved_backend == "pytorch"
     assert is_tensor_config({"backend": "python"}) and is_tensor_config({"backend": "transformers"})
     assert not is_tensor_config({"backend": "vllm", "model": "x"})
@@ -180,6 +212,9 @@ def test_version_policy(policy: dict, available: tuple[int, ...], expected: list
 def test_parameters_are_strings_either_way() -> None:
     yaml_style = TensorModelConfig.model_validate({"backend": "python", "parameters": {"a": 1, "b": True, "c": "x"}})
     pbtxt_style = TensorModelConfig.model_validate(
-        {"backend": "python", "parameters": {"a": {"string_value": "1"}, "b": {"string_value": "true"}, "c": {"string_value": "x"}}}
+        {
+            "backend": "python",
+            "parameters": {"a": {"string_value": "1"}, "b": {"string_value": "true"}, "c": {"string_value": "x"}},
+        }
     )
     assert yaml_style.parameters == pbtxt_style.parameters == {"a": "1", "b": "true", "c": "x"}

@@ -2,7 +2,8 @@
 
 `write_tagger(repo, name, tag=..., code_version=..., delay=...)`: X (FP32 [1]) -> Y = 2 * X and
 TAG = "<code_version>:<tag>" (BYTES [1]); `delay` seconds of sleep per batch (of at most `max_batch_size`) make requests
-queue and stay in flight during a reload. `tag` lives in the config, `code_version` in model.py, so tests can change either.
+queue and stay in flight during a reload. `tag` lives in the config, `code_version` in model.py, so tests can change
+either.
 """
 
 from __future__ import annotations

@@ -43,7 +43,13 @@ async def test_oldest_go_first_past_the_bound(tmp_path: Path) -> None:
     store = ResponseStore(tmp_path / "r.sqlite3", max_entries=3, ttl_seconds=1e9)
     for i in range(5):
         store._put(_record(f"resp_{i}"), now=1000.0 + i)
-    assert [store._get(f"resp_{i}", "key-a", now=2000.0) is not None for i in range(5)] == [False, False, True, True, True]
+    assert [store._get(f"resp_{i}", "key-a", now=2000.0) is not None for i in range(5)] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
     store.close()
 
 

@@ -74,11 +74,14 @@ def test_warmup_runs_on_every_instance(tmp_path: Path) -> None:
     warm = tmp_path / "rec" / "warmup"
     warm.mkdir(parents=True)
     (warm / "ones.bin").write_bytes(encode_binary_tensor(np.ones((2, 2), dtype=np.int32)))
-    config = BASE + """ instance_group { count: 2 }
+    config = (
+        BASE
+        + """ instance_group { count: 2 }
         model_warmup [
           { name: "zeros" batch_size: 3 count: 2 inputs { key: "IN" value: { data_type: TYPE_INT32 dims: [ 2 ] zero_data: true } } },
           { name: "file" batch_size: 2 inputs { key: "IN" value: { data_type: TYPE_INT32 dims: [ 2 ] input_data_file: "ones.bin" } } }
         ]"""
+    )
     model = make_model(tmp_path, config)
     model.load()
     seen = calls(model, 1)
@@ -114,7 +117,7 @@ async def test_inference_checks_and_reshape(tmp_path: Path) -> None:
     await model.start()
     try:
         data = InputTensor("IN", "INT32", np.arange(8, dtype=np.int32).reshape(2, 4))
-        entry, outputs = await model.infer([data])
+        _, outputs = await model.infer([data])
         assert calls(model, 1)[-1]["IN"].shape == (2, 2, 2)  # the backend sees the reshaped tensor
         assert outputs[0].array.shape == (2, 4) and outputs[0].array.dtype == np.float32  # the client sees dims
         assert outputs[0].array.ravel().tolist() == list(range(8))

@@ -51,7 +51,9 @@ class CountingEngine(StepEngine):
 
 
 def req(rid: str, prompt: str, max_tokens: int = 4, priority: int = 0, **kw: object) -> GenerationRequest:
-    return GenerationRequest(rid, CharTokenizer().encode(prompt), SamplingParams(temperature=0, max_tokens=max_tokens, **kw), priority)
+    return GenerationRequest(
+        rid, CharTokenizer().encode(prompt), SamplingParams(temperature=0, max_tokens=max_tokens, **kw), priority
+    )
 
 
 def tiny_budget(**fields: object) -> SchedulerConfig:
@@ -76,7 +78,9 @@ def step(sched: StepScheduler, engine: CountingEngine) -> list[GenerationOutput]
     return outs
 
 
-def run(sched: StepScheduler, engine: CountingEngine, *requests: GenerationRequest) -> dict[str, list[GenerationOutput]]:
+def run(
+    sched: StepScheduler, engine: CountingEngine, *requests: GenerationRequest
+) -> dict[str, list[GenerationOutput]]:
     """Add `requests` and step until nothing is left; each request's outputs in order."""
     for r in requests:
         sched.add(r)
@@ -225,7 +229,9 @@ def test_finish_all_ends_every_request_once() -> None:
 
 
 def _prefill_tokens(engine: CountingEngine, seq_id: str) -> int:
-    return sum(len(s.token_ids) for step in engine.steps for s in step if s.seq_id == seq_id and s.num_output_tokens == 0)
+    return sum(
+        len(s.token_ids) for step in engine.steps for s in step if s.seq_id == seq_id and s.num_output_tokens == 0
+    )
 
 
 def test_prefix_cache_reuses_full_blocks(setup) -> None:
@@ -342,7 +348,9 @@ def test_a_row_that_fails_ends_alone_and_the_others_go_on() -> None:
             result = super().execute(batch)
             if "bad-sampling" in result.token_ids:
                 del result.token_ids["bad-sampling"]
-                result.errors["bad-sampling"] = "the model produced non-finite logits (NaN or infinity) for this request"
+                result.errors["bad-sampling"] = (
+                    "the model produced non-finite logits (NaN or infinity) for this request"
+                )
             return result
 
     class Exploding:
