@@ -1,7 +1,8 @@
 """Where llama.cpp lives for the benchmark and the tests, how it is built, and its quantizer.
 
-llama.cpp is the peer a CPU user compares us with (bench/llamacpp_bench.py), and its quantizer makes the GGUF test
-files of every block type. It comes from PyPI as llama-cpp-python, built from source (PyPI has no binary wheels).
+llama.cpp's quantizer makes the GGUF test files of every block type, and llama.cpp is the peer a CPU user compares us
+with (bench/llamacpp_bench.py). The quantizer (and the benchmark's llama-cpp-python wrappers) come from PyPI as
+llama-cpp-python, built from source (PyPI has no binary wheels).
 Its `server` extra pins fastapi/uvicorn/starlette versions our environment must not take, so it lives in a virtual
 environment of its own and is only ever run as a subprocess of that environment's Python, never imported here.
 
