@@ -47,7 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.llamacpp_env import llama_cpp_source, quantize  # noqa: E402
+from bench.llamacpp_env import llama_cpp_source, quantize
 
 # bump when the way a model is made changes, so that files made the old way are not used
 MAKER_VERSION = 1

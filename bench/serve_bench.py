@@ -54,7 +54,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import yaml  # noqa: E402
+import yaml
 
 from bench.loadgen import random_prompts, run_load  # noqa: E402
 from engines.pytorch.loader import resolve_hf_folder  # noqa: E402
