@@ -29,7 +29,7 @@ last-level cache, against each arm's time per output token; a warning says when 
 and whether the greedy answers equal transformers' float32 generate on the same file (transformers' GGUF loader;
 `--check`, by default only for files under 200 MB: transformers' float32 model of a 1B is 5 GB).
 
-    python bench/llamacpp_env.py --server                   # build llama-server once (~10 min on 2 cores)
+    python bench/llamacpp_env.py --server                   # build llama-server once (12 CPU-minutes)
     python bench/llamacpp_bench.py [--model llama-1b | --gguf FILE | --quantize Q4_K_M] [--levels 1,8]
         [--prompts 8] [--rounds 3] [--input-len 128] [--output-len 128] [--threads 2] [--wrappers] [--check]
 
@@ -512,6 +512,7 @@ def main() -> None:
     check_texts: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         logs = Path(tmp)
+        stack.callback(_print_logs_on_error, logs)  # runs last, after every server has stopped
         print("starting Switchyard", flush=True)
         ours = start_switchyard(gguf, args.threads, logs, logs / "switchyard.log", args.kv_cache_dtype,
                                 max_num_seqs=max(levels))
@@ -632,6 +633,14 @@ def report(args: argparse.Namespace, levels: list[int], runs: dict[str, dict[int
         print("greedy = transformers f32: Switchyard's answers (ignore_eos) against transformers' float32 generate "
               "of as many tokens without stopping at EOS; llama.cpp's up to the reference's first end-of-generation "
               "token")
+
+
+def _print_logs_on_error(logs: Path) -> None:
+    """While an exception is leaving the run, the tail of every server's log (the folder is deleted next)."""
+    if sys.exc_info()[0] is None:
+        return
+    for log in sorted(logs.glob("*.log")):
+        print(f"--- {log.name} (last lines)\n{log.read_text(errors='replace')[-2000:]}", file=sys.stderr)
 
 
 def buf_note(llc: int) -> str:

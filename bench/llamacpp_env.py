@@ -19,7 +19,7 @@ are kept under build/llama.cpp/ (ignored by git). The binary is found from $SWIT
 Stdlib only: `.ci/run` runs this file with bare Python before any environment exists:
 
     python3 bench/llamacpp_env.py --setup [--venv .venv-llama]   # build it (minutes, from source)
-    python3 bench/llamacpp_env.py --server [--sdist FILE]        # build llama-server (~10 min on 2 cores)
+    python3 bench/llamacpp_env.py --server [--sdist FILE]        # build llama-server (12 CPU-minutes)
     python3 bench/llamacpp_env.py                                # print the Python (and server) found, or exit 1
 """
 
@@ -244,7 +244,7 @@ def find_llama_server(build_dir: Path = BUILD_DIR) -> Path | None:
 
 def build_server(sdist: Path | None = None, build_dir: Path = BUILD_DIR, jobs: int | None = None) -> Path:
     """llama-server built with CMake from the pinned sdist's llama.cpp for this CPU (see server_cmake_options),
-    unless built already; returns the binary. Needs cmake and a C++ compiler; about 10 minutes on 2 cores."""
+    unless built already; returns the binary. Needs cmake and a C++ compiler; 12 minutes of CPU time."""
     options = server_cmake_options()
     folder = server_build_folder(options, build_dir)
     binary = folder / "bin" / "llama-server"
