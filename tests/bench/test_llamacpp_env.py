@@ -32,3 +32,41 @@ def test_quantize_without_llama_cpp_says_how_to_get_it(no_default_venv: Path) ->
     with pytest.raises(LlamaCppUnavailable, match=r"bench/llamacpp_env\.py --setup"):
         quantize(no_default_venv / "in.gguf", no_default_venv / "out.gguf", "Q4_K_M")
     assert not (no_default_venv / "out.gguf").exists()
+
+
+# ------------------------------------------------------------------------------------------------ llama-server
+SAPPHIRE_RAPIDS = {"avx", "avx2", "fma", "f16c", "bmi2", "sse4_2", "avx_vnni", "avx512f", "avx512cd", "avx512vl",
+                   "avx512dq", "avx512bw", "avx512vbmi", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8",
+                   "amx_bf16"}
+
+
+def test_the_server_build_takes_the_cpus_avx512_sets_and_never_amx() -> None:
+    options = llamacpp_env.server_cmake_options(SAPPHIRE_RAPIDS)
+    assert "-DGGML_NATIVE=OFF" in options
+    for on in ("GGML_AVX2", "GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16", "GGML_AVX_VNNI"):
+        assert f"-D{on}=ON" in options
+    for off in ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16"):
+        assert f"-D{off}=OFF" in options and f"-D{off}=ON" not in options
+
+
+def test_an_avx512_extension_without_the_base_set_stays_off() -> None:
+    options = llamacpp_env.server_cmake_options({"avx", "avx2", "fma", "f16c", "avx512_vnni", "avx512f"})
+    assert "-DGGML_AVX2=ON" in options
+    assert "-DGGML_AVX512=OFF" in options and "-DGGML_AVX512_VNNI=OFF" in options
+
+
+def test_each_cpu_gets_its_own_build_folder(tmp_path: Path) -> None:
+    avx2 = llamacpp_env.server_cmake_options({"avx", "avx2", "fma", "f16c"})
+    avx512 = llamacpp_env.server_cmake_options(SAPPHIRE_RAPIDS)
+    assert llamacpp_env.server_build_folder(avx2, tmp_path) != llamacpp_env.server_build_folder(avx512, tmp_path)
+
+
+def test_no_server_without_the_variable_or_a_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(llamacpp_env.SERVER_ENV_VAR, raising=False)
+    assert llamacpp_env.find_llama_server(tmp_path) is None
+
+
+def test_a_named_server_that_is_not_executable_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(llamacpp_env.SERVER_ENV_VAR, str(tmp_path / "llama-server"))
+    with pytest.raises(LlamaCppUnavailable, match=llamacpp_env.SERVER_ENV_VAR):
+        llamacpp_env.find_llama_server(tmp_path)

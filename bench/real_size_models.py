@@ -1,0 +1,265 @@
+"""Random-weight models with the exact shapes of the models users run, as Q4_K_M GGUF files made by llama.cpp's
+own tools: the files the real-size benchmarks load (bench/llamacpp_bench.py --model NAME).
+
+SmolLM2-135M fits in a server CPU's last-level cache; a 1B to 8B model does not, so only these show how a decode
+step streams its weights from memory. Speed does not depend on the weights' values, so the weights are random
+(normal, std 0.02; norms 1), with every tensor's exact shape:
+
+    llama-1b   Llama-3.2-1B   16 layers, hidden 2048, MLP 8192, 32 / 8 heads of 64, tied embedding
+    llama-3b   Llama-3.2-3B   28 layers, hidden 3072, MLP 8192, 24 / 8 heads of 128, tied embedding
+    llama-8b   Llama-3.1-8B   32 layers, hidden 4096, MLP 14336, 32 / 8 heads of 128, untied lm_head
+    qwen3-moe  Qwen3-30B-A3B's layer (128 experts of width 768, 8 a token, 32 / 4 heads of 128, hidden 2048,
+               untied lm_head) in 12 layers instead of 48 (`--moe-layers`): 8.1 B weights, about 5 GB as Q4_K_M,
+               which fits this machine's memory beside a second server; a token reads the same expert width and
+               count as the 30B's
+
+Every model keeps its own vocabulary size (128256 for Llama 3, 151936 for Qwen3: the embedding and lm_head are a
+large part of a small model's bytes) with SmolLM2's tokenizer (49152 tokens, from the shipped GGUF file, chat
+template included); llama.cpp's converter pads the vocabulary past it with unused `[PADn]` tokens, as it does for
+any model whose embedding is larger than its tokenizer.
+
+Each model is made once, in steps whose results are kept in `--cache-dir` (default: $SWITCHYARD_CACHE_DIR/real-size):
+  1. an HF folder: config.json, the tokenizer, and bfloat16 safetensors written a shard (about 1 GB) at a time, so
+     no step holds the whole model (the 8B in float32 would be 32 GB);
+  2. llama.cpp's `convert_hf_to_gguf.py` (from the llama-cpp-python sdist's vendor/llama.cpp, with its
+     `conversion/` package and `gguf-py`; bench/llamacpp_env.py fetches it), run with this Python, to a BF16 GGUF;
+  3. llama.cpp's quantizer (`llama_model_quantize` in the llama.cpp environment, bench/llamacpp_env.py) to
+     Q4_K_M; the BF16 GGUF is then deleted (`--keep-bf16` keeps it).
+Needs `sentencepiece` in this Python (the converter imports it for every Llama) and disk for the HF folder plus
+the BF16 file (2 bytes a weight each) while a model is made.
+
+    python bench/real_size_models.py [NAME ...] [--moe-layers 12] [--cache-dir DIR] [--keep-bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.llamacpp_env import llama_cpp_source, quantize  # noqa: E402
+
+# bump when the way a model is made changes, so that files made the old way are not used
+MAKER_VERSION = 1
+SHARD_BYTES = 1 << 30
+STD = 0.02
+SEED = 0
+# SmolLM2's tokenizer: its ids of <|im_start|> (BOS in the GGUF) and <|im_end|> (EOS)
+BOS, EOS = 1, 2
+
+_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192}
+_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+          "attention_bias": False, "mlp_bias": False, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+          "max_position_embeddings": 131072, "vocab_size": 128256, "initializer_range": STD}
+# The published configs' shapes (config.json of each model on the Hugging Face hub).
+MODELS: dict[str, dict] = {
+    "llama-1b": {**_LLAMA, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "tie_word_embeddings": True,
+                 "rope_scaling": _LLAMA3_ROPE},
+    "llama-3b": {**_LLAMA, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28,
+                 "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": True,
+                 "rope_scaling": _LLAMA3_ROPE},
+    "llama-8b": {**_LLAMA, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": False,
+                 "rope_scaling": {**_LLAMA3_ROPE, "factor": 8.0}},
+    "qwen3-moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_act": "silu",
+                  "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+                  "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                  "mlp_only_layers": [], "num_hidden_layers": 48, "num_attention_heads": 32,
+                  "num_key_value_heads": 4, "head_dim": 128, "attention_bias": False, "rms_norm_eps": 1e-6,
+                  "rope_theta": 1000000.0, "max_position_embeddings": 40960, "vocab_size": 151936,
+                  "tie_word_embeddings": False, "router_aux_loss_coef": 0.001, "output_router_logits": False,
+                  "initializer_range": STD},
+}
+DEFAULT_MOE_LAYERS = 12
+
+
+def config_of(name: str, moe_layers: int = DEFAULT_MOE_LAYERS) -> dict:
+    """The config.json of model `name` (the MoE scaled to `moe_layers` layers), with SmolLM2's special tokens."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; one of {', '.join(MODELS)}")
+    config = {**MODELS[name], "bos_token_id": BOS, "eos_token_id": EOS, "torch_dtype": "bfloat16"}
+    if name == "qwen3-moe":
+        config["num_hidden_layers"] = moe_layers
+    return config
+
+
+def tensor_shapes(config: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every tensor of the model's checkpoint, in the hub's names and order (per-expert weights for the MoE, as the
+    published Qwen3-MoE checkpoints have them)."""
+    h, v = config["hidden_size"], config["vocab_size"]
+    d, heads, kv = config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]
+    yield "model.embed_tokens.weight", (v, h)
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        yield p + "input_layernorm.weight", (h,)
+        yield p + "self_attn.q_proj.weight", (heads * d, h)
+        yield p + "self_attn.k_proj.weight", (kv * d, h)
+        yield p + "self_attn.v_proj.weight", (kv * d, h)
+        yield p + "self_attn.o_proj.weight", (h, heads * d)
+        if config["model_type"] == "qwen3_moe":
+            yield p + "self_attn.q_norm.weight", (d,)
+            yield p + "self_attn.k_norm.weight", (d,)
+        yield p + "post_attention_layernorm.weight", (h,)
+        if config["model_type"] == "qwen3_moe":
+            w = config["moe_intermediate_size"]
+            yield p + "mlp.gate.weight", (config["num_experts"], h)
+            for e in range(config["num_experts"]):
+                yield p + f"mlp.experts.{e}.gate_proj.weight", (w, h)
+                yield p + f"mlp.experts.{e}.up_proj.weight", (w, h)
+                yield p + f"mlp.experts.{e}.down_proj.weight", (h, w)
+        else:
+            w = config["intermediate_size"]
+            yield p + "mlp.gate_proj.weight", (w, h)
+            yield p + "mlp.up_proj.weight", (w, h)
+            yield p + "mlp.down_proj.weight", (h, w)
+    yield "model.norm.weight", (h,)
+    if not config["tie_word_embeddings"]:
+        yield "lm_head.weight", (v, h)
+
+
+def parameter_count(config: dict) -> int:
+    count = 0
+    for _, shape in tensor_shapes(config):
+        n = 1
+        for s in shape:
+            n *= s
+        count += n
+    return count
+
+
+def _random(shape: tuple[int, ...], generator) -> object:
+    import torch
+
+    if len(shape) == 1:
+        return torch.ones(shape, dtype=torch.bfloat16)  # norms: the identity scale
+    out = torch.empty(shape, dtype=torch.bfloat16)
+    rows = max(1, (64 << 20) // (4 * shape[-1]))  # 64 MB of float32 at a time
+    for start in range(0, shape[0], rows):
+        part = out[start:start + rows]
+        part.copy_(torch.randn(part.shape, generator=generator).mul_(STD))
+    return out
+
+
+def write_hf_folder(config: dict, folder: Path) -> Path:
+    """`folder` with config.json, SmolLM2's tokenizer and the random bfloat16 weights in shards of about
+    SHARD_BYTES, written one shard at a time (made under a temporary name, then renamed: a folder that exists is
+    whole)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
+
+    from bench.gguf_files import shipped_gguf
+
+    if (folder / "config.json").is_file():
+        return folder
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    shipped = shipped_gguf()
+    AutoTokenizer.from_pretrained(shipped.parent, gguf_file=shipped.name).save_pretrained(partial)
+    generator = torch.Generator().manual_seed(SEED)
+    shapes = list(tensor_shapes(config))
+    groups: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, shape in shapes:
+        nbytes = 2 * int(torch.Size(shape).numel())
+        if groups[-1] and size + nbytes > SHARD_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append((name, shape))
+        size += nbytes
+    weight_map, total = {}, 0
+    for i, group in enumerate(groups):
+        shard = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        tensors = {name: _random(shape, generator) for name, shape in group}
+        total += sum(t.numel() * 2 for t in tensors.values())
+        save_file(tensors, str(partial / shard), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, shard))
+        del tensors
+    (partial / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    (partial / "config.json").write_text(json.dumps(config, indent=1))  # last: marks the folder whole
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    return folder
+
+
+def convert(hf_folder: Path, target: Path, outtype: str = "bf16") -> Path:
+    """llama.cpp's convert_hf_to_gguf.py of `hf_folder` to `target`, run with this Python and the sdist's gguf-py."""
+    if target.is_file():
+        return target
+    source = llama_cpp_source()
+    partial = target.with_name(target.name + ".partial")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source / "gguf-py"), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, str(source / "convert_hf_to_gguf.py"), str(hf_folder), "--outfile",
+                          str(partial), "--outtype", outtype], check=False, capture_output=True, text=True, env=env)
+    if run.returncode != 0:
+        partial.unlink(missing_ok=True)
+        hint = ("; install sentencepiece (pip install sentencepiece): the converter imports it for every Llama"
+                if "sentencepiece" in run.stderr else "")
+        raise RuntimeError(f"convert_hf_to_gguf.py failed on {hf_folder} (exit {run.returncode}){hint}:\n"
+                           f"{run.stderr[-3000:]}")
+    partial.replace(target)
+    return target
+
+
+def default_cache() -> Path:
+    from engines.pytorch.loader import default_cache_dir
+
+    return default_cache_dir() / "real-size"
+
+
+def model_file(name: str, cache_dir: Path | None = None, moe_layers: int = DEFAULT_MOE_LAYERS,
+               keep_bf16: bool = False, threads: int = 2) -> Path:
+    """The Q4_K_M GGUF file of model `name`, made (minutes) unless cached."""
+    config = config_of(name, moe_layers)
+    tag = f"{name}-{config['num_hidden_layers']}l" if name == "qwen3-moe" else name
+    folder = (cache_dir or default_cache()) / f"{tag}-v{MAKER_VERSION}"
+    target = folder / f"{tag}.Q4_K_M.gguf"
+    if target.is_file():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    hf = write_hf_folder(config, folder / "hf")
+    bf16 = convert(hf, folder / f"{tag}.BF16.gguf")
+    quantize(bf16, target, "Q4_K_M", threads=threads)
+    if not keep_bf16:
+        bf16.unlink()
+    return target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", default=["llama-1b", "llama-3b"],
+                        help=f"models to make, of {', '.join(MODELS)} (default: llama-1b llama-3b)")
+    parser.add_argument("--moe-layers", type=int, default=DEFAULT_MOE_LAYERS,
+                        help="layers of the Qwen3-MoE shape (default: %(default)s; the 30B-A3B has 48)")
+    parser.add_argument("--cache-dir", type=Path,
+                        help="where the models are kept (default: $SWITCHYARD_CACHE_DIR/real-size)")
+    parser.add_argument("--keep-bf16", action="store_true", help="keep the BF16 GGUF the Q4_K_M file is made from")
+    parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="quantizer threads")
+    args = parser.parse_args()
+    for name in args.names:
+        config = config_of(name, args.moe_layers)
+        start = time.monotonic()
+        path = model_file(name, args.cache_dir, args.moe_layers, args.keep_bf16, args.threads)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GiB (ru_maxrss is in KiB)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+        print(f"{name}: {parameter_count(config) / 1e9:.2f} B weights, {path.stat().st_size / 1e9:.2f} GB "
+              f"({time.monotonic() - start:.0f} s; peak RSS {peak:.1f} GiB here, {children:.1f} GiB in a converter "
+              f"or quantizer)  {path}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
