@@ -166,7 +166,8 @@ class Instrument:
         runner = engine._runner
         t = self.timers
         for layer in runner.layers:  # models/decoder.py: the attention's projections, the MLP's
-            for owner, name in ((layer.attn, "qkv"), (layer.attn, "o"), (layer.mlp, "gate_up_act"), (layer.mlp, "down")):
+            for owner, name in ((layer.attn, "qkv"), (layer.attn, "o"), (layer.mlp, "gate_up_act"),
+                                (layer.mlp, "down")):
                 self._set(owner, name, TimedCall(t, name, getattr(owner, name)))
         self._set(runner, "lm_head", TimedCall(t, "lm_head", runner.lm_head))
         final = runner.norm

@@ -172,7 +172,8 @@ def _untyped_tensors(tree: ast.AST) -> Iterator[int]:
         elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.Is, ast.IsNot)):
             left = node.left
             named = left.id if isinstance(left, ast.Name) else getattr(left, "attr", "")
-            if named == "tensor" and isinstance(node.comparators[0], ast.Constant) and node.comparators[0].value is None:
+            right = node.comparators[0]
+            if named == "tensor" and isinstance(right, ast.Constant) and right.value is None:
                 yield node.lineno
             continue
         else:

@@ -172,7 +172,8 @@ class ExactForward:
                            lambda part: hidden[part] + w.o(out[part]))
         x = runner.dense.rms_norm(layer.post_norm, hidden)
         return _assemble(rows, hidden, hidden.shape[1],
-                         lambda sel: self._one_rows(layer.mlp.down, w.down, self._act_mul(layer, w, x[sel]), hidden[sel]),
+                         lambda sel: self._one_rows(layer.mlp.down, w.down, self._act_mul(layer, w, x[sel]),
+                                                    hidden[sel]),
                          lambda part: hidden[part] + w.down(w.act(w.gate(x[part])) * w.up(x[part])))
 
     @staticmethod

@@ -159,7 +159,7 @@ def layer_experts(reader: Any, layer: int, counts: ExpertCounts, hidden: int, fi
             return None
         parts.append(blocks)
     gate, up, down = parts
-    e, i, h = gate.shape
+    _e, i, _h = gate.shape
     width = counts.feed_forward_length or i
     want = {"ffn_gate_exps": (counts.count, width, hidden), "ffn_up_exps": (counts.count, width, hidden),
             "ffn_down_exps": (counts.count, hidden, width)}

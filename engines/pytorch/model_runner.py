@@ -59,7 +59,7 @@ def _embedding_blocks(blocks: dict[str, WeightBlocks], lm_head: Linear) -> Weigh
     lm_head whose kernel reads them (rows then come from the lm_head's panels: the table is held once). An own copy:
     blocks read from the saved cache file are views of its whole mapping."""
     found = blocks.get("model.embed_tokens")
-    if found is None or found is blocks.get("lm_head") and lm_head.reads_blocks:
+    if found is None or (found is blocks.get("lm_head") and lm_head.reads_blocks):
         return None
     return found.rows(torch.arange(found.shape[0]))
 
@@ -68,7 +68,7 @@ class _Step:
     """A step as the layers see it (layers/attention.py `StepContext`): its layout and rotary tables, the norms'
     ops and the runner's attention over its KV cache."""
 
-    __slots__ = ("_runner", "lay", "tables", "num_decode", "_rows")
+    __slots__ = ("_rows", "_runner", "lay", "num_decode", "tables")
 
     def __init__(self, runner: PagedModelRunner, lay: StepLayout, tables: Tables) -> None:
         self._runner, self.lay, self.tables, self.num_decode = runner, lay, tables, lay.num_decode
@@ -181,7 +181,8 @@ class PagedModelRunner:
         projections = [self.lm_head, *self.model.projections()]
         holders = [*projections, *(p._linear for p in projections if getattr(p, "_linear", None) is not None)]
         replay = StepReplay(cache_dir, [gemm, attention], [linear_module._SIGNATURES, attention_module._SIGNATURES],
-                            holders, [getattr(attention, f"paged_decode_{s}") for s in attention_module.SUFFIXES.values()],
+                            holders,
+                            [getattr(attention, f"paged_decode_{s}") for s in attention_module.SUFFIXES.values()],
                             [self])
         return replay if replay.enabled else None
 
@@ -247,7 +248,8 @@ class PagedModelRunner:
         key_pos = torch.arange(max_ctx)
         # A query at position p sees keys at positions <= p; padded query rows (p = -1) see key 0 only, which
         # keeps softmax finite; their outputs are dropped.
-        mask = (key_pos[None, None, :] <= q_pos[:, :, None].clamp(min=0)) & (key_pos[None, None, :] < ctx_lens[:, None, None])
+        mask = ((key_pos[None, None, :] <= q_pos[:, :, None].clamp(min=0))
+                & (key_pos[None, None, :] < ctx_lens[:, None, None]))
         lay.slots = torch.tensor(slots, dtype=torch.long)
         lay.kv_index = kv_index
         lay.mask = mask[:, None, :, :]

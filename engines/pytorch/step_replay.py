@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -129,7 +129,8 @@ class _Recorder:
     in which recordings end."""
 
     _lock = threading.Lock()
-    _patched: dict[tuple[int, str], _Patch] = {}  # (id(obj), name) -> its wrapper, while any recorder uses it
+    # (id(obj), name) -> its wrapper, while any recorder uses it: shared by all recorders, like the libraries
+    _patched: ClassVar[dict[tuple[int, str], _Patch]] = {}
     _active = threading.local()  # .recorder: the recorder of the calling thread, if it is recording
 
     def __init__(self, libs: list[Any], signatures: list[Signatures], holders: list[Any]) -> None:

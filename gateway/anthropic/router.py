@@ -22,7 +22,7 @@ from gateway.http.body_depth import NestingAwareRoute
 from gateway.http.disconnect import cancel_on_disconnect
 from gateway.http.unknown_fields import log_unknown
 from gateway.openai.chat import chat_completion, chat_prompt
-from gateway.repository.registry import LoadedModel
+from gateway.repository.registry import LoadedLLM
 from gateway.request_log import current_request_id
 
 
@@ -40,13 +40,13 @@ def _check_headers(request: Request) -> dict[str, str]:
     return {"request-id": request_id} if request_id else {}
 
 
-async def _prompt_tokens(req: CountTokensRequest, model: LoadedModel) -> int:
+async def _prompt_tokens(req: CountTokensRequest, model: LoadedLLM) -> int:
     """The prompt the chat path renders for this request, in tokens."""
     prompt, _ = await chat_prompt(chat_request(req), model)
     return len(prompt)
 
 
-async def _create(req: MessagesRequest, model: LoadedModel) -> dict[str, Any] | Any:
+async def _create(req: MessagesRequest, model: LoadedLLM) -> dict[str, Any] | Any:
     chat = chat_request(req)
     msg_id = f"msg_{random_hex()}"
     if not req.stream:

@@ -43,13 +43,13 @@ def snapshot(registry: ModelRegistry) -> dict[str, Any]:
             "ttft": _buckets(r.ttft),
             "itl": _buckets(r.inter_token),
         })
-    tensors = []
-    for model in registry.all_models():
-        if not isinstance(model, LoadedTensorModel):
+    tensors: list[dict[str, Any]] = []
+    for entry in registry.all_models():
+        if not isinstance(entry, LoadedTensorModel):
             continue
-        stats = [s for _, s, _ in model.version_stats()]
+        stats = [s for _, s, _ in entry.version_stats()]
         tensors.append({
-            "name": model.name,
+            "name": entry.name,
             "success": sum(s.success.count for s in stats),
             "failure": sum(sum(s.fail_reasons.values()) for s in stats),
             "inferences": sum(s.inference_count for s in stats),

@@ -57,7 +57,8 @@ EMPTY_FINAL = "triton_enable_empty_final_response"
 
 
 def status_code(error: SwitchyardError) -> grpc.StatusCode:
-    return _CODES.get(error.status, grpc.StatusCode.INTERNAL if error.status >= 500 else grpc.StatusCode.INVALID_ARGUMENT)
+    fallback = grpc.StatusCode.INTERNAL if error.status >= 500 else grpc.StatusCode.INVALID_ARGUMENT
+    return _CODES.get(error.status, fallback)
 
 
 def _rpc(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -111,7 +112,8 @@ def decode_inputs(request: pb.ModelInferRequest) -> list[InputTensor]:
     for spec, tensor in zip(specs, request.inputs, strict=True):
         field = _CONTENTS.get(tensor.datatype)
         if field is None:
-            raise TensorCodecError(f"input '{tensor.name[:64]}': {tensor.datatype[:16]} data must be sent in raw_input_contents")
+            raise TensorCodecError(
+                f"input '{tensor.name[:64]}': {tensor.datatype[:16]} data must be sent in raw_input_contents")
         decoded = decode_json_tensor({**spec, "data": list(getattr(tensor.contents, field))})
         tensors.append(InputTensor(decoded.name, decoded.datatype, decoded.array, spec["parameters"]))
     return tensors

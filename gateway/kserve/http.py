@@ -148,7 +148,8 @@ async def _tensor_generate(model: LoadedTensorModel, body: Any, version: str | N
             continue
         spec = declared.get(key)
         if spec is None:
-            raise InvalidRequestError(f"unexpected field '{key[:64]}'; model '{model.name}' takes {', '.join(declared)}")
+            raise InvalidRequestError(
+                f"unexpected field '{key[:64]}'; model '{model.name}' takes {', '.join(declared)}")
         data = value if isinstance(value, list) else [value]
         shape = ([1] if batched else []) + [len(data)]
         try:

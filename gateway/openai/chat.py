@@ -28,7 +28,7 @@ from gateway.openai.results import (
 from gateway.openai.sampling import refuse_unfittable_text, resolve_max_tokens, to_sampling_params
 from gateway.openai.tool_parsers import ToolCallDelta, new_call_id
 from gateway.openai.tools import ToolPlan, parser_for, plan_tools, tool_guidance
-from gateway.repository.registry import LoadedModel
+from gateway.repository.registry import LoadedLLM
 
 
 def _finish_reason(reason: str | None, called: bool) -> str | None:
@@ -36,7 +36,8 @@ def _finish_reason(reason: str | None, called: bool) -> str | None:
 
 
 def _message(c: CollectedChoice, plan: ToolPlan, reasoning: Reasoning | None) -> tuple[dict[str, Any], str | None]:
-    text, message = c.text, {"role": "assistant"}
+    text = c.text
+    message: dict[str, Any] = {"role": "assistant"}
     if reasoning is not None:
         split = reasoning.split(text)
         text = split.content
@@ -61,7 +62,7 @@ def _message(c: CollectedChoice, plan: ToolPlan, reasoning: Reasoning | None) ->
     return message, c.finish_reason
 
 
-async def chat_prompt(req: ChatCompletionRequest, model: LoadedModel) -> tuple[list[int], ToolPlan]:
+async def chat_prompt(req: ChatCompletionRequest, model: LoadedLLM) -> tuple[list[int], ToolPlan]:
     """The prompt's token ids (chat template, tools, past calls) and the request's checked tool plan."""
     plan = plan_tools(req, model)
     # The dialect is also needed to write past calls into the prompt when the template cannot.
@@ -76,7 +77,7 @@ async def chat_prompt(req: ChatCompletionRequest, model: LoadedModel) -> tuple[l
 
 
 async def chat_completion(
-    req: ChatCompletionRequest, model: LoadedModel, force_usage: bool, session_id: str | None = None
+    req: ChatCompletionRequest, model: LoadedLLM, force_usage: bool, session_id: str | None = None
 ) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
     """Return the response body, or (when `req.stream`) an iterator of chunk bodies for SSE."""
     scheduler = model.scheduler
@@ -125,7 +126,7 @@ async def chat_completion(
 
 
 async def _chunks(
-    model: LoadedModel,
+    model: LoadedLLM,
     req: ChatCompletionRequest,
     plan: ToolPlan,
     reasoning: Reasoning | None,

@@ -12,12 +12,12 @@ from gateway.openai.guided import request_guidance
 from gateway.openai.protocol import CompletionRequest
 from gateway.openai.results import UsageTally, check_output, collect, completion_logprobs, new_id, now, usage
 from gateway.openai.sampling import refuse_unfittable_text, resolve_max_tokens, to_sampling_params
-from gateway.repository.registry import LoadedModel
+from gateway.repository.registry import LoadedLLM
 
 MAX_PROMPTS = 256
 
 
-async def _prompts(req: CompletionRequest, model: LoadedModel) -> list[list[int]]:
+async def _prompts(req: CompletionRequest, model: LoadedLLM) -> list[list[int]]:
     """Each prompt's token ids. Text is tokenized off the event loop, and text too long for the context whatever
     its tokens is refused before it is tokenized."""
     tokenizer = model.scheduler.tokenizer
@@ -29,7 +29,7 @@ async def _prompts(req: CompletionRequest, model: LoadedModel) -> list[list[int]
     elif raw and all(isinstance(t, int) for t in raw):
         items = [raw]  # type: ignore[list-item]
     else:
-        items = list(raw)
+        items = list(raw)  # type: ignore[arg-type]  # strings or token lists: mypy does not narrow through all()
     if not items:
         raise InvalidRequestError("prompt must not be empty", param="prompt")
     if len(items) > MAX_PROMPTS:
@@ -50,7 +50,7 @@ async def _prompts(req: CompletionRequest, model: LoadedModel) -> list[list[int]
 
 
 async def completion(
-    req: CompletionRequest, model: LoadedModel, force_usage: bool, session_id: str | None = None
+    req: CompletionRequest, model: LoadedLLM, force_usage: bool, session_id: str | None = None
 ) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
     if req.suffix:
         raise InvalidRequestError("suffix is not supported by this model (no fill-in-the-middle)", param="suffix")
@@ -97,7 +97,7 @@ async def completion(
 
 
 async def _chunks(
-    model: LoadedModel,
+    model: LoadedLLM,
     req: CompletionRequest,
     stream: AsyncIterator[Any],
     echo_text: list[str],

@@ -19,7 +19,7 @@ from gateway.http.body_depth import NestingAwareRoute
 from gateway.openai.chat_template import render_chat
 from gateway.openai.protocol import ChatMessage, ToolDefinition, _Lenient
 from gateway.openai.tools import parser_for
-from gateway.repository.registry import LoadedModel, ModelRegistry
+from gateway.repository.registry import LoadedLLM, ModelRegistry
 
 MAX_TOKENS_IN = 1_000_000
 
@@ -43,7 +43,7 @@ class DetokenizeRequest(_Lenient):
     tokens: list[int] = Field(max_length=MAX_TOKENS_IN)
 
 
-def _model(request: Request, name: str | None) -> LoadedModel:
+def _model(request: Request, name: str | None) -> LoadedLLM:
     registry: ModelRegistry = request.app.state.registry
     if name is not None:
         return registry.llm(name)

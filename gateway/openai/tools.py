@@ -19,12 +19,12 @@ from gateway.openai.guided import Guidance, check_json_schema, decoder_for, engi
 from gateway.openai.protocol import ChatCompletionRequest, NamedToolChoice
 from gateway.openai.chat_template import template_text
 from gateway.openai.tool_parsers import AUTO, PARSERS, ToolParser, detect
-from gateway.repository.registry import LoadedModel
+from gateway.repository.registry import LoadedLLM
 
 log = logging.getLogger("switchyard.openai")
 
 
-def parser_for(model: LoadedModel) -> ToolParser:
+def parser_for(model: LoadedLLM) -> ToolParser:
     """`parameters.tool_parser` of the model's config, or (`auto`, the default) the one its chat template implies."""
     name = str((getattr(model.config, "parameters", None) or {}).get("tool_parser", AUTO))
     if name == AUTO:
@@ -70,7 +70,7 @@ class ToolPlan:
         return 1_000_000 if self.parallel and self.choice != "named" else 1
 
 
-def plan_tools(req: ChatCompletionRequest, model: LoadedModel) -> ToolPlan:
+def plan_tools(req: ChatCompletionRequest, model: LoadedLLM) -> ToolPlan:
     tools = [t.model_dump(exclude_none=True, by_alias=True) for t in req.tools or []]
     seen: set[str] = set()
     for i, tool in enumerate(tools):
@@ -101,7 +101,7 @@ def plan_tools(req: ChatCompletionRequest, model: LoadedModel) -> ToolPlan:
     return plan
 
 
-async def tool_guidance(plan: ToolPlan, model: LoadedModel) -> Guidance | None:
+async def tool_guidance(plan: ToolPlan, model: LoadedLLM) -> Guidance | None:
     """The grammar forcing a call (required / named) in the dialect's own format, or None.
 
     The spec is the dialect's Lark grammar with each tool's schema embedded, so whichever engine enforces it (our

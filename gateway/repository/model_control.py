@@ -211,7 +211,9 @@ class ModelControl:
                            fingerprint: str | None = None) -> LoadedModel:
         """Build and start a new copy while the old one (if any) serves, then swap them (call under the lock)."""
         model = self._find(name)
-        self._fingerprints[name] = fingerprint or await asyncio.to_thread(folder_fingerprint, model.path)
+        if not fingerprint:
+            fingerprint = await asyncio.to_thread(folder_fingerprint, model.path)
+        self._fingerprints[name] = fingerprint
         old = self.models.in_folder(name)
         try:
             config = self._config(model, config_override)

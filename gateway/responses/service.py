@@ -16,7 +16,7 @@ from typing import Any
 from gateway.config import ServerConfig
 from gateway.errors import InvalidRequestError, NotFoundError, SwitchyardError
 from gateway.openai.chat import chat_completion
-from gateway.repository.registry import LoadedModel
+from gateway.repository.registry import LoadedLLM
 from gateway.responses.background import BackgroundResponses
 from gateway.responses.convert import (
     chat_request,
@@ -39,7 +39,7 @@ class _Turn:
     """One response being made: its request, the conversation it extends and where it is kept."""
 
     req: ResponsesRequest
-    model: LoadedModel
+    model: LoadedLLM
     resp_id: str
     created: int
     conversation: list[dict[str, Any]]  # chat messages before this response's answer (no instructions)
@@ -64,7 +64,7 @@ class ResponsesService:
         self.store = store
         self.background = BackgroundResponses()
 
-    async def _turn(self, req: ResponsesRequest, model: LoadedModel, owner: str) -> _Turn:
+    async def _turn(self, req: ResponsesRequest, model: LoadedLLM, owner: str) -> _Turn:
         history: list[dict[str, Any]] = []
         session = None
         resp_id = item_id("resp")
@@ -99,7 +99,7 @@ class ResponsesService:
         final = turn.response("completed", output_items(choice["message"], reason), body["usage"], reason)
         return await self._keep(turn, final)
 
-    async def create(self, req: ResponsesRequest, model: LoadedModel,
+    async def create(self, req: ResponsesRequest, model: LoadedLLM,
                      owner: str) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
         """The Response object, or (when streaming) its events; `owner` is the caller's key fingerprint."""
         if req.background and not req.store:

@@ -22,7 +22,7 @@ from gateway.errors import ConfigError, InternalError, InvalidRequestError, NotF
 from gateway.inference_stats import ModelStats
 from gateway.repository.layout import ModelDir, resolve_source
 from gateway.repository.serving import InFlight
-from gateway.repository.tensor_config import DynamicBatching, TensorModelConfig
+from gateway.repository.tensor_config import DynamicBatching, InstanceGroup, TensorModelConfig
 from gateway.scheduler.tensor.dynamic_batcher import BatchingPolicy, DynamicBatcher, QueueRules
 from gateway.scheduler.tensor.rate_limiter import InstanceGate, RateLimiter
 from gateway.tensor.triton_config import config_json
@@ -201,7 +201,7 @@ class TensorModel:
         if self.limiter is None or not count:
             return []
         groups = self.config.instance_group or []
-        plan = [g for g in groups for _ in range(g.count)] or [None]
+        plan: list[InstanceGroup | None] = [g for g in groups for _ in range(g.count)] or [None]
         gates: list[InstanceGate] = []
         try:
             for index, group in enumerate(plan[:count]):

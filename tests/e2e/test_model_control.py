@@ -291,7 +291,8 @@ def test_failed_loads_say_why(tmp_path: Path) -> None:
             assert str(repo.resolve()) not in reason and "\n" not in reason
 
         index = {r["name"]: r for r in http.post("/v2/repository/index").json()}
-        grpc_index = {r["name"]: r for r in client.get_model_repository_index(headers=ADMIN_HEADERS, as_json=True)["models"]}
+        grpc_index = {r["name"]: r
+                      for r in client.get_model_repository_index(headers=ADMIN_HEADERS, as_json=True)["models"]}
         console = {m["name"]: m for m in http.get("/ui/api/overview").json()["models"]}
         for name, reason in reasons.items():
             assert index[name] == {"name": name, "version": "", "state": "UNAVAILABLE", "reason": reason}

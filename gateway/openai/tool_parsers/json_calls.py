@@ -105,7 +105,7 @@ class _JsonStreamer(ToolStreamer):
         if self._trusted:
             calls = self._parser.parse_forced(rest, self._names)
         else:
-            content, calls = self._parser.parse(rest, self._names)
+            _content, calls = self._parser.parse(rest, self._names)
             if not calls:
                 return [rest]
         out: list[StreamEvent] = []

@@ -36,7 +36,7 @@ class RegionParser(ToolParser):
         """The call the unread rest of a forced answer begins, cut by the output cap."""
         return partial_object_call(tail, names)
 
-    def start(self, text: str, final: bool) -> tuple[int, int] | None | int:
+    def start(self, text: str, final: bool) -> tuple[int, int] | int | None:
         """(where the calls begin, marker length); or, while streaming, an int: how many trailing characters to hold
         back because they may begin a marker; None when `text` has no calls and never will."""
         if self.at_start_only:

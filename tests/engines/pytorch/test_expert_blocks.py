@@ -11,11 +11,11 @@ import torch
 
 from engines.pytorch.expert_blocks import expert_counts, expert_tensor, layer_experts
 
-E, I, H, K_USED = 4, 32, 64, 2
+E, FF, H, K_USED = 4, 32, 64, 2
 
 
 def _write(path: Path, arch: str = "qwen3moe", qtype: str = "Q8_0", *, shapes: dict | None = None,
-           skip: tuple[str, ...] = (), used: int = K_USED, width: int | None = I) -> dict[str, np.ndarray]:
+           skip: tuple[str, ...] = (), used: int = K_USED, width: int | None = FF) -> dict[str, np.ndarray]:
     """A GGUF of one layer's experts and router as the converter writes them; returns the float32 weights."""
     import gguf
     from gguf.quants import quantize
@@ -28,7 +28,7 @@ def _write(path: Path, arch: str = "qwen3moe", qtype: str = "Q8_0", *, shapes: d
     if width is not None:
         writer.add_expert_feed_forward_length(width)
     weights = {}
-    shapes = shapes or {"ffn_gate_exps": (E, I, H), "ffn_up_exps": (E, I, H), "ffn_down_exps": (E, H, I)}
+    shapes = shapes or {"ffn_gate_exps": (E, FF, H), "ffn_up_exps": (E, FF, H), "ffn_down_exps": (E, H, FF)}
     for name, shape in shapes.items():
         if name in skip:
             continue
@@ -62,7 +62,7 @@ def test_experts_are_views_of_the_file_equal_to_gguf_pys_weights(arch: str, qtyp
     weights = _write(tmp_path / "m.gguf", arch, qtype)
     reader = _reader(tmp_path / "m.gguf")
     counts = expert_counts(reader)
-    assert counts == (E, K_USED, I)
+    assert counts == (E, K_USED, FF)
     experts = layer_experts(reader, 0, counts, H, "m.gguf")
     assert experts is not None and layer_experts(reader, 1, counts, H) is None  # layer 1 has no experts
     for name, blocks in zip(("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"), experts, strict=True):
@@ -79,7 +79,7 @@ def test_experts_are_views_of_the_file_equal_to_gguf_pys_weights(arch: str, qtyp
 
 
 def test_the_experts_are_what_transformers_gguf_loader_makes_of_them(tmp_path: Path) -> None:
-    """transformers' qwen3moe tensor processor puts gate and up into the halves of gate_up_proj [E, 2 I, H] and
+    """transformers' qwen3moe tensor processor puts gate and up into the halves of gate_up_proj [E, 2 FF, H] and
     down into down_proj: expert e's gate / up / down are our expert e's weights."""
     from gguf import dequantize
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS
@@ -97,16 +97,16 @@ def test_the_experts_are_what_transformers_gguf_loader_makes_of_them(tmp_path: P
             processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
                               tensor_key_mapping=names, parsed_parameters=parsed)
     gate_up, down = parsed["tensors"][names["blk.0.ffn_gate_exps"]], parsed["tensors"][names["blk.0.ffn_down_exps"]]
-    assert gate_up.shape == (E, 2 * I, H) and down.shape == (E, H, I)
+    assert gate_up.shape == (E, 2 * FF, H) and down.shape == (E, H, FF)
     for e in range(E):
-        assert torch.equal(gate_up[e, :I], experts.gate.expert(e).dequantize())
-        assert torch.equal(gate_up[e, I:], experts.up.expert(e).dequantize())
+        assert torch.equal(gate_up[e, :FF], experts.gate.expert(e).dequantize())
+        assert torch.equal(gate_up[e, FF:], experts.up.expert(e).dequantize())
         assert torch.equal(down[e], experts.down.expert(e).dequantize())
 
 
 def test_a_shape_that_disagrees_with_the_metadata_names_the_tensor(tmp_path: Path) -> None:
-    _write(tmp_path / "m.gguf", shapes={"ffn_gate_exps": (E, I, H), "ffn_up_exps": (E, I, H),
-                                        "ffn_down_exps": (E - 1, H, I)})
+    _write(tmp_path / "m.gguf", shapes={"ffn_gate_exps": (E, FF, H), "ffn_up_exps": (E, FF, H),
+                                        "ffn_down_exps": (E - 1, H, FF)})
     reader = _reader(tmp_path / "m.gguf")
     with pytest.raises(ValueError, match=r"blk\.0\.ffn_down_exps\.weight in m\.gguf is \[3, 64, 32\].*\[4, 64, 32\]"):
         layer_experts(reader, 0, expert_counts(reader), H, "m.gguf")
@@ -123,7 +123,7 @@ def test_metadata(tmp_path: Path) -> None:
     _write(tmp_path / "mixtral.gguf", "llama", width=None)  # Mixtral's width is its feed_forward_length
     reader = _reader(tmp_path / "mixtral.gguf")
     assert expert_counts(reader) == (E, K_USED, None)
-    assert layer_experts(reader, 0, expert_counts(reader), H).down.shape == (E, H, I)  # the width from the shapes
+    assert layer_experts(reader, 0, expert_counts(reader), H).down.shape == (E, H, FF)  # the width from the shapes
     _write(tmp_path / "bad.gguf", used=E + 1)
     with pytest.raises(ValueError, match="expert_used_count is 5 for 4 experts"):
         expert_counts(_reader(tmp_path / "bad.gguf"))
@@ -134,7 +134,7 @@ def test_types_the_kernels_do_not_read_are_left_to_transformers(tmp_path: Path) 
     reader = _reader(tmp_path / "m.gguf")
     assert layer_experts(reader, 0, expert_counts(reader), H) is None
     router = next(t for t in reader.tensors if t.name == "blk.0.ffn_gate_inp.weight")
-    with pytest.raises(ValueError, match="ffn_gate_inp.weight in the GGUF file has shape .* 3 dimensions"):
+    with pytest.raises(ValueError, match=r"ffn_gate_inp\.weight in the GGUF file has shape .* 3 dimensions"):
         expert_tensor(router)
 
 

@@ -172,5 +172,5 @@ def test_the_float32_conversion_path_says_the_same(tmp_path: Path) -> None:
 def test_the_engine_raises_it(tmp_path: Path) -> None:
     target = _copy(tmp_path)
     _patch(target, 0, b"GGML")
-    with pytest.raises(ModelFileError, match="broken.gguf"):
+    with pytest.raises(ModelFileError, match=r"broken\.gguf"):
         PyTorchEngine(target, cache_dir=tmp_path)

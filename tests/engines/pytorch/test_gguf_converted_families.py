@@ -127,7 +127,7 @@ def test_f32_file_answers_as_the_original_folder(family: str, run_engine: Any) -
     config = AutoConfig.from_pretrained(folder)
     longest = 6 if getattr(config, "sliding_window", None) else 40  # prompt + answer within Mistral's window
     prompts = _prompts(config.vocab_size, 4, longest)
-    engine, ours = run_engine(gguf, prompts)
+    _engine, ours = run_engine(gguf, prompts)
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     theirs = _reference(reference, prompts)
     assert ours == theirs
@@ -146,7 +146,7 @@ def test_quantized_file_reads_the_folders_config_and_answers_as_transformers(fam
     converted_folder = resolve_hf_folder(gguf)  # transformers' float32 model of the file, under the config we read
     _same_config(AutoConfig.from_pretrained(converted_folder), folder)
     prompts = _prompts(AutoConfig.from_pretrained(folder).vocab_size, 4, 40)
-    engine, ours = run_engine(gguf, prompts)
+    _engine, ours = run_engine(gguf, prompts)
     theirs = _reference(AutoModelForCausalLM.from_pretrained(converted_folder, dtype=torch.float32).eval(), prompts)
     assert ours == theirs
 
@@ -154,13 +154,13 @@ def test_quantized_file_reads_the_folders_config_and_answers_as_transformers(fam
 def test_mlp_biases_are_read_not_dropped(run_engine: Any) -> None:
     """transformers' GGUF loader would build a llama without MLP biases and drop the file's: the engine reads that
     the file has them (and, not serving MLP biases, says so)."""
-    folder, gguf = _gguf("llama_mlp_bias", "F32")
+    _folder, gguf = _gguf("llama_mlp_bias", "F32")
     with pytest.raises(ValueError, match="MLP projections with bias"):
         run_engine(gguf, [[100, 200, 300]])
 
 
 @pytest.mark.parametrize("family", NOT_READ_BY_TRANSFORMERS)
 def test_an_architecture_transformers_cannot_read_is_refused_clearly(family: str) -> None:
-    folder, gguf = _gguf(family, "F32")
+    _folder, gguf = _gguf(family, "F32")
     with pytest.raises(ModelFileError, match=f"architecture '{family}' is not one transformers' GGUF loader reads"):
         PyTorchEngine(gguf, dtype="float32", kv_cache_tokens=256, block_size=16)

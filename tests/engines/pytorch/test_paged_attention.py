@@ -339,7 +339,7 @@ def test_tables_the_kernels_would_misread_are_refused_before_the_call() -> None:
     assert DecodeTables([[3, 1], [0]], [32, 9], BLOCK, 4).tables.tolist() == [[3, 1], [0, 0]]
     with pytest.raises(StepInputError, match="row 1 has 1 blocks of 16 positions for a context of 17"):
         DecodeTables([[3, 1], [0]], [32, 17], BLOCK, 4)
-    with pytest.raises(StepInputError, match="names block 4; the KV pool has blocks 0 .. 3"):
+    with pytest.raises(StepInputError, match=r"names block 4; the KV pool has blocks 0 \.\. 3"):
         DecodeTables([[3, 4], [0]], [32, 9], BLOCK, 4)
     with pytest.raises(StepInputError, match="names block -1"):
         DecodeTables([[-1]], [1], BLOCK, 4)

@@ -21,8 +21,8 @@ from gateway.openai.tools import ToolPlan
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}
 QWEN3 = Reasoning(REASONING["qwen3"], starts_open=False)
-ANSWER = '<think>\nThe user wants the time.\n</think>\n\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}' \
-         '\n</tool_call>'
+ANSWER = ('<think>\nThe user wants the time.\n</think>\n\n<tool_call>\n'
+          '{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>')
 
 
 def _plan(choice: str = "auto", dialect: str = "hermes") -> ToolPlan:

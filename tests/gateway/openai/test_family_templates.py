@@ -28,7 +28,8 @@ HISTORY = [
     {"role": "tool", "tool_call_id": CALL_ID, "content": "22 degrees and sunny"},
 ]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather by city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}]
 NATIVE = TemplateSupport(tools=True, tool_calls=True, system=True, tool_results=True)
 # template -> (what it renders itself, the tool-call dialect, the reasoning parser `auto` picks)
 FAMILIES = {

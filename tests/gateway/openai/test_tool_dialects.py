@@ -30,23 +30,24 @@ EXPECTED = [("get_weather", {"city": "Paris", "unit": "celsius"}), ("get_time", 
 
 # (dialect, an answer in the family's own words, its content). Each holds EXPECTED's two calls.
 ANSWERS = [
-    ("hermes", 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n'
-               '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>',
+    ("hermes",
+     ('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n'
+      '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>'),
      "Checking."),
-    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}; '
-                    '{"name": "get_time", "parameters": {"tz": "CET"}}', None),
-    ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}; '
-                    '{"name": "get_time", "parameters": {"tz": "CET"}}', None),
-    ("mistral", 'Sure. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
-                '{"name": "get_time", "arguments": {"tz": "CET"}}]', "Sure."),
-    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "celsius"}'
-                '[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]{"tz": "CET"}', None),
-    ("phi4_mini_json", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
-                       '{"name": "get_time", "arguments": {"tz": "CET"}}]<|/tool_call|>', None),
-    ("phi4_mini_json", 'functools[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
-                       '{"name": "get_time", "arguments": {"tz": "CET"}}]', None),
-    ("json", '[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
-             '{"name": "get_time", "arguments": {"tz": "CET"}}]', None),
+    ("llama3_json", ('{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}; '
+                     '{"name": "get_time", "parameters": {"tz": "CET"}}'), None),
+    ("llama3_json", ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}; '
+                     '{"name": "get_time", "parameters": {"tz": "CET"}}'), None),
+    ("mistral", ('Sure. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
+                 '{"name": "get_time", "arguments": {"tz": "CET"}}]'), "Sure."),
+    ("mistral", ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "celsius"}'
+                 '[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]{"tz": "CET"}'), None),
+    ("phi4_mini_json", ('<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
+                        '{"name": "get_time", "arguments": {"tz": "CET"}}]<|/tool_call|>'), None),
+    ("phi4_mini_json", ('functools[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
+                        '{"name": "get_time", "arguments": {"tz": "CET"}}]'), None),
+    ("json", ('[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
+              '{"name": "get_time", "arguments": {"tz": "CET"}}]'), None),
 ]
 
 

@@ -89,7 +89,8 @@ remote:
         ("dtype: float16\nkv_cache: {dtype: bfloat16}\n", "kv_cache.dtype: bfloat16 is for the native engine"),
         ("backend: vllm\nkv_cache: {dtype: bfloat16}\n", "kv_cache.dtype: bfloat16 is for the native engine"),
         ("kv_cache: {dtype: float8}\n", "kv_cache.dtype"),
-        ("parameters: {tool_parser: hermes2}\n", "parameters.tool_parser 'hermes2' is unknown; use one of auto, hermes"),
+        ("parameters: {tool_parser: hermes2}\n",
+         "parameters.tool_parser 'hermes2' is unknown; use one of auto, hermes"),
         ("parameters: {reasoning_parser: r1}\n", "parameters.reasoning_parser 'r1' is unknown; use one of auto, none"),
     ],
 )

@@ -59,7 +59,8 @@ async def test_explicit_mode_loads_nothing_until_asked(repo: Path) -> None:
     await start(registry)
     try:
         assert registry.models.all_models() == []
-        assert registry.states.index() == [{"name": "other"}, {"name": "tagger"}]  # never loaded: the name only, as Triton
+        # never loaded: the name only, as Triton
+        assert registry.states.index() == [{"name": "other"}, {"name": "tagger"}]
         assert registry.states.index(ready_only=True) == []
         with pytest.raises(ModelNotFoundError):
             registry.models.get("tagger")
@@ -69,7 +70,8 @@ async def test_explicit_mode_loads_nothing_until_asked(repo: Path) -> None:
         await registry.unload("tagger")
         with pytest.raises(ModelNotFoundError):
             registry.models.get("tagger")
-        assert {"name": "tagger", "version": "", "state": "UNAVAILABLE", "reason": "unloaded"} in registry.states.index()
+        unloaded = {"name": "tagger", "version": "", "state": "UNAVAILABLE", "reason": "unloaded"}
+        assert unloaded in registry.states.index()
     finally:
         await close(registry)
 
@@ -90,7 +92,7 @@ async def test_explicit_mode_loads_the_named_models_at_startup(repo: Path) -> No
 
 
 def test_unknown_or_bad_startup_model_is_a_config_error(repo: Path) -> None:
-    with pytest.raises(ConfigError, match="--load-model missing: .* no model folder 'missing'"):
+    with pytest.raises(ConfigError, match=r"--load-model missing: .* no model folder 'missing'"):
         ModelControl(repo, control_mode="explicit", load_models=["missing"]).prepare()
     with pytest.raises(ConfigError, match="--load-model"):
         ModelControl(repo, control_mode="explicit", load_models=["../tagger"]).prepare()
