@@ -24,6 +24,7 @@ import torch
 
 from engines.interface import ModelFileError
 from engines.pytorch import host_memory
+from engines.pytorch.expert_blocks import ExpertBlocks, blocks_of, expert_block_path, expert_tensor
 from engines.pytorch.gguf_blocks import TYPES, GGUFBlocks, WeightBlocks
 from engines.pytorch.gguf_file import open_reader
 
@@ -41,7 +42,7 @@ class GGUFWeights:
     ("model.norm.weight"), every other tensor of the file that the model has. `mapped`: the addresses of the block
     tensors that are views of the cache file's mapping (`drop_pages`)."""
 
-    blocks: dict[str, GGUFBlocks]
+    blocks: dict[str, GGUFBlocks | ExpertBlocks]
     tensors: dict[str, torch.Tensor]
     mapped: frozenset[int] = frozenset()
 
@@ -132,6 +133,41 @@ def _check_shape(gguf: Path, tensor: Any, param: str, expected: torch.Size | Non
             f"the file again")
 
 
+def _expert_shape(gguf: Path, tensor: Any, path: str, params: dict[str, torch.Tensor]) -> None:
+    """A layer's expert tensor (`path`: expert_block_path's) has the shape the config gives the experts: gate and up
+    [E, I, H] each (transformers' `gate_up_proj` is [E, 2 I, H]), down [E, H, I] (its `down_proj`)."""
+    stem, _, part = path.rpartition(".")
+    param = f"{stem}.{'down_proj' if part == 'down_proj' else 'gate_up_proj'}"
+    expected = params.get(param)
+    if expected is None:
+        _unplaced(gguf, tensor.name)
+        return
+    e, n, k = expected.shape
+    want = (e, n, k) if part == "down_proj" else (e, n // 2, k)
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
+    if shape != want:
+        raise ModelFileError(
+            f"{gguf.name}: tensor {tensor.name} is {list(shape)} (experts, rows, columns) but the file's metadata "
+            f"(expert count, widths) makes it {list(want)}: the metadata and the tensors disagree; download or "
+            f"convert the file again")
+
+
+def _float_experts(found: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """transformers' expert parameters of the float expert tensors `found` (by expert_block_path): a layer's gate
+    and up [E, I, H] as the two halves of its `gate_up_proj` [E, 2 I, H], down as `down_proj`, as its GGUF loader
+    writes them."""
+    tensors = {}
+    for path, weights in found.items():
+        stem, _, part = path.rpartition(".")
+        if part == "down_proj":
+            tensors[f"{stem}.down_proj"] = torch.from_numpy(np.copy(weights)).to(torch.float32)
+        elif part == "gate_proj":
+            up = found[f"{stem}.up_proj"]  # the shape checks made sure both halves are there
+            tensors[f"{stem}.gate_up_proj"] = torch.from_numpy(np.concatenate([weights, up], axis=1)).to(
+                torch.float32)
+    return tensors
+
+
 def _from_file(gguf: Path, model: Any) -> GGUFWeights:
     """Read every tensor of `gguf` that `model` (transformers' model of the file, its weights may be on the meta
     device) has: as blocks where it is a 2-D weight of a Linear or Embedding the kernels can read, else float32."""
@@ -146,9 +182,19 @@ def _from_file(gguf: Path, model: Any) -> GGUFWeights:
         raise ValueError(f"gguf-py does not know the architecture '{architecture}' of {gguf.name}")
     modules = dict(model.named_modules())
     params = dict(model.named_parameters(remove_duplicate=False))
-    blocks: dict[str, GGUFBlocks] = {}
+    blocks: dict[str, GGUFBlocks | ExpertBlocks] = {}
     tensors: dict[str, torch.Tensor] = {}
+    float_experts: dict[str, np.ndarray] = {}
     for tensor in reader.tensors:
+        experts_path = expert_block_path(tensor.name)
+        if experts_path is not None:  # a layer's experts: blocks per expert where the kernels read the type
+            _expert_shape(gguf, tensor, experts_path, params)
+            found_experts = expert_tensor(tensor, gguf.name)  # a view of the reader's mapping
+            if found_experts is not None:
+                blocks[experts_path] = found_experts
+            else:
+                float_experts[experts_path] = dequantize(tensor.data, tensor.tensor_type)
+            continue
         param = names.get(tensor.name)
         if param is None:
             _unplaced(gguf, tensor.name)
@@ -171,6 +217,13 @@ def _from_file(gguf: Path, model: Any) -> GGUFWeights:
         weights = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names,
                                     parsed_parameters={}).weights
         tensors[param] = torch.from_numpy(np.copy(weights)).to(torch.float32)
+    for path in float_experts:
+        stem, _, part = path.rpartition(".")
+        other = {"gate_proj": "up_proj", "up_proj": "gate_proj"}.get(part)
+        if other is not None and f"{stem}.{other}" not in float_experts:
+            raise ModelFileError(f"{gguf.name}: {stem}'s gate and up expert tensors are neither both of a type the "
+                                 "native engine reads as blocks nor both float; serve the model's HF folder instead")
+    tensors.update(_float_experts(float_experts))
     if getattr(model.config, "tie_word_embeddings", False) and "lm_head" not in blocks \
             and "lm_head.weight" not in tensors and "model.embed_tokens" in blocks:
         blocks["lm_head"] = blocks["model.embed_tokens"]  # tied: the file has only the table
@@ -191,7 +244,7 @@ def _from_cache(cache_file: Path) -> GGUFWeights | None:
             if meta[key] == FLOAT:
                 tensors[key] = f.get_tensor(key)
             else:
-                blocks[key] = GGUFBlocks(meta[key], f.get_tensor(key))
+                blocks[key] = blocks_of(meta[key], f.get_tensor(key))
     if meta.get("tied") == "1":
         blocks["lm_head"] = blocks["model.embed_tokens"]
     return GGUFWeights(blocks, tensors, frozenset(b.raw.data_ptr() for b in blocks.values()))
