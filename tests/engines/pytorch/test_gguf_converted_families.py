@@ -51,7 +51,9 @@ SAME_AS_FOLDER = ("llama", "llama3_rope", "llama_untied", "llama_bias", "mistral
 NOT_READ_BY_TRANSFORMERS = ("granite", "olmo2")  # the converter writes them; transformers' GGUF loader cannot read
 QUANTIZED = (("llama3_rope", "F16"), ("llama_bias", "Q8_0"), ("llama3_rope_wide", "Q4_K_M"),
              ("qwen3_wide", "Q4_K_M"), ("qwen3_wide", "F32"), ("qwen3_moe", "Q8_0"))
-EXPERT_BLOCKS = (("qwen3_moe", "Q8_0"), ("mixtral", "Q8_0"))  # files whose experts the kernels read as blocks
+# files whose experts the kernels read as blocks (the wide ones 256 wide, for K blocks)
+EXPERT_BLOCKS = (("qwen3_moe", "Q8_0"), ("mixtral", "Q8_0"), ("qwen3_moe_wide", "Q4_K_M"),
+                 ("mixtral_wide", "Q4_K_M"))
 # what must come out of the file as the folder has it (transformers' GGUF loader alone loses the first three)
 CONFIG_KEYS = ("head_dim", "rope_parameters", "attention_bias", "mlp_bias", "tie_word_embeddings", "rms_norm_eps",
                "num_key_value_heads", "intermediate_size", "vocab_size")
@@ -201,7 +203,7 @@ def test_experts_are_served_from_the_files_blocks(family: str, kind: str, run_en
     experts = _expert_projections(engine)
     assert len(experts) == 2 * sum(len(layer.mlp.experts) for layer in engine._runner.model.layers)
     assert experts and all(p.blocks_nbytes > 0 and p.weight is None for p in experts)  # blocks, no float copy
-    if family == "mixtral":
+    if family.startswith("mixtral"):
         reference = _mixtral_reference(folder, gguf)
     else:
         reference = AutoModelForCausalLM.from_pretrained(resolve_hf_folder(gguf), dtype=torch.float32).eval()
