@@ -152,19 +152,28 @@ def _expert_shape(gguf: Path, tensor: Any, path: str, params: dict[str, torch.Te
             f"convert the file again")
 
 
-def _float_experts(found: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+def _float_experts(gguf: Path, blocks: dict[str, Any], found: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     """transformers' expert parameters of the float expert tensors `found` (by expert_block_path): a layer's gate
     and up [E, I, H] as the two halves of its `gate_up_proj` [E, 2 I, H], down as `down_proj`, as its GGUF loader
-    writes them."""
+    writes them. A layer's experts are all blocks or all float (models/moe.py): where some of a layer's are float,
+    its block ones are taken out of `blocks` and dequantized too."""
+    stems = {path.rpartition(".")[0] for path in found}
+    for stem in {path.rpartition(".")[0] for path in blocks if ".mlp.experts." in path}:
+        if stem not in stems and not all(f"{stem}.{p}" in blocks for p in ("gate_proj", "up_proj", "down_proj")):
+            raise ModelFileError(f"{gguf.name}: {stem} lacks some of its gate, up and down expert tensors; the "
+                                 "file is incomplete: download or convert it again")
     tensors = {}
-    for path, weights in found.items():
-        stem, _, part = path.rpartition(".")
-        if part == "down_proj":
-            tensors[f"{stem}.down_proj"] = torch.from_numpy(np.copy(weights)).to(torch.float32)
-        elif part == "gate_proj":
-            up = found[f"{stem}.up_proj"]  # the shape checks made sure both halves are there
-            tensors[f"{stem}.gate_up_proj"] = torch.from_numpy(np.concatenate([weights, up], axis=1)).to(
-                torch.float32)
+    for stem in stems:
+        parts = {}
+        for part in ("gate_proj", "up_proj", "down_proj"):
+            held = blocks.pop(f"{stem}.{part}", None)
+            parts[part] = held.dequantize() if held is not None else found.get(f"{stem}.{part}")
+            if parts[part] is None:
+                raise ModelFileError(f"{gguf.name}: {stem} has no {part} expert tensor beside its others; the file "
+                                     "is incomplete: download or convert it again")
+            parts[part] = torch.as_tensor(np.array(parts[part], dtype=np.float32))
+        tensors[f"{stem}.gate_up_proj"] = torch.cat([parts["gate_proj"], parts["up_proj"]], dim=1)
+        tensors[f"{stem}.down_proj"] = parts["down_proj"]
     return tensors
 
 
@@ -217,13 +226,7 @@ def _from_file(gguf: Path, model: Any) -> GGUFWeights:
         weights = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names,
                                     parsed_parameters={}).weights
         tensors[param] = torch.from_numpy(np.copy(weights)).to(torch.float32)
-    for path in float_experts:
-        stem, _, part = path.rpartition(".")
-        other = {"gate_proj": "up_proj", "up_proj": "gate_proj"}.get(part)
-        if other is not None and f"{stem}.{other}" not in float_experts:
-            raise ModelFileError(f"{gguf.name}: {stem}'s gate and up expert tensors are neither both of a type the "
-                                 "native engine reads as blocks nor both float; serve the model's HF folder instead")
-    tensors.update(_float_experts(float_experts))
+    tensors.update(_float_experts(gguf, blocks, float_experts))
     if getattr(model.config, "tie_word_embeddings", False) and "lm_head" not in blocks \
             and "lm_head.weight" not in tensors and "model.embed_tokens" in blocks:
         blocks["lm_head"] = blocks["model.embed_tokens"]  # tied: the file has only the table
