@@ -179,7 +179,9 @@ def _float_experts(gguf: Path, blocks: dict[str, Any], found: dict[str, np.ndarr
 
 def _from_file(gguf: Path, model: Any) -> GGUFWeights:
     """Read every tensor of `gguf` that `model` (transformers' model of the file, its weights may be on the meta
-    device) has: as blocks where it is a 2-D weight of a Linear or Embedding the kernels can read, else float32."""
+    device) has: as blocks where it is a 2-D weight of a Linear or Embedding the kernels can read, or a layer's 3-D
+    expert tensor of such a type (expert_blocks.py: `ExpertBlocks` under `mlp.experts.{gate,up,down}_proj`), else
+    float32."""
     from gguf import dequantize
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, read_field
 
