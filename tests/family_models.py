@@ -111,6 +111,9 @@ _WIDE = {"hidden_size": 256, "intermediate_size": 512}
 FAMILIES.update({
     "llama3_rope_wide": Family("LlamaConfig", {**FAMILIES["llama3_rope"].config, **_WIDE}),
     "qwen3_wide": Family("Qwen3Config", {**FAMILIES["qwen3"].config, **_WIDE, "head_dim": 128}),
+    "qwen3_moe_wide": Family("Qwen3MoeConfig", {**FAMILIES["qwen3_moe"].config, "hidden_size": 256,
+                                                "moe_intermediate_size": 256, "head_dim": 128}, moe=True),
+    "mixtral_wide": Family("MixtralConfig", {**FAMILIES["mixtral"].config, **_WIDE}, moe=True),
     "llama_bias": Family("LlamaConfig", {**FAMILIES["llama_untied"].config, "attention_bias": True}),
     "llama_mlp_bias": Family("LlamaConfig", {**FAMILIES["llama_untied"].config, "mlp_bias": True}),
     "gemma3_six": Family("Gemma3TextConfig", {**FAMILIES["gemma3"].config, "num_hidden_layers": 6,

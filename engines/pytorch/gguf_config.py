@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from engines.interface import ModelFileError
+from engines.pytorch.expert_blocks import moe_config
 from engines.pytorch.gguf_file import GGUFLayout, read_layout
 
 log = logging.getLogger("switchyard.engines.pytorch")
@@ -41,6 +42,8 @@ LLAMA3_FREQ_FACTORS = (1.0, 4.0)  # low_freq_factor, high_freq_factor
 GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # how llama.cpp tells the 27B models (hidden / heads scale)
 ATTENTION_BIAS = re.compile(r"blk\.\d+\.attn_(q|k|v|output)\.bias")
 MLP_BIAS = re.compile(r"blk\.\d+\.ffn_(gate|up|down)\.bias")
+# llama.cpp's names of architectures transformers' GGUF loader lists under its own (it renames them as it reads)
+TRANSFORMERS_ARCH = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}
 
 
 def gguf_config(gguf: Path) -> Any:
@@ -51,7 +54,7 @@ def gguf_config(gguf: Path) -> Any:
 
     layout = read_layout(gguf)
     arch = layout.architecture
-    if arch not in GGUF_SUPPORTED_ARCHITECTURES:
+    if TRANSFORMERS_ARCH.get(arch, arch) not in GGUF_SUPPORTED_ARCHITECTURES:
         raise ModelFileError(
             f"{gguf.name}: architecture '{arch or '(none)'}' is not one transformers' GGUF loader reads (the "
             f"native engine takes a GGUF file's config and tokenizer from it; it reads "
@@ -62,6 +65,10 @@ def gguf_config(gguf: Path) -> Any:
     except (ValueError, KeyError, TypeError) as exc:
         raise ModelFileError(f"{gguf.name}: transformers cannot make a config of it ({exc}); serve the model's HF "
                              "folder instead, or use backend: vllm") from None
+    try:  # experts' width and counts; a llama file with experts is a Mixtral (expert_blocks.py)
+        config = moe_config(config, layout.field)
+    except ValueError as exc:
+        raise ModelFileError(f"{gguf.name}: {exc}") from None
     found = {**_head_size(layout, config), **_biases(layout, config), **_linear_rope(layout, config),
              **_rope_scaling(layout, config)}
     for key, value in found.items():

@@ -24,6 +24,7 @@ import torch
 
 from engines.interface import ModelFileError
 from engines.pytorch import host_memory
+from engines.pytorch.expert_blocks import ExpertBlocks, blocks_of, expert_block_path, expert_tensor
 from engines.pytorch.gguf_blocks import TYPES, GGUFBlocks, WeightBlocks
 from engines.pytorch.gguf_file import open_reader
 
@@ -41,7 +42,7 @@ class GGUFWeights:
     ("model.norm.weight"), every other tensor of the file that the model has. `mapped`: the addresses of the block
     tensors that are views of the cache file's mapping (`drop_pages`)."""
 
-    blocks: dict[str, GGUFBlocks]
+    blocks: dict[str, GGUFBlocks | ExpertBlocks]
     tensors: dict[str, torch.Tensor]
     mapped: frozenset[int] = frozenset()
 
@@ -132,9 +133,55 @@ def _check_shape(gguf: Path, tensor: Any, param: str, expected: torch.Size | Non
             f"the file again")
 
 
+def _expert_shape(gguf: Path, tensor: Any, path: str, params: dict[str, torch.Tensor]) -> None:
+    """A layer's expert tensor (`path`: expert_block_path's) has the shape the config gives the experts: gate and up
+    [E, I, H] each (transformers' `gate_up_proj` is [E, 2 I, H]), down [E, H, I] (its `down_proj`)."""
+    stem, _, part = path.rpartition(".")
+    param = f"{stem}.{'down_proj' if part == 'down_proj' else 'gate_up_proj'}"
+    expected = params.get(param)
+    if expected is None:
+        _unplaced(gguf, tensor.name)
+        return
+    e, n, k = expected.shape
+    want = (e, n, k) if part == "down_proj" else (e, n // 2, k)
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
+    if shape != want:
+        raise ModelFileError(
+            f"{gguf.name}: tensor {tensor.name} is {list(shape)} (experts, rows, columns) but the file's metadata "
+            f"(expert count, widths) makes it {list(want)}: the metadata and the tensors disagree; download or "
+            f"convert the file again")
+
+
+def _float_experts(gguf: Path, blocks: dict[str, Any], found: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """transformers' expert parameters of the float expert tensors `found` (by expert_block_path): a layer's gate
+    and up [E, I, H] as the two halves of its `gate_up_proj` [E, 2 I, H], down as `down_proj`, as its GGUF loader
+    writes them. A layer's experts are all blocks or all float (models/moe.py): where some of a layer's are float,
+    its block ones are taken out of `blocks` and dequantized too."""
+    stems = {path.rpartition(".")[0] for path in found}
+    for stem in {path.rpartition(".")[0] for path in blocks if ".mlp.experts." in path}:
+        if stem not in stems and not all(f"{stem}.{p}" in blocks for p in ("gate_proj", "up_proj", "down_proj")):
+            raise ModelFileError(f"{gguf.name}: {stem} lacks some of its gate, up and down expert tensors; the "
+                                 "file is incomplete: download or convert it again")
+    tensors = {}
+    for stem in stems:
+        parts = {}
+        for part in ("gate_proj", "up_proj", "down_proj"):
+            held = blocks.pop(f"{stem}.{part}", None)
+            parts[part] = held.dequantize() if held is not None else found.get(f"{stem}.{part}")
+            if parts[part] is None:
+                raise ModelFileError(f"{gguf.name}: {stem} has no {part} expert tensor beside its others; the file "
+                                     "is incomplete: download or convert it again")
+            parts[part] = torch.as_tensor(np.array(parts[part], dtype=np.float32))
+        tensors[f"{stem}.gate_up_proj"] = torch.cat([parts["gate_proj"], parts["up_proj"]], dim=1)
+        tensors[f"{stem}.down_proj"] = parts["down_proj"]
+    return tensors
+
+
 def _from_file(gguf: Path, model: Any) -> GGUFWeights:
     """Read every tensor of `gguf` that `model` (transformers' model of the file, its weights may be on the meta
-    device) has: as blocks where it is a 2-D weight of a Linear or Embedding the kernels can read, else float32."""
+    device) has: as blocks where it is a 2-D weight of a Linear or Embedding the kernels can read, or a layer's 3-D
+    expert tensor of such a type (expert_blocks.py: `ExpertBlocks` under `mlp.experts.{gate,up,down}_proj`), else
+    float32."""
     from gguf import dequantize
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, read_field
 
@@ -146,9 +193,19 @@ def _from_file(gguf: Path, model: Any) -> GGUFWeights:
         raise ValueError(f"gguf-py does not know the architecture '{architecture}' of {gguf.name}")
     modules = dict(model.named_modules())
     params = dict(model.named_parameters(remove_duplicate=False))
-    blocks: dict[str, GGUFBlocks] = {}
+    blocks: dict[str, GGUFBlocks | ExpertBlocks] = {}
     tensors: dict[str, torch.Tensor] = {}
+    float_experts: dict[str, np.ndarray] = {}
     for tensor in reader.tensors:
+        experts_path = expert_block_path(tensor.name)
+        if experts_path is not None:  # a layer's experts: blocks per expert where the kernels read the type
+            _expert_shape(gguf, tensor, experts_path, params)
+            found_experts = expert_tensor(tensor, gguf.name)  # a view of the reader's mapping
+            if found_experts is not None:
+                blocks[experts_path] = found_experts
+            else:
+                float_experts[experts_path] = dequantize(tensor.data, tensor.tensor_type)
+            continue
         param = names.get(tensor.name)
         if param is None:
             _unplaced(gguf, tensor.name)
@@ -171,6 +228,7 @@ def _from_file(gguf: Path, model: Any) -> GGUFWeights:
         weights = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names,
                                     parsed_parameters={}).weights
         tensors[param] = torch.from_numpy(np.copy(weights)).to(torch.float32)
+    tensors.update(_float_experts(gguf, blocks, float_experts))
     if getattr(model.config, "tie_word_embeddings", False) and "lm_head" not in blocks \
             and "lm_head.weight" not in tensors and "model.embed_tokens" in blocks:
         blocks["lm_head"] = blocks["model.embed_tokens"]  # tied: the file has only the table
@@ -191,7 +249,7 @@ def _from_cache(cache_file: Path) -> GGUFWeights | None:
             if meta[key] == FLOAT:
                 tensors[key] = f.get_tensor(key)
             else:
-                blocks[key] = GGUFBlocks(meta[key], f.get_tensor(key))
+                blocks[key] = blocks_of(meta[key], f.get_tensor(key))
     if meta.get("tied") == "1":
         blocks["lm_head"] = blocks["model.embed_tokens"]
     return GGUFWeights(blocks, tensors, frozenset(b.raw.data_ptr() for b in blocks.values()))

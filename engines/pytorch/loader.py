@@ -22,6 +22,7 @@ import torch
 
 from engines.gguf_cache import cache_key, publish
 from engines.interface import ModelFileError
+from engines.pytorch.expert_blocks import ExpertBlocks, expert_parameters
 from engines.pytorch.gguf_config import gguf_config
 from engines.pytorch.gguf_weights import GGUFWeights
 from engines.pytorch.models import check_supported
@@ -30,7 +31,7 @@ log = logging.getLogger("switchyard.engines.pytorch")
 
 WEIGHTS_CACHE = "weights-1.safetensors"  # gguf_weights.read_weights's cache file, beside the config folder
 # bump when what is read from a GGUF file changes (gguf_config.py), so that folders cached the old way are not used
-GGUF_READ_VERSION = 4
+GGUF_READ_VERSION = 5
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -61,13 +62,56 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     config = gguf_config(gguf)
     check_supported(config.model_type, getattr(config, "architectures", None))
     tokenizer = _gguf_tokenizer(gguf)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=config,
-                                                 dtype=torch.float32)
+    if config.model_type == "mixtral":  # transformers' GGUF loader has no Mixtral: its experts are read here
+        model = _dequantized_model(gguf, config)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=config,
+                                                     dtype=torch.float32)
     # The dequantized model is plain float weights; drop the GGUF marker so transformers lets us save it.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.hf_quantizer = None
     publish(target, (model, tokenizer), "config.json")
+
+
+def _dequantized_model(gguf: Path, config: Any) -> Any:
+    """transformers' float32 model of `config` holding `gguf`'s weights as gguf_weights.py reads them (the same
+    module paths, row orders and float32 values as transformers' GGUF loader), every block weight dequantized."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    from engines.pytorch.gguf_weights import read_weights
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    weights = read_weights(gguf, model)
+    found = dict(weights.tensors)
+    for path, blocks in weights.blocks.items():
+        if isinstance(blocks, ExpertBlocks):
+            found[path] = blocks.dequantize()
+        else:
+            found[f"{path}.weight"] = blocks.dequantize()
+    for path in [p for p in found if p.endswith(".experts.gate_proj")]:
+        stem = path.removesuffix(".gate_proj")
+        found[f"{stem}.gate_up_proj"] = torch.cat([found.pop(path), found.pop(f"{stem}.up_proj")], dim=1)
+    _fill(model, gguf, found)
+    return model
+
+
+def _fill(model: Any, gguf: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Set `model`'s parameters (on the meta device) to `tensors` by name; a ModelFileError where one stays unset."""
+    for name, tensor in tensors.items():
+        path, attr = name.rsplit(".", 1)
+        setattr(model.get_submodule(path), attr, torch.nn.Parameter(tensor, requires_grad=False))
+    head, table = model.get_output_embeddings(), model.get_input_embeddings()
+    if getattr(model.config, "tie_word_embeddings", False) and head.weight.is_meta and not table.weight.is_meta:
+        head.weight = table.weight  # a tied table
+    missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta]
+    if missing:
+        raise ModelFileError(f"{gguf.name} has no tensor for the model's {missing[0]} (and {len(missing) - 1} more "
+                             "weights) that its config describes; the file is incomplete: "
+                             "download or convert it again")
+    model.eval()
 
 
 def resolve_hf_folder(source: Path, gguf_file: str | None = None, cache_dir: Path | None = None) -> Path:
@@ -123,7 +167,7 @@ def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, An
     head, table = model.get_output_embeddings(), model.get_input_embeddings()
     if getattr(config, "tie_word_embeddings", False) and head.weight.is_meta and not table.weight.is_meta:
         head.weight = table.weight  # a tied table kept in float32
-    in_blocks = {f"{path}.weight" for path in weights.blocks}
+    in_blocks = {f"{path}.weight" for path in weights.blocks} | expert_parameters(weights.blocks)
     missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta and n not in in_blocks]
     if missing:
         raise ModelFileError(f"{gguf.name} has no tensor for the model's {missing[0]} (and {len(missing) - 1} more "

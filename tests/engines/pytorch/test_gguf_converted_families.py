@@ -7,6 +7,12 @@ serves: the engine reads from the file what transformers' GGUF loader drops (Lla
   every key that shapes the answer, and greedy output equals transformers' float32 model of the file (its GGUF
   loader's weights under that config). The Q4_K_M models are 256 wide so that llama.cpp gives them K blocks.
 
+Mixture of experts (Qwen3-MoE, Mixtral): the F32 files answer as the folder; in the Q8_0 files every expert is served
+from the file's blocks (no float copy of an expert is made). transformers' GGUF loader cannot build a Mixtral of its
+file (llama.cpp writes Mixtral as a `llama`: transformers makes a dense Llama with random MLPs), so a Mixtral file's
+reference is transformers' Mixtral of the folder's config holding transformers' own reading of the file's attention,
+norms and embeddings and gguf-py's dequantization of its router and experts.
+
 Folders come from tests/family_models.py; files from bench/gguf_convert.py (the converter from the pinned
 llama-cpp-python sdist, fetched once; quantized by llama.cpp in its environment). Without either the tests skip
 and say why. Mistral's sliding window is not in its GGUF file (llama.cpp's converter writes a Mistral as a llama and
@@ -40,15 +46,22 @@ NEW_TOKENS = 8
 # whose pre-tokenizer llama.cpp's converter does not recognize, so the converter refuses the folder
 # gemma2 and phi3 are left out too: llama.cpp's converter reads their vocabulary from a SentencePiece
 # tokenizer.model only, which the test folders (SmolLM2's BPE tokenizer) do not have
-SAME_AS_FOLDER = ("llama", "llama3_rope", "llama_untied", "llama_bias", "mistral", "qwen3", "gemma3_six")
+SAME_AS_FOLDER = ("llama", "llama3_rope", "llama_untied", "llama_bias", "mistral", "qwen3", "gemma3_six",
+                  "qwen3_moe", "mixtral")
 NOT_READ_BY_TRANSFORMERS = ("granite", "olmo2")  # the converter writes them; transformers' GGUF loader cannot read
 QUANTIZED = (("llama3_rope", "F16"), ("llama_bias", "Q8_0"), ("llama3_rope_wide", "Q4_K_M"),
-             ("qwen3_wide", "Q4_K_M"), ("qwen3_wide", "F32"))
+             ("qwen3_wide", "Q4_K_M"), ("qwen3_wide", "F32"), ("qwen3_moe", "Q8_0"))
+# files whose experts the kernels read as blocks (the wide ones 256 wide, for K blocks)
+EXPERT_BLOCKS = (("qwen3_moe", "Q8_0"), ("mixtral", "Q8_0"), ("qwen3_moe_wide", "Q4_K_M"),
+                 ("mixtral_wide", "Q4_K_M"))
 # what must come out of the file as the folder has it (transformers' GGUF loader alone loses the first three)
 CONFIG_KEYS = ("head_dim", "rope_parameters", "attention_bias", "mlp_bias", "tie_word_embeddings", "rms_norm_eps",
                "num_key_value_heads", "intermediate_size", "vocab_size")
 FLAGS = ("attention_bias", "mlp_bias")  # absent from some config classes: absent is False
-PER_FAMILY_KEYS = {"gemma3": ("sliding_window", "layer_types", "query_pre_attn_scalar")}
+PER_FAMILY_KEYS = {"gemma3": ("sliding_window", "layer_types", "query_pre_attn_scalar"),
+                   "qwen3_moe": ("model_type", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                 "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"),
+                   "mixtral": ("model_type", "num_local_experts", "num_experts_per_tok")}
 
 
 def _gguf(family: str, kind: str) -> tuple[Path, Path]:
@@ -105,6 +118,9 @@ def _same_config(gguf_config: Any, folder: Path) -> None:
             theirs = float(torch.tensor(theirs, dtype=torch.float32))
         elif key in FLAGS:
             ours, theirs = bool(ours), bool(theirs)
+        elif key == "head_dim":  # unset (Mixtral's config class): hidden / heads, which a Llama config writes
+            ours = ours or gguf_config.hidden_size // gguf_config.num_attention_heads
+            theirs = theirs or want.hidden_size // want.num_attention_heads
         assert ours == theirs, f"{key}: {ours} from the file, {theirs} in the folder"
 
 
@@ -149,6 +165,64 @@ def test_quantized_file_reads_the_folders_config_and_answers_as_transformers(fam
     _engine, ours = run_engine(gguf, prompts)
     theirs = _reference(AutoModelForCausalLM.from_pretrained(converted_folder, dtype=torch.float32).eval(), prompts)
     assert ours == theirs
+
+
+def _expert_projections(engine: PyTorchEngine) -> list[Any]:
+    return [p for layer in engine._runner.model.layers for pair in getattr(layer.mlp, "experts", ())
+            for p in pair]
+
+
+def _mixtral_reference(folder: Path, gguf: Path) -> Any:
+    """transformers' Mixtral of the folder's config holding the file's weights: attention, norms and embeddings as
+    transformers' GGUF loader reads them (its dense Llama of the file; it reverses the converter's q/k row order),
+    router and experts as gguf-py dequantizes them."""
+    from gguf import GGUFReader, dequantize
+
+    dense = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.float32).eval()
+    state = {k: v for k, v in dense.state_dict().items() if ".mlp." not in k}
+    tensors = {t.name: t for t in GGUFReader(gguf).tensors}
+
+    def read(name: str) -> torch.Tensor:
+        return torch.from_numpy(dequantize(tensors[name].data, tensors[name].tensor_type).copy())
+
+    for i in range(model.config.num_hidden_layers):
+        state[f"model.layers.{i}.mlp.gate.weight"] = read(f"blk.{i}.ffn_gate_inp.weight")
+        state[f"model.layers.{i}.mlp.experts.gate_up_proj"] = torch.cat(
+            [read(f"blk.{i}.ffn_gate_exps.weight"), read(f"blk.{i}.ffn_up_exps.weight")], dim=1)
+        state[f"model.layers.{i}.mlp.experts.down_proj"] = read(f"blk.{i}.ffn_down_exps.weight")
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+@pytest.mark.parametrize(("family", "kind"), EXPERT_BLOCKS)
+def test_experts_are_served_from_the_files_blocks(family: str, kind: str, run_engine: Any) -> None:
+    folder, gguf = _gguf(family, kind)
+    prompts = _prompts(AutoConfig.from_pretrained(folder).vocab_size, 3, 24)
+    engine, ours = run_engine(gguf, prompts)
+    experts = _expert_projections(engine)
+    assert len(experts) == 2 * sum(len(layer.mlp.experts) for layer in engine._runner.model.layers)
+    assert experts and all(p.blocks_nbytes > 0 and p.weight is None for p in experts)  # blocks, no float copy
+    converted_folder = AutoModelForCausalLM.from_pretrained(resolve_hf_folder(gguf), dtype=torch.float32).eval()
+    if not family.startswith("mixtral"):
+        assert ours == _reference(converted_folder, prompts)
+        return
+    theirs = _reference(_mixtral_reference(folder, gguf), prompts)
+    assert ours == theirs
+    # the float32 / bfloat16 path's model of the file (loader.py builds Mixtral's, transformers cannot) too
+    assert _reference(converted_folder, prompts) == theirs
+
+
+def test_a_mixtral_file_is_never_served_as_a_dense_llama(run_engine: Any) -> None:
+    """llama.cpp writes Mixtral as architecture `llama`; transformers' GGUF loader alone would build a dense Llama
+    whose MLPs are random (the file has no dense MLP tensors). The engine reads the expert metadata: a Mixtral."""
+    folder, gguf = _gguf("mixtral", "F32")
+    dense = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    assert dense.config.model_type == "llama"  # what transformers alone makes of the file
+    engine, _ = run_engine(gguf, [[100, 200, 300]])
+    assert engine._runner.model.layers[0].mlp.__class__.__name__ == "SparseMoE"
+    assert len(engine._runner.model.layers[0].mlp.experts) == AutoConfig.from_pretrained(folder).num_local_experts
+    _same_config(AutoConfig.from_pretrained(resolve_hf_folder(gguf)), folder)
 
 
 def test_mlp_biases_are_read_not_dropped(run_engine: Any) -> None:

@@ -75,3 +75,32 @@ def test_greedy_output_equals_transformers(engine: PyTorchEngine, reference: obj
                                   eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     assert out == expected
     assert len(set(out)) > 3  # not one token over and over
+
+
+def test_a_layers_experts_are_all_blocks_or_all_float() -> None:
+    """The MoE layer takes a layer's experts all as blocks or all as transformers' float parameters: where the file
+    gives some of a layer's expert tensors in a type the kernels do not read, the others are dequantized beside
+    them, gate and up as the halves of `gate_up_proj`."""
+    from engines.pytorch.expert_blocks import ExpertBlocks
+    from engines.pytorch.gguf_blocks import GGUFBlocks
+    from engines.pytorch.gguf_weights import _float_experts
+
+    e, i, h = 2, 32, 64
+    gen = torch.Generator().manual_seed(0)
+
+    def q8(n: int, k: int) -> ExpertBlocks:  # Q8_0: per 32 values an f16 scale and 32 int8
+        scale = torch.full((e, n, k // 32, 1), 0.01, dtype=torch.float16).view(torch.uint8)
+        codes = torch.randint(-127, 128, (e, n, k // 32, 32), generator=gen, dtype=torch.int8).view(torch.uint8)
+        return ExpertBlocks("Q8_0", torch.cat([scale, codes], dim=-1).reshape(e, n, -1))
+
+    stem = "model.layers.0.mlp.experts"
+    gate, down = q8(i, h), q8(h, i)
+    blocks: dict = {f"{stem}.gate_proj": gate, f"{stem}.down_proj": down, "model.embed_tokens":
+                    GGUFBlocks("Q8_0", torch.zeros(4, 34, dtype=torch.uint8))}
+    up = torch.randn(e, i, h, generator=gen).numpy()
+    tensors = _float_experts(Path("x.gguf"), blocks, {f"{stem}.up_proj": up})
+    assert list(blocks) == ["model.embed_tokens"]
+    assert torch.equal(tensors[f"{stem}.gate_up_proj"], torch.cat([gate.dequantize(), torch.from_numpy(up)], dim=1))
+    assert torch.equal(tensors[f"{stem}.down_proj"], down.dequantize())
+    with pytest.raises(ValueError, match="lacks some of its gate, up and down expert tensors"):
+        _float_experts(Path("x.gguf"), {f"{stem}.gate_proj": gate}, {})
