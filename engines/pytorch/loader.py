@@ -98,15 +98,16 @@ def _dequantized_model(gguf: Path, config: Any) -> Any:
     return model
 
 
-def _fill(model: Any, gguf: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """Set `model`'s parameters (on the meta device) to `tensors` by name; a ModelFileError where one stays unset."""
+def _fill(model: Any, gguf: Path, tensors: dict[str, torch.Tensor], in_blocks: frozenset[str] = frozenset()) -> None:
+    """Set `model`'s parameters (on the meta device) to `tensors` by name; a ModelFileError where one stays unset
+    and is not among `in_blocks` (the parameters the engine reads as GGUF blocks instead)."""
     for name, tensor in tensors.items():
         path, attr = name.rsplit(".", 1)
         setattr(model.get_submodule(path), attr, torch.nn.Parameter(tensor, requires_grad=False))
     head, table = model.get_output_embeddings(), model.get_input_embeddings()
     if getattr(model.config, "tie_word_embeddings", False) and head.weight.is_meta and not table.weight.is_meta:
         head.weight = table.weight  # a tied table
-    missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta]
+    missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta and n not in in_blocks]
     if missing:
         raise ModelFileError(f"{gguf.name} has no tensor for the model's {missing[0]} (and {len(missing) - 1} more "
                              "weights) that its config describes; the file is incomplete: "
@@ -161,19 +162,8 @@ def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, An
     except ValueError as exc:  # gguf-py does not know the architecture: transformers' own loader may
         log.warning("native engine: %s; loading transformers' float32 model of it", exc)
         return None
-    for name, tensor in weights.tensors.items():
-        path, attr = name.rsplit(".", 1)
-        setattr(model.get_submodule(path), attr, torch.nn.Parameter(tensor, requires_grad=False))
-    head, table = model.get_output_embeddings(), model.get_input_embeddings()
-    if getattr(config, "tie_word_embeddings", False) and head.weight.is_meta and not table.weight.is_meta:
-        head.weight = table.weight  # a tied table kept in float32
-    in_blocks = {f"{path}.weight" for path in weights.blocks} | expert_parameters(weights.blocks)
-    missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta and n not in in_blocks]
-    if missing:
-        raise ModelFileError(f"{gguf.name} has no tensor for the model's {missing[0]} (and {len(missing) - 1} more "
-                             "weights) that its config describes; the file is incomplete: "
-                             "download or convert it again")
-    model.eval()
+    in_blocks = frozenset({f"{path}.weight" for path in weights.blocks} | expert_parameters(weights.blocks))
+    _fill(model, gguf, weights.tensors, in_blocks)
     return model, AutoTokenizer.from_pretrained(folder), weights
 
 
