@@ -273,18 +273,18 @@ def test_failed_loads_say_why(tmp_path: Path) -> None:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
         reasons = {}
         response = http.post("/v2/repository/models/truncated/load")
-        assert response.status_code == 500 and set(response.json()) == {"error"}, response.text
+        assert response.status_code == 400 and set(response.json()) == {"error"}, response.text  # a bad file
         reasons["truncated"] = response.json()["error"].removeprefix("failed to load 'truncated': ")
         with pytest.raises(InferenceServerException) as failed:
             client.load_model("made_up", headers=ADMIN_HEADERS)
-        assert failed.value.status() == "StatusCode.INTERNAL"
+        assert failed.value.status() == "StatusCode.INVALID_ARGUMENT"  # a model the engine does not serve
         reasons["made_up"] = failed.value.message().removeprefix("failed to load 'made_up': ")
         response = http.post("/v2/repository/models/crashing/load")
         assert response.status_code == 400, response.text  # the tensor runtime reports it as a config error
         reasons["crashing"] = response.json()["error"].removeprefix("failed to load 'crashing': ")
 
-        assert "unpack" in reasons["truncated"] or "model.gguf" in reasons["truncated"]  # the reader's words
-        assert "made_up_arch" in reasons["made_up"] and "does not recognize this architecture" in reasons["made_up"]
+        assert "model.gguf is not a valid GGUF file" in reasons["truncated"], reasons["truncated"]
+        assert "made_up_arch" in reasons["made_up"] and "backend: vllm" in reasons["made_up"], reasons["made_up"]
         assert "cannot open lookup.bin" in reasons["crashing"] and "RuntimeError" in reasons["crashing"]
         for reason in reasons.values():
             assert reason and "Traceback" not in reason and "server log" not in reason
