@@ -16,7 +16,8 @@ from engines.pytorch.layers.moe import SparseMoE
 from engines.pytorch.layers.norms import RMSNorm
 from engines.pytorch.layers.projections import Kernels
 from engines.pytorch.layers.rotary import Rotary
-from engines.pytorch.models.decoder import DecoderLayer, DecoderModel, attention, gated_mlp, layer_blocks
+from engines.pytorch.models.decoder import DecoderModel, gated_mlp
+from engines.pytorch.models.llama import llama_layers
 
 MODEL_TYPES = ("qwen3_moe", "mixtral")
 
@@ -35,13 +36,8 @@ def _mlp(hf_layer: Any, config: Any, own: dict[str, Any], kernels: Kernels) -> M
 
 def build(hf_model: Any, blocks: dict[str, WeightBlocks] | None, kernels: Kernels, packed: Any) -> DecoderModel:
     config = hf_model.config
-    layers = []
-    for i, hf_layer in enumerate(hf_model.model.layers):
-        own = layer_blocks(blocks, i)
-        layers.append(DecoderLayer(
-            attn=attention(hf_layer, i, config, own, kernels), mlp=_mlp(hf_layer, config, own, kernels),
-            input_norm=RMSNorm(hf_layer.input_layernorm), post_norm=RMSNorm(hf_layer.post_attention_layernorm)))
-        packed(own.values())
+    layers = llama_layers(hf_model, blocks, kernels, packed,
+                          mlp=lambda hf_layer, own, kernels: _mlp(hf_layer, config, own, kernels))
     # exact_forward.py (match_transformers) runs dense Llama layers only
     return DecoderModel(layers, RMSNorm(hf_model.model.norm), Rotary(hf_model.model.rotary_emb, config),
                         llama_shaped=False)
