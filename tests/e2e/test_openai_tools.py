@@ -10,17 +10,9 @@ import openai
 import pytest
 
 from tests.conftest import DEFAULT_MODEL
+from tests.e2e.weather_tools import ASK, TIME, WEATHER
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"]}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "Current local time in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
-ASK = [{"role": "user", "content": "What is the weather in Paris and the time in Rome?"}]
 
 
 @pytest.fixture(scope="module")
