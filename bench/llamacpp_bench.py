@@ -314,10 +314,13 @@ class Round:
 
 
 def run_http(url: str, bodies: list[dict], concurrency: int = 1) -> Round:
-    """`bodies` sent `concurrency` at a time (a new one as soon as one finishes)."""
+    """`bodies` sent `concurrency` at a time (a new one as soon as one finishes), each on a connection of its own:
+    llama-server closes a kept-alive connection after a streamed answer, and a request sent on it at that moment
+    fails (aiohttp does not retry a POST), so no arm reuses connections (a local connect costs well under 1 ms)."""
     async def go() -> list[Sample]:
         gate = asyncio.Semaphore(concurrency)
-        async with aiohttp.ClientSession(base_url=url, timeout=aiohttp.ClientTimeout(total=3600)) as session:
+        async with aiohttp.ClientSession(base_url=url, timeout=aiohttp.ClientTimeout(total=3600),
+                                         connector=aiohttp.TCPConnector(force_close=True)) as session:
             async def one(body: dict) -> Sample:
                 async with gate:
                     return await _stream(session, url, body)
