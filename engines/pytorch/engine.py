@@ -16,7 +16,7 @@ from engines.hf_tokenizer import HFTokenizer
 from engines.interface import StepEngine, Tokenizer
 from engines.pytorch import host_memory
 from engines.pytorch.argmax import Argmax
-from engines.pytorch.linear import decode_rows_on_registers
+from engines.pytorch.linear import decode_rows_on_registers, int8_activations, int8_available
 from engines.pytorch.loader import default_cache_dir, load_gguf_blocks, load_hf, resolve_hf_folder
 from engines.pytorch.model_runner import PagedModelRunner
 from engines.pytorch.models import check_supported
@@ -65,13 +65,15 @@ class PyTorchEngine(StepEngine):
         fast_kernels: bool = True,
         gemm_threads: int | None = None,
         match_transformers: bool = False,
+        int8_activations: bool = False,
     ) -> None:
         """`fast_kernels`: our C kernels for projections, attention and norms (see model_runner.py);
         false runs torch ops only. `gemm_threads`: threads sharing each step's projections, attention and
         norms (default: the process's CPU budget, engines/cpu_budget.py). `match_transformers` (bfloat16): answer as
         transformers' generate does, bit for bit (exact_forward.py; needs whole prompts and no prefix caching).
         `kv_cache_dtype`: "auto" (the model's dtype) or "bfloat16" (under float32: half the cache's bytes, float32
-        arithmetic)."""
+        arithmetic). `int8_activations`: projections on a GGUF file's blocks take 8-bit activations
+        (linear.int8_activations), where this CPU's kernels have them."""
         budget = cpu_budget().with_override(gemm_threads, "pytorch.gemm_threads")
         host_memory.return_freed_memory()  # while loading (keep_freed_memory once loaded: host_memory.py)
         num_blocks = max(1, kv_cache_tokens // block_size)
@@ -99,6 +101,11 @@ class PyTorchEngine(StepEngine):
                  budget.threads, "s" if budget.threads > 1 else "", budget.reason, self._runner.kernel_threads,
                  torch_threads)
         self._argmax = Argmax(kernel_cache_dir).rows if fast_kernels else None
+        self._int8 = int8_activations and blocks is not None and int8_available(kernel_cache_dir)
+        if int8_activations and not self._int8:
+            log.warning("native engine: pytorch.int8_activations is on but %s: projections stay float32",
+                        "the model's weights are not a GGUF file's blocks" if blocks is None
+                        else "this CPU's kernels have no int8 path (it needs AVX-512 with VBMI and GFNI)")
         self._tokenizer = HFTokenizer(hf_tok)
         config, generation_config = model.config, model.generation_config
         del model, blocks, loaded, weights  # the runner holds the weights it serves (packed, or as GGUF blocks)
@@ -149,7 +156,7 @@ class PyTorchEngine(StepEngine):
         sampling_steps = [s for s in row_order(batch) if s.sample]  # the order of the runner's logits
         # A request with a seed reproduces whatever its batch: its step keeps decode rows off the tile unit, whose
         # bits differ from the register kernels' (only steps of more than 16 decode rows would use it; linear.py).
-        with decode_rows_on_registers(any(s.sampling.seed is not None for s in batch)):
+        with decode_rows_on_registers(any(s.sampling.seed is not None for s in batch)), int8_activations(self._int8):
             if self._argmax is not None and sampling_steps and all(plain_greedy(s) for s in sampling_steps):
                 # the runner may take each row's greedy token on the way (a replayed step: step_replay.py)
                 logits, tokens = self._runner.forward_greedy(batch)

@@ -88,7 +88,9 @@ ROW_TILE = 192
 # Whether weights with GGUF blocks use the tile unit (AMX) where the CPU has one; tests turn it off to reach the
 # register kernels.
 TILE_UNIT = True
-_step = threading.local()  # .registers: the calling thread's step keeps its decode rows on the register kernels
+_step = threading.local()  # .registers: the calling thread's step keeps its decode rows on the register kernels;
+# .int8: its GGUF blocks meet activations quantized to 8 bits (`int8_activations`)
+TILE_MODE, INT8_MODE = 1, 2  # gemm_blocks_par's `amx` for the tile unit and for the int8 kernels (0: registers)
 
 
 @contextlib.contextmanager
@@ -107,6 +109,28 @@ def decode_rows_on_registers(on: bool = True) -> Iterator[None]:
 def decode_rows_pinned() -> bool:
     """Whether the calling thread's step keeps its decode rows off the tile unit (`decode_rows_on_registers`)."""
     return getattr(_step, "registers", False)
+
+
+@contextlib.contextmanager
+def int8_activations(on: bool = True) -> Iterator[None]:
+    """Within it, the calling thread's projections on GGUF blocks quantize each row of x to 8 bits a value (per 32-k
+    group) and take integer dot products with the blocks, as llama.cpp does (csrc/gemm_blocks_int8.h): decode steps
+    about twice as fast on a CPU where the float32 kernels are bound by their arithmetic, results no longer the
+    float32 kernels' (a model's `pytorch.int8_activations`; the engine enters it around each of its steps). Prompt
+    rows stay on the tile unit where there is one. Without the kernels in this build (`int8_available`), or for
+    types they do not read (Q8_0, 16-bit), the float32 kernels run."""
+    saved = getattr(_step, "int8", False)
+    _step.int8 = on
+    try:
+        yield
+    finally:
+        _step.int8 = saved
+
+
+def int8_available(cache_dir: Path | None) -> bool:
+    """Whether this CPU's build of the kernels has the int8 ones (AVX-512 with VBMI and GFNI)."""
+    lib = _load(cache_dir) if _avx2() else None
+    return bool(lib is not None and lib.int8_supported())
 
 
 _lib: ctypes.CDLL | None = None
@@ -133,6 +157,7 @@ def _signatures() -> Signatures:
         "gemm_silu_f32_par": (i32, [p, i64, p, p, p, i32, p, i64, i32, i32, i32, *tiles, i32]),  # x, ldx, wp, segments
         "blocks_rows": (None, [p, p, i32, i32, p, i32, p]),  # segments, ptrs, count, K, rows, T, out
         "amx_supported": (i32, []),
+        "int8_supported": (i32, []),
         "exact_silu_bf16": (i32, []),
         "silu_mul_f32": (None, [*silu, p]),  # + the row counter (NULL: all rows)
         "silu_mul_f32_par": (None, silu),
@@ -187,7 +212,10 @@ class _Packed:
         depend on its role in the step and on how many decode rows share it, never on another request's prompt
         chunk."""
         decode = m if prompt_from is None else prompt_from
-        modes = (int(self.tile_unit and decode > TILE_UNIT_MIN_ROWS and not decode_rows_pinned()), int(self.tile_unit))
+        other = INT8_MODE if getattr(_step, "int8", False) else 0
+        tiles = (self.tile_unit and decode > TILE_UNIT_MIN_ROWS and not decode_rows_pinned() and not other,
+                 self.tile_unit)
+        modes = tuple(TILE_MODE if on else other for on in tiles)
         if modes[0] == modes[1]:
             return [(0, m, modes[0])]
         return [part for part in ((0, decode, modes[0]), (decode, m, modes[1])) if part[1] > part[0]]
@@ -407,7 +435,7 @@ class Linear:
 
 def _chunk(amx: int, m: int) -> int:
     """Column panels per tile of a shared GEMM of `m` rows (`amx`: the weight's tile-unit mode, 0 for none)."""
-    return TILE_UNIT_FEW_ROWS_PANELS if amx and m <= TILE_UNIT_FEW_ROWS else CHUNK_PANELS
+    return TILE_UNIT_FEW_ROWS_PANELS if amx in (TILE_MODE, BF16_TILES) and m <= TILE_UNIT_FEW_ROWS else CHUNK_PANELS
 
 
 def _bf16_tiles(weight: torch.Tensor, nb: int) -> torch.Tensor:

@@ -51,6 +51,7 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
             fast_kernels=config.pytorch.fast_kernels,
             gemm_threads=config.pytorch.gemm_threads,
             match_transformers=config.pytorch.match_transformers,
+            int8_activations=config.pytorch.int8_activations,
         )
     except (UnsupportedModelError, ModelFileError) as exc:  # the model's state on /v2/repository/index says why
         raise ConfigError(f"{model.config_path}: {exc}") from None

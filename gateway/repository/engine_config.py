@@ -64,6 +64,15 @@ class PyTorchSection(_Strict):
         "default: the CPU budget (affinity mask, then cgroup quota, then OMP_NUM_THREADS; docs/cpu.md). "
         "1 keeps them on one thread.",
     )
+    int8_activations: bool = Field(
+        False,
+        description="GGUF files in float32 only: each row of activations is quantized to 8 bits a value (per 32 "
+        "weights) and meets the file's blocks in integer dot products, as llama.cpp computes: decode steps about "
+        "twice as fast where the float32 kernels are bound by their arithmetic (1B and larger on a few cores), "
+        "but answers no longer equal transformers' float32 (they differ as llama.cpp's do). Needs AVX-512 with VBMI "
+        "and GFNI; elsewhere the float32 kernels run (logged). Q8_0 and 16-bit tensors stay float32. "
+        "docs/native-engine.md.",
+    )
     match_transformers: bool = Field(
         False,
         description="dtype bfloat16 only: answer as transformers' generate does, bit for bit, by computing each "

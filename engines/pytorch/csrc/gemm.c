@@ -15,6 +15,7 @@
 #include "gemm_panels.h"
 #undef TYPE_SUFFIX
 #include "gemm_blocks.h"
+#include "gemm_blocks_int8.h"
 /* y += bias, then y += residual, each rounded once: what `F.linear` and a following `+` compute. */
 static void epilogue_f32(const float* bias, const float* residual, int64_t ldr, float* y, int64_t ldy, int M, int NB) {
     if (bias || residual)
@@ -239,11 +240,13 @@ void rms_norm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, float eps,
 typedef struct {
     const float* x; const void *wp, *bias, *residual; float* y; uint16_t* y16; int64_t ldx, ldr, ldy;
     int M, NB, K, chunk, mchunk, next;
-    int amx;  /* 1: runs of quantized panels go through the tile unit (tile_prepare); 3: bfloat16 wp (tiles) */
+    int amx;  /* 1: runs of quantized panels go through the tile unit (tile_prepare); 2: through the int8 kernels
+                 (x quantized by tile_prepare; gemm_blocks_int8.h); 3: bfloat16 wp (tiles) */
     const int* segs; const int64_t* seg_ptr; int nseg;  /* GGUF blocks in place of wp: nseg runs of panels, run s ending at
                                                             panel segs[2s] (exclusive), of type segs[2s + 1] (BT_*),
                                                             its panels at address seg_ptr[s] */
     const uint16_t* xa; const float* xs;  /* x split for the tile unit (tile_prepare); amx 3: x itself */
+    const int8_t* x8q; const float *x8d, *x8s;  /* amx 2: x quantized (tile_prepare; gemm_blocks_int8.h's x8_rows) */
     int failed;  /* set when a thread could not allocate its scratch */
 } gemm_job;
 
@@ -570,18 +573,61 @@ static void blocks_tile(gemm_job* j, int m0, int n0, float* y, int64_t ldy, int 
             failed = gemm_core_amx(j->xa + at * 1536, j->xs + at * 16, panels, pstride, t, ys, ldy, mc, hi - lo, j->K);
         } else
 #endif
+#ifdef BLOCK_INT8
+        if (j->x8q && i8_type(t)) {
+            const x8_rows x8 = {j->x8q + (int64_t)m0 * j->K, j->x8d + (int64_t)m0 * (j->K / 32),
+                                j->x8s + (int64_t)m0 * (j->K / 16), j->K};
+            gemm_core_blocks_i8(t, x8, panels, pstride, ys, ldy, mc, hi - lo);
+            failed = 0;
+        } else
+#endif
             failed = gemm_core_blocks(t, x, j->ldx, panels, pstride, ys, ldy, mc, hi - lo, j->K);
         if (failed) __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
     }
 }
-/* Before a job with amx 1: x split for the tile unit (where it has one; else nothing, and the expanding kernels
-   run); -1: out of memory. */
-static int tile_prepare(gemm_job* j) {
-#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
-    if (j->amx && amx_supported()) return amx_split(j->x, j->ldx, j->M, j->K, (uint16_t**)&j->xa, (float**)&j->xs);
-#else
-    (void)j;  /* no tile unit: nothing to prepare */
+#ifdef BLOCK_INT8
+/* x quantized into the calling thread's buffer (kept between calls, as amx_split's), rows shared by the pool on
+   large calls; -1 when it cannot be allocated. */
+typedef struct { const float* x; int64_t ldx; int8_t* q; float *d, *s; int M, K, next; } x8_job;
+static void x8_task(void* p) {
+    x8_job* j = (x8_job*)p;
+    for (int m; (m = __atomic_fetch_add(&j->next, 16, __ATOMIC_RELAXED)) < j->M;) {
+        const int rows = j->M - m < 16 ? j->M - m : 16;
+        x8_quantize(j->x + m * j->ldx, j->ldx, rows, j->K, j->q + (int64_t)m * j->K, j->d + (int64_t)m * (j->K / 32),
+                    j->s + (int64_t)m * (j->K / 16));
+    }
+}
+static __thread thread_scratch x8_buffer;
+static int x8_prepare(gemm_job* j) {
+    const size_t q = (size_t)j->M * j->K, d = (size_t)j->M * (j->K / 32);
+    char* const buf = (char*)scratch_reserve(&x8_buffer, (q + 63) / 64 * 64 + 3 * d * sizeof(float));
+    if (!buf) return -1;
+    x8_job s = {j->x, j->ldx, (int8_t*)buf, (float*)(buf + (q + 63) / 64 * 64), 0, j->M, j->K, 0};
+    s.s = s.d + d;
+    if (j->M <= 16) x8_task(&s); else POOL_RUN(x8_task, &s);
+    j->x8q = s.q, j->x8d = s.d, j->x8s = s.s;
+    return 0;
+}
 #endif
+int int8_supported(void) {
+#ifdef BLOCK_INT8
+    return 1;
+#else
+    return 0;
+#endif
+}
+/* Before a job with amx 1: x split for the tile unit (where it has one; else nothing, and the expanding kernels
+   run); amx 2: x quantized for the int8 kernels (where this build has them; else the expanding kernels run). -1: out
+   of memory. */
+static int tile_prepare(gemm_job* j) {
+#ifdef BLOCK_INT8
+    if (j->amx == 2) return x8_prepare(j);
+#endif
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
+    if (j->amx == 1 && amx_supported())
+        return amx_split(j->x, j->ldx, j->M, j->K, (uint16_t**)&j->xa, (float**)&j->xs);
+#endif
+    (void)j;  /* nothing to prepare */
     return 0;
 }
 

@@ -102,7 +102,8 @@ def test_the_other_builds_give_the_same_bits(flags: tuple[str, ...], tmp_path: P
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """The library built without AVX-512 (the 256-bit paths: AVX2 CPUs), or with AVX-512 but without VBMI and GFNI
     (Skylake-X, Cascade Lake: the blocks expanded row by row instead of 4 k rows at once), reads the blocks to the
-    same bits as this CPU's build of the float32 kernel."""
+    same bits as this CPU's build of the float32 kernel; it has no int8 kernels, so `int8_activations` changes
+    nothing there."""
     gen = torch.Generator().manual_seed(5)
     cases = [make_blocks(t, 40, 512, i) for i, t in enumerate(sorted(TYPES))]
     xs = {m: torch.randn(m, 512, generator=gen) for m in (1, 2, 3, 20)}
@@ -113,9 +114,12 @@ def test_the_other_builds_give_the_same_bits(flags: tuple[str, ...], tmp_path: P
     monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, *flags])
     monkeypatch.delitem(native._loaded, "gemm", raising=False)
     monkeypatch.setattr(linear, "_lib", None)
+    assert not linear.int8_available(tmp_path)
     for b in cases:
         other = Linear(None, None, True, tmp_path, _helpers(2, tmp_path), b)
         assert other.kind == "kernel"
         for m, x in xs.items():
             assert torch.equal(other(x), expected[b.qtype][m]), (b.qtype, m)
+            with linear.int8_activations():
+                assert torch.equal(other(x), expected[b.qtype][m]), (b.qtype, m)
     monkeypatch.delitem(native._loaded, "gemm")
