@@ -20,6 +20,10 @@ from gateway import __version__, tracing
 from gateway.access import AccessControl, AccessMiddleware
 from gateway.anthropic.router import router as anthropic_router
 from gateway.auth import KeyStore
+from gateway.batch.files_router import MULTIPART_OVERHEAD
+from gateway.batch.files_router import router as files_router
+from gateway.batch.router import router as batches_router
+from gateway.batch.service import open_service as open_batch_api
 from gateway.body_limit import BodyLimitMiddleware
 from gateway.config import ServerConfig, build_rate_limiter
 from gateway.errors import (
@@ -152,9 +156,13 @@ def _lifespan(config: ServerConfig, control: ModelControl, access: AccessControl
         log.info("CPU budget: %d compute thread%s (%s)", budget.threads, "s" if budget.threads > 1 else "",
                  budget.reason)
         app.state.responses = open_responses(config)
+        app.state.batch_api = open_batch_api(
+            config.files_dir or config.cache_dir / "files", control.models, config.files_max_bytes,
+            config.batch_max_requests, config.batch_max_concurrency, lambda: not access.lifecycle.draining)
         loaded = await asyncio.to_thread(control.load_all)
         for model in loaded:
             await model.start()
+        await app.state.batch_api.start()  # resumes the batches a previous run left unfinished
         metrics_server = None
         if config.metrics_port:
             metrics_server, _ = start_http_server(config.metrics_port, addr=config.host, registry=metrics_registry)
@@ -183,6 +191,7 @@ def _lifespan(config: ServerConfig, control: ModelControl, access: AccessControl
             if metrics_server is not None:
                 metrics_server.shutdown()
             await app.state.responses.close()  # cancels background responses
+            await app.state.batch_api.close()  # stops running batches where they are; the next start resumes them
             await control.close()  # stop polling; replaced or unloaded copies finish
             for model in control.models.all_models():
                 await model.stop()
@@ -200,6 +209,8 @@ def _add_routes(app: FastAPI, config: ServerConfig) -> None:
     app.include_router(responses_router)
     app.include_router(anthropic_router)
     app.include_router(rerank_router)
+    app.include_router(files_router)
+    app.include_router(batches_router)
     if config.console:
         from gateway.console.routes import add_console
 
@@ -240,7 +251,8 @@ def _add_health_routes(app: FastAPI, registry: ModelRegistry, lifecycle: Lifecyc
 def _add_middleware(app: FastAPI, config: ServerConfig, access: AccessControl, endpoint_counts: EndpointCounts) -> None:
     """Outermost last: CORS answers preflights, then every request is counted by endpoint and gets its id, then
     access checks, then the body limit."""
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    uploads = max(config.max_body_bytes, config.files_max_bytes + MULTIPART_OVERHEAD)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, path_limits={"/v1/files": uploads})
     app.add_middleware(AccessMiddleware, access=access)
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(EndpointCountMiddleware, counts=endpoint_counts)

@@ -25,6 +25,7 @@ ACCESS = "access control (docs/deployment.md)"
 CONTROL = "model control, Triton's modes (docs/deployment.md)"
 LIMITER = "rate limiter, Triton's (docs/frameworks.md)"
 RESPONSES = "stored responses, /v1/responses with store: true (docs/agent-apis.md)"
+BATCH = "files and batches, /v1/files and /v1/batches (docs/batch-api.md)"
 
 
 def setting(
@@ -130,6 +131,16 @@ class ServerConfig(BaseModel):
         None, "send a span per LLM request (queue, prefill, decode) over OTLP/HTTP to URL, e.g. "
         "http://collector:4318/v1/traces; needs switchyard[tracing]", metavar="URL", default_text="off",
         doc="scale-out.md#tracing")
+    files_dir: Path | None = setting(
+        None, "folder keeping uploaded files, batch output files and their SQLite database", metavar="DIR",
+        default_text="files/ in the cache dir", group=BATCH, doc="batch-api.md")
+    files_max_bytes: int = setting(200 * 2**20, "largest file `POST /v1/files` accepts; larger uploads get 413",
+                                   ge=1024, metavar="N", default_text="200 MiB", group=BATCH)
+    batch_max_requests: int = setting(50_000, "most requests in one batch's input file", ge=1, metavar="N",
+                                      group=BATCH)
+    batch_max_concurrency: int = setting(
+        16, "batch requests running at once, all batches together; each starts only while no request waits for "
+        "its model, at the lowest priority", ge=1, metavar="N", group=BATCH)
 
     @field_validator("log_level", "log_format", "model_control_mode", "rate_limit", mode="before")
     @classmethod

@@ -30,15 +30,24 @@ def embedding_model(model: LoadedModel) -> TensorModel:
     raise InvalidRequestError(f"The model '{model.name}' does not produce embeddings.", param="model")
 
 
+def lowest_priority(tensor: TensorModel) -> int | None:
+    """The dynamic batcher's last priority level, where work that must not delay others waits; None without
+    levels."""
+    batching = tensor.config.dynamic_batching
+    return batching.priority_levels if batching is not None and batching.priority_levels else None
+
+
 def embedding_width(tensor: TensorModel) -> int | None:
     """The declared length of a vector, when the config fixes it."""
     width = next((s.dims[-1] for s in tensor.version().outputs if s.name == "EMBEDDING" and s.dims), None)
     return width if width is not None and width > 0 else None
 
 
-async def embed(tensor: TensorModel, items: list[str | list[int]]) -> tuple[list[np.ndarray], int]:
+async def embed(tensor: TensorModel, items: list[str | list[int]],
+                priority: int | None = None) -> tuple[list[np.ndarray], int]:
     """One batcher request per run of texts (at most max_batch_size rows) and per token list, all at once; returns
-    a vector per item and the tokens the model read."""
+    a vector per item and the tokens the model read. `priority`: the batcher's priority level (None: the model's
+    default)."""
     limit = max(1, tensor.config.max_batch_size)
     batched = tensor.config.max_batch_size > 0
     input_names = {s.name for s in tensor.version().inputs}
@@ -52,6 +61,8 @@ async def embed(tensor: TensorModel, items: list[str | list[int]]) -> tuple[list
     if any(isinstance(i, list) for i in items) and "INPUT_IDS" not in input_names:
         raise InvalidRequestError("this model does not accept token ids; send text", param="input")
 
+    parameters = {"priority": priority} if priority is not None else None
+
     async def run(group: list[int]) -> dict[str, np.ndarray]:
         first = items[group[0]]
         if isinstance(first, str):
@@ -60,7 +71,7 @@ async def embed(tensor: TensorModel, items: list[str | list[int]]) -> tuple[list
         else:
             ids = np.array([first], dtype=np.int64)
             tensor_in = InputTensor("INPUT_IDS", "INT64", ids if batched else ids.reshape(-1))
-        _, outputs = await tensor.infer([tensor_in])
+        _, outputs = await tensor.infer([tensor_in], parameters=parameters)
         return {o.name: o.array for o in outputs}
 
     results = await asyncio.gather(*(run(g) for g in groups))

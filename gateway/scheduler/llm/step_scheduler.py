@@ -4,7 +4,8 @@ Every step: running sequences get their next tokens first (one for a decode, a c
 then waiting sequences are admitted in (priority, arrival) order while the token budget, the sequence cap and
 the KV pool allow. When the pool runs dry, the most recently admitted running sequence is preempted: its blocks
 are freed and it is recomputed later from its prompt plus what it already generated. Requests are never failed
-for lack of KV space and the scheduler never waits on itself.
+for lack of KV space and the scheduler never waits on itself. A running sequence's next prompt chunk yields its
+step to a waiting request of higher priority that can be admitted (a chat arriving while batch requests prefill).
 
 With speculative decoding on (the config's `pytorch.speculative`), a decoding sequence's step may carry proposed tokens
 after its last one (speculation.py decides when, ngram_draft.py what); the engine verifies them in the same step,
@@ -197,9 +198,20 @@ class StepScheduler:
         # sequences here; admissions that are decode rows shorten them after: _fit_drafts)
         limit = self._info.max_exact_decode_rows
         spare_rows = limit - len(running) if limit else budget
+        # A prompt chunk of a running sequence waits a step when a request of higher priority waits for admission
+        # and could be admitted: the chat that arrives while batch requests prefill gets its first token a step
+        # sooner (decodes are never held back; a starving request counts as the highest priority).
+        urgent = (min(s.sort_key(now, aging)[0] for s in self._waiting)
+                  if self._waiting and len(self._running) < self._limits.max_num_seqs else None)
+        deferred: list[_Sequence] = []
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
+            if (urgent is not None and len(seq.tokens) - seq.num_computed > 1
+                    and seq.sort_key(now, aging)[0] > urgent):
+                deferred.append(seq)
+                i += 1
+                continue
             n = min(len(seq.tokens) - seq.num_computed, budget)
             drafts = self._propose(seq, min(budget - n, spare_rows)) if speculate and n == 1 else []
             spare_rows -= len(drafts)
@@ -256,6 +268,12 @@ class StepScheduler:
             self._kv.free(seq.seq_id)  # drop prefix-cache references taken by admit; retry next step
             seq.num_computed = 0
             break
+        if not admitted:  # nobody could be admitted after all (no KV room): the held-back chunks go on
+            for seq in deferred:
+                n = min(len(seq.tokens) - seq.num_computed, budget)
+                if n > 0 and seq in self._running and self._kv.allocate(seq.seq_id, seq.num_computed + n) is not None:
+                    scheduled.append((seq, self._step(seq, n)))
+                    budget -= n
         if limit:
             self._fit_drafts(scheduled, limit)
         return scheduled

@@ -301,6 +301,39 @@ def test_pinned_sessions_yield_when_pool_is_needed() -> None:
     assert drain(sched, engine, req("b", "mlkjihgfedcb", max_tokens=4))[1] == "length"
 
 
+def test_a_waiting_request_of_higher_priority_goes_before_a_lower_ones_prompt_chunk() -> None:
+    """A batch request (low priority) is prefilling its long prompt in chunks when a chat arrives: the chat's prompt
+    takes the next step's budget and the batch request's next chunk waits; equal priorities keep arrival order."""
+    engine = CountingEngine()
+    sched = scheduler(engine, max_num_seqs=4, max_num_batched_tokens=8)
+    sched.add(req("batch", "abcdefghijklmnopqrst", max_tokens=2, priority=9))
+    step(sched, engine)  # its first chunk of 8
+    sched.add(req("chat", "abc", max_tokens=2))
+    assert [s.seq_id for s in sched.schedule().steps] == ["chat"]
+    outs = run(sched, engine)
+    assert summary(outs["chat"])[1] == "length" and summary(outs["batch"])[1] == "length"
+
+    engine = CountingEngine()
+    sched = scheduler(engine, max_num_seqs=4, max_num_batched_tokens=8)
+    sched.add(req("first", "abcdefghijklmnopqrst", max_tokens=2))
+    step(sched, engine)
+    sched.add(req("second", "abc", max_tokens=2))
+    assert [s.seq_id for s in sched.schedule().steps] == ["first"]  # its chunk takes the whole budget
+
+
+def test_a_held_back_chunk_goes_on_when_the_waiting_request_cannot_be_admitted() -> None:
+    """The chat that waits cannot get KV blocks (the batch request holds the pool): the batch request's chunk is
+    scheduled all the same, so the step is not wasted and nothing stalls."""
+    engine = CountingEngine(num_blocks=3, block_size=4)
+    sched = scheduler(engine, max_num_seqs=4, max_num_batched_tokens=8, enable_prefix_caching=False)
+    sched.add(req("batch", "abcdefghij", max_tokens=2, priority=9))  # 12 tokens in all: the whole pool
+    step(sched, engine)  # its first chunk holds 2 of the 3 blocks
+    sched.add(req("chat", "zyxwvuts", max_tokens=2))  # its first chunk needs 2 blocks
+    assert [s.seq_id for s in sched.schedule().steps] == ["batch"]
+    outs = run(sched, engine)
+    assert summary(outs["chat"])[1] == "length" and summary(outs["batch"])[1] == "length"
+
+
 def test_starving_request_is_admitted_ahead_of_higher_priority() -> None:
     engine = CountingEngine()
     sched = scheduler(engine, max_num_seqs=1, max_num_batched_tokens=64, aging_seconds=1800)
