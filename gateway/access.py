@@ -3,25 +3,32 @@
 `AccessControl` holds the policy for both protocols; `AccessMiddleware` applies it to HTTP (errors answered here,
 in the protocol's own shape, so a refused request never reaches a handler) and `kserve/grpc_access.py` to gRPC.
 Admitted HTTP requests are counted in flight until their response is fully sent, which is what a drain waits for.
+A named key (gateway/keys/) is admitted by its own limits and budget, and bound to the request for the code that
+runs it (model access, priority, usage); the response's status tells its usage whether the request failed.
 CORS preflights are answered by the CORS middleware outside this one, without a key, as browsers expect.
 """
 
 from __future__ import annotations
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.auth import ANONYMOUS, KeyStore, Principal, Role, canonical_path
 from gateway.body_limit import send_error
 from gateway.errors import ANTHROPIC_PATHS, AuthenticationError, ServiceUnavailableError, SwitchyardError
+from gateway.keys import context as key_context
+from gateway.keys.context import KeyAccount
+from gateway.keys.service import KeyService
 from gateway.lifecycle import Lifecycle
 from gateway.rate_limit import RateLimiter, bind_caller
 
 
 class AccessControl:
-    def __init__(self, keys: KeyStore, limiter: RateLimiter, lifecycle: Lifecycle) -> None:
+    def __init__(self, keys: KeyStore, limiter: RateLimiter, lifecycle: Lifecycle,
+                 named: KeyService | None = None) -> None:
         self.keys = keys
         self.limiter = limiter
         self.lifecycle = lifecycle
+        self.named = named
 
     def admit(self, role: Role, authorization: str | None, client_address: str) -> Principal:
         """The caller, if a request of `role` may start now; else the SwitchyardError to answer with."""
@@ -31,7 +38,10 @@ class AccessControl:
             raise ServiceUnavailableError("the server is shutting down; retry on another replica",
                                           headers={"Retry-After": "5"})
         principal = self.keys.authorize(role, authorization)
-        if self.limiter.enabled and not principal.admin:  # operators are not throttled by their own limits
+        if principal.key is not None and self.named is not None:  # a named key: its own limits, not the server's
+            self.named.admit(principal.key)
+            key_context.bind(KeyAccount(principal.key, self.named))
+        elif self.limiter.enabled and not principal.admin:  # operators are not throttled by their own limits
             caller = f"ip:{client_address}" if principal is ANONYMOUS else f"key:{principal.key_id}"
             self.limiter.admit(caller)
             bind_caller(self.limiter, caller)
@@ -72,7 +82,31 @@ class AccessMiddleware:
             return
         lifecycle = self.access.lifecycle
         lifecycle.enter()
+        account = key_context.current()
+        if account is not None:
+            account.inference = scope.get("method") == "POST"  # GETs read metadata: they are not usage
         try:
-            await self.app(scope, receive, send)
+            if account is None:
+                await self.app(scope, receive, send)
+            else:
+                await self._counted(scope, receive, send, account)
         finally:
             lifecycle.leave()
+
+    async def _counted(self, scope: Scope, receive: Receive, send: Send, account: KeyAccount) -> None:
+        """Run the request, then tell its key's usage how it ended (a status of 400 or more is an error)."""
+        status = 500
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                extra = account.service.limiter.headers(account.key)  # the key's limits, as OpenAI's API says them
+                if extra:
+                    message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            account.finish(status)

@@ -37,6 +37,9 @@ from gateway.errors import (
 )
 from gateway.heap import freeze_loaded
 from gateway.http_metrics import EndpointCountMiddleware, EndpointCounts
+from gateway.keys.admin import router as keys_admin_router
+from gateway.keys.metrics import KeyUsageCollector
+from gateway.keys.service import KeyService, open_key_service
 from gateway.kserve.data_plane import DataPlane
 from gateway.kserve.http import router as kserve_router
 from gateway.lifecycle import Lifecycle
@@ -112,11 +115,13 @@ def create_app(config: ServerConfig, control: ModelControl | None = None) -> Fas
                                       control_mode=config.model_control_mode, load_models=config.load_models,
                                       drain_timeout_s=config.drain_seconds, rate_limiter=build_rate_limiter(config))
     registry = control.models
-    keys = _key_store(config)
+    key_service = _key_service(config)
+    keys = _key_store(config, key_service)
     lifecycle = Lifecycle()
-    access = AccessControl(keys, RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm), lifecycle)
+    access = AccessControl(keys, RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm), lifecycle, key_service)
     endpoint_counts = EndpointCounts()
     metrics_registry = build_metrics_registry(registry, endpoint_counts, control.rate_limiter)
+    metrics_registry.register(KeyUsageCollector(key_service, config.key_metrics_by_key))
     app = FastAPI(title="Switchyard", version=__version__,
                   lifespan=_lifespan(config, control, access, metrics_registry))
     app.state.config = config
@@ -125,6 +130,7 @@ def create_app(config: ServerConfig, control: ModelControl | None = None) -> Fas
     app.state.kserve = DataPlane(registry, control)  # KServe v2's answers, for its HTTP and gRPC codecs
     app.state.ready = False
     app.state.keys = keys
+    app.state.key_service = key_service  # named keys: /admin/keys, /admin/usage
     app.state.lifecycle = lifecycle
     add_error_handlers(app)
     _add_routes(app, config)
@@ -133,13 +139,23 @@ def create_app(config: ServerConfig, control: ModelControl | None = None) -> Fas
     return app
 
 
-def _key_store(config: ServerConfig) -> KeyStore:
+def _key_service(config: ServerConfig) -> KeyService:
+    """Named keys (docs/keys.md): the database opens at startup."""
+    return open_key_service(
+        config.key_store or config.cache_dir / "keys.sqlite3",
+        config.key_store_url.get_secret_value() if config.key_store_url else None,
+        default_rpm=config.rate_limit_rpm, default_tpm=config.rate_limit_tpm, prices=config.key_prices,
+        flush_secs=config.key_usage_flush_secs, refresh_secs=config.key_refresh_secs)
+
+
+def _key_store(config: ServerConfig, named: KeyService | None = None) -> KeyStore:
     """The API and admin keys; a warning when inference is open beyond this machine."""
     keys = KeyStore(
         [k.get_secret_value() for k in config.api_keys],
         [k.get_secret_value() for k in config.admin_keys],
         config.public_paths,
         console=config.console,
+        named=named,
     )
     if keys.inference_open and config.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("no API key is configured: anyone who reaches %s can run inference", config.host)
@@ -159,6 +175,7 @@ def _lifespan(config: ServerConfig, control: ModelControl, access: AccessControl
         app.state.batch_api = open_batch_api(
             config.files_dir or config.cache_dir / "files", control.models, config.files_max_bytes,
             config.batch_max_requests, config.batch_max_concurrency, lambda: not access.lifecycle.draining)
+        await app.state.key_service.open()
         loaded = await asyncio.to_thread(control.load_all)
         for model in loaded:
             await model.start()
@@ -192,6 +209,7 @@ def _lifespan(config: ServerConfig, control: ModelControl, access: AccessControl
                 metrics_server.shutdown()
             await app.state.responses.close()  # cancels background responses
             await app.state.batch_api.close()  # stops running batches where they are; the next start resumes them
+            await app.state.key_service.close()  # writes the last usage
             await control.close()  # stop polling; replaced or unloaded copies finish
             for model in control.models.all_models():
                 await model.stop()
@@ -211,6 +229,7 @@ def _add_routes(app: FastAPI, config: ServerConfig) -> None:
     app.include_router(rerank_router)
     app.include_router(files_router)
     app.include_router(batches_router)
+    app.include_router(keys_admin_router)
     if config.console:
         from gateway.console.routes import add_console
 

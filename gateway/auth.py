@@ -12,6 +12,9 @@ Routes are classified on a canonical form of the path, and non-canonical paths (
 encoded slashes or dots) are refused outright, so no spelling of an admin path reaches it as something else.
 Keys are compared by their SHA-256 digests with `hmac.compare_digest`, against every key, so timing says
 nothing about a key's content or length; keys are never logged, only a short fingerprint of their digest.
+
+Besides the keys of the configuration, named keys (`gateway/keys/`, managed through /admin/keys) are found by their
+digest; they carry a policy (models, limits, budget, priority). Once any named key exists, inference needs a key.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Protocol
 
 from gateway.errors import AuthenticationError, InvalidRequestError, PermissionDeniedError
+from gateway.keys.policy import KeyRecord
 
 
 class Role(Enum):
@@ -35,17 +40,19 @@ class Role(Enum):
 @dataclass(frozen=True)
 class Principal:
     """Who is calling: `key_id` is a fingerprint of the key (safe to log and to label rate limits by); `tenant`
-    the key's whole SHA-256 digest (hex), which scopes what the key owns (KV sessions); empty for anonymous callers."""
+    the key's whole SHA-256 digest (hex), which scopes what the key owns (KV sessions); empty for anonymous callers.
+    For a named key, `key_id` and `tenant` are its id (they survive a rotation) and `key` its record."""
 
     key_id: str
     admin: bool = False
     tenant: str = field(default="", repr=False)
+    key: KeyRecord | None = field(default=None, repr=False, compare=False)
 
 
 ANONYMOUS = Principal("anonymous")
 
 DEFAULT_PUBLIC_PATHS = ("/health", "/v2/health/live", "/v2/health/ready", "/metrics")
-ADMIN_PREFIXES = ("/v2/repository",)
+ADMIN_PREFIXES = ("/v2/repository", "/admin")
 CONSOLE_PAGES = ("/", "/ui", "/ui/")
 CONSOLE_ASSETS = "/ui/assets/"
 # Listing the repository is reading, as in Triton (which serves the index to every client by default): whoever may
@@ -70,6 +77,17 @@ def canonical_path(raw_path: bytes, path: str) -> str:
     return path
 
 
+class NamedKeys(Protocol):
+    """The named keys (`gateway/keys/service.py`), as authentication needs them."""
+
+    @property
+    def has_keys(self) -> bool:
+        """Whether any named key is live: then inference needs a key."""
+
+    def authenticate(self, digest: str) -> KeyRecord | None:
+        """The key with this hex SHA-256 digest, None if none; AuthenticationError for a revoked or expired one."""
+
+
 class KeyStore:
     """The configured keys and the route policy; `authorize` is the one entry point for HTTP and gRPC."""
 
@@ -79,11 +97,13 @@ class KeyStore:
         admin_keys: Iterable[str] = (),
         public_paths: Iterable[str] = DEFAULT_PUBLIC_PATHS,
         console: bool = False,
+        named: NamedKeys | None = None,
     ) -> None:
         self._api = [_digest(k) for k in api_keys if k]
         self._admin = [_digest(k) for k in admin_keys if k]
         self.public_paths = frozenset(public_paths)
         self.console = console  # serve the console's page and assets without a key
+        self.named = named
 
     @property
     def admin_enabled(self) -> bool:
@@ -91,7 +111,7 @@ class KeyStore:
 
     @property
     def inference_open(self) -> bool:
-        return not self._api
+        return not self._api and not (self.named is not None and self.named.has_keys)
 
     def role_of(self, path: str) -> Role:
         if path in self.public_paths:
@@ -131,6 +151,9 @@ class KeyStore:
             return Principal(fingerprint, admin=True, tenant=presented.hex())
         if self._match(presented, self._api):
             return Principal(fingerprint, tenant=presented.hex())
+        named = self.named.authenticate(presented.hex()) if self.named is not None else None
+        if named is not None:
+            return Principal(named.id, tenant="key:" + named.id, key=named)
         raise AuthenticationError("Incorrect API key provided.")
 
     def authorize(self, role: Role, authorization: str | None) -> Principal:
@@ -140,7 +163,7 @@ class KeyStore:
         if role is Role.ADMIN:
             if not self._admin:
                 raise PermissionDeniedError(
-                    "the model repository API is disabled; start the server with an admin key "
+                    "the admin API (the model repository, /admin) is disabled; start the server with an admin key "
                     "(--admin-key-file or SWITCHYARD_ADMIN_KEY) to enable it"
                 )
             principal = self.identify(authorization)

@@ -26,6 +26,7 @@ CONTROL = "model control, Triton's modes (docs/deployment.md)"
 LIMITER = "rate limiter, Triton's (docs/frameworks.md)"
 RESPONSES = "stored responses, /v1/responses with store: true (docs/agent-apis.md)"
 BATCH = "files and batches, /v1/files and /v1/batches (docs/batch-api.md)"
+KEYS = "named API keys with policies and usage (docs/keys.md)"
 
 
 def setting(
@@ -141,6 +142,22 @@ class ServerConfig(BaseModel):
     batch_max_concurrency: int = setting(
         16, "batch requests running at once, all batches together; each starts only while no request waits for "
         "its model, at the lowest priority", ge=1, metavar="N", group=BATCH)
+    key_store: Path | None = setting(None, "SQLite file of the named API keys (/admin/keys) and their usage",
+                                     metavar="FILE", default_text="keys.sqlite3 in the cache dir", group=KEYS,
+                                     doc="keys.md")
+    key_store_url: SecretStr | None = setting(
+        None, "a SQLAlchemy database URL used instead of --key-store, e.g. postgresql+psycopg://user:pw@host/db for "
+        "replicas sharing keys and budgets (install its driver)", no_flag=True, default_text="none", group=KEYS)
+    key_usage_flush_secs: float = setting(5.0, "seconds between two writes of the keys' usage to the key store", gt=0,
+                                          metavar="SECONDS", group=KEYS)
+    key_refresh_secs: float = setting(10.0, "seconds between two reads of the keys changed by other replicas", gt=0,
+                                      metavar="SECONDS", group=KEYS)
+    key_prices: tuple[str, ...] = setting(
+        (), "price per million prompt, completion and cached prompt tokens of a model, for usage's cost and cost "
+        "budgets", flag="--key-price", metavar="MODEL=PROMPT:COMPLETION[:CACHED]", default_text="none", group=KEYS)
+    key_metrics_by_key: bool = setting(
+        False, "label the /metrics series of named keys by key (one series per key and model; off: per model)",
+        group=KEYS)
 
     @field_validator("log_level", "log_format", "model_control_mode", "rate_limit", mode="before")
     @classmethod

@@ -117,6 +117,13 @@ class RateLimitError(SwitchyardError):
     code = "rate_limit_exceeded"
 
 
+class QuotaExceededError(RateLimitError):
+    """A key's budget for its period is spent (OpenAI's `insufficient_quota`, also a 429)."""
+
+    type = "insufficient_quota"
+    code = "insufficient_quota"
+
+
 class ServiceUnavailableError(SwitchyardError):
     status = 503
     type = "service_unavailable"

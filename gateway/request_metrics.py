@@ -12,8 +12,8 @@ admission; inter-token latency is observed once per output token after the first
 request's first token is out (its prefill is done); every finished request counts in `finished` by its
 finish_reason (a client that went away counts as "abort"). Each engine request counts, so `n>1` counts n.
 
-The same token counts are charged to the caller's tokens-per-minute limit (`rate_limit.charge_tokens`), since this
-is the one place that sees every LLM token.
+The same token counts are charged to the caller's tokens-per-minute limit (`rate_limit.charge_tokens`), and to a
+named key's limits, budget and usage (`keys.context.charge`), since this is the one place that sees every LLM token.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from engines.types import GenerationOutput, GenerationRequest
 from gateway import tracing
 from gateway.inference_stats import ModelStats, failure_reason
+from gateway.keys import context as key_context
 from gateway.rate_limit import charge_tokens
 
 # vLLM's default buckets (vllm/v1/metrics/buckets.py), so dashboards built for vLLM read ours unchanged.
@@ -111,6 +112,7 @@ class LLMRequestStats:
         if request_id not in self._timings:  # a duplicate id is refused by the scheduler; keep the original's
             self._timings[request_id] = timing
         tokens = 0  # output tokens seen so far
+        cached = 0  # prompt tokens the engine found cached, as far as it has said
         last = 0.0  # when the latest token arrived
         done = False
         request.trace_headers = dict(request.trace_headers or tracing.incoming.get())
@@ -123,6 +125,8 @@ class LLMRequestStats:
                     now = clock()
                     if timing.scheduled is None:  # a scheduler that did not say: it was admitted by now
                         timing.scheduled = now
+                    if out.cached_prompt_tokens > cached:
+                        cached = out.cached_prompt_tokens
                     total = max(tokens, out.completion_tokens or tokens + len(out.new_token_ids))
                     new = total - tokens
                     if new > 0:
@@ -132,14 +136,18 @@ class LLMRequestStats:
                             prompt = out.prompt_tokens or len(request.prompt_token_ids)
                             self.prompt_tokens += prompt
                             charge_tokens(prompt)
+                            key_context.charge(prompt=prompt)
                         else:
                             self.inter_token.observe((now - last) / new, new)
                         self.generation_tokens += new
                         charge_tokens(new)
+                        key_context.charge(completion=new)
                         tokens, last = total, now
                     if out.finished:
                         final = out
                         done = True
+                        if cached and tokens:  # prompt tokens found in the cache (they were charged as prompt)
+                            key_context.charge(cached=cached)
                         self._end(
                             timing, now, out.finish_reason or "stop", _FINISH_FAILURES.get(out.finish_reason or "")
                         )

@@ -17,6 +17,7 @@ from starlette.staticfiles import StaticFiles
 
 from gateway.auth import KeyStore
 from gateway.console import live_stats, overview
+from gateway.keys import context as key_context
 
 STATIC = Path(__file__).resolve().parent / "static"
 
@@ -62,7 +63,7 @@ async def overview_json(request: Request) -> dict[str, Any]:
     return {
         "server": overview.server(app.state.config, keys.admin_enabled, not keys.inference_open,
                                   bool(app.state.ready), routes),
-        "models": overview.models(app.state.model_control),
+        "models": [m for m in overview.models(app.state.model_control) if key_context.visible(m["name"])],
     }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from gateway import __version__
 from gateway.errors import InvalidRequestError, NotFoundError
+from gateway.keys import context as key_context
 from gateway.kserve import llm_bridge
 from gateway.repository.loaded_model import LoadedLLM, LoadedModel, LoadedTensorModel
 from gateway.repository.model_control import ModelControl
@@ -72,7 +73,8 @@ class DataPlane:
     def statistics(self, name: str = "", version: Version = None) -> list[dict[str, Any]]:
         """Triton's model statistics: one entry per served version of `name`, or of every model when unnamed."""
         if not name:
-            return [s.as_dict(m.name, str(n)) for m in self.models.all_models() for n, s, _ in m.version_stats()]
+            return [s.as_dict(m.name, str(n)) for m in self.models.all_models() if key_context.visible(m.name)
+                    for n, s, _ in m.version_stats()]
         model = self.models.get(name)
         chosen = model.version_number(version) if version else None
         return [s.as_dict(model.name, str(n)) for n, s, _ in model.version_stats() if chosen in (None, n)]
@@ -119,7 +121,8 @@ class DataPlane:
     # ------------------------------------------------------------------ repository
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        return self.control.states.index(ready_only=ready_only)
+        return [entry for entry in self.control.states.index(ready_only=ready_only)
+                if key_context.visible(entry["name"])]
 
     async def load(self, name: str, parameters: Mapping[str, Any]) -> None:
         """Load or reload a model; the only parameter is `config`, a JSON object (or its text) that overrides the

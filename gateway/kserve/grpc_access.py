@@ -3,7 +3,8 @@ key read from the `authorization` metadata.
 
 Health RPCs are public, the repository RPCs need the admin key, everything else an API key (when keys are
 configured). A refused call ends with UNAUTHENTICATED, PERMISSION_DENIED, RESOURCE_EXHAUSTED or UNAVAILABLE before
-the servicer runs. Callers without a key are rate-limited per address, found in the call's peer.
+the servicer runs. Callers without a key are rate-limited per address, found in the call's peer. An infer call made
+with a named key counts in the key's usage, as an error if it fails.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import grpc
 
 from gateway.access import AccessControl
 from gateway.errors import SwitchyardError
+from gateway.keys import context as key_context
 
 _STATUS = {
     401: grpc.StatusCode.UNAUTHENTICATED,
@@ -35,7 +37,11 @@ def peer_address(peer: str) -> str:
     return peer
 
 
-def _admitted(handler: grpc.RpcMethodHandler, admit: Callable[[str], object]) -> grpc.RpcMethodHandler:
+INFER_METHODS = ("ModelInfer", "ModelStreamInfer")  # what a key's usage counts (not metadata or readiness)
+
+
+def _admitted(handler: grpc.RpcMethodHandler, admit: Callable[[str], object],
+              infer: bool = True) -> grpc.RpcMethodHandler:
     """The handler with `admit(peer address)` run first, inside the call (where the peer is known and the
     rate limiter's caller is bound for the call's task); a SwitchyardError ends the call with its status."""
 
@@ -44,6 +50,14 @@ def _admitted(handler: grpc.RpcMethodHandler, admit: Callable[[str], object]) ->
             admit(peer_address(context.peer() or ""))
         except SwitchyardError as error:
             await context.abort(_STATUS.get(error.status, grpc.StatusCode.INVALID_ARGUMENT), error.message)
+        account = key_context.current()
+        if account is not None:
+            account.inference = infer
+
+    def finish(status: int) -> None:
+        account = key_context.current()
+        if account is not None:
+            account.finish(status)
 
     kwargs = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
     if handler.response_streaming:
@@ -51,8 +65,15 @@ def _admitted(handler: grpc.RpcMethodHandler, admit: Callable[[str], object]) ->
 
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             await check(context)
-            async for response in behavior(request, context):
-                yield response
+            status = 200  # a cancelled call is not an error
+            try:
+                async for response in behavior(request, context):
+                    yield response
+            except Exception:
+                status = 500
+                raise
+            finally:
+                finish(status)
 
         if handler.request_streaming:
             return grpc.stream_stream_rpc_method_handler(stream, **kwargs)
@@ -61,7 +82,14 @@ def _admitted(handler: grpc.RpcMethodHandler, admit: Callable[[str], object]) ->
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
         await check(context)
-        return await behavior(request, context)
+        status = 200
+        try:
+            return await behavior(request, context)
+        except Exception:
+            status = 500
+            raise
+        finally:
+            finish(status)
 
     if handler.request_streaming:
         return grpc.stream_unary_rpc_method_handler(unary, **kwargs)
@@ -82,4 +110,5 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
             return handler
         role = self.access.keys.grpc_role(details.method)
         authorization = dict(details.invocation_metadata or ()).get("authorization")
-        return _admitted(handler, lambda address: self.access.admit(role, authorization, address))
+        infer = details.method.rsplit("/", 1)[-1] in INFER_METHODS
+        return _admitted(handler, lambda address: self.access.admit(role, authorization, address), infer)

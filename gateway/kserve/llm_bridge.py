@@ -18,6 +18,7 @@ import numpy as np
 from engines.types import GenerationRequest, SamplingParams
 from gateway.errors import InternalError, InvalidRequestError, ServiceUnavailableError
 from gateway.ids import random_hex
+from gateway.keys import context as key_context
 from gateway.kserve.codec import InputTensor
 from gateway.repository.loaded_model import LoadedLLM
 
@@ -118,7 +119,7 @@ async def generate_text(model: LoadedLLM, prompt: str, values: Mapping[str, Any]
     if not prompt_ids:
         raise InvalidRequestError("text_input produced no tokens")
     sampling = sampling_from(values, scheduler.info.max_model_len, len(prompt_ids))
-    request = GenerationRequest(f"v2-{random_hex()}", prompt_ids, sampling)
+    request = GenerationRequest(f"v2-{random_hex()}", prompt_ids, sampling, key_context.priority(0))
     async for out in scheduler.generate(request):
         if out.finish_reason == "error":
             raise InternalError(out.error or "the model failed while generating")

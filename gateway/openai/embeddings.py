@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from gateway.errors import InvalidRequestError
 from gateway.http.body_depth import NestingAwareRoute
 from gateway.http.disconnect import cancel_on_disconnect
+from gateway.keys import context as key_context
 from gateway.repository.loaded_model import LoadedModel
 from gateway.tensor.embedding import embed, embedding_model, embedding_width
 
@@ -92,6 +93,7 @@ async def embeddings_body(body: EmbeddingRequest, model: LoadedModel, priority: 
     except InvalidRequestError as exc:  # the model refused an input (e.g. a token id outside its vocabulary)
         exc.param = exc.param or "input"
         raise
+    key_context.charge(prompt=tokens)  # a named key's tokens per minute, budget and usage
     data = [
         {"object": "embedding", "index": i, "embedding": _encode(v, body.dimensions, body.encoding_format)}
         for i, v in enumerate(vectors)

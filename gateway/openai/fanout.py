@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from engines.types import GenerationOutput, GenerationRequest, SamplingParams
 from gateway.ids import random_hex
+from gateway.keys import context as key_context
 from gateway.openai.results import check_output
 from gateway.scheduler.llm.interface import LLMScheduler
 
@@ -27,6 +28,7 @@ async def merged_stream(
     scheduler: LLMScheduler, choices: list[Choice], priority: int = 0, session_id: str | None = None
 ) -> AsyncIterator[tuple[int, GenerationOutput]]:
     base = random_hex()
+    priority = key_context.priority(priority)  # a named key's priority comes first
     requests = [
         GenerationRequest(f"{base}-{c.index}", c.prompt_token_ids, c.sampling, priority, session_id) for c in choices
     ]

@@ -13,6 +13,7 @@ from gateway.http.body_depth import NestingAwareRoute
 from gateway.http.disconnect import cancel_on_disconnect
 from gateway.http.sse import sse_response
 from gateway.http.unknown_fields import log_unknown
+from gateway.keys import context as key_context
 from gateway.openai.chat import chat_completion
 from gateway.openai.completions import completion
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -44,7 +45,8 @@ def _model_card(m: LoadedModel) -> dict[str, Any]:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    return {"object": "list", "data": [_model_card(m) for m in _registry(request).all_models()]}
+    models = [m for m in _registry(request).all_models() if key_context.visible(m.name)]
+    return {"object": "list", "data": [_model_card(m) for m in models]}
 
 
 @router.get("/v1/models/{model_id:path}")

@@ -50,7 +50,7 @@ def _model(request: Request, name: str | None) -> LoadedLLM:
     models = registry.llms()
     if len(models) != 1:
         raise InvalidRequestError("several language models are served: name one in 'model'", param="model")
-    return models[0]
+    return registry.llm(models[0].name)  # the lookup a named key's model list applies to
 
 
 @router.post("/tokenize")

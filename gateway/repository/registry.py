@@ -9,6 +9,7 @@ lifecycle apart from the repository manager); it alone publishes and withdraws m
 from __future__ import annotations
 
 from gateway.errors import InvalidRequestError, ModelNotFoundError
+from gateway.keys import context as key_context
 from gateway.repository.loaded_model import LoadedLLM, LoadedModel, LoadedTensorModel
 from gateway.tensor.model import TensorModel
 
@@ -24,7 +25,9 @@ class ModelRegistry:
     # ------------------------------------------------------------------ lookups (frontends)
 
     def get(self, name: str) -> LoadedModel:
-        """The model serving `name`; 404 (`model_not_found`) when none does."""
+        """The model serving `name`; 404 (`model_not_found`) when none does, or when the caller's named key may not
+        use it (as if it did not exist)."""
+        key_context.check_model(name)
         model = self._models.get(name)
         if model is None:
             raise ModelNotFoundError(name)

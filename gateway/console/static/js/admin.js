@@ -22,7 +22,7 @@ export class Admin {
 
   keyState() {
     $("#admin-key-state").textContent = hasAdminKey() ?
-      "Admin key entered; it is sent with load, reload and unload only, and kept in this page's memory only." :
+      "Admin key entered; it is sent with the admin calls only (load, reload, unload, named keys), and kept in this page's memory only." :
       "No admin key entered: the page keeps it in memory only, never in its address or storage.";
   }
 

@@ -5,6 +5,7 @@ import { getJSON, hasApiKey, onKeysChanged, setApiKey, setKeyPrompt } from "./ap
 import { Admin } from "./admin.js";
 import { Chat } from "./chat.js";
 import { Embeddings } from "./embeddings.js";
+import { Keys } from "./keys.js";
 import { LiveMetrics } from "./metrics.js";
 import { renderOverview } from "./overview.js";
 import { Rerank } from "./rerank.js";
@@ -52,6 +53,8 @@ const rerank = new Rerank();
 const v2 = new V2Infer();
 let overviewTimer = null;
 const admin = new Admin(() => refreshOverview(true));
+const namedKeys = new Keys((ok, text) => admin.log(ok, text));
+namedKeys.refresh();
 
 setupTabs(document.querySelector('[data-tabs="main"]'), (id) => { if (id === "tab-metrics") metrics.redraw(); });
 setupTabs(document.querySelector('[data-tabs="playground"]'));
