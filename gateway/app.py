@@ -207,8 +207,7 @@ def _add_routes(app: FastAPI, config: ServerConfig) -> None:
         from gateway.console.routes import add_console
 
         add_console(app)  # the web console at / and /ui/ (docs/console.md)
-    else:
-        app.include_router(ollama_root_router)  # "Ollama is running" at /, where the console's page is not
+        app.include_router(ollama_root_router)  # HEAD /, which Ollama's CLI checks the server with
 
 
 def _add_health_routes(app: FastAPI, registry: ModelRegistry, lifecycle: Lifecycle,

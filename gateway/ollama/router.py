@@ -2,8 +2,8 @@
 /api/version, and the model-management routes, which answer that models come from the model repository.
 
 Same auth (API keys as `Authorization: Bearer`, as Ollama's clients send `OLLAMA_API_KEY`), limits and metrics as
-/v1; errors in Ollama's shape `{"error": "..."}` (gateway/errors.py picks it by path). `HEAD /` answers as Ollama's
-server does, and `GET /` too when the web console does not serve that page.
+/v1; errors in Ollama's shape `{"error": "..."}` (gateway/errors.py picks it by path). `HEAD /` answers 200 as Ollama's
+server does, where the web console serves `GET /` (with `--no-console`, `/` is not served at all).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ REPOSITORY = ("models come from this server's model repository (a folder with a 
               "registry")
 
 router = APIRouter(route_class=NestingAwareRoute)
-root_router = APIRouter()  # GET / where the web console does not serve it
+root_router = APIRouter()  # HEAD / beside the web console's page
 
 
 def _registry(request: Request) -> ModelRegistry:
@@ -80,9 +80,9 @@ def _served_models(request: Request) -> list[LoadedModel]:
 # ---------------------------------------------------------------------- server
 
 
-@router.head("/", include_in_schema=False)
-@root_router.get("/", include_in_schema=False)
+@root_router.head("/", include_in_schema=False)
 async def running() -> Response:
+    """Ollama's CLI checks its server with HEAD /; GET / stays the console's page (404 with --no-console)."""
     return PlainTextResponse(RUNNING)
 
 
