@@ -44,6 +44,8 @@ from gateway.kserve.data_plane import DataPlane
 from gateway.kserve.http import router as kserve_router
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import build_metrics_registry, render
+from gateway.ollama.router import root_router as ollama_root_router
+from gateway.ollama.router import router as ollama_router
 from gateway.openai.embeddings import router as embeddings_router
 from gateway.openai.router import router as openai_router
 from gateway.openai.sessions import router as sessions_router
@@ -218,8 +220,8 @@ def _lifespan(config: ServerConfig, control: ModelControl, access: AccessControl
 
 
 def _add_routes(app: FastAPI, config: ServerConfig) -> None:
-    """The frontends: OpenAI's /v1 (with Responses), Anthropic's Messages, rerank/score, KServe's /v2, and the web
-    console."""
+    """The frontends: OpenAI's /v1 (with Responses), Anthropic's Messages, rerank/score, KServe's /v2, Ollama's /api,
+    and the web console."""
     app.include_router(openai_router)
     app.include_router(kserve_router)
     app.include_router(embeddings_router)
@@ -230,10 +232,12 @@ def _add_routes(app: FastAPI, config: ServerConfig) -> None:
     app.include_router(files_router)
     app.include_router(batches_router)
     app.include_router(keys_admin_router)
+    app.include_router(ollama_router)
     if config.console:
         from gateway.console.routes import add_console
 
         add_console(app)  # the web console at / and /ui/ (docs/console.md)
+        app.include_router(ollama_root_router)  # HEAD /, which Ollama's CLI checks the server with
 
 
 def _add_health_routes(app: FastAPI, registry: ModelRegistry, lifecycle: Lifecycle,

@@ -1,8 +1,8 @@
 """One error tree for the whole gateway.
 
 Every error carries its HTTP status and renders itself in the protocol's own shape: OpenAI's
-`{"error": {"message", "type", "param", "code"}}` on /v1 and KServe's `{"error": "..."}` on /v2. Messages are
-written for the user: they never contain stack traces, file system paths or secrets.
+`{"error": {"message", "type", "param", "code"}}` on /v1, KServe's `{"error": "..."}` on /v2 and Ollama's (the same
+shape) on /api. Messages are written for the user: they never contain stack traces, file system paths or secrets.
 """
 
 from __future__ import annotations
@@ -41,12 +41,17 @@ class SwitchyardError(Exception):
         kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
         return {"type": "error", "error": {"type": kind, "message": self.message}}
 
+    def ollama_body(self) -> dict[str, Any]:
+        """Ollama's shape: `{"error": "..."}` (its clients raise the message with the status)."""
+        return {"error": self.message}
+
 
 # Anthropic's error types by HTTP status (its docs' table); others map to invalid_request_error / api_error.
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
                    503: "overloaded_error", 529: "overloaded_error"}
 ANTHROPIC_PATHS = ("/v1/messages",)  # Anthropic's routes answer errors in Anthropic's shape
+OLLAMA_PATHS = ("/api/",)  # Ollama's routes answer errors in Ollama's shape
 OPENAI_V2_PATHS = ("/v2/rerank",)  # /v2 routes that are not KServe's (Cohere's rerank alias)
 
 
@@ -54,6 +59,8 @@ def error_body(path: str, error: SwitchyardError) -> dict[str, Any]:
     """The error in the shape of the protocol that owns `path`."""
     if path.startswith(ANTHROPIC_PATHS):
         return error.anthropic_body()
+    if path.startswith(OLLAMA_PATHS):
+        return error.ollama_body()
     if path.startswith("/v2") and not path.startswith(OPENAI_V2_PATHS):
         return error.kserve_body()
     return error.openai_body()

@@ -3,8 +3,8 @@
 
 SmolLM2 never writes `</think>`, so every answer here is reasoning cut by max_tokens: the tests check where the
 text lands in each protocol (chat `reasoning_content` / `reasoning`, stream deltas, Responses reasoning items,
-Anthropic thinking blocks) and that it is the same text everywhere. Splitting at `</think>` is covered by
-tests/gateway/openai/test_reasoning.py.
+Anthropic thinking blocks, Ollama's `thinking`) and that it is the same text everywhere. Splitting at `</think>` is
+covered by tests/gateway/openai/test_reasoning.py.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import anthropic
+import ollama
 import openai
 import pytest
 
@@ -87,3 +88,16 @@ def test_anthropic_thinking_block(server: ServerProcess, thought: str) -> None:
                                 extra_body=greedy) as stream:
         final = stream.get_final_message()
     assert [b.type for b in final.content] == ["thinking"] and final.content[0].thinking == thought
+
+
+def test_ollama_thinking(server: ServerProcess, thought: str) -> None:
+    client = ollama.Client(host=server.base_url, timeout=300)
+    assert client.show(DEFAULT_MODEL).capabilities == ["completion", "tools", "thinking"]
+    ask, greedy = [{"role": "user", "content": ASK}], {"temperature": 0, "num_predict": 24}
+    answer = client.chat(model=DEFAULT_MODEL, messages=ask, options=greedy)
+    assert answer.message.thinking == thought and answer.message.content == "" and answer.done_reason == "length"
+    streamed = list(client.chat(model=DEFAULT_MODEL, messages=ask, options=greedy, think=True, stream=True))
+    assert "".join(c.message.thinking or "" for c in streamed) == thought
+    generated = client.generate(model=DEFAULT_MODEL, prompt=ASK, options=greedy)
+    assert generated.thinking == thought and generated.response == ""
+    assert client.chat(model=DEFAULT_MODEL, messages=ask, options=greedy, think=False).message.thinking is None

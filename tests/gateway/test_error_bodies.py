@@ -21,6 +21,8 @@ def test_each_path_gets_its_protocols_shape() -> None:
     assert error_body("/v1/messages", error) == {
         "type": "error", "error": {"type": "invalid_request_error", "message": "bad field"}}
     assert error_body("/v1/messages/count_tokens", error)["type"] == "error"
+    assert error_body("/api/chat", error) == {"error": "bad field"}  # Ollama's
+    assert error_body("/api/tags", AuthenticationError("no key")) == {"error": "no key"}
 
 
 def test_anthropic_types_follow_the_status() -> None:

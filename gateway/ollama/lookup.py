@@ -1,0 +1,54 @@
+"""Which served model an Ollama request names, with Ollama's errors: 404 `model 'x' not found`, and 400
+`"x" does not support chat` (or generate, embeddings) for a model of the wrong kind.
+
+Ollama's names carry a tag (`llama3:latest`; a bare name means `:latest`); served names here have none, so a name
+that is not served as written is looked up again without `:latest`.
+"""
+
+from __future__ import annotations
+
+from gateway.errors import InvalidRequestError, NotFoundError
+from gateway.repository.loaded_model import LoadedLLM, LoadedModel, LoadedTensorModel
+from gateway.repository.registry import ModelRegistry
+from gateway.tensor.embedding import can_embed
+
+LATEST = ":latest"
+
+
+class OllamaModelNotFoundError(NotFoundError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"model '{name[:256]}' not found", param="model")
+
+
+def find(registry: ModelRegistry, name: str) -> LoadedModel | None:
+    model = registry.find(name)
+    if model is None and name.endswith(LATEST):
+        model = registry.find(name.removesuffix(LATEST))
+    return model
+
+
+def lookup(registry: ModelRegistry, name: str) -> LoadedModel:
+    model = find(registry, name)
+    if model is None:
+        raise OllamaModelNotFoundError(name)
+    return model
+
+
+def unsupported(name: str, what: str) -> InvalidRequestError:
+    return InvalidRequestError(f'"{name[:256]}" does not support {what}', param="model")
+
+
+def text_model(model: LoadedModel, name: str, route: str) -> LoadedLLM:
+    """The model as an LLM; 400 for a model that does not generate text (`route`: chat or generate)."""
+    if not isinstance(model, LoadedLLM):
+        raise unsupported(name, route)
+    return model
+
+
+def embeds(model: LoadedModel) -> bool:
+    return isinstance(model, LoadedTensorModel) and can_embed(model.tensor)
+
+
+def served(model: LoadedModel) -> bool:
+    """Whether the Ollama API serves the model: LLMs and embedding models (not other tensor models)."""
+    return isinstance(model, LoadedLLM) or embeds(model)

@@ -1,0 +1,286 @@
+"""Ollama's API: /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show, /api/ps,
+/api/version, and the model-management routes, which answer that models come from the model repository.
+
+Same auth (API keys as `Authorization: Bearer`, as Ollama's clients send `OLLAMA_API_KEY`), limits and metrics as
+/v1; errors in Ollama's shape `{"error": "..."}` (gateway/errors.py picks it by path). `HEAD /` answers 200 as Ollama's
+server does, where the web console serves `GET /` (with `--no-console`, `/` is not served at all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.background import BackgroundTask
+
+from gateway.auth import ANONYMOUS, Principal
+from gateway.errors import InvalidRequestError, NotFoundError, PermissionDeniedError
+from gateway.http.body_depth import NestingAwareRoute
+from gateway.http.disconnect import cancel_on_disconnect
+from gateway.http.ndjson import MEDIA_TYPE, NDJSONResponse, ndjson_line
+from gateway.http.unknown_fields import log_unknown
+from gateway.ollama.catalog import ps_entry, show_body, tag_entry, thinks
+from gateway.ollama.convert import chat_request, generate_request
+from gateway.ollama.embed import embed_prompt, embed_texts, embedder
+from gateway.ollama.keep_alive import control_refusal, load_folder, parse_keep_alive, unload_after
+from gateway.ollama.lookup import LATEST, OllamaModelNotFoundError, find, lookup, served, text_model
+from gateway.ollama.model_facts import Facts, read_facts
+from gateway.ollama.options import read_options
+from gateway.ollama.protocol import (
+    ChatRequest,
+    CopyRequest,
+    EmbeddingsRequest,
+    EmbedRequest,
+    GenerateRequest,
+    ModelRequest,
+)
+from gateway.ollama.replies import Shape, TextReader, Timer, stream_chunks, whole_body
+from gateway.openai.chat import chat_completion
+from gateway.openai.chat_pieces import ChatReader
+from gateway.openai.completions import completion
+from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.repository.loaded_model import LoadedLLM, LoadedModel
+from gateway.repository.model_control import ModelControl
+from gateway.repository.registry import ModelRegistry
+
+#: The Ollama release whose API this frontend follows (clients compare it to the version a feature needs);
+#: Switchyard's own version is at /version.
+OLLAMA_VERSION = "0.33.0"
+RUNNING = "Ollama is running"
+REPOSITORY = ("models come from this server's model repository (a folder with a config file per model), not from a "
+              "registry")
+
+router = APIRouter(route_class=NestingAwareRoute)
+root_router = APIRouter()  # HEAD / beside the web console's page
+
+
+def _registry(request: Request) -> ModelRegistry:
+    return request.app.state.registry
+
+
+def _control(request: Request) -> ModelControl:
+    return request.app.state.model_control
+
+
+def _principal(request: Request) -> Principal:
+    return getattr(request.state, "principal", ANONYMOUS)
+
+
+async def _facts(request: Request, model: LoadedModel) -> Facts:
+    return await asyncio.to_thread(read_facts, _control(request).root, model)
+
+
+def _served_models(request: Request) -> list[LoadedModel]:
+    return sorted((m for m in _registry(request).all_models() if served(m)), key=lambda m: m.name)
+
+
+# ---------------------------------------------------------------------- server
+
+
+@root_router.head("/", include_in_schema=False)
+async def running() -> Response:
+    """Ollama's CLI checks its server with HEAD /; GET / stays the console's page (404 with --no-console)."""
+    return PlainTextResponse(RUNNING)
+
+
+@router.get("/api/version")
+async def version() -> dict[str, str]:
+    return {"version": OLLAMA_VERSION}
+
+
+# ---------------------------------------------------------------------- models
+
+
+@router.get("/api/tags")
+async def tags(request: Request) -> dict[str, Any]:
+    models = _served_models(request)
+    facts = await asyncio.gather(*(_facts(request, m) for m in models))
+    return {"models": [tag_entry(m, f) for m, f in zip(models, facts, strict=True)]}
+
+
+@router.get("/api/ps")
+async def ps(request: Request) -> dict[str, Any]:
+    models = _served_models(request)
+    facts = await asyncio.gather(*(_facts(request, m) for m in models))
+    return {"models": [ps_entry(m, f) for m, f in zip(models, facts, strict=True)]}
+
+
+def _target(body: ModelRequest) -> str:
+    if not body.target:
+        raise InvalidRequestError("model is required", param="model")
+    return body.target
+
+
+def _served_model(request: Request, name: str) -> LoadedModel:
+    model = lookup(_registry(request), name)
+    if not served(model):
+        raise OllamaModelNotFoundError(name)
+    return model
+
+
+@router.post("/api/show")
+async def show(body: ModelRequest, request: Request) -> dict[str, Any]:
+    model = _served_model(request, _target(body))
+    return show_body(model, await _facts(request, model))
+
+
+@router.post("/api/pull")
+async def pull(body: ModelRequest, request: Request) -> Response:
+    """A model that is served is there already: success, as Ollama answers a pull of a model it has."""
+    name = _target(body)
+    model = find(_registry(request), name)
+    if model is None or not served(model):
+        raise NotFoundError(f"model '{name[:256]}' not found, and it cannot be pulled: {REPOSITORY}; add it there",
+                            param="model")
+    status = {"status": "success"}
+    if body.stream is False:
+        return JSONResponse(status)
+    return Response(ndjson_line(status), media_type=MEDIA_TYPE)
+
+
+def _not_here(what: str) -> PermissionDeniedError:
+    return PermissionDeniedError(f"{what} is not supported: {REPOSITORY}")
+
+
+@router.post("/api/push")
+async def push(body: ModelRequest) -> Response:
+    _target(body)
+    raise _not_here("push")
+
+
+@router.post("/api/create")
+async def create(body: ModelRequest) -> Response:
+    _target(body)
+    raise _not_here("create")
+
+
+@router.delete("/api/delete")
+async def delete(body: ModelRequest, request: Request) -> Response:
+    _served_model(request, _target(body))
+    raise _not_here("delete (remove the model's folder from the repository, or unload it with the repository API)")
+
+
+@router.post("/api/copy")
+async def copy(body: CopyRequest, request: Request) -> Response:
+    _served_model(request, body.source)
+    raise _not_here("copy (to serve a model under another name, set served_model_name in its config)")
+
+
+# ---------------------------------------------------------------------- generation
+
+
+async def _load_or_unload(request: Request, name: str, keep: float | None, shape: Shape, route: str) -> Response:
+    """Ollama's load request (no prompt or messages) and unload request (the same with keep_alive 0)."""
+    control, principal = _control(request), _principal(request)
+    model = find(_registry(request), name)
+    if keep == 0:
+        if model is None:
+            raise OllamaModelNotFoundError(name)
+        refusal = control_refusal(control, principal)
+        if refusal is not None:
+            raise PermissionDeniedError(f"model '{name[:256]}' was not unloaded: {refusal}")
+        await control.unload(model.folder)
+        reason = "unload"
+    else:
+        if model is None:
+            model = await load_folder(control, name.removesuffix(LATEST), principal)
+            if model is None:
+                raise OllamaModelNotFoundError(name)
+        text_model(model, name, route)
+        reason = "load"
+    return JSONResponse({**shape.part(), "done": True, "done_reason": reason})
+
+
+def _unload_task(request: Request, model: LoadedModel, keep: float | None) -> BackgroundTask | None:
+    """keep_alive 0: unload the model once the answer is sent (keep_alive.py says when that is allowed)."""
+    if keep != 0:
+        return None
+    return BackgroundTask(unload_after, _control(request), model, _principal(request))
+
+
+async def _answer(request: Request, model: LoadedLLM, req: ChatCompletionRequest | CompletionRequest, shape: Shape,
+                  keep_thinking: bool, timer: Timer, streamed: bool, keep: float | None) -> Response:
+    """Run the request on the OpenAI path and answer in Ollama's shape."""
+
+    async def start() -> ChatReader | TextReader:
+        timer.submitted = Timer.now()
+        if isinstance(req, ChatCompletionRequest):
+            chunks = await chat_completion(req, model, True)
+        else:
+            chunks = await completion(req, model, True)
+        assert not isinstance(chunks, dict)  # streamed: the requests are built with stream true
+        timer.first = Timer.now()  # the stream is primed: its first token is out
+        return ChatReader(chunks) if isinstance(req, ChatCompletionRequest) else TextReader(chunks)
+
+    reader = await cancel_on_disconnect(request, start())
+    background = _unload_task(request, model, keep)
+    if streamed:
+        return NDJSONResponse(stream_chunks(reader, shape, keep_thinking, timer),
+                              request.app.state.config.stream_send_timeout_secs, background)
+    body = await cancel_on_disconnect(request, whole_body(reader, shape, keep_thinking, timer))
+    return JSONResponse(body, background=background)
+
+
+@router.post("/api/chat")
+async def chat(body: ChatRequest, request: Request) -> Response:
+    timer = Timer()
+    log_unknown(body, "ollama chat")
+    keep = parse_keep_alive(body.keep_alive)
+    shape = Shape(True, body.model)
+    if not body.messages:
+        return await _load_or_unload(request, body.model, keep, shape, "chat")
+    model = text_model(lookup(_registry(request), body.model), body.model, "chat")
+    timer.loaded = Timer.now()
+    req = chat_request(body, model.name, model.max_model_len, thinks(model))
+    return await _answer(request, model, req, shape, body.think is not False, timer, body.streamed, keep)
+
+
+@router.post("/api/generate")
+async def generate(body: GenerateRequest, request: Request) -> Response:
+    timer = Timer()
+    log_unknown(body, "ollama generate")
+    keep = parse_keep_alive(body.keep_alive)
+    shape = Shape(False, body.model)
+    if not body.prompt:
+        return await _load_or_unload(request, body.model, keep, shape, "generate")
+    model = text_model(lookup(_registry(request), body.model), body.model, "generate")
+    timer.loaded = Timer.now()
+    req = generate_request(body, model.name, model.max_model_len, thinks(model))
+    return await _answer(request, model, req, shape, body.think is not False, timer, body.streamed, keep)
+
+
+# ---------------------------------------------------------------------- embeddings
+
+
+def _json(body: dict[str, Any], background: BackgroundTask | None) -> Response:
+    # orjson writes float32 arrays directly (see gateway/openai/embeddings.py)
+    return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json",
+                    background=background)
+
+
+@router.post("/api/embed")
+async def embed(body: EmbedRequest, request: Request) -> Response:
+    timer = Timer()
+    log_unknown(body, "ollama embed")
+    keep = parse_keep_alive(body.keep_alive)
+    read_options(body.options)  # checked; embedding models have no sampling
+    model = embedder(lookup(_registry(request), body.model), body.model)
+    timer.loaded = Timer.now()
+    vectors, tokens = await cancel_on_disconnect(
+        request, embed_texts(model, body.input, body.truncate, body.dimensions))
+    return _json({"model": body.model, "embeddings": vectors, "total_duration": Timer.now() - timer.start,
+                  "load_duration": timer.loaded - timer.start, "prompt_eval_count": tokens},
+                 _unload_task(request, model, keep))
+
+
+@router.post("/api/embeddings")
+async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
+    log_unknown(body, "ollama embeddings")
+    keep = parse_keep_alive(body.keep_alive)
+    read_options(body.options)
+    model = embedder(lookup(_registry(request), body.model), body.model)
+    vector = await cancel_on_disconnect(request, embed_prompt(model, body.prompt))
+    return _json({"embedding": vector}, _unload_task(request, model, keep))
