@@ -105,6 +105,11 @@ class UnsupportedModelError(ValueError):
     backend); the gateway reports it as the model's load failure."""
 
 
+class InsufficientMemoryError(UnsupportedModelError):
+    """A model whose weights exceed the memory this process may still use, found from the files' headers before
+    any weight is read (loading it would end in the OOM killer). The message gives both figures and the fixes."""
+
+
 class StepInputError(RuntimeError):
     """A step's inputs break what the engine's C kernels rely on: a token id outside the vocabulary, a block table
     too short for the step's positions or naming a block outside the KV pool. A scheduler bug, caught before the C

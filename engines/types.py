@@ -101,6 +101,8 @@ class GenerationRequest:
     session_id: str | None = None
     arrival_time: float = 0.0
     trace_headers: dict[str, str] = field(default_factory=dict)  # W3C traceparent/tracestate to pass downstream
+    # longest wait for admission in seconds (the client's `timeout`); None: the model's default_timeout_seconds
+    queue_timeout: float | None = None
 
 
 @dataclass

@@ -64,7 +64,8 @@ MAX_ERROR_CHARS = 500
 
 
 def _error_response(request: Request, error: SwitchyardError) -> JSONResponse:
-    return JSONResponse(error_body(request.url.path, error), status_code=error.status, headers=error.headers)
+    path = request.url.path
+    return JSONResponse(error_body(path, error), status_code=error.status_for(path), headers=error.headers)
 
 
 def _validation_error(exc: RequestValidationError) -> InvalidRequestError:

@@ -14,6 +14,7 @@ class SwitchyardError(Exception):
     status: int = 500
     type: str = "internal_error"
     code: str | None = None
+    anthropic_status: int | None = None  # where Anthropic answers this error with another status than `status`
 
     def __init__(
         self,
@@ -38,12 +39,19 @@ class SwitchyardError(Exception):
 
     def anthropic_body(self) -> dict[str, Any]:
         """Anthropic's shape: `{"type": "error", "error": {"type", "message"}}` with Anthropic's type names."""
-        kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+        status = self.anthropic_status or self.status
+        kind = ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
         return {"type": "error", "error": {"type": kind, "message": self.message}}
 
     def ollama_body(self) -> dict[str, Any]:
         """Ollama's shape: `{"error": "..."}` (its clients raise the message with the status)."""
         return {"error": self.message}
+
+    def status_for(self, path: str) -> int:
+        """The HTTP status on `path`: `status`, or `anthropic_status` on Anthropic's routes."""
+        if self.anthropic_status is not None and path.startswith(ANTHROPIC_PATHS):
+            return self.anthropic_status
+        return self.status
 
 
 # Anthropic's error types by HTTP status (its docs' table); others map to invalid_request_error / api_error.
@@ -131,10 +139,32 @@ class QuotaExceededError(RateLimitError):
     code = "insufficient_quota"
 
 
+class OverloadedError(RateLimitError):
+    """The model's queue cannot take the request within its timeout (queue full, expected wait too long, timed
+    out while waiting): refused before anything ran, with `Retry-After`. Anthropic answers overload with 529
+    `overloaded_error`; `reason` labels the rejection in metrics."""
+
+    code = "model_overloaded"
+    anthropic_status = 529
+
+    def __init__(self, message: str, *, reason: str, retry_after: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after)})
+        self.reason = reason
+
+
 class ServiceUnavailableError(SwitchyardError):
     status = 503
     type = "service_unavailable"
     code = "service_unavailable"
+
+
+class InsufficientStorageError(SwitchyardError):
+    """A write the request needs failed for lack of disk space (the Responses store's disk is full); the server
+    goes on serving everything that needs no such write."""
+
+    status = 507
+    type = "server_error"
+    code = "insufficient_storage"
 
 
 class InternalError(SwitchyardError):

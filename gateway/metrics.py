@@ -31,6 +31,7 @@ from gateway.http_metrics import EndpointCounts
 from gateway.inference_stats import FAILURE_REASONS
 from gateway.repository.registry import ModelRegistry
 from gateway.request_metrics import Histogram
+from gateway.scheduler.llm.queue_policy import REJECTION_REASONS
 from gateway.scheduler.tensor.rate_limiter import RateLimiter
 
 
@@ -82,6 +83,16 @@ class SchedulerCollector(Collector):
         accepted = CounterMetricFamily(
             "switchyard_spec_decode_num_accepted_tokens", "Proposed tokens accepted by verification.", labels=["model"]
         )
+        rejected = CounterMetricFamily(
+            "switchyard_requests_rejected",
+            "Requests refused by the model's queue policy (429), by reason: queue_full, expected_wait, queue_timeout.",
+            labels=["model", "reason"],
+        )
+        expected_wait = GaugeMetricFamily(
+            "switchyard_queue_expected_wait_seconds",
+            "Expected wait for admission of a request arriving now (0 while the admission rate is unknown).",
+            labels=["model"],
+        )
         for model in self._models.llms():
             s = model.scheduler.stats()
             running.add_metric([model.name], s.running)
@@ -99,8 +110,11 @@ class SchedulerCollector(Collector):
             drafts.add_metric([model.name], s.spec_drafts)
             draft_tokens.add_metric([model.name], s.spec_draft_tokens)
             accepted.add_metric([model.name], s.spec_accepted_tokens)
+            for reason in REJECTION_REASONS:
+                rejected.add_metric([model.name, reason], s.rejected.get(reason, 0))
+            expected_wait.add_metric([model.name], s.expected_wait_seconds)
         yield from (running, waiting, kv_used, kv_usage, preempt, steps, prefix_q, prefix_h, hit_rate, sessions, pinned,
-                    drafts, draft_tokens, accepted)
+                    drafts, draft_tokens, accepted, rejected, expected_wait)
 
 
 def _histogram(family: HistogramMetricFamily, labels: list[str], histogram: Histogram) -> None:

@@ -18,6 +18,7 @@ from engines.pytorch import host_memory
 from engines.pytorch.argmax import Argmax
 from engines.pytorch.linear import decode_rows_on_registers, int8_activations, int8_available
 from engines.pytorch.loader import default_cache_dir, load_gguf_blocks, load_hf, resolve_hf_folder
+from engines.pytorch.memory_check import check_fits, weight_bytes
 from engines.pytorch.model_runner import PagedModelRunner
 from engines.pytorch.models import check_supported
 from engines.pytorch.sampler import greedy_result, plain_greedy, sample
@@ -80,8 +81,12 @@ class PyTorchEngine(StepEngine):
         kernel_cache_dir = cache_dir or default_cache_dir()
         gguf = source / gguf_file if gguf_file else source
         _check_architecture(source, gguf)
+        as_blocks = fast_kernels and dtype == "float32" and gguf.is_file() and gguf.suffix == ".gguf"
+        needed = weight_bytes(source, gguf, dtype, as_blocks)
+        if needed is not None:  # refused here, with the figures, rather than by the OOM killer halfway through
+            check_fits(gguf.name, needed)
         loaded = None
-        if fast_kernels and dtype == "float32" and gguf.is_file() and gguf.suffix == ".gguf":
+        if as_blocks:
             # block weights straight from the file: no float32 model of it is ever built (loader.py)
             loaded = load_gguf_blocks(gguf, cache_dir)
         if loaded is not None:

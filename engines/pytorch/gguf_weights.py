@@ -266,8 +266,12 @@ def _save(weights: GGUFWeights, cache_file: Path) -> None:
     saved.update(weights.tensors)
     types.update({name: FLOAT for name in weights.tensors})
     tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
-    save_file(saved, tmp, metadata={"format": CACHE_FORMAT, "tied": "1" if tied else "0", **types})
-    tmp.replace(cache_file)
+    try:
+        save_file(saved, tmp, metadata={"format": CACHE_FORMAT, "tied": "1" if tied else "0", **types})
+        tmp.replace(cache_file)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk keeps no half-written file
+        raise
 
 
 def read_weights(gguf: Path, model: Any, cache_file: Path | None = None) -> GGUFWeights:
@@ -279,7 +283,16 @@ def read_weights(gguf: Path, model: Any, cache_file: Path | None = None) -> GGUF
         return _from_file(gguf, model)
     cached = _from_cache(cache_file) if cache_file.is_file() else None
     if cached is None:
-        _save(_from_file(gguf, model), cache_file)
+        from safetensors import SafetensorError
+
+        weights = _from_file(gguf, model)
+        try:
+            _save(weights, cache_file)
+        except (OSError, SafetensorError) as exc:  # a full or read-only cache disk: serve what was read, uncached
+            log.warning("could not cache %s's weights (%s); serving them as read, and reading the file again at the "
+                        "next start", gguf.name, exc)
+            return weights
+        del weights  # freed before the cache's copies are read
         cached = _from_cache(cache_file)
         assert cached is not None, "the cache file was just written in CACHE_FORMAT"
     return cached

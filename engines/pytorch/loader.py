@@ -128,12 +128,19 @@ def resolve_hf_folder(source: Path, gguf_file: str | None = None, cache_dir: Pat
     raise FileNotFoundError("no config.json (HF folder) or .gguf file found at the model source")
 
 
-def _gguf_config_folder(gguf: Path, target: Path) -> Path:
-    """`target`: a folder with the file's transformers config and tokenizer (no weights), made on the first start."""
-    if (target / "config.json").exists():
-        return target
-    publish(target, (gguf_config(gguf), _gguf_tokenizer(gguf)), "config.json")
-    return target
+def _gguf_config_and_tokenizer(gguf: Path, target: Path) -> tuple[Any, Any]:
+    """The file's transformers config and tokenizer, from `target`: a folder of them (no weights) made on the first
+    start. Where the folder cannot be written (a full or read-only cache disk) they are used as read, uncached."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if not (target / "config.json").exists():
+        config, tokenizer = gguf_config(gguf), _gguf_tokenizer(gguf)
+        try:
+            publish(target, (config, tokenizer), "config.json")
+        except OSError as exc:
+            log.warning("could not cache %s's config and tokenizer (%s); using them uncached", gguf.name, exc)
+            return config, tokenizer
+    return AutoConfig.from_pretrained(target), AutoTokenizer.from_pretrained(target)
 
 
 def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, Any, GGUFWeights] | None:
@@ -143,13 +150,12 @@ def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, An
     (then load the float32 model through `resolve_hf_folder`). Raises ModelFileError for a bad file, and for one
     that lacks a weight of the model its config describes."""
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from engines.pytorch.gguf_weights import read_weights
 
     cached = (cache_dir or default_cache_dir()) / "gguf" / _gguf_key(gguf)  # + .config, + the weights' suffix
-    folder = _gguf_config_folder(gguf, cached.with_name(f"{cached.name}.config"))
-    config = AutoConfig.from_pretrained(folder)
+    config, tokenizer = _gguf_config_and_tokenizer(gguf, cached.with_name(f"{cached.name}.config"))
     check_supported(config.model_type, getattr(config, "architectures", None))  # before any weight is read
     # parameters on the meta device; buffers (rotary tables, Gemma's embedding scale) are computed at build, not
     # loaded, so they are built for real
@@ -164,7 +170,7 @@ def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, An
         return None
     in_blocks = frozenset({f"{path}.weight" for path in weights.blocks} | expert_parameters(weights.blocks))
     _fill(model, gguf, weights.tensors, in_blocks)
-    return model, AutoTokenizer.from_pretrained(folder), weights
+    return model, tokenizer, weights
 
 
 def load_hf(folder: Path, dtype: str) -> tuple[Any, Any]:

@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import re
+import time
 import urllib.error
 import urllib.request
 from collections import OrderedDict
@@ -53,6 +54,7 @@ class RemoteSettings:
     model: str
     retries: int = 2  # extra attempts on other upstreams before the first token
     health_check_seconds: float = 5.0
+    health_backoff_max_seconds: float = 30.0  # longest wait between checks of an upstream that stays down
     api_key: str | None = None  # sent as `Authorization: Bearer ...` to every upstream
     routing: RoutingSettings = field(default_factory=RoutingSettings)
 
@@ -294,14 +296,23 @@ class RemoteEngine(AsyncGenerateEngine):
 
     # -- health ---------------------------------------------------------------------------------------------------
     async def _check_all(self) -> None:
+        await self._check(self._router.upstreams)
+
+    async def _check(self, upstreams: list[Upstream]) -> None:
+        """Check `upstreams` at once; each that fails backs off before its next check."""
         assert self._client is not None
-        await asyncio.gather(*(u.check(self._client, self._headers) for u in self._router.upstreams))
+        results = await asyncio.gather(*(u.check(self._client, self._headers) for u in upstreams))
+        now = time.monotonic()
+        for upstream, ok in zip(upstreams, results, strict=True):
+            if not ok:
+                upstream.back_off(now, self._settings.health_check_seconds, self._settings.health_backoff_max_seconds)
 
     async def _health_loop(self) -> None:
         while True:
             await asyncio.sleep(self._settings.health_check_seconds)
             try:
-                await self._check_all()
+                now = time.monotonic()
+                await self._check([u for u in self._router.upstreams if u.check_due(now)])
             except Exception:  # a bug here must not stop health checking for good
                 log.exception("remote health check failed")
 

@@ -3,7 +3,8 @@
 Health is both active and passive. A background check asks every upstream `GET /health` (falling back to
 `GET /v1/models` for servers without it) every `health_check_seconds`; a request that cannot connect, or gets a 503,
 marks its upstream down at once, so the next request goes elsewhere without waiting for the next check. A down
-upstream comes back when a check succeeds.
+upstream comes back when a check succeeds; while it stays down, its checks back off (the interval doubling after
+each failed one, up to `health_backoff_max_seconds`), so a dead upstream is not hammered.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class Upstream:
         self.healthy = True  # optimistic until the first check says otherwise
         self.last_error = ""
         self.down_since: float | None = None
+        self.failed_checks = 0  # health checks failed in a row
+        self.next_check = 0.0  # monotonic time before which a down upstream is not checked again (backoff)
 
     @property
     def timeout(self) -> aiohttp.ClientTimeout:
@@ -66,6 +69,21 @@ class Upstream:
             log.info("upstream %s is back", self.base_url)
         self.healthy = True
         self.down_since = None
+        self.failed_checks = 0
+        self.next_check = 0.0
+
+    def check_due(self, now: float) -> bool:
+        """Whether the health loop checks this upstream now: always while it serves, else once its backoff ends."""
+        return self.healthy or now >= self.next_check
+
+    def back_off(self, now: float, interval: float, ceiling: float) -> float:
+        """After a failed check: wait `interval` doubled per failure in a row, at most `ceiling`; the delay."""
+        self.failed_checks += 1
+        delay = min(ceiling, interval * 2.0 ** min(self.failed_checks - 1, 30))
+        self.next_check = now + delay
+        log.info("upstream %s is still down after %d failed check(s) (%s); next check in %.1f s", self.base_url,
+                 self.failed_checks, self.last_error, delay)
+        return delay
 
     async def check(self, session: aiohttp.ClientSession, headers: dict[str, str]) -> bool:
         """Ask the upstream whether it serves; update `healthy`."""

@@ -20,6 +20,7 @@ from gateway.errors import InvalidRequestError
 from gateway.ids import random_hex
 from gateway.http.body_depth import NestingAwareRoute
 from gateway.http.disconnect import cancel_on_disconnect
+from gateway.http.request_timeout import request_timeout
 from gateway.http.unknown_fields import log_unknown
 from gateway.openai.chat import chat_completion, chat_prompt
 from gateway.repository.registry import LoadedLLM
@@ -46,8 +47,9 @@ async def _prompt_tokens(req: CountTokensRequest, model: LoadedLLM) -> int:
     return len(prompt)
 
 
-async def _create(req: MessagesRequest, model: LoadedLLM) -> dict[str, Any] | Any:
+async def _create(req: MessagesRequest, model: LoadedLLM, timeout: float | None = None) -> dict[str, Any] | Any:
     chat = chat_request(req)
+    chat.timeout = timeout  # X-Request-Timeout (Anthropic's body has no such field)
     msg_id = f"msg_{random_hex()}"
     if not req.stream:
         return message_body(msg_id, model.name, req, await chat_completion(chat, model, True))
@@ -65,7 +67,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     headers = _check_headers(request)
     log_unknown(body, "messages")
     model = request.app.state.registry.llm(body.model)
-    result = await cancel_on_disconnect(request, _create(body, model))
+    result = await cancel_on_disconnect(request, _create(body, model, request_timeout(request)))
     if isinstance(result, dict):
         return JSONResponse(result, headers=headers)
     response = events_response(result, request.app.state.config.stream_send_timeout_secs)

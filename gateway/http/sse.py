@@ -58,17 +58,19 @@ def sse_response(chunks: AsyncIterator[dict[str, Any]], send_timeout_s: float) -
 
 
 async def _typed_frames(events: AsyncIterator[dict[str, Any]],
-                        failure: Callable[[InternalError], dict[str, Any]]) -> AsyncIterator[dict[str, str]]:
+                        failure: Callable[[SwitchyardError], dict[str, Any]]) -> AsyncIterator[dict[str, str]]:
     try:
         async for event in events:
             yield {"event": event["type"], "data": _dump(event)}
+    except SwitchyardError as exc:  # ours, in words (a full disk under the Responses store): said as it is
+        yield {"event": "error", "data": _dump(failure(exc))}
     except Exception:
         log.exception("stream failed after it started")
         yield {"event": "error", "data": _dump(failure(InternalError("the stream failed; see the server log")))}
 
 
 def typed_events_response(events: AsyncIterator[dict[str, Any]], send_timeout_s: float,
-                          failure: Callable[[InternalError], dict[str, Any]]) -> EventSourceResponse:
+                          failure: Callable[[SwitchyardError], dict[str, Any]]) -> EventSourceResponse:
     """Events named by their `type` (`event: <type>` then `data: {json}`), as the Responses and Messages APIs
     stream them; an unexpected failure sends an `error` event with the body `failure` gives."""
     return EventStream(_typed_frames(events, failure), send_timeout_s)

@@ -3,8 +3,9 @@
 Triton's LLM backends (vLLM, TensorRT-LLM) take `text_input` and return `text_output`; sampling settings come as
 request parameters or, for generate, as top-level fields. The same names work here:
 `max_tokens` (default 16), `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop` (string or list),
-`presence_penalty`, `frequency_penalty`, `repetition_penalty`, `min_tokens`, `ignore_eos`. Streams carry text
-deltas; the non-streaming answer carries the whole text (without the prompt).
+`presence_penalty`, `frequency_penalty`, `repetition_penalty`, `min_tokens`, `ignore_eos`, and Triton's `timeout`
+(microseconds a request may wait in the model's queue before it starts; see gateway/scheduler/llm/queue_policy.py).
+Streams carry text deltas; the non-streaming answer carries the whole text (without the prompt).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ _NUMERIC: dict[str, tuple[type, float | None, float | None]] = {
     "repetition_penalty": (float, 0.01, 10.0),
 }
 _FLAGS = ("ignore_eos",)
+TIMEOUT = "timeout"  # Triton's request parameter, in microseconds
+_MAX_TIMEOUT_US = 3600 * 10**6
 #: Tensor-only inputs of the LLM model as seen over v2 (besides text_input): scalars or flags.
 LLM_INPUTS = [TEXT_INPUT, "max_tokens", "stream", "temperature", "top_p", "top_k", "seed", "ignore_eos"]
 
@@ -119,7 +122,8 @@ async def generate_text(model: LoadedLLM, prompt: str, values: Mapping[str, Any]
     if not prompt_ids:
         raise InvalidRequestError("text_input produced no tokens")
     sampling = sampling_from(values, scheduler.info.max_model_len, len(prompt_ids))
-    request = GenerationRequest(f"v2-{random_hex()}", prompt_ids, sampling, key_context.priority(0))
+    request = GenerationRequest(f"v2-{random_hex()}", prompt_ids, sampling, key_context.priority(0),
+                                queue_timeout=_queue_timeout(values))
     async for out in scheduler.generate(request):
         if out.finish_reason == "error":
             raise InternalError(out.error or "the model failed while generating")
@@ -127,6 +131,20 @@ async def generate_text(model: LoadedLLM, prompt: str, values: Mapping[str, Any]
             raise ServiceUnavailableError(out.error or "the request was aborted", headers={"Retry-After": "1"})
         if out.text:
             yield out.text
+
+
+def _queue_timeout(values: Mapping[str, Any]) -> float | None:
+    """Triton's `timeout` (microseconds; 0 or absent: the model's default) in seconds."""
+    value = values.get(TIMEOUT)
+    if value is None:
+        return None
+    if isinstance(value, np.ndarray) and value.size == 1:
+        value = value.ravel()[0].item()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_TIMEOUT_US:
+        raise InvalidRequestError(f"'{TIMEOUT}' must be an integer number of microseconds from 0 to {_MAX_TIMEOUT_US}")
+    return value / 1e6 if value else None
 
 
 def generate_body(body: Any) -> tuple[str, dict[str, Any]]:
@@ -139,7 +157,7 @@ def generate_body(body: Any) -> tuple[str, dict[str, Any]]:
     for key, value in body.items():
         if key in ("parameters", TEXT_INPUT, "id", "stream"):
             continue
-        if key not in _NUMERIC and key not in _FLAGS and key != "stop":
+        if key not in _NUMERIC and key not in _FLAGS and key not in ("stop", TIMEOUT):
             raise InvalidRequestError(
                 f"unexpected field '{key[:64]}'; the model takes text_input and sampling settings"
             )
@@ -155,7 +173,7 @@ def infer_values(inputs: Sequence[InputTensor], parameters: Mapping[str, Any]) -
         raise InvalidRequestError(f"unexpected input '{unknown[0][:64]}'; the model takes {', '.join(LLM_INPUTS)}")
     if TEXT_INPUT not in tensors:
         raise InvalidRequestError("the model needs input 'text_input' (BYTES)")
-    values = {k: v for k, v in parameters.items() if k in _NUMERIC or k in _FLAGS or k == "stop"}
+    values = {k: v for k, v in parameters.items() if k in _NUMERIC or k in _FLAGS or k in ("stop", TIMEOUT)}
     for name, array in tensors.items():
         if name in (TEXT_INPUT, "stream"):
             continue

@@ -97,7 +97,7 @@ async def chat_completion(
         Choice(i, prompt, to_sampling_params(req, max_tokens, info.vocab_size, logprobs, i, guidance))
         for i in range(req.n)
     ]
-    stream = merged_stream(scheduler, choices, req.priority, session_id)
+    stream = merged_stream(scheduler, choices, req.priority, session_id, req.timeout)
     if req.stream:
         include_usage = force_usage or bool(req.stream_options and req.stream_options.include_usage)
         return _chunks(model, req, plan, reasoning, await primed(stream), len(prompt), include_usage)

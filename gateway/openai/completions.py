@@ -71,7 +71,7 @@ async def completion(
     echo_text = [""] * len(prompts)
     if req.echo:
         echo_text = await asyncio.to_thread(lambda: [tokenizer.decode(p) for p in prompts])
-    stream = merged_stream(scheduler, choices, req.priority, session_id)
+    stream = merged_stream(scheduler, choices, req.priority, session_id, req.timeout)
     if req.stream:
         include_usage = force_usage or bool(req.stream_options and req.stream_options.include_usage)
         return _chunks(model, req, await primed(stream), echo_text, prompt_tokens, include_usage)

@@ -131,6 +131,8 @@ class SamplingFields(_Lenient):
     guided_grammar: str | None = Field(None, min_length=1, max_length=64 * 1024)
     # Routes a conversation's turns to the same KV session; the X-Session-ID header wins over this field.
     session_id: str | None = Field(None, min_length=1, max_length=256)
+    # Longest wait for admission in seconds (gateway/http/request_timeout.py); X-Request-Timeout wins over it.
+    timeout: float | None = Field(None, gt=0, le=3600)
 
     @field_validator("stop")
     @classmethod

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from gateway.errors import InvalidRequestError
 from gateway.http.body_depth import NestingAwareRoute
 from gateway.http.disconnect import cancel_on_disconnect
+from gateway.http.request_timeout import request_timeout
 from gateway.http.sse import sse_response
 from gateway.http.unknown_fields import log_unknown
 from gateway.keys import context as key_context
@@ -76,6 +77,7 @@ def _respond(result: Any, request: Request) -> Response:
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     log_unknown(body, "chat.completions")
     body.check()
+    body.timeout = request_timeout(request, body.timeout)
     model = _registry(request).llm(body.model)
     force_usage = request.app.state.config.always_include_usage
     work = chat_completion(body, model, force_usage, _session_id(request, body))
@@ -86,6 +88,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     log_unknown(body, "completions")
     body.check()
+    body.timeout = request_timeout(request, body.timeout)
     model = _registry(request).llm(body.model)
     force_usage = request.app.state.config.always_include_usage
     work = completion(body, model, force_usage, _session_id(request, body))

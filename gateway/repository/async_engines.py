@@ -135,6 +135,7 @@ def _remote(model: ModelDir, config: ModelConfig, cache_dir: Path) -> AsyncGener
         model=section.model or config.served_model_name or model.name,
         retries=section.retries,
         health_check_seconds=section.health_check_seconds,
+        health_backoff_max_seconds=section.health_backoff_max_seconds,
         api_key=api_key,
         routing=RoutingSettings(**section.routing.model_dump()),
     )

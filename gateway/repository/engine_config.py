@@ -183,6 +183,10 @@ class RemoteSection(_Strict):
     )
     retries: int = Field(2, ge=0, le=10, description="Other upstreams tried when one fails before the first token.")
     health_check_seconds: float = Field(5.0, gt=0, description="Interval of the GET /health check of each upstream.")
+    health_backoff_max_seconds: float = Field(
+        30.0, gt=0, description="An upstream that stays down is checked ever less often (the interval doubling after "
+        "each failed check), at least this often.",
+    )
     api_key_env: str | None = Field(
         None, description="Name of an environment variable holding a bearer token for the upstreams."
     )

@@ -42,7 +42,23 @@ class SchedulerConfig(_Strict):
         True, description="Split prompts longer than a step's budget over several steps; false prefills every prompt "
         "whole (then max_num_batched_tokens must be at least max_model_len, as in vLLM).",
     )
-    max_queue_size: int = Field(1024, ge=1, description="Waiting requests beyond this are rejected with 429.")
+    max_queue_size: int = Field(
+        1024, ge=1, description="Waiting requests beyond this are rejected with 429 (Triton's name). Within it, a "
+        "request whose expected wait (the requests ahead of it over the measured admission rate) exceeds its "
+        "timeout is rejected at once, so the queue holds what can be served in time.",
+    )
+    default_timeout_seconds: float = Field(
+        30.0, ge=0, description="Longest wait for admission (Triton's default_timeout_microseconds, in seconds); "
+        "0: no timeout. A request that has started is never timed out.",
+    )
+    timeout_action: Literal["REJECT", "DELAY"] = Field(
+        "REJECT", description="A request still waiting at its timeout: REJECT answers 429 with Retry-After; DELAY "
+        "moves it behind every other waiting request (Triton's semantics).",
+    )
+    allow_timeout_override: bool = Field(
+        True, description="Requests may set their own timeout (`timeout` in the body or X-Request-Timeout on /v1, "
+        "the `timeout` parameter in microseconds on /v2).",
+    )
     aging_seconds: float = Field(
         30.0, gt=0, description="A request waiting longer than this is admitted ahead of every priority."
     )

@@ -100,7 +100,7 @@ def chat_request(req: ResponsesRequest, conversation: list[dict[str, Any]]) -> C
         "temperature": req.temperature, "top_p": req.top_p, "seed": req.seed, "top_k": req.top_k,
         "priority": req.priority, "tools": tools or None, "tool_choice": _tool_choice(req),
         "parallel_tool_calls": req.parallel_tool_calls, "response_format": _response_format(req),
-        "stream": req.stream, "user": req.user,
+        "stream": req.stream, "user": req.user, "timeout": req.timeout,
     }
     try:
         chat = ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})

@@ -119,6 +119,7 @@ class ResponsesRequest(_Lenient):
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
     top_k: int | None = Field(None, ge=-1)
     priority: int = 0
+    timeout: float | None = Field(None, gt=0, le=3600)  # longest wait for admission (gateway/http/request_timeout.py)
 
     @field_validator("metadata")
     @classmethod

@@ -15,6 +15,7 @@ from gateway.auth import ANONYMOUS
 from gateway.errors import InvalidRequestError
 from gateway.http.body_depth import NestingAwareRoute
 from gateway.http.disconnect import cancel_on_disconnect
+from gateway.http.request_timeout import request_timeout
 from gateway.http.unknown_fields import log_unknown
 from gateway.responses.events import events_response
 from gateway.responses.protocol import MAX_ID, ResponsesRequest
@@ -42,6 +43,7 @@ def _checked_id(resp_id: str) -> str:
 @router.post("/v1/responses")
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     log_unknown(body, "responses")
+    body.timeout = request_timeout(request, body.timeout)
     model = request.app.state.registry.llm(body.model)
     work = _service(request).create(body, model, _owner(request))
     # A background response outlives its request; any other is aborted when its client goes away.

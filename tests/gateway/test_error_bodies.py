@@ -5,6 +5,7 @@ from __future__ import annotations
 from gateway.errors import (
     AuthenticationError,
     InvalidRequestError,
+    OverloadedError,
     PayloadTooLargeError,
     ServiceUnavailableError,
     error_body,
@@ -32,3 +33,15 @@ def test_anthropic_types_follow_the_status() -> None:
     assert kind(AuthenticationError("no key")) == "authentication_error"
     assert kind(PayloadTooLargeError("big")) == "request_too_large"
     assert kind(ServiceUnavailableError("busy")) == "overloaded_error"
+
+
+def test_overload_is_429_with_retry_after_and_anthropics_529_overloaded_error() -> None:
+    error = OverloadedError("the model is overloaded", reason="queue_full", retry_after=3)
+    assert error.headers == {"Retry-After": "3"}
+    assert error.status_for("/v1/chat/completions") == error.status_for("/v2/models/m/generate") == 429
+    assert error_body("/v1/chat/completions", error)["error"]["type"] == "rate_limit_error"
+    assert error_body("/v2/models/m/generate", error) == {"error": "the model is overloaded"}
+    assert error.status_for("/v1/messages") == 529
+    assert error_body("/v1/messages", error) == {
+        "type": "error", "error": {"type": "overloaded_error", "message": "the model is overloaded"}}
+    assert InvalidRequestError("x").status_for("/v1/messages") == 400

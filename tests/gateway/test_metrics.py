@@ -39,7 +39,8 @@ def value(parsed: dict, name: str, **labels: str) -> float:
 def fake_registry(llm_name: str = "llm", tensor_name: str = "tensor") -> ModelRegistry:
     """A registry holding an LLM and a tensor model whose schedulers and batchers report fixed statistics."""
     stats = SchedulerStats(waiting=3, prefix_cache_queried_tokens=40, prefix_cache_hit_tokens=10, spec_drafts=4,
-                           spec_draft_tokens=16, spec_accepted_tokens=9)
+                           spec_draft_tokens=16, spec_accepted_tokens=9, rejected={"queue_timeout": 2},
+                           expected_wait_seconds=1.5)
     r = stats.requests
     r.ttft.observe(0.003)
     r.ttft.observe(0.2)
@@ -131,6 +132,9 @@ def test_llm_metrics_have_vllm_names_and_buckets() -> None:
     assert success == {"stop": 1, "length": 0, "abort": 1}
     assert value(parsed, "switchyard_prefix_cache_hit_rate", **m) == 0.25
     assert value(parsed, "switchyard_num_requests_waiting", **m) == 3
+    assert value(parsed, "switchyard_requests_rejected_total", **m, reason="queue_timeout") == 2
+    assert value(parsed, "switchyard_requests_rejected_total", **m, reason="queue_full") == 0
+    assert value(parsed, "switchyard_queue_expected_wait_seconds", **m) == 1.5
     spec = [value(parsed, f"switchyard_spec_decode_num_{n}_total", **m) for n in ("drafts", "draft_tokens",
                                                                                    "accepted_tokens")]
     assert spec == [4, 16, 9]

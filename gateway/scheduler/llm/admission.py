@@ -2,10 +2,11 @@
 
 Those engines schedule their own steps, so the gateway does not build batches for them. It decides *which* requests
 enter the engine and *when*: at most `scheduler.max_num_seqs` at once (beyond that the engine would only queue them
-itself, where our priorities cannot reach), waiting requests ordered by (priority, arrival) with aging, a bounded
-queue (429 beyond it), and a stream that aborts its engine request when the client goes away (the iterator is
-closed). Engine failures become the gateway's errors: a bad request 400, an unavailable engine 503 (and the model
-reports not ready), a failure mid-stream a final update with finish_reason "error" or "abort".
+itself, where our priorities cannot reach), waiting requests ordered by (priority, arrival) with aging, the queue
+policy of queue_policy.py (a bounded queue, per-request timeouts, 429 with Retry-After), and a stream that aborts
+its engine request when the client goes away (the iterator is closed). Engine failures become the gateway's
+errors: a bad request 400, an unavailable engine 503 (and the model reports not ready), a failure mid-stream a final
+update with finish_reason "error" or "abort".
 
 Session affinity is the engine's business (a remote engine pins a session to one upstream); this scheduler passes
 `session_id` through and forwards `delete_session`.
@@ -23,9 +24,10 @@ from dataclasses import dataclass
 
 from engines.interface import AsyncGenerateEngine, EngineUnavailableError, Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest
-from gateway.errors import InvalidRequestError, RateLimitError, ServiceUnavailableError
+from gateway.errors import InvalidRequestError, ServiceUnavailableError
 from gateway.repository.model_config import SchedulerConfig
-from gateway.scheduler.llm.interface import LLMScheduler, SchedulerStats, admission_key
+from gateway.scheduler.llm.interface import LLMScheduler, SchedulerStats
+from gateway.scheduler.llm.queue_policy import QueuePolicy
 
 log = logging.getLogger("switchyard.scheduler.admission")
 
@@ -36,15 +38,13 @@ class _Ticket:
     order: int
     granted: asyncio.Future[None]
 
-    def sort_key(self, now: float, aging_seconds: float) -> tuple[float, int]:
-        return admission_key(self.request, self.order, now, aging_seconds)
-
 
 class AdmissionScheduler(LLMScheduler):
     def __init__(self, engine: AsyncGenerateEngine, scheduler: SchedulerConfig | None = None) -> None:
         """`scheduler`: the model config's section (`max_num_seqs` requests inside the engine at once)."""
         self._engine = engine
         self._limits = scheduler or SchedulerConfig()
+        self._queue = QueuePolicy(self._limits)
         self._waiting: list[_Ticket] = []
         self._active: set[str] = set()
         self._slots_used = 0
@@ -91,6 +91,8 @@ class AdmissionScheduler(LLMScheduler):
     def stats(self) -> SchedulerStats:
         self._stats.running = len(self._active)
         self._stats.waiting = len(self._waiting)
+        self._stats.rejected = self._queue.rejected
+        self._stats.expected_wait_seconds = self._queue.expected_wait(len(self._waiting)) or 0.0
         return self._stats
 
     def delete_session(self, session_id: str) -> bool:
@@ -101,8 +103,8 @@ class AdmissionScheduler(LLMScheduler):
 
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         self._check_open()
-        if len(self._waiting) >= self._limits.max_queue_size:
-            raise RateLimitError("the model's queue is full; retry shortly", headers={"Retry-After": "1"})
+        if self._slots_used >= self._limits.max_num_seqs or self._waiting:
+            self._queue.admit(request, (t.request for t in self._waiting))
         if request.request_id in self._active:
             raise ValueError(f"duplicate request id {request.request_id}")
         if not request.arrival_time:
@@ -131,14 +133,27 @@ class AdmissionScheduler(LLMScheduler):
             return
         ticket = _Ticket(request, next(self._order), asyncio.get_running_loop().create_future())
         self._waiting.append(ticket)
+        self._queue.rate.update(time.monotonic(), len(self._waiting))
         try:
-            await ticket.granted
+            timeout = self._queue.timeout(request)
+            if timeout is not None:
+                try:  # shielded: a timeout must not cancel a slot granted in the same tick
+                    await asyncio.wait_for(asyncio.shield(ticket.granted), timeout)
+                except TimeoutError:
+                    if not ticket.granted.done():
+                        error = self._queue.on_expired(request, len(self._waiting))
+                        if error is not None:  # REJECT: leave the queue (finally below) and refuse
+                            raise error from None
+            await ticket.granted  # DELAY, or no timeout
         except BaseException:
             if ticket in self._waiting:
                 self._waiting.remove(ticket)
+                self._queue.rate.update(time.monotonic(), len(self._waiting))
             elif ticket.granted.done() and not ticket.granted.cancelled() and ticket.granted.exception() is None:
                 self._release()  # granted a slot in the same tick the caller went away: hand it on
             raise
+        finally:
+            self._queue.forget(request.request_id)
 
     def _release(self) -> None:
         self._slots_used -= 1
@@ -146,14 +161,16 @@ class AdmissionScheduler(LLMScheduler):
 
     def _dispatch(self) -> None:
         now = time.monotonic()
-        aging = self._limits.aging_seconds
+        admitted = 0
         while self._waiting and self._slots_used < self._limits.max_num_seqs:
-            ticket = min(self._waiting, key=lambda t: t.sort_key(now, aging))
+            ticket = min(self._waiting, key=lambda t: self._queue.sort_key(t.request, t.order, now))
             self._waiting.remove(ticket)
             if ticket.granted.done():  # its caller gave up already
                 continue
             self._slots_used += 1
+            admitted += 1
             ticket.granted.set_result(None)
+        self._queue.rate.update(now, len(self._waiting), admitted)
 
     # -- one request inside the engine --------------------------------------------------------------------------
     async def _run(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:

@@ -14,10 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from engines.interface import StepEngine, Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest, StepResult
-from gateway.errors import ServiceUnavailableError
+from gateway.errors import OverloadedError, ServiceUnavailableError
 from gateway.repository.engine_config import SpeculativeSection
 from gateway.repository.model_config import KVCacheConfig, SchedulerConfig
 from gateway.scheduler.llm.interface import LLMScheduler, SchedulerStats
+from gateway.scheduler.llm.queue_policy import QUEUE_TIMEOUT, REJECTED
 from gateway.scheduler.llm.step_scheduler import StepPlan, StepScheduler
 
 log = logging.getLogger("switchyard.scheduler")
@@ -81,6 +82,9 @@ class ContinuousBatcher(LLMScheduler):
         try:
             while True:
                 out = await queue.get()
+                if out.finish_reason == REJECTED:  # timed out before it started: refused as a full queue is
+                    raise OverloadedError(out.error or "the model is overloaded; retry later", reason=QUEUE_TIMEOUT,
+                                          retry_after=self._policy.retry_after())
                 yield out
                 if out.finished:
                     return

@@ -29,6 +29,8 @@ class SchedulerStats:
     spec_drafts: int = 0  # speculative verifications (vLLM's spec_decode_num_drafts)
     spec_draft_tokens: int = 0  # tokens proposed in them
     spec_accepted_tokens: int = 0  # of those, accepted
+    rejected: dict[str, int] = field(default_factory=dict)  # requests refused by the queue policy, by reason
+    expected_wait_seconds: float = 0.0  # how long a request arriving now is expected to wait for admission
     requests: LLMRequestStats = field(default_factory=LLMRequestStats)
 
     @property

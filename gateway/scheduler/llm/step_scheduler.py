@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 from engines.interface import Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SequenceStep, StepResult
-from gateway.errors import RateLimitError
 from gateway.kv_cache.manager import KVCacheManager
 from gateway.kv_cache.sessions import SessionStore
 from gateway.repository.engine_config import SpeculativeSection
@@ -34,6 +33,7 @@ from gateway.repository.model_config import KVCacheConfig, SchedulerConfig
 from gateway.scheduler.llm.interface import SchedulerStats, admission_key
 from gateway.scheduler.llm.ngram_draft import NgramIndex
 from gateway.scheduler.llm.output_processor import OutputProcessor
+from gateway.scheduler.llm.queue_policy import REJECTED, QueuePolicy, retry_after_seconds
 from gateway.scheduler.llm.speculation import SequenceSpeculation, verifiable
 
 log = logging.getLogger("switchyard.scheduler")
@@ -51,6 +51,7 @@ class _Sequence:
     cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     block_hashes: list[bytes] = field(default_factory=list)  # digests of its full blocks, computed once each
     spec: SequenceSpeculation | None = None  # its proposer, when speculative decoding may propose for it
+    started: bool = False  # admitted once (a preempted sequence waits again, but is never timed out)
 
     @property
     def seq_id(self) -> str:
@@ -91,6 +92,7 @@ class StepScheduler:
         self._info = info
         self._tokenizer = tokenizer
         self._limits = scheduler or SchedulerConfig()
+        self._queue = QueuePolicy(self._limits)
         kv = kv_cache or KVCacheConfig()
         self._kv = KVCacheManager(info.num_kv_blocks, info.block_size, kv.enable_prefix_caching)
         max_session_tokens = kv.session_max_tokens or info.num_kv_blocks * info.block_size // 4
@@ -101,6 +103,7 @@ class StepScheduler:
         self._running: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
         self._order = itertools.count()
+        self._admissions = 0  # moves from waiting to running, preempted sequences' returns included
         self._stats = SchedulerStats(kv_blocks_total=info.num_kv_blocks)
         self._spec = speculative if info.exact_verification else None
         if speculative is not None and self._spec is None:
@@ -116,7 +119,13 @@ class StepScheduler:
         self._stats.prefix_cache_hit_tokens = self._kv.prefix_stats.hit_tokens
         self._stats.sessions = len(self._sessions)
         self._stats.session_pinned_blocks = self._sessions.pinned_blocks
+        self._stats.rejected = self._queue.rejected
+        self._stats.expected_wait_seconds = self._queue.expected_wait(len(self._waiting)) or 0.0
         return self._stats
+
+    def retry_after(self) -> int:
+        """Retry-After (seconds) for a request refused now: how long the queue is expected to take to drain."""
+        return retry_after_seconds(self._queue.expected_wait(len(self._waiting)))
 
     def delete_session(self, session_id: str) -> bool:
         return self._sessions.release(session_id)
@@ -127,9 +136,9 @@ class StepScheduler:
 
     # -- requests in and out ------------------------------------------------------------------------------------
     def add(self, request: GenerationRequest) -> None:
-        """Queue a request; raises RateLimitError when the queue is full and ValueError on a duplicate id."""
-        if len(self._waiting) >= self._limits.max_queue_size:
-            raise RateLimitError("the model's queue is full; retry shortly", headers={"Retry-After": "1"})
+        """Queue a request; raises OverloadedError (429) when the queue policy refuses it (queue_policy.py) and
+        ValueError on a duplicate id."""
+        self._queue.admit(request, (s.request for s in self._waiting))
         if request.request_id in self._by_id:
             raise ValueError(f"duplicate request id {request.request_id}")
         info = self._info
@@ -158,11 +167,16 @@ class StepScheduler:
 
     # -- one step -----------------------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        """Reap aborted requests, expire idle sessions, and plan the next step. An empty `steps` with
-        `has_unfinished()` means nothing fits right now (blocks held by sequences being aborted): try again shortly."""
+        """Reap aborted requests, refuse or delay those past their queue timeout, expire idle sessions, and plan
+        the next step. An empty `steps` with `has_unfinished()` means nothing fits right now (blocks held by
+        sequences being aborted): try again shortly. A request refused while waiting ends with finish_reason
+        REJECTED (queue_policy.py) and its error message."""
         self._reap_aborted()
+        self._expire_waiting()
         self._sessions.expire()
+        admitted = self._admissions
         scheduled = self._schedule() if self.has_unfinished() else []
+        self._queue.rate.update(time.monotonic(), len(self._waiting), self._admissions - admitted)
         return StepPlan(scheduled, self._take_outputs())
 
     def update(self, plan: StepPlan, result: StepResult) -> list[GenerationOutput]:
@@ -185,6 +199,14 @@ class StepScheduler:
     def _reap_aborted(self) -> None:
         for seq in [s for s in (*self._running, *self._waiting) if s.aborted]:
             self._finish(seq, "abort")
+
+    def _expire_waiting(self) -> None:
+        now = time.monotonic()
+        for seq in [s for s in self._waiting if not s.started and self._queue.expired(s.request, now)]:
+            error = self._queue.on_expired(seq.request, len(self._waiting))
+            if error is not None:
+                seq.aborted = True  # never ran: its session (if any) pins nothing
+                self._finish(seq, REJECTED, error=error.message)
 
     def _schedule(self) -> list[tuple[_Sequence, SequenceStep]]:
         budget = self._limits.max_num_batched_tokens
@@ -228,7 +250,7 @@ class StepScheduler:
                 i += 1
                 continue
             break
-        self._waiting.sort(key=lambda s: s.sort_key(now, aging))
+        self._waiting.sort(key=lambda s: self._queue.sort_key(s.request, s.order, now))
         # Requests whose next uncached block is being prefilled right now (n>1 choices, one system prompt for many
         # chats) wait until that prefill commits it, then find it in the cache instead of computing it again; all
         # of them in the step after the commit, as the budget allows.
@@ -260,6 +282,9 @@ class StepScheduler:
                     self._waiting.pop(i)
                     self._running.append(seq)
                     self._stats.requests.scheduled(seq.seq_id)
+                    seq.started = True
+                    self._admissions += 1
+                    self._queue.forget(seq.seq_id)
                     scheduled.append((seq, self._step(seq, n)))
                     budget -= n
                     admitted = True
@@ -430,3 +455,4 @@ class StepScheduler:
         if seq in self._waiting:
             self._waiting.remove(seq)
         self._by_id.pop(seq.seq_id, None)
+        self._queue.forget(seq.seq_id)

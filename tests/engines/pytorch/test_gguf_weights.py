@@ -4,7 +4,9 @@ of the file. The file is small and random (tests/random_gguf_blocks.py), with th
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -59,8 +61,10 @@ def test_embedding_rows_equal_transformers(engine: PyTorchEngine, reference: obj
     assert torch.equal(hidden, reference.model.embed_tokens(torch.tensor(ids)))
 
 
-def test_greedy_output_equals_transformers(engine: PyTorchEngine, reference: object) -> None:
-    prompt, tokens = [1, 504, 1458, 314, 260, 1018, 28, 2000, 12], 12
+PROMPT = [1, 504, 1458, 314, 260, 1018, 28, 2000, 12]
+
+
+def greedy(engine: PyTorchEngine, prompt: list[int], tokens: int) -> list[int]:
     params = SamplingParams(temperature=0.0, max_tokens=tokens)
     history, new, out = list(prompt), list(prompt), []
     for _ in range(tokens):
@@ -71,6 +75,12 @@ def test_greedy_output_equals_transformers(engine: PyTorchEngine, reference: obj
         new = [token]
         out.append(token)
     engine.release("g")
+    return out
+
+
+def test_greedy_output_equals_transformers(engine: PyTorchEngine, reference: object) -> None:
+    prompt, tokens = PROMPT, 12
+    out = greedy(engine, prompt, tokens)
     expected = reference.generate(torch.tensor([prompt]), max_new_tokens=tokens, do_sample=False,
                                   eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     assert out == expected
@@ -104,3 +114,26 @@ def test_a_layers_experts_are_all_blocks_or_all_float() -> None:
     assert torch.equal(tensors[f"{stem}.down_proj"], down.dequantize())
     with pytest.raises(ValueError, match="lacks some of its gate, up and down expert tensors"):
         _float_experts(Path("x.gguf"), {f"{stem}.gate_proj": gate}, {})
+
+
+@pytest.mark.slow  # a second engine, its tokenizer read out of the file again (seconds)
+def test_a_full_cache_disk_loads_uncached_and_answers_the_same(
+    untied: Path, engine: PyTorchEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(cache)], capture_output=True,
+                             check=False)
+    if mounted.returncode != 0:
+        pytest.skip("mounting a tmpfs is not permitted here (needs root)")
+    try:
+        with (cache / "filler").open("wb", buffering=0) as f, contextlib.suppress(OSError):
+            while True:  # the cache disk is full
+                f.write(b"\0" * 4096)
+                f.flush()
+        full = PyTorchEngine(untied, dtype="float32", kv_cache_tokens=256, block_size=BLOCK, cache_dir=cache)
+        assert "could not cache" in caplog.text and "No space left on device" in caplog.text
+        assert greedy(full, PROMPT, 6) == greedy(engine, PROMPT, 6)
+        full.shutdown()
+    finally:
+        subprocess.run(["umount", "-l", str(cache)], capture_output=True, check=False)

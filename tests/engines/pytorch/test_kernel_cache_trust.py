@@ -72,3 +72,33 @@ def test_a_folder_others_may_write_is_not_used(tmp_path: Path) -> None:
     _plant(tmp_path, "trust_probe_d")
     os.chmod(tmp_path / "kernels", 0o777)
     assert _load("trust_probe_d", tmp_path) == 42  # built in a private folder of its own instead
+
+
+def test_a_full_cache_disk_leaves_the_torch_path_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(cache)], capture_output=True,
+                             check=False)
+    if mounted.returncode != 0:
+        pytest.skip("mounting a tmpfs is not permitted here (needs root)")
+    try:
+        (cache / "kernels").mkdir(mode=0o700)
+        with (cache / "filler").open("wb", buffering=0) as f:  # the disk is full
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+                    f.flush()
+            except OSError:
+                pass
+        sources = tmp_path / "src"
+        sources.mkdir()
+        (sources / "full_disk_probe.c").write_text(GOOD)
+        native._loaded.pop("full_disk_probe", None)
+        lib = native.load_library("full_disk_probe", cache, {"answer": (ctypes.c_int, [])}, source_dir=sources)
+        assert lib is None  # its callers run their torch path
+        assert "No space left on device" in caplog.text and "torch path" in caplog.text
+    finally:
+        native._loaded.pop("full_disk_probe", None)
+        subprocess.run(["umount", "-l", str(cache)], capture_output=True, check=False)

@@ -403,3 +403,16 @@ def test_a_compiled_constraint_without_its_spec_is_refused_clearly() -> None:
 
     with pytest.raises(ValueError, match="guided-decoding"):
         completion_body("m", request(constraint=Anything()))
+
+
+async def test_a_dead_upstream_is_checked_with_backoff_and_comes_back() -> None:
+    ups = Upstreams(up_a=answer(), up_b=DOWN)
+    engine = await engine_for(ups)
+    dead = engine.upstreams[1]
+    assert not dead.healthy and dead.failed_checks == 1  # the first check at start failed
+    delays = [dead.back_off(100.0, interval=0.5, ceiling=3.0) for _ in range(5)]
+    assert delays == [1.0, 2.0, 3.0, 3.0, 3.0]  # doubling per failure in a row, up to the ceiling
+    assert not dead.check_due(102.9) and dead.check_due(103.0)
+    assert engine.upstreams[0].check_due(0.0)  # a serving upstream is checked at every interval
+    dead.mark_up()
+    assert dead.failed_checks == 0 and dead.check_due(0.0)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from gateway.errors import InsufficientStorageError
 from gateway.responses.store import ResponseStore, StoredResponse
 
 
@@ -74,4 +77,23 @@ def test_a_file_of_another_layout_is_started_afresh(tmp_path: Path) -> None:
     store = ResponseStore(path, max_entries=10, ttl_seconds=60)
     store._put(_record("resp_a"), now=1.0)
     assert store._get("resp_a", "key-a", now=2.0) == _record("resp_a")
+    store.close()
+
+
+async def test_a_full_database_is_a_clear_507_and_keeps_what_it_had(tmp_path: Path) -> None:
+    store = ResponseStore(tmp_path / "r.sqlite3", max_entries=1000, ttl_seconds=1e9)
+    await store.put(_record("resp_kept"))
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages}")  # the file cannot grow: as a full disk answers SQLite
+    big = _record("resp_big")
+    big.history = [{"role": "user", "content": "x" * 200_000}]
+    with pytest.raises(InsufficientStorageError) as full:
+        await store.put(big)
+    assert full.value.status == 507 and "disk is full" in full.value.message and "store: false" in full.value.message
+    assert str(tmp_path) not in full.value.message  # no paths in errors
+    assert await store.get("resp_big", "key-a") is None  # nothing half-written
+    assert await store.get("resp_kept", "key-a") == _record("resp_kept")  # reads go on
+    store._db.execute("PRAGMA max_page_count = 1073741823")  # space again: writes go on
+    await store.put(big)
+    assert (await store.get("resp_big", "key-a")) == big
     store.close()

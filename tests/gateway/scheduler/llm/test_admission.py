@@ -266,3 +266,37 @@ async def test_sessions_are_the_engines_business() -> None:
     scheduler, engine = await started(SchedulerConfig())
     assert scheduler.delete_session("s1")
     assert engine.sessions_deleted == ["s1"]
+
+
+async def test_a_request_waiting_past_its_timeout_is_rejected_and_the_running_one_finishes() -> None:
+    scheduler, engine = await started(SchedulerConfig(max_num_seqs=1))
+    engine.gate = asyncio.Event()
+    holder = asyncio.create_task(drain(scheduler, req("holder")))
+    await until(lambda: engine.started == ["holder"])
+    late = req("late")
+    late.queue_timeout = 0.05
+    with pytest.raises(RateLimitError) as err:
+        await drain(scheduler, late)
+    assert err.value.status == 429 and err.value.headers["Retry-After"].isdigit()
+    assert "timeout" in err.value.message
+    assert scheduler.stats().waiting == 0 and scheduler.stats().rejected == {"queue_timeout": 1}
+    engine.gate.set()
+    assert (await holder)[-1].finish_reason == "length"  # the running request was never touched
+    assert "late" not in engine.started
+
+
+async def test_delay_keeps_a_late_request_behind_the_others() -> None:
+    scheduler, engine = await started(SchedulerConfig(max_num_seqs=1, timeout_action="DELAY"))
+    engine.gate = asyncio.Event()
+    holder = asyncio.create_task(drain(scheduler, req("holder")))
+    await until(lambda: engine.started == ["holder"])
+    late = req("late")
+    late.queue_timeout = 0.02
+    delayed = asyncio.create_task(drain(scheduler, late))
+    await asyncio.sleep(0.1)  # past its timeout: moved behind every other request, still waiting
+    on_time = asyncio.create_task(drain(scheduler, req("on-time", priority=5)))
+    await until(lambda: scheduler.stats().waiting == 2)
+    engine.gate.set()
+    await asyncio.gather(holder, delayed, on_time)
+    assert engine.started == ["holder", "on-time", "late"]
+    assert scheduler.stats().rejected == {}

@@ -6,11 +6,12 @@ The policy itself (what each step holds) is tested without an event loop in test
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from engines.types import GenerationRequest
-from gateway.errors import ServiceUnavailableError
+from gateway.errors import OverloadedError, ServiceUnavailableError
 from gateway.repository.model_config import KVCacheConfig, SchedulerConfig
 from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
 from tests.gateway.scheduler.llm.test_step_scheduler import CountingEngine, req, tiny_budget
@@ -121,3 +122,31 @@ async def test_stop_ends_in_flight_streams_and_refuses_new_ones() -> None:
     assert not batcher.healthy and sorted(engine.released) == ["a", "b"]
     with pytest.raises(ServiceUnavailableError):
         await drain(batcher, req("late", "abc"))
+
+
+class SlowEngine(CountingEngine):
+    """5 ms a step, so a long request outlasts another's queue timeout."""
+
+    def execute(self, batch):  # type: ignore[no-untyped-def]
+        time.sleep(0.005)
+        return super().execute(batch)
+
+
+async def test_a_request_timed_out_in_the_queue_is_refused_with_429_and_the_stream_in_progress_goes_on() -> None:
+    engine = SlowEngine()
+    batcher = ContinuousBatcher(engine, tiny_budget(max_num_seqs=1, max_num_batched_tokens=8))
+    await batcher.start()
+    try:
+        running = batcher.generate(req("a", "a", max_tokens=200))
+        first = await anext(running)
+        late = req("b", "b", max_tokens=3)
+        late.queue_timeout = 0.05
+        with pytest.raises(OverloadedError) as refused:
+            await drain(batcher, late)
+        assert refused.value.status == 429 and refused.value.reason == "queue_timeout"
+        assert refused.value.headers["Retry-After"].isdigit()
+        rest = [out async for out in running]
+        assert len(first.text + "".join(o.text for o in rest)) == 200 and rest[-1].finish_reason == "length"
+        assert batcher.stats().rejected == {"queue_timeout": 1}
+    finally:
+        await batcher.stop()

@@ -336,7 +336,8 @@ def test_a_held_back_chunk_goes_on_when_the_waiting_request_cannot_be_admitted()
 
 def test_starving_request_is_admitted_ahead_of_higher_priority() -> None:
     engine = CountingEngine()
-    sched = scheduler(engine, max_num_seqs=1, max_num_batched_tokens=64, aging_seconds=1800)
+    sched = scheduler(engine, max_num_seqs=1, max_num_batched_tokens=64, aging_seconds=1800,
+                      default_timeout_seconds=0)  # waits an hour: no queue timeout
     low = req("low", "a", priority=9)
     sched.add(low)
     sched.add(req("high", "a", priority=-9))
@@ -408,3 +409,55 @@ def test_a_row_that_fails_ends_alone_and_the_others_go_on() -> None:
     assert summary(together["bad-grammar"])[1] == "error"
     assert "RuntimeError" in together["bad-grammar"][-1].error
     assert sched.stats().kv_blocks_used == 0
+
+
+def test_a_request_past_its_queue_timeout_is_rejected_and_the_running_one_goes_on() -> None:
+    engine = CountingEngine()
+    sched = scheduler(engine, max_num_seqs=1, max_num_batched_tokens=64)
+    sched.add(req("a", "abc", max_tokens=6))
+    step(sched, engine)  # a runs, alone (max_num_seqs=1)
+    late = req("b", "abc")
+    late.queue_timeout, late.arrival_time = 0.5, time.monotonic() - 1.0  # it has waited past its timeout
+    sched.add(late)
+    outs = step(sched, engine)
+    rejected = [o for o in outs if o.request_id == "b"]
+    assert [(o.finished, o.finish_reason) for o in rejected] == [(True, "rejected")]
+    assert "timeout" in (rejected[0].error or "")
+    assert sched.stats().rejected == {"queue_timeout": 1}
+    rest = run(sched, engine)
+    assert summary([o for o in outs if o.request_id == "a"] + rest["a"])[1:] == ("length", 6)
+
+
+def test_a_preempted_sequence_is_never_timed_out_and_delay_keeps_the_late_one() -> None:
+    engine = CountingEngine(num_blocks=6, block_size=4)  # 24 slots for 3 sequences of up to 12 tokens: preemptions
+    sched = scheduler(engine, max_num_seqs=4, max_num_batched_tokens=64, timeout_action="DELAY")
+    requests = [req(f"r{i}", "abcd", max_tokens=8) for i in range(3)]
+    for r in requests:
+        r.queue_timeout, r.arrival_time = 0.001, time.monotonic()
+    outs = run(sched, engine, *requests)
+    assert sched.stats().preemptions > 0
+    assert all(summary(outs[f"r{i}"]) == ("efghijkl", "length", 8) for i in range(3))  # none rejected
+    assert sched.stats().rejected == {}
+
+
+def test_an_arrival_that_cannot_start_in_time_is_refused_at_once() -> None:
+    engine = CountingEngine()
+    sched = scheduler(engine, max_num_seqs=1, max_num_batched_tokens=64)
+    for i in range(40):  # a backlog drained at one admission per step: the scheduler learns the rate
+        sched.add(req(f"w{i}", "a", max_tokens=1))
+    start = time.monotonic()
+    while time.monotonic() - start < 1.2:
+        step(sched, engine)
+        time.sleep(0.05)
+    assert sched.stats().waiting > 10
+    wait = sched.stats().expected_wait_seconds
+    assert wait > 0.5
+    hurried = req("hurried", "a")
+    hurried.queue_timeout = wait / 4
+    with pytest.raises(RateLimitError) as refused:
+        sched.add(hurried)
+    assert refused.value.headers["Retry-After"].isdigit()
+    patient = req("patient", "a")
+    patient.queue_timeout = wait * 4
+    sched.add(patient)
+    assert sched.stats().rejected == {"expected_wait": 1}
