@@ -18,6 +18,7 @@ import orjson
 from pydantic import ValidationError
 
 from gateway.errors import InternalError, InvalidRequestError, SwitchyardError
+from gateway.http.request_timeout import MAX_TIMEOUT_S
 from gateway.ids import random_hex
 from gateway.openai.chat import chat_completion
 from gateway.openai.completions import completion
@@ -91,12 +92,14 @@ class LineExecutor:
             chat.check()
             _no_stream(chat.stream)
             chat.priority = BATCH_PRIORITY
+            chat.timeout = chat.timeout or MAX_TIMEOUT_S  # lowest priority waits long; not the interactive default
             result = await chat_completion(chat, self.registry.llm(chat.model), False)
         elif endpoint == "/v1/completions":
             text = CompletionRequest.model_validate(body)
             text.check()
             _no_stream(text.stream)
             text.priority = BATCH_PRIORITY
+            text.timeout = text.timeout or MAX_TIMEOUT_S
             result = await completion(text, self.registry.llm(text.model), False)
         else:
             raise InvalidRequestError(f"the Batch API does not serve {endpoint[:64]}", param="endpoint")
