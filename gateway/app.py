@@ -42,7 +42,9 @@ from gateway.openai.router import router as openai_router
 from gateway.openai.sessions import router as sessions_router
 from gateway.rate_limit import RateLimiter
 from gateway.repository.model_control import ModelControl
+from gateway.repository.model_use import ModelUseMiddleware
 from gateway.repository.registry import ModelRegistry
+from gateway.repository.residency_metrics import ResidencyCollector
 from gateway.request_log import RequestIdMiddleware
 from gateway.rerank.router import router as rerank_router
 from gateway.responses.router import router as responses_router
@@ -104,15 +106,14 @@ def add_error_handlers(app: FastAPI) -> None:
 
 def create_app(config: ServerConfig, control: ModelControl | None = None) -> FastAPI:
     """The app; its lifespan loads the repository (off the event loop) and starts each model's scheduler."""
-    control = control or ModelControl(config.model_repository, config.cache_dir,
-                                      control_mode=config.model_control_mode, load_models=config.load_models,
-                                      drain_timeout_s=config.drain_seconds, rate_limiter=build_rate_limiter(config))
+    control = control or build_model_control(config)
     registry = control.models
     keys = _key_store(config)
     lifecycle = Lifecycle()
     access = AccessControl(keys, RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm), lifecycle)
     endpoint_counts = EndpointCounts()
     metrics_registry = build_metrics_registry(registry, endpoint_counts, control.rate_limiter)
+    metrics_registry.register(ResidencyCollector(control))
     app = FastAPI(title="Switchyard", version=__version__,
                   lifespan=_lifespan(config, control, access, metrics_registry))
     app.state.config = config
@@ -127,6 +128,16 @@ def create_app(config: ServerConfig, control: ModelControl | None = None) -> Fas
     _add_health_routes(app, registry, lifecycle, metrics_registry)
     _add_middleware(app, config, access, endpoint_counts)
     return app
+
+
+def build_model_control(config: ServerConfig) -> ModelControl:
+    """The server's model control, from its settings."""
+    return ModelControl(config.model_repository, config.cache_dir, control_mode=config.model_control_mode,
+                        load_models=config.load_models, drain_timeout_s=config.drain_seconds,
+                        rate_limiter=build_rate_limiter(config),
+                        memory_budget=None if config.memory_budget is None else int(config.memory_budget),
+                        keep_alive_s=config.keep_alive, load_timeout_s=config.load_timeout_secs,
+                        exit_on_error=config.exit_on_error)
 
 
 def _key_store(config: ServerConfig) -> KeyStore:
@@ -152,9 +163,9 @@ def _lifespan(config: ServerConfig, control: ModelControl, access: AccessControl
         log.info("CPU budget: %d compute thread%s (%s)", budget.threads, "s" if budget.threads > 1 else "",
                  budget.reason)
         app.state.responses = open_responses(config)
+        control.residency.starting()  # requests that arrive while the startup models load wait for them
         loaded = await asyncio.to_thread(control.load_all)
-        for model in loaded:
-            await model.start()
+        loaded = await control.start_all(loaded)  # then models load on request and idle ones expire
         metrics_server = None
         if config.metrics_port:
             metrics_server, _ = start_http_server(config.metrics_port, addr=config.host, registry=metrics_registry)
@@ -169,7 +180,8 @@ def _lifespan(config: ServerConfig, control: ModelControl, access: AccessControl
         app.state.ready = True
         log.info(
             "Switchyard %s serving %s on http://%s:%d/v1%s",
-            __version__, ", ".join(m.name for m in loaded), config.host, config.http_port,
+            __version__, ", ".join(m.name for m in loaded) or "no model yet (they load on request)", config.host,
+            config.http_port,
             f" and gRPC {config.host}:{config.grpc_port}" if grpc_server else "",
         )
         try:
@@ -240,6 +252,7 @@ def _add_health_routes(app: FastAPI, registry: ModelRegistry, lifecycle: Lifecyc
 def _add_middleware(app: FastAPI, config: ServerConfig, access: AccessControl, endpoint_counts: EndpointCounts) -> None:
     """Outermost last: CORS answers preflights, then every request is counted by endpoint and gets its id, then
     access checks, then the body limit."""
+    app.add_middleware(ModelUseMiddleware)  # a request holds the models it uses until its response is sent
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(AccessMiddleware, access=access)
     app.add_middleware(RequestIdMiddleware)

@@ -81,7 +81,7 @@ def _encode(vector: np.ndarray, dimensions: int | None, encoding: str) -> np.nda
 async def create_embeddings(body: EmbeddingRequest, request: Request) -> Response:
     if body.model_extra:
         log.info("embeddings: ignoring unknown fields %s", sorted(body.model_extra)[:20])
-    model = request.app.state.registry.get(body.model)
+    model = await request.app.state.registry.acquire(body.model)
     tensor = embedding_model(model)
     items = _items(body.input)
     if body.dimensions is not None:
