@@ -323,7 +323,8 @@ class Residency:
         deadline = min(server_deadline, client_deadline or server_deadline)
         if self._started is not None and not self._started.is_set():  # startup loads first: no double load
             try:
-                await asyncio.wait_for(self._started.wait(), max(0.0, deadline - time.monotonic()))
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await self._started.wait()
             except TimeoutError:
                 pass
             entry = self.control.models.find(name)
@@ -335,7 +336,8 @@ class Residency:
             self._loads[folder] = task
             task.add_done_callback(lambda done: self._load_done(folder, done))
         try:
-            return await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - time.monotonic()))
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                return await asyncio.shield(task)  # a waiter that gives up leaves the load to the others
         except TimeoutError:
             waited = time.monotonic() - started
             no_room = self._no_room.get(folder)
@@ -418,7 +420,8 @@ class Residency:
         assert self._wake is not None
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), TICK_S)
+                async with asyncio.timeout(TICK_S):  # (wait_for can swallow a cancel that meets its timeout)
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()

@@ -264,3 +264,17 @@ async def test_startup_failures_are_reported_and_the_others_serve(tmp_path: Path
     strict = control_of(tmp_path, clock, mode="none", exit_on_error=True)
     with pytest.raises(ConfigError, match=r"(?s)model 'bad' failed to load: .*max_batch_sise.*--exit-on-error"):
         strict.prepare()
+
+
+async def test_the_load_api_takes_a_keep_alive(tmp_path: Path, clock: Clock, started: list) -> None:
+    from gateway.errors import InvalidRequestError
+    from gateway.kserve.data_plane import DataPlane
+
+    control = await start(control_of(repo_of(tmp_path, "a"), clock), started)
+    plane = DataPlane(control.models, control)
+    await plane.load("a", {"keep_alive": -1})
+    assert control.residency.resident["a"].pinned
+    await plane.load("a", {"keep_alive": "2m"})  # a reload: its keep-alive from now on
+    assert control.residency.resident["a"].keep_alive == 120
+    with pytest.raises(InvalidRequestError, match="parameter 'keep_alive': 'later' is not a duration"):
+        await plane.load("a", {"keep_alive": "later"})
