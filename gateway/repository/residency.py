@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gateway.errors import (
     ConfigError,
@@ -42,10 +42,8 @@ from gateway.repository.loaded_model import LoadedModel, LoadedTensorModel
 from gateway.repository.memory_budget import estimate_bytes, fmt_bytes, process_rss, reported_bytes, trim_heap
 from gateway.repository.model_config import AnyModelConfig
 from gateway.repository.model_use import ModelUse, current_use
+from gateway.repository.registry import ModelRegistry
 from gateway.request_metrics import Histogram
-
-if TYPE_CHECKING:
-    from gateway.repository.model_control import ModelControl
 
 log = logging.getLogger("switchyard.repository")
 
@@ -82,6 +80,18 @@ class ModelLoadTimeoutError(SwitchyardError):
 
 class ModelLoadFailedError(InternalError):
     code = "model_load_failed"
+
+
+class ModelHost(Protocol):
+    """What the manager drives: model control's loads and unloads (`model_control.ModelControl`)."""
+
+    models: ModelRegistry
+
+    def lock(self) -> asyncio.Lock: ...
+    def requestable(self, name: str) -> str | None: ...
+    def ensemble_steps(self, folder: str) -> list[str]: ...
+    async def load_locked(self, name: str, trigger: str) -> LoadedModel: ...
+    def unload_locked(self, name: str, reason: str) -> asyncio.Task[None] | None: ...
 
 
 @dataclass
@@ -128,7 +138,7 @@ class Residency:
 
     def __init__(
         self,
-        control: ModelControl,
+        control: ModelHost,
         *,
         budget: int,
         default_keep_alive: float = 300.0,
