@@ -68,7 +68,7 @@ def test_concurrent_first_requests_cause_one_load(server: ServerProcess) -> None
     async def ask(i: int) -> str:
         reply = await client.chat.completions.create(
             model="smol-a", messages=[{"role": "user", "content": f"Count to {i}"}], max_tokens=2)
-        return reply.choices[0].message.content or ""
+        return reply.choices[0].finish_reason  # answered (two tokens may be empty text)
 
     async def all_at_once() -> list[str]:
         try:
@@ -77,7 +77,7 @@ def test_concurrent_first_requests_cause_one_load(server: ServerProcess) -> None
             await client.close()
 
     answers = asyncio.run(all_at_once())
-    assert len(answers) == 16 and all(answers)
+    assert len(answers) == 16 and set(answers) <= {"stop", "length"}
     assert sample(server, "switchyard_model_loads_total", model="smol-a", result="success") == 1
     assert sample(server, "switchyard_model_load_seconds_count", model="smol-a") == 1
     assert sample(server, "switchyard_model_resident_bytes", model="smol-a") > 3e9  # the KV pool, counted whole
