@@ -193,6 +193,9 @@ class EngineInfo:
     # The most decode rows (one-token steps' and verification steps' rows) a step may hold for that to stay true; 0:
     # any number (the native engine on a CPU with AMX: past it, decode rows go through the tile unit, other bits).
     max_exact_decode_rows: int = 0
+    # Bytes of weights the engine holds in this process (0: not counted, or held elsewhere): with the KV pool's
+    # bytes, what the memory budget counts for the model once loaded (gateway/repository/memory_budget.py).
+    weight_bytes: int = 0
 
 
 # ---------------------------------------------------------------- tensor (KServe v2) models

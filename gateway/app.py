@@ -51,7 +51,9 @@ from gateway.openai.router import router as openai_router
 from gateway.openai.sessions import router as sessions_router
 from gateway.rate_limit import RateLimiter
 from gateway.repository.model_control import ModelControl
+from gateway.repository.model_use import ModelUseMiddleware
 from gateway.repository.registry import ModelRegistry
+from gateway.repository.residency_metrics import ResidencyCollector
 from gateway.request_log import RequestIdMiddleware
 from gateway.rerank.router import router as rerank_router
 from gateway.responses.router import router as responses_router
@@ -114,9 +116,7 @@ def add_error_handlers(app: FastAPI) -> None:
 
 def create_app(config: ServerConfig, control: ModelControl | None = None) -> FastAPI:
     """The app; its lifespan loads the repository (off the event loop) and starts each model's scheduler."""
-    control = control or ModelControl(config.model_repository, config.cache_dir,
-                                      control_mode=config.model_control_mode, load_models=config.load_models,
-                                      drain_timeout_s=config.drain_seconds, rate_limiter=build_rate_limiter(config))
+    control = control or build_model_control(config)
     registry = control.models
     key_service = _key_service(config)
     keys = _key_store(config, key_service)
@@ -125,6 +125,7 @@ def create_app(config: ServerConfig, control: ModelControl | None = None) -> Fas
     endpoint_counts = EndpointCounts()
     metrics_registry = build_metrics_registry(registry, endpoint_counts, control.rate_limiter)
     metrics_registry.register(KeyUsageCollector(key_service, config.key_metrics_by_key))
+    metrics_registry.register(ResidencyCollector(control))
     app = FastAPI(title="Switchyard", version=__version__,
                   lifespan=_lifespan(config, control, access, metrics_registry))
     app.state.config = config
@@ -149,6 +150,16 @@ def _key_service(config: ServerConfig) -> KeyService:
         config.key_store_url.get_secret_value() if config.key_store_url else None,
         default_rpm=config.rate_limit_rpm, default_tpm=config.rate_limit_tpm, prices=config.key_prices,
         flush_secs=config.key_usage_flush_secs, refresh_secs=config.key_refresh_secs)
+
+
+def build_model_control(config: ServerConfig) -> ModelControl:
+    """The server's model control, from its settings."""
+    return ModelControl(config.model_repository, config.cache_dir, control_mode=config.model_control_mode,
+                        load_models=config.load_models, drain_timeout_s=config.drain_seconds,
+                        rate_limiter=build_rate_limiter(config),
+                        memory_budget=None if config.memory_budget is None else int(config.memory_budget),
+                        keep_alive_s=config.keep_alive, load_timeout_s=config.load_timeout_secs,
+                        exit_on_error=config.exit_on_error)
 
 
 def _key_store(config: ServerConfig, named: KeyService | None = None) -> KeyStore:
@@ -179,9 +190,9 @@ def _lifespan(config: ServerConfig, control: ModelControl, access: AccessControl
             config.files_dir or config.cache_dir / "files", control.models, config.files_max_bytes,
             config.batch_max_requests, config.batch_max_concurrency, lambda: not access.lifecycle.draining)
         await app.state.key_service.open()
+        control.residency.starting()  # requests that arrive while the startup models load wait for them
         loaded = await asyncio.to_thread(control.load_all)
-        for model in loaded:
-            await model.start()
+        loaded = await control.start_all(loaded)  # then models load on request and idle ones expire
         await app.state.batch_api.start()  # resumes the batches a previous run left unfinished
         metrics_server = None
         if config.metrics_port:
@@ -197,7 +208,8 @@ def _lifespan(config: ServerConfig, control: ModelControl, access: AccessControl
         app.state.ready = True
         log.info(
             "Switchyard %s serving %s on http://%s:%d/v1%s",
-            __version__, ", ".join(m.name for m in loaded), config.host, config.http_port,
+            __version__, ", ".join(m.name for m in loaded) or "no model yet (they load on request)", config.host,
+            config.http_port,
             f" and gRPC {config.host}:{config.grpc_port}" if grpc_server else "",
         )
         try:
@@ -275,6 +287,7 @@ def _add_health_routes(app: FastAPI, registry: ModelRegistry, lifecycle: Lifecyc
 def _add_middleware(app: FastAPI, config: ServerConfig, access: AccessControl, endpoint_counts: EndpointCounts) -> None:
     """Outermost last: CORS answers preflights, then every request is counted by endpoint and gets its id, then
     access checks, then the body limit."""
+    app.add_middleware(ModelUseMiddleware)  # a request holds the models it uses until its response is sent
     uploads = max(config.max_body_bytes, config.files_max_bytes + MULTIPART_OVERHEAD)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, path_limits={"/v1/files": uploads})
     app.add_middleware(AccessMiddleware, access=access)

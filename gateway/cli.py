@@ -94,21 +94,20 @@ def serve(config: ServerConfig) -> None:
     """Load the repository (config errors fail here, before the port opens), then serve until SIGTERM."""
     import uvicorn
 
-    from gateway.app import create_app
-    from gateway.config import build_rate_limiter
+    from gateway.app import build_model_control, create_app
     from gateway.http_limits import BoundedHeadHttpToolsProtocol  # huge request heads: 431
     from gateway.lifecycle import DrainingServer
-    from gateway.repository.model_control import ModelControl
 
-    control = ModelControl(config.model_repository, config.cache_dir, control_mode=config.model_control_mode,
-                           load_models=config.load_models, drain_timeout_s=config.drain_seconds,
-                           rate_limiter=build_rate_limiter(config))
+    control = build_model_control(config)
     control.prepare()
     app = create_app(config, control)
     server_config = uvicorn.Config(app, host=config.host, port=config.http_port, log_level=config.log_level,
                                    timeout_graceful_shutdown=5, log_config=None, access_log=False,
                                    http=BoundedHeadHttpToolsProtocol)
-    DrainingServer(server_config, app.state.lifecycle, config.drain_seconds).run()
+    server = DrainingServer(server_config, app.state.lifecycle, config.drain_seconds)
+    server.run()
+    if not server.started:  # startup failed (a model with --exit-on-error, a port in use): uvicorn logged why
+        raise ConfigError("the server did not start; the error is logged above")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,10 +15,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 
 from gateway.errors import ConfigError
+from gateway.repository.lifecycle_config import KeepAlive
 
 ENV_PREFIX = "SWITCHYARD_"
 ACCESS = "access control (docs/deployment.md)"
@@ -104,15 +114,31 @@ class ServerConfig(BaseModel):
                                   ge=0, metavar="N", group=ACCESS)
     rate_limit_tpm: int = setting(0, "prompt + generated tokens per minute per API key; 0 = off", ge=0, metavar="N",
                                   group=ACCESS)
-    model_control_mode: Literal["none", "explicit", "poll"] = setting(
+    model_control_mode: Literal["none", "explicit", "poll", "on_demand"] = setting(
         "none", "`none`: load every model at startup, repository load/unload refused; `explicit`: load only "
         "--load-model models, the repository API loads and unloads; `poll`: load every model, then apply the "
-        "repository's changes as they appear", group=CONTROL, doc="deployment.md#model-control")
+        "repository's changes as they appear; `on_demand`: load each model on its first request, unload it once "
+        "idle past its keep-alive", group=CONTROL, doc="deployment.md#model-control")
     load_models: list[str] = setting(
         [], "explicit mode: models (folder names) loaded at startup (`*` = all)", flag="--load-model",
         env_aliases=("SWITCHYARD_LOAD_MODEL",), metavar="NAME", default_text="none", group=CONTROL)
     repository_poll_secs: float = setting(15.0, "poll mode: seconds between two scans of the repository", gt=0,
                                           metavar="SECONDS", group=CONTROL)
+    memory_budget: ByteSize | None = setting(
+        None, "memory the server may hold, models included (e.g. 12GiB, 800MB): to load a model, idle ones are "
+        "evicted least recently used first; a model that cannot fit is refused with the figures", metavar="BYTES",
+        default_text="the cgroup's memory limit, else the machine's memory", group=CONTROL,
+        doc="model-management.md")
+    keep_alive: KeepAlive = setting(
+        300.0, "how long a model loaded on request stays loaded once idle: seconds or a duration (90s, 5m, 1h), 0 "
+        "unloads as soon as it is idle, -1 never; a model's own `keep_alive` wins", metavar="DURATION",
+        default_text="5m", group=CONTROL, doc="model-management.md")
+    load_timeout_secs: float = setting(
+        600.0, "how long a request waits for its model to load (503 after it; a shorter timeout the client sends "
+        "gets 504)", gt=0, metavar="SECONDS", group=CONTROL)
+    exit_on_error: bool = setting(
+        False, "stop the server when a model fails to load at startup (Triton's flag); without it the failure is "
+        "reported in /v2/repository/index and the other models serve", group=CONTROL)
     responses_store: Path | None = setting(None, "SQLite file keeping stored `/v1/responses`", metavar="FILE",
                                            default_text="responses.sqlite3 in the cache dir", group=RESPONSES,
                                            doc="agent-apis.md")

@@ -139,6 +139,7 @@ class PyTorchEngine(StepEngine):
             exact_verification=match_transformers or (self._runner.kernel_threads > 0
                                                       and self._runner.attention.uses_kernel),
             max_exact_decode_rows=self._runner.tile_unit_decode_rows,
+            weight_bytes=sum(h.nbytes for h in held.values()),
         )
         self._generators: dict[str, torch.Generator] = {}
 

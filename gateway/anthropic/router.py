@@ -66,7 +66,7 @@ async def _create(req: MessagesRequest, model: LoadedLLM, timeout: float | None 
 async def create_message(body: MessagesRequest, request: Request) -> Response:
     headers = _check_headers(request)
     log_unknown(body, "messages")
-    model = request.app.state.registry.llm(body.model)
+    model = await request.app.state.registry.acquire_llm(body.model)
     result = await cancel_on_disconnect(request, _create(body, model, request_timeout(request)))
     if isinstance(result, dict):
         return JSONResponse(result, headers=headers)
@@ -78,5 +78,5 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
     headers = _check_headers(request)
-    model = request.app.state.registry.llm(body.model)
+    model = await request.app.state.registry.acquire_llm(body.model)
     return JSONResponse({"input_tokens": await _prompt_tokens(body, model)}, headers=headers)

@@ -99,6 +99,7 @@ def _state(row: dict[str, str]) -> tuple[str, str]:
 def models(control: ModelControl) -> list[dict[str, Any]]:
     """One entry per model folder (its versions merged), in folder order; a failed load's reason with it."""
     loaded = {m.folder: m for m in control.models.all_models()}
+    on_request = control.on_request_models()
     rows: dict[str, dict[str, Any]] = {}
     for row in control.states.index():
         name = row["name"]
@@ -108,6 +109,7 @@ def models(control: ModelControl) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"name": name, "state": state, "reason": reason}
         model = loaded.get(name)
         entry.update(_loaded_facts(model) if model is not None else _folder_facts(control, name))
+        entry.update(control.residency.describe(name), on_request=name in on_request)  # bytes, keep-alive
         rows[name] = entry
     for folder, model in loaded.items():  # a loaded model whose folder has gone (poll mode removes it next scan)
         rows.setdefault(folder, {"name": folder, "state": "ready", "reason": "", **_loaded_facts(model)})

@@ -17,6 +17,7 @@ from gateway import __version__
 from gateway.errors import InvalidRequestError, NotFoundError
 from gateway.keys import context as key_context
 from gateway.kserve import llm_bridge
+from gateway.repository.lifecycle_config import parse_duration
 from gateway.repository.loaded_model import LoadedLLM, LoadedModel, LoadedTensorModel
 from gateway.repository.model_control import ModelControl
 from gateway.repository.registry import ModelRegistry
@@ -46,6 +47,12 @@ class DataPlane:
     def model(self, name: str, version: Version = None) -> LoadedModel:
         """The model serving `name`, with `version` served; 404 otherwise."""
         model = self.models.get(name)
+        model.version_number(version or None)
+        return model
+
+    async def serving(self, name: str, version: Version = None) -> LoadedModel:
+        """`model` for an inference request: a model that loads on request is loaded first (the request waits)."""
+        model = await self.models.acquire(name)
         model.version_number(version or None)
         return model
 
@@ -84,7 +91,7 @@ class DataPlane:
     async def infer(self, name: str, version: Version, inputs: Sequence[InputTensor], wanted: Sequence[str],
                     parameters: Mapping[str, Any]) -> tuple[str, list[OutputTensor]]:
         """One request, one answer: the version that served it and its outputs."""
-        model = self.model(name, version)
+        model = await self.serving(name, version)
         if isinstance(model, LoadedTensorModel):
             entry, outputs = await model.tensor.infer(inputs, wanted, version or None, dict(parameters))
             return str(entry.version), outputs
@@ -96,7 +103,7 @@ class DataPlane:
     async def infer_stream(self, name: str, version: Version, inputs: Sequence[InputTensor], wanted: Sequence[str],
                            parameters: Mapping[str, Any]) -> AsyncIterator[tuple[str, list[OutputTensor]]]:
         """One request, its answers as they come: several for a decoupled model or an LLM asked to `stream`."""
-        model = self.model(name, version)
+        model = await self.serving(name, version)
         if isinstance(model, LoadedTensorModel):
             async for entry, outputs in model.tensor.infer_stream(inputs, wanted, version or None, dict(parameters)):
                 yield str(entry.version), outputs
@@ -125,14 +132,20 @@ class DataPlane:
                 if key_context.visible(entry["name"])]
 
     async def load(self, name: str, parameters: Mapping[str, Any]) -> None:
-        """Load or reload a model; the only parameter is `config`, a JSON object (or its text) that overrides the
-        model's config file for this load."""
+        """Load or reload a model; parameters: `config`, a JSON object (or its text) that overrides the model's
+        config file for this load, and `keep_alive` (seconds or a duration such as "10m"; -1 pins the model)."""
         if any(k.startswith("file:") for k in parameters):
             raise InvalidRequestError("model files cannot be sent over the network ('file:' parameters are not "
                                       "supported)")
-        unknown = [k for k in parameters if k != "config"]
+        unknown = [k for k in parameters if k not in ("config", "keep_alive")]
         if unknown:
-            raise InvalidRequestError(f"unknown load parameter '{unknown[0][:64]}'; only 'config' is supported")
+            raise InvalidRequestError(f"unknown load parameter '{unknown[0][:64]}'; use 'config' or 'keep_alive'")
+        keep_alive = None
+        if "keep_alive" in parameters:
+            try:
+                keep_alive = parse_duration(parameters["keep_alive"])
+            except ValueError as exc:
+                raise InvalidRequestError(f"parameter 'keep_alive': {exc}") from None
         override = None
         if "config" in parameters:
             raw = parameters["config"]
@@ -142,7 +155,7 @@ class DataPlane:
                 override = None
             if not isinstance(override, dict):
                 raise InvalidRequestError("parameter 'config' must be a JSON object (or its text)")
-        await self.control.load(name, override)
+        await self.control.load(name, override, keep_alive)
 
     async def unload(self, name: str, parameters: Mapping[str, Any]) -> None:
         unknown = [k for k in parameters if k != "unload_dependents"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -33,6 +34,7 @@ from gateway.kserve.data_plane import DataPlane
 from gateway.kserve.grpc_access import AccessInterceptor
 from gateway.kserve.proto import kserve_inference_pb2 as pb
 from gateway.kserve.proto import kserve_inference_pb2_grpc as pb_grpc
+from gateway.repository.model_use import close_use, open_use
 
 log = logging.getLogger("switchyard.grpc")
 
@@ -46,6 +48,7 @@ _CODES = {
     499: grpc.StatusCode.CANCELLED,
     501: grpc.StatusCode.UNIMPLEMENTED,
     503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 _CONTENTS = {
     "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
@@ -66,6 +69,7 @@ def _rpc(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]
 
     @functools.wraps(method)
     async def wrapper(self: Servicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        use = open_use(_deadline(context))  # the call holds the models it uses; its deadline bounds a load's wait
         try:
             return await method(self, request, context)
         except SwitchyardError as exc:
@@ -77,8 +81,16 @@ def _rpc(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]
         except Exception:
             log.exception("gRPC %s failed", method.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, "internal server error; see the server log")
+        finally:
+            close_use(use)
 
     return wrapper
+
+
+def _deadline(context: Any) -> float | None:
+    """The call's deadline on time.monotonic()'s clock, or None."""
+    remaining = context.time_remaining()
+    return time.monotonic() + remaining if remaining is not None else None
 
 
 def read_params(params: Any) -> dict[str, Any]:
@@ -205,6 +217,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         tasks: set[asyncio.Task[None]] = set()
 
         async def serve(request: Any) -> None:
+            use = open_use(_deadline(context))
             try:
                 async for response in self._stream_one(request):
                     await queue.put(pb.ModelStreamInferResponse(infer_response=response))
@@ -217,6 +230,8 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
             except Exception:
                 log.exception("gRPC stream request failed")
                 await queue.put(pb.ModelStreamInferResponse(error_message="internal server error; see the server log"))
+            finally:
+                close_use(use)
 
         async def read() -> None:
             try:

@@ -112,7 +112,7 @@ async def model_config(name: str, request: Request, version: str | None = None) 
 @router.post("/v2/models/{name}/versions/{version}/infer")
 async def infer(name: str, request: Request, version: str | None = None) -> Response:
     plane = _plane(request)
-    plane.model(name, version)  # an unknown model is a 404 before the body is read
+    await plane.serving(name, version)  # an unknown model is a 404 before the body is read (loads on request)
     body = await _body(request)
     try:
         parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH_HEADER))
@@ -172,7 +172,7 @@ async def _tensor_generate(model: LoadedTensorModel, body: Any, version: str | N
 @router.post("/v2/models/{name}/generate")
 @router.post("/v2/models/{name}/versions/{version}/generate")
 async def generate(name: str, request: Request, version: str | None = None) -> dict[str, Any]:
-    model = _plane(request).model(name, version)
+    model = await _plane(request).serving(name, version)
     body = await _json_body(request)
     if isinstance(model, LoadedTensorModel):
         async def collect() -> list[dict[str, Any]]:
@@ -195,7 +195,7 @@ async def generate(name: str, request: Request, version: str | None = None) -> d
 @router.post("/v2/models/{name}/generate_stream")
 @router.post("/v2/models/{name}/versions/{version}/generate_stream")
 async def generate_stream(name: str, request: Request, version: str | None = None) -> Response:
-    model = _plane(request).model(name, version)
+    model = await _plane(request).serving(name, version)
     body = await _json_body(request)
     if isinstance(model, LoadedTensorModel):
         docs = _tensor_generate(model, body, version)

@@ -106,7 +106,7 @@ async def embeddings_body(body: EmbeddingRequest, model: LoadedModel, priority: 
 async def create_embeddings(body: EmbeddingRequest, request: Request) -> Response:
     if body.model_extra:
         log.info("embeddings: ignoring unknown fields %s", sorted(body.model_extra)[:20])
-    model = request.app.state.registry.get(body.model)
+    model = await request.app.state.registry.acquire(body.model)
     body_out = await cancel_on_disconnect(request, embeddings_body(body, model))
     # orjson writes float32 arrays directly, as the shortest text that reads back to the same float32: 25x faster
     # than json.dumps over lists (450 us per 384-float vector, the largest CPU cost per request) and half the bytes.

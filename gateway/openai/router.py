@@ -17,10 +17,11 @@ from gateway.http.unknown_fields import log_unknown
 from gateway.keys import context as key_context
 from gateway.openai.chat import chat_completion
 from gateway.openai.completions import completion
+from gateway.openai.model_cards import model_card, model_cards
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.openai.sessions import MAX_SESSION_ID, scoped_session_id
 from gateway.openai.tokenize import router as tokenize_router
-from gateway.repository.registry import LoadedModel, ModelRegistry
+from gateway.repository.registry import ModelRegistry
 
 log = logging.getLogger("switchyard.openai")
 
@@ -32,27 +33,17 @@ def _registry(request: Request) -> ModelRegistry:
     return request.app.state.registry
 
 
-def _model_card(m: LoadedModel) -> dict[str, Any]:
-    return {
-        "id": m.name,
-        "object": "model",
-        "created": m.created,
-        "owned_by": m.config.owned_by,
-        "root": m.name,
-        "parent": None,
-        "max_model_len": m.max_model_len,
-    }
-
-
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    models = [m for m in _registry(request).all_models() if key_context.visible(m.name)]
-    return {"object": "list", "data": [_model_card(m) for m in models]}
+    """Every model a request may name, loaded or loading on request, with its `state` (model_cards.py); with a
+    named key, only those it may use."""
+    cards = model_cards(request.app.state.model_control)
+    return {"object": "list", "data": [c for c in cards if key_context.visible(c["id"])]}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
-    return _model_card(_registry(request).get(model_id))
+    return model_card(request.app.state.model_control, model_id)
 
 
 def _session_id(request: Request, body: ChatCompletionRequest | CompletionRequest) -> str | None:
@@ -78,7 +69,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     log_unknown(body, "chat.completions")
     body.check()
     body.timeout = request_timeout(request, body.timeout)
-    model = _registry(request).llm(body.model)
+    model = await _registry(request).acquire_llm(body.model)
     force_usage = request.app.state.config.always_include_usage
     work = chat_completion(body, model, force_usage, _session_id(request, body))
     return _respond(await cancel_on_disconnect(request, work), request)
@@ -89,7 +80,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     log_unknown(body, "completions")
     body.check()
     body.timeout = request_timeout(request, body.timeout)
-    model = _registry(request).llm(body.model)
+    model = await _registry(request).acquire_llm(body.model)
     force_usage = request.app.state.config.always_include_usage
     work = completion(body, model, force_usage, _session_id(request, body))
     return _respond(await cancel_on_disconnect(request, work), request)

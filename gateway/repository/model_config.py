@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gateway.errors import ConfigError
 from gateway.repository.engine_config import PyTorchSection, RemoteSection, TensorRTLLMSection, VllmSection
+from gateway.repository.lifecycle_config import LifecycleFields
 from gateway.repository.pbtxt import PbtxtError, parse_pbtxt
 from gateway.repository.tensor_config import TensorModelConfig, is_tensor_config
 
@@ -95,7 +96,7 @@ class ModelSource(_Strict):
     tokenizer: str | None = Field(None, description="Tokenizer location if not beside the weights (same syntax).")
 
 
-class ModelConfig(_Strict):
+class ModelConfig(_Strict, LifecycleFields):
     name: str | None = Field(None, description="Must equal the folder name when given (Triton's rule).")
     backend: Literal["pytorch", "vllm", "tensorrt_llm", "remote"] = "pytorch"
     task: Literal["generate"] = "generate"

@@ -6,6 +6,13 @@ Triton's model control modes (`--model-control-mode`):
 * `explicit`: only `--load-model` models load at startup (`*` = all); the repository API loads and unloads.
 * `poll`: every model loads at startup, then `watcher.RepositoryWatcher` applies the repository's changes;
   the repository API's load/unload is refused.
+* `on_demand` (Switchyard's, as Ollama does): a model loads when the first request for it arrives, unloads once
+  idle past its keep-alive, and is evicted (least recently used first) when the memory budget needs its room; the
+  repository API loads and unloads too. `residency.py` decides when; this class does the loads and unloads.
+
+In every mode a model whose config says `load: on_request` loads on its first request, and `load: on_startup`
+loads at startup (`lifecycle_config.py`). A model that fails to load at startup is reported (its state and reason
+in the repository index) and the others serve, unless `--exit-on-error` asks to stop.
 
 A reload builds and starts the new copy while the old one serves, swaps them, and stops the old copy only once
 its in-flight requests have finished (see `serving.py`); a failed reload leaves the old copy serving. A failed load
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -40,10 +48,13 @@ from gateway.repository.layout import (
     resolve_source,
     scan_repository,
 )
+from gateway.repository.lifecycle_config import FOREVER
 from gateway.repository.loaded_model import LoadedModel
+from gateway.repository.memory_budget import default_budget
 from gateway.repository.model_config import AnyModelConfig, ModelConfig, parse_model_config, validate_model_config
 from gateway.repository.model_states import ModelStates
 from gateway.repository.registry import ModelRegistry
+from gateway.repository.residency import ModelTooLargeError, Residency
 from gateway.repository.tensor_config import TensorModelConfig
 
 if TYPE_CHECKING:
@@ -52,10 +63,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("switchyard.repository")
 
-ControlMode = Literal["none", "explicit", "poll"]
+ControlMode = Literal["none", "explicit", "poll", "on_demand"]
 #: Triton's words when the repository API is off (its tools and scripts look for them).
 CONTROL_DISABLED = "explicit model load / unload is not allowed if polling is enabled"
 DRAIN_TIMEOUT_S = 30.0
+CATALOG_RESCAN_S = 2.0  # a request for an unknown name rescans the repository at most this often
 
 
 class ModelControlDisabledError(ServiceUnavailableError):
@@ -77,7 +89,16 @@ class ModelControl:
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
         rate_limiter: RateLimiter | None = None,
         models: ModelRegistry | None = None,
+        memory_budget: int | None = None,
+        keep_alive_s: float = 300.0,
+        load_timeout_s: float = 600.0,
+        exit_on_error: bool = False,
+        residency: dict[str, Any] | None = None,
     ) -> None:
+        """`memory_budget`: bytes (None: the cgroup's or the machine's memory); `keep_alive_s`: idle time before a
+        model loaded on request unloads; `load_timeout_s`: how long a request waits for its model to load;
+        `exit_on_error`: a model failing at startup fails the server; `residency`: Residency's test hooks (clock,
+        rss, estimate)."""
         self.root = root
         self.models = models if models is not None else ModelRegistry()
         self.rate_limiter = rate_limiter  # the server's --rate-limit, given to every tensor model it loads
@@ -90,6 +111,19 @@ class ModelControl:
         self.retiring = Retirement(drain_timeout_s, self._retired)  # old copies finishing their requests
         self._watcher: RepositoryWatcher | None = None  # poll mode
         self._lock: asyncio.Lock | None = None
+        self.exit_on_error = exit_on_error
+        if memory_budget is None:
+            limit = default_budget()
+            memory_budget = limit.bytes
+            self.budget_source = limit.source
+        else:
+            self.budget_source = "--memory-budget"
+        self.residency = Residency(self, budget=memory_budget, default_keep_alive=keep_alive_s,
+                                   load_timeout_s=load_timeout_s, **(residency or {}))
+        self.models.residency = self.residency  # requests for models not loaded wait for their load
+        self._catalog: dict[str, str] = {}  # served name -> folder, of the models a request loads
+        self._catalog_configs: dict[str, AnyModelConfig] = {}  # folder -> config, of those models
+        self._catalog_scanned = float("-inf")
 
     # ------------------------------------------------------------------ startup
 
@@ -117,18 +151,53 @@ class ModelControl:
             log.warning("model repository '%s' holds no model yet", self.root)
         return found
 
+    def on_request(self, config: AnyModelConfig) -> bool:
+        """Whether a request for this model loads it (on_demand mode, or the model's `load: on_request`)."""
+        return self.control_mode == "on_demand" or config.load == "on_request"
+
+    def _loads_at_startup(self, config: AnyModelConfig) -> bool:
+        if config.load is not None:
+            return config.load == "on_startup"
+        return self.control_mode != "on_demand"
+
+    def keep_alive_for(self, config: AnyModelConfig, override: float | None = None) -> float:
+        """A loaded model's keep-alive: a load's own, its config's, the server's for models loaded on request;
+        models that Triton's modes load stay loaded (FOREVER)."""
+        if override is not None:
+            return override
+        if config.keep_alive is not None:
+            return config.keep_alive
+        return self.residency.default_keep_alive if self.on_request(config) else FOREVER
+
+    def _startup_failed(self, name: str, step: str, exc: BaseException) -> None:
+        """A model failed at startup: stop the server (--exit-on-error) or record why and serve the others."""
+        if self.exit_on_error:
+            reason = str(exc) if isinstance(exc, ConfigError) else self.states.reason(exc)
+            raise ConfigError(f"model '{name}' failed to {step}: {reason} (--exit-on-error stops the server; "
+                              "fix the model, or drop --exit-on-error to serve the others)") from None
+        self._failed(name, None, step, exc)
+
     def prepare(self) -> None:
         """Parse and check the startup models' configs without loading weights, so config errors surface before
-        serving. In explicit mode without --load-model nothing loads at startup."""
+        serving (a model with a bad config is reported and left out, or stops the server with --exit-on-error).
+        In explicit mode without --load-model nothing loads at startup; models that load on request are listed."""
         parsed = []
+        named = self.control_mode == "explicit" and self.load_models != ["*"]
         for model in self._startup_models():
             self._fingerprints[model.name] = folder_fingerprint(model.path)
-            config = parse_model_config(model.config_path, model.name)
-            local = config.backend == "pytorch" if isinstance(config, ModelConfig) else bool(config.model.source)
-            if local:  # weights in the folder or a package: checked before anything loads
-                resolve_source(model, config.model.source, "model.source")
+            try:
+                config = parse_model_config(model.config_path, model.name)
+                if not named and not self._loads_at_startup(config):
+                    continue  # loads on its first request
+                local = config.backend == "pytorch" if isinstance(config, ModelConfig) else bool(config.model.source)
+                if local:  # weights in the folder or a package: checked before anything loads
+                    resolve_source(model, config.model.source, "model.source")
+            except ConfigError as exc:
+                self._startup_failed(model.name, "load", exc)
+                continue
             parsed.append((model, config))
         self._parsed = parsed
+        self.refresh_catalog()
 
     def _build(self, model: ModelDir, config: AnyModelConfig) -> LoadedModel:
         """Load one model (blocking)."""
@@ -146,11 +215,36 @@ class ModelControl:
         )
         loaded = []
         for model, config in ordered:
-            entry = self._build(model, config)
+            try:
+                needed = self.residency.estimate(model, config)
+                self.residency.fits_beside(model.name, needed)
+                rss_before, started = self.residency.rss(), time.monotonic()
+                entry = self._build(model, config)
+            except Exception as exc:
+                self._startup_failed(model.name, "load", exc)
+                continue
             self.models.publish(entry)
             self.states.set(model.name, "READY")
+            self.residency.track(entry, self.keep_alive_for(config), needed, rss_before, time.monotonic() - started)
             loaded.append(entry)
         return loaded
+
+    async def start_all(self, loaded: list[LoadedModel]) -> list[LoadedModel]:
+        """Start the startup models' schedulers (on the event loop); one that fails is withdrawn and reported, or
+        stops the server with --exit-on-error. Then requests may load models and idle ones expire."""
+        started = []
+        for entry in loaded:
+            try:
+                await entry.start()
+            except Exception as exc:
+                await stop_quietly(entry)
+                self.models.withdraw(entry)
+                self.residency.forget(entry.folder, "failed")
+                self._startup_failed(entry.folder, "start", exc)
+                continue
+            started.append(entry)
+        self.residency.start()
+        return started
 
     # ------------------------------------------------------------------ repository API (event loop)
 
@@ -158,8 +252,12 @@ class ModelControl:
         self._lock = self._lock or asyncio.Lock()
         return self._lock
 
+    def lock(self) -> asyncio.Lock:
+        """The lock every load and unload runs under (the residency manager's loads and evictions take it too)."""
+        return self._locked()
+
     def _check_control(self) -> None:
-        if self.control_mode == "explicit":
+        if self.control_mode in ("explicit", "on_demand"):
             return
         how = ("the repository is polled: add, change or remove model folders instead" if self.control_mode == "poll"
                else "start the server with --model-control-mode=explicit to load and unload models through this API")
@@ -176,18 +274,21 @@ class ModelControl:
             raise NotFoundError(f"no model named '{name}' in the model repository")
         return model
 
-    async def load(self, name: str, config_override: dict[str, Any] | None = None) -> LoadedModel:
-        """Load (or reload) a model by folder name (explicit mode). In-flight requests finish on the old copy."""
+    async def load(self, name: str, config_override: dict[str, Any] | None = None,
+                   keep_alive: float | None = None) -> LoadedModel:
+        """Load (or reload) a model by folder name (explicit and on_demand modes). In-flight requests finish on the
+        old copy. `keep_alive`: this copy's (-1 pins it); else its config's, or for a model that loads on request
+        the server's --keep-alive, counted from this load (docs/model-management.md)."""
         self._check_control()
         async with self._locked():
-            return await self._load_folder(name, config_override)
+            return await self._load_folder(name, config_override, keep_alive=keep_alive, trigger="admin")
 
     async def unload(self, name: str) -> None:
         """Unload a model by folder name (explicit mode); returns once its in-flight requests have finished."""
         self._check_control()
         async with self._locked():
             self._find(name)
-            task = self._unload_folder(name)
+            task = self._unload_folder(name, "admin")
         if task is not None:
             await asyncio.shield(task)  # the unload completes even if the caller goes away
 
@@ -207,14 +308,21 @@ class ModelControl:
                               "pickle runs code): set it in the model's config file")
         return config.model_copy(update={"model": weights}) if type(weights) is type(config.model) else config
 
+    async def load_locked(self, name: str, trigger: str) -> LoadedModel:
+        """Load a folder for the residency manager (which holds the lock)."""
+        return await self._load_folder(name, trigger=trigger)
+
     async def _load_folder(self, name: str, config_override: dict[str, Any] | None = None,
-                           fingerprint: str | None = None) -> LoadedModel:
-        """Build and start a new copy while the old one (if any) serves, then swap them (call under the lock)."""
+                           fingerprint: str | None = None, keep_alive: float | None = None,
+                           trigger: str = "admin") -> LoadedModel:
+        """Build and start a new copy while the old one (if any) serves, then swap them (call under the lock). A
+        folder not loaded yet first gets its room in the memory budget (idle models evicted, `residency.py`)."""
         model = self._find(name)
         if not fingerprint:
             fingerprint = await asyncio.to_thread(folder_fingerprint, model.path)
         self._fingerprints[name] = fingerprint
         old = self.models.in_folder(name)
+        needed = 0
         try:
             config = self._config(model, config_override)
             served = (config.served_model_name if isinstance(config, ModelConfig) else None) or name
@@ -223,7 +331,23 @@ class ModelControl:
                 raise ConfigError(f"{model.config_path}: the served name '{served}' is taken by the model folder "
                                   f"'{other.folder}'; choose another served_model_name.")
             if old is None:
+                needed = await asyncio.to_thread(self.residency.estimate, model, config)
+        except Exception as exc:
+            raise self._failed(name, old, "load", exc) from None
+        if old is None:
+            try:
+                await self.residency.make_room(name, needed)
+            except ModelTooLargeError as exc:
+                self.residency.load_failed(name)
+                self.states.set(name, "UNAVAILABLE", exc.message)
+                log.error("model '%s' failed to load: %s", name, exc.message)
+                raise
+        rss_before, started = self.residency.rss(), time.monotonic()
+        try:
+            if old is None:
                 self.states.set(name, "LOADING")
+            if trigger == "request":
+                log.info("model '%s' was asked for: loading it on request", name)
             entry = await asyncio.to_thread(self._build, model, config)
         except Exception as exc:
             raise self._failed(name, old, "load", exc) from None
@@ -234,10 +358,14 @@ class ModelControl:
             raise self._failed(name, old, "start", exc) from None
         self.models.publish(entry, replaces=old)  # the swap: new requests reach the new copy from here on
         self.states.set(name, "READY")
+        self.residency.track(entry, self.keep_alive_for(config, keep_alive), needed, rss_before,
+                             time.monotonic() - started)
         if old is not None:
             log.info("model '%s' reloaded; the previous copy stops once its %d request(s) in flight finish",
                      name, old.in_flight)
             self.retiring.retire(old, entry)
+        else:
+            await self.residency.settle(name)
         return entry
 
     def _failed(self, name: str, old: LoadedModel | None, step: str, exc: BaseException) -> SwitchyardError:
@@ -248,10 +376,15 @@ class ModelControl:
         else:
             log.error("model '%s' failed to %s", name, step, exc_info=exc)
         reason = self.states.failed(name, old is not None, exc)
+        self.residency.load_failed(name)
         error = InvalidRequestError if isinstance(exc, ConfigError) else InternalError
         return error(f"failed to {step} '{name}': {reason}")
 
-    def _unload_folder(self, name: str) -> asyncio.Task[None] | None:
+    def unload_locked(self, name: str, reason: str) -> asyncio.Task[None] | None:
+        """Unload a folder for the residency manager (which holds the lock): an eviction."""
+        return self._unload_folder(name, reason)
+
+    def _unload_folder(self, name: str, reason: str) -> asyncio.Task[None] | None:
         """Take a model out of service now; its copy stops in the background once its requests finish."""
         entry = self.models.in_folder(name)
         if entry is None:
@@ -259,6 +392,7 @@ class ModelControl:
                 self.states.set(name, "UNAVAILABLE", "unloaded")
             return None
         self.models.withdraw(entry)
+        self.residency.forget(name, reason)
         self.states.set(name, "UNLOADING")
         log.info("unloading model '%s' (%d request(s) in flight)", name, entry.in_flight)
         return self.retiring.retire(entry, None)
@@ -280,8 +414,12 @@ class ModelControl:
         async with self._locked():
             for name in removed:
                 self._fingerprints.pop(name, None)
-                self._unload_folder(name)
+                self._unload_folder(name, "poll")
+            self.refresh_catalog()
             for name in sorted(changed, key=lambda folder: _is_ensemble(self.root, folder)):
+                if self.models.in_folder(name) is None and name in self._catalog_configs:
+                    self._fingerprints[name] = changed[name]  # loads on its first request
+                    continue
                 try:
                     self._find(name)
                 except (InvalidRequestError, NotFoundError) as exc:
@@ -304,11 +442,55 @@ class ModelControl:
         self._watcher.start()
 
     async def close(self) -> None:
-        """Stop polling and let replaced or unloaded copies finish (shutdown; the loaded models stop separately)."""
+        """Stop polling and expiring, and let replaced or unloaded copies finish (shutdown; the loaded models stop
+        separately)."""
         if self._watcher is not None:
             await self._watcher.stop()
             self._watcher = None
+        await self.residency.stop()
         await self.retiring.close()
+
+    # ------------------------------------------------------------------ models that load on request
+
+    def refresh_catalog(self) -> None:
+        """Re-read which served names load on request, and from which folder (blocking: parses the configs)."""
+        catalog: dict[str, str] = {}
+        configs: dict[str, AnyModelConfig] = {}
+        if self.root.is_dir():
+            for model in scan_repository(self.root):
+                try:
+                    config = parse_model_config(model.config_path, model.name)
+                except ConfigError:
+                    continue  # its state says why once something tries to load it
+                if self.on_request(config):
+                    served = (config.served_model_name if isinstance(config, ModelConfig) else None) or model.name
+                    catalog.setdefault(served, model.name)
+                    configs[model.name] = config
+        self._catalog, self._catalog_configs = catalog, configs
+        self._catalog_scanned = time.monotonic()
+
+    def requestable(self, name: str) -> str | None:
+        """The folder a request for the served name `name` loads, or None (no such model, or it does not load on
+        request). An unknown name rescans the repository, at most every CATALOG_RESCAN_S."""
+        folder = self._catalog.get(name)
+        if folder is None and time.monotonic() - self._catalog_scanned > CATALOG_RESCAN_S:
+            try:
+                self.refresh_catalog()
+            except (ConfigError, OSError):
+                return None
+            folder = self._catalog.get(name)
+        return folder
+
+    def on_request_models(self) -> dict[str, AnyModelConfig]:
+        """Folder -> config of every model that loads on request (as last scanned)."""
+        return dict(self._catalog_configs)
+
+    def ensemble_steps(self, folder: str) -> list[str]:
+        """The models an ensemble folder calls ([] for any other model)."""
+        config = self._catalog_configs.get(folder)
+        if isinstance(config, TensorModelConfig) and config.ensemble_scheduling is not None:
+            return [step.model_name for step in config.ensemble_scheduling.step]
+        return []
 
 
 class Retirement:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, SwitchyardError
 from gateway.repository.layout import find_model_dir
 from gateway.repository.registry import ModelRegistry
 
@@ -58,9 +58,12 @@ class ModelStates:
         return message[:MAX_REASON_CHARS]
 
     def reason(self, exc: BaseException) -> str:
-        """Why a load failed, for the network: a config error's message, or the exception's type and message."""
+        """Why a load failed, for the network: a config error's (or a Switchyard error's) message, or the
+        exception's type and message."""
         if isinstance(exc, ConfigError):
             return self.public(str(exc))
+        if isinstance(exc, SwitchyardError):
+            return self.public(exc.message)
         kind = type(exc).__qualname__
         if type(exc).__module__ not in ("builtins", "__main__"):
             kind = f"{type(exc).__module__}.{kind}"

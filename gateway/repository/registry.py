@@ -8,6 +8,8 @@ lifecycle apart from the repository manager); it alone publishes and withdraws m
 
 from __future__ import annotations
 
+from typing import Any
+
 from gateway.errors import InvalidRequestError, ModelNotFoundError
 from gateway.keys import context as key_context
 from gateway.repository.loaded_model import LoadedLLM, LoadedModel, LoadedTensorModel
@@ -21,6 +23,7 @@ class ModelRegistry:
 
     def __init__(self) -> None:
         self._models: dict[str, LoadedModel] = {}
+        self.residency: Any = None  # residency.Residency: loads models on request (set by model control)
 
     # ------------------------------------------------------------------ lookups (frontends)
 
@@ -36,9 +39,24 @@ class ModelRegistry:
     def find(self, name: str) -> LoadedModel | None:
         return self._models.get(name)
 
+    async def acquire(self, name: str, keep_alive: float | None = None) -> LoadedModel:
+        """The model serving `name` for a request (what every inference route calls): a model of the repository
+        that loads on request is loaded first while the request waits, and the request holds it (no eviction)
+        until its response is sent (`residency.py`); 404 as `get` otherwise. `keep_alive`: the request's own."""
+        if self.residency is None:
+            return self.get(name)
+        return await self.residency.acquire(name, keep_alive)
+
+    async def acquire_llm(self, name: str, keep_alive: float | None = None) -> LoadedLLM:
+        """`acquire` for a model that generates text; 400 for a model of another kind."""
+        return self._text_model(await self.acquire(name, keep_alive), name)
+
     def llm(self, name: str) -> LoadedLLM:
-        """A model that generates text; 400 for a model of another kind (e.g. an embedding model)."""
-        model = self.get(name)
+        """A loaded model that generates text; 400 for a model of another kind (e.g. an embedding model)."""
+        return self._text_model(self.get(name), name)
+
+    @staticmethod
+    def _text_model(model: LoadedModel, name: str) -> LoadedLLM:
         if not isinstance(model, LoadedLLM):
             raise InvalidRequestError(
                 f"The model '{name}' does not generate text (it serves /v1/embeddings or /v2 infer).", param="model"

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.repository.lifecycle_config import LifecycleFields
+
 #: Triton DataType enum name -> KServe wire datatype.
 TRITON_DATATYPES = {
     "TYPE_BOOL": "BOOL", "TYPE_UINT8": "UINT8", "TYPE_UINT16": "UINT16", "TYPE_UINT32": "UINT32",
@@ -342,7 +344,7 @@ class TensorSource(_Strict):
     source: str = ""
 
 
-class TensorModelConfig(_Strict):
+class TensorModelConfig(_Strict, LifecycleFields):
     """A tensor model (Triton `ModelConfig` names). Exactly one of dynamic / sequence / ensemble scheduling."""
 
     name: str | None = None

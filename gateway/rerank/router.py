@@ -23,7 +23,7 @@ router = APIRouter(route_class=NestingAwareRoute)
 @router.post("/v2/rerank")
 async def rerank(body: RerankRequest, request: Request) -> dict[str, Any]:
     log_unknown(body, "rerank")
-    model = request.app.state.registry.get(body.model)
+    model = await request.app.state.registry.acquire(body.model)
     documents = [d if isinstance(d, str) else d.text for d in body.documents]
     scores, tokens = await cancel_on_disconnect(
         request, similarities(model, [body.query], documents, ("query", "documents")))
@@ -48,7 +48,7 @@ async def score(body: ScoreRequest, request: Request) -> dict[str, Any]:
     if len(left) != 1 and len(left) != len(right):
         raise InvalidRequestError(f"text_1 has {len(left)} texts and text_2 {len(right)}: give one text_1, or as "
                                   "many as text_2", param="text_1")
-    model = request.app.state.registry.get(body.model)
+    model = await request.app.state.registry.acquire(body.model)
     scores, tokens = await cancel_on_disconnect(request, similarities(model, left, right, ("text_1", "text_2")))
     return {"id": new_id("score"), "object": "list", "created": now(), "model": model.name,
             "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],

@@ -13,7 +13,8 @@ def config_json(
     name: str, config: TensorModelConfig, inputs: list[TensorSpec], outputs: list[TensorSpec]
 ) -> dict[str, Any]:
     """The config in Triton's JSON form (what `/v2/models/{m}/config` returns; also the gRPC ModelConfig)."""
-    doc = config.model_dump(exclude={"model", "owned_by", "input", "output", "name"}, exclude_none=True)
+    doc = config.model_dump(exclude={"model", "owned_by", "input", "output", "name", "load", "keep_alive"},
+                            exclude_none=True)  # load, keep_alive: Switchyard's, not in Triton's schema
     doc = {"name": name, **doc}
     declared_in = {t.name: t for t in config.input}
     declared_out = {t.name: t for t in config.output}

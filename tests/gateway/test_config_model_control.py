@@ -48,7 +48,7 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Non
         seen.update(kw)
         raise Stop
 
-    monkeypatch.setattr("gateway.repository.model_control.ModelControl", fake_control)
+    monkeypatch.setattr("gateway.app.ModelControl", fake_control)  # built by gateway.app.build_model_control
     with pytest.raises(Stop):
         main(["serve", "--model-repository", str(tmp_path)])
     assert seen["control_mode"] == "explicit" and seen["load_models"] == ["a", "b"]

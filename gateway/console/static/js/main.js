@@ -80,7 +80,7 @@ async function refreshOverview(soon = false) {
     const data = await getJSON("/ui/api/overview");
     renderOverview(data);
     admin.render(data);
-    const ready = data.models.filter((m) => m.state === "ready");
+    const ready = data.models.filter((m) => m.state === "ready" || m.on_request); // on request: loads when asked
     const names = (pred) => ready.filter(pred).map((m) => m.served_name || m.name);
     metrics.setModels(names((m) => m.kind === "llm"));
     chat.setModels(names((m) => m.kind === "llm"));

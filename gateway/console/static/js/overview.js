@@ -12,6 +12,17 @@ function cpuText(cpu) {
   return `${cpu.visible} CPUs visible${cpu.host && cpu.host !== cpu.visible ? ` of ${cpu.host}` : ""}`;
 }
 
+// Residency (docs/model-management.md): counted memory and when an idle model unloads, or that it loads on request.
+function lifecycleText(m) {
+  if (m.state !== "ready") return m.on_request && m.state !== "loading" ? "loads on request" : "";
+  const parts = [];
+  if (m.resident_bytes) parts.push(`${fmtNumber(m.resident_bytes / 2 ** 20, 0)} MiB`);
+  if (m.pinned) parts.push("pinned");
+  else if (m.busy) parts.push("in use");
+  else if (m.expires_in_s !== null && m.expires_in_s !== undefined) parts.push(`unloads in ${Math.round(m.expires_in_s)} s if idle`);
+  return parts.join(" · ");
+}
+
 export function renderOverview(data) {
   const s = data.server;
   $("#server-version").textContent = `v${s.version}`;
@@ -27,6 +38,8 @@ export function renderOverview(data) {
     const state = el("td", {}, stateBadge(m.state));
     const reason = m.reason || m.config_error;
     if (reason) state.append(el("div", { class: "reason", text: reason }));
+    const life = lifecycleText(m);
+    if (life) state.append(el("div", { class: "muted small", text: life }));
     const name = el("td", {}, el("strong", { text: m.name }));
     if (m.served_name && m.served_name !== m.name) name.append(el("div", { class: "muted small", text: `served as ${m.served_name}` }));
     return el("tr", { "data-model": m.name, "data-state": m.state },
