@@ -90,6 +90,18 @@ class SamplingParams:
         return self.temperature < GREEDY_BELOW
 
 
+@dataclass(frozen=True)
+class AdapterRef:
+    """A LoRA adapter a request runs under (vLLM's `LoRARequest`: lora_name, lora_int_id, lora_path).
+
+    `id` is unique per load in this process (1, 2, ...; 0 is the base model): an adapter unloaded and loaded again
+    under its name is another id, so KV blocks computed under the old weights are never found for the new ones."""
+
+    name: str
+    id: int
+    path: str
+
+
 @dataclass
 class GenerationRequest:
     """One sequence to generate. `n>1` is fanned out by the gateway into several of these."""
@@ -101,6 +113,7 @@ class GenerationRequest:
     session_id: str | None = None
     arrival_time: float = 0.0
     trace_headers: dict[str, str] = field(default_factory=dict)  # W3C traceparent/tracestate to pass downstream
+    adapter: AdapterRef | None = None  # the LoRA adapter it runs under; None: the base model
 
 
 @dataclass
@@ -151,6 +164,7 @@ class SequenceStep:
     num_prompt_tokens: int
     num_output_tokens: int
     num_draft_tokens: int = 0
+    adapter_id: int = 0  # the LoRA adapter its rows run under (AdapterRef.id); 0: the base model
 
     @property
     def draft_token_ids(self) -> list[int]:
