@@ -38,6 +38,7 @@ from gateway.kserve.http import router as kserve_router
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import build_metrics_registry, render
 from gateway.openai.embeddings import router as embeddings_router
+from gateway.openai.lora_admin import router as lora_admin_router
 from gateway.openai.router import router as openai_router
 from gateway.openai.sessions import router as sessions_router
 from gateway.rate_limit import RateLimiter
@@ -106,7 +107,8 @@ def create_app(config: ServerConfig, control: ModelControl | None = None) -> Fas
     """The app; its lifespan loads the repository (off the event loop) and starts each model's scheduler."""
     control = control or ModelControl(config.model_repository, config.cache_dir,
                                       control_mode=config.model_control_mode, load_models=config.load_models,
-                                      drain_timeout_s=config.drain_seconds, rate_limiter=build_rate_limiter(config))
+                                      drain_timeout_s=config.drain_seconds, rate_limiter=build_rate_limiter(config),
+                                      lora_dirs=config.lora_dirs)
     registry = control.models
     keys = _key_store(config)
     lifecycle = Lifecycle()
@@ -200,6 +202,7 @@ def _add_routes(app: FastAPI, config: ServerConfig) -> None:
     app.include_router(responses_router)
     app.include_router(anthropic_router)
     app.include_router(rerank_router)
+    app.include_router(lora_admin_router)
     if config.console:
         from gateway.console.routes import add_console
 

@@ -102,7 +102,8 @@ def serve(config: ServerConfig) -> None:
 
     control = ModelControl(config.model_repository, config.cache_dir, control_mode=config.model_control_mode,
                            load_models=config.load_models, drain_timeout_s=config.drain_seconds,
-                           rate_limiter=build_rate_limiter(config))
+                           rate_limiter=build_rate_limiter(config),
+                           lora_dirs=config.lora_dirs)
     control.prepare()
     app = create_app(config, control)
     server_config = uvicorn.Config(app, host=config.host, port=config.http_port, log_level=config.log_level,

@@ -130,6 +130,17 @@ class ServerConfig(BaseModel):
         None, "send a span per LLM request (queue, prefill, decode) over OTLP/HTTP to URL, e.g. "
         "http://collector:4318/v1/traces; needs switchyard[tracing]", metavar="URL", default_text="off",
         doc="scale-out.md#tracing")
+    lora_dirs: tuple[Path, ...] = setting(
+        (), "a folder LoRA adapters may be loaded from, besides each model's own folder", flag="--lora-dir",
+        metavar="DIR", default_text="none", doc="lora.md")
+
+    @field_validator("lora_dirs")
+    @classmethod
+    def _lora_dirs_exist(cls, value: tuple[Path, ...]) -> tuple[Path, ...]:
+        for folder in value:
+            if not folder.is_dir():
+                raise ValueError(f"--lora-dir {str(folder)[:200]} is not a directory; create it or drop the flag")
+        return value
 
     @field_validator("log_level", "log_format", "model_control_mode", "rate_limit", mode="before")
     @classmethod

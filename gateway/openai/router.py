@@ -31,20 +31,22 @@ def _registry(request: Request) -> ModelRegistry:
 
 
 def _model_card(m: LoadedModel) -> dict[str, Any]:
+    parent = getattr(m, "parent", None)  # a LoRA adapter (vLLM's card: root is its path, parent its base model)
     return {
         "id": m.name,
         "object": "model",
         "created": m.created,
         "owned_by": m.config.owned_by,
-        "root": m.name,
-        "parent": None,
+        "root": m.adapter.given_path if parent is not None else m.name,  # type: ignore[attr-defined]
+        "parent": parent.name if parent is not None else None,
         "max_model_len": m.max_model_len,
     }
 
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    return {"object": "list", "data": [_model_card(m) for m in _registry(request).all_models()]}
+    registry = _registry(request)
+    return {"object": "list", "data": [_model_card(m) for m in [*registry.all_models(), *registry.adapters()]]}
 
 
 @router.get("/v1/models/{model_id:path}")

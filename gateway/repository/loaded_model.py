@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from gateway.errors import NotFoundError
 from gateway.inference_stats import ModelStats
@@ -16,6 +16,9 @@ from gateway.repository.model_config import AnyModelConfig, ModelConfig
 from gateway.repository.serving import InFlight, ServingScheduler
 from gateway.repository.tensor_config import TensorModelConfig
 from gateway.tensor.model import TensorModel
+
+if TYPE_CHECKING:
+    from gateway.repository.adapter_catalog import AdapterCatalog
 
 
 @dataclass(kw_only=True)
@@ -86,6 +89,7 @@ class LoadedLLM(LoadedModel):
     kind: ClassVar[str] = "llm"
     config: ModelConfig
     scheduler: ServingScheduler
+    adapters: AdapterCatalog | None = None  # its LoRA adapters, where its engine serves them
 
     @property
     def max_model_len(self) -> int | None:

@@ -77,6 +77,7 @@ class ModelControl:
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
         rate_limiter: RateLimiter | None = None,
         models: ModelRegistry | None = None,
+        lora_dirs: Iterable[Path] = (),
     ) -> None:
         self.root = root
         self.models = models if models is not None else ModelRegistry()
@@ -90,6 +91,7 @@ class ModelControl:
         self.retiring = Retirement(drain_timeout_s, self._retired)  # old copies finishing their requests
         self._watcher: RepositoryWatcher | None = None  # poll mode
         self._lock: asyncio.Lock | None = None
+        self.lora_dirs = tuple(lora_dirs)  # --lora-dir: where LoRA adapters may be loaded from (adapter_catalog.py)
 
     # ------------------------------------------------------------------ startup
 
@@ -132,7 +134,7 @@ class ModelControl:
 
     def _build(self, model: ModelDir, config: AnyModelConfig) -> LoadedModel:
         """Load one model (blocking)."""
-        return build_model(model, config, self.cache_dir, self.models, self.rate_limiter)
+        return build_model(model, config, self.cache_dir, self.models, self.rate_limiter, self.lora_dirs)
 
     def load_all(self) -> list[LoadedModel]:
         """Load each startup model's weights and build its scheduler (blocking; call off the event loop).

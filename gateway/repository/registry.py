@@ -25,13 +25,40 @@ class ModelRegistry:
 
     def get(self, name: str) -> LoadedModel:
         """The model serving `name`; 404 (`model_not_found`) when none does."""
-        model = self._models.get(name)
+        model = self.find(name)
         if model is None:
             raise ModelNotFoundError(name)
         return model
 
     def find(self, name: str) -> LoadedModel | None:
-        return self._models.get(name)
+        """The model serving `name`: a loaded model, else a LoRA adapter of one (`<model>:<adapter>`, or the
+        adapter's bare name; adapter_catalog.py)."""
+        return self._models.get(name) or self._adapter(name)
+
+    def _adapter(self, name: str) -> LoadedModel | None:
+        base, qualified, adapter = name.rpartition(":")
+        for model in self._models.values():
+            catalog = model.adapters if isinstance(model, LoadedLLM) else None
+            if catalog is None:
+                continue
+            if qualified and model.name == base:
+                return catalog.view(adapter)
+            found = None if qualified else catalog.view(name, bare=True)
+            if found is not None:
+                return found
+        return None
+
+    def adapters(self) -> list[LoadedModel]:
+        """The LoRA adapters of the loaded models (`/v1/models` lists them), each under its bare name as vLLM lists
+        its `lora_name`, or as <model>:<adapter> where another model or adapter has that name."""
+        found = []
+        for model in self._models.values():
+            if not isinstance(model, LoadedLLM) or model.adapters is None:
+                continue
+            for view in model.adapters.views():
+                bare = self.find(view.adapter.ref.name)
+                found.append(bare if getattr(bare, "adapter", None) is view.adapter else view)
+        return found
 
     def llm(self, name: str) -> LoadedLLM:
         """A model that generates text; 400 for a model of another kind (e.g. an embedding model)."""
