@@ -2,11 +2,12 @@
 
 Every row of a step goes through the base projection together (one GEMM, the base model's kernels and bits); then,
 for each group of rows that run under the same adapter, the low-rank update `(x @ A.T) @ B.T * scale` is added to
-those rows' outputs, in torch ops, exactly as PEFT's unmerged LoRA layer computes it (`result + lora_B(lora_A(x)) *
-scaling`). A fused projection (q/k/v, gate/up) adds each part's update to its columns; gate and up are updated
-before the activation (`GatedActivation.gate_up`, then `activate`), and o and down add their update before the
-residual, as transformers adds the residual to PEFT's output. Rows of the base model are computed as in a step
-without adapters, bit for bit.
+those rows' outputs, in torch ops, as PEFT's unmerged LoRA layer computes it (`result + lora_B(lora_A(x)) *
+scaling`). A fused projection (q/k/v, gate/up) updates all its parts in the same two matmuls (`SlotUpdate`: the
+parts' A stacked, their B block-diagonal, each column's scale: four torch ops per group and projection however many
+parts); gate and up are updated before the activation (`GatedActivation.gate_up`, then `activate`), and o and down
+add their update before the residual, as transformers adds the residual to PEFT's output. Rows of the base model are
+computed as in a step without adapters, bit for bit.
 
 The projections are wrapped once, when the first adapter is loaded (`install`): a model that never serves an adapter
 keeps its plain projections. The runner names the step's groups for the thread that computes it (`step_groups`);
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from engines.pytorch.layers.mlp import GatedMLP
-from engines.pytorch.lora_weights import LoRAWeights
+from engines.pytorch.lora_weights import LoRAWeights, SlotUpdate
 
 _step = threading.local()  # .groups: the adapter row groups of the step the calling thread computes
 
@@ -65,33 +66,48 @@ def step_groups(groups: list[RowGroup] | None) -> Iterator[None]:
 
 
 class _Updated:
-    """A projection of layer `layer` whose output columns [start, end) are module `name`'s (`parts`), with the
+    """Projection `name` of layer `layer`, whose output columns [start, end) are module `module`'s (`parts`), with the
     updates of the step's adapter rows added. Everything else about it is its projection's (`__getattr__`)."""
 
-    def __init__(self, base: Any, layer: int, parts: Sequence[tuple[str, int, int]]) -> None:
-        self.base, self.layer, self.parts = base, layer, tuple(parts)
+    def __init__(self, base: Any, layer: int, name: str, parts: Sequence[tuple[str, int, int]]) -> None:
+        self.base, self.layer, self.name, self.parts = base, layer, name, tuple(parts)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("base", "layer", "parts"):
+        if name in ("base", "layer", "name", "parts"):
             raise AttributeError(name)
         return getattr(self.base, name)
 
+    def prepare(self, adapter: LoRAWeights) -> None:
+        """`adapter`'s update of this projection as one `SlotUpdate` (none where it updates no part of it)."""
+        pairs = adapter.layers[self.layer]
+        present = [(pairs[m], start, end) for m, start, end in self.parts if m in pairs]
+        if not present:
+            return
+        first = present[0][0]
+        width = max(end for _, _, end in self.parts)
+        rank = sum(pair.a.shape[0] for pair, _, _ in present)
+        b = first.b.new_zeros(width, rank)
+        scale = first.b.new_zeros(width)
+        offset = 0
+        for pair, start, end in present:
+            r = pair.a.shape[0]
+            b[start:end, offset : offset + r] = pair.b
+            scale[start:end] = pair.scale
+            offset += r
+        a = torch.cat([pair.a for pair, _, _ in present]).contiguous()
+        adapter.slots[(self.layer, self.name)] = SlotUpdate(a, b, scale)
+
     def _add(self, y: torch.Tensor, x: torch.Tensor, groups: list[RowGroup]) -> torch.Tensor:
         for group in groups:
-            pairs = group.adapter.layers[self.layer]
-            xs = None
-            for module, start, end in self.parts:
-                pair = pairs.get(module)
-                if pair is None:
-                    continue
-                if xs is None:
-                    xs = x[group.rows]
-                update = F.linear(F.linear(xs, pair.a), pair.b) * pair.scale
-                columns = y[:, start:end]
-                if isinstance(group.rows, slice):
-                    columns[group.rows] += update
-                else:
-                    columns.index_add_(0, group.rows, update)
+            update = group.adapter.slots.get((self.layer, self.name))
+            if update is None:
+                continue
+            # PEFT's lora_B(lora_A(x)) * scaling, every part of a fused projection at once
+            delta = F.linear(F.linear(x[group.rows], update.a), update.b) * update.scale
+            if isinstance(group.rows, slice):
+                y[group.rows] += delta
+            else:
+                y.index_add_(0, group.rows, delta)
         return y
 
 
@@ -135,6 +151,18 @@ def projection_shapes(model: Any) -> list[dict[str, tuple[int, int]]]:
     return shapes
 
 
+def _wrapped(model: Any) -> list[_Updated]:
+    return [p for layer in model.layers for p in (layer.attn.qkv, layer.attn.o, getattr(layer.mlp, "gate_up_act", None),
+                                                   getattr(layer.mlp, "down", None)) if isinstance(p, _Updated)]
+
+
+def prepare(model: Any, adapter: LoRAWeights) -> None:
+    """`adapter.slots`: its update of each of the model's (wrapped) projections; then its per-module pairs go."""
+    for projection in _wrapped(model):
+        projection.prepare(adapter)
+    adapter.layers = [{} for _ in adapter.layers]
+
+
 def install(model: Any) -> None:
     """Wrap every projection of a `DecoderModel` that adapters update (once; the model's own calls stay the same)."""
     for i, layer in enumerate(model.layers):
@@ -143,12 +171,12 @@ def install(model: Any) -> None:
             continue
         hidden = attn.o.out_features
         q, kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
-        attn.qkv = LoRALinear(attn.qkv, i, (("q_proj", 0, q), ("k_proj", q, q + kv), ("v_proj", q + kv, q + 2 * kv),
-                                            ("qkv_proj", 0, q + 2 * kv)))
-        attn.o = LoRALinear(attn.o, i, (("o_proj", 0, hidden),))
+        attn.qkv = LoRALinear(attn.qkv, i, "qkv", (("q_proj", 0, q), ("k_proj", q, q + kv),
+                                                   ("v_proj", q + kv, q + 2 * kv), ("qkv_proj", 0, q + 2 * kv)))
+        attn.o = LoRALinear(attn.o, i, "o", (("o_proj", 0, hidden),))
         mlp = layer.mlp
         if isinstance(mlp, GatedMLP):
             n = mlp.gate_up_act.out_features
-            mlp.gate_up_act = LoRAGated(mlp.gate_up_act, i, (("gate_proj", 0, n), ("up_proj", n, 2 * n),
-                                                             ("gate_up_proj", 0, 2 * n)))
-            mlp.down = LoRALinear(mlp.down, i, (("down_proj", 0, hidden),))
+            mlp.gate_up_act = LoRAGated(mlp.gate_up_act, i, "gate_up", (("gate_proj", 0, n), ("up_proj", n, 2 * n),
+                                                                        ("gate_up_proj", 0, 2 * n)))
+            mlp.down = LoRALinear(mlp.down, i, "down", (("down_proj", 0, hidden),))

@@ -44,13 +44,27 @@ class LoRAPair:
 
 
 @dataclass
+class SlotUpdate:
+    """The updates of one projection the engine runs (a fused one: all its parts), as two matmuls: y += ((x @ a.T) @
+    b.T) * scale. `a` stacks the parts' A; `b` holds each part's B in its output columns' rows and its rank's
+    columns, zeros elsewhere (a zero adds nothing: x + 0 = x exactly); `scale` is each output column's part's scale
+    (0 where no part updates the column)."""
+
+    a: torch.Tensor  # [sum r, in]
+    b: torch.Tensor  # [out, sum r]
+    scale: torch.Tensor  # [out]
+
+
+@dataclass
 class LoRAWeights:
-    """An adapter: its pairs per layer, by transformers' module name (`q_proj`, `down_proj`, ...)."""
+    """An adapter: its pairs per layer, by transformers' module name (`q_proj`, `down_proj`, ...), and the updates of
+    the engine's projections made of them (`slots`, by (layer, projection); lora.py `prepare`)."""
 
     layers: list[dict[str, LoRAPair]]
     source: str  # the file or folder, for messages
     rank: int = 0  # the largest r
     nbytes: int = field(default=0)
+    slots: dict[tuple[int, str], SlotUpdate] = field(default_factory=dict)
 
 
 def read_adapter(path: Path, shapes: list[dict[str, tuple[int, int]]], dtype: torch.dtype,
@@ -122,8 +136,12 @@ def _peft_config(path: Path) -> dict[str, Any]:
 def _pattern_value(patterns: dict[str, Any], module_path: str, default: Any) -> Any:
     """PEFT's `rank_pattern` / `alpha_pattern` lookup: the first key that matches the end of the module's name."""
     for key, value in (patterns or {}).items():
-        if re.match(rf"(.*\.)?({key})$", module_path):
-            return value
+        try:
+            if re.match(rf"(.*\.)?({key})$", module_path):
+                return value
+        except re.error as exc:
+            raise ModelFileError(f"adapter_config.json: pattern '{key[:80]}' is not a regular expression ({exc})") \
+                from None
     return default
 
 
@@ -152,11 +170,12 @@ def _peft(path: Path) -> dict[tuple[int, str], LoRAPair]:
     alpha, use_rslora = float(config.get("lora_alpha", 8)), bool(config.get("use_rslora", False))
     pairs = {}
     for (layer, name, half), tensor in halves.items():
+        other = halves.get((layer, name, "B" if half == "A" else "A"))
+        if other is None:
+            raise ModelFileError(f"{path.name}: layer {layer}'s {name} has lora_{half} but not the other half of "
+                                 "the pair; save it again")
         if half != "A":
             continue
-        other = halves.get((layer, name, "B"))
-        if other is None:
-            raise ModelFileError(f"{path.name}: layer {layer}'s {name} has lora_A but no lora_B; save it again")
         module_path = f"model.layers.{layer}.{name}"
         r = tensor.shape[0]
         module_alpha = float(_pattern_value(config.get("alpha_pattern"), module_path, alpha))
@@ -173,8 +192,8 @@ def _gguf(path: Path, config: dict[str, Any]) -> dict[tuple[int, str], LoRAPair]
 
     try:
         reader = GGUFReader(path)
-    except (ValueError, OSError, IndexError) as exc:
-        raise ModelFileError(f"{path.name}: not a readable GGUF file ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - gguf-py fails on a damaged file in many ways; all mean the same
+        raise ModelFileError(f"{path.name}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
 
     def field_value(key: str) -> Any:
         found = reader.fields.get(key)
@@ -197,7 +216,7 @@ def _gguf(path: Path, config: dict[str, Any]) -> dict[tuple[int, str], LoRAPair]
                                  "(embedding, output and norm tensors in an adapter are not served)")
         layer, gguf_module, half = match.groups()
         values = dequantize(tensor.data, tensor.tensor_type)
-        if half == "b":  # llama.cpp's rotary row order of q and k, back to transformers'
+        if half == "b" and gguf_module in ("attn_q", "attn_k"):  # llama.cpp's rotary row order, back to transformers'
             values = processor.process(weights=values, name=f"blk.{layer}.{gguf_module}.weight",
                                        tensor_key_mapping={}, parsed_parameters={}).weights
         halves[(int(layer), _GGUF_MODULES[gguf_module], half)] = torch.from_numpy(values.copy()).float()

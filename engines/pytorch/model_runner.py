@@ -195,6 +195,7 @@ class PagedModelRunner:
             raise UnsupportedModelError("LoRA adapters are not applied with pytorch.match_transformers; turn it off "
                                         "to serve adapters")
         lora.install(self.model)  # before the adapter is visible: a step that sees it has the wrapped projections
+        lora.prepare(self.model, weights)
         self.adapters[adapter_id] = weights
 
     def remove_adapter(self, adapter_id: int) -> None:

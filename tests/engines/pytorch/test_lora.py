@@ -1,5 +1,6 @@
 """LoRA updates on the projections (engines/pytorch/lora.py): each group of rows gets its adapter's update, as PEFT's
-unmerged layer computes it, and the base model's rows keep the bits of a step without adapters."""
+unmerged layer computes it (to float32 rounding: a fused projection's parts are updated in one pair of matmuls), and
+the base model's rows keep the bits of a step without adapters."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from engines.pytorch.linear import DenseOps, GatedActivation, Linear
-from engines.pytorch.lora import LoRAGated, LoRALinear, RowGroup, row_groups, step_groups
+from engines.pytorch.lora import LoRAGated, LoRALinear, RowGroup, _Updated, row_groups, step_groups
 from engines.pytorch.lora_weights import LoRAPair, LoRAWeights
 from tests.random_gguf_blocks import make_blocks
 
@@ -23,11 +24,15 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-def _adapter(modules: dict[str, tuple[int, int]], rank: int, seed: int, scale: float = 0.5) -> LoRAWeights:
+def _adapter(projection: _Updated, modules: dict[str, tuple[int, int]], rank: int, seed: int, scale: float = 0.5
+             ) -> tuple[LoRAWeights, dict[str, LoRAPair]]:
+    """An adapter of `modules` prepared for `projection`, and its pairs."""
     gen = torch.Generator().manual_seed(seed)
     pairs = {name: LoRAPair(torch.randn(rank, k, generator=gen) * 0.1, torch.randn(n, rank, generator=gen) * 0.1,
                             scale) for name, (n, k) in modules.items()}
-    return LoRAWeights([pairs], "test", rank)
+    adapter = LoRAWeights([dict(pairs)], "test", rank)
+    projection.prepare(adapter)
+    return adapter, pairs
 
 
 def _update(x: torch.Tensor, pair: LoRAPair) -> torch.Tensor:
@@ -40,9 +45,9 @@ def test_each_group_gets_its_adapters_update_and_base_rows_keep_their_bits(fast:
     q, kv, hidden = 48, 16, 40
     weight = torch.randn(q + 2 * kv, hidden, generator=gen) * 0.1
     base = Linear(weight, None, fast, tmp_path)
-    qkv = LoRALinear(base, 0, (("q_proj", 0, q), ("k_proj", q, q + kv), ("v_proj", q + kv, q + 2 * kv)))
-    one = _adapter({"q_proj": (q, hidden), "v_proj": (kv, hidden)}, 4, 1)  # k untouched
-    two = _adapter({"k_proj": (kv, hidden)}, 8, 2, scale=2.0)
+    qkv = LoRALinear(base, 0, "qkv", (("q_proj", 0, q), ("k_proj", q, q + kv), ("v_proj", q + kv, q + 2 * kv)))
+    one, one_pairs = _adapter(qkv, {"q_proj": (q, hidden), "v_proj": (kv, hidden)}, 4, 1)  # k untouched
+    two, two_pairs = _adapter(qkv, {"k_proj": (kv, hidden)}, 8, 2, scale=2.0)
     x = torch.randn(9, hidden, generator=gen)
     plain = base(x)
     assert torch.equal(qkv(x), plain)  # outside a step with adapters: the projection as it is
@@ -54,10 +59,11 @@ def test_each_group_gets_its_adapters_update_and_base_rows_keep_their_bits(fast:
         assert torch.equal(out[rows], plain[rows])
     expect = plain.clone()
     rows_one = [2, 3, 7]
-    expect[rows_one, :q] += _update(x[rows_one], one.layers[0]["q_proj"])
-    expect[rows_one, q + kv :] += _update(x[rows_one], one.layers[0]["v_proj"])
-    expect[4:7, q : q + kv] += _update(x[4:7], two.layers[0]["k_proj"])
-    assert torch.equal(out, expect)
+    expect[rows_one, :q] += _update(x[rows_one], one_pairs["q_proj"])
+    expect[rows_one, q + kv :] += _update(x[rows_one], one_pairs["v_proj"])
+    expect[4:7, q : q + kv] += _update(x[4:7], two_pairs["k_proj"])
+    torch.testing.assert_close(out, expect, atol=1e-6, rtol=1e-6)
+    assert torch.equal(out[rows_one, q : q + kv], plain[rows_one, q : q + kv])  # k: no update, the same bits
 
 
 def test_the_residual_is_added_after_the_update(tmp_path: Path) -> None:
@@ -66,14 +72,14 @@ def test_the_residual_is_added_after_the_update(tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(5)
     weight = torch.randn(32, 24, generator=gen) * 0.1
     base = Linear(weight, None, True, tmp_path)
-    o = LoRALinear(base, 0, (("o_proj", 0, 32),))
-    adapter = _adapter({"o_proj": (32, 24)}, 4, 7)
+    o = LoRALinear(base, 0, "o", (("o_proj", 0, 32),))
+    adapter, pairs = _adapter(o, {"o_proj": (32, 24)}, 4, 7)
     x, residual = torch.randn(3, 24, generator=gen), torch.randn(3, 32, generator=gen)
     with step_groups([RowGroup(slice(1, 3), adapter)]):
         out = o(x, residual)
     expect = base(x)
-    expect[1:3] += _update(x[1:3], adapter.layers[0]["o_proj"])
-    assert torch.equal(out, residual + expect)
+    expect[1:3] += _update(x[1:3], pairs["o_proj"])
+    assert torch.equal(out, residual + expect)  # one module: PEFT's very ops
     assert torch.equal(out[0], base(x, residual)[0])  # a base row: the fused add's bits
 
 
@@ -96,11 +102,10 @@ def test_gate_and_up_are_updated_before_the_activation(blocks: bool, tmp_path: P
         assert torch.equal(fused.activate(fused.gate_up(x)), fused(x))
     torch.testing.assert_close(fused.gate_up(x), torch.cat([F.linear(x, gate), F.linear(x, up)], 1), atol=1e-5,
                                rtol=1e-4)
-    mlp_in = LoRAGated(fused, 0, (("gate_proj", 0, n), ("up_proj", n, 2 * n)))
-    adapter = _adapter({"gate_proj": (n, k), "up_proj": (n, k)}, 4, 3)
+    mlp_in = LoRAGated(fused, 0, "gate_up", (("gate_proj", 0, n), ("up_proj", n, 2 * n)))
+    adapter, pairs = _adapter(mlp_in, {"gate_proj": (n, k), "up_proj": (n, k)}, 4, 3)
     with step_groups([RowGroup(slice(0, 2), adapter)]):
         out = mlp_in(x)
-    pairs = adapter.layers[0]
     g = F.linear(x[:2], gate) + _update(x[:2], pairs["gate_proj"])
     u = F.linear(x[:2], up) + _update(x[:2], pairs["up_proj"])
     torch.testing.assert_close(out[:2], F.silu(g) * u, atol=1e-5, rtol=1e-4)
