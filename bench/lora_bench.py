@@ -1,13 +1,14 @@
 """LoRA adapters under load: 8 adapters and the base model mixed in the same batches, against the base model alone.
 
 One server serves SmolLM2-135M-Instruct (float32, native engine) with `--adapters` random LoRA adapters listed in its
-config (bench/lora_files.py: rank `--rank` on q, k, v, o, gate, up and down of every layer). The same streaming
+config (bench/lora_files.py: rank `--rank` on `--targets` of every layer, by default all seven projections, PEFT's
+"all-linear"). The same streaming
 load (bench/loadgen.py: random prompts of `--input-len` tokens, `--output-len` tokens each, `ignore_eos`) runs at
 `--concurrency` twice: every request to the base model, then the requests spread round robin over the base model
 and the adapters (so every step mixes them). While the mixed run goes, one more adapter is loaded and unloaded with
 vLLM's admin calls (`--hot-load`), and every request must still succeed.
 
-    python bench/lora_bench.py [--concurrency 32] [--prompts 128] [--adapters 8] [--rank 16]
+    python bench/lora_bench.py [--concurrency 32] [--prompts 128] [--adapters 8] [--rank 8] [--targets q_proj,v_proj]
 
 Prints output tok/s of both runs and their ratio (target: mixed >= 0.7 x base alone), and the failed requests.
 """
@@ -36,13 +37,13 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 ADMIN_KEY = "lora-bench-admin-key"
 
 
-def _repository(root: Path, adapters: int, rank: int, concurrency: int) -> Path:
+def _repository(root: Path, adapters: int, rank: int, targets: tuple[str, ...], concurrency: int) -> Path:
     repo = root / "repo"
     model = repo / "smol"
     lines = [f"  a{i}: adapters/a{i}" for i in range(adapters)]
     for i in range(adapters + 1):  # the last one is hot-loaded from the --lora-dir
         folder = model / "adapters" / f"a{i}" if i < adapters else root / "extra" / "hot"
-        write_peft_adapter(folder, rank=rank, seed=i, targets=TARGETS, scale=0.02)
+        write_peft_adapter(folder, rank=rank, seed=i, targets=targets, scale=0.02)
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.yaml").write_text(
         f"backend: pytorch\nmodel: {GGUF}\ndtype: float32\nmax_model_len: 2048\n"
@@ -102,12 +103,13 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--adapters", type=int, default=8)
-    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--targets", default=",".join(TARGETS), help="the projections the adapters update")
     parser.add_argument("--hot-load", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="lora-bench-") as tmp:
         root = Path(tmp)
-        repo = _repository(root, args.adapters, args.rank, args.concurrency)
+        repo = _repository(root, args.adapters, args.rank, tuple(args.targets.split(",")), args.concurrency)
         port = _port()
         base_url = f"http://127.0.0.1:{port}"
         proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--model-repository", str(repo),
