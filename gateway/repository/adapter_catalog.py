@@ -143,10 +143,10 @@ def load_adapters(base: LoadedLLM, model: ModelDir, engine: AdapterHost, models:
     (ConfigError naming the entry and the fix), as a bad weights path does."""
     catalog = AdapterCatalog(base, engine, model.path, lora_dirs)
     for name, path in base.config.lora_adapters.items():
-        other = models.find(name)
-        if name == base.name or (other is not None and other.folder != model.name):
+        other = base if name == base.name else models.find(name)
+        if other is not None and (other is base or other.folder != model.name):
             raise ConfigError(f"{model.config_path}: lora_adapters: the name '{name}' is served already (by "
-                              f"'{base.name if name == base.name else other.name}'); rename the adapter")
+                              f"'{other.name}'); rename the adapter")
         try:
             catalog.load(name, path)
         except InvalidRequestError as exc:

@@ -89,13 +89,13 @@ def build_model(model: ModelDir, config: AnyModelConfig, cache_dir: Path | None,
         info.num_kv_blocks, info.block_size,
         info.num_kv_blocks * info.block_size * info.kv_bytes_per_token / 2**20,
     )
-    entry = LoadedLLM(name=name, config=config, scheduler=scheduler, folder=model.name,
-                      load_seconds=time.monotonic() - started)
+    llm = LoadedLLM(name=name, config=config, scheduler=scheduler, folder=model.name,
+                    load_seconds=time.monotonic() - started)
     if config.backend in LORA_BACKENDS:
         try:
-            entry.adapters = load_adapters(entry, model, scheduler.engine, models, lora_dirs)
+            llm.adapters = load_adapters(llm, model, scheduler.engine, models, lora_dirs)
         except Exception:
             if isinstance(scheduler.engine, StepEngine):  # not started yet: free its weights and threads now
                 scheduler.engine.shutdown()
             raise
-    return entry
+    return llm

@@ -80,7 +80,7 @@ def test_peft_refusals_name_the_fix(tmp_path: Path, config: dict | None, extra: 
 
 def test_not_an_adapter(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ModelFileError, match="adapter_config.json"):
+    with pytest.raises(ModelFileError, match=r"adapter_config\.json"):
         read_adapter(tmp_path / "empty", SHAPES, torch.float32, CONFIG)
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "adapter_config.json").write_text('{"peft_type": "LORA"}')
