@@ -45,16 +45,17 @@ def _catalog(registry: ModelRegistry, lora_name: str, model: str | None) -> tupl
     wanted = base if qualified else model
     if wanted is not None:
         found = registry.find(wanted)
-        if not isinstance(found, LoadedLLM) or found.adapters is None or found.name != wanted:
+        catalog = found.adapters if isinstance(found, LoadedLLM) and found.name == wanted else None
+        if not isinstance(catalog, AdapterCatalog):
             raise NotFoundError(f"no loaded model '{wanted[:200]}' that serves LoRA adapters (backend: pytorch or "
                                 "vllm)")
-        return found.adapters, name
-    serving = [m for m in registry.llms() if m.adapters is not None]
+        return catalog, name
+    serving = [m.adapters for m in registry.llms() if isinstance(m.adapters, AdapterCatalog)]
     if len(serving) != 1:
-        names = ", ".join(m.name for m in serving) or "none"
+        names = ", ".join(c.base.name for c in serving) or "none"
         raise InvalidRequestError(f"name the base model in 'model' (models that serve LoRA adapters: {names})",
                                   param="model")
-    return serving[0].adapters, name  # type: ignore[return-value]
+    return serving[0], name
 
 
 @router.post("/v1/load_lora_adapter")

@@ -17,17 +17,16 @@ import asyncio
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engines.interface import AdapterHost
 from engines.types import AdapterRef
 from gateway.errors import ConfigError, InvalidRequestError, NotFoundError
+from gateway.repository.adapter_model import LoadedAdapter, ServedAdapter
 from gateway.repository.layout import ModelDir, is_valid_model_name
 
 if TYPE_CHECKING:
-    from gateway.repository.adapter_model import LoadedAdapter
     from gateway.repository.loaded_model import LoadedLLM
     from gateway.repository.registry import ModelRegistry
 
@@ -35,18 +34,6 @@ log = logging.getLogger("switchyard.repository")
 
 _ids = itertools.count(1)  # AdapterRef.id: unique in the process (0 is the base model)
 DRAIN_TIMEOUT_S = 30.0
-
-
-@dataclass
-class ServedAdapter:
-    """One loaded adapter: what requests carry (`ref`), the path it was given as (shown as its card's `root`), and
-    the requests running under it."""
-
-    ref: AdapterRef
-    given_path: str
-    created: int = field(default_factory=lambda: int(time.time()))
-    in_flight: int = 0
-    closed: bool = False  # unloading: no new request starts under it
 
 
 class AdapterCatalog:
@@ -97,8 +84,6 @@ class AdapterCatalog:
         """Read the adapter and serve it (blocking: call off the event loop): (its served model, the one it
         replaced, which the caller `drop`s). `replace`: swap an adapter of that name for the new files (vLLM's
         `load_inplace`); requests running under the old one finish on it."""
-        from gateway.repository.adapter_model import LoadedAdapter
-
         self.check_name(name)
         if name in self._served and not replace:
             raise InvalidRequestError(f"The lora adapter '{name}' has already been loaded; unload it first, or "

@@ -9,17 +9,29 @@ that an unload waits for them (adapter_catalog.py).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engines.interface import Tokenizer
-from engines.types import EngineInfo, GenerationOutput, GenerationRequest
+from engines.types import AdapterRef, EngineInfo, GenerationOutput, GenerationRequest
 from gateway.errors import ModelNotFoundError
-from gateway.repository.adapter_catalog import ServedAdapter
 from gateway.repository.loaded_model import LoadedLLM
 from gateway.repository.serving import InFlight
 from gateway.scheduler.llm.interface import LLMScheduler, SchedulerStats
+
+
+@dataclass
+class ServedAdapter:
+    """One loaded adapter: what requests carry (`ref`), the path it was given as (shown as its card's `root`), and
+    the requests running under it."""
+
+    ref: AdapterRef
+    given_path: str
+    created: int = field(default_factory=lambda: int(time.time()))
+    in_flight: int = 0
+    closed: bool = False  # unloading: no new request starts under it
 
 
 class AdapterScheduler(LLMScheduler):

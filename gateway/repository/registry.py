@@ -56,8 +56,9 @@ class ModelRegistry:
             if not isinstance(model, LoadedLLM) or model.adapters is None:
                 continue
             for view in model.adapters.views():
-                bare = self.find(view.adapter.ref.name)
-                found.append(bare if getattr(bare, "adapter", None) is view.adapter else view)
+                name = view.name.rpartition(":")[2]
+                bare = model.adapters.view(name, bare=True)
+                found.append(bare if bare is not None and self.find(name) is bare else view)
         return found
 
     def llm(self, name: str) -> LoadedLLM:
