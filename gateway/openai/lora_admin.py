@@ -50,7 +50,10 @@ def _catalog(registry: ModelRegistry, lora_name: str, model: str | None) -> tupl
             raise NotFoundError(f"no loaded model '{wanted[:200]}' that serves LoRA adapters (backend: pytorch or "
                                 "vllm)")
         return catalog, name
-    serving = [m.adapters for m in registry.llms() if isinstance(m.adapters, AdapterCatalog)]
+    serving: list[AdapterCatalog] = []
+    for m in registry.llms():
+        if isinstance(m.adapters, AdapterCatalog):
+            serving.append(m.adapters)
     if len(serving) != 1:
         names = ", ".join(c.base.name for c in serving) or "none"
         raise InvalidRequestError(f"name the base model in 'model' (models that serve LoRA adapters: {names})",
