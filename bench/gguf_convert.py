@@ -71,6 +71,23 @@ def _convert(folder: Path, target: Path, kind: str, cache_dir: Path | None) -> N
     partial.replace(target)
 
 
+def convert_lora(adapter: Path, base: Path, target: Path, cache_dir: Path | None = None) -> Path:
+    """A PEFT LoRA adapter folder as a GGUF LoRA file (F32), written by llama.cpp's `convert_lora_to_gguf.py` against
+    the HF folder `base` (only its config is read). Raises bench.llamacpp_env.ConverterUnavailable without the sdist."""
+    from bench.llamacpp_env import converter_packages, converter_source
+
+    source = converter_source(cache_dir)
+    path = [str(source / "gguf-py"), str(converter_packages(cache_dir))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    run = subprocess.run([sys.executable, str(source / "convert_lora_to_gguf.py"), str(adapter), "--base", str(base),
+                          "--outfile", str(target), "--outtype", "f32"], check=False, capture_output=True, text=True,
+                         env=env)
+    if run.returncode != 0:
+        raise RuntimeError(f"llama.cpp's convert_lora_to_gguf.py could not convert {adapter.name} (exit "
+                           f"{run.returncode}):\n{run.stderr[-3000:]}")
+    return target
+
+
 def main(argv: list[str]) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     if not argv:

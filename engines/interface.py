@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SequenceStep, StepResult
+from engines.types import AdapterRef, EngineInfo, GenerationOutput, GenerationRequest, SequenceStep, StepResult
 
 
 class Tokenizer(ABC):
@@ -57,7 +57,21 @@ class Tokenizer(ABC):
         return None
 
 
-class StepEngine(ABC):
+class AdapterHost:
+    """LoRA adapters over an engine's base model (docs/lora.md). Engines that serve them override both; the others
+    refuse, saying so."""
+
+    def load_adapter(self, adapter: AdapterRef) -> None:
+        """Make `adapter`'s weights ready for requests that name it (blocking: reads its files; called off the event
+        loop). Raises `ModelFileError` for files this model cannot take, with the fix."""
+        raise RequestRefusedError(f"this model's engine ({type(self).__name__}) does not serve LoRA adapters; serve "
+                                  "the base model with backend: pytorch or vllm", "lora_path")
+
+    def unload_adapter(self, adapter: AdapterRef) -> None:
+        """Drop `adapter`'s weights; called once no request runs under it."""
+
+
+class StepEngine(AdapterHost, ABC):
     """An engine driven step by step by the gateway's scheduler.
 
     `execute` is blocking (it runs the model); the scheduler calls it from one dedicated worker thread, never on
@@ -126,7 +140,7 @@ class EngineUnavailableError(RuntimeError):
     """
 
 
-class AsyncGenerateEngine(ABC):
+class AsyncGenerateEngine(AdapterHost, ABC):
     """An engine that schedules internally and streams results for each request.
 
     Errors: `generate` raises `ValueError` (bad request, 400) or `EngineUnavailableError` (503) before its first

@@ -90,6 +90,18 @@ class SamplingParams:
         return self.temperature < GREEDY_BELOW
 
 
+@dataclass(frozen=True)
+class AdapterRef:
+    """A LoRA adapter a request runs under (vLLM's `LoRARequest`: lora_name, lora_int_id, lora_path).
+
+    `id` is unique per load in this process (1, 2, ...; 0 is the base model): an adapter unloaded and loaded again
+    under its name is another id, so KV blocks computed under the old weights are never found for the new ones."""
+
+    name: str
+    id: int
+    path: str
+
+
 @dataclass
 class GenerationRequest:
     """One sequence to generate. `n>1` is fanned out by the gateway into several of these."""
@@ -103,6 +115,7 @@ class GenerationRequest:
     trace_headers: dict[str, str] = field(default_factory=dict)  # W3C traceparent/tracestate to pass downstream
     # longest wait for admission in seconds (the client's `timeout`); None: the model's default_timeout_seconds
     queue_timeout: float | None = None
+    adapter: AdapterRef | None = None  # the LoRA adapter it runs under; None: the base model
 
 
 @dataclass
@@ -153,6 +166,7 @@ class SequenceStep:
     num_prompt_tokens: int
     num_output_tokens: int
     num_draft_tokens: int = 0
+    adapter_id: int = 0  # the LoRA adapter its rows run under (AdapterRef.id); 0: the base model
 
     @property
     def draft_token_ids(self) -> list[int]:

@@ -47,6 +47,7 @@ from gateway.metrics import build_metrics_registry, render
 from gateway.ollama.router import root_router as ollama_root_router
 from gateway.ollama.router import router as ollama_router
 from gateway.openai.embeddings import router as embeddings_router
+from gateway.openai.lora_admin import router as lora_admin_router
 from gateway.openai.router import router as openai_router
 from gateway.openai.sessions import router as sessions_router
 from gateway.rate_limit import RateLimiter
@@ -159,7 +160,7 @@ def build_model_control(config: ServerConfig) -> ModelControl:
                         rate_limiter=build_rate_limiter(config),
                         memory_budget=None if config.memory_budget is None else int(config.memory_budget),
                         keep_alive_s=config.keep_alive, load_timeout_s=config.load_timeout_secs,
-                        exit_on_error=config.exit_on_error)
+                        exit_on_error=config.exit_on_error, lora_dirs=config.lora_dirs)
 
 
 def _key_store(config: ServerConfig, named: KeyService | None = None) -> KeyStore:
@@ -246,6 +247,7 @@ def _add_routes(app: FastAPI, config: ServerConfig) -> None:
     app.include_router(batches_router)
     app.include_router(keys_admin_router)
     app.include_router(ollama_router)
+    app.include_router(lora_admin_router)
     if config.console:
         from gateway.console.routes import add_console
 

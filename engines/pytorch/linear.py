@@ -587,3 +587,31 @@ class GatedActivation:
                                            mode) != 0:
                 raise MemoryError("the fused MLP kernel could not allocate its scratch")
         return y if nb // 2 * 16 == self.out_features else y[:, : self.out_features]
+
+    def gate_up(self, x: torch.Tensor, prompt_from: int | None = None) -> torch.Tensor:
+        """[x @ gate.T | x @ up.T] before the activation ([M, 2 x out_features]), each output the same FMA chain as
+        in the fused job: what a LoRA update is added to before `activate` (lora.py)."""
+        if self._linear is not None:
+            return self._linear(x, prompt_from=prompt_from)
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        m, k = x.shape
+        nb2 = self._nb
+        y = x.new_empty(m, nb2 * 16)  # gate and up panels in turn, as they are packed
+        b = self._blocks
+        if b is None:
+            self._lib.gemm_f32_par(x.data_ptr(), x.stride(0), self.weight.data_ptr(), None, None, 0, y.data_ptr(),
+                                   y.stride(0), m, nb2, k, CHUNK_PANELS, min(m, ROW_TILE))
+        else:
+            for a, e, mode in b.row_parts(m, prompt_from):
+                if self._lib.gemm_blocks_par(x[a:e].data_ptr(), x.stride(0), b.segs.data_ptr(), b.ptrs.data_ptr(),
+                                             b.nseg, None, None, 0, y[a:e].data_ptr(), y.stride(0), e - a, nb2, k,
+                                             _chunk(mode, e - a), min(e - a, ROW_TILE), mode) != 0:
+                    raise MemoryError("the GEMM kernel could not allocate its scratch")
+        n = self.out_features
+        parts = y.view(m, nb2 // 2, 2, 16).transpose(1, 2).reshape(m, 2, nb2 // 2 * 16)
+        return torch.cat((parts[:, 0, :n], parts[:, 1, :n]), dim=1)
+
+    def activate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up of `gate_up`'s halves (`gate_up`'s output, maybe updated)."""
+        return self._dense.act_mul(self._act, gate_up)

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from engines.pytorch import host_memory
-from engines.interface import UnsupportedModelError
+from engines.interface import StepInputError, UnsupportedModelError
 from engines.pytorch.gguf_blocks import WeightBlocks
 from engines.pytorch.exact_forward import ExactForward
 from engines.pytorch import linear as linear_module
@@ -42,6 +42,8 @@ from engines.pytorch.layers.norms import RMSNorm
 from engines.pytorch.layers.projections import Kernels, weight
 from engines.pytorch.layers.rotary import Tables
 from engines.pytorch.linear import DenseOps, Linear
+from engines.pytorch import lora
+from engines.pytorch.lora_weights import LoRAWeights
 from engines.pytorch.models import build_model, check_supported
 from engines.pytorch.native import HelperThreads
 from engines.pytorch.paged_attention import (
@@ -169,6 +171,7 @@ class PagedModelRunner:
             use_kernel=fast_kernels, helpers=self._helpers, cache_dtype=kv_dtype,
         )
         self._replay = self._step_replay(kernel_cache_dir) if fast_kernels and not match_transformers else None
+        self.adapters: dict[int, LoRAWeights] = {}  # LoRA adapters by id (lora.py)
         log.info("native engine: projections: %s (%d threads), attention: %s",
                  self.lm_head.kind, gemm_threads if self._helpers else 1,
                  "C kernels" if self.attention.uses_kernel else "torch")
@@ -185,6 +188,33 @@ class PagedModelRunner:
                             [getattr(attention, f"paged_decode_{s}") for s in attention_module.SUFFIXES.values()],
                             [self])
         return replay if replay.enabled else None
+
+    def add_adapter(self, adapter_id: int, weights: LoRAWeights) -> None:
+        """Serve rows of `adapter_id` with `weights` from the next step on (lora.py; any thread)."""
+        if self._exact is not None:
+            raise UnsupportedModelError("LoRA adapters are not applied with pytorch.match_transformers; turn it off "
+                                        "to serve adapters")
+        lora.install(self.model)  # before the adapter is visible: a step that sees it has the wrapped projections
+        lora.prepare(self.model, weights)
+        self.adapters[adapter_id] = weights
+
+    def remove_adapter(self, adapter_id: int) -> None:
+        self.adapters.pop(adapter_id, None)
+
+    def _adapter_groups(self, lay: StepLayout) -> list[lora.RowGroup] | None:
+        """The step's rows by the adapter they run under (lora.py), or None where every row is the base model's."""
+        if not self.adapters:
+            return None
+        spans: dict[int, list[tuple[int, int]]] = {}
+        row = 0
+        for seq in lay.steps:
+            n = len(seq.token_ids)
+            if seq.adapter_id:
+                if seq.adapter_id not in self.adapters:
+                    raise StepInputError(f"LoRA adapter {seq.adapter_id} of {seq.seq_id} is not loaded")
+                spans.setdefault(seq.adapter_id, []).append((row, row + n))
+            row += n
+        return lora.row_groups(spans, self.adapters) if spans else None
 
     @property
     def kernel_threads(self) -> int:
@@ -330,25 +360,29 @@ class PagedModelRunner:
         if self._exact is not None:
             return self._exact.forward(self, batch), None
         lay = self._layout(batch)
+        groups = self._adapter_groups(lay)
         hidden, tables = self._embed(lay)
-        if helpers is None:
-            return self._layers(lay, hidden, tables, greedy)
-        helpers.wake()  # the kernels follow: helpers spin between them, then sleep until the next step
-        try:
-            return self._layers(lay, hidden, tables, greedy)
-        finally:
-            helpers.rest()
+        with lora.step_groups(groups):
+            if helpers is None:
+                return self._layers(lay, hidden, tables, greedy, groups is None)
+            helpers.wake()  # the kernels follow: helpers spin between them, then sleep until the next step
+            try:
+                return self._layers(lay, hidden, tables, greedy, groups is None)
+            finally:
+                helpers.rest()
 
-    def _layers(self, lay: StepLayout, hidden: torch.Tensor, tables: Tables, greedy: bool
+    def _layers(self, lay: StepLayout, hidden: torch.Tensor, tables: Tables, greedy: bool, replayable: bool = True
                 ) -> tuple[torch.Tensor, list[int] | None]:
         """The layers and logits of a step's embeddings: replayed in one C call where the step allows (and then
         with the greedy tokens when asked), else from Python. A model whose layers run torch ops between the
-        kernels (a sliding window, soft-capping, multipliers) records no plan (step_replay.py refuses it)."""
+        kernels (a sliding window, soft-capping, multipliers) records no plan (step_replay.py refuses it); a step
+        with LoRA adapter rows (`replayable` false) runs from Python, which adds their updates (lora.py), and
+        neither records nor replays: the plans of its row count stay the base model's."""
 
         def dense(h: torch.Tensor) -> torch.Tensor:
             return self._dense(h, tables, lay)
 
-        if self._replay is None or not self._replayable(lay) or len(tables) != 1:
+        if self._replay is None or not replayable or not self._replayable(lay) or len(tables) != 1:
             return dense(hidden), None
         rows = lay.num_decode
         cos, sin = next(iter(tables.values()))

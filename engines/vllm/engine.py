@@ -19,7 +19,7 @@ from typing import Any
 
 from engines.hf_tokenizer import HFTokenizer
 from engines.interface import AsyncGenerateEngine, EngineUnavailableError, RequestRefusedError, Tokenizer
-from engines.types import EngineInfo, GenerationOutput, GenerationRequest
+from engines.types import AdapterRef, EngineInfo, GenerationOutput, GenerationRequest
 from engines.vllm.sampling import to_token_logprobs, to_vllm_sampling_params
 
 log = logging.getLogger("switchyard.engines.vllm")
@@ -37,8 +37,10 @@ def engine_args(
     enable_prefix_caching: bool,
     enforce_eager: bool,
     extra: dict[str, Any] | None = None,
+    enable_lora: bool = False,
 ) -> Any:
-    """vLLM's `AsyncEngineArgs` from our config; ValueError names an unknown `engine_args` key."""
+    """vLLM's `AsyncEngineArgs` from our config; ValueError names an unknown `engine_args` key. `enable_lora`: the
+    model's config lists LoRA adapters (vLLM's `enable_lora`; `engine_args` may set it, and `max_lora_rank`, too)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     known = set(AsyncEngineArgs.__dataclass_fields__)
@@ -60,6 +62,8 @@ def engine_args(
         # the Lark tool-call grammars (`%json`), which xgrammar (vLLM's "auto" first pick) does not.
         "structured_outputs_config": {"backend": "guidance"},
     }
+    if enable_lora:
+        args["enable_lora"] = True
     args.update(extra or {})
     if isinstance(args["structured_outputs_config"], dict):
         from vllm.config import StructuredOutputsConfig
@@ -75,6 +79,7 @@ class VllmEngine(AsyncGenerateEngine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._llm = AsyncLLM.from_engine_args(args)
+        self._lora = bool(getattr(args, "enable_lora", False))
         self._tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(folder))
         self._info = self._describe(dtype)
 
@@ -126,7 +131,8 @@ class VllmEngine(AsyncGenerateEngine):
         produced = 0
         started = False
         stream = self._llm.generate(
-            tokens_input(list(request.prompt_token_ids)), params, request.request_id, priority=request.priority
+            tokens_input(list(request.prompt_token_ids)), params, request.request_id, priority=request.priority,
+            lora_request=_lora_request(request),
         )
         try:
             # Closing vLLM's generator (when ours is closed) is what aborts the request inside vLLM.
@@ -170,12 +176,31 @@ class VllmEngine(AsyncGenerateEngine):
                 raise RequestRefusedError(str(exc)[:500], _refused_param(exc, request)) from None
             yield _failed(request, produced, f"vLLM refused the request: {str(exc)[:300]}")
 
+    def load_adapter(self, adapter: AdapterRef) -> None:
+        """vLLM reads the adapter itself when a request first names it (its `LoRARequest`); checked here for what
+        it cannot take."""
+        if not self._lora:
+            raise RequestRefusedError("vLLM was started without LoRA support; list the adapters in the model's "
+                                      "lora_adapters, or set vllm.engine_args.enable_lora: true", "lora_path")
+        if not Path(adapter.path).is_dir():
+            raise RequestRefusedError("vLLM loads PEFT adapter folders (adapter_config.json and "
+                                      "adapter_model.safetensors), not GGUF LoRA files; give the folder", "lora_path")
+
     async def abort(self, request_id: str) -> None:
         if not self._llm.errored:
             await self._llm.abort(request_id)
 
     async def shutdown(self) -> None:
         await asyncio.to_thread(self._llm.shutdown)
+
+
+def _lora_request(request: GenerationRequest) -> Any:
+    """vLLM's `LoRARequest` of the request's adapter, or None."""
+    if request.adapter is None:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(request.adapter.name, request.adapter.id, request.adapter.path)
 
 
 def _refused_param(exc: BaseException, request: GenerationRequest) -> str | None:

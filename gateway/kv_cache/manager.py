@@ -22,6 +22,7 @@ class KVAllocation:
     block_table: list[int] = field(default_factory=list)
     hashes: list[bytes] = field(default_factory=list)
     num_committed: int = 0
+    root: bytes = prefix_cache.ROOT_HASH  # where its chain of digests starts (a LoRA adapter's own: root_hash)
 
 
 @dataclass
@@ -42,40 +43,45 @@ class KVCacheManager:
         self.prefix_stats = PrefixCacheStats()
         self._allocs: dict[str, KVAllocation] = {}
 
-    def hashes(self, tokens: Sequence[int], known: list[bytes], num_blocks: int) -> list[bytes]:
+    def hashes(self, tokens: Sequence[int], known: list[bytes], num_blocks: int,
+               root: bytes = prefix_cache.ROOT_HASH) -> list[bytes]:
         """The digests of the first `num_blocks` full blocks of `tokens`, extending `known` (a sequence's own
-        list, kept across steps and preemptions: its tokens only grow) in place."""
-        return prefix_cache.extend_hashes(known, tokens, self.block_size, num_blocks)
+        list, kept across steps and preemptions: its tokens only grow) in place; `root`: the sequence's chain start
+        (prefix_cache.root_hash: one per LoRA adapter, so adapters never share blocks)."""
+        return prefix_cache.extend_hashes(known, tokens, self.block_size, num_blocks, root)
 
     def _find(self, tokens: Sequence[int], hashes: list[bytes], i: int) -> int | None:
         bs = self.block_size
         return self.pool.lookup(hashes[i], tokens[i * bs : (i + 1) * bs])
 
-    def num_cached_blocks(self, tokens: Sequence[int], hashes: list[bytes] | None = None) -> int:
+    def num_cached_blocks(self, tokens: Sequence[int], hashes: list[bytes] | None = None,
+                          root: bytes = prefix_cache.ROOT_HASH) -> int:
         """How many leading blocks of `tokens` `admit` would find in the cache now (no reference is taken)."""
         if not self.enable_prefix_caching:
             return 0
         n = (len(tokens) - 1) // self.block_size
-        hashes = self.hashes(tokens, [] if hashes is None else hashes, n)
+        hashes = self.hashes(tokens, [] if hashes is None else hashes, n, root)
         k = 0
         while k < n and self._find(tokens, hashes, k) is not None:
             k += 1
         return k
 
-    def admit(self, seq_id: str, tokens: list[int], hashes: list[bytes] | None = None) -> int:
+    def admit(self, seq_id: str, tokens: list[int], hashes: list[bytes] | None = None,
+              root: bytes = prefix_cache.ROOT_HASH) -> int:
         """Start a sequence: reuse cached blocks of its longest cached prefix; return how many tokens they hold.
-        `hashes`: the sequence's digest list, if it keeps one (see `hashes`).
+        `hashes`: the sequence's digest list, if it keeps one (see `hashes`); `root`: its chain start.
 
         At least one token is always left to compute, so the step that finishes the prompt yields logits.
         """
         alloc = self._allocs.setdefault(seq_id, KVAllocation())
+        alloc.root = root
         if hashes is not None:
             alloc.hashes = hashes
         if not self.enable_prefix_caching or alloc.block_table:
             return 0
         self.prefix_stats.queried_tokens += len(tokens)
         n = (len(tokens) - 1) // self.block_size
-        self.hashes(tokens, alloc.hashes, n)
+        self.hashes(tokens, alloc.hashes, n, root)
         for i in range(n):
             block = self._find(tokens, alloc.hashes, i)
             if block is None:
@@ -113,7 +119,7 @@ class KVCacheManager:
         n = num_computed // bs
         if n <= alloc.num_committed:
             return
-        self.hashes(tokens, alloc.hashes, n)
+        self.hashes(tokens, alloc.hashes, n, alloc.root)
         for i in range(alloc.num_committed, n):
             # Refused when another block holds the same prefix already (two sequences computed it at once): the
             # cache keeps that one, and `cached_blocks` names it instead of this duplicate.

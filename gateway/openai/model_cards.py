@@ -83,3 +83,17 @@ def model_card(control: ModelControl, name: str) -> dict[str, Any]:
     if folder is None or config is None:
         raise ModelNotFoundError(name)
     return _unloaded_card(control, folder, config)
+
+
+def adapter_card(m: LoadedModel) -> dict[str, Any]:
+    """A LoRA adapter as vLLM lists it: root is its path, parent its base model."""
+    parent = m.parent  # type: ignore[attr-defined]
+    return {
+        "id": m.name,
+        "object": "model",
+        "created": m.created,
+        "owned_by": m.config.owned_by,
+        "root": m.adapter.given_path,  # type: ignore[attr-defined]
+        "parent": parent.name,
+        "max_model_len": m.max_model_len,
+    }

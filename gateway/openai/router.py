@@ -17,7 +17,7 @@ from gateway.http.unknown_fields import log_unknown
 from gateway.keys import context as key_context
 from gateway.openai.chat import chat_completion
 from gateway.openai.completions import completion
-from gateway.openai.model_cards import model_card, model_cards
+from gateway.openai.model_cards import adapter_card, model_card, model_cards
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.openai.sessions import MAX_SESSION_ID, scoped_session_id
 from gateway.openai.tokenize import router as tokenize_router
@@ -35,9 +35,9 @@ def _registry(request: Request) -> ModelRegistry:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    """Every model a request may name, loaded or loading on request, with its `state` (model_cards.py); with a
-    named key, only those it may use."""
-    cards = model_cards(request.app.state.model_control)
+    """Every model a request may name, loaded or loading on request, with its `state` (model_cards.py), and the
+    LoRA adapters of the loaded ones; with a named key, only those it may use."""
+    cards = [*model_cards(request.app.state.model_control), *map(adapter_card, _registry(request).adapters())]
     return {"object": "list", "data": [c for c in cards if key_context.visible(c["id"])]}
 
 

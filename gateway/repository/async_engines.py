@@ -68,6 +68,7 @@ def _vllm(model: ModelDir, config: ModelConfig, cache_dir: Path) -> AsyncGenerat
         enable_prefix_caching=section.enable_prefix_caching,
         enforce_eager=section.enforce_eager,
         extra=section.engine_args,
+        enable_lora=bool(config.lora_adapters),
     )
     return VllmEngine(folder, args, config.dtype)
 

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engines.interface import StepEngine
+from gateway.repository.adapter_catalog import LORA_BACKENDS, load_adapters
 from gateway.repository.layout import ModelDir, resolve_source
 from gateway.repository.loaded_model import LoadedLLM, LoadedModel, LoadedTensorModel
 from gateway.repository.model_config import AnyModelConfig, ModelConfig
@@ -59,9 +61,10 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
 
 
 def build_model(model: ModelDir, config: AnyModelConfig, cache_dir: Path | None, models: ModelRegistry,
-                rate_limiter: RateLimiter | None = None) -> LoadedModel:
-    """Load one model (blocking): an LLM's engine and scheduler, or a tensor model's backend instances behind their
-    batcher (`models`: where an ensemble finds the models it calls; `rate_limiter`: the server's, or None)."""
+                rate_limiter: RateLimiter | None = None, lora_dirs: tuple[Path, ...] = ()) -> LoadedModel:
+    """Load one model (blocking): an LLM's engine and scheduler (and its LoRA adapters), or a tensor model's backend
+    instances behind their batcher (`models`: where an ensemble finds the models it calls; `rate_limiter`: the
+    server's, or None; `lora_dirs`: folders adapters may be loaded from besides the model's)."""
     started = time.monotonic()
     if isinstance(config, TensorModelConfig):
         from gateway.tensor.model import TensorModel
@@ -87,5 +90,13 @@ def build_model(model: ModelDir, config: AnyModelConfig, cache_dir: Path | None,
         info.num_kv_blocks, info.block_size,
         info.num_kv_blocks * info.block_size * info.kv_bytes_per_token / 2**20,
     )
-    return LoadedLLM(name=name, config=config, scheduler=scheduler, folder=model.name,
-                     load_seconds=time.monotonic() - started)
+    llm = LoadedLLM(name=name, config=config, scheduler=scheduler, folder=model.name,
+                    load_seconds=time.monotonic() - started)
+    if config.backend in LORA_BACKENDS:
+        try:
+            llm.adapters = load_adapters(llm, model, scheduler.engine, models, lora_dirs)
+        except Exception:
+            if isinstance(scheduler.engine, StepEngine):  # not started yet: free its weights and threads now
+                scheduler.engine.shutdown()
+            raise
+    return llm

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from gateway.errors import NotFoundError
 from gateway.inference_stats import ModelStats
@@ -79,6 +79,18 @@ class LoadedModel(ABC):
         await self._gate.wait_idle()
 
 
+class AdapterViews(Protocol):
+    """A base model's LoRA adapters as served models (adapter_catalog.AdapterCatalog), as the registry looks them up."""
+
+    def view(self, name: str, bare: bool = False) -> LoadedLLM | None:
+        """Adapter `name` served as <model>:<name> (or, `bare`, as <name>); None when it is not loaded."""
+        ...
+
+    def views(self) -> list[LoadedLLM]:
+        """Every adapter, served as <model>:<adapter>."""
+        ...
+
+
 @dataclass(kw_only=True)
 class LoadedLLM(LoadedModel):
     """An LLM: an engine behind its scheduler (for /v1 and v2 generate)."""
@@ -86,6 +98,7 @@ class LoadedLLM(LoadedModel):
     kind: ClassVar[str] = "llm"
     config: ModelConfig
     scheduler: ServingScheduler
+    adapters: AdapterViews | None = None  # its LoRA adapters, where its engine serves them (AdapterCatalog)
 
     @property
     def max_model_len(self) -> int | None:

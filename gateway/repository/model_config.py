@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gateway.errors import ConfigError
 from gateway.repository.engine_config import PyTorchSection, RemoteSection, TensorRTLLMSection, VllmSection
 from gateway.repository.lifecycle_config import LifecycleFields
+from gateway.repository.layout import is_valid_model_name
 from gateway.repository.pbtxt import PbtxtError, parse_pbtxt
 from gateway.repository.tensor_config import TensorModelConfig, is_tensor_config
 
@@ -112,6 +113,11 @@ class ModelConfig(_Strict, LifecycleFields):
     vllm: VllmSection = VllmSection()
     tensorrt_llm: TensorRTLLMSection = TensorRTLLMSection()
     remote: RemoteSection | None = Field(None, description="Required for backend: remote (see engine_config.py).")
+    lora_adapters: dict[str, str] = Field(
+        default_factory=dict, description="LoRA adapters loaded with the model, name: path (a PEFT adapter folder or "
+        "a GGUF LoRA file, relative to the model's folder or inside a --lora-dir), each served as `<model>:<name>` "
+        "and as `<name>` (docs/lora.md). backend: pytorch or vllm.",
+    )
 
     @field_validator("model", mode="before")
     @classmethod
@@ -152,8 +158,22 @@ class ModelConfig(_Strict, LifecycleFields):
                                  "prompt whole, in bfloat16, from its own keys)")
         return self
 
+    @field_validator("lora_adapters")
+    @classmethod
+    def _adapter_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, path in value.items():
+            if not is_valid_model_name(name):
+                raise ValueError(f"lora_adapters: '{name[:80]}' is not an adapter name (letters, digits, '.', '_' and "
+                                 "'-'); rename it")
+            if not path:
+                raise ValueError(f"lora_adapters.{name}: give the adapter's folder or .gguf file")
+        return value
+
     @model_validator(mode="after")
     def _remote_needs_upstreams(self) -> ModelConfig:
+        if self.lora_adapters and self.backend not in ("pytorch", "vllm"):
+            raise ValueError(f"lora_adapters are served by backend: pytorch or vllm, not {self.backend}; remove them "
+                             "or change the backend")
         if self.backend == "remote" and self.remote is None:
             raise ValueError("backend 'remote' needs a 'remote:' section with 'upstreams: [http://host:port, ...]'")
         if self.backend != "remote" and self.remote is not None:

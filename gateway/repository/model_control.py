@@ -94,6 +94,7 @@ class ModelControl:
         load_timeout_s: float = 600.0,
         exit_on_error: bool = False,
         residency: dict[str, Any] | None = None,
+        lora_dirs: Iterable[Path] = (),
     ) -> None:
         """`memory_budget`: bytes (None: the cgroup's or the machine's memory); `keep_alive_s`: idle time before a
         model loaded on request unloads; `load_timeout_s`: how long a request waits for its model to load;
@@ -124,6 +125,7 @@ class ModelControl:
         self._catalog: dict[str, str] = {}  # served name -> folder, of the models a request loads
         self._catalog_configs: dict[str, AnyModelConfig] = {}  # folder -> config, of those models
         self._catalog_scanned = float("-inf")
+        self.lora_dirs = tuple(lora_dirs)  # --lora-dir: where LoRA adapters may be loaded from (adapter_catalog.py)
 
     # ------------------------------------------------------------------ startup
 
@@ -201,7 +203,7 @@ class ModelControl:
 
     def _build(self, model: ModelDir, config: AnyModelConfig) -> LoadedModel:
         """Load one model (blocking)."""
-        return build_model(model, config, self.cache_dir, self.models, self.rate_limiter)
+        return build_model(model, config, self.cache_dir, self.models, self.rate_limiter, self.lora_dirs)
 
     def load_all(self) -> list[LoadedModel]:
         """Load each startup model's weights and build its scheduler (blocking; call off the event loop).

@@ -31,13 +31,41 @@ class ModelRegistry:
         """The model serving `name`; 404 (`model_not_found`) when none does, or when the caller's named key may not
         use it (as if it did not exist)."""
         key_context.check_model(name)
-        model = self._models.get(name)
+        model = self.find(name)
         if model is None:
             raise ModelNotFoundError(name)
         return model
 
     def find(self, name: str) -> LoadedModel | None:
-        return self._models.get(name)
+        """The model serving `name`: a loaded model, else a LoRA adapter of one (`<model>:<adapter>`, or the
+        adapter's bare name; adapter_catalog.py)."""
+        return self._models.get(name) or self._adapter(name)
+
+    def _adapter(self, name: str) -> LoadedModel | None:
+        base, qualified, adapter = name.rpartition(":")
+        for model in self._models.values():
+            catalog = model.adapters if isinstance(model, LoadedLLM) else None
+            if catalog is None:
+                continue
+            if qualified and model.name == base:
+                return catalog.view(adapter)
+            found = None if qualified else catalog.view(name, bare=True)
+            if found is not None:
+                return found
+        return None
+
+    def adapters(self) -> list[LoadedModel]:
+        """The LoRA adapters of the loaded models (`/v1/models` lists them), each under its bare name as vLLM lists
+        its `lora_name`, or as <model>:<adapter> where another model or adapter has that name."""
+        found = []
+        for model in self._models.values():
+            if not isinstance(model, LoadedLLM) or model.adapters is None:
+                continue
+            for view in model.adapters.views():
+                name = view.name.rpartition(":")[2]
+                bare = model.adapters.view(name, bare=True)
+                found.append(bare if bare is not None and self.find(name) is bare else view)
+        return found
 
     async def acquire(self, name: str, keep_alive: float | None = None) -> LoadedModel:
         """The model serving `name` for a request (what every inference route calls): a model of the repository

@@ -21,6 +21,8 @@ def test_routes_are_classified() -> None:
     assert KEYS.role_of("/v1/chat/completions") is Role.INFERENCE
     assert KEYS.role_of("/health/") is Role.INFERENCE  # public paths are exact: anything else is denied by default
     assert KEYS.role_of("/nonexistent") is Role.INFERENCE
+    assert KEYS.role_of("/v1/load_lora_adapter") is Role.ADMIN  # vLLM's LoRA calls (docs/lora.md)
+    assert KEYS.role_of("/v1/unload_lora_adapter") is Role.ADMIN
 
 
 def test_grpc_methods_are_classified() -> None:

@@ -48,6 +48,10 @@ class ContinuousBatcher(LLMScheduler):
     def tokenizer(self) -> Tokenizer:
         return self._engine.tokenizer
 
+    @property
+    def engine(self) -> StepEngine:
+        return self._engine
+
     async def start(self) -> None:
         self._wakeup = asyncio.Event()
         self._task = asyncio.create_task(self._loop(), name="switchyard-continuous-batcher")

@@ -12,6 +12,9 @@ after its last one (speculation.py decides when, ngram_draft.py what); the engin
 and `update` appends the accepted ones and the engine's token after them, gives back the KV blocks that held only
 rejected ones, and stops exactly where one-token steps would have (EOS, stop strings, max_tokens).
 
+A request under a LoRA adapter (`GenerationRequest.adapter`) carries its adapter's id on every step it is in, and its
+KV blocks are keyed by it (prefix_cache.root_hash): it shares blocks only with requests under the same adapter load.
+
 `StepScheduler` holds no engine, thread or event loop: `schedule()` plans a step, the caller runs it on the engine,
 `update()` turns the engine's result into outputs. Tests drive it by hand, without a model or a loop (as vLLM's
 `Scheduler` is tested); `continuous_batcher.py` drives it on a real engine.
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 
 from engines.interface import Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest, SequenceStep, StepResult
+from gateway.kv_cache import prefix_cache
 from gateway.kv_cache.manager import KVCacheManager
 from gateway.kv_cache.sessions import SessionStore
 from gateway.repository.engine_config import SpeculativeSection
@@ -52,6 +56,7 @@ class _Sequence:
     block_hashes: list[bytes] = field(default_factory=list)  # digests of its full blocks, computed once each
     spec: SequenceSpeculation | None = None  # its proposer, when speculative decoding may propose for it
     started: bool = False  # admitted once (a preempted sequence waits again, but is never timed out)
+    root: bytes = prefix_cache.ROOT_HASH  # its KV digests' chain start: its LoRA adapter's own (prefix_cache.py)
 
     @property
     def seq_id(self) -> str:
@@ -144,8 +149,11 @@ class StepScheduler:
         info = self._info
         processor = OutputProcessor(self._tokenizer, request.prompt_token_ids, request.sampling, info.eos_token_ids)
         seq = _Sequence(request, processor, next(self._order), list(request.prompt_token_ids))
+        adapter_id = request.adapter.id if request.adapter is not None else 0
+        seq.root = prefix_cache.root_hash(adapter_id)
         spec = self._spec
-        if spec is not None and verifiable(request.sampling):
+        # no proposals under a LoRA adapter: its updates are torch ops, whose bits may depend on a call's rows
+        if spec is not None and verifiable(request.sampling) and not adapter_id:
             seq.spec = SequenceSpeculation(NgramIndex(spec.prompt_lookup_min, spec.prompt_lookup_max))
         if not request.arrival_time:
             request.arrival_time = time.monotonic()
@@ -264,7 +272,7 @@ class StepScheduler:
                 if computing and self._needs_block_in_flight(seq, computing):
                     i += 1
                     continue
-                seq.num_computed = self._kv.admit(seq.seq_id, seq.tokens, seq.block_hashes)
+                seq.num_computed = self._kv.admit(seq.seq_id, seq.tokens, seq.block_hashes, seq.root)
                 if seq.request.session_id:
                     self._sessions.touch(seq.request.session_id)
                 if not seq.processor.num_tokens:
@@ -326,14 +334,14 @@ class StepScheduler:
             return []
         bs = self._kv.block_size
         full = len(seq.tokens) // bs
-        return self._kv.hashes(seq.tokens, seq.block_hashes, full)[seq.num_computed // bs : full]
+        return self._kv.hashes(seq.tokens, seq.block_hashes, full, seq.root)[seq.num_computed // bs : full]
 
     def _blocks_in_flight(self) -> set[bytes]:
         return {h for s in self._running for h in self._uncomputed_blocks(s)}
 
     def _needs_block_in_flight(self, seq: _Sequence, computing: set[bytes]) -> bool:
         """Whether the first block of `seq` that the cache lacks is one a running prefill is computing."""
-        k = self._kv.num_cached_blocks(seq.tokens, seq.block_hashes)
+        k = self._kv.num_cached_blocks(seq.tokens, seq.block_hashes, seq.root)
         return k < (len(seq.tokens) - 1) // self._kv.block_size and seq.block_hashes[k] in computing
 
     def _propose(self, seq: _Sequence, budget: int) -> list[int]:
@@ -360,6 +368,7 @@ class StepScheduler:
             num_prompt_tokens=seq.num_prompt,
             num_output_tokens=len(seq.tokens) - seq.num_prompt,
             num_draft_tokens=len(drafts or []),
+            adapter_id=seq.request.adapter.id if seq.request.adapter is not None else 0,
         )
 
     def _preempt(self, seq: _Sequence) -> None:
