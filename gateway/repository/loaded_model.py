@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
@@ -86,7 +87,7 @@ class AdapterViews(Protocol):
         """Adapter `name` served as <model>:<name> (or, `bare`, as <name>); None when it is not loaded."""
         ...
 
-    def views(self) -> list[LoadedLLM]:
+    def views(self) -> Sequence[LoadedLLM]:
         """Every adapter, served as <model>:<adapter>."""
         ...
 
