@@ -22,6 +22,7 @@ chunks deleted, repeated or overwritten, tokens of the format inserted) and runs
 from __future__ import annotations
 
 import logging
+import os
 import random
 import re
 import shutil
@@ -319,8 +320,11 @@ def run_gguf_layout(data: bytes, work: Path) -> None:
 def run_gguf_loader(data: bytes, work: Path) -> None:
     from engines.pytorch.engine import PyTorchEngine
 
+    from engines.pytorch.loader import default_cache_dir
+
     path = _input_file(work, data, ".gguf")
-    cache = work / "cache"
+    # the server's cache: its C kernels are built once (the folders made of each input are removed below)
+    cache = Path(os.environ.get("SWITCHYARD_CACHE_DIR") or default_cache_dir())
     try:
         PyTorchEngine(path, cache_dir=cache, kv_cache_tokens=64, gemm_threads=1)
     finally:
