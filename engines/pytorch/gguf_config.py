@@ -32,7 +32,7 @@ import numpy as np
 
 from engines.interface import ModelFileError
 from engines.pytorch.expert_blocks import moe_config
-from engines.pytorch.gguf_file import GGUFLayout, read_layout
+from engines.pytorch.gguf_file import REFETCH, GGUFLayout, read_layout
 
 log = logging.getLogger("switchyard.engines.pytorch")
 
@@ -62,13 +62,16 @@ def gguf_config(gguf: Path) -> Any:
             f"backend: vllm")
     try:
         config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ModelFileError(f"{gguf.name}: transformers cannot make a config of it ({exc}); serve the model's HF "
+    except Exception as exc:  # noqa: BLE001 - its metadata, read by transformers, may raise anything (a 0 heads)
+        raise ModelFileError(f"{gguf.name}: transformers cannot make a config of it ({type(exc).__name__}: "
+                             f"{str(exc)[:300]}); serve the model's HF "
                              "folder instead, or use backend: vllm") from None
     try:  # experts' width and counts; a llama file with experts is a Mixtral (expert_blocks.py)
         config = moe_config(config, layout.field)
-    except ValueError as exc:
-        raise ModelFileError(f"{gguf.name}: {exc}") from None
+    except (ValueError, TypeError, OverflowError) as exc:  # counts that are no whole numbers (a string, inf)
+        raise ModelFileError(f"{gguf.name}: its expert counts ({arch}.expert_count, expert_used_count) are not "
+                             f"usable ({exc}); {REFETCH}") from None
+    _check_sizes(layout, config)
     found = {**_head_size(layout, config), **_biases(layout, config), **_linear_rope(layout, config),
              **_rope_scaling(layout, config)}
     for key, value in found.items():
@@ -81,10 +84,59 @@ def gguf_config(gguf: Path) -> Any:
     return config
 
 
+# the sizes a model is built from (transformers' names); each must be a whole number >= 1 where the config has it
+SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+         "vocab_size", "max_position_embeddings", "num_local_experts", "num_experts", "num_experts_per_tok",
+         "moe_intermediate_size")
+LAYER = re.compile(r"blk\.(\d+)\.")
+EXPERTS = re.compile(r"blk\.\d+\.ffn_\w+_exps\.weight")
+
+
+def _check_sizes(layout: GGUFLayout, config: Any) -> None:
+    """The metadata's sizes against the tensors, before anything is built from them: the model's layers and
+    modules (a million layers would take hours to build, on the meta device too), its real buffers (rotary tables
+    of the head size) and the kernels' head groups. Each size is a whole number >= 1; the layers, the width, the
+    heads and the experts are what the tensors hold."""
+    name, arch = layout.path.name, layout.architecture
+    for size in SIZES:
+        value = getattr(config, size, None)
+        if value is not None and (type(value) is not int or value < 1):
+            raise ModelFileError(f"{name}: {size} is {value!r} (from its {arch}.* metadata), not a whole number of "
+                                 f"at least 1; {REFETCH}")
+    layers = {int(m.group(1)) for t in layout.tensors if (m := LAYER.match(t))}
+    if config.num_hidden_layers > len(layers):
+        raise ModelFileError(f"{name}: its metadata's {config.num_hidden_layers} layers ({arch}.block_count) are more "
+                             f"than the file has tensors of {len(layers)}: the metadata and the tensors disagree; "
+                             f"{REFETCH}")
+    embedding = layout.tensors.get("token_embd.weight")
+    if embedding is not None and len(embedding.shape) == 2 and embedding.shape[1] != config.hidden_size:
+        raise ModelFileError(f"{name}: hidden_size is {config.hidden_size} ({arch}.embedding_length) but "
+                             f"token_embd.weight is {embedding.shape[1]} wide: the metadata and the tensors disagree; "
+                             f"{REFETCH}")
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim is not None and (type(head_dim) is not int or not 0 < head_dim <= config.hidden_size):
+        raise ModelFileError(f"{name}: a head of {head_dim!r} values in a model {config.hidden_size} wide (from its "
+                             f"{arch}.* metadata); {REFETCH}")
+    heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or \
+        config.num_attention_heads
+    if kv_heads > heads or heads % kv_heads:
+        raise ModelFileError(f"{name}: {kv_heads} key/value heads for {heads} query heads ({arch}.attention."
+                             f"head_count_kv, head_count): each key/value head must serve a whole group; {REFETCH}")
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    held = max((t.shape[0] for n, t in layout.tensors.items() if EXPERTS.fullmatch(n) and len(t.shape) == 3),
+               default=0)
+    if experts and experts > held:
+        raise ModelFileError(f"{name}: its metadata's {experts} experts ({arch}.expert_count) are more than its "
+                             f"expert tensors hold ({held}); {REFETCH}")
+
+
 def _head_size(layout: GGUFLayout, config: Any) -> dict[str, Any]:
     key, value = layout.field("attention.key_length"), layout.field("attention.value_length")
     if key is None:
         return {}
+    if type(key) is not int or not 0 < key <= config.hidden_size:  # the rotary tables are built of it
+        raise ModelFileError(f"{layout.path.name}: a head of {key!r} values ({layout.architecture}.attention."
+                             f"key_length) in a model {config.hidden_size} wide; {REFETCH}")
     if value is not None and value != key:
         raise ModelFileError(f"{layout.path.name}: keys of {key} and values of {value} values a head "
                              f"({layout.architecture}.attention.key_length/value_length); the native engine's "

@@ -25,6 +25,9 @@ MAGIC = b"GGUF"
 VERSIONS = (2, 3)  # what gguf-py reads (version 1 had 32-bit counts; no tool writes it since 2023)
 MAX_DIMS = 4  # GGML_MAX_DIMS
 DEFAULT_ALIGNMENT = 32
+# arrays of arrays: gguf-py writes them (llama.cpp's reader refuses any); deeper ones are refused before their walk
+# could reach Python's recursion limit (12 bytes a level)
+MAX_ARRAY_NESTING = 8
 # metadata value types: struct format of the scalars; 8 is a string, 9 an array
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
@@ -114,8 +117,10 @@ def _value(cur: _Cursor, kind: int, key: str) -> Any:
     raise cur.fail(f"metadata key {key} has the unknown value type {kind}")
 
 
-def _array(cur: _Cursor, key: str) -> int:
+def _array(cur: _Cursor, key: str, depth: int = 1) -> int:
     """Skip an array's elements (checking each string's length); returns its length."""
+    if depth > MAX_ARRAY_NESTING:
+        raise cur.fail(f"{key} holds arrays nested more than {MAX_ARRAY_NESTING} deep")
     kind = cur.unpack("<I", f"{key}'s element type")
     count = cur.unpack("<Q", f"{key}'s length")
     if kind in SCALARS:
@@ -129,7 +134,7 @@ def _array(cur: _Cursor, key: str) -> int:
         if count * 12 > len(cur.data) - cur.pos:
             raise cur.fail(f"{key} claims {count} arrays, more than the file holds")
         for _ in range(count):
-            _array(cur, key)
+            _array(cur, key, depth + 1)
     else:
         raise cur.fail(f"array {key} has the unknown element type {kind}")
     return count

@@ -127,6 +127,11 @@ def int8_activations(on: bool = True) -> Iterator[None]:
         _step.int8 = saved
 
 
+def activations_int8() -> bool:
+    """Whether the calling thread's step takes int8 activations (`int8_activations`)."""
+    return getattr(_step, "int8", False)
+
+
 def int8_available(cache_dir: Path | None) -> bool:
     """Whether this CPU's build of the kernels has the int8 ones (AVX-512 with VBMI and GFNI)."""
     lib = _load(cache_dir) if _avx2() else None
@@ -212,7 +217,7 @@ class _Packed:
         depend on its role in the step and on how many decode rows share it, never on another request's prompt
         chunk."""
         decode = m if prompt_from is None else prompt_from
-        other = INT8_MODE if getattr(_step, "int8", False) else 0
+        other = INT8_MODE if activations_int8() else 0
         tiles = (self.tile_unit and decode > TILE_UNIT_MIN_ROWS and not decode_rows_pinned() and not other,
                  self.tile_unit)
         modes = tuple(TILE_MODE if on else other for on in tiles)

@@ -50,9 +50,12 @@ def _gguf_tokenizer(gguf: Path) -> Any:
 
     try:
         return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    except (ValueError, KeyError, TypeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - the file's vocabulary, read by transformers and tokenizers, may raise
+        # anything: an IndexError for a special token id past the vocabulary, tokenizers' bare Exception for a merge
+        # of tokens it does not hold
         raise ModelFileError(f"{gguf.name}: transformers cannot make a tokenizer of its tokenizer.* metadata "
-                             f"({exc}); serve the model's HF folder instead, or use backend: vllm") from None
+                             f"({type(exc).__name__}: {str(exc)[:300]}); serve the model's HF folder instead, or "
+                             "use backend: vllm") from None
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:

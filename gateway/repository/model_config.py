@@ -181,6 +181,9 @@ class ModelConfig(_Strict, LifecycleFields):
         return self
 
 
+MAX_YAML_NESTING = 64  # collections in collections (a model's config nests four or five)
+MAX_YAML_VALUES = 100_000  # a model's config holds hundreds; aliases may not expand one past this (billion laughs)
+
 _HINTS = {
     "extra_forbidden": "remove it or check its spelling",
     "literal_error": "use one of the allowed values",
@@ -203,12 +206,51 @@ def read_raw_config(path: Path) -> dict[str, Any]:
         except PbtxtError as exc:
             raise ConfigError(f"{path}: not valid protobuf text format ({exc}). Fix the syntax.") from None
     try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__}: {exc}). Fix the syntax.") from None
+        raw = yaml.load(text, Loader=_ConfigLoader) or {}  # noqa: S506 - SafeLoader's constructors, nesting bounded
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:  # a 5000-digit int, nesting past the recursion limit
+        raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__}: {str(exc)[:300]}). Fix the syntax.") \
+            from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of fields (e.g. `backend: pytorch`).")
+    if _expands_past(raw, MAX_YAML_VALUES):
+        raise ConfigError(f"{path}: its aliases (*name) make it expand to more than {MAX_YAML_VALUES} values, or "
+                          "to a value that contains itself; write the values out or alias fewer of them.")
     return raw
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML's safe loader with collections nested at most MAX_YAML_NESTING deep: its scanner takes time quadratic
+    in the nesting of flow collections (seconds for 2,000 `[` in a 2 KB file), its composer recurses per level."""
+
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:  # noqa: N803 - PyYAML's name
+        self._check_depth(self.flow_level + len(self.indents))
+        super().fetch_flow_collection_start(TokenClass)
+
+    def add_indent(self, column: int) -> bool:
+        self._check_depth(self.flow_level + len(self.indents))
+        return super().add_indent(column)
+
+    def _check_depth(self, depth: int) -> None:
+        if depth >= MAX_YAML_NESTING:
+            raise yaml.scanner.ScannerError(None, None, f"collections nested more than {MAX_YAML_NESTING} deep",
+                                            self.get_mark())
+
+
+def _expands_past(data: Any, limit: int) -> bool:
+    """Whether `data` (YAML's: aliases are shared objects, a cyclic one contains itself) has more than `limit`
+    values once every alias is expanded; stops counting at the limit, so it takes bounded time."""
+    stack, seen = [data], 0
+    while stack:
+        value = stack.pop()
+        seen += 1
+        if seen > limit:
+            return True
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
 
 
 def parse_model_config(path: Path, folder_name: str) -> AnyModelConfig:

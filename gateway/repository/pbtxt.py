@@ -50,6 +50,7 @@ KNOWN_MAPS: frozenset[str] = frozenset(
 )
 
 _MAX_DEPTH = 64
+_MAX_NUMBER = 1000  # characters of a number literal (a uint64 takes 20; Python converts no decimal of 4300 digits)
 _TOKEN = re.compile(
     r"""
     (?P<skip>[ \t\r\n\f\v]+|\#[^\n]*)
@@ -244,6 +245,8 @@ class _Parser:
         raise self.error(f"expected a value, got {token.text!r}", token)
 
     def number(self, text: str, token: _Token) -> int | float:
+        if len(text) > _MAX_NUMBER:  # Python converts no decimal of more than 4300 digits (a ValueError)
+            raise self.error(f"number too long ({len(text)} characters)", token)
         digits = text.lstrip("+-")
         negative = text.startswith("-")
         if digits[:2] in ("0x", "0X"):

@@ -12,13 +12,15 @@ from engines.types import EngineInfo, SamplingParams, SequenceStep
 
 class _Runner:
     """Stands in for the model runner: logits that pick token 3 for every row, and whether each forward ran with
-    the decode rows held on the register kernels."""
+    the decode rows held on the register kernels and with int8 activations."""
 
     def __init__(self) -> None:
         self.pinned: list[bool] = []
+        self.int8: list[bool] = []
 
     def forward(self, batch: list[SequenceStep]) -> torch.Tensor:
         self.pinned.append(linear.decode_rows_pinned())
+        self.int8.append(linear.activations_int8())
         logits = torch.zeros(len(batch), 8)
         logits[:, 3] = 1.0
         return logits
@@ -27,7 +29,7 @@ class _Runner:
 def _engine() -> tuple[PyTorchEngine, _Runner]:
     engine = PyTorchEngine.__new__(PyTorchEngine)  # no model: the step's policy only
     runner = _Runner()
-    engine._runner, engine._argmax, engine._generators = runner, None, {}
+    engine._runner, engine._argmax, engine._generators, engine._int8 = runner, None, {}, False
     engine._info = EngineInfo("fake", "float32", 64, 8, [0], 16, 64, 1)
     return engine, runner
 
@@ -47,3 +49,12 @@ def test_a_step_with_a_seeded_request_keeps_decode_rows_off_the_tile_unit() -> N
     engine.execute(_rows(3, seeded=0))
     assert runner.pinned == [False, True, True]
     assert not linear.decode_rows_pinned()  # only for the step
+
+
+def test_an_engine_with_int8_activations_steps_in_that_arithmetic() -> None:
+    engine, runner = _engine()
+    engine.execute(_rows(2, seeded=None))
+    engine._int8 = True
+    engine.execute(_rows(2, seeded=None))
+    assert runner.int8 == [False, True]
+    assert not linear.activations_int8()  # only for the step

@@ -60,3 +60,21 @@ def test_an_unknown_type(small: Path) -> None:
     small.write_bytes(bytes(data))
     with pytest.raises(ModelFileError, match=r"tensor blk\.0\.ffn_up\.weight has the GGML type id 99"):
         read_layout(small)
+
+
+def _one_key_file(path: Path, value: bytes) -> Path:
+    """A GGUF file of no tensors and one metadata key `k` whose type and value are `value`'s bytes."""
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1) + b"k" + value)
+    return path
+
+
+def test_arrays_nested_deeply_are_refused(tmp_path: Path) -> None:
+    """An array of arrays 5000 deep is 60 KB: refused, not walked until Python's recursion limit."""
+    nested = struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 5000 + struct.pack("<IQ", 4, 0)
+    with pytest.raises(ModelFileError, match="nested more than"):
+        read_layout(_one_key_file(tmp_path / "nested.gguf", nested))
+
+
+def test_arrays_nested_a_little_are_read(tmp_path: Path) -> None:
+    nested = struct.pack("<I", 9) + struct.pack("<IQ", 9, 2) + struct.pack("<IQI", 4, 1, 7) * 2
+    assert read_layout(_one_key_file(tmp_path / "nested.gguf", nested)).array_lengths == {"k": 2}

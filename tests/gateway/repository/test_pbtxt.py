@@ -327,3 +327,10 @@ def test_invalid_utf8_bytes_are_located():
     with pytest.raises(PbtxtError, match="UTF-8") as info:
         parse_pbtxt(b'a: 1\nb: "x\xff"')
     assert (info.value.line, info.value.column) == (2, 6)
+
+
+@pytest.mark.parametrize("source", ["v: " + "9" * 5000, "v: -" + "1" * 4500, "dims: [ 1, " + "7" * 4400 + " ]"])
+def test_a_number_too_long_to_convert_is_a_parse_error(source):
+    """Python refuses to convert a decimal of more than 4300 digits (ValueError): a PbtxtError with its place."""
+    with pytest.raises(PbtxtError, match=r"line 1, column \d+: number too long"):
+        parse_pbtxt(source)
