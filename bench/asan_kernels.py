@@ -35,7 +35,7 @@ SUBSET = [  # one test file per kernel library: argmax, paged attention, the GEM
 FULL = [
     *SUBSET, f"{KERNEL_TESTS}/test_linear.py", f"{KERNEL_TESTS}/test_step_replay.py", f"{KERNEL_TESTS}/test_native.py",
     f"{KERNEL_TESTS}/test_cpu_budget_kernels.py", f"{KERNEL_TESTS}/test_step_layout.py",
-    f"{KERNEL_TESTS}/test_expert_blocks.py", f"{KERNEL_TESTS}/layers",
+    f"{KERNEL_TESTS}/test_expert_blocks.py", f"{KERNEL_TESTS}/test_gguf_blocks_int8.py", f"{KERNEL_TESTS}/layers",
 ]
 # what the subprocess runs: the server's build flags with ASan's appended (in place: test modules that imported the
 # list see it), then pytest
