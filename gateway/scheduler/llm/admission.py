@@ -40,15 +40,69 @@ class _Ticket:
         return admission_key(self.request, self.order, now, aging_seconds)
 
 
+class AdmissionQueue:
+    """At most `max_num_seqs` requests in at once; the others wait in (priority, arrival) order with aging, at
+    most `max_queue_size` of them (429 beyond). Shared by the schedulers of engines that batch internally and of
+    upstreams used as they are (passthrough.py)."""
+
+    def __init__(self, limits: SchedulerConfig) -> None:
+        self._limits = limits
+        self._waiting: list[_Ticket] = []
+        self._slots_used = 0
+        self._order = itertools.count()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def check_room(self) -> None:
+        if len(self._waiting) >= self._limits.max_queue_size:
+            raise RateLimitError("the model's queue is full; retry shortly", headers={"Retry-After": "1"})
+
+    def fail_waiting(self, error: BaseException) -> None:
+        for ticket in self._waiting:
+            if not ticket.granted.done():
+                ticket.granted.set_exception(error)
+        self._waiting.clear()
+
+    async def acquire(self, request: GenerationRequest) -> None:
+        if self._slots_used < self._limits.max_num_seqs and not self._waiting:
+            self._slots_used += 1
+            return
+        ticket = _Ticket(request, next(self._order), asyncio.get_running_loop().create_future())
+        self._waiting.append(ticket)
+        try:
+            await ticket.granted
+        except BaseException:
+            if ticket in self._waiting:
+                self._waiting.remove(ticket)
+            elif ticket.granted.done() and not ticket.granted.cancelled() and ticket.granted.exception() is None:
+                self.release()  # granted a slot in the same tick the caller went away: hand it on
+            raise
+
+    def release(self) -> None:
+        self._slots_used -= 1
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        now = time.monotonic()
+        aging = self._limits.aging_seconds
+        while self._waiting and self._slots_used < self._limits.max_num_seqs:
+            ticket = min(self._waiting, key=lambda t: t.sort_key(now, aging))
+            self._waiting.remove(ticket)
+            if ticket.granted.done():  # its caller gave up already
+                continue
+            self._slots_used += 1
+            ticket.granted.set_result(None)
+
+
 class AdmissionScheduler(LLMScheduler):
     def __init__(self, engine: AsyncGenerateEngine, scheduler: SchedulerConfig | None = None) -> None:
         """`scheduler`: the model config's section (`max_num_seqs` requests inside the engine at once)."""
         self._engine = engine
         self._limits = scheduler or SchedulerConfig()
-        self._waiting: list[_Ticket] = []
+        self._queue = AdmissionQueue(self._limits)
         self._active: set[str] = set()
-        self._slots_used = 0
-        self._order = itertools.count()
         self._started = False
         self._stats = SchedulerStats()
 
@@ -75,12 +129,7 @@ class AdmissionScheduler(LLMScheduler):
 
     async def stop(self) -> None:
         self._started = False
-        for ticket in self._waiting:
-            if not ticket.granted.done():
-                ticket.granted.set_exception(
-                    ServiceUnavailableError("the model was unloaded", headers={"Retry-After": "5"})
-                )
-        self._waiting.clear()
+        self._queue.fail_waiting(ServiceUnavailableError("the model was unloaded", headers={"Retry-After": "5"}))
         for request_id in list(self._active):
             try:
                 await self._engine.abort(request_id)
@@ -90,7 +139,7 @@ class AdmissionScheduler(LLMScheduler):
 
     def stats(self) -> SchedulerStats:
         self._stats.running = len(self._active)
-        self._stats.waiting = len(self._waiting)
+        self._stats.waiting = self._queue.waiting
         return self._stats
 
     def delete_session(self, session_id: str) -> bool:
@@ -101,20 +150,19 @@ class AdmissionScheduler(LLMScheduler):
 
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         self._check_open()
-        if len(self._waiting) >= self._limits.max_queue_size:
-            raise RateLimitError("the model's queue is full; retry shortly", headers={"Retry-After": "1"})
+        self._queue.check_room()
         if request.request_id in self._active:
             raise ValueError(f"duplicate request id {request.request_id}")
         if not request.arrival_time:
             request.arrival_time = time.monotonic()
-        await self._acquire(request)
+        await self._queue.acquire(request)
         self._stats.requests.scheduled(request.request_id)
         try:
             async with contextlib.aclosing(self._run(request)) as updates:
                 async for out in updates:
                     yield out
         finally:
-            self._release()
+            self._queue.release()
 
     # -- admission ----------------------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -124,36 +172,6 @@ class AdmissionScheduler(LLMScheduler):
             raise ServiceUnavailableError(
                 "the model's engine is unavailable; try again later", headers={"Retry-After": "5"}
             )
-
-    async def _acquire(self, request: GenerationRequest) -> None:
-        if self._slots_used < self._limits.max_num_seqs and not self._waiting:
-            self._slots_used += 1
-            return
-        ticket = _Ticket(request, next(self._order), asyncio.get_running_loop().create_future())
-        self._waiting.append(ticket)
-        try:
-            await ticket.granted
-        except BaseException:
-            if ticket in self._waiting:
-                self._waiting.remove(ticket)
-            elif ticket.granted.done() and not ticket.granted.cancelled() and ticket.granted.exception() is None:
-                self._release()  # granted a slot in the same tick the caller went away: hand it on
-            raise
-
-    def _release(self) -> None:
-        self._slots_used -= 1
-        self._dispatch()
-
-    def _dispatch(self) -> None:
-        now = time.monotonic()
-        aging = self._limits.aging_seconds
-        while self._waiting and self._slots_used < self._limits.max_num_seqs:
-            ticket = min(self._waiting, key=lambda t: t.sort_key(now, aging))
-            self._waiting.remove(ticket)
-            if ticket.granted.done():  # its caller gave up already
-                continue
-            self._slots_used += 1
-            ticket.granted.set_result(None)
 
     # -- one request inside the engine --------------------------------------------------------------------------
     async def _run(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
