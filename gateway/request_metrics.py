@@ -117,6 +117,7 @@ class LLMRequestStats:
         trace = _open_trace(request) if tracing.enabled() else None
         first_token: float | None = None
         final: GenerationOutput | None = None
+        prompt_counted = False
         try:
             async with contextlib.aclosing(updates):
                 async for out in updates:
@@ -132,12 +133,16 @@ class LLMRequestStats:
                             prompt = out.prompt_tokens or len(request.prompt_token_ids)
                             self.prompt_tokens += prompt
                             charge_tokens(prompt)
+                            prompt_counted = prompt > 0
                         else:
                             self.inter_token.observe((now - last) / new, new)
                         self.generation_tokens += new
                         charge_tokens(new)
                         tokens, last = total, now
                     if out.finished:
+                        if tokens and not prompt_counted and out.prompt_tokens:  # known only at the end (usage)
+                            self.prompt_tokens += out.prompt_tokens
+                            charge_tokens(out.prompt_tokens)
                         final = out
                         done = True
                         self._end(

@@ -15,7 +15,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gateway.errors import ConfigError
-from gateway.repository.engine_config import PyTorchSection, RemoteSection, TensorRTLLMSection, VllmSection
+from gateway.repository.engine_config import (
+    OpenAISection,
+    PyTorchSection,
+    RemoteSection,
+    TensorRTLLMSection,
+    VllmSection,
+)
 from gateway.repository.pbtxt import PbtxtError, parse_pbtxt
 from gateway.repository.tensor_config import TensorModelConfig, is_tensor_config
 
@@ -81,7 +87,7 @@ class ModelSource(_Strict):
 
 class ModelConfig(_Strict):
     name: str | None = Field(None, description="Must equal the folder name when given (Triton's rule).")
-    backend: Literal["pytorch", "vllm", "tensorrt_llm", "remote"] = "pytorch"
+    backend: Literal["pytorch", "vllm", "tensorrt_llm", "remote", "openai"] = "pytorch"
     task: Literal["generate"] = "generate"
     model: ModelSource = ModelSource()
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -95,6 +101,7 @@ class ModelConfig(_Strict):
     vllm: VllmSection = VllmSection()
     tensorrt_llm: TensorRTLLMSection = TensorRTLLMSection()
     remote: RemoteSection | None = Field(None, description="Required for backend: remote (see engine_config.py).")
+    openai: OpenAISection | None = Field(None, description="Required for backend: openai (docs/passthrough.md).")
 
     @field_validator("model", mode="before")
     @classmethod
@@ -141,6 +148,10 @@ class ModelConfig(_Strict):
             raise ValueError("backend 'remote' needs a 'remote:' section with 'upstreams: [http://host:port, ...]'")
         if self.backend != "remote" and self.remote is not None:
             raise ValueError("a 'remote:' section needs 'backend: remote'; set the backend or remove the section")
+        if self.backend == "openai" and self.openai is None:
+            raise ValueError("backend 'openai' needs an 'openai:' section with 'base_url: http://host:port/v1'")
+        if self.backend != "openai" and self.openai is not None:
+            raise ValueError("an 'openai:' section needs 'backend: openai'; set the backend or remove the section")
         return self
 
 
