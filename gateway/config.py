@@ -130,6 +130,9 @@ class ServerConfig(BaseModel):
         None, "send a span per LLM request (queue, prefill, decode) over OTLP/HTTP to URL, e.g. "
         "http://collector:4318/v1/traces; needs switchyard[tracing]", metavar="URL", default_text="off",
         doc="scale-out.md#tracing")
+    routes_file: Path | None = setting(
+        None, "YAML file of model routes: aliases, ordered fallbacks, weighted splits, retries with backoff",
+        flag="--routes", env="SWITCHYARD_ROUTES", metavar="FILE", default_text="none", doc="routes.md")
 
     @field_validator("log_level", "log_format", "model_control_mode", "rate_limit", mode="before")
     @classmethod

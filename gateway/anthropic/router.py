@@ -51,7 +51,8 @@ async def _create(req: MessagesRequest, model: LoadedLLM) -> dict[str, Any] | An
     msg_id = f"msg_{random_hex()}"
     if not req.stream:
         return message_body(msg_id, model.name, req, await chat_completion(chat, model, True))
-    prompt_tokens = await _prompt_tokens(req, model)
+    # an upstream used as it is counts its own prompt: its count arrives with the usage, in message_delta
+    prompt_tokens = 0 if model.scheduler.passthrough is not None else await _prompt_tokens(req, model)
     chunks = await chat_completion(chat, model, True)
     start = {"id": msg_id, "type": "message", "role": "assistant", "model": model.name, "content": [],
              "stop_reason": None, "stop_sequence": None,
@@ -64,8 +65,9 @@ async def _create(req: MessagesRequest, model: LoadedLLM) -> dict[str, Any] | An
 async def create_message(body: MessagesRequest, request: Request) -> Response:
     headers = _check_headers(request)
     log_unknown(body, "messages")
-    model = request.app.state.registry.llm(body.model)
-    result = await cancel_on_disconnect(request, _create(body, model))
+    work = request.app.state.routes.run(body.model, request.app.state.registry.llm,  # docs/routes.md
+                                        lambda model: _create(body, model))
+    result = await cancel_on_disconnect(request, work)
     if isinstance(result, dict):
         return JSONResponse(result, headers=headers)
     response = events_response(result, request.app.state.config.stream_send_timeout_secs)
@@ -76,5 +78,6 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
     headers = _check_headers(request)
-    model = request.app.state.registry.llm(body.model)
-    return JSONResponse({"input_tokens": await _prompt_tokens(body, model)}, headers=headers)
+    tokens = await request.app.state.routes.run(body.model, request.app.state.registry.llm,
+                                                lambda model: _prompt_tokens(body, model))
+    return JSONResponse({"input_tokens": tokens}, headers=headers)

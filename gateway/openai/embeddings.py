@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from gateway.errors import InvalidRequestError
 from gateway.http.body_depth import NestingAwareRoute
 from gateway.http.disconnect import cancel_on_disconnect
+from gateway.openai.passthrough import forward
+from gateway.repository.loaded_model import LoadedLLM, LoadedModel
 from gateway.tensor.embedding import embed, embedding_model, embedding_width
 
 log = logging.getLogger("switchyard.openai")
@@ -81,7 +83,16 @@ def _encode(vector: np.ndarray, dimensions: int | None, encoding: str) -> np.nda
 async def create_embeddings(body: EmbeddingRequest, request: Request) -> Response:
     if body.model_extra:
         log.info("embeddings: ignoring unknown fields %s", sorted(body.model_extra)[:20])
-    model = request.app.state.registry.get(body.model)
+    work = request.app.state.routes.run(body.model, request.app.state.registry.get,
+                                        lambda model: _embeddings(body, model))
+    return Response(await cancel_on_disconnect(request, work), media_type="application/json")
+
+
+async def _embeddings(body: EmbeddingRequest, model: LoadedModel) -> bytes:
+    """The response body of `model`'s embeddings for the request."""
+    direct = model.scheduler.passthrough if isinstance(model, LoadedLLM) else None
+    if direct is not None:  # an upstream used as it is (backend: openai) embeds with its own model
+        return orjson.dumps(await forward(direct, "embeddings", body, model.name))
     tensor = embedding_model(model)
     items = _items(body.input)
     if body.dimensions is not None:
@@ -89,7 +100,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> Respons
         if width is not None and body.dimensions > width:
             raise InvalidRequestError(f"dimensions must be at most {width} for this model", param="dimensions")
     try:
-        vectors, tokens = await cancel_on_disconnect(request, embed(tensor, items))
+        vectors, tokens = await embed(tensor, items)
     except InvalidRequestError as exc:  # the model refused an input (e.g. a token id outside its vocabulary)
         exc.param = exc.param or "input"
         raise
@@ -101,4 +112,4 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> Respons
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
     # orjson writes float32 arrays directly, as the shortest text that reads back to the same float32: 25x faster
     # than json.dumps over lists (450 us per 384-float vector, the largest CPU cost per request) and half the bytes.
-    return Response(orjson.dumps(body_out, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
+    return orjson.dumps(body_out, option=orjson.OPT_SERIALIZE_NUMPY)

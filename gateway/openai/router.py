@@ -38,17 +38,30 @@ def _model_card(m: LoadedModel) -> dict[str, Any]:
         "owned_by": m.config.owned_by,
         "root": m.name,
         "parent": None,
-        "max_model_len": m.max_model_len,
+        "max_model_len": m.max_model_len or None,  # 0: an upstream that does not say (backend: openai)
     }
+
+
+def _route_card(name: str, request: Request) -> dict[str, Any]:
+    """A route (docs/routes.md) as a model: its first target stands for it (`root`)."""
+    route = request.app.state.routes.table[name]
+    return {"id": name, "object": "model", "created": 0, "owned_by": "switchyard", "root": route.targets[0].model,
+            "parent": None, "max_model_len": None}
 
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    return {"object": "list", "data": [_model_card(m) for m in _registry(request).all_models()]}
+    models = _registry(request).all_models()
+    served = {m.name for m in models}
+    routes = [_route_card(name, request) for name in request.app.state.routes.table if name not in served]
+    return {"object": "list", "data": [_model_card(m) for m in models] + routes}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
+    model = _registry(request).find(model_id)
+    if model is None and model_id in request.app.state.routes.table:
+        return _route_card(model_id, request)
     return _model_card(_registry(request).get(model_id))
 
 
@@ -74,9 +87,10 @@ def _respond(result: Any, request: Request) -> Response:
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     log_unknown(body, "chat.completions")
     body.check()
-    model = _registry(request).llm(body.model)
     force_usage = request.app.state.config.always_include_usage
-    work = chat_completion(body, model, force_usage, _session_id(request, body))
+    session_id = _session_id(request, body)
+    work = request.app.state.routes.run(  # a route's models in turn (docs/routes.md), else the model itself
+        body.model, _registry(request).llm, lambda model: chat_completion(body, model, force_usage, session_id))
     return _respond(await cancel_on_disconnect(request, work), request)
 
 
@@ -84,7 +98,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     log_unknown(body, "completions")
     body.check()
-    model = _registry(request).llm(body.model)
     force_usage = request.app.state.config.always_include_usage
-    work = completion(body, model, force_usage, _session_id(request, body))
+    session_id = _session_id(request, body)
+    work = request.app.state.routes.run(
+        body.model, _registry(request).llm, lambda model: completion(body, model, force_usage, session_id))
     return _respond(await cancel_on_disconnect(request, work), request)
