@@ -8,7 +8,9 @@ There are two shapes of LLM engine:
 * `AsyncGenerateEngine` -- engines that batch internally (vLLM, TensorRT-LLM, remote upstreams). The gateway
   admits, orders and aborts requests; the engine streams `GenerationOutput` updates.
 
-Both expose a `Tokenizer` so the gateway can render chat templates and count tokens itself.
+Both expose a `Tokenizer` so the gateway can render chat templates and count tokens itself. A third shape,
+`PassthroughEngine`, has none: it serves OpenAI request bodies as they are (text in, text out), for upstreams used
+as they are (llama.cpp's server, vLLM, Ollama, a cloud API).
 """
 
 from __future__ import annotations
@@ -229,3 +231,66 @@ class TensorBackend(ABC):
         variable batch dimension (then the gateway sets Triton's default max_batch_size and dynamic batcher, as
         Triton's auto-complete does). Cheap: read the file's interface, not its weights. Default: unknown, False."""
         return False
+
+
+class UpstreamError(Exception):
+    """An upstream answered with an HTTP error. `message` is the upstream's own (shortened, never our credentials);
+    `param`, `code` and `type` are its OpenAI error fields when it sent them; `retry_after` its Retry-After in
+    seconds. The gateway maps it onto its own errors: a 400 stays the client's fault, a 5xx is a bad gateway."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str | None = None, retry_after: float | None = None) -> None:  # noqa: A002 - OpenAI's name
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type
+        self.retry_after = retry_after
+
+
+class UpstreamUnreachableError(EngineUnavailableError):
+    """The upstream could not be reached, or dropped the connection before its answer was complete."""
+
+
+class UpstreamTimeoutError(EngineUnavailableError):
+    """The upstream took longer than the configured timeout to connect or to send the next piece of its answer."""
+
+
+class PassthroughEngine(ABC):
+    """An OpenAI-compatible upstream used as it is: the gateway hands it request bodies, it answers with bodies.
+
+    No tokenizer and no `GenerationRequest`: the upstream renders its own chat template and counts its own tokens,
+    so anything OpenAI-compatible can serve (Ollama, LM Studio, llama.cpp's server, vLLM, a cloud API). The gateway
+    checks the request and its routes, admits it, then calls `request` (a JSON answer) or `stream` (the SSE
+    chunks, parsed); `endpoint` is the path under `/v1` (`chat/completions`, `completions`, `embeddings`) and
+    `body` the client's body with `model` already set to the upstream's name.
+
+    Errors: `UpstreamError` for an HTTP error answer, `UpstreamUnreachableError` and `UpstreamTimeoutError` for a
+    transport failure, before the first chunk or at any point after it.
+    """
+
+    @property
+    @abstractmethod
+    def info(self) -> EngineInfo:
+        """The model's facts as far as they are known (`max_model_len` 0 when the upstream does not say it)."""
+
+    @property
+    @abstractmethod
+    def upstream_model(self) -> str:
+        """The name the upstream serves the model under (what `body["model"]` is set to)."""
+
+    @abstractmethod
+    async def request(self, endpoint: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        """POST `body` to the upstream's `/v1/<endpoint>` and return its JSON answer."""
+
+    @abstractmethod
+    def stream(self, endpoint: str, body: dict[str, Any], headers: dict[str, str]) -> AsyncIterator[dict[str, Any]]:
+        """POST a streaming `body` and yield each `data:` chunk of the answer, parsed, until `[DONE]`. Closing the
+        iterator closes the upstream connection, which stops the generation there."""
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Open the connection pool (on the event loop). Called once."""
+
+    async def shutdown(self) -> None:  # noqa: B027 - optional hook
+        """Close the connection pool. Called once when the model is unloaded."""

@@ -59,6 +59,10 @@ from gateway.request_log import RequestIdMiddleware
 from gateway.rerank.router import router as rerank_router
 from gateway.responses.router import router as responses_router
 from gateway.responses.service import open_service as open_responses
+from gateway.routes.config import load_routes
+from gateway.routes.headers import RouteHeadersMiddleware
+from gateway.routes.metrics import RouteCollector
+from gateway.routes.runner import Routes
 from gateway.tracing import TraceContextMiddleware
 
 log = logging.getLogger("switchyard")
@@ -137,6 +141,8 @@ def create_app(config: ServerConfig, control: ModelControl | None = None) -> Fas
     app.state.keys = keys
     app.state.key_service = key_service  # named keys: /admin/keys, /admin/usage
     app.state.lifecycle = lifecycle
+    app.state.routes = Routes(load_routes(config.routes_file) if config.routes_file else None)  # docs/routes.md
+    metrics_registry.register(RouteCollector(app.state.routes))
     add_error_handlers(app)
     _add_routes(app, config)
     _add_health_routes(app, registry, lifecycle, metrics_registry)
@@ -288,7 +294,8 @@ def _add_health_routes(app: FastAPI, registry: ModelRegistry, lifecycle: Lifecyc
 
 def _add_middleware(app: FastAPI, config: ServerConfig, access: AccessControl, endpoint_counts: EndpointCounts) -> None:
     """Outermost last: CORS answers preflights, then every request is counted by endpoint and gets its id, then
-    access checks, then the body limit."""
+    access checks, then the body limit; innermost, what a route did goes into the response's headers."""
+    app.add_middleware(RouteHeadersMiddleware)
     app.add_middleware(ModelUseMiddleware)  # a request holds the models it uses until its response is sent
     uploads = max(config.max_body_bytes, config.files_max_bytes + MULTIPART_OVERHEAD)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, path_limits={"/v1/files": uploads})

@@ -195,6 +195,9 @@ class ServerConfig(BaseModel):
             if not folder.is_dir():
                 raise ValueError(f"--lora-dir {str(folder)[:200]} is not a directory; create it or drop the flag")
         return value
+    routes_file: Path | None = setting(
+        None, "YAML file of model routes: aliases, ordered fallbacks, weighted splits, retries with backoff",
+        flag="--routes", env="SWITCHYARD_ROUTES", metavar="FILE", default_text="none", doc="routes.md")
 
     @field_validator("log_level", "log_format", "model_control_mode", "rate_limit", mode="before")
     @classmethod

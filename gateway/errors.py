@@ -175,3 +175,25 @@ class InternalError(SwitchyardError):
 
 class ConfigError(Exception):
     """A configuration problem found at startup. The message names the file, the field and the fix."""
+
+
+class BadGatewayError(SwitchyardError):
+    """An upstream the gateway forwards to (backend: openai) failed or answered what no client should see."""
+
+    status = 502
+    type = "upstream_error"
+    code = "bad_gateway"
+
+
+class UpstreamConnectionError(BadGatewayError):
+    """The upstream could not be reached, or dropped the connection before its answer was complete."""
+
+    code = "upstream_unreachable"
+
+
+class GatewayTimeoutError(SwitchyardError):
+    """The upstream did not answer within its configured timeout."""
+
+    status = 504
+    type = "timeout"
+    code = "upstream_timeout"

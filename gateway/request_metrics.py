@@ -119,6 +119,7 @@ class LLMRequestStats:
         trace = _open_trace(request) if tracing.enabled() else None
         first_token: float | None = None
         final: GenerationOutput | None = None
+        prompt_counted = False
         try:
             async with contextlib.aclosing(updates):
                 async for out in updates:
@@ -137,6 +138,7 @@ class LLMRequestStats:
                             self.prompt_tokens += prompt
                             charge_tokens(prompt)
                             key_context.charge(prompt=prompt)
+                            prompt_counted = prompt > 0
                         else:
                             self.inter_token.observe((now - last) / new, new)
                         self.generation_tokens += new
@@ -144,6 +146,10 @@ class LLMRequestStats:
                         key_context.charge(completion=new)
                         tokens, last = total, now
                     if out.finished:
+                        if tokens and not prompt_counted and out.prompt_tokens:  # known only at the end (usage)
+                            self.prompt_tokens += out.prompt_tokens
+                            charge_tokens(out.prompt_tokens)
+                            key_context.charge(prompt=out.prompt_tokens)
                         final = out
                         done = True
                         if cached and tokens:  # prompt tokens found in the cache (they were charged as prompt)

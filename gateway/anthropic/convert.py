@@ -134,7 +134,7 @@ def stop_reason(finish_reason: str | None, stop_sequence: str | None, called: bo
 
 def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
     """Anthropic's usage: `input_tokens` are those not read from the cache, as on Anthropic's API."""
-    cached = chat_usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0  # upstreams may send null
     return {"input_tokens": chat_usage["prompt_tokens"] - cached, "output_tokens": chat_usage["completion_tokens"],
             "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
 

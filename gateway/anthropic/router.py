@@ -53,7 +53,8 @@ async def _create(req: MessagesRequest, model: LoadedLLM, timeout: float | None 
     msg_id = f"msg_{random_hex()}"
     if not req.stream:
         return message_body(msg_id, model.name, req, await chat_completion(chat, model, True))
-    prompt_tokens = await _prompt_tokens(req, model)
+    # an upstream used as it is counts its own prompt: its count arrives with the usage, in message_delta
+    prompt_tokens = 0 if model.scheduler.passthrough is not None else await _prompt_tokens(req, model)
     chunks = await chat_completion(chat, model, True)
     start = {"id": msg_id, "type": "message", "role": "assistant", "model": model.name, "content": [],
              "stop_reason": None, "stop_sequence": None,
@@ -66,8 +67,9 @@ async def _create(req: MessagesRequest, model: LoadedLLM, timeout: float | None 
 async def create_message(body: MessagesRequest, request: Request) -> Response:
     headers = _check_headers(request)
     log_unknown(body, "messages")
-    model = await request.app.state.registry.acquire_llm(body.model)
-    result = await cancel_on_disconnect(request, _create(body, model, request_timeout(request)))
+    work = request.app.state.routes.run(body.model, request.app.state.registry.acquire_llm,  # docs/routes.md
+                                        lambda model: _create(body, model, request_timeout(request)))
+    result = await cancel_on_disconnect(request, work)
     if isinstance(result, dict):
         return JSONResponse(result, headers=headers)
     response = events_response(result, request.app.state.config.stream_send_timeout_secs)
@@ -78,5 +80,6 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
     headers = _check_headers(request)
-    model = await request.app.state.registry.acquire_llm(body.model)
-    return JSONResponse({"input_tokens": await _prompt_tokens(body, model)}, headers=headers)
+    tokens = await request.app.state.routes.run(body.model, request.app.state.registry.acquire_llm,
+                                                lambda model: _prompt_tokens(body, model))
+    return JSONResponse({"input_tokens": tokens}, headers=headers)

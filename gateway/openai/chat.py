@@ -13,6 +13,7 @@ from typing import Any
 from gateway.openai.chat_template import render_chat
 from gateway.openai.fanout import Choice, merged_stream, primed
 from gateway.openai.guided import request_guidance
+from gateway.openai.passthrough import forward
 from gateway.openai.protocol import ChatCompletionRequest
 from gateway.openai.reasoning import Reasoning, reasoning_for
 from gateway.openai.results import (
@@ -81,6 +82,8 @@ async def chat_completion(
 ) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
     """Return the response body, or (when `req.stream`) an iterator of chunk bodies for SSE."""
     scheduler = model.scheduler
+    if (direct := scheduler.passthrough) is not None:  # an upstream used as it is renders its own template
+        return await forward(direct, "chat/completions", req, model.name, force_usage, req.priority)
     info = scheduler.info
     prompt, plan = await chat_prompt(req, model)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

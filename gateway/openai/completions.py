@@ -9,6 +9,7 @@ from typing import Any
 from gateway.errors import InvalidRequestError
 from gateway.openai.fanout import Choice, merged_stream, primed
 from gateway.openai.guided import request_guidance
+from gateway.openai.passthrough import forward
 from gateway.openai.protocol import CompletionRequest
 from gateway.openai.results import UsageTally, check_output, collect, completion_logprobs, new_id, now, usage
 from gateway.openai.sampling import refuse_unfittable_text, resolve_max_tokens, to_sampling_params
@@ -52,11 +53,13 @@ async def _prompts(req: CompletionRequest, model: LoadedLLM) -> list[list[int]]:
 async def completion(
     req: CompletionRequest, model: LoadedLLM, force_usage: bool, session_id: str | None = None
 ) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
+    scheduler = model.scheduler
+    if (direct := scheduler.passthrough) is not None:  # an upstream used as it is tokenizes the prompts itself
+        return await forward(direct, "completions", req, model.name, force_usage, req.priority)
     if req.suffix:
         raise InvalidRequestError("suffix is not supported by this model (no fill-in-the-middle)", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise InvalidRequestError("best_of different from n is not supported", param="best_of")
-    scheduler = model.scheduler
     info = scheduler.info
     prompts = await _prompts(req, model)
     guidance = await request_guidance(req, scheduler)  # vLLM accepts response_format here too

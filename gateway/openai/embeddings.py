@@ -21,7 +21,8 @@ from gateway.errors import InvalidRequestError
 from gateway.http.body_depth import NestingAwareRoute
 from gateway.http.disconnect import cancel_on_disconnect
 from gateway.keys import context as key_context
-from gateway.repository.loaded_model import LoadedModel
+from gateway.openai.passthrough import forward
+from gateway.repository.loaded_model import LoadedLLM, LoadedModel
 from gateway.tensor.embedding import embed, embedding_model, embedding_width
 
 log = logging.getLogger("switchyard.openai")
@@ -82,6 +83,11 @@ def _encode(vector: np.ndarray, dimensions: int | None, encoding: str) -> np.nda
 async def embeddings_body(body: EmbeddingRequest, model: LoadedModel, priority: int | None = None) -> dict[str, Any]:
     """The response body, its vectors float32 arrays (write it with orjson's OPT_SERIALIZE_NUMPY) or base64 text;
     `priority`: the dynamic batcher's level for the request (the Batch API's lines take the lowest)."""
+    direct = model.scheduler.passthrough if isinstance(model, LoadedLLM) else None
+    if direct is not None:  # an upstream used as it is (backend: openai) embeds with its own model
+        answer = await forward(direct, "embeddings", body, model.name)
+        assert isinstance(answer, dict)  # embeddings are never streamed
+        return answer
     tensor = embedding_model(model)
     items = _items(body.input)
     if body.dimensions is not None:
@@ -106,8 +112,9 @@ async def embeddings_body(body: EmbeddingRequest, model: LoadedModel, priority: 
 async def create_embeddings(body: EmbeddingRequest, request: Request) -> Response:
     if body.model_extra:
         log.info("embeddings: ignoring unknown fields %s", sorted(body.model_extra)[:20])
-    model = await request.app.state.registry.acquire(body.model)
-    body_out = await cancel_on_disconnect(request, embeddings_body(body, model))
+    work = request.app.state.routes.run(body.model, request.app.state.registry.acquire,  # docs/routes.md
+                                        lambda model: embeddings_body(body, model))
+    body_out = await cancel_on_disconnect(request, work)
     # orjson writes float32 arrays directly, as the shortest text that reads back to the same float32: 25x faster
     # than json.dumps over lists (450 us per 384-float vector, the largest CPU cost per request) and half the bytes.
     return Response(orjson.dumps(body_out, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")

@@ -33,16 +33,27 @@ def _registry(request: Request) -> ModelRegistry:
     return request.app.state.registry
 
 
+def _route_card(name: str, request: Request) -> dict[str, Any]:
+    """A route (docs/routes.md) as a model: its first target stands for it (`root`)."""
+    route = request.app.state.routes.table[name]
+    return {"id": name, "object": "model", "created": 0, "owned_by": "switchyard", "root": route.targets[0].model,
+            "parent": None, "max_model_len": None}
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    """Every model a request may name, loaded or loading on request, with its `state` (model_cards.py), and the
-    LoRA adapters of the loaded ones; with a named key, only those it may use."""
+    """Every model a request may name, loaded or loading on request, with its `state` (model_cards.py), the LoRA
+    adapters of the loaded ones and the routes (docs/routes.md); with a named key, only those it may use."""
     cards = [*model_cards(request.app.state.model_control), *map(adapter_card, _registry(request).adapters())]
+    served = {c["id"] for c in cards}
+    cards += [_route_card(name, request) for name in request.app.state.routes.table if name not in served]
     return {"object": "list", "data": [c for c in cards if key_context.visible(c["id"])]}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
+    if model_id in request.app.state.routes.table and _registry(request).find(model_id) is None:
+        return _route_card(model_id, request)
     return model_card(request.app.state.model_control, model_id)
 
 
@@ -69,9 +80,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     log_unknown(body, "chat.completions")
     body.check()
     body.timeout = request_timeout(request, body.timeout)
-    model = await _registry(request).acquire_llm(body.model)
     force_usage = request.app.state.config.always_include_usage
-    work = chat_completion(body, model, force_usage, _session_id(request, body))
+    session_id = _session_id(request, body)
+    work = request.app.state.routes.run(  # a route's models in turn (docs/routes.md), else the model itself
+        body.model, _registry(request).acquire_llm, lambda model: chat_completion(body, model, force_usage, session_id))
     return _respond(await cancel_on_disconnect(request, work), request)
 
 
@@ -80,7 +92,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     log_unknown(body, "completions")
     body.check()
     body.timeout = request_timeout(request, body.timeout)
-    model = await _registry(request).acquire_llm(body.model)
     force_usage = request.app.state.config.always_include_usage
-    work = completion(body, model, force_usage, _session_id(request, body))
+    session_id = _session_id(request, body)
+    work = request.app.state.routes.run(
+        body.model, _registry(request).acquire_llm, lambda model: completion(body, model, force_usage, session_id))
     return _respond(await cancel_on_disconnect(request, work), request)

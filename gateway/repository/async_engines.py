@@ -1,8 +1,10 @@
-"""Build the engines that batch internally (vllm, tensorrt_llm, remote) from a model's config.
+"""Build the engines that batch internally (vllm, tensorrt_llm, remote, and openai: an upstream used as it is)
+from a model's config.
 
-Each is wrapped in the `AdmissionScheduler`: `scheduler.max_num_seqs` caps the requests inside the engine (for
-a remote model: across all its upstreams), `scheduler.max_queue_size` the waiting ones. Engine libraries are
-imported here, when a model names them, never at gateway import.
+Each is wrapped in the `AdmissionScheduler` (an `openai` upstream in the `PassthroughScheduler`, which admits the
+same way): `scheduler.max_num_seqs` caps the requests inside the engine (for a remote model: across all its
+upstreams), `scheduler.max_queue_size` the waiting ones. Engine libraries are imported here, when a model names
+them, never at gateway import.
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ log = logging.getLogger("switchyard.repository")
 
 def build_async_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None) -> LLMScheduler:
     """The admission scheduler over the engine named by `config.backend` (blocking: may load weights)."""
+    if config.backend == "openai":
+        try:
+            return _passthrough(model, config)
+        except ValueError as exc:
+            raise ConfigError(f"{model.config_path}: {exc}") from None
     builders = {"vllm": _vllm, "tensorrt_llm": _tensorrt_llm, "remote": _remote}
     builder = builders.get(config.backend)
     if builder is None:
@@ -143,3 +150,42 @@ def _remote(model: ModelDir, config: ModelConfig, cache_dir: Path) -> AsyncGener
     log.info("model '%s' is served by %d upstream(s): %s", model.name, len(upstreams),
              ", ".join(u.base_url for u in upstreams))
     return build_remote_engine(settings, tokenizer_source, cache_dir, config.max_model_len)
+
+
+def _passthrough(model: ModelDir, config: ModelConfig) -> LLMScheduler:
+    from engines.passthrough.engine import PassthroughSettings, build_passthrough_engine
+    from gateway.scheduler.llm.passthrough import PassthroughScheduler
+
+    section = config.openai
+    assert section is not None  # ModelConfig refuses backend: openai without it
+    settings = PassthroughSettings(
+        base_url=section.base_url,
+        model=section.model or config.served_model_name or model.name,
+        api_key=_api_key(model, section.api_key_env, section.api_key_file),
+        connect_timeout=section.connect_timeout_seconds,
+        read_timeout=section.read_timeout_seconds,
+        max_connections=section.max_connections,
+    )
+    engine = build_passthrough_engine(settings, config.max_model_len)
+    return PassthroughScheduler(engine, config.served_model_name or model.name, config.scheduler)
+
+
+def _api_key(model: ModelDir, env: str | None, file: str | None) -> str | None:
+    """The upstream's key from the environment or a file; errors name where it was looked for, never the key."""
+    if env:
+        key = os.environ.get(env, "").strip()
+        if not key:
+            raise ValueError(f"field 'openai.api_key_env': environment variable {env} is not set; set it or remove "
+                             "the field")
+        return key
+    if file:
+        path = Path(file) if Path(file).is_absolute() else model.path / file
+        try:
+            key = next((line.strip() for line in path.read_text().splitlines() if line.strip()), "")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"field 'openai.api_key_file': cannot read {file} ({exc.__class__.__name__}); check the "
+                             "path (relative to the model's folder) and its permissions") from None
+        if not key:
+            raise ValueError(f"field 'openai.api_key_file': {file} is empty; write the key on its first line")
+        return key
+    return None

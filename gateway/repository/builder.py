@@ -30,7 +30,7 @@ log = logging.getLogger("switchyard.repository")
 
 def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None) -> LLMScheduler:
     """Construct the engine named by `config.backend` (blocking: loads weights)."""
-    if config.backend != "pytorch":  # engines that batch internally: vllm, tensorrt_llm, remote
+    if config.backend != "pytorch":  # engines that batch internally: vllm, tensorrt_llm, remote, openai
         from gateway.repository.async_engines import build_async_scheduler
 
         return build_async_scheduler(model, config, cache_dir)

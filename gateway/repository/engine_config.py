@@ -1,5 +1,5 @@
-"""Engine config sections: `pytorch:` (the native engine) and the engines that batch internally: `vllm:`,
-`tensorrt_llm:` and `remote:`.
+"""Engine config sections: `pytorch:` (the native engine), the engines that batch internally: `vllm:`,
+`tensorrt_llm:` and `remote:`, and `openai:` (an upstream used as it is).
 
 They live beside `model_config.py` (which includes them in `ModelConfig`) so each engine's options are documented
 in one place. Every field is checked; errors name the field and the fix.
@@ -14,6 +14,21 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _http_url(value: str, example: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"'{value[:100]}' is not an http(s) URL; write e.g. {example}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"'{value[:100]}': drop the query/fragment; give the server's base URL")
+    return value
+
+
+def _env_name(value: str | None) -> str | None:
+    if value is not None and not _ENV_NAME.fullmatch(value):
+        raise ValueError("must be an environment variable name (letters, digits, '_')")
+    return value
 
 
 class _Strict(BaseModel):
@@ -125,12 +140,7 @@ class UpstreamEntry(_Strict):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"'{value[:100]}' is not an http(s) URL; write e.g. http://engine-0:8000")
-        if parts.query or parts.fragment:
-            raise ValueError(f"'{value[:100]}': drop the query/fragment; give the server's base URL")
-        return value
+        return _http_url(value, "http://engine-0:8000")
 
     @classmethod
     def of(cls, value: Any) -> Any:
@@ -200,6 +210,45 @@ class RemoteSection(_Strict):
     @field_validator("api_key_env")
     @classmethod
     def _env_name(cls, value: str | None) -> str | None:
-        if value is not None and not _ENV_NAME.fullmatch(value):
-            raise ValueError("must be an environment variable name (letters, digits, '_')")
-        return value
+        return _env_name(value)
+
+
+class OpenAISection(_Strict):
+    """An OpenAI-compatible upstream used as it is (`backend: openai`, docs/passthrough.md): requests go out as
+    clients sent them, text in and text out, with no tokenizer in the gateway."""
+
+    base_url: str = Field(
+        ..., description="The upstream's OpenAI base URL, `/v1` included, as the openai SDK takes it "
+        "(http://llama:8080/v1, http://ollama:11434/v1, https://api.openai.com/v1); a URL without a path gets /v1.",
+    )
+    model: str | None = Field(None, description="The name the upstream serves the model under; default: ours.")
+    api_key_env: str | None = Field(
+        None, description="Name of an environment variable holding the upstream's API key (sent as a bearer token)."
+    )
+    api_key_file: str | None = Field(
+        None, description="A file holding the upstream's API key (its first line; a path relative to the model's "
+        "folder, or absolute). Keys appear in no log, error or /v1/models.",
+    )
+    connect_timeout_seconds: float = Field(5.0, gt=0, description="Wait for a connection to the upstream.")
+    read_timeout_seconds: float = Field(
+        600.0, gt=0, description="Wait for each piece of the upstream's answer, the first token included."
+    )
+    max_connections: int = Field(
+        64, ge=1, le=4096, description="Connections kept open to the upstream (the pool's size; keep-alive)."
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        return _http_url(value, "http://llama-server:8080/v1")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        return _env_name(value)
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> OpenAISection:
+        if self.api_key_env and self.api_key_file:
+            raise ValueError("openai.api_key_env and openai.api_key_file both name a key; keep one of them")
+        return self

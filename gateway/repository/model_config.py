@@ -15,7 +15,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gateway.errors import ConfigError
-from gateway.repository.engine_config import PyTorchSection, RemoteSection, TensorRTLLMSection, VllmSection
+from gateway.repository.engine_config import (
+    OpenAISection,
+    PyTorchSection,
+    RemoteSection,
+    TensorRTLLMSection,
+    VllmSection,
+)
 from gateway.repository.lifecycle_config import LifecycleFields
 from gateway.repository.layout import is_valid_model_name
 from gateway.repository.pbtxt import PbtxtError, parse_pbtxt
@@ -99,7 +105,7 @@ class ModelSource(_Strict):
 
 class ModelConfig(_Strict, LifecycleFields):
     name: str | None = Field(None, description="Must equal the folder name when given (Triton's rule).")
-    backend: Literal["pytorch", "vllm", "tensorrt_llm", "remote"] = "pytorch"
+    backend: Literal["pytorch", "vllm", "tensorrt_llm", "remote", "openai"] = "pytorch"
     task: Literal["generate"] = "generate"
     model: ModelSource = ModelSource()
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -118,6 +124,7 @@ class ModelConfig(_Strict, LifecycleFields):
         "a GGUF LoRA file, relative to the model's folder or inside a --lora-dir), each served as `<model>:<name>` "
         "and as `<name>` (docs/lora.md). backend: pytorch or vllm.",
     )
+    openai: OpenAISection | None = Field(None, description="Required for backend: openai (docs/passthrough.md).")
 
     @field_validator("model", mode="before")
     @classmethod
@@ -178,6 +185,10 @@ class ModelConfig(_Strict, LifecycleFields):
             raise ValueError("backend 'remote' needs a 'remote:' section with 'upstreams: [http://host:port, ...]'")
         if self.backend != "remote" and self.remote is not None:
             raise ValueError("a 'remote:' section needs 'backend: remote'; set the backend or remove the section")
+        if self.backend == "openai" and self.openai is None:
+            raise ValueError("backend 'openai' needs an 'openai:' section with 'base_url: http://host:port/v1'")
+        if self.backend != "openai" and self.openai is not None:
+            raise ValueError("an 'openai:' section needs 'backend: openai'; set the backend or remove the section")
         return self
 
 

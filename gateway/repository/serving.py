@@ -17,7 +17,7 @@ from engines.interface import Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest
 from gateway.errors import ServiceUnavailableError
 from gateway.lifecycle import InFlightCount
-from gateway.scheduler.llm.interface import LLMScheduler, SchedulerStats
+from gateway.scheduler.llm.interface import LLMScheduler, Passthrough, SchedulerStats
 
 
 class InFlight(InFlightCount):
@@ -91,3 +91,47 @@ class ServingScheduler(LLMScheduler):
     @property
     def healthy(self) -> bool:
         return self.inner.healthy
+
+    @property
+    def passthrough(self) -> Passthrough | None:
+        successor = self.in_flight.successor
+        if successor is not None:
+            return successor.passthrough
+        inner = self.inner.passthrough
+        return None if inner is None else _CountedPassthrough(inner, self.in_flight)
+
+
+class _CountedPassthrough(Passthrough):
+    """A passthrough model's calls counted as this copy's requests, so a reload or unload waits for them."""
+
+    def __init__(self, inner: Passthrough, in_flight: InFlight) -> None:
+        self._inner = inner
+        self._in_flight = in_flight
+
+    @property
+    def upstream_model(self) -> str:
+        return self._inner.upstream_model
+
+    async def call(self, endpoint: str, body: dict[str, Any], priority: int = 0) -> dict[str, Any]:
+        self._in_flight.enter()
+        try:
+            return await self._inner.call(endpoint, body, priority)
+        finally:
+            self._in_flight.leave()
+
+    async def stream(self, endpoint: str, body: dict[str, Any], priority: int = 0) -> AsyncIterator[dict[str, Any]]:
+        self._in_flight.enter()
+        try:
+            chunks = await self._inner.stream(endpoint, body, priority)
+        except BaseException:
+            self._in_flight.leave()
+            raise
+        return self._counted(chunks)
+
+    async def _counted(self, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        try:
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            self._in_flight.leave()

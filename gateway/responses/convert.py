@@ -174,10 +174,11 @@ def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     return {
         "input_tokens": chat_usage["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": chat_usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)},
+        "input_tokens_details": {  # an upstream used as it is may send the details as null
+            "cached_tokens": (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0},
         "output_tokens": chat_usage["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": chat_usage["total_tokens"],
+        "total_tokens": chat_usage.get("total_tokens") or chat_usage["prompt_tokens"] + chat_usage["completion_tokens"],
     }
 
 

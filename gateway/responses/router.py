@@ -44,8 +44,9 @@ def _checked_id(resp_id: str) -> str:
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     log_unknown(body, "responses")
     body.timeout = request_timeout(request, body.timeout)
-    model = await request.app.state.registry.acquire_llm(body.model)
-    work = _service(request).create(body, model, _owner(request))
+    service, owner = _service(request), _owner(request)
+    work = request.app.state.routes.run(body.model, request.app.state.registry.acquire_llm,  # docs/routes.md
+                                        lambda model: service.create(body, model, owner))
     # A background response outlives its request; any other is aborted when its client goes away.
     result = await (work if body.background else cancel_on_disconnect(request, work))
     if isinstance(result, dict):

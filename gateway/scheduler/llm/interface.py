@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from engines.interface import Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest
@@ -36,6 +37,33 @@ class SchedulerStats:
     @property
     def kv_usage(self) -> float:
         return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+class Passthrough(ABC):
+    """A model that answers OpenAI request bodies itself (`backend: openai`: an upstream used as it is).
+
+    The frontends hand such a model the client's chat, completions or embeddings body after their own checks and
+    before any chat template or tokenizer: the upstream renders and counts. This is the seam for every API that
+    converts to chat (Responses, Anthropic Messages): they build a `ChatCompletionRequest` as for any model, and
+    the chat handler passes it here instead of templating it. Errors are the gateway's: a refusal by the upstream
+    keeps its status and message where they are the client's business (400, 429), a failure of the upstream is a
+    502 (`BadGatewayError`, `UpstreamConnectionError`), 503 or 504 (`GatewayTimeoutError`).
+    """
+
+    @property
+    @abstractmethod
+    def upstream_model(self) -> str:
+        """The name the upstream serves the model under (the `model` of the bodies sent)."""
+
+    @abstractmethod
+    async def call(self, endpoint: str, body: dict[str, Any], priority: int = 0) -> dict[str, Any]:
+        """The upstream's answer to `body` at `/v1/<endpoint>` (`chat/completions`, `completions`, `embeddings`)."""
+
+    @abstractmethod
+    async def stream(self, endpoint: str, body: dict[str, Any], priority: int = 0) -> AsyncIterator[dict[str, Any]]:
+        """The upstream's chunks for a streaming `body`, primed: this returns once the first chunk has arrived, so
+        a failure before it is an ordinary error (a route falls back on it); one after it ends the iterator with
+        the error. Closing the iterator stops the upstream's generation."""
 
 
 class LLMScheduler(ABC):
@@ -71,6 +99,11 @@ class LLMScheduler(ABC):
     def healthy(self) -> bool:
         """False when the model cannot serve (its engine died, no upstream is reachable): health reports not ready."""
         return True
+
+    @property
+    def passthrough(self) -> Passthrough | None:
+        """The model's upstream when it serves OpenAI bodies as they are (see `Passthrough`); None otherwise."""
+        return None
 
 
 def admission_key(request: GenerationRequest, order: int, now: float, aging_seconds: float) -> tuple[float, int]:
