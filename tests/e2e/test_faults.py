@@ -56,7 +56,10 @@ class Setup:
         with mock.patch.dict(os.environ, {"TMPDIR": str(self.state)}):  # the server's log goes there too
             self.server = ServerProcess(self.repo, "--responses-store", str(self.store), "--model-control-mode",
                                         "explicit", "--load-model", DEFAULT_MODEL, "--admin-key-file", str(keys),
-                                        startup_timeout=300)
+                                        # a budget above the machine's memory: the loader's own check of free
+                                        # memory is what refuses the model too big (the budget's refusal, 503,
+                                        # is tested in test_model_on_demand.py)
+                                        "--memory-budget", "1TiB", startup_timeout=300)
         return self.server
 
 
