@@ -70,9 +70,11 @@ class ModelRegistry:
     async def acquire(self, name: str, keep_alive: float | None = None) -> LoadedModel:
         """The model serving `name` for a request (what every inference route calls): a model of the repository
         that loads on request is loaded first while the request waits, and the request holds it (no eviction)
-        until its response is sent (`residency.py`); 404 as `get` otherwise. `keep_alive`: the request's own."""
+        until its response is sent (`residency.py`); 404 as `get` otherwise (a named key's model check included,
+        before any load). `keep_alive`: the request's own."""
         if self.residency is None:
             return self.get(name)
+        key_context.check_model(name)
         return await self.residency.acquire(name, keep_alive)
 
     async def acquire_llm(self, name: str, keep_alive: float | None = None) -> LoadedLLM:
