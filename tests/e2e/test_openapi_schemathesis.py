@@ -51,7 +51,7 @@ def errors_in_protocol_shape(ctx: Any, response: Any, case: Any) -> None:
     if path.startswith("/v1/messages"):  # Anthropic's shape
         assert isinstance(body, dict) and body.get("type") == "error", body
         assert set(body["error"]) == {"type", "message"} and body["error"]["message"], body
-    elif path.startswith("/v2") and path != "/v2/rerank":
+    elif (path.startswith("/v2") and path != "/v2/rerank") or path.startswith("/api/"):  # Triton's, Ollama's
         assert isinstance(body, dict) and set(body) == {"error"}, body
         assert isinstance(body["error"], str) and body["error"], body
     else:
