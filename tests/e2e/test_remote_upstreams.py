@@ -341,7 +341,7 @@ def test_failover_when_an_upstream_dies_mid_traffic_and_recovery(
     async def one_stream(ac: openai.AsyncOpenAI, i: int) -> None:
         try:
             stream = await ac.completions.create(model=REMOTE_MODEL, prompt=f"Write a long story number {i}:",
-                                                 max_tokens=96, stream=True, extra_body={"ignore_eos": True})
+                                                 max_tokens=384, stream=True, extra_body={"ignore_eos": True})
             pieces = 0
             async for chunk in stream:
                 pieces += bool(chunk.choices and chunk.choices[0].text)
