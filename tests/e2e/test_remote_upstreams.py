@@ -319,7 +319,9 @@ def test_a_stalled_upstream_times_out_its_stream_and_the_pool_recovers(
     error = events[-2]
     assert isinstance(error, dict) and set(error) == {"error"}, events[-3:]
     assert {"message", "type", "code"} <= set(error["error"]) and "retry" in error["error"]["message"]
-    # it answers again: health checks bring it back, and its session's requests go there on fresh connections
+    # it answers again: health checks bring it back, and its session's requests go there on fresh connections.
+    # The orphaned stream finishes there first, so that its count is not taken for a request served.
+    assert stalled.wait_idle(60)[:2] == (0, 0)
     deadline = time.monotonic() + 20
     while True:
         before = completions_served(stalled)
@@ -338,25 +340,35 @@ def test_failover_when_an_upstream_dies_mid_traffic_and_recovery(
     gateway._log.flush()
     log_mark = gateway.log_path.stat().st_size
 
+    started = asyncio.Semaphore(0)  # released once per stream when its first text arrives
+
     async def one_stream(ac: openai.AsyncOpenAI, i: int) -> None:
         try:
             stream = await ac.completions.create(model=REMOTE_MODEL, prompt=f"Write a long story number {i}:",
                                                  max_tokens=384, stream=True, extra_body={"ignore_eos": True})
             pieces = 0
             async for chunk in stream:
-                pieces += bool(chunk.choices and chunk.choices[0].text)
+                if chunk.choices and chunk.choices[0].text:
+                    pieces += 1
+                    if pieces == 1:
+                        started.release()
             outcomes.append("done")
         except openai.APIError as exc:
             outcomes.append(f"error:{type(exc).__name__}:{exc}")
 
+    # Sequences left running on the upstreams by earlier tests (a stream whose client went away) would make the
+    # placement below look taken: start from idle upstreams.
+    for u in upstreams:
+        assert u.wait_idle(60)[:2] == (0, 0), "the upstreams never went idle"
+
     async def traffic() -> None:
         async with openai.AsyncOpenAI(base_url=client.base_url, api_key="unused", max_retries=0, timeout=120) as ac:
             tasks = [asyncio.create_task(one_stream(ac, i)) for i in range(4)]
-            # The access log is written when a request ends: watch the victim's running sequences instead.
-            deadline = time.monotonic() + 60
-            while upstreams[1].metric("switchyard_num_requests_running") < 1 and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.5)  # let its streams get going
+            # Every stream has sent text to its client (so none can be retried elsewhere) and some run on the
+            # victim: only then does it die. The access log is written when a request ends, so watch the metric.
+            for _ in range(4):
+                await asyncio.wait_for(started.acquire(), timeout=60)
+            assert upstreams[1].metric("switchyard_num_requests_running") >= 1, "no stream was placed on the victim"
             upstreams[1].proc.kill()  # the upstream dies without a goodbye
             await asyncio.wait_for(asyncio.gather(*tasks), timeout=180)  # nothing hangs
 
