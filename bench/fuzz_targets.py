@@ -13,10 +13,11 @@ Targets (each a reader as the server runs it, and the one error type that may co
   input's first 4 bytes are its `Inference-Header-Content-Length`, 0xFFFFFFFF for none); `TensorCodecError`.
 
 Each input is a seed mutated a few times (bits flipped, integer fields of the format set to edge values, cut short,
-chunks deleted, repeated or overwritten, tokens of the format inserted) and runs under `attempt`: a time limit
-(SIGALRM), and tracemalloc's peak against what the input's length justifies. Its outcome is `accepted`, `refused`
-(the target's error, naming the file where it is a file's), or a defect: `crash` (any other exception), `hang`,
-`overallocation`. A C fault kills the process: the runner (bench/fuzz_gguf.py) saves each input before running it.
+chunks deleted, repeated or overwritten, tokens of the format inserted) and runs under `attempt`: a CPU-time limit
+(SIGPROF, with a wall-clock backstop), and tracemalloc's peak against what the input's length justifies. Its outcome
+is `accepted`, `refused` (the target's error, naming the file where it is a file's), or a defect: `crash` (any other
+exception), `hang`, `overallocation`. A C fault kills the process: the runner (bench/fuzz_gguf.py) saves each input
+before running it.
 """
 
 from __future__ import annotations
@@ -39,11 +40,16 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFECTS = ("crash", "hang", "overallocation")
+WALL_FACTOR = 6  # an input's wall-clock limit, in CPU time limits
 MiB = 1 << 20
 
 
 class Hang(BaseException):
     """An input ran past its target's time limit (BaseException: no `except Exception` in a target swallows it)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
 
 
 class InvariantError(AssertionError):
@@ -53,8 +59,8 @@ class InvariantError(AssertionError):
 @dataclass(frozen=True)
 class Target:
     """A reader under test: `run(data, work)` feeds it one input (`work`: a scratch folder of its own); `expected`:
-    the errors that are a clear refusal; `time_limit` seconds per input; `base_bytes` + `per_byte` x the input's
-    length: the most Python and numpy memory (tracemalloc's peak) one input may take."""
+    the errors that are a clear refusal; `time_limit` seconds of CPU time per input; `base_bytes` + `per_byte` x the
+    input's length: the most Python and numpy memory (tracemalloc's peak) one input may take."""
 
     name: str
     seeds: Callable[[Path], list[bytes]]
@@ -76,19 +82,22 @@ class Outcome:
 
 
 def attempt(target: Target, data: bytes, work: Path) -> Outcome:
-    """Run one input under the guards (main thread only: SIGALRM)."""
-    previous = signal.signal(signal.SIGALRM, _raise_hang)
+    """Run one input under the guards (main thread only: signals). The time limit is CPU time (SIGPROF), so a busy
+    machine slowing a parse down is not taken for a hang; a wall-clock limit of `WALL_FACTOR` times it catches an
+    input that blocks without using the CPU."""
+    previous = {sig: signal.signal(sig, _raise_hang) for sig in (signal.SIGPROF, signal.SIGALRM)}
     tracing = tracemalloc.is_tracing()
     if not tracing:
         tracemalloc.start()
     tracemalloc.reset_peak()
     started = time.perf_counter()
-    signal.setitimer(signal.ITIMER_REAL, target.time_limit)
+    signal.setitimer(signal.ITIMER_PROF, target.time_limit)
+    signal.setitimer(signal.ITIMER_REAL, target.time_limit * WALL_FACTOR)
     try:
         target.run(data, work)
         outcome = Outcome("accepted")
-    except Hang:
-        outcome = Outcome("hang", f"still running after {target.time_limit} s")
+    except Hang as hang:
+        outcome = Outcome("hang", f"still running after {hang.what}")
     except target.expected as exc:
         message = str(exc)
         if target.names_file and "fuzz-" not in message:
@@ -98,8 +107,10 @@ def attempt(target: Target, data: bytes, work: Path) -> Outcome:
     except Exception:  # noqa: BLE001 - any other exception is the defect being looked for
         outcome = Outcome("crash", traceback.format_exc(limit=-6)[-3000:])
     finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     outcome.seconds = time.perf_counter() - started
     outcome.peak = tracemalloc.get_traced_memory()[1]
     if not tracing:
@@ -112,7 +123,7 @@ def attempt(target: Target, data: bytes, work: Path) -> Outcome:
 
 
 def _raise_hang(signum: int, frame: Any) -> None:
-    raise Hang
+    raise Hang("its CPU time limit" if signum == signal.SIGPROF else "its wall-clock limit")
 
 
 # ---------------------------------------------------------------- mutators
