@@ -11,7 +11,8 @@ Target: computed <= 1/8 of the tokens sent. Native engine, float32, SmolLM2-135M
 600 tokens) and each its own question, against one server with prefix caching on: time to first token p50 / p90 /
 p99, and the TTFT of one such chat alone (its system prompt not cached) for scale. Each round uses a system prompt
 of its own, so no round finds the previous one's in the cache. Requests that share a prefix with a running prefill
-should be admitted together once it is committed: p90 / alone near 1, not the 3x of one admission per step.
+are admitted once it is committed, shortest remainder first: the followers' first tokens come one step after
+the prefix's (the next steps' when their remainders overflow its token budget), not one admission per step.
 
     python bench/prefix_bench.py --chat [--requests 32] [--rounds 3] [--vllm-python /path/to/vllm-venv/bin/python]
 
