@@ -7,6 +7,12 @@ are freed and it is recomputed later from its prompt plus what it already genera
 for lack of KV space and the scheduler never waits on itself. A running sequence's next prompt chunk yields its
 step to a waiting request of higher priority that can be admitted (a chat arriving while batch requests prefill).
 
+Shared prefixes: a request whose next uncached block a running prefill is computing (many chats with one system
+prompt, n>1 choices) is a *follower*: it waits until that prefill commits the block, then reuses it. Followers are
+admitted in the step after the commit, shortest uncached remainder first among equal priority, each remainder whole
+(one that fits a step is never split to fill the current step's leftover budget: its first token would come a step
+later all the same, and the step that carries the others' first tokens would carry its partial work too).
+
 With speculative decoding on (the config's `pytorch.speculative`), a decoding sequence's step may carry proposed tokens
 after its last one (speculation.py decides when, ngram_draft.py what); the engine verifies them in the same step,
 and `update` appends the accepted ones and the engine's token after them, gives back the KV blocks that held only
@@ -57,6 +63,7 @@ class _Sequence:
     spec: SequenceSpeculation | None = None  # its proposer, when speculative decoding may propose for it
     started: bool = False  # admitted once (a preempted sequence waits again, but is never timed out)
     root: bytes = prefix_cache.ROOT_HASH  # its KV digests' chain start: its LoRA adapter's own (prefix_cache.py)
+    follower: bool = False  # has waited for a prefix block another sequence's prefill was computing
 
     @property
     def seq_id(self) -> str:
@@ -259,6 +266,7 @@ class StepScheduler:
                 continue
             break
         self._waiting.sort(key=lambda s: self._queue.sort_key(s.request, s.order, now))
+        self._order_followers(now)
         # Requests whose next uncached block is being prefilled right now (n>1 choices, one system prompt for many
         # chats) wait until that prefill commits it, then find it in the cache instead of computing it again; all
         # of them in the step after the commit, as the budget allows.
@@ -270,6 +278,7 @@ class StepScheduler:
             seq = self._waiting[i]
             if seq.num_computed == 0:
                 if computing and self._needs_block_in_flight(seq, computing):
+                    seq.follower = True
                     i += 1
                     continue
                 seq.num_computed = self._kv.admit(seq.seq_id, seq.tokens, seq.block_hashes, seq.root)
@@ -278,6 +287,11 @@ class StepScheduler:
                 if not seq.processor.num_tokens:
                     seq.cached_tokens = seq.num_computed
             n = len(seq.tokens) - seq.num_computed
+            if chunked and seq.follower and admitted and budget < n <= self._limits.max_num_batched_tokens:
+                self._kv.free(seq.seq_id)  # a follower's remainder is not split: whole in the next step
+                seq.num_computed = 0
+                i += 1
+                continue
             if chunked:
                 n = min(n, budget)
             # Whole prompts only: one that does not fit beside a prompt admitted this step waits for the next.
@@ -290,7 +304,7 @@ class StepScheduler:
                     self._waiting.pop(i)
                     self._running.append(seq)
                     self._stats.requests.scheduled(seq.seq_id)
-                    seq.started = True
+                    seq.started, seq.follower = True, False
                     self._admissions += 1
                     self._queue.forget(seq.seq_id)
                     scheduled.append((seq, self._step(seq, n)))
@@ -310,6 +324,24 @@ class StepScheduler:
         if limit:
             self._fit_drafts(scheduled, limit)
         return scheduled
+
+    def _order_followers(self, now: float) -> None:
+        """Among waiting followers of equal admission priority, shortest uncached remainder first (in the queue
+        positions those followers hold, so nobody else moves): after a shared prefix commits, the step's first tokens
+        go to as many followers as its budget holds, and the p90 time to first token is lowest."""
+        slots = [i for i, s in enumerate(self._waiting) if s.follower and s.num_computed == 0]
+        if len(slots) < 2:
+            return
+        bs = self._kv.block_size
+
+        def key(seq: _Sequence) -> tuple[bool, float, int, int]:
+            delayed, priority, _ = self._queue.sort_key(seq.request, seq.order, now)
+            cached = self._kv.num_cached_blocks(seq.tokens, seq.block_hashes, seq.root) * bs
+            return delayed, priority, len(seq.tokens) - cached, seq.order
+
+        followers = sorted((self._waiting[i] for i in slots), key=key)
+        for i, seq in zip(slots, followers, strict=True):
+            self._waiting[i] = seq
 
     def _fit_drafts(self, scheduled: list[tuple[_Sequence, SequenceStep]], limit: int) -> None:
         """Shorten proposals, latest-scheduled first, until the step's decode rows fit `limit`. An admission whose

@@ -373,6 +373,41 @@ def test_requests_sharing_a_prefill_are_admitted_together_once_it_is_committed()
     assert sum(_prefill_tokens(engine, f"r{i}") for i in range(16)) == 103 + 15 * 3  # the prompt once, then tails
 
 
+def test_followers_of_a_shared_prefix_are_admitted_shortest_first_and_whole() -> None:
+    """A leader and six followers of one 100-token system prompt, sent together, the followers' own tails of 20, 5,
+    30, 10, 25 and 15 tokens (105 in all; budget 64). The prefix is computed once (the leader's two chunks, followers
+    held); in the step after its commit the followers come shortest first as far as the budget goes (5, 10, 15, 20:
+    four first tokens), none split to fill the leftover budget; the 25 and 30 follow whole in the next step, beside
+    the decodes. Admitting in arrival order instead would have split the 10 over two steps and given first tokens
+    to only three followers in that step."""
+    engine = CountingEngine(num_blocks=256, block_size=4)
+    sched = scheduler(engine, max_num_seqs=32, max_num_batched_tokens=64)
+    system = ("abcdefghijklmnopqrstuvwxyz" * 4)[:100]
+    tails = {"f1": 20, "f2": 5, "f3": 30, "f4": 10, "f5": 25, "f6": 15}
+    followers = [req(rid, system + chr(ord("a") + k) * n, max_tokens=2) for k, (rid, n) in enumerate(tails.items())]
+    outs = run(sched, engine, req("leader", system + "zzz", max_tokens=2), *followers)
+    assert all(summary(o)[1] == "length" for o in outs.values())
+    layout = [[(s.seq_id, len(s.token_ids)) for s in step] for step in engine.steps]
+    assert layout[:4] == [
+        [("leader", 64)],  # the shared prefix's first chunk; every follower waits for it
+        [("leader", 39)],  # its commit
+        [("leader", 1), ("f2", 5), ("f4", 10), ("f6", 15), ("f1", 20)],  # 51 of 64: the 25 waits, whole
+        [("f1", 1), ("f2", 1), ("f4", 1), ("f6", 1), ("f5", 25), ("f3", 30)],  # decodes first, then the rest
+    ], layout
+    assert sum(_prefill_tokens(engine, rid) for rid in ["leader", *tails]) == 103 + sum(tails.values())
+
+
+def test_a_follower_longer_than_a_step_is_still_chunked() -> None:
+    """The whole-remainder rule only holds back a follower whose remainder fits one step: a longer one starts in the
+    leftover budget (it needs several steps anyway), and the first admission of a step is always made."""
+    engine = CountingEngine(num_blocks=256, block_size=4)
+    sched = scheduler(engine, max_num_seqs=32, max_num_batched_tokens=16)
+    system = "abcdefghijklmnop"  # 4 blocks
+    run(sched, engine, req("leader", system + "z", max_tokens=2), req("long", system + "b" * 40, max_tokens=2))
+    layout = [[(s.seq_id, len(s.token_ids)) for s in step] for step in engine.steps]
+    assert layout[:3] == [[("leader", 16)], [("leader", 1), ("long", 15)], [("leader", 1), ("long", 15)]], layout
+
+
 def test_a_row_that_fails_ends_alone_and_the_others_go_on() -> None:
     """One row's sampling fails in the engine (an entry in StepResult.errors) and another row's grammar raises in
     `update`: each of them ends with its own error; the rest of the step produce what they produce alone."""
