@@ -483,6 +483,10 @@ class ModelControl:
             folder = self._catalog.get(name)
         return folder
 
+    def loads_on_request(self, folder: str) -> bool:
+        """Whether the model folder loads on request (as last scanned): its keep-alive may be set by requests."""
+        return folder in self._catalog_configs
+
     def on_request_models(self) -> dict[str, AnyModelConfig]:
         """Folder -> config of every model that loads on request (as last scanned)."""
         return dict(self._catalog_configs)

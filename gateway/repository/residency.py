@@ -89,6 +89,7 @@ class ModelHost(Protocol):
 
     def lock(self) -> asyncio.Lock: ...
     def requestable(self, name: str) -> str | None: ...
+    def loads_on_request(self, folder: str) -> bool: ...
     def ensemble_steps(self, folder: str) -> list[str]: ...
     async def load_locked(self, name: str, trigger: str) -> LoadedModel: ...
     def unload_locked(self, name: str, reason: str) -> asyncio.Task[None] | None: ...
@@ -290,7 +291,8 @@ class Residency:
 
     async def acquire(self, name: str, keep_alive: float | None = None) -> LoadedModel:
         """The model serving `name`, loaded first when the repository has it and it loads on request (the request
-        waits; at most one load runs per model). `keep_alive`: the request's own (Ollama's), kept from now on.
+        waits; at most one load runs per model). `keep_alive`: the request's own (Ollama's), kept from now on by a
+        model that loads on request (a model that Triton's modes loaded stays as they keep it).
         The current request (`model_use.py`) holds the model until its response is sent."""
         use = current_use()
         entry = self.control.models.find(name)
@@ -315,7 +317,7 @@ class Residency:
         if resident is None or resident.entry is not entry:
             return
         resident.last_used = self.clock()
-        if keep_alive is not None:
+        if keep_alive is not None and self.control.loads_on_request(entry.folder):
             resident.keep_alive = keep_alive
         if use is not None:
             resident.holds += 1
