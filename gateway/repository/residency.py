@@ -12,9 +12,10 @@ least recently used first, when the memory budget is short (`--model-control-mod
 * Budget: before a model loads, its bytes are estimated (`memory_budget.py`) and the larger of that and its load's
   peak is reserved (`load_peak.py`). The memory in use is the larger of the server's RSS and the models' counted
   bytes plus the reservation of a load under way; while it plus the reservation passes the budget, idle unpinned
-  models are evicted, least recently used first. Once loaded, the model is counted at its resident bytes. Busy and pinned models, and models an ensemble calls, are never
-  evicted; when they hold the rest, a request's load waits until one is idle (an admin load is answered 503).
-  A model bigger than the budget less what the server holds besides its models is refused with the figures.
+  models are evicted, least recently used first. Once loaded, the model is counted at its resident bytes. Busy
+  and pinned models, and models an ensemble calls, are never evicted; when they hold the rest, a request's load
+  waits until one is idle (an admin load is answered 503). A model whose reservation is bigger than the budget
+  less what the server holds besides its models is refused with the figures.
 
 Loads and unloads themselves are model control's (`model_control.py`, under its lock): this class decides when.
 """

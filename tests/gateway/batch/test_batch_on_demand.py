@@ -40,7 +40,7 @@ def metric(server: ServerProcess, name: str, **labels: str) -> float:
 
 def test_a_batch_loads_its_model_on_request(server: ServerProcess) -> None:
     client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0, timeout=120)
-    assert client.models.retrieve(MODEL).model_extra["state"] == "not-loaded"
+    assert (client.models.retrieve(MODEL).model_extra or {}).get("state") == "not-loaded"
     lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
               "body": {"model": MODEL, "messages": [{"role": "user", "content": f"Count to {i}"}], "max_tokens": 2,
                        "temperature": 0}} for i in range(6)]
@@ -60,4 +60,4 @@ def test_a_batch_loads_its_model_on_request(server: ServerProcess) -> None:
     assert all(r["response"]["status_code"] == 200 for r in records)
     assert metric(server, "switchyard_model_loads_total", model=MODEL, result="success") == 1  # one load for six
     assert metric(server, "switchyard_model_evictions_total", model=MODEL, reason="memory") == 0
-    assert client.models.retrieve(MODEL).model_extra["state"] == "loaded"
+    assert (client.models.retrieve(MODEL).model_extra or {}).get("state") == "loaded"

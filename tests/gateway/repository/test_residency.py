@@ -140,6 +140,8 @@ async def test_load_on_request_in_triton_modes(tmp_path: Path, clock: Clock, sta
     assert await tag(control, "lazy") == "v1:lazy"
     assert control.residency.resident["lazy"].keep_alive == 30
     assert control.residency.resident["always"].pinned  # Triton's modes keep what they load at startup
+    await control.models.acquire("always", keep_alive=0.0)  # a request's keep_alive does not change that
+    assert control.residency.resident["always"].pinned
     clock.now += 31
     assert await control.residency.expire_idle() == ["lazy"]
 
