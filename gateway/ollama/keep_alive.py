@@ -4,6 +4,10 @@ On Ollama, `keep_alive` says how long a model stays loaded after the request (a 
 such as "5m"; negative: for ever; 0: unload now). Here models are loaded and unloaded by the model control mode
 (gateway/repository/model_control.py), so:
 
+* a model that loads on request (`--model-control-mode on_demand`, or its `load: on_request`) takes the request's
+  keep_alive as its own from then on (lookup.py `acquire`; the residency manager unloads it once idle that long,
+  right after the answer for 0, never for a negative value), as on Ollama; the rest of this list is about the
+  models that Triton's modes load:
 * any other value than 0 is checked and accepted: loaded models stay loaded until they are unloaded, which is what
   `expires_at` in /api/ps reports (Ollama's "for ever": about 292 years ahead);
 * 0 unloads the model once the answer is sent, through the repository API's unload, when that API is open: in the

@@ -3,11 +3,18 @@
 
 Ollama's names carry a tag (`llama3:latest`; a bare name means `:latest`); served names here have none, so a name
 that is not served as written is looked up again without `:latest`.
+
+Requests take their model through `acquire`, the registry's path for every inference route: a model of the
+repository that loads on request is loaded first (the request waits, as on Ollama), the request holds it until its
+answer is sent (no eviction meanwhile), and the request's `keep_alive` becomes the model's from then on.
 """
 
 from __future__ import annotations
 
-from gateway.errors import InvalidRequestError, NotFoundError
+import math
+
+from gateway.errors import InvalidRequestError, ModelNotFoundError, NotFoundError
+from gateway.repository.lifecycle_config import FOREVER
 from gateway.repository.loaded_model import LoadedLLM, LoadedModel, LoadedTensorModel
 from gateway.repository.registry import ModelRegistry
 from gateway.tensor.embedding import can_embed
@@ -27,11 +34,20 @@ def find(registry: ModelRegistry, name: str) -> LoadedModel | None:
     return model
 
 
-def lookup(registry: ModelRegistry, name: str) -> LoadedModel:
-    model = find(registry, name)
-    if model is None:
-        raise OllamaModelNotFoundError(name)
-    return model
+async def acquire(registry: ModelRegistry, name: str, keep_alive: float | None = None) -> LoadedModel:
+    """The model serving `name` for this request, loaded first where it loads on request, and held until the
+    answer is sent; Ollama's 404 otherwise. `keep_alive`: the request's, in seconds (`keep_alive.parse_keep_alive`;
+    infinite: never unload), applied to models that load on request (others stay as their mode keeps them)."""
+    keep = FOREVER if keep_alive is not None and math.isinf(keep_alive) else keep_alive
+    if name.endswith(LATEST):
+        try:
+            return await registry.acquire(name, keep)
+        except ModelNotFoundError:
+            pass
+    try:
+        return await registry.acquire(name.removesuffix(LATEST), keep)
+    except ModelNotFoundError:
+        raise OllamaModelNotFoundError(name) from None
 
 
 def unsupported(name: str, what: str) -> InvalidRequestError:

@@ -26,7 +26,7 @@ from gateway.ollama.catalog import ps_entry, show_body, tag_entry, thinks
 from gateway.ollama.convert import chat_request, generate_request
 from gateway.ollama.embed import embed_prompt, embed_texts, embedder
 from gateway.ollama.keep_alive import control_refusal, load_folder, parse_keep_alive, unload_after
-from gateway.ollama.lookup import LATEST, OllamaModelNotFoundError, find, lookup, served, text_model
+from gateway.ollama.lookup import LATEST, OllamaModelNotFoundError, acquire, find, served, text_model
 from gateway.ollama.model_facts import Facts, read_facts
 from gateway.ollama.options import read_options
 from gateway.ollama.protocol import (
@@ -114,8 +114,8 @@ def _target(body: ModelRequest) -> str:
     return body.target
 
 
-def _served_model(request: Request, name: str) -> LoadedModel:
-    model = lookup(_registry(request), name)
+async def _served_model(request: Request, name: str) -> LoadedModel:
+    model = await acquire(_registry(request), name)
     if not served(model):
         raise OllamaModelNotFoundError(name)
     return model
@@ -123,7 +123,7 @@ def _served_model(request: Request, name: str) -> LoadedModel:
 
 @router.post("/api/show")
 async def show(body: ModelRequest, request: Request) -> dict[str, Any]:
-    model = _served_model(request, _target(body))
+    model = await _served_model(request, _target(body))
     return show_body(model, await _facts(request, model))
 
 
@@ -159,13 +159,13 @@ async def create(body: ModelRequest) -> Response:
 
 @router.delete("/api/delete")
 async def delete(body: ModelRequest, request: Request) -> Response:
-    _served_model(request, _target(body))
+    await _served_model(request, _target(body))
     raise _not_here("delete (remove the model's folder from the repository, or unload it with the repository API)")
 
 
 @router.post("/api/copy")
 async def copy(body: CopyRequest, request: Request) -> Response:
-    _served_model(request, body.source)
+    await _served_model(request, body.source)
     raise _not_here("copy (to serve a model under another name, set served_model_name in its config)")
 
 
@@ -173,30 +173,38 @@ async def copy(body: CopyRequest, request: Request) -> Response:
 
 
 async def _load_or_unload(request: Request, name: str, keep: float | None, shape: Shape, route: str) -> Response:
-    """Ollama's load request (no prompt or messages) and unload request (the same with keep_alive 0)."""
-    control, principal = _control(request), _principal(request)
-    model = find(_registry(request), name)
+    """Ollama's load request (no prompt or messages) and unload request (the same with keep_alive 0). A model that
+    loads on request is loaded, or unloaded once this answer is sent (keep_alive 0), by the residency manager; the
+    others through the repository API's rules (keep_alive.py)."""
+    control, principal, registry = _control(request), _principal(request), _registry(request)
+    model = find(registry, name)
     if keep == 0:
-        if model is None:
+        if model is None and control.requestable(name.removesuffix(LATEST)) is None:
             raise OllamaModelNotFoundError(name)
-        refusal = control_refusal(control, principal)
-        if refusal is not None:
-            raise PermissionDeniedError(f"model '{name[:256]}' was not unloaded: {refusal}")
-        await control.unload(model.folder)
+        if model is not None and control.loads_on_request(model.folder):
+            await acquire(registry, name, keep)  # held until this answer is sent, then idle past keep-alive 0
+        elif model is not None:
+            refusal = control_refusal(control, principal)
+            if refusal is not None:
+                raise PermissionDeniedError(f"model '{name[:256]}' was not unloaded: {refusal}")
+            await control.unload(model.folder)
         reason = "unload"
     else:
-        if model is None:
+        try:
+            model = await acquire(registry, name, keep)
+        except OllamaModelNotFoundError:
             model = await load_folder(control, name.removesuffix(LATEST), principal)
             if model is None:
-                raise OllamaModelNotFoundError(name)
+                raise
         text_model(model, name, route)
         reason = "load"
     return JSONResponse({**shape.part(), "done": True, "done_reason": reason})
 
 
 def _unload_task(request: Request, model: LoadedModel, keep: float | None) -> BackgroundTask | None:
-    """keep_alive 0: unload the model once the answer is sent (keep_alive.py says when that is allowed)."""
-    if keep != 0:
+    """keep_alive 0: unload the model once the answer is sent (keep_alive.py says when that is allowed); a model
+    that loads on request is unloaded by the residency manager once the request lets it go."""
+    if keep != 0 or _control(request).loads_on_request(model.folder):
         return None
     return BackgroundTask(unload_after, _control(request), model, _principal(request))
 
@@ -232,7 +240,7 @@ async def chat(body: ChatRequest, request: Request) -> Response:
     shape = Shape(True, body.model)
     if not body.messages:
         return await _load_or_unload(request, body.model, keep, shape, "chat")
-    model = text_model(lookup(_registry(request), body.model), body.model, "chat")
+    model = text_model(await acquire(_registry(request), body.model, keep), body.model, "chat")
     timer.loaded = Timer.now()
     req = chat_request(body, model.name, model.max_model_len, thinks(model))
     return await _answer(request, model, req, shape, body.think is not False, timer, body.streamed, keep)
@@ -246,7 +254,7 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     shape = Shape(False, body.model)
     if not body.prompt:
         return await _load_or_unload(request, body.model, keep, shape, "generate")
-    model = text_model(lookup(_registry(request), body.model), body.model, "generate")
+    model = text_model(await acquire(_registry(request), body.model, keep), body.model, "generate")
     timer.loaded = Timer.now()
     req = generate_request(body, model.name, model.max_model_len, thinks(model))
     return await _answer(request, model, req, shape, body.think is not False, timer, body.streamed, keep)
@@ -267,7 +275,7 @@ async def embed(body: EmbedRequest, request: Request) -> Response:
     log_unknown(body, "ollama embed")
     keep = parse_keep_alive(body.keep_alive)
     read_options(body.options)  # checked; embedding models have no sampling
-    model = embedder(lookup(_registry(request), body.model), body.model)
+    model = embedder(await acquire(_registry(request), body.model, keep), body.model)
     timer.loaded = Timer.now()
     vectors, tokens = await cancel_on_disconnect(
         request, embed_texts(model, body.input, body.truncate, body.dimensions))
@@ -281,6 +289,6 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
     log_unknown(body, "ollama embeddings")
     keep = parse_keep_alive(body.keep_alive)
     read_options(body.options)
-    model = embedder(lookup(_registry(request), body.model), body.model)
+    model = embedder(await acquire(_registry(request), body.model, keep), body.model)
     vector = await cancel_on_disconnect(request, embed_prompt(model, body.prompt))
     return _json({"embedding": vector}, _unload_task(request, model, keep))

@@ -135,24 +135,39 @@ def _kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: 
     return 2 * layers * kv_heads * head_dim * dtype_bytes
 
 
-def _gguf_estimate(path: Path, config: ModelConfig) -> tuple[int, int]:
-    """(weights, KV bytes per token) of a GGUF file as the native engine will hold it."""
+@dataclass(frozen=True)
+class LLMBytes:
+    """A native-engine LLM's bytes, from its files and config: what it holds once loaded (weights, KV pool), and what
+    its load reads besides (load_peak.py): the weight files as stored, and every tensor in float32 where the loader
+    dequantizes the whole file at once (0 where it does not)."""
+
+    weights: int
+    kv_pool: int
+    files: int
+    float32: int
+
+
+def _gguf_estimate(path: Path, config: ModelConfig) -> tuple[int, int, int]:
+    """(weights, KV bytes per token, float32 bytes of a dequantizing load) of a GGUF file as the native engine will
+    hold it."""
     from engines.pytorch.gguf_file import read_layout
 
     layout = read_layout(path)
     as_blocks = config.dtype == "float32" and config.pytorch.fast_kernels
+    float32 = 0
     if as_blocks:
         weights = path.stat().st_size  # served from the file's own blocks
     else:
         numel = sum(int(_product(t.shape)) for t in layout.tensors.values())
         weights = numel * DTYPE_BYTES[config.dtype]
+        float32 = numel * DTYPE_BYTES["float32"]  # transformers' GGUF loader dequantizes to float32, then casts
     heads = int(layout.field("attention.head_count", 0) or 0)
     kv_heads = int(layout.field("attention.head_count_kv", heads) or heads)
     head_dim = int(layout.field("attention.key_length", 0) or 0) or (
         int(layout.field("embedding_length", 0) or 0) // max(heads, 1))
     per_token = _kv_bytes_per_token(int(layout.field("block_count", 0) or 0), kv_heads, head_dim,
                                     _kv_dtype_bytes(config))
-    return weights, per_token
+    return weights, per_token, float32
 
 
 def _product(shape: tuple[int, ...]) -> int:
@@ -166,23 +181,26 @@ def _kv_dtype_bytes(config: ModelConfig) -> int:
     return 2 if config.kv_cache.dtype == "bfloat16" else DTYPE_BYTES[config.dtype]
 
 
-def _llm_estimate(source: Path, config: ModelConfig) -> int:
+def llm_bytes(source: Path, config: ModelConfig) -> LLMBytes:
+    """A native-engine LLM's bytes (blocking: reads file sizes and a GGUF header)."""
     gguf = source / config.model.gguf_file if config.model.gguf_file else source
     if gguf.is_file() and gguf.suffix == ".gguf":
-        weights, per_token = _gguf_estimate(gguf, config)
+        weights, per_token, float32 = _gguf_estimate(gguf, config)
+        files = gguf.stat().st_size
     else:
         folder = source if source.is_dir() else source.parent
         hf = _hf_config(folder)
         file_dtype = str(hf.get("torch_dtype") or hf.get("dtype") or config.dtype)
         scale = DTYPE_BYTES[config.dtype] / DTYPE_BYTES.get(file_dtype, DTYPE_BYTES[config.dtype])
-        weights = int(sum(p.stat().st_size for p in folder.glob("*.safetensors")) * scale
-                      or sum(p.stat().st_size for p in folder.glob("*.bin")) * scale)
+        files = (sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+                 or sum(p.stat().st_size for p in folder.glob("*.bin")))
+        weights, float32 = int(files * scale), 0
         heads = int(hf.get("num_attention_heads", 0) or 0)
         head_dim = int(hf.get("head_dim", 0) or 0) or int(hf.get("hidden_size", 0) or 0) // max(heads, 1)
         per_token = _kv_bytes_per_token(int(hf.get("num_hidden_layers", 0) or 0),
                                         int(hf.get("num_key_value_heads", heads) or heads), head_dim,
                                         _kv_dtype_bytes(config))
-    return weights + config.kv_cache.max_tokens * per_token
+    return LLMBytes(weights, config.kv_cache.max_tokens * per_token, files, float32)
 
 
 def estimate_bytes(model: ModelDir, config: AnyModelConfig) -> int:
@@ -191,7 +209,8 @@ def estimate_bytes(model: ModelDir, config: AnyModelConfig) -> int:
     if isinstance(config, ModelConfig):
         if config.backend != "pytorch":
             return 0
-        return _llm_estimate(resolve_source(model, config.model.source, "model.source"), config)
+        parts = llm_bytes(resolve_source(model, config.model.source, "model.source"), config)
+        return parts.weights + parts.kv_pool
     if config.model.source:
         return _files_bytes(resolve_source(model, config.model.source, "model.source"))
     return sum(_files_bytes(model.path / str(v)) for v in model.versions)

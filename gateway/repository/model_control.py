@@ -219,9 +219,11 @@ class ModelControl:
         for model, config in ordered:
             try:
                 needed = self.residency.estimate(model, config)
-                self.residency.fits_beside(model.name, needed)
+                reserved = self.residency.reserve_for(model, config, needed)
+                self.residency.fits_beside(model.name, reserved)
                 rss_before, started = self.residency.rss(), time.monotonic()
-                entry = self._build(model, config)
+                with self.residency.loading(model.name, reserved):
+                    entry = self._build(model, config)
             except Exception as exc:
                 self._startup_failed(model.name, "load", exc)
                 continue
@@ -324,7 +326,7 @@ class ModelControl:
             fingerprint = await asyncio.to_thread(folder_fingerprint, model.path)
         self._fingerprints[name] = fingerprint
         old = self.models.in_folder(name)
-        needed = 0
+        needed = reserved = 0
         try:
             config = self._config(model, config_override)
             served = (config.served_model_name if isinstance(config, ModelConfig) else None) or name
@@ -334,30 +336,32 @@ class ModelControl:
                                   f"'{other.folder}'; choose another served_model_name.")
             if old is None:
                 needed = await asyncio.to_thread(self.residency.estimate, model, config)
+                reserved = await asyncio.to_thread(self.residency.reserve_for, model, config, needed)
         except Exception as exc:
             raise self._failed(name, old, "load", exc) from None
         if old is None:
             try:
-                await self.residency.make_room(name, needed)
+                await self.residency.make_room(name, reserved)
             except ModelTooLargeError as exc:
                 self.residency.load_failed(name)
                 self.states.set(name, "UNAVAILABLE", exc.message)
                 log.error("model '%s' failed to load: %s", name, exc.message)
                 raise
         rss_before, started = self.residency.rss(), time.monotonic()
-        try:
-            if old is None:
-                self.states.set(name, "LOADING")
-            if trigger == "request":
-                log.info("model '%s' was asked for: loading it on request", name)
-            entry = await asyncio.to_thread(self._build, model, config)
-        except Exception as exc:
-            raise self._failed(name, old, "load", exc) from None
-        try:
-            await entry.start()
-        except Exception as exc:
-            await stop_quietly(entry)
-            raise self._failed(name, old, "start", exc) from None
+        with self.residency.loading(name, reserved):  # the build and the engine's start (its KV pool, workers)
+            try:
+                if old is None:
+                    self.states.set(name, "LOADING")
+                if trigger == "request":
+                    log.info("model '%s' was asked for: loading it on request", name)
+                entry = await asyncio.to_thread(self._build, model, config)
+            except Exception as exc:
+                raise self._failed(name, old, "load", exc) from None
+            try:
+                await entry.start()
+            except Exception as exc:
+                await stop_quietly(entry)
+                raise self._failed(name, old, "start", exc) from None
         self.models.publish(entry, replaces=old)  # the swap: new requests reach the new copy from here on
         self.states.set(name, "READY")
         self.residency.track(entry, self.keep_alive_for(config, keep_alive), needed, rss_before,
@@ -482,6 +486,10 @@ class ModelControl:
                 return None
             folder = self._catalog.get(name)
         return folder
+
+    def loads_on_request(self, folder: str) -> bool:
+        """Whether the model folder loads on request (as last scanned): its keep-alive may be set by requests."""
+        return folder in self._catalog_configs
 
     def on_request_models(self) -> dict[str, AnyModelConfig]:
         """Folder -> config of every model that loads on request (as last scanned)."""

@@ -9,11 +9,13 @@ least recently used first, when the memory budget is short (`--model-control-mod
 * Idle: a model is busy while a request holds it (from its lookup until its response has been sent), while its
   engine counts requests in flight, or while requests wait for its load. A model idle for longer than its
   keep-alive unloads; a negative keep-alive pins it (never unloaded automatically).
-* Budget: before a model loads, its bytes are estimated (`memory_budget.py`). The memory in use is the larger of
-  the server's RSS and the models' counted bytes; while it plus the estimate passes the budget, idle unpinned
-  models are evicted, least recently used first. Busy and pinned models, and models an ensemble calls, are never
-  evicted; when they hold the rest, a request's load waits until one is idle (an admin load is answered 503).
-  A model bigger than the budget less what the server holds besides its models is refused with the figures.
+* Budget: before a model loads, its bytes are estimated (`memory_budget.py`) and the larger of that and its load's
+  peak is reserved (`load_peak.py`). The memory in use is the larger of the server's RSS and the models' counted
+  bytes plus the reservation of a load under way; while it plus the reservation passes the budget, idle unpinned
+  models are evicted, least recently used first. Once loaded, the model is counted at its resident bytes. Busy
+  and pinned models, and models an ensemble calls, are never evicted; when they hold the rest, a request's load
+  waits until one is idle (an admin load is answered 503). A model whose reservation is bigger than the budget
+  less what the server holds besides its models is refused with the figures.
 
 Loads and unloads themselves are model control's (`model_control.py`, under its lock): this class decides when.
 """
@@ -21,9 +23,10 @@ Loads and unloads themselves are model control's (`model_control.py`, under its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,6 +41,7 @@ from gateway.errors import (
 )
 from gateway.repository.layout import ModelDir
 from gateway.repository.lifecycle_config import describe_keep_alive
+from gateway.repository.load_peak import PeakWatch, load_peak_bytes, reservation
 from gateway.repository.loaded_model import LoadedModel, LoadedTensorModel
 from gateway.repository.memory_budget import estimate_bytes, fmt_bytes, process_rss, reported_bytes, trim_heap
 from gateway.repository.model_config import AnyModelConfig
@@ -89,6 +93,7 @@ class ModelHost(Protocol):
 
     def lock(self) -> asyncio.Lock: ...
     def requestable(self, name: str) -> str | None: ...
+    def loads_on_request(self, folder: str) -> bool: ...
     def ensemble_steps(self, folder: str) -> list[str]: ...
     async def load_locked(self, name: str, trigger: str) -> LoadedModel: ...
     def unload_locked(self, name: str, reason: str) -> asyncio.Task[None] | None: ...
@@ -134,7 +139,7 @@ class Residency:
     """Loads on request (once), keep-alive expiry and LRU eviction under a memory budget, for `control`'s models.
 
     `clock`: keep-alive and recency time (tests pass their own); `rss`: the process's resident bytes;
-    `estimate`: a model's bytes before loading (blocking)."""
+    `estimate`: a model's bytes before loading, `peak`: its load's peak by format (both blocking)."""
 
     def __init__(
         self,
@@ -146,6 +151,7 @@ class Residency:
         clock: Callable[[], float] = time.monotonic,
         rss: Callable[[], int] = process_rss,
         estimate: Callable[[ModelDir, AnyModelConfig], int] = estimate_bytes,
+        peak: Callable[[ModelDir, AnyModelConfig], int] = load_peak_bytes,
     ) -> None:
         self.control = control
         self.budget = budget
@@ -154,6 +160,9 @@ class Residency:
         self.clock = clock
         self.rss = rss
         self._estimate = estimate
+        self._peak = peak
+        self.peaks: dict[str, int] = {}  # model folder -> the RSS growth measured at the peak of its last load
+        self.reserved: dict[str, int] = {}  # model folder -> bytes reserved for its load, while it runs
         self.resident: dict[str, Resident] = {}  # model folder -> its loaded copy
         self.stats = ResidencyStats()
         self._loads: dict[str, asyncio.Task[LoadedModel]] = {}  # folder -> its load on request, while it runs
@@ -169,9 +178,9 @@ class Residency:
         return sum(r.bytes for r in self.resident.values())
 
     def used_bytes(self) -> int:
-        """Memory in use: the server's RSS, or the models' counted bytes where they say more (a KV pool is
-        counted whole before requests fault it in)."""
-        return max(self.rss(), self.counted_bytes())
+        """Memory in use: the server's RSS, or the models' counted bytes and the reservation of a load under way
+        where they say more (a KV pool is counted whole before requests fault it in)."""
+        return max(self.rss(), self.counted_bytes() + sum(self.reserved.values()))
 
     def overhead_bytes(self) -> int:
         """What the server holds besides its models."""
@@ -186,6 +195,33 @@ class Residency:
         except Exception:  # noqa: BLE001 - an estimate only: a broken file fails the load itself, with its reason
             log.debug("model '%s': no memory estimate", model.name, exc_info=True)
             return 0
+
+    def reserve_for(self, model: ModelDir, config: AnyModelConfig, estimated: int) -> int:
+        """What to reserve before `model` loads (blocking): the larger of its resident estimate and its load's peak,
+        as measured at its last load or else estimated by format (load_peak.py)."""
+        measured = self.peaks.get(model.name)
+        if measured is not None:
+            return reservation(estimated, 0, measured)
+        try:
+            peak = int(self._peak(model, config))
+        except Exception:  # noqa: BLE001 - an estimate only, as `estimate`
+            log.debug("model '%s': no load peak estimate", model.name, exc_info=True)
+            peak = 0
+        return reservation(estimated, peak, None)
+
+    @contextlib.contextmanager
+    def loading(self, folder: str, reserved: int) -> Iterator[None]:
+        """Hold `reserved` bytes of the budget for `folder` while it loads, and record its load's measured peak
+        (used for its next load's reservation); the reservation is released when the load ends."""
+        self.reserved[folder] = reserved
+        try:
+            with PeakWatch(self.rss) as watch:
+                yield
+            self.peaks[folder] = watch.growth
+            log.info("model '%s': its load took %s at its peak (reserved %s)", folder, fmt_bytes(watch.growth),
+                     fmt_bytes(reserved))
+        finally:
+            self.reserved.pop(folder, None)
 
     def is_busy(self, resident: Resident) -> bool:
         return (resident.holds > 0 or resident.entry.in_flight > 0 or self._waiting.get(resident.folder, 0) > 0
@@ -211,7 +247,8 @@ class Residency:
         overhead = self.overhead_bytes()
         if overhead + needed > self.budget:
             raise ModelTooLargeError(
-                f"model '{folder}' needs about {fmt_bytes(needed)} of memory (needed: {needed} bytes) but the memory "
+                f"model '{folder}' needs about {fmt_bytes(needed)} of memory to load (needed: {needed} bytes; the "
+                "larger of its resident size and its load's peak) but the memory "
                 f"budget is {fmt_bytes(self.budget)} (budget: {self.budget} bytes), of which the server holds "
                 f"{fmt_bytes(overhead)} besides its models; raise --memory-budget, or serve a smaller form of the "
                 "model (a quantized GGUF, bfloat16, a smaller kv_cache.max_tokens)")
@@ -290,7 +327,8 @@ class Residency:
 
     async def acquire(self, name: str, keep_alive: float | None = None) -> LoadedModel:
         """The model serving `name`, loaded first when the repository has it and it loads on request (the request
-        waits; at most one load runs per model). `keep_alive`: the request's own (Ollama's), kept from now on.
+        waits; at most one load runs per model). `keep_alive`: the request's own (Ollama's), kept from now on by a
+        model that loads on request (a model that Triton's modes loaded stays as they keep it).
         The current request (`model_use.py`) holds the model until its response is sent."""
         use = current_use()
         entry = self.control.models.find(name)
@@ -315,7 +353,7 @@ class Residency:
         if resident is None or resident.entry is not entry:
             return
         resident.last_used = self.clock()
-        if keep_alive is not None:
+        if keep_alive is not None and self.control.loads_on_request(entry.folder):
             resident.keep_alive = keep_alive
         if use is not None:
             resident.holds += 1

@@ -5,6 +5,7 @@ use, keep-alive expiry on an injected clock, deadlines, and startup failures tha
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -41,11 +42,14 @@ def repo_of(root: Path, *names: str, extra: str = "") -> Path:
 
 
 def control_of(repo: Path, clock: Clock, sizes: dict[str, int] | None = None, budget: int = 10**9,
-               mode: str = "on_demand", **kwargs) -> ModelControl:
-    """Model control whose memory is counted from `sizes` (bytes per folder; the RSS reads 0)."""
+               mode: str = "on_demand", peaks: dict[str, int] | None = None, rss: Callable[[], int] = lambda: 0,
+               **kwargs) -> ModelControl:
+    """Model control whose memory is counted from `sizes` (bytes per folder), whose loads peak at `peaks` (bytes
+    per folder, by format) and whose RSS reads `rss` (0)."""
     estimate: Callable = lambda model, config: (sizes or {}).get(model.name, 0)  # noqa: E731
+    peak: Callable = lambda model, config: (peaks or {}).get(model.name, 0)  # noqa: E731
     return ModelControl(repo, control_mode=mode, memory_budget=budget, keep_alive_s=60, drain_timeout_s=5,
-                        residency={"clock": clock, "rss": lambda: 0, "estimate": estimate}, **kwargs)
+                        residency={"clock": clock, "rss": rss, "estimate": estimate, "peak": peak}, **kwargs)
 
 
 @pytest.fixture
@@ -136,6 +140,8 @@ async def test_load_on_request_in_triton_modes(tmp_path: Path, clock: Clock, sta
     assert await tag(control, "lazy") == "v1:lazy"
     assert control.residency.resident["lazy"].keep_alive == 30
     assert control.residency.resident["always"].pinned  # Triton's modes keep what they load at startup
+    await control.models.acquire("always", keep_alive=0.0)  # a request's keep_alive does not change that
+    assert control.residency.resident["always"].pinned
     clock.now += 31
     assert await control.residency.expire_idle() == ["lazy"]
 
@@ -194,6 +200,39 @@ async def test_a_model_too_large_for_the_budget_is_refused_with_the_figures(tmp_
     assert "needed: 1000 bytes" in refused.value.message and "budget: 500 bytes" in refused.value.message
     [row] = control.states.index()
     assert row["state"] == "UNAVAILABLE" and "needed: 1000 bytes" in row["reason"]
+
+
+async def test_a_load_reserves_its_peak_then_counts_its_resident_bytes(tmp_path: Path, clock: Clock,
+                                                                       started: list) -> None:
+    """b keeps 100 bytes but its load peaks at 300 (by format): a (100) is evicted for the reservation although
+    both would fit once loaded; b's next load reserves the peak measured at its first (the RSS rose by 250)."""
+    rss = [0]
+    control = await start(control_of(repo_of(tmp_path, "a", "b"), clock, {"a": 100, "b": 100}, budget=350,
+                                     peaks={"b": 300}, rss=lambda: rss[0]), started)
+    in_use: list[int] = []
+    real = control._build
+
+    def build(model, config):  # noqa: ANN001, ANN202 - a load whose RSS rises for a while
+        in_use.append(control.residency.used_bytes())
+        rss[0] = 250 if model.name == "b" else 0
+        time.sleep(0.2)
+        rss[0] = 0
+        return real(model, config)
+
+    control._build = build  # type: ignore[method-assign]
+    await tag(control, "a")
+    clock.now += 1
+    await tag(control, "b")
+    assert control.residency.stats.evictions == {("a", "memory"): 1}
+    assert in_use == [100, 300]  # a's reservation (its estimate), then b's (its peak) with a evicted
+    assert control.residency.reserved == {} and control.residency.counted_bytes() == 100  # b at its resident size
+    assert control.residency.peaks == {"a": 0, "b": 250}
+    clock.now += 1
+    await tag(control, "a")  # 100 + 100 fit: b stays
+    await control.unload("b")
+    await tag(control, "b")
+    assert in_use[-1] == 100 + 250  # a, and the peak b's first load was measured at
+    assert sorted(control.residency.resident) == ["a", "b"]
 
 
 async def test_keep_alive_expiry_on_the_injected_clock(tmp_path: Path, clock: Clock, started: list) -> None:
