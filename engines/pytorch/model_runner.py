@@ -289,12 +289,13 @@ class PagedModelRunner:
 
     # ------------------------------------------------------------------ forward
 
-    def _prefill_attention(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-                           sin: torch.Tensor, scale: float, lay: StepLayout) -> torch.Tensor:
-        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
-        k_cache, v_cache = self.k_cache[layer_idx], self.v_cache[layer_idx]
+    def _prefill_attention(self, attention: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           cos: torch.Tensor, sin: torch.Tensor, lay: StepLayout) -> torch.Tensor:
+        h, kvh, d, scale = self.num_heads, self.num_kv_heads, self.head_dim, attention.scaling
+        k_cache, v_cache = self.k_cache[attention.layer_idx], self.v_cache[attention.layer_idx]
         if lay.prefill is not None:  # the kernel rotates q and k and writes k and v itself
-            return self.attention.prefill(q, k, v, cos, sin, k_cache, v_cache, lay.prefill, scale)
+            return self.attention.prefill(q, k, v, cos, sin, k_cache, v_cache, lay.prefill, scale,
+                                          attention.sliding_window, attention.softcap)
         q, k = rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None])
         write_cache(k_cache, lay.slots, k)
         write_cache(v_cache, lay.slots, v)
@@ -308,10 +309,11 @@ class PagedModelRunner:
     def _attend(self, attention: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: _Step
                 ) -> torch.Tensor:
         """A layer's attention of the step's rows (StepContext.attend): plain causal attention on the paged kernels
-        (decode rows, then prefill rows), a sliding window or soft-capped scores in torch ops."""
+        (decode rows, then prefill rows), a sliding window and soft-capped scores included; without the kernels,
+        those two in torch ops (attend_torch)."""
         i, lay = attention.layer_idx, step.lay
         cos, sin = step.tables[attention.rope]
-        if not attention.plain:
+        if not attention.plain and not self.attention.uses_kernel:
             slots, sequences = step.sequence_rows()
             return attend_torch(attention, q, k, v, cos, sin, self.k_cache[i], self.v_cache[i], slots, sequences)
         t, nd = q.shape[0], lay.num_decode
@@ -319,10 +321,9 @@ class PagedModelRunner:
         if nd:  # the decode kernel rotates q and k itself
             parts.append(self.attention.decode(
                 q[:nd], k[:nd], v[:nd], cos[:nd], sin[:nd], self.k_cache[i], self.v_cache[i], lay.decode,
-                attention.scaling))
+                attention.scaling, attention.sliding_window, attention.softcap))
         if nd < t:
-            parts.append(self._prefill_attention(i, q[nd:], k[nd:], v[nd:], cos[nd:], sin[nd:], attention.scaling,
-                                                 lay))
+            parts.append(self._prefill_attention(attention, q[nd:], k[nd:], v[nd:], cos[nd:], sin[nd:], lay))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _embed(self, lay: StepLayout) -> tuple[torch.Tensor, Tables]:
