@@ -136,8 +136,8 @@ class PagedAttention:
     ) -> torch.Tensor:
         """A prefill chunk: rotate q [R, H, D] and k [R, KVH, D] by cos/sin [R, D] (as `decode`; None when they
         are rotated already), write k and v to their cache slots, then causal attention of every row over its
-        sequence's cache (within `window`, scores soft-capped by `softcap`, as `decode`): [R, H * D]. Needs the kernel (`uses_kernel`); without it the runner gathers and uses
-        SDPA."""
+        sequence's cache (within `window`, scores soft-capped by `softcap`, as `decode`): [R, H * D]. Needs the
+        kernel (`uses_kernel`); without it the runner gathers and uses SDPA (plain layers) or attend_torch."""
         if self._lib is None:
             raise RuntimeError("prefill attention needs the C kernel")
         r, h, d = q.shape
