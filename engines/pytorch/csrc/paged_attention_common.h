@@ -205,7 +205,9 @@ static inline void softcap_all(float* s, int n, float cap) {
 }
 /* The first position a query at `pos` sees under a sliding window (transformers' rule: p - window < k <= p);
    window <= 0: none, position 0. */
-static inline int window_start(int pos, int window) { return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0; }
+static inline int window_start(int pos, int window) {
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
 
 /* Rounding of one elementwise op's result to the storage type, as torch does after each op. */
 static inline float round_f32(float v) { return v; }

@@ -121,7 +121,7 @@ static void SFX(tile64)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table
                 CFX(key_rows)(kc + base + (int64_t)tt * row, row, kn, kconv, kp);
                 for (int c0 = 0; c0 < QRP; c0 += 48) {
                     const int nc = (QRP - c0) / 16 < 3 ? (QRP - c0) / 16 : 3;
-                    /* no row of these chunks sees the keys: past the last row's position or before the first's window */
+                    /* no row of these chunks sees the keys: past the last row's position, before the first's window */
                     if (last_pos(pos, c0, c0 + nc * 16, QR) < k0 || lop[c0] > k0 + kn - 1) continue;
                     scores16(nc, kp, kn, qt + c0, QRP, pb + c0, QRP);
                     if (softcap > 0.0f)
@@ -151,7 +151,8 @@ static void SFX(tile64)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table
                     }
                 }
                 for (int q0 = 0; q0 < QRP; q0 += 4)
-                    if (last_pos(pos, q0, q0 + 4, QR) >= k0 && lop[q0] <= k0 + kn - 1)  /* else none sees these keys */
+                    /* rows that see none of these keys: unchanged */
+                    if (last_pos(pos, q0, q0 + 4, QR) >= k0 && lop[q0] <= k0 + kn - 1)
                         SFX(values4)(acc + (int64_t)q0 * 64, alpha + q0, pb + q0, QRP, vc + base + (int64_t)tt * row,
                                     row, kn);
             }
@@ -170,10 +171,10 @@ static void SFX(tile64)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table
    head's maximum m[r][h], the weights p = exp(score - m), their sum l[r][h] and acc[r][h] = the sum of p times the
    value rows, not yet divided by l. Row r sees positions from t_lo[r] on (its sliding window; t_lo NULL: all from
    t_begin; t_lo ascending, each >= t_begin): blocks wholly before t_lo[0] are not read, and a row that sees no
-   position gets m = -3e38, l = 0, acc = 0. Scores are soft-capped (softcap1) when softcap > 0. The cache is walked block by block, once for the scores and once for the
-   values, and each block's rows (all KV heads, contiguous) are used for every row and head before moving on, so the
-   block is read from memory once. A row's arithmetic is the same whichever rows are computed with it.
-   qf: [R][H][D] scaled queries; scores: R * H * (t_end[R - 1] - t_begin) floats; acc[r]: H * D floats, m[r] and
+   position gets m = -3e38, l = 0, acc = 0. Scores are soft-capped (softcap1) when softcap > 0. The cache is
+   walked block by block, once for the scores and once for the values, and each block's rows (all KV heads,
+   contiguous) are used for every row and head before moving on, so the block is read from memory once. A row's
+   arithmetic is the same whichever rows are computed with it. qf: [R][H][D] scaled queries; scores: R * H * (t_end[R - 1] - t_begin) floats; acc[r]: H * D floats, m[r] and
    l[r]: H floats. The next block is asked for (into L2) while this one is used. */
 static void SFX(span)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table, int t_begin, const int* t_end,
                      const int* t_lo, int R, int H, int KVH, int D, int BS, float softcap, const float* qf,
