@@ -103,8 +103,8 @@ def test_steps_with_torch_ops_between_the_kernels_run_from_python(tmp_path: Path
 
 def test_sliding_window_steps_replay_and_soft_capped_logits_stay_on_python(tmp_path: Path) -> None:
     """Mistral's sliding window runs on the decode kernel, so its steps replay with the Python forward's bits;
-    Gemma 2's windows and capped scores do too, but its final logit soft-cap is a torch op: its steps stay on
-    Python, and still right."""
+    Gemma 2's windows and capped scores do too, but the residual add after each block's second norm (and the final
+    logit soft-cap) are torch ops: its steps stay on Python."""
     torch.manual_seed(0)
     mistral = MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=8)).float().eval()
     reference = MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=8)).float().eval()
