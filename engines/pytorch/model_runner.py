@@ -7,8 +7,8 @@ the block tables (`PagedAttention`'s C kernels): decode rows (one new token per 
 over their sequence's cache). Without the kernels, prefill rows gather their sequences' keys and values and use
 `scaled_dot_product_attention` with a causal mask.
 
-The runner owns the cache, the step's layout, the attention over the cache (`_attend`: the C kernels for plain
-causal attention, torch ops for sliding windows and soft-capped scores, layers/attention.py) and the step replay; the
+The runner owns the cache, the step's layout, the attention over the cache (`_attend`: the C kernels, sliding windows
+and soft-capped scores included; without them torch ops, layers/attention.py) and the step replay; the
 model's layers see the step through `_Step` (layers/attention.py `StepContext`).
 
 Numerics follow transformers: rotary embeddings, activations and residual adds compute what the transformers
@@ -376,7 +376,7 @@ class PagedModelRunner:
                 ) -> tuple[torch.Tensor, list[int] | None]:
         """The layers and logits of a step's embeddings: replayed in one C call where the step allows (and then
         with the greedy tokens when asked), else from Python. A model whose layers run torch ops between the
-        kernels (a sliding window, soft-capping, multipliers) records no plan (step_replay.py refuses it); a step
+        kernels (q/k norms, multipliers, a logit soft-cap) records no plan (step_replay.py refuses it); a step
         with LoRA adapter rows (`replayable` false) runs from Python, which adds their updates (lora.py), and
         neither records nor replays: the plans of its row count stay the base model's."""
 
