@@ -49,25 +49,36 @@ def sources_at(rev: str, folder: Path) -> Path:
     return folder
 
 
-def library(source_dir: Path, cache: Path, helpers: HelperThreads) -> ctypes.CDLL:
+def library(source_dir: Path, cache: Path, helpers: HelperThreads) -> tuple[ctypes.CDLL, bool]:
+    """The build of `source_dir`'s kernels, and whether its decode takes a window and a soft-cap."""
     path = _build("paged_attention", source_dir, cache)
     if path is None:
         raise SystemExit("no C compiler: nothing to compare")
     lib = ctypes.CDLL(str(path))
+    windowed = "softcap" in (source_dir / "paged_attention_typed.h").read_text()
     for fn, (restype, argtypes) in _SIGNATURES.items():
         if hasattr(lib, fn):  # an older revision lacks the newer entry points
+            if not windowed and fn.startswith(("paged_decode", "paged_prefill")):  # nor the window and the cap
+                skip = WINDOW_ARGS["paged_decode" if fn.startswith("paged_decode") else "paged_prefill_run"]
+                argtypes = [t for i, t in enumerate(argtypes) if i not in skip]
             getattr(lib, fn).restype, getattr(lib, fn).argtypes = restype, argtypes
     helpers.attach(lib)
-    return lib
+    return lib, windowed
 
 
-def shared_decode(lib: ctypes.CDLL) -> Callable[..., int]:
-    """The decode kernel on the helper threads: `paged_decode_f32(..., share=1)`, or in revisions before it took
-    `share`, `paged_decode_par_f32`."""
+# the window's and the soft-cap's argument positions, which revisions before them lack
+WINDOW_ARGS = {"paged_decode": {20, 21}, "paged_prefill_run": {21, 22}}
+
+
+def shared_decode(lib: ctypes.CDLL, windowed: bool) -> Callable[..., int]:
+    """The decode kernel on the helper threads, without a window: `paged_decode_f32(..., 0, 0.0, share=1)`, or in
+    revisions before the window `(..., share=1)`, before `share` `paged_decode_par_f32`."""
     if hasattr(lib, "paged_decode_par_f32"):
         fn = lib.paged_decode_par_f32
-        fn.restype, fn.argtypes = ctypes.c_int, _SIGNATURES["paged_decode_f32"][1][:-1]
+        fn.restype, fn.argtypes = ctypes.c_int, _SIGNATURES["paged_decode_f32"][1][:20]
         return fn
+    if windowed:
+        return lambda *args: lib.paged_decode_f32(*args, 0, 0.0, 1)
     return lambda *args: lib.paged_decode_f32(*args, 1)
 
 
@@ -99,7 +110,7 @@ def main() -> None:
         cache = Path(tmp)
         helpers = HelperThreads(args.threads - 1, cache)
         base = library(sources_at(args.against, Path(tempfile.mkdtemp(dir=tmp))), cache, helpers)
-        libs = {args.against: shared_decode(base), "this tree": shared_decode(library(CSRC, cache, helpers))}
+        libs = {args.against: shared_decode(*base), "this tree": shared_decode(*library(CSRC, cache, helpers))}
         helpers.enter()
         print(f"decode attention, {LAYERS} layers a step, {args.threads} threads, best of {args.rounds} (ms)")
         print(f"{'rows':>4} {'context':>7} {'of':>9} {args.against:>12} {'this tree':>10} {'ratio':>6}")

@@ -7,8 +7,8 @@ the block tables (`PagedAttention`'s C kernels): decode rows (one new token per 
 over their sequence's cache). Without the kernels, prefill rows gather their sequences' keys and values and use
 `scaled_dot_product_attention` with a causal mask.
 
-The runner owns the cache, the step's layout, the attention over the cache (`_attend`: the C kernels for plain
-causal attention, torch ops for sliding windows and soft-capped scores, layers/attention.py) and the step replay; the
+The runner owns the cache, the step's layout, the attention over the cache (`_attend`: the C kernels, sliding windows
+and soft-capped scores included; without them torch ops, layers/attention.py) and the step replay; the
 model's layers see the step through `_Step` (layers/attention.py `StepContext`).
 
 Numerics follow transformers: rotary embeddings, activations and residual adds compute what the transformers
@@ -289,12 +289,13 @@ class PagedModelRunner:
 
     # ------------------------------------------------------------------ forward
 
-    def _prefill_attention(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-                           sin: torch.Tensor, scale: float, lay: StepLayout) -> torch.Tensor:
-        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
-        k_cache, v_cache = self.k_cache[layer_idx], self.v_cache[layer_idx]
+    def _prefill_attention(self, attention: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           cos: torch.Tensor, sin: torch.Tensor, lay: StepLayout) -> torch.Tensor:
+        h, kvh, d, scale = self.num_heads, self.num_kv_heads, self.head_dim, attention.scaling
+        k_cache, v_cache = self.k_cache[attention.layer_idx], self.v_cache[attention.layer_idx]
         if lay.prefill is not None:  # the kernel rotates q and k and writes k and v itself
-            return self.attention.prefill(q, k, v, cos, sin, k_cache, v_cache, lay.prefill, scale)
+            return self.attention.prefill(q, k, v, cos, sin, k_cache, v_cache, lay.prefill, scale,
+                                          attention.sliding_window, attention.softcap)
         q, k = rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None])
         write_cache(k_cache, lay.slots, k)
         write_cache(v_cache, lay.slots, v)
@@ -308,10 +309,11 @@ class PagedModelRunner:
     def _attend(self, attention: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: _Step
                 ) -> torch.Tensor:
         """A layer's attention of the step's rows (StepContext.attend): plain causal attention on the paged kernels
-        (decode rows, then prefill rows), a sliding window or soft-capped scores in torch ops."""
+        (decode rows, then prefill rows), a sliding window and soft-capped scores included; without the kernels,
+        those two in torch ops (attend_torch)."""
         i, lay = attention.layer_idx, step.lay
         cos, sin = step.tables[attention.rope]
-        if not attention.plain:
+        if not attention.plain and not self.attention.uses_kernel:
             slots, sequences = step.sequence_rows()
             return attend_torch(attention, q, k, v, cos, sin, self.k_cache[i], self.v_cache[i], slots, sequences)
         t, nd = q.shape[0], lay.num_decode
@@ -319,10 +321,9 @@ class PagedModelRunner:
         if nd:  # the decode kernel rotates q and k itself
             parts.append(self.attention.decode(
                 q[:nd], k[:nd], v[:nd], cos[:nd], sin[:nd], self.k_cache[i], self.v_cache[i], lay.decode,
-                attention.scaling))
+                attention.scaling, attention.sliding_window, attention.softcap))
         if nd < t:
-            parts.append(self._prefill_attention(i, q[nd:], k[nd:], v[nd:], cos[nd:], sin[nd:], attention.scaling,
-                                                 lay))
+            parts.append(self._prefill_attention(attention, q[nd:], k[nd:], v[nd:], cos[nd:], sin[nd:], lay))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _embed(self, lay: StepLayout) -> tuple[torch.Tensor, Tables]:
@@ -375,7 +376,7 @@ class PagedModelRunner:
                 ) -> tuple[torch.Tensor, list[int] | None]:
         """The layers and logits of a step's embeddings: replayed in one C call where the step allows (and then
         with the greedy tokens when asked), else from Python. A model whose layers run torch ops between the
-        kernels (a sliding window, soft-capping, multipliers) records no plan (step_replay.py refuses it); a step
+        kernels (q/k norms, multipliers, a logit soft-cap) records no plan (step_replay.py refuses it); a step
         with LoRA adapter rows (`replayable` false) runs from Python, which adds their updates (lora.py), and
         neither records nor replays: the plans of its row count stay the base model's."""
 

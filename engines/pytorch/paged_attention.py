@@ -46,8 +46,9 @@ SUFFIXES = {(torch.float32, torch.float32): "f32", (torch.bfloat16, torch.bfloat
 def _signatures() -> Signatures:
     """csrc/paged_attention.c's entry points, one set per pair of types (activations, cache): SUFFIXES."""
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    decode = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, i32, i32, i32, i32, i32, ctypes.c_float]
-    prefill = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, p, i32, i32, i32, i32, i32, ctypes.c_float, i32, i32]
+    f32 = ctypes.c_float
+    decode = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, i32, i32, i32, i32, i32, f32, i32, f32]  # + window, cap
+    prefill = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, p, i32, i32, i32, i32, i32, f32, i32, f32, i32, i32]
     table: Signatures = {"set_pool": (None, [p])}
     for sfx in SUFFIXES.values():
         table[f"paged_decode_{sfx}"] = (i32, [*decode, i32])  # + share
@@ -93,23 +94,31 @@ class PagedAttention:
 
     def decode(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        k_cache: torch.Tensor, v_cache: torch.Tensor, step: DecodeTables, scale: float,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, step: DecodeTables, scale: float, window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Rotate q [B, H, D] and k [B, KVH, D] (rows may be strided views) by cos/sin [B, D] (`sin` with
         rotate_half's sign folded in, see `rotate`), write k and v [B, KVH, D] to their cache slots and attend.
-        Caches: [slots, KVH, D]. Returns [B, H * D]."""
+        Caches: [slots, KVH, D]. `window`: a query at p sees keys at p - window < position <= p (transformers'
+        sliding window); `softcap`: scores -> tanh(scores / cap) * cap (Gemma 2). Returns [B, H * D]."""
         b, h, d = q.shape
+        special = window is not None or softcap is not None
+        if self._lib is not None and special:  # no torch fallback computes these: the kernel's layout
+            q, k, v = (x if x.stride(2) == 1 and x.stride(1) == d else x.contiguous() for x in (q, k, v))
+            cos, sin = cos.contiguous(), sin.contiguous()
         if self._lib is not None and all(x.stride(2) == 1 and x.stride(1) == d for x in (q, k, v)) \
                 and cos.is_contiguous() and sin.is_contiguous() and cos.shape == (b, d):
             out = q.new_empty(b, h * d)
             args = (q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), cos.data_ptr(),
                     sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), step.tables.data_ptr(),
                     step.tables.shape[1], step.ctx_lens.data_ptr(), out.data_ptr(), b, h, self.num_kv_heads, d,
-                    self.block_size, scale, int(self._share))
+                    self.block_size, scale, window or 0, softcap or 0.0, int(self._share))
             rc = getattr(self._lib, f"paged_decode_{self._sfx}")(*args)
             if rc != 0:
                 raise MemoryError("paged attention kernel could not allocate its score buffer")
             return out
+        if special:
+            raise RuntimeError("a sliding window or soft-capped scores need the C kernel")
         return self._torch(
             rotate(q, cos[:, None], sin[:, None]),
             rotate(k, cos[:, None], sin[:, None]),
@@ -122,12 +131,13 @@ class PagedAttention:
 
     def prefill(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
-        k_cache: torch.Tensor, v_cache: torch.Tensor, rows: PrefillRows, scale: float,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, rows: PrefillRows, scale: float, window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """A prefill chunk: rotate q [R, H, D] and k [R, KVH, D] by cos/sin [R, D] (as `decode`; None when they
         are rotated already), write k and v to their cache slots, then causal attention of every row over its
-        sequence's cache: [R, H * D]. Needs the kernel (`uses_kernel`); without it the runner gathers and uses
-        SDPA."""
+        sequence's cache (within `window`, scores soft-capped by `softcap`, as `decode`): [R, H * D]. Needs the
+        kernel (`uses_kernel`); without it the runner gathers and uses SDPA (plain layers) or attend_torch."""
         if self._lib is None:
             raise RuntimeError("prefill attention needs the C kernel")
         r, h, d = q.shape
@@ -140,7 +150,8 @@ class PagedAttention:
             cos.data_ptr() if cos is not None else None, sin.data_ptr() if sin is not None else None,
             k_cache.data_ptr(), v_cache.data_ptr(), rows.tables.data_ptr(), rows.tables.shape[1],
             rows.row_seq.data_ptr(), rows.row_pos.data_ptr(), out.data_ptr(), r, h, self.num_kv_heads, d,
-            self.block_size, scale, rows.max_ctx, int(self._share and r >= SHARE_MIN_ROWS),
+            self.block_size, scale, window or 0, softcap or 0.0, rows.max_ctx,
+            int(self._share and r >= SHARE_MIN_ROWS),
         )
         if rc != 0:
             raise MemoryError("paged attention kernel could not allocate its score buffer")

@@ -184,6 +184,31 @@ static inline void prefetch_part(const void* p, int64_t bytes, int i, int n) {
     for (int64_t l = lines * i / n; l < lines * (i + 1) / n; l++) __builtin_prefetch((const char*)p + l * 64, 0, 2);
 }
 
+/* Gemma 2's soft-capped score tanh(s / cap) * cap (transformers' `attn_logit_softcapping`): tanh from exp_neg as
+   (1 - e) / (1 + e), e = exp(-2|x|), and near 0 (where 1 - e loses digits) its odd series to x^7, within a few ulp
+   of tanhf either way. Scores s[0 .. n - 1], in place; cap <= 0: none. */
+static inline float softcap1(float s, float cap) {
+    const float x = s / cap, a = __builtin_fabsf(x);
+    float t;
+    if (a < 0.125f) {
+        const float x2 = a * a;
+        t = a * (1.0f + x2 * (-0.333333333f + x2 * (0.133333333f + x2 * -0.053968254f)));
+    } else {
+        const float e = exp_neg(-2.0f * a);
+        t = (1.0f - e) / (1.0f + e);
+    }
+    return (x < 0.0f ? -t : t) * cap;
+}
+static inline void softcap_all(float* s, int n, float cap) {
+    if (cap > 0.0f)
+        for (int t = 0; t < n; t++) s[t] = softcap1(s[t], cap);
+}
+/* The first position a query at `pos` sees under a sliding window (transformers' rule: p - window < k <= p);
+   window <= 0: none, position 0. */
+static inline int window_start(int pos, int window) {
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
 /* Rounding of one elementwise op's result to the storage type, as torch does after each op. */
 static inline float round_f32(float v) { return v; }
 static inline float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }

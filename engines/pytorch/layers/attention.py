@@ -1,8 +1,8 @@
 """A decoder layer's attention block over the paged KV cache.
 
 q/k/v come from one fused projection; optional q/k norms (per head: Qwen3, Gemma 3; over the whole projection:
-OLMo 2) run before the rotation. Attention itself is the runner's (`StepContext.attend`): the paged C kernels for
-plain causal attention, torch ops for what they do not compute (a sliding window, soft-capped scores).
+OLMo 2) run before the rotation. Attention itself is the runner's (`StepContext.attend`): the paged C kernels, a
+sliding window and soft-capped scores included; `attend_torch` (transformers' eager rule) where the kernels are off.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Attention:
 
     @property
     def plain(self) -> bool:
-        """Plain causal attention over the whole context: what the paged C kernels compute."""
+        """Plain causal attention over the whole context (no window, no soft-cap): what match_transformers takes."""
         return self.sliding_window is None and self.softcap is None
 
     def projections(self) -> list[Any]:

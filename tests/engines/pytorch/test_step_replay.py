@@ -9,7 +9,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from engines.pytorch import linear, step_replay
 from engines.pytorch.model_runner import PagedModelRunner
@@ -90,6 +99,27 @@ def test_steps_with_torch_ops_between_the_kernels_run_from_python(tmp_path: Path
     expected, _ = _decode(_runner(tmp_path, replay=False, model=reference), 2, 3)
     for a, b in zip(got, expected, strict=True):
         assert torch.equal(a, b)
+
+
+def test_sliding_window_steps_replay_and_soft_capped_logits_stay_on_python(tmp_path: Path) -> None:
+    """Mistral's sliding window runs on the decode kernel, so its steps replay with the Python forward's bits;
+    Gemma 2's windows and capped scores do too, but the residual add after each block's second norm (and the final
+    logit soft-cap) are torch ops: its steps stay on Python."""
+    torch.manual_seed(0)
+    mistral = MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=8)).float().eval()
+    reference = MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=8)).float().eval()
+    reference.load_state_dict(mistral.state_dict())
+    python, replayed = _runner(tmp_path, replay=False, model=reference), _runner(tmp_path, replay=True, model=mistral)
+    expected, expected_tokens = _decode(python, 2, 6)
+    got, tokens = _decode(replayed, 2, 6)
+    assert replayed._replay.plan_state(2) == "replayed"
+    assert tokens == expected_tokens
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    gemma = Gemma2ForCausalLM(Gemma2Config(**SHAPE, head_dim=16, sliding_window=8)).float().eval()
+    runner = _runner(tmp_path, replay=True, model=gemma)
+    _decode(runner, 2, 3)
+    assert runner._replay.plan_state(2) == "off"
 
 
 def test_a_call_pointing_to_memory_of_one_call_leaves_the_steps_on_python(tmp_path: Path,
