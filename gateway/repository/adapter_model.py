@@ -12,6 +12,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+
 from engines.interface import Tokenizer
 from engines.types import AdapterRef, EngineInfo, GenerationOutput, GenerationRequest
 from gateway.errors import ModelNotFoundError
