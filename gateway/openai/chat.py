@@ -72,7 +72,8 @@ async def chat_prompt(req: ChatCompletionRequest, model: LoadedLLM) -> tuple[lis
                for m in req.messages)
     refuse_unfittable_text(text, model.scheduler.tokenizer, model.scheduler.info.max_model_len, "messages")
     prompt = await render_chat(
-        model.scheduler.tokenizer, req.messages, plan.tools if plan.active else None, parser, req.chat_template_kwargs
+        model.scheduler.tokenizer, req.messages, plan.tools if plan.active else None, parser, req.chat_template_kwargs,
+        support=model.template_support,
     )
     return prompt, plan
 
@@ -90,7 +91,7 @@ async def chat_completion(
     max_tokens = resolve_max_tokens(requested, len(prompt), info.max_model_len)
     guidance = await tool_guidance(plan, model) if plan.constrained else None
     if guidance is None:
-        guidance = await request_guidance(req, scheduler)
+        guidance = await request_guidance(req, model)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     reasoning = reasoning_for(model.config, scheduler.tokenizer, prompt, guidance is not None)
     if (plan.active and plan.parser is not None and plan.parser.needs_special_tokens) or (

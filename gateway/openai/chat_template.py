@@ -2,23 +2,23 @@
 
 Templates differ in what they know: some render `tools` and assistant `tool_calls` themselves (Qwen, Hermes,
 Llama 3.1, Mistral), many templates ignore both (SmolLM2, Gemma, Phi-3), and some know no system turn (Gemma 2) or
-no `tool` role (Gemma, Phi-3). We probe each template once; where it ignores them, the tools are described in the
-system message (or the first user turn), past calls are written as text in the model's tool-call dialect and tool
-results as `<tool_response>` blocks in a user turn, so a conversation with tool results round-trips on any model.
+no `tool` role (Gemma, Phi-3). Each model's template is probed once (gateway/llm/template_support.py; its
+`LoadedLLM` keeps the answer); where it ignores them, the tools are described in the system message (or the first
+user turn), past calls are written as text in the model's tool-call dialect and tool results as `<tool_response>`
+blocks in a user turn, so a conversation with tool results round-trips on any model.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import jinja2
 
 from engines.interface import Tokenizer
 from gateway.errors import InvalidRequestError
+from gateway.llm.template_support import TemplateSupport, template_support
 from gateway.openai.protocol import ChatMessage
 from gateway.openai.tool_parsers import ToolParser
 
@@ -28,22 +28,6 @@ RESERVED_KWARGS = (
     "self", "conversation", "continue_final_message", "padding", "truncation", "max_length", "return_tensors",
     "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "processor_kwargs",
 )
-_PROBE_NAME = "zq_probe_fn"
-_PROBE_RESULT = "zq_probe_result"
-_PROBE_ID = "zqprobe01"  # 9 alphanumeric characters: Mistral's templates refuse any other call id
-_PROBE_TOOL = {"type": "function", "function": {"name": _PROBE_NAME, "description": "probe",
-                                                 "parameters": {"type": "object", "properties": {}}}}
-
-
-@dataclass(frozen=True)
-class TemplateSupport:
-    tools: bool
-    tool_calls: bool
-    system: bool = True  # Gemma 2's template refuses a system turn: the tool prompt then opens the first user turn
-    tool_results: bool = True  # Gemma's and Phi-3's know no `tool` role: results are then written in a user turn
-
-
-_SUPPORT: weakref.WeakKeyDictionary[Tokenizer, TemplateSupport] = weakref.WeakKeyDictionary()
 
 
 def template_text(tokenizer: Tokenizer) -> str | None:
@@ -53,36 +37,6 @@ def template_text(tokenizer: Tokenizer) -> str | None:
     if isinstance(template, dict):
         return "\n".join(str(t) for t in template.values())
     return template if isinstance(template, str) else None
-
-
-def _renders_probe(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                   generation_prompt: bool, probe: str = _PROBE_NAME) -> bool:
-    try:
-        ids = tokenizer.apply_chat_template(messages, tools, generation_prompt)
-    except Exception:  # a template that refuses the probe does not support it
-        return False
-    return probe in tokenizer.decode(ids, skip_special_tokens=False)
-
-
-def _probe(tokenizer: Tokenizer) -> TemplateSupport:
-    user = {"role": "user", "content": "hi"}
-    call = {"id": _PROBE_ID, "type": "function", "function": {"name": _PROBE_NAME, "arguments": {}}}
-    called = [user, {"role": "assistant", "content": "", "tool_calls": [call]}]
-    history = [*called, {"role": "tool", "tool_call_id": _PROBE_ID, "content": _PROBE_RESULT}]
-    return TemplateSupport(
-        tools=_renders_probe(tokenizer, [user], [_PROBE_TOOL], True),
-        tool_calls=(_renders_probe(tokenizer, history, [_PROBE_TOOL], False)
-                    or _renders_probe(tokenizer, called, [_PROBE_TOOL], False)),
-        tool_results=_renders_probe(tokenizer, history, [_PROBE_TOOL], False, _PROBE_RESULT),
-        system=_renders_probe(tokenizer, [{"role": "system", "content": _PROBE_NAME}, user], None, True),
-    )
-
-
-def template_support(tokenizer: Tokenizer) -> TemplateSupport:
-    support = _SUPPORT.get(tokenizer)
-    if support is None:
-        support = _SUPPORT[tokenizer] = _probe(tokenizer)
-    return support
 
 
 def _text(i: int, msg: ChatMessage) -> str | None:
@@ -157,8 +111,9 @@ def _with_tool_prompt(messages: list[dict[str, Any]], prompt: str, system: bool)
 
 
 def _render(tokenizer: Tokenizer, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
-            parser: ToolParser | None, add_generation_prompt: bool, kwargs: dict[str, Any]) -> list[int]:
-    support = template_support(tokenizer)
+            parser: ToolParser | None, add_generation_prompt: bool, kwargs: dict[str, Any],
+            support: TemplateSupport | None) -> list[int]:
+    support = support or template_support(tokenizer)
     dicts = message_dicts(messages, support, parser)
     if tools and not support.tools and parser is not None:
         dicts, tools = _with_tool_prompt(dicts, parser.system_prompt(tools), support.system), None
@@ -167,11 +122,13 @@ def _render(tokenizer: Tokenizer, messages: list[ChatMessage], tools: list[dict[
 
 async def render_chat(tokenizer: Tokenizer, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
                       parser: ToolParser | None, template_kwargs: dict[str, Any] | None,
-                      add_generation_prompt: bool = True) -> list[int]:
-    """Prompt token ids. Templates are Jinja run in transformers' sandbox; rendering stays off the event loop."""
+                      add_generation_prompt: bool = True, support: TemplateSupport | None = None) -> list[int]:
+    """Prompt token ids. Templates are Jinja run in transformers' sandbox; rendering stays off the event loop.
+    `support`: what the template renders itself (a served model's `LoadedLLM.template_support`); None probes it."""
     kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_KWARGS}
     try:
-        prompt = await asyncio.to_thread(_render, tokenizer, messages, tools, parser, add_generation_prompt, kwargs)
+        prompt = await asyncio.to_thread(_render, tokenizer, messages, tools, parser, add_generation_prompt, kwargs,
+                                         support)
     except jinja2.TemplateError as exc:
         message = f"the chat template rejected the messages: {str(exc)[:200]}"
         raise InvalidRequestError(message, param="messages") from None

@@ -62,7 +62,7 @@ async def completion(
         raise InvalidRequestError("best_of different from n is not supported", param="best_of")
     info = scheduler.info
     prompts = await _prompts(req, model)
-    guidance = await request_guidance(req, scheduler)  # vLLM accepts response_format here too
+    guidance = await request_guidance(req, model)  # vLLM accepts response_format here too
     choices = []
     for p, prompt in enumerate(prompts):
         max_tokens = resolve_max_tokens(req.max_tokens, len(prompt), info.max_model_len)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import InvalidRequestError, NotFoundError
 from gateway.repository.adapter_catalog import AdapterCatalog
+from gateway.repository.adapter_model import LoadedAdapter
 from gateway.repository.registry import LoadedLLM, ModelRegistry
 
 router = APIRouter()
@@ -67,7 +68,7 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> P
     catalog, name = _catalog(registry, body.lora_name, body.model)
     catalog.check_name(name)
     other = registry.find(name)
-    if other is not None and getattr(other, "parent", None) is not catalog.base:
+    if other is not None and not (isinstance(other, LoadedAdapter) and other.parent is catalog.base):
         raise InvalidRequestError(f"the name '{name}' is served already (by '{other.name}'); choose another "
                                   "lora_name", param="lora_name")
     async with catalog.lock:

@@ -63,7 +63,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
         tools = [t.model_dump(exclude_none=True) for t in body.tools or []] or None
         parser = parser_for(model) if tools or any(m.tool_calls for m in body.messages) else None
         tokens = await render_chat(
-            tokenizer, body.messages, tools, parser, body.chat_template_kwargs, body.add_generation_prompt
+            tokenizer, body.messages, tools, parser, body.chat_template_kwargs, body.add_generation_prompt,
+            model.template_support,
         )
         if body.add_special_tokens:
             tokens = await asyncio.to_thread(lambda: tokenizer.encode(

@@ -15,7 +15,8 @@ from typing import Any
 
 from engines.types import GuidedSpec
 from gateway.errors import InternalError, InvalidRequestError
-from gateway.openai.guided import Guidance, check_json_schema, decoder_for, engine_enforces_specs
+from gateway.llm.grammar_compiler import check_json_schema
+from gateway.openai.guided import Guidance
 from gateway.openai.protocol import ChatCompletionRequest, NamedToolChoice
 from gateway.openai.chat_template import template_text
 from gateway.openai.tool_parsers import AUTO, PARSERS, ToolParser, detect
@@ -26,7 +27,7 @@ log = logging.getLogger("switchyard.openai")
 
 def parser_for(model: LoadedLLM) -> ToolParser:
     """`parameters.tool_parser` of the model's config, or (`auto`, the default) the one its chat template implies."""
-    name = str((getattr(model.config, "parameters", None) or {}).get("tool_parser", AUTO))
+    name = str(model.config.parameters.get("tool_parser", AUTO))
     if name == AUTO:
         name = detect(template_text(model.scheduler.tokenizer))
     parser = PARSERS.get(name)
@@ -110,9 +111,9 @@ async def tool_guidance(plan: ToolPlan, model: LoadedLLM) -> Guidance | None:
     if not plan.constrained or plan.parser is None:
         return None
     spec = GuidedSpec("lark", plan.parser.grammar(plan.forced, plan.parallel and plan.choice == "required"), "tools")
-    if engine_enforces_specs(model.scheduler):
+    if model.enforces_guided_spec:
         return Guidance(spec)  # the schemas were checked by plan_tools; the engine compiles
-    decoder = decoder_for(model.scheduler)
+    decoder = model.grammar
     for tool in plan.forced:
         # Each schema on its own first: an unsatisfiable one (e.g. {"$ref": "#"}) shows at its first mask, which
         # inside the call grammar would only come after the function name.

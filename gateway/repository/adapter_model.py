@@ -12,14 +12,15 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from engines.interface import Tokenizer
 from engines.types import AdapterRef, EngineInfo, GenerationOutput, GenerationRequest
 from gateway.errors import ModelNotFoundError
+from gateway.llm.grammar_compiler import GuidedDecoder
+from gateway.llm.template_support import TemplateSupport
 from gateway.repository.loaded_model import LoadedLLM
-from gateway.repository.serving import InFlight
-from gateway.scheduler.llm.interface import LLMScheduler, SchedulerStats
+from gateway.repository.serving import InFlight, ServingScheduler
+from gateway.scheduler.llm.interface import LLMEngine, LLMScheduler, SchedulerStats
 
 
 @dataclass
@@ -37,13 +38,8 @@ class ServedAdapter:
 class AdapterScheduler(LLMScheduler):
     """The base model's scheduler, each request under `adapter`. Stats, sessions and health are the base model's."""
 
-    def __init__(self, base: Any, adapter: ServedAdapter) -> None:
+    def __init__(self, base: ServingScheduler, adapter: ServedAdapter) -> None:
         self.base, self.adapter = base, adapter
-
-    def __getattr__(self, name: str) -> Any:  # engine-specific extras of the base model's scheduler
-        if name in ("base", "adapter"):
-            raise AttributeError(name)
-        return getattr(self.base, name)
 
     @property
     def info(self) -> EngineInfo:
@@ -52,6 +48,10 @@ class AdapterScheduler(LLMScheduler):
     @property
     def tokenizer(self) -> Tokenizer:
         return self.base.tokenizer
+
+    @property
+    def engine(self) -> LLMEngine:
+        return self.base.engine
 
     @property
     def in_flight(self) -> InFlight:
@@ -102,6 +102,14 @@ class LoadedAdapter(LoadedLLM):
         return cls(name=f"{base.name}:{adapter.ref.name}", config=base.config,
                    scheduler=AdapterScheduler(base.scheduler, adapter),  # type: ignore[arg-type]
                    folder=base.folder, created=adapter.created, parent=base, adapter=adapter)
+
+    @property
+    def template_support(self) -> TemplateSupport:
+        return self.parent.template_support  # the base model's template
+
+    @property
+    def grammar(self) -> GuidedDecoder:
+        return self.parent.grammar  # the base model's tokenizer, so its compiled grammars serve every adapter
 
     def named(self, name: str) -> LoadedAdapter:
         """The same adapter served under `name` (its bare name)."""

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engines.interface import StepEngine
+from engines.interface import AdapterHost, StepEngine
 from gateway.repository.adapter_catalog import LORA_BACKENDS, load_adapters
 from gateway.repository.layout import ModelDir, resolve_source
 from gateway.repository.loaded_model import LoadedLLM, LoadedModel, LoadedTensorModel
@@ -92,11 +92,14 @@ def build_model(model: ModelDir, config: AnyModelConfig, cache_dir: Path | None,
     )
     llm = LoadedLLM(name=name, config=config, scheduler=scheduler, folder=model.name,
                     load_seconds=time.monotonic() - started)
-    if config.backend in LORA_BACKENDS:
+    engine = llm.engine
+    if scheduler.passthrough is None:  # probe the chat template here, off the event loop (an upstream renders its own)
+        _ = llm.template_support
+    if config.backend in LORA_BACKENDS and isinstance(engine, AdapterHost):
         try:
-            llm.adapters = load_adapters(llm, model, scheduler.engine, models, lora_dirs)
+            llm.adapters = load_adapters(llm, model, engine, models, lora_dirs)
         except Exception:
-            if isinstance(scheduler.engine, StepEngine):  # not started yet: free its weights and threads now
-                scheduler.engine.shutdown()
+            if isinstance(engine, StepEngine):  # not started yet: free its weights and threads now
+                engine.shutdown()
             raise
     return llm

@@ -5,17 +5,22 @@ the kind they serve (`ModelRegistry.llm`, `ModelRegistry.tensor`)."""
 
 from __future__ import annotations
 
+import functools
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
+from engines.interface import AsyncGenerateEngine
 from gateway.errors import NotFoundError
 from gateway.inference_stats import ModelStats
+from gateway.llm.grammar_compiler import GuidedDecoder
+from gateway.llm.template_support import TemplateSupport, template_support
 from gateway.repository.model_config import AnyModelConfig, ModelConfig
 from gateway.repository.serving import InFlight, ServingScheduler
 from gateway.repository.tensor_config import TensorModelConfig
+from gateway.scheduler.llm.interface import LLMEngine
 from gateway.tensor.model import TensorModel
 
 
@@ -94,12 +99,36 @@ class AdapterViews(Protocol):
 
 @dataclass(kw_only=True)
 class LoadedLLM(LoadedModel):
-    """An LLM: an engine behind its scheduler (for /v1 and v2 generate)."""
+    """An LLM: an engine behind its scheduler (for /v1 and v2 generate), and what serving it needs beside them,
+    built once per model and held here: its chat template's support, its grammar compiler, its capabilities."""
 
     kind: ClassVar[str] = "llm"
     config: ModelConfig
     scheduler: ServingScheduler
     adapters: AdapterViews | None = None  # its LoRA adapters, where its engine serves them (AdapterCatalog)
+
+    @property
+    def engine(self) -> LLMEngine:
+        return self.scheduler.engine
+
+    @property
+    def enforces_guided_spec(self) -> bool:
+        """Whether the engine enforces `GuidedSpec`s itself (vLLM, remote) instead of applying our masks."""
+        engine = self.engine
+        return isinstance(engine, AsyncGenerateEngine) and engine.enforces_guided_spec
+
+    @functools.cached_property
+    def template_support(self) -> TemplateSupport:
+        """What the chat template renders itself (tools, calls, results, a system turn): probed on first use; the
+        builder asks once, off the event loop."""
+        return template_support(self.scheduler.tokenizer)
+
+    @functools.cached_property
+    def grammar(self) -> GuidedDecoder:
+        """The model's grammar compiler and its cache (llguidance loads on the first compile, so engines that
+        enforce specs themselves never load it)."""
+        info = self.scheduler.info
+        return GuidedDecoder(self.scheduler.tokenizer, info.vocab_size, info.eos_token_ids)
 
     @property
     def max_model_len(self) -> int | None:

@@ -26,6 +26,7 @@ import psutil
 
 from engines.cpu_budget import CGROUP_ROOT, PROC_CGROUP
 from gateway.repository.layout import ModelDir, resolve_source
+from gateway.repository.loaded_model import LoadedLLM, LoadedModel
 from gateway.repository.model_config import AnyModelConfig, ModelConfig
 
 log = logging.getLogger("switchyard.repository")
@@ -216,12 +217,11 @@ def estimate_bytes(model: ModelDir, config: AnyModelConfig) -> int:
     return sum(_files_bytes(model.path / str(v)) for v in model.versions)
 
 
-def reported_bytes(entry: Any) -> int | None:
+def reported_bytes(entry: LoadedModel) -> int | None:
     """What a loaded LLM's engine says it holds (weights + the whole KV pool), or None where it does not say."""
-    scheduler = getattr(entry, "scheduler", None)
-    if scheduler is None:
+    if not isinstance(entry, LoadedLLM):
         return None
-    info = scheduler.info
+    info = entry.scheduler.info
     if not info.weight_bytes:
         return None
     return int(info.weight_bytes + info.num_kv_blocks * info.block_size * info.kv_bytes_per_token)

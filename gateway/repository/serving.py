@@ -10,14 +10,14 @@ tensor models do it in `TensorModel.infer` with the same `InFlight`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from engines.interface import Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest
 from gateway.errors import ServiceUnavailableError
 from gateway.lifecycle import InFlightCount
-from gateway.scheduler.llm.interface import LLMScheduler, Passthrough, SchedulerStats
+from gateway.scheduler.llm.interface import LLMEngine, LLMScheduler, Passthrough, SchedulerStats
 
 
 class InFlight(InFlightCount):
@@ -42,16 +42,11 @@ class InFlight(InFlightCount):
 class ServingScheduler(LLMScheduler):
     """An LLM scheduler that counts its requests and hands new ones to a successor after a reload.
 
-    Everything else (stats, sessions, health, engine-specific attributes) is the wrapped scheduler's."""
+    Everything else (stats, sessions, health, the engine) is the wrapped scheduler's."""
 
     def __init__(self, inner: LLMScheduler, name: str) -> None:
         self.inner = inner
         self.in_flight = InFlight(name)
-
-    def __getattr__(self, name: str) -> Any:  # engine-specific extras (e.g. `engine`) of the wrapped scheduler
-        if name in ("inner", "in_flight"):
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     @property
     def info(self) -> EngineInfo:
@@ -61,13 +56,17 @@ class ServingScheduler(LLMScheduler):
     def tokenizer(self) -> Tokenizer:
         return self.inner.tokenizer
 
+    @property
+    def engine(self) -> LLMEngine:
+        return self.inner.engine
+
     async def start(self) -> None:
         await self.inner.start()
 
     async def stop(self) -> None:
         await self.inner.stop()
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationOutput, None]:
         successor = self.in_flight.successor
         if successor is not None:
             async with contextlib.aclosing(successor.generate(request)) as stream:

@@ -8,7 +8,7 @@ import json
 import re
 from typing import Any
 
-from gateway.openai.guided import lark_json
+from gateway.llm.grammar_compiler import lark_json
 from gateway.openai.tool_parsers.base import (
     MAX_PARALLEL_CALLS,
     ParsedCall,

@@ -7,9 +7,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from engines.interface import Tokenizer
+from engines.interface import AsyncGenerateEngine, PassthroughEngine, StepEngine, Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest
 from gateway.request_metrics import LLMRequestStats
+
+
+#: The engines an LLM scheduler drives: stepped by the gateway, batching internally, or an upstream used as it is.
+LLMEngine = StepEngine | AsyncGenerateEngine | PassthroughEngine
 
 
 @dataclass
@@ -74,6 +78,12 @@ class LLMScheduler(ABC):
     @property
     @abstractmethod
     def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    @abstractmethod
+    def engine(self) -> LLMEngine:
+        """The engine this scheduler drives: LoRA adapters load into it, its capabilities say how guided decoding
+        runs (`AsyncGenerateEngine.enforces_guided_spec`), and a failed load shuts it down."""
 
     @abstractmethod
     async def start(self) -> None: ...

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from gateway.errors import InvalidRequestError
-from gateway.openai import guided
-from gateway.openai.guided import GuidedDecoder, close_objects
+from gateway.llm import grammar_compiler
+from gateway.llm.grammar_compiler import GuidedDecoder, close_objects
 from tests.gateway.openai.conftest import EOS
 
 VOCAB = 49152
@@ -157,7 +157,7 @@ def test_compiled_grammars_are_cached_with_a_bound(smol_tokenizer) -> None:
 
 def test_compile_time_is_bounded(decoder, monkeypatch) -> None:
     compile_schema(decoder, {"enum": [0]})  # the tokenizer conversion is done once, not timed
-    monkeypatch.setattr(guided, "COMPILE_TIMEOUT_S", 0)
+    monkeypatch.setattr(grammar_compiler, "COMPILE_TIMEOUT_S", 0)
     with pytest.raises(InvalidRequestError) as info:
         compile_schema(decoder, {"type": "object", "properties": {"slow": {"type": "string"}}})
     assert "took longer" in info.value.message and info.value.param == "response_format"

@@ -134,7 +134,7 @@ class FakeLLM(LLMScheduler):
     def __init__(self, label: str, tokens: int = 3, gap: float = 0.05) -> None:
         self.label, self.tokens, self.gap = label, tokens, gap
         self.stopped = False
-        self.extra = "engine-specific"
+        self.fake_engine = object()
 
     @property
     def info(self):
@@ -143,6 +143,10 @@ class FakeLLM(LLMScheduler):
     @property
     def tokenizer(self):
         raise NotImplementedError
+
+    @property
+    def engine(self):
+        return self.fake_engine
 
     async def start(self) -> None:
         pass
@@ -169,7 +173,7 @@ async def test_llm_copies_hand_over_the_same_way() -> None:
     old_inner, new_inner = FakeLLM("old", gap=0.3), FakeLLM("new", gap=0.01)
     old = LoadedLLM(name="m", config=None, scheduler=ServingScheduler(old_inner, "m"))  # type: ignore[arg-type]
     new = LoadedLLM(name="m", config=None, scheduler=ServingScheduler(new_inner, "m"))  # type: ignore[arg-type]
-    assert old.scheduler.extra == "engine-specific" and old.scheduler.stats().running == 1  # the inner's
+    assert old.engine is old_inner.fake_engine and old.scheduler.stats().running == 1  # the inner's
     running = asyncio.create_task(collect(old.scheduler))
     await asyncio.sleep(0.02)
     assert old.in_flight == 1
