@@ -5,10 +5,10 @@ The chat, completions and embeddings handlers check a request as for any model, 
 has a `passthrough`, call `forward` instead of rendering a chat template or tokenizing: the client's body goes to
 the upstream as the client sent it (tools, response_format, logprobs and any extension field included) with only
 the gateway's own fields (`session_id`, `priority`, `timeout`: the wait for admission in the model's queue) taken
-out and `model` set to the upstream's name. Streams
-always ask for the upstream's usage (for the metrics); a client that did not ask for it gets none. Answers come back
-under our model name. The Responses and Anthropic Messages APIs convert to a `ChatCompletionRequest` and call the
-chat handler, so they reach the upstream through this seam too.
+out and `model` set to the upstream's name. Streams always ask for the upstream's usage (for the metrics); a client
+that did not ask for it gets none. Answers come back under our model name. The Responses and Anthropic Messages
+APIs convert to a `ChatCompletionRequest` and call the chat handler, so they reach the upstream through this seam
+too.
 """
 
 from __future__ import annotations
