@@ -4,10 +4,11 @@ docs/passthrough.md).
 The chat, completions and embeddings handlers check a request as for any model, then, when the model's scheduler
 has a `passthrough`, call `forward` instead of rendering a chat template or tokenizing: the client's body goes to
 the upstream as the client sent it (tools, response_format, logprobs and any extension field included) with only
-the gateway's own fields (`session_id`, `priority`) taken out and `model` set to the upstream's name. Streams
-always ask for the upstream's usage (for the metrics); a client that did not ask for it gets none. Answers come back
-under our model name. The Responses and Anthropic Messages APIs convert to a `ChatCompletionRequest` and call the
-chat handler, so they reach the upstream through this seam too.
+the gateway's own fields (`session_id`, `priority`, `timeout`: the wait for admission in the model's queue) taken
+out and `model` set to the upstream's name. Streams always ask for the upstream's usage (for the metrics); a client
+that did not ask for it gets none. Answers come back under our model name. The Responses and Anthropic Messages
+APIs convert to a `ChatCompletionRequest` and call the chat handler, so they reach the upstream through this seam
+too.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pydantic import BaseModel
 
 from gateway.scheduler.llm.interface import Passthrough
 
-GATEWAY_FIELDS = {"session_id", "priority"}  # read by the gateway (admission, KV sessions), not by upstreams
+GATEWAY_FIELDS = {"session_id", "priority", "timeout"}  # read by the gateway (admission, KV sessions), not upstreams
 
 
 def upstream_body(req: BaseModel, upstream_model: str) -> dict[str, Any]:
@@ -39,14 +40,15 @@ async def forward(direct: Passthrough, endpoint: str, req: BaseModel, name: str,
     """The upstream's answer to `req` (or, for a stream, its chunks: primed, so a failure before the first is an
     HTTP error) with `model` set to `name`, the model the client asked for."""
     body = upstream_body(req, direct.upstream_model)
+    timeout = getattr(req, "timeout", None)  # the client's admission timeout (gateway/http/request_timeout.py)
     if not body.get("stream"):
-        answer = await direct.call(endpoint, body, priority)
+        answer = await direct.call(endpoint, body, priority, timeout)
         answer["model"] = name
         return answer
     options = body.get("stream_options")
     asked = isinstance(options, dict) and bool(options.get("include_usage"))
     body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-    return _renamed(await direct.stream(endpoint, body, priority), name, force_usage or asked)
+    return _renamed(await direct.stream(endpoint, body, priority, timeout), name, force_usage or asked)
 
 
 async def _renamed(chunks: AsyncIterator[dict[str, Any]], name: str, usage: bool) -> AsyncIterator[dict[str, Any]]:

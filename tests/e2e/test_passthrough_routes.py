@@ -54,6 +54,7 @@ def gateway(server: ServerProcess, keyed_upstream: ServerProcess,
         "minilm-up": passthrough(server.base_url, "all-minilm-l6-v2"),
         "doomed": passthrough(keyed_upstream.base_url, DEFAULT_MODEL, "  api_key_file: key.txt\n"),
         "wrong-key": passthrough(keyed_upstream.base_url, DEFAULT_MODEL, "  api_key_env: WRONG_UPSTREAM_KEY\n"),
+        "narrow": passthrough(server.base_url, DEFAULT_MODEL, "scheduler:\n  max_num_seqs: 1\n  max_queue_size: 1\n"),
     }
     for name, config in models.items():
         (repo / name).mkdir()
@@ -179,6 +180,38 @@ def test_an_alias_serves_its_model_and_says_so_in_headers(client: openai.OpenAI,
     assert 'switchyard_route_requests_total{model="smol-up",route="gpt-4o-mini"}' in metrics
     assert float(next(line.split()[-1] for line in metrics.splitlines()
                       if line.startswith('switchyard_generation_tokens_total{model="smol-up"}'))) > 0
+
+
+def test_a_busy_upstreams_queue_times_out_and_sheds_in_openais_shape(client: openai.OpenAI,
+                                                                   gateway: ServerProcess) -> None:
+    """`narrow` lets one request in at a time and one wait: a request still waiting at its timeout, and one that
+    finds the queue full, get 429 with Retry-After; the one waiting within its timeout is served."""
+    holder = client.chat.completions.create(  # holds the only slot until it is closed
+        model="narrow", messages=[{"role": "user", "content": "Count to a thousand."}], max_tokens=2000,
+        stream=True, extra_body={"ignore_eos": True})
+    started = time.monotonic()
+    with pytest.raises(openai.RateLimitError) as timed_out:
+        client.chat.completions.create(model="narrow", messages=QUESTION, max_tokens=2, extra_body={"timeout": 0.3})
+    assert time.monotonic() - started >= 0.3
+    served: list[str | None] = []
+    waiter = threading.Thread(target=lambda: served.append(client.chat.completions.create(
+        model="narrow", messages=QUESTION, max_tokens=2).choices[0].message.content))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while 'switchyard_num_requests_waiting{model="narrow"} 1.0' not in httpx.get(f"{gateway.base_url}/metrics").text:
+        assert time.monotonic() < deadline, "the second request never queued"
+        time.sleep(0.02)
+    with pytest.raises(openai.RateLimitError) as shed:
+        client.chat.completions.create(model="narrow", messages=QUESTION, max_tokens=2)
+    holder.close()  # the client goes away: its slot goes to the waiting request
+    waiter.join(timeout=60)
+    assert served and served[0]
+    for err, words in ((timed_out.value, "timeout"), (shed.value, "queue is full")):
+        assert err.status_code == 429 and err.code == "model_overloaded" and err.type == "rate_limit_error"
+        assert words in err.message and err.response.headers["Retry-After"].isdigit()
+    metrics = httpx.get(f"{gateway.base_url}/metrics").text
+    for reason in ("queue_timeout", "queue_full"):
+        assert f'switchyard_requests_rejected_total{{model="narrow",reason="{reason}"}} 1.0' in metrics
 
 
 def test_killing_the_first_upstream_mid_run_fails_no_request_that_had_not_started_streaming(

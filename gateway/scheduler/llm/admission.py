@@ -1,12 +1,13 @@
 """Admission control in front of engines that batch internally (vLLM, TensorRT-LLM, remote upstreams).
 
 Those engines schedule their own steps, so the gateway does not build batches for them. It decides *which* requests
-enter the engine and *when*: at most `scheduler.max_num_seqs` at once (beyond that the engine would only queue them
-itself, where our priorities cannot reach), waiting requests ordered by (priority, arrival) with aging, the queue
-policy of queue_policy.py (a bounded queue, per-request timeouts, 429 with Retry-After), and a stream that aborts
-its engine request when the client goes away (the iterator is closed). Engine failures become the gateway's
-errors: a bad request 400, an unavailable engine 503 (and the model reports not ready), a failure mid-stream a final
-update with finish_reason "error" or "abort".
+enter the engine and *when* (admission_queue.py, shared with the passthrough scheduler): at most
+`scheduler.max_num_seqs` at once (beyond that the engine would only queue them itself, where our priorities cannot
+reach), waiting requests ordered by (priority, arrival) with aging, under the queue policy of queue_policy.py (a
+bounded queue, per-request timeouts, 429 with Retry-After). A stream aborts its engine request when the client goes
+away (the iterator is closed). Engine failures become the gateway's errors: a bad request 400, an unavailable
+engine 503 (and the model reports not ready), a failure mid-stream a final update with finish_reason "error" or
+"abort".
 
 Session affinity is the engine's business (a remote engine pins a session to one upstream); this scheduler passes
 `session_id` through and forwards `delete_session`.
@@ -14,41 +15,27 @@ Session affinity is the engine's business (a remote engine pins a session to one
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import itertools
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from engines.interface import AsyncGenerateEngine, EngineUnavailableError, Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest
 from gateway.errors import InvalidRequestError, ServiceUnavailableError
 from gateway.repository.model_config import SchedulerConfig
+from gateway.scheduler.llm.admission_queue import AdmissionQueue
 from gateway.scheduler.llm.interface import LLMScheduler, SchedulerStats
-from gateway.scheduler.llm.queue_policy import QueuePolicy
 
 log = logging.getLogger("switchyard.scheduler.admission")
-
-
-@dataclass
-class _Ticket:
-    request: GenerationRequest
-    order: int
-    granted: asyncio.Future[None]
 
 
 class AdmissionScheduler(LLMScheduler):
     def __init__(self, engine: AsyncGenerateEngine, scheduler: SchedulerConfig | None = None) -> None:
         """`scheduler`: the model config's section (`max_num_seqs` requests inside the engine at once)."""
         self._engine = engine
-        self._limits = scheduler or SchedulerConfig()
-        self._queue = QueuePolicy(self._limits)
-        self._waiting: list[_Ticket] = []
+        self._queue = AdmissionQueue(scheduler or SchedulerConfig())
         self._active: set[str] = set()
-        self._slots_used = 0
-        self._order = itertools.count()
         self._started = False
         self._stats = SchedulerStats()
 
@@ -75,12 +62,7 @@ class AdmissionScheduler(LLMScheduler):
 
     async def stop(self) -> None:
         self._started = False
-        for ticket in self._waiting:
-            if not ticket.granted.done():
-                ticket.granted.set_exception(
-                    ServiceUnavailableError("the model was unloaded", headers={"Retry-After": "5"})
-                )
-        self._waiting.clear()
+        self._queue.close()
         for request_id in list(self._active):
             try:
                 await self._engine.abort(request_id)
@@ -90,9 +72,7 @@ class AdmissionScheduler(LLMScheduler):
 
     def stats(self) -> SchedulerStats:
         self._stats.running = len(self._active)
-        self._stats.waiting = len(self._waiting)
-        self._stats.rejected = self._queue.rejected
-        self._stats.expected_wait_seconds = self._queue.expected_wait(len(self._waiting)) or 0.0
+        self._queue.record(self._stats)
         return self._stats
 
     def delete_session(self, session_id: str) -> bool:
@@ -103,20 +83,18 @@ class AdmissionScheduler(LLMScheduler):
 
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         self._check_open()
-        if self._slots_used >= self._limits.max_num_seqs or self._waiting:
-            self._queue.admit(request, (t.request for t in self._waiting))
         if request.request_id in self._active:
             raise ValueError(f"duplicate request id {request.request_id}")
         if not request.arrival_time:
             request.arrival_time = time.monotonic()
-        await self._acquire(request)
+        await self._queue.acquire(request)
         self._stats.requests.scheduled(request.request_id)
         try:
             async with contextlib.aclosing(self._run(request)) as updates:
                 async for out in updates:
                     yield out
         finally:
-            self._release()
+            self._queue.release()
 
     # -- admission ----------------------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -126,51 +104,6 @@ class AdmissionScheduler(LLMScheduler):
             raise ServiceUnavailableError(
                 "the model's engine is unavailable; try again later", headers={"Retry-After": "5"}
             )
-
-    async def _acquire(self, request: GenerationRequest) -> None:
-        if self._slots_used < self._limits.max_num_seqs and not self._waiting:
-            self._slots_used += 1
-            return
-        ticket = _Ticket(request, next(self._order), asyncio.get_running_loop().create_future())
-        self._waiting.append(ticket)
-        self._queue.rate.update(time.monotonic(), len(self._waiting))
-        try:
-            timeout = self._queue.timeout(request)
-            if timeout is not None:
-                try:  # shielded: a timeout must not cancel a slot granted in the same tick
-                    await asyncio.wait_for(asyncio.shield(ticket.granted), timeout)
-                except TimeoutError:
-                    if not ticket.granted.done():
-                        error = self._queue.on_expired(request, len(self._waiting))
-                        if error is not None:  # REJECT: leave the queue (finally below) and refuse
-                            raise error from None
-            await ticket.granted  # DELAY, or no timeout
-        except BaseException:
-            if ticket in self._waiting:
-                self._waiting.remove(ticket)
-                self._queue.rate.update(time.monotonic(), len(self._waiting))
-            elif ticket.granted.done() and not ticket.granted.cancelled() and ticket.granted.exception() is None:
-                self._release()  # granted a slot in the same tick the caller went away: hand it on
-            raise
-        finally:
-            self._queue.forget(request.request_id)
-
-    def _release(self) -> None:
-        self._slots_used -= 1
-        self._dispatch()
-
-    def _dispatch(self) -> None:
-        now = time.monotonic()
-        admitted = 0
-        while self._waiting and self._slots_used < self._limits.max_num_seqs:
-            ticket = min(self._waiting, key=lambda t: self._queue.sort_key(t.request, t.order, now))
-            self._waiting.remove(ticket)
-            if ticket.granted.done():  # its caller gave up already
-                continue
-            self._slots_used += 1
-            admitted += 1
-            ticket.granted.set_result(None)
-        self._queue.rate.update(now, len(self._waiting), admitted)
 
     # -- one request inside the engine --------------------------------------------------------------------------
     async def _run(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:

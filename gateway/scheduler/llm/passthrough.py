@@ -1,9 +1,10 @@
 """`PassthroughScheduler`: the scheduler of a model served by an upstream used as it is (`backend: openai`).
 
-It admits requests as the admission scheduler does (`max_num_seqs` in flight, the rest waiting by priority, a
-bounded queue), records the same request metrics (time to first token, tokens, latency, Triton's counters: each
-answer is passed through `LLMRequestStats.observe` as `GenerationOutput` updates that carry the upstream's body),
-and turns the engine's errors into the gateway's. It holds no tokenizer: paths that need one (tokenize, KServe v2
+It admits requests with the admission scheduler's queue (admission_queue.py: `max_num_seqs` in flight, the rest
+waiting by priority, a bounded queue, timeouts and expected-wait shedding, 429 with Retry-After), records the same
+request metrics (time to first token, tokens, latency, Triton's counters: each answer is passed through
+`LLMRequestStats.observe` as `GenerationOutput` updates that carry the upstream's body), and turns the engine's
+errors into the gateway's. It holds no tokenizer: paths that need one (tokenize, KServe v2
 generate, Anthropic's count_tokens) answer 400 and say why.
 """
 
@@ -169,12 +170,12 @@ class PassthroughScheduler(LLMScheduler, Passthrough):
 
     async def stop(self) -> None:
         self._started = False
-        self._queue.fail_waiting(ServiceUnavailableError("the model was unloaded", headers={"Retry-After": "5"}))
+        self._queue.close()
         await self._engine.shutdown()
 
     def stats(self) -> SchedulerStats:
         self._stats.running = self._running
-        self._stats.waiting = self._queue.waiting
+        self._queue.record(self._stats)
         return self._stats
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
@@ -186,16 +187,18 @@ class PassthroughScheduler(LLMScheduler, Passthrough):
     def upstream_model(self) -> str:
         return self._engine.upstream_model
 
-    async def call(self, endpoint: str, body: dict[str, Any], priority: int = 0) -> dict[str, Any]:
-        request = self._shadow(body, priority)
+    async def call(self, endpoint: str, body: dict[str, Any], priority: int = 0,
+                   timeout: float | None = None) -> dict[str, Any]:
+        request = self._shadow(body, priority, timeout)
         answer: dict[str, Any] | None = None
         async for out in self._stats.requests.observe(request, self._answer(request, endpoint, body)):
             answer = out.body if isinstance(out, _Update) else answer
         assert answer is not None  # _answer yields exactly one update, with the body
         return answer
 
-    async def stream(self, endpoint: str, body: dict[str, Any], priority: int = 0) -> AsyncIterator[dict[str, Any]]:
-        request = self._shadow(body, priority)
+    async def stream(self, endpoint: str, body: dict[str, Any], priority: int = 0,
+                     timeout: float | None = None) -> AsyncIterator[dict[str, Any]]:
+        request = self._shadow(body, priority, timeout)
         updates = self._stats.requests.observe(request, self._chunks(request, endpoint, body))
         try:
             first = await anext(updates)
@@ -206,17 +209,17 @@ class PassthroughScheduler(LLMScheduler, Passthrough):
 
     # -- one request --------------------------------------------------------------------------------------------
     @staticmethod
-    def _shadow(body: dict[str, Any], priority: int) -> GenerationRequest:
+    def _shadow(body: dict[str, Any], priority: int, timeout: float | None) -> GenerationRequest:
         """The request as the admission queue and the request metrics see it (no prompt tokens are known here)."""
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         sampling = SamplingParams(max_tokens=max_tokens if isinstance(max_tokens, int) else 0)
-        return GenerationRequest(f"passthrough-{next(_ids)}", [], sampling, priority, arrival_time=time.monotonic())
+        return GenerationRequest(f"passthrough-{next(_ids)}", [], sampling, priority, arrival_time=time.monotonic(),
+                                 queue_timeout=timeout)
 
     @contextlib.asynccontextmanager
     async def _admitted(self, request: GenerationRequest) -> AsyncIterator[None]:
         if not self._started:
             raise ServiceUnavailableError("the model is not running; try again later", headers={"Retry-After": "5"})
-        self._queue.check_room()
         await self._queue.acquire(request)
         self._stats.requests.scheduled(request.request_id)
         self._running += 1

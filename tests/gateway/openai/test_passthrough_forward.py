@@ -17,18 +17,20 @@ USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
 
 class Recorder(Passthrough):
     def __init__(self) -> None:
-        self.sent: list[tuple[str, dict[str, Any], int]] = []
+        self.sent: list[tuple[str, dict[str, Any], int, float | None]] = []
 
     @property
     def upstream_model(self) -> str:
         return "their-name"
 
-    async def call(self, endpoint: str, body: dict[str, Any], priority: int = 0) -> dict[str, Any]:
-        self.sent.append((endpoint, body, priority))
+    async def call(self, endpoint: str, body: dict[str, Any], priority: int = 0,
+                   timeout: float | None = None) -> dict[str, Any]:
+        self.sent.append((endpoint, body, priority, timeout))
         return {"model": "their-name", "choices": [], "usage": USAGE}
 
-    async def stream(self, endpoint: str, body: dict[str, Any], priority: int = 0) -> AsyncIterator[dict[str, Any]]:
-        self.sent.append((endpoint, body, priority))
+    async def stream(self, endpoint: str, body: dict[str, Any], priority: int = 0,
+                     timeout: float | None = None) -> AsyncIterator[dict[str, Any]]:
+        self.sent.append((endpoint, body, priority, timeout))
 
         async def chunks() -> AsyncIterator[dict[str, Any]]:
             yield {"model": "their-name", "choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": None}
@@ -41,7 +43,7 @@ def test_the_body_is_what_the_client_sent_less_the_gateways_fields() -> None:
     req = ChatCompletionRequest.model_validate({
         "model": "ours", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
         "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}},
-        "session_id": "s1", "priority": -5, "cache_prompt": False, "temperature": 0})
+        "session_id": "s1", "priority": -5, "timeout": 2.5, "cache_prompt": False, "temperature": 0})
     body = upstream_body(req, "their-name")
     assert body == {
         "model": "their-name", "temperature": 0.0, "cache_prompt": False,
@@ -58,11 +60,13 @@ def test_an_adapters_tool_fields_without_tools_are_left_out() -> None:
     assert "include_stop_str_in_output" not in body and body["max_tokens"] == 5
 
 
-async def test_answers_come_back_under_our_name() -> None:
+async def test_answers_come_back_under_our_name_and_admission_fields_go_to_the_queue() -> None:
     upstream = Recorder()
-    req = ChatCompletionRequest.model_validate({"model": "ours", "messages": [{"role": "user", "content": "Hi"}]})
+    req = ChatCompletionRequest.model_validate({"model": "ours", "messages": [{"role": "user", "content": "Hi"}],
+                                                "timeout": 2.5})
     answer = await forward(upstream, "chat/completions", req, "ours", priority=3)
-    assert answer["model"] == "ours" and upstream.sent[0][0] == "chat/completions" and upstream.sent[0][2] == 3
+    assert answer["model"] == "ours" and upstream.sent[0][0] == "chat/completions"
+    assert upstream.sent[0][2:] == (3, 2.5) and "timeout" not in upstream.sent[0][1]
 
 
 async def test_streams_ask_for_usage_and_pass_it_on_only_when_asked() -> None:

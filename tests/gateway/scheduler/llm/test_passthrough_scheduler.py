@@ -15,6 +15,7 @@ from gateway.errors import (
     BadGatewayError,
     GatewayTimeoutError,
     InvalidRequestError,
+    OverloadedError,
     PayloadTooLargeError,
     RateLimitError,
     ServiceUnavailableError,
@@ -136,6 +137,21 @@ async def test_requests_beyond_max_num_seqs_wait_and_a_full_queue_refuses() -> N
     upstream.gate.set()
     await asyncio.gather(*calls)
     assert upstream.max_in_flight == 2
+
+
+async def test_a_request_waiting_past_its_own_timeout_is_refused_and_counted() -> None:
+    upstream = ScriptedUpstream()
+    upstream.gate = asyncio.Event()
+    scheduler = await started(upstream, max_num_seqs=1)
+    holder = asyncio.create_task(scheduler.call("chat/completions", {}))
+    await asyncio.sleep(0.01)
+    with pytest.raises(OverloadedError, match=r"waited 0\.05 s") as err:
+        await scheduler.stream("chat/completions", {"stream": True}, timeout=0.05)
+    assert err.value.reason == "queue_timeout" and err.value.headers["Retry-After"].isdigit()
+    stats = scheduler.stats()
+    assert (stats.waiting, stats.rejected, len(upstream.bodies)) == (0, {"queue_timeout": 1}, 1)
+    upstream.gate.set()
+    await holder  # the running request was never touched
 
 
 async def test_no_tokenizer_is_a_clear_400() -> None:
