@@ -51,8 +51,8 @@ TENSOR = "circle_pipeline"
 MODELS = (LLM, EMBEDDER, "circle_classifier", "circle_forest", "circle_preprocess", "circle_postprocess", TENSOR)
 GROWTH = 0.05
 LARGE_MAPPING = 256 << 20  # the engine's KV pools and packed weights: mappings of their own (see `sample`)
-GROWING = ("rss_mib", "heap_mib", "fds", "threads")  # reported
-CHECKED = ("heap_mib", "fds", "threads")  # held to GROWTH
+GROWING = ("rss_mib", "heap_mib", "large_mib", "fds", "threads")  # reported
+CHECKED = ("heap_mib", "large_mib", "fds", "threads")  # held to GROWTH
 REQUEST_TIMEOUT = 120.0
 DOCUMENTED = (429, 503)  # refusals a client is told to retry (Retry-After)
 DONE = ("completed", "incomplete")  # a response's ends that are answers (incomplete: cut by max_output_tokens)
@@ -90,6 +90,7 @@ class Sample:
     fds: int
     threads: int
     heap_mib: float  # resident outside the anonymous mappings of LARGE_MAPPING and more (see `sample`)
+    large_mib: float  # mapped in those mappings: a model copy's KV pool that outlived its reload shows here
 
 
 @dataclass
@@ -152,25 +153,29 @@ def sample(pid: int, at: float) -> Sample:
     """The server's resources now. The native engine's KV pools and packed weights are anonymous mappings of their
     own, each far larger than a malloc arena (64 MiB); a KV pool is faulted in block by block as the prefix cache
     first uses it, so the whole RSS keeps growing for as long as traffic reaches blocks it never touched (up to the
-    pool's size, by design). A leak shows outside those mappings: in the heap, the arenas and smaller mappings."""
+    pool's size, by design). A leak shows outside those mappings (the heap, the arenas, smaller mappings), and a
+    model copy that outlives its reload as more of them (`large_mib`)."""
     proc = Path(f"/proc/{pid}")
     status = dict(line.split(":", 1) for line in (proc / "status").read_text().splitlines() if ":" in line)
     rss_kib = int(status["VmRSS"].split()[0])
+    mapped_kib, resident_kib = large_mappings(pid)
     return Sample(at, rss_kib / 1024, len(list((proc / "fd").iterdir())), int(status["Threads"]),
-                  (rss_kib - _large_anonymous_kib(proc)) / 1024)
+                  (rss_kib - resident_kib) / 1024, mapped_kib / 1024)
 
 
-def _large_anonymous_kib(proc: Path) -> int:
-    """Resident KiB of the anonymous mappings of at least LARGE_MAPPING bytes (from /proc/PID/smaps)."""
-    total, large = 0, False
-    for line in (proc / "smaps").read_text().splitlines():
+def large_mappings(pid: int) -> tuple[int, int]:
+    """KiB mapped and KiB resident in the anonymous mappings of at least LARGE_MAPPING bytes (/proc/PID/smaps)."""
+    mapped = resident = 0
+    large = False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         head = line.split(maxsplit=6)
-        if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):  # a mapping's first line
+        if "-" in head[0] and not head[0].endswith(":"):  # a mapping's first line; anonymous: no path after 5 fields
             start, end = (int(x, 16) for x in head[0].split("-"))
             large = len(head) == 5 and end - start >= LARGE_MAPPING
+            mapped += (end - start) // 1024 if large else 0
         elif large and head[0] == "Rss:":
-            total += int(head[1])
-    return total
+            resident += int(head[1])
+    return mapped, resident
 
 
 def scrape(base_url: str) -> tuple[dict[str, int], int, float]:

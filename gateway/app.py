@@ -198,8 +198,9 @@ def _lifespan(config: ServerConfig, control: ModelControl, access: AccessControl
             config.batch_max_requests, config.batch_max_concurrency, lambda: not access.lifecycle.draining)
         await app.state.key_service.open()
         control.residency.starting()  # requests that arrive while the startup models load wait for them
-        loaded = await asyncio.to_thread(control.load_all)
-        loaded = await control.start_all(loaded)  # then models load on request and idle ones expire
+        # then models load on request and idle ones expire; only the names are kept: a copy held here for the
+        # server's life would outlive its reload or unload
+        served = [m.name for m in await control.start_all(await asyncio.to_thread(control.load_all))]
         await app.state.batch_api.start()  # resumes the batches a previous run left unfinished
         metrics_server = None
         if config.metrics_port:
@@ -215,7 +216,7 @@ def _lifespan(config: ServerConfig, control: ModelControl, access: AccessControl
         app.state.ready = True
         log.info(
             "Switchyard %s serving %s on http://%s:%d/v1%s",
-            __version__, ", ".join(m.name for m in loaded) or "no model yet (they load on request)", config.host,
+            __version__, ", ".join(served) or "no model yet (they load on request)", config.host,
             config.http_port,
             f" and gRPC {config.host}:{config.grpc_port}" if grpc_server else "",
         )

@@ -517,6 +517,9 @@ class Retirement:
         task = asyncio.create_task(self.drain_and_stop(old, successor), name=f"retire-{old.name}")
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        # Collected once the task's frame, the last holder of the old copy, is gone: collected from inside it, the
+        # copy survived, was frozen again with the survivors and was never freed (a whole model a reload).
+        task.add_done_callback(lambda _: collect_retired())
         return task
 
     async def drain_and_stop(self, old: LoadedModel, successor: LoadedModel | None) -> None:
@@ -529,7 +532,6 @@ class Retirement:
                         old.name, old.in_flight, self.drain_timeout_s)
         finally:
             await stop_quietly(old)
-            collect_retired()
             if self.on_stopped is not None:
                 self.on_stopped(old, successor)
 

@@ -5,12 +5,15 @@ KServe pipeline; explicit model control with an admin key):
   control model answers between them;
 - the soak: 40 seconds of bench/soak.py's mixed traffic with a reload of the LLM in it loses no request,
   answers none with an unexpected status, grows no resource after warm-up, leaves the KV pool idle, and the
-  server's counters equal the client's.
+  server's counters equal the client's;
+- reloads free the copy they replace: after three reloads of the LLM loaded at startup, the server maps one KV
+  pool, not four (the startup copy was once held for the server's life, and every later copy through it).
 """
 
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +21,7 @@ import httpx
 import pytest
 
 from bench.gguf_files import shipped_gguf
-from bench.soak import LLM, Server, soak, soak_repository
+from bench.soak import LLM, Server, large_mappings, soak, soak_repository
 from engines.pytorch.gguf_file import read_layout
 from tests.conftest import ADMIN_HEADERS, ADMIN_KEY, ServerProcess, free_port
 
@@ -123,3 +126,20 @@ def test_soak(served: tuple[ServerProcess, Path]) -> None:
     assert report.reloads == 1 and report.outcomes["reload"] == {"ok": 1}, report.summary()
     assert all(report.outcomes.get(kind, {}).get("ok") for kind in ("chat_n", "embeddings", "kserve_grpc")), \
         report.summary()
+
+
+def test_reloads_free_the_copies_they_replace(served: tuple[ServerProcess, Path]) -> None:
+    proc, _ = served
+    pid = proc.proc.pid
+    one_copy = large_mappings(pid)[0]
+    assert one_copy > 0  # the KV pool is a mapping of its own
+    for _ in range(3):
+        r = httpx.post(f"{proc.base_url}/v2/repository/models/{LLM}/load", headers=ADMIN_HEADERS, timeout=600)
+        assert r.status_code == 200, r.text
+        chat = httpx.post(f"{proc.base_url}/v1/chat/completions", timeout=120, json={
+            "model": LLM, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})
+        assert chat.status_code == 200, chat.text
+    deadline = time.monotonic() + 30  # the replaced copies stop once drained (idle here: at once)
+    while large_mappings(pid)[0] > one_copy and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert large_mappings(pid)[0] == one_copy
