@@ -104,6 +104,7 @@ class OpenAIUpstream(PassthroughEngine):
         if settings.api_key:
             self._headers["Authorization"] = f"Bearer {settings.api_key}"
         self._client: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None
 
     @property
     def info(self) -> EngineInfo:
@@ -121,20 +122,36 @@ class OpenAIUpstream(PassthroughEngine):
             connector=aiohttp.TCPConnector(limit=s.max_connections), cookie_jar=aiohttp.DummyCookieJar(),
             timeout=timeout, raise_for_status=False,
         )
+        # Retries of a request whose pooled connection the upstream had closed: each on a connection of its own.
+        self._fresh = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(force_close=True), cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=timeout, raise_for_status=False,
+        )
 
     async def shutdown(self) -> None:
-        if self._client is not None:
-            await self._client.close()
+        for client in (self._client, self._fresh):
+            if client is not None:
+                await client.close()
 
-    def _session(self) -> aiohttp.ClientSession:
-        if self._client is None:
+    @contextlib.asynccontextmanager
+    async def _post(self, endpoint: str, body: dict[str, Any], headers: dict[str, str]
+                    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST to the upstream. A kept-alive connection the upstream closed while idle (llama.cpp's server closes
+        one after each streamed answer without saying so) fails as it is used, before anything is answered: the
+        request is sent once more, on a new connection."""
+        if self._client is None or self._fresh is None:
             raise UpstreamUnreachableError("the upstream's connection pool is not open (the model is not started)")
-        return self._client
+        url, data, headers = f"{self._root}/{endpoint}", orjson.dumps(body), {**headers, **self._headers}
+        try:
+            resp = await self._client.post(url, data=data, headers=headers)
+        except aiohttp.ServerDisconnectedError:
+            resp = await self._fresh.post(url, data=data, headers=headers)
+        async with resp:
+            yield resp
 
     async def request(self, endpoint: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-        url = f"{self._root}/{endpoint}"
         try:
-            async with self._session().post(url, data=orjson.dumps(body), headers={**headers, **self._headers}) as resp:
+            async with self._post(endpoint, body, headers) as resp:
                 raw = await _body(resp)
                 if resp.status != 200:
                     raise _error(resp.status, raw, resp.headers.get("Retry-After"))
@@ -150,9 +167,8 @@ class OpenAIUpstream(PassthroughEngine):
 
     async def stream(self, endpoint: str, body: dict[str, Any], headers: dict[str, str]
                      ) -> AsyncIterator[dict[str, Any]]:
-        url = f"{self._root}/{endpoint}"
         try:
-            async with self._session().post(url, data=orjson.dumps(body), headers={**headers, **self._headers}) as resp:
+            async with self._post(endpoint, body, headers) as resp:
                 if resp.status != 200:
                     raise _error(resp.status, await _body(resp), resp.headers.get("Retry-After"))
                 lines = _lines(resp)
