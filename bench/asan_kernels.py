@@ -29,13 +29,21 @@ UNSUPPORTED = 77
 ASAN_OPTIONS = f"detect_leaks=0:halt_on_error=1:exitcode={ASAN_EXIT}:detect_stack_use_after_return=0"
 KERNEL_TESTS = "tests/engines/pytorch"
 SUBSET = [  # one test file per kernel library: argmax, paged attention, the GEMM's block types, step replay, moe
-    f"{KERNEL_TESTS}/test_argmax.py", f"{KERNEL_TESTS}/test_paged_attention.py",
-    f"{KERNEL_TESTS}/test_gguf_blocks_kernels.py", f"{KERNEL_TESTS}/test_kernel_steps_fuzz.py",
+    f"{KERNEL_TESTS}/test_argmax.py",
+    f"{KERNEL_TESTS}/test_paged_attention.py",
+    f"{KERNEL_TESTS}/test_gguf_blocks_kernels.py",
+    f"{KERNEL_TESTS}/test_kernel_steps_fuzz.py",
 ]
 FULL = [
-    *SUBSET, f"{KERNEL_TESTS}/test_linear.py", f"{KERNEL_TESTS}/test_step_replay.py", f"{KERNEL_TESTS}/test_native.py",
-    f"{KERNEL_TESTS}/test_cpu_budget_kernels.py", f"{KERNEL_TESTS}/test_step_layout.py",
-    f"{KERNEL_TESTS}/test_expert_blocks.py", f"{KERNEL_TESTS}/test_gguf_blocks_int8.py", f"{KERNEL_TESTS}/layers",
+    *SUBSET,
+    f"{KERNEL_TESTS}/test_linear.py",
+    f"{KERNEL_TESTS}/test_step_replay.py",
+    f"{KERNEL_TESTS}/test_native.py",
+    f"{KERNEL_TESTS}/test_cpu_budget_kernels.py",
+    f"{KERNEL_TESTS}/test_step_layout.py",
+    f"{KERNEL_TESTS}/test_expert_blocks.py",
+    f"{KERNEL_TESTS}/test_gguf_blocks_int8.py",
+    f"{KERNEL_TESTS}/layers",
 ]
 # what the subprocess runs: the server's build flags with ASan's appended (in place: test modules that imported the
 # list see it), then pytest
@@ -60,8 +68,11 @@ def asan_runtime() -> str | None:
     with tempfile.TemporaryDirectory() as tmp:
         probe = Path(tmp) / "probe.c"
         probe.write_text("int probe(int *p) { return p[0]; }\n")
-        built = subprocess.run([cc, *FLAGS, "-shared", "-fPIC", "-o", str(Path(tmp) / "probe.so"), str(probe)],
-                               capture_output=True, check=False)
+        built = subprocess.run(
+            [cc, *FLAGS, "-shared", "-fPIC", "-o", str(Path(tmp) / "probe.so"), str(probe)],
+            capture_output=True,
+            check=False,
+        )
     return runtime if built.returncode == 0 else None
 
 

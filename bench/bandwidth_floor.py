@@ -61,12 +61,29 @@ def _reader() -> ctypes.CDLL:
         sys.exit("no C compiler (cc) to build bench/read_bandwidth.c")
     folder = Path(tempfile.mkdtemp(prefix="read-bandwidth-"))
     lib = folder / "read_bandwidth.so"
-    subprocess.run([cc, "-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-o", str(lib),
-                    str(ROOT / "bench" / "read_bandwidth.c")], check=True)
+    subprocess.run(
+        [
+            cc,
+            "-O3",
+            "-march=native",
+            "-shared",
+            "-fPIC",
+            "-pthread",
+            "-o",
+            str(lib),
+            str(ROOT / "bench" / "read_bandwidth.c"),
+        ],
+        check=True,
+    )
     dll = ctypes.CDLL(str(lib))
     dll.read_passes.restype = ctypes.c_double
-    dll.read_passes.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                                ctypes.POINTER(ctypes.c_uint64)]
+    dll.read_passes.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_uint64),
+    ]
     shutil.rmtree(folder, ignore_errors=True)  # the library stays mapped
     return dll
 
@@ -134,8 +151,14 @@ def decode_bytes(gguf: Path) -> dict[str, int]:
     layers = sum(n for name, n in sizes.items() if name.startswith("blk.") and "_exps." not in name)
     layers += round(experts * share)
     norms = sum(n for name, n in sizes.items() if not name.startswith("blk.") and name.endswith("norm.weight"))
-    return {"layers": layers, "lm_head": lm_head, "norms": norms, "total": layers + lm_head + norms,
-            "experts_all": experts, "expert_share": share}
+    return {
+        "layers": layers,
+        "lm_head": lm_head,
+        "norms": norms,
+        "total": layers + lm_head + norms,
+        "experts_all": experts,
+        "expert_share": share,
+    }
 
 
 def decode_step_seconds(gguf: Path, threads: int, steps: int, prompt_len: int = 128) -> float:
@@ -144,8 +167,14 @@ def decode_step_seconds(gguf: Path, threads: int, steps: int, prompt_len: int = 
     from engines.pytorch.engine import PyTorchEngine
 
     max_len = prompt_len + steps + 8
-    engine = PyTorchEngine(gguf, dtype="float32", kv_cache_tokens=(max_len // BLOCK + 2) * BLOCK,
-                           block_size=BLOCK, gemm_threads=threads, max_model_len=max_len + BLOCK)
+    engine = PyTorchEngine(
+        gguf,
+        dtype="float32",
+        kv_cache_tokens=(max_len // BLOCK + 2) * BLOCK,
+        block_size=BLOCK,
+        gemm_threads=threads,
+        max_model_len=max_len + BLOCK,
+    )
     seqs = _Seqs(1, prompt_len, max_len, max_len // BLOCK + 2, seed=1)
     while seqs.pos[0] < prompt_len:
         batch = seqs.steps()
@@ -162,12 +191,14 @@ def decode_step_seconds(gguf: Path, threads: int, steps: int, prompt_len: int = 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=2,
-                        help="reading threads, and the engine's (default: %(default)s)")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="reading threads, and the engine's (default: %(default)s)"
+    )
     parser.add_argument("--mib", type=int, help="working set in MiB (default: 4x the last-level cache, at least 1024)")
     parser.add_argument("--small-pages", action="store_true", help="also read a buffer on 4 KiB pages")
-    parser.add_argument("--reps", type=int, default=8,
-                        help="passes per measure; the best counts (default: %(default)s)")
+    parser.add_argument(
+        "--reps", type=int, default=8, help="passes per measure; the best counts (default: %(default)s)"
+    )
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--model", help="a model of bench/real_size_models.py (llama-1b, ...), made if missing")
     group.add_argument("--gguf", type=Path, help="a GGUF file to take the engine's fraction on")
@@ -177,17 +208,26 @@ def main() -> None:
     llc = last_level_cache_bytes()
     nbytes = (args.mib << 20) if args.mib else max(4 * llc, 1 << 30)
     if llc and nbytes <= llc:
-        print(f"warning: a {nbytes >> 20} MiB working set fits the {llc >> 20} MiB last-level cache: this measures "
-              "the cache, not memory", flush=True)
+        print(
+            f"warning: a {nbytes >> 20} MiB working set fits the {llc >> 20} MiB last-level cache: this measures "
+            "the cache, not memory",
+            flush=True,
+        )
     buf = Bandwidth(nbytes)
     before = buf.read(args.threads, args.reps)
     huge = f"{buf.huge_kib >> 10} MiB of it on 2 MiB pages" if buf.huge_kib is not None else "page size unknown"
-    print(f"last-level cache {llc >> 20} MiB; working set {buf.nbytes >> 20} MiB from the engine's allocator "
-          f"({huge}); {args.threads} threads: {before / 1e9:.1f} GB/s", flush=True)
+    print(
+        f"last-level cache {llc >> 20} MiB; working set {buf.nbytes >> 20} MiB from the engine's allocator "
+        f"({huge}); {args.threads} threads: {before / 1e9:.1f} GB/s",
+        flush=True,
+    )
     if args.small_pages:
         small = Bandwidth(nbytes, small_pages=True)
-        print(f"the same on 4 KiB pages ({(small.huge_kib or 0) >> 10} MiB on 2 MiB pages): "
-              f"{small.read(args.threads, args.reps) / 1e9:.1f} GB/s", flush=True)
+        print(
+            f"the same on 4 KiB pages ({(small.huge_kib or 0) >> 10} MiB on 2 MiB pages): "
+            f"{small.read(args.threads, args.reps) / 1e9:.1f} GB/s",
+            flush=True,
+        )
         del small
     gguf = args.gguf
     if args.model:
@@ -197,21 +237,32 @@ def main() -> None:
     if gguf is None:
         return
     weights = decode_bytes(gguf)
-    share = (f"; experts: {weights['expert_share']:.3f} of {weights['experts_all'] / 1e6:.0f} MB"
-             if weights["experts_all"] else "")
-    print(f"{gguf.name}: {gguf.stat().st_size / 1e6:.0f} MB; a decode token reads {weights['total'] / 1e6:.1f} MB of "
-          f"weights (layers {weights['layers'] / 1e6:.1f}, lm_head {weights['lm_head'] / 1e6:.1f}{share})", flush=True)
+    share = (
+        f"; experts: {weights['expert_share']:.3f} of {weights['experts_all'] / 1e6:.0f} MB"
+        if weights["experts_all"]
+        else ""
+    )
+    print(
+        f"{gguf.name}: {gguf.stat().st_size / 1e6:.0f} MB; a decode token reads {weights['total'] / 1e6:.1f} MB of "
+        f"weights (layers {weights['layers'] / 1e6:.1f}, lm_head {weights['lm_head'] / 1e6:.1f}{share})",
+        flush=True,
+    )
     if llc and weights["total"] <= llc:
-        print(f"warning: {weights['total'] >> 20} MiB of weights fit the {llc >> 20} MiB cache: not a floor",
-              flush=True)
+        print(
+            f"warning: {weights['total'] >> 20} MiB of weights fit the {llc >> 20} MiB cache: not a floor", flush=True
+        )
     step = decode_step_seconds(gguf, args.threads, args.steps)
     after = buf.read(args.threads, args.reps)
     bandwidth = max(before, after)
     floor = weights["total"] / bandwidth
-    print(f"read bandwidth before / after the steps: {before / 1e9:.1f} / {after / 1e9:.1f} GB/s; floor "
-          f"{floor * 1000:.2f} ms a token ({1 / floor:.1f} tok/s)")
-    print(f"engine decode step at batch 1 (median of {args.steps}): {step * 1000:.2f} ms ({1 / step:.1f} tok/s); "
-          f"weights read at {weights['total'] / step / 1e9:.1f} GB/s: {floor / step:.2f} of the floor")
+    print(
+        f"read bandwidth before / after the steps: {before / 1e9:.1f} / {after / 1e9:.1f} GB/s; floor "
+        f"{floor * 1000:.2f} ms a token ({1 / floor:.1f} tok/s)"
+    )
+    print(
+        f"engine decode step at batch 1 (median of {args.steps}): {step * 1000:.2f} ms ({1 / step:.1f} tok/s); "
+        f"weights read at {weights['total'] / step / 1e9:.1f} GB/s: {floor / step:.2f} of the floor"
+    )
 
 
 if __name__ == "__main__":

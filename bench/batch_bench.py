@@ -39,8 +39,14 @@ from bench.loadgen import random_prompts, run_load, sse_chunks  # noqa: E402
 from bench.serve_bench import SHIPPED_CONFIG, _port, _wait_ready, stop  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
-QUESTIONS = ["What is the capital of France?", "Explain what a CPU cache is.", "Write a haiku about rain.",
-             "Name three prime numbers.", "How do planes fly?", "What is a linked list?"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Explain what a CPU cache is.",
+    "Write a haiku about rain.",
+    "Name three prime numbers.",
+    "How do planes fly?",
+    "What is a linked list?",
+]
 
 
 def start(workdir: Path, batch_concurrency: int) -> tuple[subprocess.Popen, str]:
@@ -48,17 +54,40 @@ def start(workdir: Path, batch_concurrency: int) -> tuple[subprocess.Popen, str]
     repo.mkdir(parents=True)
     repo.joinpath("config.yaml").write_text(SHIPPED_CONFIG.read_text())
     port = _port()
-    cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(repo.parent), "--http-port",
-           str(port), "--metrics-port", "0", "--grpc-port", "0", "--log-level", "warning",
-           "--files-dir", str(workdir / "files"), "--batch-max-concurrency", str(batch_concurrency)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--model-repository",
+        str(repo.parent),
+        "--http-port",
+        str(port),
+        "--metrics-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--log-level",
+        "warning",
+        "--files-dir",
+        str(workdir / "files"),
+        "--batch-max-concurrency",
+        str(batch_concurrency),
+    ]
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1])
     _wait_ready(f"http://127.0.0.1:{port}/health", proc)
     return proc, f"http://127.0.0.1:{port}"
 
 
 async def chat_ttft(session: aiohttp.ClientSession, question: str, output_len: int) -> float:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": output_len,
-            "temperature": 0, "ignore_eos": True, "stream": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": output_len,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     begin = time.perf_counter()
     ttft = 0.0
     async with session.post("/v1/chat/completions", json=body) as resp:
@@ -69,8 +98,9 @@ async def chat_ttft(session: aiohttp.ClientSession, question: str, output_len: i
     return ttft
 
 
-async def chats(base_url: str, concurrency: int, count: int, output_len: int,
-                until: asyncio.Event | None = None) -> list[float]:
+async def chats(
+    base_url: str, concurrency: int, count: int, output_len: int, until: asyncio.Event | None = None
+) -> list[float]:
     """TTFTs of `count` chats at `concurrency` (or, with `until`, as many as run until it is set, at least one
     round)."""
     ttfts: list[float] = []
@@ -89,9 +119,15 @@ async def chats(base_url: str, concurrency: int, count: int, output_len: int,
 
 
 def batch_file(prompts: list[list[int]], output_len: int) -> bytes:
-    lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/completions",
-              "body": {"model": MODEL, "prompt": p, "max_tokens": output_len, "temperature": 0, "ignore_eos": True}}
-             for i, p in enumerate(prompts)]
+    lines = [
+        {
+            "custom_id": f"line-{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": MODEL, "prompt": p, "max_tokens": output_len, "temperature": 0, "ignore_eos": True},
+        }
+        for i, p in enumerate(prompts)
+    ]
     return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
 
 
@@ -102,8 +138,12 @@ async def run_batch_with_chats(base_url: str, prompts: list[list[int]], args: ar
     begin = time.perf_counter()
     batch = await client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h")
     chat_task = asyncio.create_task(chats(base_url, args.chat_concurrency, 10**9, args.output_len, until=done))
-    while (batch := await client.batches.retrieve(batch.id)).status not in ("completed", "failed", "cancelled",
-                                                                             "expired"):
+    while (batch := await client.batches.retrieve(batch.id)).status not in (
+        "completed",
+        "failed",
+        "cancelled",
+        "expired",
+    ):
         await asyncio.sleep(0.25)
     elapsed = time.perf_counter() - begin
     done.set()
@@ -111,8 +151,12 @@ async def run_batch_with_chats(base_url: str, prompts: list[list[int]], args: ar
     assert batch.status == "completed", batch
     assert batch.request_counts is not None and batch.request_counts.completed == len(prompts), batch.request_counts
     output_tokens = batch.usage.output_tokens if batch.usage else len(prompts) * args.output_len
-    return {"batch_tok_s": output_tokens / elapsed, "batch_seconds": elapsed,
-            "chat_ttft_p50_ms": statistics.median(ttfts) * 1000, "chats": len(ttfts)}
+    return {
+        "batch_tok_s": output_tokens / elapsed,
+        "batch_seconds": elapsed,
+        "chat_ttft_p50_ms": statistics.median(ttfts) * 1000,
+        "chats": len(ttfts),
+    }
 
 
 def main() -> None:
@@ -143,17 +187,24 @@ def main() -> None:
             stop(proc)
     ttft_alone = statistics.median(alone) * 1000
     http_tok_s = capacity.output_tokens / capacity.duration
-    print(json.dumps({
-        "lines": args.lines, "output_len": args.output_len, "chat_concurrency": args.chat_concurrency,
-        "batch_concurrency": args.batch_concurrency,
-        "chat_ttft_p50_ms_alone": round(ttft_alone, 1),
-        "chat_ttft_p50_ms_with_batch": round(mixed["chat_ttft_p50_ms"], 1),
-        "ttft_ratio": round(mixed["chat_ttft_p50_ms"] / ttft_alone, 3),  # target <= 1.2
-        "http_c32_tok_s": round(http_tok_s, 1),
-        "batch_tok_s_with_chats": round(mixed["batch_tok_s"], 1),
-        "throughput_ratio": round(mixed["batch_tok_s"] / http_tok_s, 3),  # target >= 0.7
-        "chats_during_batch": mixed["chats"],
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "lines": args.lines,
+                "output_len": args.output_len,
+                "chat_concurrency": args.chat_concurrency,
+                "batch_concurrency": args.batch_concurrency,
+                "chat_ttft_p50_ms_alone": round(ttft_alone, 1),
+                "chat_ttft_p50_ms_with_batch": round(mixed["chat_ttft_p50_ms"], 1),
+                "ttft_ratio": round(mixed["chat_ttft_p50_ms"] / ttft_alone, 3),  # target <= 1.2
+                "http_c32_tok_s": round(http_tok_s, 1),
+                "batch_tok_s_with_chats": round(mixed["batch_tok_s"], 1),
+                "throughput_ratio": round(mixed["batch_tok_s"] / http_tok_s, 3),  # target >= 0.7
+                "chats_during_batch": mixed["chats"],
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

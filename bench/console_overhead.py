@@ -44,8 +44,16 @@ from bench.loadgen import random_prompts, run_load  # noqa: E402
 MODEL = "smollm2-135m-instruct"
 VOCAB = 49152
 CONCURRENCY = 8
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def _port() -> int:
@@ -58,9 +66,25 @@ def _port() -> int:
 def server() -> Iterator[str]:
     port = _port()
     log = open(Path(tempfile.gettempdir()) / f"console-overhead-{port}.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--model-repository", "model_repository",
-                             "--http-port", str(port), "--grpc-port", "0", "--metrics-port", "0"],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
+            "--model-repository",
+            "model_repository",
+            "--http-port",
+            str(port),
+            "--grpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 900
@@ -90,8 +114,12 @@ class BrowserConsole:
         self._pw = sync_playwright().start()
         self._profile = tempfile.mkdtemp(prefix="console-bench-profile-")
         self._context = self._pw.chromium.launch_persistent_context(
-            self._profile, executable_path=chromium, headless=True, args=CHROMIUM_FLAGS,
-            viewport={"width": 1366, "height": 900})
+            self._profile,
+            executable_path=chromium,
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1366, "height": 900},
+        )
         self.page = self._context.new_page()
         self.page.goto(url + "/")
         self.page.get_by_role("tab", name="Live metrics").click()
@@ -103,7 +131,8 @@ class BrowserConsole:
 
     def count(self) -> int:
         return self.page.evaluate(
-            "() => performance.getEntriesByType('resource').filter(e => e.name.includes('/ui/api/stats')).length")
+            "() => performance.getEntriesByType('resource').filter(e => e.name.includes('/ui/api/stats')).length"
+        )
 
     def close(self) -> None:
         self._context.close()
@@ -155,17 +184,28 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="rounds per side, ABBA order (default 4)")
     parser.add_argument("--prompts", type=int, default=32, help="requests per round (default 32)")
     parser.add_argument("--output-len", type=int, default=64, help="tokens per answer (default 64)")
-    parser.add_argument("--refresh", type=float, default=1.0, choices=[1.0, 2.0, 5.0],
-                        help="the console's chart refresh in seconds (the page offers 1, 2, 5; default 1)")
-    parser.add_argument("--client", choices=["browser", "http"], default="browser",
-                        help="browser: headless Chromium on the console; http: the page's polls without a browser")
+    parser.add_argument(
+        "--refresh",
+        type=float,
+        default=1.0,
+        choices=[1.0, 2.0, 5.0],
+        help="the console's chart refresh in seconds (the page offers 1, 2, 5; default 1)",
+    )
+    parser.add_argument(
+        "--client",
+        choices=["browser", "http"],
+        default="browser",
+        help="browser: headless Chromium on the console; http: the page's polls without a browser",
+    )
     args = parser.parse_args()
     order = ["off", "on", "on", "off"] * ((args.rounds + 1) // 2)
     order = order[: 2 * args.rounds]
     rows: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
     with server() as url:
-        print(f"server {url}; c={CONCURRENCY}, {args.prompts} prompts x 128 in / {args.output_len} out; "
-              f"console refresh {args.refresh:g} s via {args.client}; {os.cpu_count()} CPUs")
+        print(
+            f"server {url}; c={CONCURRENCY}, {args.prompts} prompts x 128 in / {args.output_len} out; "
+            f"console refresh {args.refresh:g} s via {args.client}; {os.cpu_count()} CPUs"
+        )
         measure(url, random_prompts(CONCURRENCY, 128, VOCAB, seed=1), 8)  # warm-up
         with httpx.Client(base_url=url) as client:  # what one poll costs an idle server, against a trivial route
             for path in ("/version", "/ui/api/stats", "/ui/api/overview"):
@@ -190,13 +230,17 @@ def main() -> None:
                     console.close()
             summary["polls"] = polls
             rows[side].append(summary)
-            print(f"round {i + 1:2d} console {side:3s}: TTFT p50 {summary['ttft_p50_ms']:7.1f} ms  "
-                  f"p99 {summary['ttft_p99_ms']:7.1f} ms  {summary['output_tok_s']:6.1f} tok/s  stats polls {polls}")
+            print(
+                f"round {i + 1:2d} console {side:3s}: TTFT p50 {summary['ttft_p50_ms']:7.1f} ms  "
+                f"p99 {summary['ttft_p99_ms']:7.1f} ms  {summary['output_tok_s']:6.1f} tok/s  stats polls {polls}"
+            )
     med = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for side, rs in rows.items()}
-    print(f"\nmedian TTFT p50: off {med['off']['ttft_p50_ms']:.1f} ms, on {med['on']['ttft_p50_ms']:.1f} ms "
-          f"(on/off {med['on']['ttft_p50_ms'] / med['off']['ttft_p50_ms']:.3f}); output tok/s: off "
-          f"{med['off']['output_tok_s']:.1f}, on {med['on']['output_tok_s']:.1f} "
-          f"(on/off {med['on']['output_tok_s'] / med['off']['output_tok_s']:.3f})")
+    print(
+        f"\nmedian TTFT p50: off {med['off']['ttft_p50_ms']:.1f} ms, on {med['on']['ttft_p50_ms']:.1f} ms "
+        f"(on/off {med['on']['ttft_p50_ms'] / med['off']['ttft_p50_ms']:.3f}); output tok/s: off "
+        f"{med['off']['output_tok_s']:.1f}, on {med['on']['output_tok_s']:.1f} "
+        f"(on/off {med['on']['output_tok_s'] / med['off']['output_tok_s']:.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ def _parse_cpus(text: str) -> list[int]:
 
 # ---- worker: one engine pinned to its CPU set, driven by lines on stdin ----
 
+
 def _worker(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT))
     import torch
@@ -63,13 +64,15 @@ def _worker(args: argparse.Namespace) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=max_len)
     rng = random.Random(0)
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(max_batch)]
-    prompts = [[rng.randrange(100, 40000) for _ in range(max(PROMPT_LEN, args.prefill_tokens))]
-               for _ in range(max_batch)]
+    prompts = [
+        [rng.randrange(100, 40000) for _ in range(max(PROMPT_LEN, args.prefill_tokens))] for _ in range(max_batch)
+    ]
     tokens: dict[int, list[list[int]]] = {}  # decode batch -> each sequence's tokens so far
 
     def step(seq: int, new: list[int], pos: int, history: list[int]) -> SequenceStep:
-        return SequenceStep(f"s{seq}", new, pos, tables[seq], True, params, history, PROMPT_LEN,
-                            max(0, len(history) - PROMPT_LEN))
+        return SequenceStep(
+            f"s{seq}", new, pos, tables[seq], True, params, history, PROMPT_LEN, max(0, len(history) - PROMPT_LEN)
+        )
 
     def decode(batch: int) -> list[float]:
         seqs = tokens.get(batch)
@@ -102,10 +105,21 @@ def _worker(args: argparse.Namespace) -> None:
         return times
 
     budget = cpu_budget()
-    print(json.dumps({"ready": True, "cpus": sorted(os.sched_getaffinity(0)), "budget": budget.threads,
-                      "reason": budget.reason, "kernel_threads": runner.kernel_threads,
-                      "torch_threads": torch.get_num_threads(), "projections": runner.lm_head.kind,
-                      "attention": "kernel" if runner.attention.uses_kernel else "torch"}), flush=True)
+    print(
+        json.dumps(
+            {
+                "ready": True,
+                "cpus": sorted(os.sched_getaffinity(0)),
+                "budget": budget.threads,
+                "reason": budget.reason,
+                "kernel_threads": runner.kernel_threads,
+                "torch_threads": torch.get_num_threads(),
+                "projections": runner.lm_head.kind,
+                "attention": "kernel" if runner.attention.uses_kernel else "torch",
+            }
+        ),
+        flush=True,
+    )
     for line in sys.stdin:
         kind, batch = line.split()
         times = (decode if kind == "decode" else prefill)(int(batch))
@@ -117,10 +131,12 @@ def _worker(args: argparse.Namespace) -> None:
 
 # ---- parent: start the workers, alternate rounds, print the table ----
 
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cpu-sets", nargs="+", help="CPU lists like taskset -c (default: the first 1 and 2 CPUs "
-                        "this process may use)")
+    parser.add_argument(
+        "--cpu-sets", nargs="+", help="CPU lists like taskset -c (default: the first 1 and 2 CPUs this process may use)"
+    )
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--kinds", nargs="+", default=["decode", "prefill"], choices=["decode", "prefill"])
     parser.add_argument("--rounds", type=int, default=5, help="rounds per CPU set, alternating between the sets")
@@ -140,14 +156,24 @@ def main() -> None:
     workers = []
     for cpus in sets:
         cmd = [sys.executable, __file__, "--worker", ",".join(map(str, cpus)), *sys.argv[1:]]
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env,
-                                preexec_fn=lambda c=cpus: os.sched_setaffinity(0, c))  # noqa: PLW1509 - taskset -c, from exec on
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            preexec_fn=lambda c=cpus: os.sched_setaffinity(0, c),  # noqa: PLW1509 - taskset -c, from exec on
+        )
         workers.append(proc)
     infos = [json.loads(proc.stdout.readline()) for proc in workers]
     for info in infos:
-        print(f"CPUs {info['cpus']}: budget {info['budget']} ({info['reason']}); kernels on {info['kernel_threads']} "
-              f"threads, torch ops on {info['torch_threads']}; projections {info['projections']}, attention "
-              f"{info['attention']}", flush=True)
+        print(
+            f"CPUs {info['cpus']}: budget {info['budget']} ({info['reason']}); kernels on {info['kernel_threads']} "
+            f"threads, torch ops on {info['torch_threads']}; projections {info['projections']}, attention "
+            f"{info['attention']}",
+            flush=True,
+        )
     results: dict[tuple[str, int, int], list[float]] = {}
     same_tokens = True
     for kind in args.kinds:
@@ -169,15 +195,18 @@ def main() -> None:
         proc.stdin.close()
         proc.wait()
     base = sets[0]
-    print(f"\n| step | batch | {' | '.join(f'{len(s)} CPU ms' for s in sets)} | "
-          f"{' | '.join(f'speed-up {len(s)} vs {len(base)}' for s in sets[1:])} |")
+    print(
+        f"\n| step | batch | {' | '.join(f'{len(s)} CPU ms' for s in sets)} | "
+        f"{' | '.join(f'speed-up {len(s)} vs {len(base)}' for s in sets[1:])} |"
+    )
     print("|---|---|" + "---|" * (2 * len(sets) - 1))
     for kind in args.kinds:
         for batch in args.batches:
             ms = [statistics.median(results[(kind, batch, w)]) * 1000 for w in range(len(sets))]
             ups = [ms[0] / m for m in ms[1:]]
-            print(f"| {kind} | {batch} | {' | '.join(f'{m:.2f}' for m in ms)} | "
-                  f"{' | '.join(f'{u:.2f}x' for u in ups)} |")
+            print(
+                f"| {kind} | {batch} | {' | '.join(f'{m:.2f}' for m in ms)} | {' | '.join(f'{u:.2f}x' for u in ups)} |"
+            )
     print(f"\nsame greedy tokens on every CPU set: {same_tokens}")
     print("aim (issue 18, 2 CPUs against 1): >= 1.7x at batch 32, >= 1.4x at batch 1")
 

@@ -33,18 +33,31 @@ from engines.pytorch.paged_attention import _SIGNATURES, DecodeTables  # noqa: E
 
 H, KVH, D, BS, LAYERS = 9, 3, 64, 16, 30
 # (rows, context, rows of one sequence: a verification step's consecutive positions, else one sequence a row)
-CASES = [(1, 128, False), (1, 512, False), (1, 2048, False), (1, 8192, False), (6, 512, True), (6, 2048, True),
-         (6, 8192, True), (6, 512, False), (8, 512, False), (32, 256, False), (32, 1024, False)]
+CASES = [
+    (1, 128, False),
+    (1, 512, False),
+    (1, 2048, False),
+    (1, 8192, False),
+    (6, 512, True),
+    (6, 2048, True),
+    (6, 8192, True),
+    (6, 512, False),
+    (8, 512, False),
+    (32, 256, False),
+    (32, 1024, False),
+]
 
 
 def sources_at(rev: str, folder: Path) -> Path:
     """The kernel sources of revision `rev` in `folder`."""
     csrc = CSRC.relative_to(ROOT)
-    names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:{csrc}"], check=True,
-                           capture_output=True, text=True).stdout.split()
+    names = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:{csrc}"], check=True, capture_output=True, text=True
+    ).stdout.split()
     for name in names:
-        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{csrc}/{name}"], check=True,
-                              capture_output=True).stdout
+        text = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{rev}:{csrc}/{name}"], check=True, capture_output=True
+        ).stdout
         (folder / name).write_bytes(text)
     return folder
 
@@ -94,9 +107,28 @@ def layer(batch: int, ctx: int, verify: bool, rnd: random.Random) -> tuple[tuple
     kc, vc = torch.randn(seqs * per * BS, KVH, D), torch.randn(seqs * per * BS, KVH, D)
     q, k, v = torch.randn(batch, H, D), torch.randn(batch, KVH, D), torch.randn(batch, KVH, D)
     cos, sin, out = torch.rand(batch, D), torch.rand(batch, D), torch.empty(batch, H * D)
-    args = (q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), cos.data_ptr(),
-            sin.data_ptr(), kc.data_ptr(), vc.data_ptr(), tables.tables.data_ptr(), tables.tables.shape[1],
-            tables.ctx_lens.data_ptr(), out.data_ptr(), batch, H, KVH, D, BS, D**-0.5)
+    args = (
+        q.data_ptr(),
+        q.stride(0),
+        k.data_ptr(),
+        k.stride(0),
+        v.data_ptr(),
+        v.stride(0),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        kc.data_ptr(),
+        vc.data_ptr(),
+        tables.tables.data_ptr(),
+        tables.tables.shape[1],
+        tables.ctx_lens.data_ptr(),
+        out.data_ptr(),
+        batch,
+        H,
+        KVH,
+        D,
+        BS,
+        D**-0.5,
+    )
     return args, [kc, vc, q, k, v, cos, sin, out, tables]
 
 

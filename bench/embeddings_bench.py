@@ -17,7 +17,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -30,13 +29,34 @@ TEXTS = [f"Sentence number {i} about trains, switchyards and the freight they ca
 def start(repo: Path, batched: bool) -> tuple[subprocess.Popen, str]:
     folder = repo / ("batched" if batched else "unbatched") / "all-minilm-l6-v2"
     folder.mkdir(parents=True)
-    config = SOURCE if batched else SOURCE.replace("max_batch_size: 64", "max_batch_size: 0").replace(
-        "dynamic_batching:\n  max_queue_delay_microseconds: 2000\n", "")
+    config = (
+        SOURCE
+        if batched
+        else SOURCE.replace("max_batch_size: 64", "max_batch_size: 0").replace(
+            "dynamic_batching:\n  max_queue_delay_microseconds: 2000\n", ""
+        )
+    )
     (folder / "config.yaml").write_text(config)
     port = _port()
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--model-repository", str(folder.parent),
-                             "--http-port", str(port), "--grpc-port", "0", "--metrics-port", "0",
-                             "--log-level", "warning"], cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
+            "--model-repository",
+            str(folder.parent),
+            "--http-port",
+            str(port),
+            "--grpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+    )
     _wait_ready(f"http://127.0.0.1:{port}/health", proc)
     return proc, f"http://127.0.0.1:{port}"
 
@@ -49,6 +69,7 @@ async def load(url: str, requests: int, concurrency: int) -> tuple[float, list[f
     latencies: list[float] = []
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(url, connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as client:
+
         async def one(i: int, record: bool) -> None:
             t0 = time.perf_counter()
             body = {"model": "all-minilm-l6-v2", "input": TEXTS[i % len(TEXTS)]}

@@ -100,8 +100,19 @@ class _Seqs:
             new = toks[self.pos[i] :]
             if not new or (prompts is not None and (self.pos[i] or len(out) == prompts)):
                 continue
-            out.append(SequenceStep(f"s{i}", new, self.pos[i], self.tables[i], True, self.params, toks,
-                                    self.prompt_len, len(toks) - self.prompt_len))
+            out.append(
+                SequenceStep(
+                    f"s{i}",
+                    new,
+                    self.pos[i],
+                    self.tables[i],
+                    True,
+                    self.params,
+                    toks,
+                    self.prompt_len,
+                    len(toks) - self.prompt_len,
+                )
+            )
         return out
 
     def advance(self, batch: list[SequenceStep], result_tokens: dict[str, int]) -> None:
@@ -120,8 +131,12 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--variant", action="append", help="name:key=value,... (PyTorchEngine keyword arguments)")
     parser.add_argument("--profile", help="print a torch.profiler table of this variant's decode steps")
-    parser.add_argument("--threads", type=int, default=_usable_cpus(),
-                        help="threads every variant computes on (default: the CPUs this process may use, %(default)s)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=_usable_cpus(),
+        help="threads every variant computes on (default: the CPUs this process may use, %(default)s)",
+    )
     args = parser.parse_args()
     variants = [_parse_variant(v) for v in (args.variant or ["base:fast_kernels=false", "fast:fast_kernels=true"])]
     max_len = args.prompt_len + args.steps + 8
@@ -154,8 +169,11 @@ def main() -> None:
             )
         finally:
             engine_module.PagedModelRunner = PagedModelRunner
-        print(f"{name} {kwargs}: built in {time.perf_counter() - t0:.1f} s; torch threads {threads[name][0]}, "
-              f"kernel threads {threads[name][1] or '-'}", flush=True)
+        print(
+            f"{name} {kwargs}: built in {time.perf_counter() - t0:.1f} s; torch threads {threads[name][0]}, "
+            f"kernel threads {threads[name][1] or '-'}",
+            flush=True,
+        )
     print(f"{args.threads} threads per variant, dtype {args.dtype}, prompt {args.prompt_len}, {args.steps} steps")
     rows = []
     for batch in args.batches:
@@ -184,8 +202,19 @@ def main() -> None:
             cpu_ms = statistics.median(cpu[name][2:])
             same = seqs[name].tokens == seqs[first].tokens
             tt, kt = threads[name]
-            rows.append((batch, name, f"{tt}/{kt or '-'}", ms * 1000, batch / ms, base / ms, cpu_ms * 1000,
-                         base_cpu / cpu_ms, same))
+            rows.append(
+                (
+                    batch,
+                    name,
+                    f"{tt}/{kt or '-'}",
+                    ms * 1000,
+                    batch / ms,
+                    base / ms,
+                    cpu_ms * 1000,
+                    base_cpu / cpu_ms,
+                    same,
+                )
+            )
             print(
                 f"B={batch:3d} {name:>10}: {ms * 1000:8.2f} ms/step {batch / ms:8.1f} tok/s x{base / ms:.2f} vs {first}"
                 f" | process cpu {cpu_ms * 1000:8.2f} ms x{base_cpu / cpu_ms:.2f} | same tokens: {same}",
@@ -201,12 +230,16 @@ def main() -> None:
                     steps = seqs[args.profile].steps()
                     seqs[args.profile].advance(steps, engine.execute(steps).token_ids)
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
-    print("\n| batch | variant | threads torch/kernels | ms/step (wall) | tok/s | ratio | process CPU ms/step "
-          "| CPU ratio | same tokens |")
+    print(
+        "\n| batch | variant | threads torch/kernels | ms/step (wall) | tok/s | ratio | process CPU ms/step "
+        "| CPU ratio | same tokens |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for batch, name, thr, ms, toks, ratio, cpu_ms, cpu_ratio, same in rows:
-        print(f"| {batch} | {name} | {thr} | {ms:.2f} | {toks:.1f} | {ratio:.2f} | {cpu_ms:.2f} | {cpu_ratio:.2f} "
-              f"| {same} |")
+        print(
+            f"| {batch} | {name} | {thr} | {ms:.2f} | {toks:.1f} | {ratio:.2f} | {cpu_ms:.2f} | {cpu_ratio:.2f} "
+            f"| {same} |"
+        )
 
 
 if __name__ == "__main__":

@@ -53,11 +53,28 @@ def start(repo: Path, model_file: Path, batched: bool, threads: int) -> tuple[su
         '  { key: "output_class" value: { string_value: "true" } },\n'
         '  { key: "predict_proba" value: { string_value: "true" } },\n'
         f'  {{ key: "cpu_nthread" value: {{ string_value: "{threads}" }} }} ]\n'
-        + ("dynamic_batching { max_queue_delay_microseconds: 1000 }\n" if batched else ""))
+        + ("dynamic_batching { max_queue_delay_microseconds: 1000 }\n" if batched else "")
+    )
     port = _port()
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--model-repository", str(folder.parent),
-                             "--http-port", str(port), "--grpc-port", "0", "--metrics-port", "0",
-                             "--log-level", "warning"], cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
+            "--model-repository",
+            str(folder.parent),
+            "--http-port",
+            str(port),
+            "--grpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+    )
     _wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", proc)
     return proc, f"http://127.0.0.1:{port}"
 
@@ -66,11 +83,13 @@ async def load(url: str, rows: np.ndarray, requests: int, concurrency: int) -> t
     """Rows/s and per-request latencies (aiohttp keeps the client's own CPU cost low on 2 cores)."""
     import aiohttp
 
-    bodies = [{"inputs": [{"name": "input__0", "datatype": "FP32", "shape": [1, FEATURES], "data": r.tolist()}]}
-              for r in rows]
+    bodies = [
+        {"inputs": [{"name": "input__0", "datatype": "FP32", "shape": [1, FEATURES], "data": r.tolist()}]} for r in rows
+    ]
     latencies: list[float] = []
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(url, connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as client:
+
         async def worker(indices: range, record: bool) -> None:
             for i in indices:
                 t0 = time.perf_counter()
@@ -106,8 +125,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--trees", type=int, default=200)
-    parser.add_argument("--cpu-nthread", type=int, default=-1,
-                        help="the model's cpu_nthread (most XGBoost threads per call; -1 = every CPU)")
+    parser.add_argument(
+        "--cpu-nthread",
+        type=int,
+        default=-1,
+        help="the model's cpu_nthread (most XGBoost threads per call; -1 = every CPU)",
+    )
     args = parser.parse_args()
     results: dict[str, float] = {}
     latency: dict[str, list[float]] = {}

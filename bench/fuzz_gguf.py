@@ -43,14 +43,20 @@ def _cap_address_space(extra_gib: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
-                        help="comma-separated targets, or 'all' (gguf-layout, gguf-loader, config-pbtxt, "
-                             "config-yaml, kserve-body)")
+    parser.add_argument(
+        "--targets",
+        default=",".join(DEFAULT_TARGETS),
+        help="comma-separated targets, or 'all' (gguf-layout, gguf-loader, config-pbtxt, config-yaml, kserve-body)",
+    )
     parser.add_argument("--inputs", type=int, help="inputs per target")
     parser.add_argument("--seconds", type=float, help="seconds per target (with --inputs: whichever ends first)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "switchyard-fuzz-seeds",
-                        help="where the seed files are made once")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "switchyard-fuzz-seeds",
+        help="where the seed files are made once",
+    )
     parser.add_argument("--save", type=Path, help="keep the running input and each defect's input here")
     parser.add_argument("--json", type=Path, help="write the reports here")
     parser.add_argument("--memory-gib", type=float, default=4.0)
@@ -73,12 +79,22 @@ def main(argv: list[str] | None = None) -> int:
     reports = []
     with tempfile.TemporaryDirectory(prefix="switchyard-fuzz-") as tmp:
         for name in names:
-            report = fuzz(found[name], Path(tmp) / name, args.cache, inputs=args.inputs, seconds=args.seconds,
-                          seed=args.seed, save=args.save)
+            report = fuzz(
+                found[name],
+                Path(tmp) / name,
+                args.cache,
+                inputs=args.inputs,
+                seconds=args.seconds,
+                seed=args.seed,
+                save=args.save,
+            )
             reports.append(report)
             counts = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items()))
-            print(f"{name}: {report.inputs} inputs ({counts}); slowest {report.slowest:.2f} s, "
-                  f"peak {report.peak / 2**20:.1f} MiB", flush=True)
+            print(
+                f"{name}: {report.inputs} inputs ({counts}); slowest {report.slowest:.2f} s, "
+                f"peak {report.peak / 2**20:.1f} MiB",
+                flush=True,
+            )
             for defect in report.defects:
                 print(f"  {defect['kind']}: {defect['detail'][-1500:]}\n  input: {defect['input'] or '(not saved)'}")
     if args.json:

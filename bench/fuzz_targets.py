@@ -117,8 +117,13 @@ def attempt(target: Target, data: bytes, work: Path) -> Outcome:
         tracemalloc.stop()
     allowed = target.base_bytes + target.per_byte * len(data)
     if outcome.kind in ("accepted", "refused") and outcome.peak > allowed:
-        outcome = Outcome("overallocation", f"peak {outcome.peak} bytes for a {len(data)}-byte input "
-                          f"(allowed {allowed}); {outcome.kind}: {outcome.detail}", outcome.seconds, outcome.peak)
+        outcome = Outcome(
+            "overallocation",
+            f"peak {outcome.peak} bytes for a {len(data)}-byte input "
+            f"(allowed {allowed}); {outcome.kind}: {outcome.detail}",
+            outcome.seconds,
+            outcome.peak,
+        )
     return outcome
 
 
@@ -128,16 +133,45 @@ def _raise_hang(signum: int, frame: Any) -> None:
 
 # ---------------------------------------------------------------- mutators
 
+
 def interesting(width: int, old: int, size: int) -> list[int]:
     """Edge values for an unsigned little-endian field of `width` bytes in an input of `size` bytes."""
     top = 1 << (8 * width)
-    values = [0, 1, 2, 3, 4, 7, 8, 16, 31, 32, 255, 256, 4096, 1 << 31, (1 << 32) - 1, top // 2 - 1, top // 2,
-              top - 1, size, size // 2, size + 1, size * 8, old + 1, old - 1, old * 2, old << 16, old ^ 0x80]
+    values = [
+        0,
+        1,
+        2,
+        3,
+        4,
+        7,
+        8,
+        16,
+        31,
+        32,
+        255,
+        256,
+        4096,
+        1 << 31,
+        (1 << 32) - 1,
+        top // 2 - 1,
+        top // 2,
+        top - 1,
+        size,
+        size // 2,
+        size + 1,
+        size * 8,
+        old + 1,
+        old - 1,
+        old * 2,
+        old << 16,
+        old ^ 0x80,
+    ]
     return [v % top for v in values]
 
 
-def mutate_bytes(data: bytes, rng: random.Random, fields: list[tuple[int, int]], tokens: tuple[bytes, ...] = (),
-                 hot: int = 0) -> bytes:
+def mutate_bytes(
+    data: bytes, rng: random.Random, fields: list[tuple[int, int]], tokens: tuple[bytes, ...] = (), hot: int = 0
+) -> bytes:
     """`data` changed 1 to 4 times: integer `fields` ((offset, width)) set to edge values, bits flipped (half of
     them in the first `hot` bytes: a file's header and tables), bytes set, the input cut short, chunks deleted,
     repeated, overwritten, or `tokens` of the format inserted."""
@@ -149,8 +183,8 @@ def mutate_bytes(data: bytes, rng: random.Random, fields: list[tuple[int, int]],
         if fields and op < 0.4:
             at, width = rng.choice(fields)
             if at + width <= len(buf):
-                old = int.from_bytes(buf[at:at + width], "little")
-                buf[at:at + width] = rng.choice(interesting(width, old, len(buf))).to_bytes(width, "little")
+                old = int.from_bytes(buf[at : at + width], "little")
+                buf[at : at + width] = rng.choice(interesting(width, old, len(buf))).to_bytes(width, "little")
         elif op < 0.55:
             span = hot if hot and rng.random() < 0.5 else len(buf)
             at = rng.randrange(min(span, len(buf)))
@@ -158,17 +192,17 @@ def mutate_bytes(data: bytes, rng: random.Random, fields: list[tuple[int, int]],
         elif op < 0.62:
             buf[rng.randrange(len(buf))] = rng.choice((0, 1, 0x7F, 0x80, 0xFF, 0x22, 0x5C, 0x0A))
         elif op < 0.7:
-            del buf[rng.randrange(len(buf)):]
+            del buf[rng.randrange(len(buf)) :]
         elif op < 0.77:
             at = rng.randrange(len(buf))
-            del buf[at:at + rng.choice((1, 2, 4, 8, rng.randrange(1, 256)))]
+            del buf[at : at + rng.choice((1, 2, 4, 8, rng.randrange(1, 256)))]
         elif op < 0.83:
             at = rng.randrange(len(buf))
-            chunk = buf[at:at + rng.randrange(1, 64)]
+            chunk = buf[at : at + rng.randrange(1, 64)]
             buf[at:at] = chunk * rng.choice((1, 2, 16))
         elif op < 0.88 or not tokens:
             at = rng.randrange(len(buf))
-            buf[at:at + 8] = rng.randbytes(rng.randrange(1, 9))
+            buf[at : at + 8] = rng.randbytes(rng.randrange(1, 9))
         else:
             at = rng.randrange(len(buf) + 1)
             buf[at:at] = rng.choice(tokens)
@@ -192,7 +226,7 @@ def gguf_fields(data: bytes) -> list[tuple[int, int]]:
         nonlocal pos
         if record:
             out.append((pos, width))
-        value = int.from_bytes(data[pos:pos + width], "little")
+        value = int.from_bytes(data[pos : pos + width], "little")
         pos += width
         return value
 
@@ -254,7 +288,7 @@ def small_gguf(target: Path) -> Path:
     for name, block_bytes, scale_at in (("Q4_K", 144, 0), ("Q5_K", 176, 0), ("Q6_K", 210, 208)):
         raw = rng.integers(0, 256, size=(2, block_bytes), dtype=np.uint8)
         scales = np.array([1e-3, 2e-3], dtype=np.float16).view(np.uint8)
-        raw[:, scale_at:scale_at + (2 if name == "Q6_K" else 4)] = scales[:2 if name == "Q6_K" else 4]
+        raw[:, scale_at : scale_at + (2 if name == "Q6_K" else 4)] = scales[: 2 if name == "Q6_K" else 4]
         writer.add_tensor(f"w.{name}", raw, raw_dtype=gguf.GGMLQuantizationType[name])  # bytes: 256 weights a row
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -330,7 +364,6 @@ def run_gguf_layout(data: bytes, work: Path) -> None:
 
 def run_gguf_loader(data: bytes, work: Path) -> None:
     from engines.pytorch.engine import PyTorchEngine
-
     from engines.pytorch.loader import default_cache_dir
 
     path = _input_file(work, data, ".gguf")
@@ -345,24 +378,80 @@ def run_gguf_loader(data: bytes, work: Path) -> None:
 
 # ---------------------------------------------------------------- model configs
 
-PBTXT_TOKENS = (b"{", b"}", b"[", b"]", b"<", b">", b":", b",", b";", b'"', b"'", b"\\", b"#", b"-", b"0x",
-                b"9" * 5000, b"1e999", b"-inf", b"nan", b"\\u", b"\\U0010ffff", b"\\777", b"{" * 80, b"[" * 80,
-                b"input [ { name: \"X\" data_type: TYPE_FP32 dims: [ -1 ] } ]", b"max_batch_size: 99999999999999999999",
-                b"parameters { key: \"k\" value: { string_value: \"v\" } }", b"dims: [ 0x7fffffffffffffff ]",
-                b"instance_group [ { count: 1000000 kind: KIND_CPU } ]", b"\xff\xfe", b"\x00")
-YAML_TOKENS = (b"{", b"}", b"[", b"]", b": ", b"- ", b"\n", b"\n  ", b"&a ", b"*a", b"<<: *a\n", b"!!binary ",
-               b"!!python/object:os.system ", b"9" * 5000, b"0x" + b"f" * 40, b".inf", b"~", b"'", b'"', b"\t",
-               b"[" * 2000, b"{a: " * 500, b"max_model_len: 99999999999999999999999\n", b"\xff", b"\x00",
-               b"a: &a [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n", b"scheduler: {max_num_seqs: -1}\n",
-               b"kv_cache:\n  max_tokens: 1e400\n", b"model: {source: ../../../etc/passwd}\n")
+PBTXT_TOKENS = (
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b"<",
+    b">",
+    b":",
+    b",",
+    b";",
+    b'"',
+    b"'",
+    b"\\",
+    b"#",
+    b"-",
+    b"0x",
+    b"9" * 5000,
+    b"1e999",
+    b"-inf",
+    b"nan",
+    b"\\u",
+    b"\\U0010ffff",
+    b"\\777",
+    b"{" * 80,
+    b"[" * 80,
+    b'input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]',
+    b"max_batch_size: 99999999999999999999",
+    b'parameters { key: "k" value: { string_value: "v" } }',
+    b"dims: [ 0x7fffffffffffffff ]",
+    b"instance_group [ { count: 1000000 kind: KIND_CPU } ]",
+    b"\xff\xfe",
+    b"\x00",
+)
+YAML_TOKENS = (
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b": ",
+    b"- ",
+    b"\n",
+    b"\n  ",
+    b"&a ",
+    b"*a",
+    b"<<: *a\n",
+    b"!!binary ",
+    b"!!python/object:os.system ",
+    b"9" * 5000,
+    b"0x" + b"f" * 40,
+    b".inf",
+    b"~",
+    b"'",
+    b'"',
+    b"\t",
+    b"[" * 2000,
+    b"{a: " * 500,
+    b"max_model_len: 99999999999999999999999\n",
+    b"\xff",
+    b"\x00",
+    b"a: &a [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n",
+    b"scheduler: {max_num_seqs: -1}\n",
+    b"kv_cache:\n  max_tokens: 1e400\n",
+    b"model: {source: ../../../etc/passwd}\n",
+)
 
 
 def _config_seeds(name: str) -> Callable[[Path], list[bytes]]:
     def seeds(cache: Path) -> list[bytes]:
         found = sorted((ROOT / "model_repository").glob(f"*/{name}")) + sorted(
-            (ROOT / "tests" / "kserve_repository").glob(f"*/{name}"))
+            (ROOT / "tests" / "kserve_repository").glob(f"*/{name}")
+        )
         # without their `name:` (it must equal the folder's, which is the target's own)
         return [re.sub(rb"(?m)^name: .*$", b"", p.read_bytes()) for p in found] or [b""]
+
     return seeds
 
 
@@ -374,6 +463,7 @@ def _config_runner(name: str) -> Callable[[bytes, Path], None]:
         folder.mkdir(exist_ok=True)
         (folder / name).write_bytes(data)
         parse_model_config(folder / name, "model")
+
     return run
 
 
@@ -401,23 +491,51 @@ def _kserve_seeds(cache: Path) -> list[bytes]:
     words = encode_binary_tensor(np.array([b"hello", b"", b"\xff\x00"], dtype=object), "BYTES")
     bf16 = encode_binary_tensor(np.array([1.5, -2.0], dtype=np.float32), "BF16")
     return [
-        kserve_input({"id": "a", "inputs": [
-            {"name": "X", "datatype": "FP32", "shape": [2, 3], "parameters": {"binary_data_size": len(floats)}},
-            {"name": "T", "datatype": "BYTES", "shape": [3], "parameters": {"binary_data_size": len(words)}},
-            {"name": "B", "datatype": "BF16", "shape": [2], "parameters": {"binary_data_size": len(bf16)}},
-            {"name": "J", "datatype": "INT64", "shape": [2, 2], "data": [[1, 2], [3, -4]]}],
-            "outputs": [{"name": "Y", "parameters": {"binary_data": True}}],
-            "parameters": {"binary_data_output": False}}, [floats, words, bf16]),
-        kserve_input({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["0.3, 0.4"]},
-                                 {"name": "F", "datatype": "BOOL", "shape": [2], "data": [True, False]},
-                                 {"name": "H", "datatype": "FP16", "shape": [1], "data": [65504.0]},
-                                 {"name": "U", "datatype": "UINT8", "shape": [0], "data": []}]}, [], None),
+        kserve_input(
+            {
+                "id": "a",
+                "inputs": [
+                    {"name": "X", "datatype": "FP32", "shape": [2, 3], "parameters": {"binary_data_size": len(floats)}},
+                    {"name": "T", "datatype": "BYTES", "shape": [3], "parameters": {"binary_data_size": len(words)}},
+                    {"name": "B", "datatype": "BF16", "shape": [2], "parameters": {"binary_data_size": len(bf16)}},
+                    {"name": "J", "datatype": "INT64", "shape": [2, 2], "data": [[1, 2], [3, -4]]},
+                ],
+                "outputs": [{"name": "Y", "parameters": {"binary_data": True}}],
+                "parameters": {"binary_data_output": False},
+            },
+            [floats, words, bf16],
+        ),
+        kserve_input(
+            {
+                "inputs": [
+                    {"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["0.3, 0.4"]},
+                    {"name": "F", "datatype": "BOOL", "shape": [2], "data": [True, False]},
+                    {"name": "H", "datatype": "FP16", "shape": [1], "data": [65504.0]},
+                    {"name": "U", "datatype": "UINT8", "shape": [0], "data": []},
+                ]
+            },
+            [],
+            None,
+        ),
     ]
 
 
-KSERVE_TOKENS = (b'"binary_data_size": 99999999999', b'"shape": [4294967296, 4294967296]', b'"shape": [-1]',
-                 b'"datatype": "BYTES"', b'"datatype": "BF16"', b'"datatype": "FP64"', b"[" * 100, b"1e400",
-                 b"\\ud800", b"\xff\xff\xff\xff", b"\x00\x00\x00\x00", b'"data": [[[[1]]]]', b"null", b"NaN")
+KSERVE_TOKENS = (
+    b'"binary_data_size": 99999999999',
+    b'"shape": [4294967296, 4294967296]',
+    b'"shape": [-1]',
+    b'"datatype": "BYTES"',
+    b'"datatype": "BF16"',
+    b'"datatype": "FP64"',
+    b"[" * 100,
+    b"1e400",
+    b"\\ud800",
+    b"\xff\xff\xff\xff",
+    b"\x00\x00\x00\x00",
+    b'"data": [[[[1]]]]',
+    b"null",
+    b"NaN",
+)
 
 
 def _kserve_mutator(data: bytes, rng: random.Random) -> bytes:
@@ -443,6 +561,7 @@ def run_kserve_body(data: bytes, work: Path) -> None:
 
 # ---------------------------------------------------------------- the targets
 
+
 def targets() -> dict[str, Target]:
     from engines.interface import ModelFileError, UnsupportedModelError
     from gateway.errors import ConfigError
@@ -456,12 +575,29 @@ def targets() -> dict[str, Target]:
 
     found = [
         Target("gguf-layout", gguf_seeds, run_gguf_layout, (ModelFileError,), _gguf_mutator, names_file=True),
-        Target("gguf-loader", loader_seeds, run_gguf_loader, (ModelFileError, UnsupportedModelError), _gguf_mutator,
-               time_limit=60.0, base_bytes=256 * MiB),
-        Target("config-pbtxt", _config_seeds("config.pbtxt"), _config_runner("config.pbtxt"), (ConfigError,),
-               lambda data, rng: mutate_bytes(data, rng, [], PBTXT_TOKENS)),
-        Target("config-yaml", _config_seeds("config.yaml"), _config_runner("config.yaml"), (ConfigError,),
-               lambda data, rng: mutate_bytes(data, rng, [], YAML_TOKENS)),
+        Target(
+            "gguf-loader",
+            loader_seeds,
+            run_gguf_loader,
+            (ModelFileError, UnsupportedModelError),
+            _gguf_mutator,
+            time_limit=60.0,
+            base_bytes=256 * MiB,
+        ),
+        Target(
+            "config-pbtxt",
+            _config_seeds("config.pbtxt"),
+            _config_runner("config.pbtxt"),
+            (ConfigError,),
+            lambda data, rng: mutate_bytes(data, rng, [], PBTXT_TOKENS),
+        ),
+        Target(
+            "config-yaml",
+            _config_seeds("config.yaml"),
+            _config_runner("config.yaml"),
+            (ConfigError,),
+            lambda data, rng: mutate_bytes(data, rng, [], YAML_TOKENS),
+        ),
         Target("kserve-body", _kserve_seeds, run_kserve_body, (TensorCodecError,), _kserve_mutator),
     ]
     return {t.name: t for t in found}
@@ -486,8 +622,17 @@ class Report:
         self.peak = max(self.peak, outcome.peak)
 
 
-def fuzz(target: Target, work: Path, cache: Path, *, inputs: int | None = None, seconds: float | None = None,
-         seed: int = 0, save: Path | None = None, keep_defects: int = 20) -> Report:
+def fuzz(
+    target: Target,
+    work: Path,
+    cache: Path,
+    *,
+    inputs: int | None = None,
+    seconds: float | None = None,
+    seed: int = 0,
+    save: Path | None = None,
+    keep_defects: int = 20,
+) -> Report:
     """Run `target` over `inputs` mutated seeds (or for `seconds`), once each seed has run unmutated; `save`: a
     folder where each input is written before it runs (`last-<target>.bin`: what a C fault killed the process on)
     and each defect's input is kept."""

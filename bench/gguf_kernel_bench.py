@@ -61,19 +61,26 @@ def _blocks(qtype: str, n: int, k: int, rng: np.random.Generator) -> GGUFBlocks:
     return GGUFBlocks(qtype, torch.from_numpy(raw))
 
 
-def _layer(from_blocks: bool, blocks: dict, cache: Path, helpers: HelperThreads | None,
-           dense: DenseOps) -> list:
+def _layer(from_blocks: bool, blocks: dict, cache: Path, helpers: HelperThreads | None, dense: DenseOps) -> list:
     """One layer's projections as callables of x (hidden or intermediate wide)."""
+
     def lin(name: str):
         b = blocks[name]
-        return Linear(None, None, True, cache, helpers, b) if from_blocks else Linear(b.dequantize(), None, True,
-                                                                                        cache, helpers)
+        return (
+            Linear(None, None, True, cache, helpers, b)
+            if from_blocks
+            else Linear(b.dequantize(), None, True, cache, helpers)
+        )
+
     out = [("down", lin("down"))]
     if "qkv" in blocks:
         gate, up = blocks["gate"], blocks["up"]
         act = torch.nn.SiLU()
-        mlp = (GatedActivation(None, None, act, True, cache, helpers, dense, (gate, up)) if from_blocks
-               else GatedActivation(gate.dequantize(), up.dequantize(), act, True, cache, helpers, dense))
+        mlp = (
+            GatedActivation(None, None, act, True, cache, helpers, dense, (gate, up))
+            if from_blocks
+            else GatedActivation(gate.dequantize(), up.dequantize(), act, True, cache, helpers, dense)
+        )
         out += [("qkv", lin("qkv")), ("o", lin("o")), ("gate_up", mlp)]
     return out
 
@@ -107,20 +114,38 @@ def main() -> None:
             shapes.update(qkv=(QKV, HIDDEN), o=(HIDDEN, HIDDEN), gate=(INTERMEDIATE, HIDDEN), up=(INTERMEDIATE, HIDDEN))
         blocks = {name: _blocks(qtype, n, k, rng) for name, (n, k) in shapes.items()}
         weights = sum(n * k for n, k in shapes.values())
-        sets = {kind: [p for _ in range(args.layers) for p in _layer(
-                    kind == "blocks", {n: GGUFBlocks(b.qtype, b.raw.clone()) for n, b in blocks.items()},
-                    cache, helpers, dense)] for kind in ("blocks", "float32")}
+        sets = {
+            kind: [
+                p
+                for _ in range(args.layers)
+                for p in _layer(
+                    kind == "blocks",
+                    {n: GGUFBlocks(b.qtype, b.raw.clone()) for n, b in blocks.items()},
+                    cache,
+                    helpers,
+                    dense,
+                )
+            ]
+            for kind in ("blocks", "float32")
+        }
         nbytes = sum(b.nbytes for b in blocks.values())
         peer_bytes = 0
         if args.peer:
             peer = {name: _blocks(args.peer, n, k, rng) for name, (n, k) in shapes.items()}
             peer_bytes = sum(b.nbytes for b in peer.values())
-            sets["peer"] = [p for _ in range(args.layers) for p in _layer(
-                True, {n: GGUFBlocks(b.qtype, b.raw.clone()) for n, b in peer.items()}, cache, helpers, dense)]
+            sets["peer"] = [
+                p
+                for _ in range(args.layers)
+                for p in _layer(
+                    True, {n: GGUFBlocks(b.qtype, b.raw.clone()) for n, b in peer.items()}, cache, helpers, dense
+                )
+            ]
         for rows in args.rows:
             xs = {w: torch.randn(rows, w) for w in (HIDDEN, INTERMEDIATE)}
+
             def run(kind: str) -> list[torch.Tensor]:  # called in this iteration only
                 return [fn(xs[INTERMEDIATE if name == "down" else HIDDEN]) for name, fn in sets[kind]]  # noqa: B023
+
             equal = all(torch.equal(a, b) for a, b in zip(run("blocks"), run("float32"), strict=True))
             times: dict[str, list[float]] = {kind: [] for kind in sets}
             for _ in range(args.reps + 2):
@@ -132,10 +157,15 @@ def main() -> None:
             peer_row = ""
             if args.peer:
                 gbs = nbytes * args.layers / ms["blocks"] / 1e6
-                peer_row = (f" {ms['peer']:.3f} | {ms['blocks'] / ms['peer']:.2f} | {gbs:.2f} "
-                            f"| {gbs / (peer_bytes * args.layers / ms['peer'] / 1e6):.2f} |")
-            print(f"| {qtype} | {rows} | {ms['blocks']:.3f} | {ms['float32']:.3f} | {ms['float32'] / ms['blocks']:.2f} "
-                  f"| {nbytes / weights:.4f} | 4 | {equal} |{peer_row}", flush=True)
+                peer_row = (
+                    f" {ms['peer']:.3f} | {ms['blocks'] / ms['peer']:.2f} | {gbs:.2f} "
+                    f"| {gbs / (peer_bytes * args.layers / ms['peer'] / 1e6):.2f} |"
+                )
+            print(
+                f"| {qtype} | {rows} | {ms['blocks']:.3f} | {ms['float32']:.3f} | {ms['float32'] / ms['blocks']:.2f} "
+                f"| {nbytes / weights:.4f} | 4 | {equal} |{peer_row}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -75,8 +75,17 @@ def _decode_tok_s(engine: Any, tokens: int, repeats: int, prompt_len: int = 64) 
         new = list(prompt)
         elapsed = 0.0
         for i in range(tokens + 1):  # the first step is the prefill
-            step = SequenceStep(seq, new, len(history) - len(new), table, True, params, list(history),
-                                prompt_len, len(history) - prompt_len)
+            step = SequenceStep(
+                seq,
+                new,
+                len(history) - len(new),
+                table,
+                True,
+                params,
+                list(history),
+                prompt_len,
+                len(history) - prompt_len,
+            )
             t0 = time.perf_counter()
             result = engine.execute([step])
             if i:
@@ -114,8 +123,16 @@ def measure(path: Path, threads: int, tokens: int, repeats: int) -> dict:
     total = sum(h.nbytes for h in held.values())
     floats = sum(h.nbytes for h in float_weights(held))
     tok_s, out = _decode_tok_s(engine, tokens, repeats)
-    return {"held": total, "float": floats, "rss": rss, "peak": peak, "build_s": build_s, "tok_s": tok_s,
-            "rss_after_decode": _status("VmRSS") - base, "tokens": out}
+    return {
+        "held": total,
+        "float": floats,
+        "rss": rss,
+        "peak": peak,
+        "build_s": build_s,
+        "tok_s": tok_s,
+        "rss_after_decode": _status("VmRSS") - base,
+        "tokens": out,
+    }
 
 
 def _weights(source: Path) -> int:
@@ -126,8 +143,18 @@ def _weights(source: Path) -> int:
 
 
 def _child(path: Path, args: argparse.Namespace, prepare: bool) -> dict:
-    cmd = [sys.executable, __file__, "--child", str(path), "--threads", str(args.threads),
-           "--tokens", str(2 if prepare else args.tokens), "--repeats", str(1 if prepare else args.repeats)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        str(path),
+        "--threads",
+        str(args.threads),
+        "--tokens",
+        str(2 if prepare else args.tokens),
+        "--repeats",
+        str(1 if prepare else args.repeats),
+    ]
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"measuring {path.name} failed:\n{done.stderr[-3000:]}")
@@ -155,8 +182,11 @@ def main() -> None:
             files.append((kind, quantized(kind)))
         except QuantizerMissing as exc:
             print(f"{kind}: skipped ({exc})", flush=True)
-    print(f"{weights / 1e6:.1f} M weights; {args.threads} threads, c=1 decode of {args.tokens} tokens, "
-          f"median of {args.repeats}", flush=True)
+    print(
+        f"{weights / 1e6:.1f} M weights; {args.threads} threads, c=1 decode of {args.tokens} tokens, "
+        f"median of {args.repeats}",
+        flush=True,
+    )
     rows = []
     for kind, path in files:
         _child(path, args, prepare=True)  # fills the caches a later start reads
@@ -164,16 +194,23 @@ def main() -> None:
         size = path.stat().st_size
         rows.append((kind, size, r))
         peak = f"peak {r['peak'] / 1e6:.1f} MB, " if r["peak"] is not None else ""
-        print(f"{kind}: built in {r['build_s']:.1f} s, held {r['held'] / 1e6:.1f} MB, "
-              f"RSS {r['rss'] / 1e6:.1f} MB, {peak}{r['tok_s']:.1f} tok/s", flush=True)
-    print("\n| type | file MB | held MB | float MB | B/weight held | B/weight file | RSS MB | held / file "
-          "| RSS / file | peak MB | peak / file | tok/s |")
+        print(
+            f"{kind}: built in {r['build_s']:.1f} s, held {r['held'] / 1e6:.1f} MB, "
+            f"RSS {r['rss'] / 1e6:.1f} MB, {peak}{r['tok_s']:.1f} tok/s",
+            flush=True,
+        )
+    print(
+        "\n| type | file MB | held MB | float MB | B/weight held | B/weight file | RSS MB | held / file "
+        "| RSS / file | peak MB | peak / file | tok/s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for kind, size, r in rows:
         peak = f"{r['peak'] / 1e6:.0f} | {r['peak'] / size:.2f}" if r["peak"] is not None else "- | -"
-        print(f"| {kind} | {size / 1e6:.1f} | {r['held'] / 1e6:.1f} | {r['float'] / 1e6:.1f} "
-              f"| {r['held'] / weights:.2f} | {size / weights:.2f} | {r['rss'] / 1e6:.1f} | {r['held'] / size:.2f} "
-              f"| {r['rss'] / size:.2f} | {peak} | {r['tok_s']:.1f} |")
+        print(
+            f"| {kind} | {size / 1e6:.1f} | {r['held'] / 1e6:.1f} | {r['float'] / 1e6:.1f} "
+            f"| {r['held'] / weights:.2f} | {size / weights:.2f} | {r['rss'] / 1e6:.1f} | {r['held'] / size:.2f} "
+            f"| {r['rss'] / size:.2f} | {peak} | {r['tok_s']:.1f} |"
+        )
 
 
 if __name__ == "__main__":

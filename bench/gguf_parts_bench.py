@@ -70,8 +70,9 @@ def main() -> None:
     engines = {}
     for spec in args.files:
         t0 = time.perf_counter()
-        engines[spec] = PyTorchEngine(_model(spec), dtype="float32", kv_cache_tokens=64, block_size=16,
-                                      gemm_threads=args.threads)
+        engines[spec] = PyTorchEngine(
+            _model(spec), dtype="float32", kv_cache_tokens=64, block_size=16, gemm_threads=args.threads
+        )
         print(f"{spec}: loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     torch.set_num_threads(1)
     calls: dict[str, dict[str, list]] = {}
@@ -82,8 +83,11 @@ def main() -> None:
         calls[spec], info[spec] = {}, {}
         intermediate = runner.layers[0].mlp.gate_up_act(torch.zeros(1, runner.hidden_size)).shape[1]
         for part in PARTS:
-            modules = [runner.lm_head] if part == "lm_head" else [
-                getattr(layer.attn if part in ("qkv", "o") else layer.mlp, part) for layer in runner.layers]
+            modules = (
+                [runner.lm_head]
+                if part == "lm_head"
+                else [getattr(layer.attn if part in ("qkv", "o") else layer.mlp, part) for layer in runner.layers]
+            )
             width = intermediate if part == "down" else runner.hidden_size
             x = torch.randn(1, width, generator=gen)
             calls[spec][part] = [(m, x) for m in modules]
@@ -101,8 +105,10 @@ def main() -> None:
                 if rep >= 3:
                     times[spec][part].append(time.perf_counter() - t0)
     first = args.files[0]
-    print(f"\n{args.threads} kernel threads, 1 row, medians of {args.reps} passes; read bandwidth "
-          f"{bandwidth / 1e9:.1f} GB/s (all threads); ratio: time / {first}'s")
+    print(
+        f"\n{args.threads} kernel threads, 1 row, medians of {args.reps} passes; read bandwidth "
+        f"{bandwidth / 1e9:.1f} GB/s (all threads); ratio: time / {first}'s"
+    )
     print("| part | file | types (share of bytes) | MB | ms/step | GB/s | floor ms | floor / time | ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
     totals: dict[str, float] = collections.Counter()
@@ -116,13 +122,17 @@ def main() -> None:
             total_bytes[spec] += nbytes
             floor = nbytes / bandwidth * 1000
             mix_text = ", ".join(f"{t} {n / nbytes:.0%}" for t, n in mix.most_common()) if nbytes else "float32"
-            print(f"| {part} | {spec} | {mix_text} | {nbytes / 1e6:.1f} | {ms:.3f} | {nbytes / ms / 1e6:.1f} "
-                  f"| {floor:.3f} | {floor / ms:.2f} | {ms / base:.2f} |")
+            print(
+                f"| {part} | {spec} | {mix_text} | {nbytes / 1e6:.1f} | {ms:.3f} | {nbytes / ms / 1e6:.1f} "
+                f"| {floor:.3f} | {floor / ms:.2f} | {ms / base:.2f} |"
+            )
     for spec in engines:
         floor = total_bytes[spec] / bandwidth * 1000
-        print(f"| **all parts** | {spec} | - | {total_bytes[spec] / 1e6:.1f} | {totals[spec]:.3f} "
-              f"| {total_bytes[spec] / totals[spec] / 1e6:.1f} | {floor:.3f} | {floor / totals[spec]:.2f} "
-              f"| {totals[spec] / totals[first]:.2f} |")
+        print(
+            f"| **all parts** | {spec} | - | {total_bytes[spec] / 1e6:.1f} | {totals[spec]:.3f} "
+            f"| {total_bytes[spec] / totals[spec] / 1e6:.1f} | {floor:.3f} | {floor / totals[spec]:.2f} "
+            f"| {totals[spec] / totals[first]:.2f} |"
+        )
 
 
 if __name__ == "__main__":

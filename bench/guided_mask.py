@@ -36,14 +36,22 @@ SCHEMA = {
         "age": {"type": "integer"},
         "role": {"enum": ["admin", "user", "guest"]},
         "tags": {"type": "array", "items": {"type": "string"}},
-        "address": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
-                    "required": ["city", "zip"]},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
+            "required": ["city", "zip"],
+        },
     },
     "required": ["name", "age", "role", "tags", "address"],
 }
 DOCS = [
-    {"name": f"Person number {i} with a longer name", "age": 20 + i, "role": ["admin", "user", "guest"][i % 3],
-     "tags": [f"t{j}" for j in range(i)], "address": {"city": f"City {i}", "zip": str(10000 + i)}}
+    {
+        "name": f"Person number {i} with a longer name",
+        "age": 20 + i,
+        "role": ["admin", "user", "guest"][i % 3],
+        "tags": [f"t{j}" for j in range(i)],
+        "address": {"city": f"City {i}", "zip": str(10000 + i)},
+    }
     for i in range(10)
 ]
 SHIFT = torch.arange(32, dtype=torch.int32)
@@ -51,9 +59,11 @@ SHIFT = torch.arange(32, dtype=torch.int32)
 
 def summary(name: str, compiles: list[float], masks: list[float]) -> None:
     masks = sorted(masks)
-    print(f"{name:28s} compile median {statistics.median(compiles) * 1e3:6.1f} ms | mask mean "
-          f"{statistics.mean(masks) * 1e6:5.0f} us  p50 {masks[len(masks) // 2] * 1e6:5.0f} us  "
-          f"p99 {masks[int(len(masks) * 0.99)] * 1e6:5.0f} us  (n={len(masks)})")
+    print(
+        f"{name:28s} compile median {statistics.median(compiles) * 1e3:6.1f} ms | mask mean "
+        f"{statistics.mean(masks) * 1e6:5.0f} us  p50 {masks[len(masks) // 2] * 1e6:5.0f} us  "
+        f"p99 {masks[int(len(masks) * 0.99)] * 1e6:5.0f} us  (n={len(masks)})"
+    )
 
 
 def bench_llguidance(hf_tok, vocab: int, eos: int, schema: dict) -> None:

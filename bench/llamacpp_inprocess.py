@@ -26,8 +26,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--n-ctx", type=int, default=2048)
     args = parser.parse_args()
-    llm = llama_cpp.Llama(model_path=args.model, n_threads=args.threads, n_threads_batch=args.threads,
-                          n_ctx=args.n_ctx, verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=args.model, n_threads=args.threads, n_threads_batch=args.threads, n_ctx=args.n_ctx, verbose=False
+    )
     vocab = llama_cpp.llama_model_get_vocab(llm.model)
     n_vocab = llm.n_vocab()
     eog = [i for i in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, i)]
@@ -38,8 +39,9 @@ def main() -> None:
         llm.reset()  # no prompt reuse between requests (the servers get distinct prompts too)
         start = time.perf_counter()
         ttft, tokens, finish, text = 0.0, 0, None, []
-        for chunk in llm.create_completion(request["prompt"], max_tokens=request["max_tokens"], temperature=0.0,
-                                           stream=True, logit_bias=bias or None):
+        for chunk in llm.create_completion(
+            request["prompt"], max_tokens=request["max_tokens"], temperature=0.0, stream=True, logit_bias=bias or None
+        ):
             choice = chunk["choices"][0]
             if choice.get("text"):
                 if not ttft:
@@ -49,8 +51,19 @@ def main() -> None:
             finish = choice.get("finish_reason") or finish
         total = time.perf_counter() - start
         prompt_tokens = len(llm.tokenize(request["prompt"].encode("utf-8"), special=True))  # as create_completion
-        print(json.dumps({"ttft": ttft, "total": total, "tokens": tokens, "finish_reason": finish,
-                          "text": "".join(text), "prompt_tokens": prompt_tokens}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "ttft": ttft,
+                    "total": total,
+                    "tokens": tokens,
+                    "finish_reason": finish,
+                    "text": "".join(text),
+                    "prompt_tokens": prompt_tokens,
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

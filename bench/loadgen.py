@@ -78,8 +78,13 @@ async def sse_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
 
 async def _one(session: aiohttp.ClientSession, model: str, prompt: list[int], output_len: int) -> RequestResult:
     body = {
-        "model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0, "ignore_eos": True,
-        "stream": True, "stream_options": {"include_usage": True},
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
     }
     start = time.perf_counter()
     last = start

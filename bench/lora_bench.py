@@ -48,16 +48,19 @@ def _repository(root: Path, adapters: int, rank: int, targets: tuple[str, ...], 
     (model / "config.yaml").write_text(
         f"backend: pytorch\nmodel: {GGUF}\ndtype: float32\nmax_model_len: 2048\n"
         f"scheduler: {{max_num_seqs: {concurrency}, max_num_batched_tokens: 512}}\n"
-        "kv_cache: {max_tokens: 32768}\nlora_adapters:\n" + "\n".join(lines) + "\n")
+        "kv_cache: {max_tokens: 32768}\nlora_adapters:\n" + "\n".join(lines) + "\n"
+    )
     (root / "admin-key").write_text(ADMIN_KEY + "\n")
     return repo
 
 
-async def _load(base_url: str, models: list[str], prompts: list[list[int]], output_len: int, concurrency: int,
-                failures: list[str]) -> RunResult:
+async def _load(
+    base_url: str, models: list[str], prompts: list[list[int]], output_len: int, concurrency: int, failures: list[str]
+) -> RunResult:
     connector = aiohttp.TCPConnector(limit=concurrency + 4)
-    async with aiohttp.ClientSession(base_url=base_url, connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=3600)) as session:
+    async with aiohttp.ClientSession(
+        base_url=base_url, connector=connector, timeout=aiohttp.ClientTimeout(total=3600)
+    ) as session:
         for model in models:  # warm-up: each model once (and the step replay's plans)
             await _one(session, model, prompts[0], 4)
         sem = asyncio.Semaphore(concurrency)
@@ -87,8 +90,9 @@ async def _hot_load(base_url: str, path: Path, failures: list[str]) -> None:
             await asyncio.sleep(1)
 
 
-async def _mixed(base_url: str, models: list[str], prompts: list[list[int]], args: argparse.Namespace,
-                 hot: Path, failures: list[str]) -> RunResult:
+async def _mixed(
+    base_url: str, models: list[str], prompts: list[list[int]], args: argparse.Namespace, hot: Path, failures: list[str]
+) -> RunResult:
     load = _load(base_url, models, prompts, args.output_len, args.concurrency, failures)
     if not args.hot_load:
         return await load
@@ -112,18 +116,43 @@ def main() -> None:
         repo = _repository(root, args.adapters, args.rank, tuple(args.targets.split(",")), args.concurrency)
         port = _port()
         base_url = f"http://127.0.0.1:{port}"
-        proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--model-repository", str(repo),
-                                 "--http-port", str(port), "--grpc-port", "0", "--metrics-port", "0",
-                                 "--lora-dir", str(root / "extra"), "--admin-key-file", str(root / "admin-key")],
-                                cwd=Path(__file__).resolve().parents[1])
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "serve",
+                "--model-repository",
+                str(repo),
+                "--http-port",
+                str(port),
+                "--grpc-port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--lora-dir",
+                str(root / "extra"),
+                "--admin-key-file",
+                str(root / "admin-key"),
+            ],
+            cwd=Path(__file__).resolve().parents[1],
+        )
         try:
             _wait_ready(f"{base_url}/health", proc)
             prompts = random_prompts(args.prompts, args.input_len, 49152)
             failures: list[str] = []
             base = asyncio.run(_load(base_url, ["smol"], prompts, args.output_len, args.concurrency, failures))
             models = ["smol", *(f"a{i}" for i in range(args.adapters))]
-            mixed = asyncio.run(_mixed(base_url, models, random_prompts(args.prompts, args.input_len, 49152, seed=1),
-                                       args, root / "extra" / "hot", failures))
+            mixed = asyncio.run(
+                _mixed(
+                    base_url,
+                    models,
+                    random_prompts(args.prompts, args.input_len, 49152, seed=1),
+                    args,
+                    root / "extra" / "hot",
+                    failures,
+                )
+            )
         finally:
             stop(proc)
     base_tps, mixed_tps = base.summary()["output_tok_s"], mixed.summary()["output_tok_s"]

@@ -53,8 +53,23 @@ def start(workdir: Path, names: list[str], *flags: str) -> tuple[subprocess.Pope
         (repo / name).mkdir()
         (repo / name / "config.yaml").write_text(MODELS[name])
     port = _port()
-    cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(repo), "--http-port", str(port),
-           "--metrics-port", "0", "--grpc-port", "0", "--log-level", "warning", *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--model-repository",
+        str(repo),
+        "--http-port",
+        str(port),
+        "--metrics-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--log-level",
+        "warning",
+        *flags,
+    ]
     began = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT)
     try:
@@ -68,8 +83,10 @@ def start(workdir: Path, names: list[str], *flags: str) -> tuple[subprocess.Pope
 def ask(client: httpx.Client, model: str, text: str = "Say hello") -> httpx.Response:
     if model == "minilm":
         return client.post("/v1/embeddings", json={"model": model, "input": [text]})
-    return client.post("/v1/chat/completions", json={"model": model, "max_tokens": 8, "temperature": 0,
-                                                      "messages": [{"role": "user", "content": text}]})
+    return client.post(
+        "/v1/chat/completions",
+        json={"model": model, "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": text}]},
+    )
 
 
 def metric(base: str, name: str, **labels: str) -> float:
@@ -95,19 +112,32 @@ def cold(workdir: Path) -> bool:
     finally:
         stop(proc)
     ok = first <= 1.5 * plain
-    print(f"cold: plain start ready in {plain:.1f} s; first request of an unloaded model answered in {first:.1f} s "
-          f"({first / plain:.2f}x; target <= 1.5x): {'ok' if ok else 'MISSED'}")
+    print(
+        f"cold: plain start ready in {plain:.1f} s; first request of an unloaded model answered in {first:.1f} s "
+        f"({first / plain:.2f}x; target <= 1.5x): {'ok' if ok else 'MISSED'}"
+    )
     return ok
 
 
 def burst(workdir: Path, n: int = 32) -> bool:
     proc, base, _ = start(workdir, ["smol-gguf"], "--model-control-mode", "on_demand")
     try:
+
         async def all_at_once() -> list[int]:
             async with httpx.AsyncClient(base_url=base, timeout=600) as client:
-                replies = await asyncio.gather(*(client.post("/v1/chat/completions", json={
-                    "model": "smol-gguf", "max_tokens": 4, "messages": [{"role": "user", "content": f"#{i}"}]})
-                    for i in range(n)))
+                replies = await asyncio.gather(
+                    *(
+                        client.post(
+                            "/v1/chat/completions",
+                            json={
+                                "model": "smol-gguf",
+                                "max_tokens": 4,
+                                "messages": [{"role": "user", "content": f"#{i}"}],
+                            },
+                        )
+                        for i in range(n)
+                    )
+                )
             return [r.status_code for r in replies]
 
         codes = asyncio.run(all_at_once())
@@ -115,8 +145,10 @@ def burst(workdir: Path, n: int = 32) -> bool:
     finally:
         stop(proc)
     ok = codes == [200] * n and loads == 1
-    print(f"burst: {n} concurrent first requests -> {Counter(codes)} answered, {loads:g} load(s) (target: all 200, "
-          f"1 load): {'ok' if ok else 'MISSED'}")
+    print(
+        f"burst: {n} concurrent first requests -> {Counter(codes)} answered, {loads:g} load(s) (target: all 200, "
+        f"1 load): {'ok' if ok else 'MISSED'}"
+    )
     return ok
 
 
@@ -178,9 +210,11 @@ def rotate(workdir: Path, minutes: float, budget: str, clients: int, phase_secs:
     finally:
         stop(proc)
     ok = not failures and not not_lru and state["rss_max"] <= budget_bytes
-    print(f"rotate: {minutes:g} min, {phase} phases, answered {dict(answered)}, {len(failures)} failed "
-          f"{failures[:3]}; RSS at most {state['rss_max'] / 2**20:.0f} MiB of a {budget_bytes / 2**20:.0f} MiB "
-          f"budget; evictions for memory {evictions}; not LRU: {not_lru[:3] or 'none'}: {'ok' if ok else 'MISSED'}")
+    print(
+        f"rotate: {minutes:g} min, {phase} phases, answered {dict(answered)}, {len(failures)} failed "
+        f"{failures[:3]}; RSS at most {state['rss_max'] / 2**20:.0f} MiB of a {budget_bytes / 2**20:.0f} MiB "
+        f"budget; evictions for memory {evictions}; not LRU: {not_lru[:3] or 'none'}: {'ok' if ok else 'MISSED'}"
+    )
     return ok
 
 

@@ -82,10 +82,18 @@ def _pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else float("nan")
 
 
-async def one(session: aiohttp.ClientSession, model: str, prompt: list[int], output_len: int,
-              queue_timeout: float) -> Outcome:
-    body: dict[str, object] = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0,
-                               "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+async def one(
+    session: aiohttp.ClientSession, model: str, prompt: list[int], output_len: int, queue_timeout: float
+) -> Outcome:
+    body: dict[str, object] = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if queue_timeout > 0:
         body["timeout"] = queue_timeout
     start = time.perf_counter()
@@ -108,8 +116,14 @@ async def one(session: aiohttp.ClientSession, model: str, prompt: list[int], out
         return out
 
 
-async def calibrate(session: aiohttp.ClientSession, model: str, prompts: list[list[int]], output_len: int,
-                    seconds: float, clients: int = 8) -> float:
+async def calibrate(
+    session: aiohttp.ClientSession,
+    model: str,
+    prompts: list[list[int]],
+    output_len: int,
+    seconds: float,
+    clients: int = 8,
+) -> float:
     """Requests per second that `clients` closed-loop clients complete."""
     done = 0
     deadline = time.perf_counter() + seconds
@@ -127,8 +141,15 @@ async def calibrate(session: aiohttp.ClientSession, model: str, prompts: list[li
     return done / (time.perf_counter() - start)
 
 
-async def open_loop(session: aiohttp.ClientSession, model: str, prompts: list[list[int]], output_len: int,
-                    phase: Phase, queue_timeout: float, seed: int) -> None:
+async def open_loop(
+    session: aiohttp.ClientSession,
+    model: str,
+    prompts: list[list[int]],
+    output_len: int,
+    phase: Phase,
+    queue_timeout: float,
+    seed: int,
+) -> None:
     """Poisson arrivals at `phase.rate` for `phase.window` seconds; waits for every request to end."""
     rng = random.Random(seed)
     tasks = []
@@ -150,8 +171,9 @@ async def open_loop(session: aiohttp.ClientSession, model: str, prompts: list[li
 async def run(args: argparse.Namespace, url: str) -> dict[str, object]:
     prompts = random_prompts(256, args.input_len, args.vocab, seed=1)
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(base_url=url, connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=3600)) as session:
+    async with aiohttp.ClientSession(
+        base_url=url, connector=connector, timeout=aiohttp.ClientTimeout(total=3600)
+    ) as session:
         await one(session, args.model, prompts[0], 8, 0)  # warm-up
         rate = args.rate or await calibrate(session, args.model, prompts, args.output_len, args.calibrate_seconds)
         phases = [Phase("1x", rate, args.seconds), Phase(f"{args.overload:g}x", rate * args.overload, args.seconds)]
@@ -161,8 +183,13 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, object]:
     reports = {p.name: p.report(args.slo, args.output_len) for p in phases}
     base = reports["1x"]["goodput_tok_s"]
     over = reports[phases[1].name]["goodput_tok_s"]
-    return {"sustained_rate_rps_at_c8": round(rate, 3), "queue_timeout_s": args.queue_timeout, "slo_s": args.slo,
-            "phases": reports, "goodput_ratio": round(over / base, 3) if base else None}
+    return {
+        "sustained_rate_rps_at_c8": round(rate, 3),
+        "queue_timeout_s": args.queue_timeout,
+        "slo_s": args.slo,
+        "phases": reports,
+        "goodput_ratio": round(over / base, 3) if base else None,
+    }
 
 
 def main() -> None:
@@ -177,17 +204,37 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--slo", type=float, default=3.0, help="first token within this many seconds counts")
-    parser.add_argument("--queue-timeout", type=float, default=2.5,
-                        help="each request's `timeout` (seconds to start); 0: none sent (the model's default)")
+    parser.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=2.5,
+        help="each request's `timeout` (seconds to start); 0: none sent (the model's default)",
+    )
     parser.add_argument("--pause", type=float, default=5.0, help="seconds between phases")
     args = parser.parse_args()
     proc = None
     url = args.url
     if url is None:
         port = _port()
-        proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--model-repository",
-                                 str(ROOT / "model_repository"), "--host", "127.0.0.1", "--http-port", str(port),
-                                 "--grpc-port", "0", "--log-level", "warning"], cwd=ROOT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "serve",
+                "--model-repository",
+                str(ROOT / "model_repository"),
+                "--host",
+                "127.0.0.1",
+                "--http-port",
+                str(port),
+                "--grpc-port",
+                "0",
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+        )
         url = f"http://127.0.0.1:{port}"
         _wait_ready(f"{url}/health", proc)
     try:

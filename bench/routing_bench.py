@@ -46,8 +46,22 @@ GATEWAY_MODEL = "routed"
 
 def _serve(repo: Path, cpu: int | None) -> tuple[subprocess.Popen, str]:
     port = _port()
-    cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(repo), "--http-port", str(port),
-           "--metrics-port", "0", "--grpc-port", "0", "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--model-repository",
+        str(repo),
+        "--http-port",
+        str(port),
+        "--metrics-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--log-level",
+        "warning",
+    ]
     if cpu is not None:
         cmd = ["taskset", "-c", str(cpu), *cmd]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT)
@@ -84,8 +98,15 @@ def start_gateway(
 
 async def _one(client: httpx.AsyncClient, prompt: list[int], output: int) -> tuple[float, int, int]:
     """(TTFT seconds, prompt tokens, cached prompt tokens) of one streamed completion."""
-    body = {"model": GATEWAY_MODEL, "prompt": prompt, "max_tokens": output, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": GATEWAY_MODEL,
+        "prompt": prompt,
+        "max_tokens": output,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     ttft = None
     usage: dict = {}
@@ -106,6 +127,7 @@ async def drive(url: str, prompts: list[list[int]], concurrency: int, output: in
     results: list[tuple[float, int, int]] = []
     queue = list(reversed(prompts))
     async with httpx.AsyncClient(base_url=url, timeout=900) as client:
+
         async def worker() -> None:
             while queue:
                 results.append(await _one(client, queue.pop(), output))
@@ -139,9 +161,16 @@ def run_policy(policy: str, prompts: list[list[int]], args: argparse.Namespace, 
             sent = sum(r[1] for r in results)
             cached = sum(r[2] for r in results)
             ttfts = sorted(r[0] for r in results)
-            return {"policy": policy, "sent": sent, "cached": cached, "fraction": cached / sent,
-                    "metric": upstream_hit_rate(urls), "ttft_p50": statistics.median(ttfts),
-                    "ttft_p90": ttfts[int(0.9 * (len(ttfts) - 1))], "wall": wall}
+            return {
+                "policy": policy,
+                "sent": sent,
+                "cached": cached,
+                "fraction": cached / sent,
+                "metric": upstream_hit_rate(urls),
+                "ttft_p50": statistics.median(ttfts),
+                "ttft_p90": ttfts[int(0.9 * (len(ttfts) - 1))],
+                "wall": wall,
+            }
         finally:
             for p in reversed(procs):
                 stop(p)
@@ -165,23 +194,31 @@ def main() -> None:
     rng = random.Random(13)
     prompts = [systems[rng.randrange(args.tenants)] + q for q in questions]
     kv_tokens = int(args.pool_prompts * (args.prefix + args.question + args.output)) // 16 * 16
-    print(f"{args.requests} requests, c={args.concurrency}, {args.tenants} tenants x {args.prefix}-token system "
-          f"prompt + {args.question}-token question, {args.output} tokens out; KV pool {kv_tokens} tokens/upstream",
-          flush=True)
+    print(
+        f"{args.requests} requests, c={args.concurrency}, {args.tenants} tenants x {args.prefix}-token system "
+        f"prompt + {args.question}-token question, {args.output} tokens out; KV pool {kv_tokens} tokens/upstream",
+        flush=True,
+    )
     rows = []
     for policy in ("least_outstanding", "cache_aware"):
         rows.append(run_policy(policy, prompts, args, kv_tokens))
         r = rows[-1]
         print(f"  {policy}: cached {r['fraction']:.3f}, TTFT p50 {r['ttft_p50']:.2f} s", flush=True)
-    print("| routing | prompt tokens | cached (usage) | cached fraction | upstream hit rate | TTFT p50 | TTFT p90 "
-          "| wall |")
+    print(
+        "| routing | prompt tokens | cached (usage) | cached fraction | upstream hit rate | TTFT p50 | TTFT p90 "
+        "| wall |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['policy']} | {r['sent']} | {r['cached']} | {r['fraction']:.3f} | {r['metric']:.3f} "
-              f"| {r['ttft_p50']:.2f} s | {r['ttft_p90']:.2f} s | {r['wall']:.1f} s |")
+        print(
+            f"| {r['policy']} | {r['sent']} | {r['cached']} | {r['fraction']:.3f} | {r['metric']:.3f} "
+            f"| {r['ttft_p50']:.2f} s | {r['ttft_p90']:.2f} s | {r['wall']:.1f} s |"
+        )
     lo, ca = rows
-    print(f"| **cache_aware vs least_outstanding** | | | **{ca['fraction'] / lo['fraction']:.2f}x** (target >= 1.3) "
-          f"| | **{lo['ttft_p50'] / ca['ttft_p50']:.2f}x lower** (target >= 1.3) | | {lo['wall'] / ca['wall']:.2f}x |")
+    print(
+        f"| **cache_aware vs least_outstanding** | | | **{ca['fraction'] / lo['fraction']:.2f}x** (target >= 1.3) "
+        f"| | **{lo['ttft_p50'] / ca['ttft_p50']:.2f}x lower** (target >= 1.3) | | {lo['wall'] / ca['wall']:.2f}x |"
+    )
 
 
 if __name__ == "__main__":

@@ -69,8 +69,10 @@ SHIPPED_CONFIG = Path(__file__).resolve().parents[1] / "model_repository" / "smo
 def shipped_scheduler() -> dict[str, int]:
     """The shipped SmolLM2 model's scheduler limits (max_num_seqs, max_num_batched_tokens), for both servers."""
     scheduler = yaml.safe_load(SHIPPED_CONFIG.read_text())["scheduler"]
-    return {"max_num_seqs": int(scheduler["max_num_seqs"]),
-            "max_num_batched_tokens": int(scheduler["max_num_batched_tokens"])}
+    return {
+        "max_num_seqs": int(scheduler["max_num_seqs"]),
+        "max_num_batched_tokens": int(scheduler["max_num_batched_tokens"]),
+    }
 
 
 def usable_cpus() -> list[int]:
@@ -110,9 +112,14 @@ def pool_tokens(dtype: str) -> int:
     return KV_GIB * 2**30 // kv_bytes_per_token(dtype) // 16 * 16
 
 
-def start_switchyard(dtype: str, workdir: Path, kv_options: dict[str, object] | None = None,
-                     match_transformers: bool = False, hf_dir: Path | None = None,
-                     gemm_threads: int | None = None) -> tuple[subprocess.Popen, str]:
+def start_switchyard(
+    dtype: str,
+    workdir: Path,
+    kv_options: dict[str, object] | None = None,
+    match_transformers: bool = False,
+    hf_dir: Path | None = None,
+    gemm_threads: int | None = None,
+) -> tuple[subprocess.Popen, str]:
     """The native engine; `kv_options` adds `kv_cache` settings (e.g. enable_prefix_caching); `match_transformers`
     turns on that mode (bfloat16) with the settings it needs (whole prompts, no prefix caching). With `hf_dir` it
     serves that HF folder (hard-linked into the repository's version folder `1/`, since a model's files must live
@@ -137,15 +144,30 @@ def start_switchyard(dtype: str, workdir: Path, kv_options: dict[str, object] | 
         f"pytorch: {{match_transformers: {match_transformers}, gemm_threads: {gemm_threads or 'null'}}}\n"
     )
     port = _port()
-    cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(repo.parent), "--http-port", str(port),
-           "--metrics-port", "0", "--grpc-port", "0", "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--model-repository",
+        str(repo.parent),
+        "--http-port",
+        str(port),
+        "--metrics-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--log-level",
+        "warning",
+    ]
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1])
     _wait_ready(f"http://127.0.0.1:{port}/health", proc)
     return proc, f"http://127.0.0.1:{port}"
 
 
-def start_vllm(python: str, dtype: str, hf_dir: Path, extra: tuple[str, ...] = (),
-               all_cpus: bool = False) -> tuple[subprocess.Popen, str]:
+def start_vllm(
+    python: str, dtype: str, hf_dir: Path, extra: tuple[str, ...] = (), all_cpus: bool = False
+) -> tuple[subprocess.Popen, str]:
     """vLLM's OpenAI server with the shipped scheduler limits; `all_cpus`: its OpenMP threads on every usable CPU,
     none reserved for its other processes (its default on 2 CPUs keeps one for them)."""
     port = _port()
@@ -154,10 +176,29 @@ def start_vllm(python: str, dtype: str, hf_dir: Path, extra: tuple[str, ...] = (
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, usable_cpus()))
     limits = shipped_scheduler()
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_dir), "--served-model-name", MODEL,
-           "--dtype", dtype, "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port),
-           "--max-num-seqs", str(limits["max_num_seqs"]),
-           "--max-num-batched-tokens", str(limits["max_num_batched_tokens"]), "--disable-log-stats", *extra]
+    cmd = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(hf_dir),
+        "--served-model-name",
+        MODEL,
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        "2048",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-num-seqs",
+        str(limits["max_num_seqs"]),
+        "--max-num-batched-tokens",
+        str(limits["max_num_batched_tokens"]),
+        "--disable-log-stats",
+        *extra,
+    ]
     log = open(Path(tempfile.gettempdir()) / f"vllm-bench-{port}.log", "w")  # noqa: SIM115 - lives with the process
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
     _wait_ready(f"http://127.0.0.1:{port}/health", proc)
@@ -223,8 +264,14 @@ class PeakRSS:
         self._thread.join()
 
 
-def measure(base_url: str, levels: list[tuple[int, int]], output_len: int,
-            pid: int | None = None, round_index: int = 0, kv_dtype: str | None = None) -> dict[int, dict[str, float]]:
+def measure(
+    base_url: str,
+    levels: list[tuple[int, int]],
+    output_len: int,
+    pid: int | None = None,
+    round_index: int = 0,
+    kv_dtype: str | None = None,
+) -> dict[int, dict[str, float]]:
     """Each level's summary; with the server's `pid`, also its peak RSS in MiB, and with `kv_dtype` (the native
     engine) the touched size of its KV pool after the level. Every round has its own prompts: a round must not find
     the previous one's in the prefix cache."""
@@ -256,26 +303,47 @@ def stop(proc: subprocess.Popen) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--vllm-python", type=os.path.abspath,  # absolute (vLLM runs in another folder), links kept
-                        help="python of an environment with vllm-cpu installed")
+    parser.add_argument(
+        "--vllm-python",
+        type=os.path.abspath,  # absolute (vLLM runs in another folder), links kept
+        help="python of an environment with vllm-cpu installed",
+    )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--quick", action="store_true", help="fewer prompts and 32 output tokens")
-    parser.add_argument("--match-transformers", action="store_true",
-                        help="bfloat16: our pytorch.match_transformers mode (transformers' bits, bit for bit)")
-    parser.add_argument("--weights", default="gguf", choices=["gguf", "hf"],
-                        help="gguf: we serve the GGUF file (projections read its Q4_1 blocks), vLLM its float32 HF "
-                             "conversion; hf: both serve that float32 HF folder (default: %(default)s)")
-    parser.add_argument("--gemm-threads", type=int,
-                        help="threads of our kernels (default: every usable CPU); 1 computes on one thread, as "
-                             "vLLM-CPU does on 2 CPUs (it reserves one for its scheduler and API processes)")
-    parser.add_argument("--vllm-cpus", default="default", choices=["default", "all"],
-                        help="all: vLLM-CPU's OpenMP threads on every usable CPU, none reserved (thread-matched "
-                             "against our default); default: vLLM's own choice")
+    parser.add_argument(
+        "--match-transformers",
+        action="store_true",
+        help="bfloat16: our pytorch.match_transformers mode (transformers' bits, bit for bit)",
+    )
+    parser.add_argument(
+        "--weights",
+        default="gguf",
+        choices=["gguf", "hf"],
+        help="gguf: we serve the GGUF file (projections read its Q4_1 blocks), vLLM its float32 HF "
+        "conversion; hf: both serve that float32 HF folder (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--gemm-threads",
+        type=int,
+        help="threads of our kernels (default: every usable CPU); 1 computes on one thread, as "
+        "vLLM-CPU does on 2 CPUs (it reserves one for its scheduler and API processes)",
+    )
+    parser.add_argument(
+        "--vllm-cpus",
+        default="default",
+        choices=["default", "all"],
+        help="all: vLLM-CPU's OpenMP threads on every usable CPU, none reserved (thread-matched "
+        "against our default); default: vLLM's own choice",
+    )
     parser.add_argument("--levels", default="1,8,32", help="concurrency levels, comma-separated (of 1, 8, 32)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="with --vllm-python and more than 1: start both servers (one idles while the other is "
-                             "loaded), run every level this many times with the servers taking turns, and report "
-                             "per-level medians and the per-round ratios (steadier on a machine that drifts)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="with --vllm-python and more than 1: start both servers (one idles while the other is "
+        "loaded), run every level this many times with the servers taking turns, and report "
+        "per-level medians and the per-round ratios (steadier on a machine that drifts)",
+    )
     args = parser.parse_args()
     wanted = {int(x) for x in args.levels.split(",")}
     levels = [(c, max(c, n // 4) if args.quick else n) for c, n in LEVELS if c in wanted]
@@ -289,10 +357,18 @@ def main() -> None:
     # hard links need the same file system as the HF folder
     workdir = tempfile.TemporaryDirectory(dir=hf_dir.parent if args.weights == "hf" else None)
     with workdir as tmp, contextlib.ExitStack() as servers:
-        print(f"switchyard ({args.dtype}, {args.weights} weights"
-              f"{', match_transformers' if args.match_transformers else ''})", flush=True)
-        proc, url = start_switchyard(args.dtype, Path(tmp), match_transformers=args.match_transformers,
-                                     hf_dir=hf_dir if args.weights == "hf" else None, gemm_threads=args.gemm_threads)
+        print(
+            f"switchyard ({args.dtype}, {args.weights} weights"
+            f"{', match_transformers' if args.match_transformers else ''})",
+            flush=True,
+        )
+        proc, url = start_switchyard(
+            args.dtype,
+            Path(tmp),
+            match_transformers=args.match_transformers,
+            hf_dir=hf_dir if args.weights == "hf" else None,
+            gemm_threads=args.gemm_threads,
+        )
         idle["switchyard"] = rss_mib(proc.pid)
         servers.callback(stop, proc)
         if args.vllm_python and args.rounds > 1:
@@ -303,19 +379,26 @@ def main() -> None:
             started["vllm"] = (vproc, vurl)
             runs: dict[str, list[dict[int, dict[str, float]]]] = {"switchyard": [], "vllm": []}
             for r in range(args.rounds):  # A B, B A, A B, ...: a drift over the run favours neither server
-                for name, (p, u) in (list(started.items()) if r % 2 == 0 else list(started.items())[::-1]):
+                for name, (p, u) in list(started.items()) if r % 2 == 0 else list(started.items())[::-1]:
                     print(f"round {r + 1}: {name}", flush=True)
                     runs[name].append(measure(u, levels, output_len, p.pid, round_index=r, kv_dtype=kv_dtype[name]))
                 ours_r, theirs_r = runs["switchyard"][-1], runs["vllm"][-1]
-                rounds.append({c: tuple(ours_r[c][k] / theirs_r[c][k] for k in ("output_tok_s", "decode_tok_s"))
-                               for c, _ in levels})
-            results = {name: {c: {k: statistics.median(run[c][k] for run in per) for k in per[0][c]}
-                              for c, _ in levels} for name, per in runs.items()}
+                rounds.append(
+                    {
+                        c: tuple(ours_r[c][k] / theirs_r[c][k] for k in ("output_tok_s", "decode_tok_s"))
+                        for c, _ in levels
+                    }
+                )
+            results = {
+                name: {c: {k: statistics.median(run[c][k] for run in per) for k in per[0][c]} for c, _ in levels}
+                for name, per in runs.items()
+            }
             for name, per in runs.items():  # the peak over all rounds, not a median
                 for c, _ in levels:
                     for k in ("peak_rss_mib", "kv_touched_mib"):
-                        results[name][c][k] = max((run[c][k] for run in per if run[c][k] == run[c][k]),
-                                                  default=float("nan"))
+                        results[name][c][k] = max(
+                            (run[c][k] for run in per if run[c][k] == run[c][k]), default=float("nan")
+                        )
         else:
             results["switchyard"] = measure(url, levels, output_len, proc.pid, kv_dtype=args.dtype)
             servers.close()
@@ -327,22 +410,39 @@ def main() -> None:
                     results["vllm"] = measure(vurl, levels, output_len, vproc.pid)
                 finally:
                     stop(vproc)
-    keys = ["output_tok_s", "decode_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_mean_ms",
-            "peak_rss_mib", "kv_touched_mib"]
+    keys = [
+        "output_tok_s",
+        "decode_tok_s",
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "tpot_p50_ms",
+        "tpot_p99_ms",
+        "itl_mean_ms",
+        "peak_rss_mib",
+        "kv_touched_mib",
+    ]
     weights = (
         "Switchyard: the GGUF file's Q4_1 and Q8_0 blocks in its projections and lm_head; vLLM: float32 HF folder "
         "(4 bytes a weight)"
         if args.weights == "gguf"
         else "both: the float32 HF folder (4 bytes a weight)"
     )
-    print(f"\n{args.dtype}, 128 in / {output_len} out, KV cache {KV_GIB} GiB on both; weights: {weights}; "
-          f"threads: Switchyard's kernels on {args.gemm_threads or 'every usable CPU'} (torch on 1), vLLM-CPU "
-          + ("OpenMP threads on every usable CPU, none reserved" if args.vllm_cpus == "all" else
-             "its default (one CPU reserved for its scheduler and API processes, OpenMP threads on the others)")
-          + f"; scheduler on both: {shipped_scheduler()} (the shipped config's)")
-    print("RSS once started, before any load: " + ", ".join(f"{n} {v:.0f} MiB" for n, v in idle.items())
-          + f". kv_touched_mib: the part of Switchyard's {KV_GIB} GiB KV pool that is resident (it is faulted in as "
-          "blocks are first used); vLLM's RSS once started shows how much of its pool it holds from the start")
+    print(
+        f"\n{args.dtype}, 128 in / {output_len} out, KV cache {KV_GIB} GiB on both; weights: {weights}; "
+        f"threads: Switchyard's kernels on {args.gemm_threads or 'every usable CPU'} (torch on 1), vLLM-CPU "
+        + (
+            "OpenMP threads on every usable CPU, none reserved"
+            if args.vllm_cpus == "all"
+            else "its default (one CPU reserved for its scheduler and API processes, OpenMP threads on the others)"
+        )
+        + f"; scheduler on both: {shipped_scheduler()} (the shipped config's)"
+    )
+    print(
+        "RSS once started, before any load: "
+        + ", ".join(f"{n} {v:.0f} MiB" for n, v in idle.items())
+        + f". kv_touched_mib: the part of Switchyard's {KV_GIB} GiB KV pool that is resident (it is faulted in as "
+        "blocks are first used); vLLM's RSS once started shows how much of its pool it holds from the start"
+    )
     print("| concurrency | server | " + " | ".join(keys) + " |")
     print("|---|---|" + "---|" * len(keys))
     for c, _ in levels:
@@ -351,14 +451,22 @@ def main() -> None:
             print(f"| {c} | {name} | " + " | ".join(f"{v:.1f}" if v == v else "-" for v in values) + " |")
         if "vllm" in results:
             ours, peer = results["switchyard"][c], results["vllm"][c]
-            print(f"| {c} | **ratio sw/vllm** | {ours['output_tok_s'] / peer['output_tok_s']:.2f} | "
-                  + " | ".join(f"{ours[k] / peer[k]:.2f}" for k in keys[1:-1]) + " | |")
+            print(
+                f"| {c} | **ratio sw/vllm** | {ours['output_tok_s'] / peer['output_tok_s']:.2f} | "
+                + " | ".join(f"{ours[k] / peer[k]:.2f}" for k in keys[1:-1])
+                + " | |"
+            )
     if rounds:
         print(f"\nmedians of {len(rounds)} rounds above; ratios per round, output tok/s | decode tok/s:")
         for c, _ in levels:
             out, dec = ([r[c][i] for r in rounds] for i in (0, 1))
-            print(f"  c={c}: " + " ".join(f"{x:.2f}" for x in out) + f" (median {statistics.median(out):.2f}) | "
-                  + " ".join(f"{x:.2f}" for x in dec) + f" (median {statistics.median(dec):.2f})")
+            print(
+                f"  c={c}: "
+                + " ".join(f"{x:.2f}" for x in out)
+                + f" (median {statistics.median(out):.2f}) | "
+                + " ".join(f"{x:.2f}" for x in dec)
+                + f" (median {statistics.median(dec):.2f})"
+            )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,14 @@ FILLER = HISTORY[::-1][:2000]  # ~1k tokens that share no prefix with the histor
 def ttft(client: httpx.Client, prompt: str, session: str | None) -> tuple[float, str, int]:
     """(time to first token, the answer, cached prompt tokens) of one streamed completion."""
     headers = {"X-Session-ID": session} if session else {}
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": 8,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     first, text, cached = None, "", 0
     with client.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
@@ -79,8 +85,9 @@ def main() -> None:
     fillers = args.fillers if args.fillers is not None else max(2, 2 * args.kv_tokens // 1000)
     # sessions may pin half the pool (the default quarter would not hold a ~1.5k-token conversation in a small pool)
     kv = {"max_tokens": args.kv_tokens, "session_max_tokens": args.kv_tokens // 2}
-    arms: dict[str, dict[str, list[float]]] = {a: {"cold": [], "warm": [], "cached": []}
-                                               for a in ("session", "control")}
+    arms: dict[str, dict[str, list[float]]] = {
+        a: {"cold": [], "warm": [], "cached": []} for a in ("session", "control")
+    }
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_switchyard("float32", Path(tmp), kv_options=kv)
         try:
@@ -93,18 +100,25 @@ def main() -> None:
                         arms[arm]["cold"].append(t1)
                         arms[arm]["warm"].append(t2)
                         arms[arm]["cached"].append(cached)
-                        print(f"round {r + 1} {arm}: first {t1 * 1000:.0f} ms, second {t2 * 1000:.0f} ms, "
-                              f"cached {cached}", flush=True)
+                        print(
+                            f"round {r + 1} {arm}: first {t1 * 1000:.0f} ms, second {t2 * 1000:.0f} ms, "
+                            f"cached {cached}",
+                            flush=True,
+                        )
         finally:
             stop(proc)
     med = {arm: {k: statistics.median(v) for k, v in d.items()} for arm, d in arms.items()}
-    print(f"\nKV pool {args.kv_tokens} tokens, {fillers} filler requests (~1k tokens each) between the turns, "
-          f"medians of {args.rounds} rounds")
+    print(
+        f"\nKV pool {args.kv_tokens} tokens, {fillers} filler requests (~1k tokens each) between the turns, "
+        f"medians of {args.rounds} rounds"
+    )
     print("| arm | first turn TTFT (ms) | second turn TTFT (ms) | second turn cached tokens | first / second |")
     print("|---|---|---|---|---|")
     for arm, m in med.items():
-        print(f"| {arm} | {m['cold'] * 1000:.0f} | {m['warm'] * 1000:.0f} | {m['cached']:.0f} | "
-              f"{m['cold'] / m['warm']:.1f}x |")
+        print(
+            f"| {arm} | {m['cold'] * 1000:.0f} | {m['warm'] * 1000:.0f} | {m['cached']:.0f} | "
+            f"{m['cold'] / m['warm']:.1f}x |"
+        )
     print(f"| **second turn, control / session** | | {med['control']['warm'] / med['session']['warm']:.1f}x | | |")
 
 

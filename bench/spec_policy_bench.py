@@ -134,22 +134,34 @@ def main() -> None:
     else:
         cost = step_costs(engine, answers["edit"][0][0], args.k + 1, args.rounds)
     print("step of r rows, in one-token steps: " + ", ".join(f"{r + 1}: {c:.2f}" for r, c in enumerate(cost)))
-    print(f"k {args.k}, n-grams {args.min_n}-{args.max_n}, worth {args.worth}, min_acceptance {args.min_acceptance}, "
-          f"overhead {args.overhead} per step, up to {args.max_tokens} tokens")
-    print(f"{'workload':<12} {'tokens':>6} {'steps off/on':>12} {'accept':>7} {'tok/verify':>10} {'model ratio':>11} "
-          f"{'copy bound':>10}")
+    print(
+        f"k {args.k}, n-grams {args.min_n}-{args.max_n}, worth {args.worth}, min_acceptance {args.min_acceptance}, "
+        f"overhead {args.overhead} per step, up to {args.max_tokens} tokens"
+    )
+    print(
+        f"{'workload':<12} {'tokens':>6} {'steps off/on':>12} {'accept':>7} {'tok/verify':>10} {'model ratio':>11} "
+        f"{'copy bound':>10}"
+    )
     for name, pairs in answers.items():
         tokens = steps = drafts = proposed = accepted = 0
         plain = spec = bound = 0.0
         for prompt, out in pairs:
             d, p, a, rows = replay(prompt, out, args)
-            tokens, steps, drafts, proposed, accepted = tokens + len(out), steps + len(rows), drafts + d, \
-                proposed + p, accepted + a
+            tokens, steps, drafts, proposed, accepted = (
+                tokens + len(out),
+                steps + len(rows),
+                drafts + d,
+                proposed + p,
+                accepted + a,
+            )
             plain += len(out) * (1 + args.overhead)
             spec += sum(cost[r - 1] + args.overhead for r in rows)
             bound += sum(cost[r - 1] + args.overhead for r in copy_bound(prompt, out, args.k, args.max_n))
-        print(f"{name:<12} {tokens:>6} {f'{tokens}/{steps}':>12} {accepted / max(proposed, 1):>7.0%} "
-              f"{1 + accepted / max(drafts, 1):>10.2f} {plain / spec:>10.2f}x {plain / bound:>9.2f}x", flush=True)
+        print(
+            f"{name:<12} {tokens:>6} {f'{tokens}/{steps}':>12} {accepted / max(proposed, 1):>7.0%} "
+            f"{1 + accepted / max(drafts, 1):>10.2f} {plain / spec:>10.2f}x {plain / bound:>9.2f}x",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

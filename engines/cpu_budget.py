@@ -139,16 +139,21 @@ def _env_threads(environ: Mapping[str, str]) -> int | None:
     try:
         threads = int(value.split(",")[0])  # OpenMP allows a list per nesting level; the first is ours
     except ValueError:
-        raise ValueError(f"OMP_NUM_THREADS={value!r} is not a whole number: set it to the threads to use, "
-                         "or unset it to use every CPU this process may use") from None
+        raise ValueError(
+            f"OMP_NUM_THREADS={value!r} is not a whole number: set it to the threads to use, "
+            "or unset it to use every CPU this process may use"
+        ) from None
     if threads < 1:
         raise ValueError(f"OMP_NUM_THREADS={value!r} must be at least 1")
     return threads
 
 
 def detect(
-    *, affinity: int | None = None, environ: Mapping[str, str] | None = None,
-    proc_cgroup: Path = PROC_CGROUP, cgroup_root: Path = CGROUP_ROOT,
+    *,
+    affinity: int | None = None,
+    environ: Mapping[str, str] | None = None,
+    proc_cgroup: Path = PROC_CGROUP,
+    cgroup_root: Path = CGROUP_ROOT,
 ) -> CpuBudget:
     """The budget from the mask, the cgroup quota and OMP_NUM_THREADS (arguments replace the process's own, for
     tests). Raises ValueError for an OMP_NUM_THREADS that is not a positive whole number."""
@@ -165,7 +170,8 @@ def detect(
     else:
         threads, source = cpus, "affinity"
         reason = f"{cpus} CPUs in the affinity mask" + (
-            f" (cgroup quota {quota.cpus:g} CPUs does not narrow it)" if quota else ", no cgroup CPU quota")
+            f" (cgroup quota {quota.cpus:g} CPUs does not narrow it)" if quota else ", no cgroup CPU quota"
+        )
     budget = CpuBudget(threads, cpus, quota, source, reason)
     return budget.with_override(_env_threads(os.environ if environ is None else environ), "OMP_NUM_THREADS")
 

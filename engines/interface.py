@@ -66,8 +66,11 @@ class AdapterHost:
     def load_adapter(self, adapter: AdapterRef) -> None:
         """Make `adapter`'s weights ready for requests that name it (blocking: reads its files; called off the event
         loop). Raises `ModelFileError` for files this model cannot take, with the fix."""
-        raise RequestRefusedError(f"this model's engine ({type(self).__name__}) does not serve LoRA adapters; serve "
-                                  "the base model with backend: pytorch or vllm", "lora_path")
+        raise RequestRefusedError(
+            f"this model's engine ({type(self).__name__}) does not serve LoRA adapters; serve "
+            "the base model with backend: pytorch or vllm",
+            "lora_path",
+        )
 
     def unload_adapter(self, adapter: AdapterRef) -> None:
         """Drop `adapter`'s weights; called once no request runs under it."""
@@ -238,8 +241,16 @@ class UpstreamError(Exception):
     `param`, `code` and `type` are its OpenAI error fields when it sent them; `retry_after` its Retry-After in
     seconds. The gateway maps it onto its own errors: a 400 stays the client's fault, a 5xx is a bad gateway."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str | None = None, retry_after: float | None = None) -> None:  # noqa: A002 - OpenAI's name
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:  # noqa: A002 - OpenAI's name
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
         self.message = message

@@ -1,7 +1,7 @@
 """LangChain's ChatOpenAI against Switchyard: invoke, stream, structured output and tools.
 
-    pip install langchain-openai
-    python examples/langchain_chat.py
+pip install langchain-openai
+python examples/langchain_chat.py
 """
 
 from _common import API_KEY, BASE_URL, MODEL

@@ -1,6 +1,6 @@
 """Plain text completion (/v1/completions) with the openai SDK: one prompt, then a batch of two with n=2.
 
-    python examples/openai_completions.py
+python examples/openai_completions.py
 """
 
 from _common import API_KEY, BASE_URL, MODEL

@@ -27,5 +27,7 @@ print(f"related: {cosine(vectors[0], vectors[1]):.2f}  unrelated: {cosine(vector
 short = client.embeddings.create(model="all-minilm-l6-v2", input=texts[0], dimensions=128, encoding_format="base64")
 raw = base64.b64decode(short.data[0].embedding)  # little-endian float32, as OpenAI sends it
 truncated = struct.unpack(f"<{len(raw) // 4}f", raw)
-print(f"truncated: {len(truncated)} dims, norm {sum(x * x for x in truncated) ** 0.5:.2f}, "
-      f"usage {short.usage.prompt_tokens} tokens")
+print(
+    f"truncated: {len(truncated)} dims, norm {sum(x * x for x in truncated) ** 0.5:.2f}, "
+    f"usage {short.usage.prompt_tokens} tokens"
+)

@@ -1,6 +1,6 @@
 """Stream a chat answer token by token with the openai SDK (server-sent events), usage at the end.
 
-    python examples/openai_streaming.py
+python examples/openai_streaming.py
 """
 
 from _common import API_KEY, BASE_URL, MODEL

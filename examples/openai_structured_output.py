@@ -16,8 +16,11 @@ client = OpenAI(base_url=BASE_URL, api_key=API_KEY)
 
 schema = {
     "type": "object",
-    "properties": {"city": {"type": "string"}, "country": {"type": "string"},
-                   "continent": {"enum": ["Africa", "America", "Asia", "Europe", "Oceania"]}},
+    "properties": {
+        "city": {"type": "string"},
+        "country": {"type": "string"},
+        "continent": {"enum": ["Africa", "America", "Asia", "Europe", "Oceania"]},
+    },
     "required": ["city", "country", "continent"],
 }
 response = client.chat.completions.create(

@@ -23,8 +23,9 @@ from gateway.rate_limit import RateLimiter, bind_caller
 
 
 class AccessControl:
-    def __init__(self, keys: KeyStore, limiter: RateLimiter, lifecycle: Lifecycle,
-                 named: KeyService | None = None) -> None:
+    def __init__(
+        self, keys: KeyStore, limiter: RateLimiter, lifecycle: Lifecycle, named: KeyService | None = None
+    ) -> None:
         self.keys = keys
         self.limiter = limiter
         self.lifecycle = lifecycle
@@ -35,8 +36,9 @@ class AccessControl:
         if role is Role.PUBLIC:
             return ANONYMOUS
         if self.lifecycle.draining:
-            raise ServiceUnavailableError("the server is shutting down; retry on another replica",
-                                          headers={"Retry-After": "5"})
+            raise ServiceUnavailableError(
+                "the server is shutting down; retry on another replica", headers={"Retry-After": "5"}
+            )
         principal = self.keys.authorize(role, authorization)
         if principal.key is not None and self.named is not None:  # a named key: its own limits, not the server's
             self.named.admit(principal.key)
@@ -61,8 +63,9 @@ class AccessMiddleware:
         if authorization is None and b"x-api-key" in headers and path.startswith(ANTHROPIC_PATHS):
             authorization = b"Bearer " + headers[b"x-api-key"]  # how Anthropic's clients send the key
         client = scope.get("client") or ("unknown", 0)
-        principal = self.access.admit(role, authorization.decode("latin-1") if authorization is not None else None,
-                                      client[0])
+        principal = self.access.admit(
+            role, authorization.decode("latin-1") if authorization is not None else None, client[0]
+        )
         scope.setdefault("state", {})["principal"] = principal  # handlers read it as request.state.principal
         return role
 

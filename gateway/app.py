@@ -131,8 +131,9 @@ def create_app(config: ServerConfig, control: ModelControl | None = None) -> Fas
     metrics_registry = build_metrics_registry(registry, endpoint_counts, control.rate_limiter)
     metrics_registry.register(KeyUsageCollector(key_service, config.key_metrics_by_key))
     metrics_registry.register(ResidencyCollector(control))
-    app = FastAPI(title="Switchyard", version=__version__,
-                  lifespan=_lifespan(config, control, access, metrics_registry))
+    app = FastAPI(
+        title="Switchyard", version=__version__, lifespan=_lifespan(config, control, access, metrics_registry)
+    )
     app.state.config = config
     app.state.registry = registry  # which model answers a name (every frontend)
     app.state.model_control = control  # load, unload, states (the repository API, the console)
@@ -155,18 +156,29 @@ def _key_service(config: ServerConfig) -> KeyService:
     return open_key_service(
         config.key_store or config.cache_dir / "keys.sqlite3",
         config.key_store_url.get_secret_value() if config.key_store_url else None,
-        default_rpm=config.rate_limit_rpm, default_tpm=config.rate_limit_tpm, prices=config.key_prices,
-        flush_secs=config.key_usage_flush_secs, refresh_secs=config.key_refresh_secs)
+        default_rpm=config.rate_limit_rpm,
+        default_tpm=config.rate_limit_tpm,
+        prices=config.key_prices,
+        flush_secs=config.key_usage_flush_secs,
+        refresh_secs=config.key_refresh_secs,
+    )
 
 
 def build_model_control(config: ServerConfig) -> ModelControl:
     """The server's model control, from its settings."""
-    return ModelControl(config.model_repository, config.cache_dir, control_mode=config.model_control_mode,
-                        load_models=config.load_models, drain_timeout_s=config.drain_seconds,
-                        rate_limiter=build_rate_limiter(config),
-                        memory_budget=None if config.memory_budget is None else int(config.memory_budget),
-                        keep_alive_s=config.keep_alive, load_timeout_s=config.load_timeout_secs,
-                        exit_on_error=config.exit_on_error, lora_dirs=config.lora_dirs)
+    return ModelControl(
+        config.model_repository,
+        config.cache_dir,
+        control_mode=config.model_control_mode,
+        load_models=config.load_models,
+        drain_timeout_s=config.drain_seconds,
+        rate_limiter=build_rate_limiter(config),
+        memory_budget=None if config.memory_budget is None else int(config.memory_budget),
+        keep_alive_s=config.keep_alive,
+        load_timeout_s=config.load_timeout_secs,
+        exit_on_error=config.exit_on_error,
+        lora_dirs=config.lora_dirs,
+    )
 
 
 def _key_store(config: ServerConfig, named: KeyService | None = None) -> KeyStore:
@@ -183,19 +195,26 @@ def _key_store(config: ServerConfig, named: KeyService | None = None) -> KeyStor
     return keys
 
 
-def _lifespan(config: ServerConfig, control: ModelControl, access: AccessControl,
-              metrics_registry: CollectorRegistry) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+def _lifespan(
+    config: ServerConfig, control: ModelControl, access: AccessControl, metrics_registry: CollectorRegistry
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     """Startup: load and start the models, the metrics port, gRPC and polling; shutdown in the reverse order."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         budget = cpu_budget()  # before any engine sizes its threads from it
-        log.info("CPU budget: %d compute thread%s (%s)", budget.threads, "s" if budget.threads > 1 else "",
-                 budget.reason)
+        log.info(
+            "CPU budget: %d compute thread%s (%s)", budget.threads, "s" if budget.threads > 1 else "", budget.reason
+        )
         app.state.responses = open_responses(config)
         app.state.batch_api = open_batch_api(
-            config.files_dir or config.cache_dir / "files", control.models, config.files_max_bytes,
-            config.batch_max_requests, config.batch_max_concurrency, lambda: not access.lifecycle.draining)
+            config.files_dir or config.cache_dir / "files",
+            control.models,
+            config.files_max_bytes,
+            config.batch_max_requests,
+            config.batch_max_concurrency,
+            lambda: not access.lifecycle.draining,
+        )
         await app.state.key_service.open()
         control.residency.starting()  # requests that arrive while the startup models load wait for them
         # then models load on request and idle ones expire; only the names are kept: a copy held here for the
@@ -216,7 +235,9 @@ def _lifespan(config: ServerConfig, control: ModelControl, access: AccessControl
         app.state.ready = True
         log.info(
             "Switchyard %s serving %s on http://%s:%d/v1%s",
-            __version__, ", ".join(served) or "no model yet (they load on request)", config.host,
+            __version__,
+            ", ".join(served) or "no model yet (they load on request)",
+            config.host,
             config.http_port,
             f" and gRPC {config.host}:{config.grpc_port}" if grpc_server else "",
         )
@@ -262,8 +283,9 @@ def _add_routes(app: FastAPI, config: ServerConfig) -> None:
         app.include_router(ollama_root_router)  # HEAD /, which Ollama's CLI checks the server with
 
 
-def _add_health_routes(app: FastAPI, registry: ModelRegistry, lifecycle: Lifecycle,
-                       metrics_registry: CollectorRegistry) -> None:
+def _add_health_routes(
+    app: FastAPI, registry: ModelRegistry, lifecycle: Lifecycle, metrics_registry: CollectorRegistry
+) -> None:
     """Probes (/health, /v2/health/*), /metrics and /version."""
 
     @app.get("/health")
@@ -311,7 +333,13 @@ def _add_middleware(app: FastAPI, config: ServerConfig, access: AccessControl, e
             CORSMiddleware,
             allow_origins=list(config.cors_allow_origins),
             allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-            allow_headers=["authorization", "content-type", "x-request-id", "x-session-id", "x-api-key",
-                           "anthropic-version"],
+            allow_headers=[
+                "authorization",
+                "content-type",
+                "x-request-id",
+                "x-session-id",
+                "x-api-key",
+                "anthropic-version",
+            ],
             expose_headers=["x-request-id", "retry-after"],
         )

@@ -15,8 +15,10 @@ from gateway import __version__
 from gateway.config import SETTINGS, ServerConfig, Setting, build_config
 from gateway.errors import ConfigError
 
-ENV_NOTE = ("Every flag can also be set by its environment variable (shown with it); a flag given on the command "
-            "line wins. Lists are comma-separated in the environment; booleans read 1/true/yes/on or 0/false/no/off.")
+ENV_NOTE = (
+    "Every flag can also be set by its environment variable (shown with it); a flag given on the command "
+    "line wins. Lists are comma-separated in the environment; booleans read 1/true/yes/on or 0/false/no/off."
+)
 
 
 def _help(spec: Setting) -> str:
@@ -46,8 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"switchyard {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     env_only = [spec for spec in SETTINGS.values() if spec.flag is None]
-    serve = sub.add_parser("serve", help="serve a model repository over HTTP", description=ENV_NOTE,
-                           epilog="environment only: " + "; ".join(f"{s.name}: {_help(s)}" for s in env_only))
+    serve = sub.add_parser(
+        "serve",
+        help="serve a model repository over HTTP",
+        description=ENV_NOTE,
+        epilog="environment only: " + "; ".join(f"{s.name}: {_help(s)}" for s in env_only),
+    )
     groups: dict[str, Any] = {}
     for spec in SETTINGS.values():
         if spec.flag is None:
@@ -56,8 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
             groups[spec.group] = serve.add_argument_group(spec.group)
         where = groups.get(spec.group, serve)
         # SUPPRESS: a flag not given leaves no attribute, so the environment and then the field's default apply.
-        where.add_argument(spec.flag, *spec.flag_aliases, dest=spec.name, default=argparse.SUPPRESS,
-                           help=_help(spec), **_argument(spec))
+        where.add_argument(
+            spec.flag,
+            *spec.flag_aliases,
+            dest=spec.name,
+            default=argparse.SUPPRESS,
+            help=_help(spec),
+            **_argument(spec),
+        )
     return parser
 
 
@@ -101,9 +113,16 @@ def serve(config: ServerConfig) -> None:
     control = build_model_control(config)
     control.prepare()
     app = create_app(config, control)
-    server_config = uvicorn.Config(app, host=config.host, port=config.http_port, log_level=config.log_level,
-                                   timeout_graceful_shutdown=5, log_config=None, access_log=False,
-                                   http=BoundedHeadHttpToolsProtocol)
+    server_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.http_port,
+        log_level=config.log_level,
+        timeout_graceful_shutdown=5,
+        log_config=None,
+        access_log=False,
+        http=BoundedHeadHttpToolsProtocol,
+    )
     server = DrainingServer(server_config, app.state.lifecycle, config.drain_seconds)
     server.run()
     if not server.started:  # startup failed (a model with --exit-on-error, a port in use): uvicorn logged why

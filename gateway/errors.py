@@ -55,9 +55,17 @@ class SwitchyardError(Exception):
 
 
 # Anthropic's error types by HTTP status (its docs' table); others map to invalid_request_error / api_error.
-ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
-                   503: "overloaded_error", 529: "overloaded_error"}
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 ANTHROPIC_PATHS = ("/v1/messages",)  # Anthropic's routes answer errors in Anthropic's shape
 OLLAMA_PATHS = ("/api/",)  # Ollama's routes answer errors in Ollama's shape
 OPENAI_V2_PATHS = ("/v2/rerank",)  # /v2 routes that are not KServe's (Cohere's rerank alias)

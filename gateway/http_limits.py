@@ -79,8 +79,14 @@ class BoundedHeadHttpToolsProtocol(HttpToolsProtocol):
         if bytes(getattr(self, "url", b"") or b"").startswith(b"/v2"):
             body: dict[str, Any] = {"error": message}
         else:
-            body = {"error": {"message": message, "type": "invalid_request_error", "param": None,
-                              "code": "request_header_fields_too_large"}}
+            body = {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "request_header_fields_too_large",
+                }
+            }
         payload = json.dumps(body).encode()
         self.transport.write(
             b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"

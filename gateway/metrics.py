@@ -113,8 +113,24 @@ class SchedulerCollector(Collector):
             for reason in REJECTION_REASONS:
                 rejected.add_metric([model.name, reason], s.rejected.get(reason, 0))
             expected_wait.add_metric([model.name], s.expected_wait_seconds)
-        yield from (running, waiting, kv_used, kv_usage, preempt, steps, prefix_q, prefix_h, hit_rate, sessions, pinned,
-                    drafts, draft_tokens, accepted, rejected, expected_wait)
+        yield from (
+            running,
+            waiting,
+            kv_used,
+            kv_usage,
+            preempt,
+            steps,
+            prefix_q,
+            prefix_h,
+            hit_rate,
+            sessions,
+            pinned,
+            drafts,
+            draft_tokens,
+            accepted,
+            rejected,
+            expected_wait,
+        )
 
 
 def _histogram(family: HistogramMetricFamily, labels: list[str], histogram: Histogram) -> None:
@@ -134,7 +150,8 @@ class LLMRequestCollector(Collector):
             "switchyard_time_to_first_token_seconds", "Time from arrival to the first output token.", labels=labels
         )
         tpot = HistogramMetricFamily(
-            "switchyard_time_per_output_token_seconds", "Time between output tokens (inter-token latency).",
+            "switchyard_time_per_output_token_seconds",
+            "Time between output tokens (inter-token latency).",
             labels=labels,
         )
         e2e = HistogramMetricFamily(
@@ -167,22 +184,46 @@ class TritonCollector(Collector):
     """Triton's per-model `nv_inference_*` metrics and `nv_model_load_duration_secs`, for every loaded model."""
 
     _COUNTERS = (
-        ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
-         lambda s: s.success.count),
-        ("nv_inference_count", "Number of inferences performed (does not include cached requests)",
-         lambda s: s.inference_count),
-        ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)",
-         lambda s: s.execution_count),
-        ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds",
-         lambda s: s.success.ns // 1000),
-        ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds",
-         lambda s: s.queue.ns // 1000),
-        ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds",
-         lambda s: s.compute_input.ns // 1000),
-        ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds",
-         lambda s: s.compute_infer.ns // 1000),
-        ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds",
-         lambda s: s.compute_output.ns // 1000),
+        (
+            "nv_inference_request_success",
+            "Number of successful inference requests, all batch sizes",
+            lambda s: s.success.count,
+        ),
+        (
+            "nv_inference_count",
+            "Number of inferences performed (does not include cached requests)",
+            lambda s: s.inference_count,
+        ),
+        (
+            "nv_inference_exec_count",
+            "Number of model executions performed (does not include cached requests)",
+            lambda s: s.execution_count,
+        ),
+        (
+            "nv_inference_request_duration_us",
+            "Cumulative inference request duration in microseconds",
+            lambda s: s.success.ns // 1000,
+        ),
+        (
+            "nv_inference_queue_duration_us",
+            "Cumulative inference queuing duration in microseconds",
+            lambda s: s.queue.ns // 1000,
+        ),
+        (
+            "nv_inference_compute_input_duration_us",
+            "Cumulative compute input duration in microseconds",
+            lambda s: s.compute_input.ns // 1000,
+        ),
+        (
+            "nv_inference_compute_infer_duration_us",
+            "Cumulative compute inference duration in microseconds",
+            lambda s: s.compute_infer.ns // 1000,
+        ),
+        (
+            "nv_inference_compute_output_duration_us",
+            "Cumulative inference compute output duration in microseconds",
+            lambda s: s.compute_output.ns // 1000,
+        ),
     )
 
     def __init__(self, registry: ModelRegistry) -> None:
@@ -192,7 +233,8 @@ class TritonCollector(Collector):
         labels = ["model", "version"]
         counters = [(UnknownMetricFamily(name, doc, labels=labels), read) for name, doc, read in self._COUNTERS]
         failure = UnknownMetricFamily(
-            "nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
+            "nv_inference_request_failure",
+            "Number of failed inference requests, all batch sizes",
             labels=[*labels, "reason"],
         )
         pending = GaugeMetricFamily(
@@ -229,18 +271,23 @@ class RateLimiterCollector(Collector):
         if limiter is None:
             return
         labels = ["model", "version"]
-        wait_us = CounterMetricFamily("switchyard_rate_limiter_wait_duration_us",
-                                      "Cumulative time requests waited for the rate limiter, in microseconds",
-                                      labels=labels)
-        waits = CounterMetricFamily("switchyard_rate_limiter_wait_requests",
-                                    "Requests that went through the rate limiter", labels=labels)
+        wait_us = CounterMetricFamily(
+            "switchyard_rate_limiter_wait_duration_us",
+            "Cumulative time requests waited for the rate limiter, in microseconds",
+            labels=labels,
+        )
+        waits = CounterMetricFamily(
+            "switchyard_rate_limiter_wait_requests", "Requests that went through the rate limiter", labels=labels
+        )
         for model in self._models.all_models():
             for version, stats, _ in model.version_stats():
                 wait_us.add_metric([model.name, str(version)], stats.rate_limiter.ns // 1000)
                 waits.add_metric([model.name, str(version)], stats.rate_limiter.count)
-        amount = GaugeMetricFamily("switchyard_rate_limiter_resource_count",
-                                   "Copies of a rate limiter resource (device 'global' for global resources)",
-                                   labels=["resource", "device"])
+        amount = GaugeMetricFamily(
+            "switchyard_rate_limiter_resource_count",
+            "Copies of a rate limiter resource (device 'global' for global resources)",
+            labels=["resource", "device"],
+        )
         used = GaugeMetricFamily(
             "switchyard_rate_limiter_resource_in_use",
             "Copies of a rate limiter resource held by executing instances",
@@ -251,8 +298,11 @@ class RateLimiterCollector(Collector):
             amount.add_metric(key, total)
             used.add_metric(key, in_use)
         yield from (wait_us, waits, amount, used)
-        yield GaugeMetricFamily("switchyard_rate_limiter_waiting_instances",
-                                "Model instances waiting for rate limiter resources", value=limiter.waiting)
+        yield GaugeMetricFamily(
+            "switchyard_rate_limiter_waiting_instances",
+            "Model instances waiting for rate limiter resources",
+            value=limiter.waiting,
+        )
 
 
 class CpuCollector(Collector):
@@ -264,22 +314,30 @@ class CpuCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         memory = psutil.virtual_memory()
-        yield GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]",
-                                value=psutil.cpu_percent(interval=None) / 100.0)
+        yield GaugeMetricFamily(
+            "nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", value=psutil.cpu_percent(interval=None) / 100.0
+        )
         yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", value=memory.total)
-        yield GaugeMetricFamily("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes",
-                                value=memory.total - memory.available)
+        yield GaugeMetricFamily(
+            "nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", value=memory.total - memory.available
+        )
         try:
             budget = cpu_budget()
         except ValueError:  # a bad OMP_NUM_THREADS: the engines refuse to load and say why
             return
-        threads = GaugeMetricFamily("switchyard_cpu_budget_threads", "Compute threads the CPU budget gives the "
-                                    "engines (affinity mask, cgroup quota, OMP_NUM_THREADS), by what decided it",
-                                    labels=["source"])
+        threads = GaugeMetricFamily(
+            "switchyard_cpu_budget_threads",
+            "Compute threads the CPU budget gives the "
+            "engines (affinity mask, cgroup quota, OMP_NUM_THREADS), by what decided it",
+            labels=["source"],
+        )
         threads.add_metric([budget.source], budget.threads)
         yield threads
-        yield GaugeMetricFamily("switchyard_cpu_limit", "CPUs this process may use: its affinity mask capped by "
-                                "its cgroup CPU quota (fractional)", value=budget.cpus)
+        yield GaugeMetricFamily(
+            "switchyard_cpu_limit",
+            "CPUs this process may use: its affinity mask capped by its cgroup CPU quota (fractional)",
+            value=budget.cpus,
+        )
 
 
 class EndpointCollector(Collector):
@@ -299,12 +357,18 @@ class EndpointCollector(Collector):
         yield family
 
 
-def build_metrics_registry(models: ModelRegistry, endpoints: EndpointCounts | None = None,
-                           rate_limiter: RateLimiter | None = None) -> CollectorRegistry:
+def build_metrics_registry(
+    models: ModelRegistry, endpoints: EndpointCounts | None = None, rate_limiter: RateLimiter | None = None
+) -> CollectorRegistry:
     """A fresh registry for one app (never prometheus_client's global one); `rate_limiter`: the server's, if any."""
     registry = CollectorRegistry()
-    for collector in (SchedulerCollector(models), LLMRequestCollector(models), TritonCollector(models),
-                      RateLimiterCollector(models, rate_limiter), CpuCollector()):
+    for collector in (
+        SchedulerCollector(models),
+        LLMRequestCollector(models),
+        TritonCollector(models),
+        RateLimiterCollector(models, rate_limiter),
+        CpuCollector(),
+    ):
         registry.register(collector)
     if endpoints is not None:
         registry.register(EndpointCollector(endpoints))

@@ -43,8 +43,9 @@ class TokenBucket:
 class RateLimiter:
     """Buckets per caller; 0 disables a limit."""
 
-    def __init__(self, requests_per_minute: int = 0, tokens_per_minute: int = 0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, requests_per_minute: int = 0, tokens_per_minute: int = 0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.rpm = requests_per_minute
         self.tpm = tokens_per_minute
         self._clock = clock

@@ -106,11 +106,30 @@ class SwitchyardEngine:
     def __init__(self, model_repository: str, threads: int = 1, startup_timeout_s: float = 600) -> None:
         self.port = _free_port()
         self.replica = serve.get_replica_context().replica_id.unique_id
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads),
-               "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-        cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", model_repository,
-               "--host", "127.0.0.1", "--http-port", str(self.port), "--grpc-port", "0", "--metrics-port", "0",
-               "--no-console", "--log-level", "warning"]
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(threads),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
+            "--model-repository",
+            model_repository,
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            str(self.port),
+            "--grpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--no-console",
+            "--log-level",
+            "warning",
+        ]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509
         self.base = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + startup_timeout_s
@@ -194,4 +213,3 @@ def build_app(args: dict[str, str]) -> serve.Application:
         }
     engine = SwitchyardEngine.options(**options).bind(str(Path(repository).resolve()), int(args.get("threads", 1)))
     return SwitchyardIngress.bind(engine, int(args.get("prefix_chars", 1024)))
-

@@ -31,12 +31,74 @@ from gateway.keys import context as key_context
 from gateway.rate_limit import charge_tokens
 
 # vLLM's default buckets (vllm/v1/metrics/buckets.py), so dashboards built for vLLM read ours unchanged.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                40.0, 80.0, 160.0, 640.0, 2560.0)
-INTER_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                       40.0, 80.0)
-REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                           240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+INTER_TOKEN_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 clock = time.monotonic  # seconds; the schedulers' clock (request.arrival_time), replaceable in tests
 
@@ -201,18 +263,28 @@ class LLMRequestStats:
 def _open_trace(request: GenerationRequest) -> tracing.RequestTrace:
     """The request's span; downstream (a remote upstream) gets it as the parent from now on."""
     sampling = request.sampling
-    trace = tracing.RequestTrace(request.trace_headers, request.arrival_time, {
-        "gen_ai.request.id": request.request_id,
-        "gen_ai.request.max_tokens": sampling.max_tokens,
-        "gen_ai.request.temperature": sampling.temperature,
-        "gen_ai.request.top_p": sampling.top_p,
-    })
+    trace = tracing.RequestTrace(
+        request.trace_headers,
+        request.arrival_time,
+        {
+            "gen_ai.request.id": request.request_id,
+            "gen_ai.request.max_tokens": sampling.max_tokens,
+            "gen_ai.request.temperature": sampling.temperature,
+            "gen_ai.request.top_p": sampling.top_p,
+        },
+    )
     request.trace_headers = trace.headers
     return trace
 
 
-def _close_trace(trace: tracing.RequestTrace, timing: _Timing, first_token: float | None, tokens: int,
-                 final: GenerationOutput | None, exc: BaseException | None) -> None:
+def _close_trace(
+    trace: tracing.RequestTrace,
+    timing: _Timing,
+    first_token: float | None,
+    tokens: int,
+    final: GenerationOutput | None,
+    exc: BaseException | None,
+) -> None:
     end = clock()
     attributes: dict[str, object] = {"gen_ai.usage.output_tokens": tokens}
     error = None

@@ -37,10 +37,13 @@ def _meaning(spec: Setting) -> str:
 
 def render() -> str:
     """The table, markers included."""
-    rows = [f"| {_flag(s)} | {_env(s)} | {s.shown_default} | {_meaning(s).replace('|', '&#124;')} |"
-            for s in SETTINGS.values()]
-    return "\n".join([BEGIN, "", "| flag | environment variable | default | meaning |", "| --- | --- | --- | --- |",
-                      *rows, "", END])
+    rows = [
+        f"| {_flag(s)} | {_env(s)} | {s.shown_default} | {_meaning(s).replace('|', '&#124;')} |"
+        for s in SETTINGS.values()
+    ]
+    return "\n".join(
+        [BEGIN, "", "| flag | environment variable | default | meaning |", "| --- | --- | --- | --- |", *rows, "", END]
+    )
 
 
 def rewritten(text: str) -> str:

@@ -26,6 +26,7 @@ DATATYPES: Mapping[str, np.dtype] = {**FIXED_DATATYPES, "BF16": np.dtype(np.floa
 @dataclass
 class InputTensor:
     """A decoded request input."""
+
     name: str
     datatype: str
     array: np.ndarray
@@ -35,6 +36,7 @@ class InputTensor:
 @dataclass
 class OutputTensor:
     """A model output to encode; ``datatype`` defaults to the array's (set it for BF16)."""
+
     name: str
     array: np.ndarray
     datatype: str | None = None
@@ -95,7 +97,6 @@ def reshape_checked(flat: np.ndarray, shape: tuple[int, ...], label: str) -> np.
 def count_error(label: str, shape: tuple[int, ...], datatype: str, got: str) -> TensorCodecError:
     want = math.prod(shape)
     return TensorCodecError(f"{label}: shape {short_repr(list(shape))} needs {want} {datatype} element(s), got {got}")
-
 
 
 def _split_bytes(view: memoryview, count: int, label: str) -> np.ndarray:

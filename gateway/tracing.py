@@ -113,16 +113,28 @@ class RequestTrace:
         self._propagator = TraceContextTextMapPropagator()
         parent = self._propagator.extract(carrier=dict(carrier))
         self._clock = (time.monotonic(), time.time_ns())
-        self.span = _tracer.start_span("llm_request", context=parent, kind=trace.SpanKind.SERVER,
-                                       start_time=self._ns(arrival), attributes=dict(attributes))
+        self.span = _tracer.start_span(
+            "llm_request",
+            context=parent,
+            kind=trace.SpanKind.SERVER,
+            start_time=self._ns(arrival),
+            attributes=dict(attributes),
+        )
         self.headers: dict[str, str] = {}
         self._propagator.inject(self.headers, context=trace.set_span_in_context(self.span))
 
     def _ns(self, monotonic: float) -> int:
         return _wall_ns(monotonic, *self._clock)
 
-    def finish(self, arrival: float, scheduled: float | None, first_token: float | None, end: float,
-               attributes: Mapping[str, Any], error: str | None = None) -> None:
+    def finish(
+        self,
+        arrival: float,
+        scheduled: float | None,
+        first_token: float | None,
+        end: float,
+        attributes: Mapping[str, Any],
+        error: str | None = None,
+    ) -> None:
         """Close the span at `end` (monotonic seconds, as the other times), with its phases as child spans."""
         from opentelemetry import trace
         from opentelemetry.trace import Status, StatusCode

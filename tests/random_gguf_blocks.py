@@ -35,8 +35,16 @@ def make_blocks(qtype: str, n: int, k: int, seed: int = 0) -> GGUFBlocks:
     return GGUFBlocks(qtype, torch.from_numpy(raw.copy()))
 
 
-def random_llama_gguf(target: Path, source: Path, *, untied: bool = True, hidden: int = 64, layers: int = 2,
-                      vocab: int = 2048, seed: int = 0) -> Path:
+def random_llama_gguf(
+    target: Path,
+    source: Path,
+    *,
+    untied: bool = True,
+    hidden: int = 64,
+    layers: int = 2,
+    vocab: int = 2048,
+    seed: int = 0,
+) -> Path:
     """A small llama GGUF of random weights with the first `vocab` tokens of `source`'s byte-level BPE tokenizer (a
     GGUF's vocabulary, the merges among them, its metadata): 4 query heads over 2 key/value heads, projections in
     Q4_1 and Q5_0, the embedding in Q4_0 and, `untied`, an output (lm_head) of its own in Q8_0; norms F32. Written
@@ -48,14 +56,27 @@ def random_llama_gguf(target: Path, source: Path, *, untied: bool = True, hidden
     reader = gguf.GGUFReader(str(source))
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()[:vocab]
     known = set(tokens)
-    merges = [m for m in reader.fields["tokenizer.ggml.merges"].contents()
-              if m.replace(" ", "") in known and all(part in known for part in m.split(" "))]
-    lists = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": merges,
-             "tokenizer.ggml.token_type": reader.fields["tokenizer.ggml.token_type"].contents()[:vocab]}
+    merges = [
+        m
+        for m in reader.fields["tokenizer.ggml.merges"].contents()
+        if m.replace(" ", "") in known and all(part in known for part in m.split(" "))
+    ]
+    lists = {
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.token_type": reader.fields["tokenizer.ggml.token_type"].contents()[:vocab],
+    }
     ffn, heads, kv_heads = 2 * hidden, 4, 2
-    sizes = {"llama.block_count": layers, "llama.embedding_length": hidden, "llama.feed_forward_length": ffn,
-             "llama.attention.head_count": heads, "llama.attention.head_count_kv": kv_heads,
-             "llama.rope.dimension_count": hidden // heads, "llama.vocab_size": vocab, "llama.context_length": 2048}
+    sizes = {
+        "llama.block_count": layers,
+        "llama.embedding_length": hidden,
+        "llama.feed_forward_length": ffn,
+        "llama.attention.head_count": heads,
+        "llama.attention.head_count_kv": kv_heads,
+        "llama.rope.dimension_count": hidden // heads,
+        "llama.vocab_size": vocab,
+        "llama.context_length": 2048,
+    }
     writer = gguf.GGUFWriter(str(target), "llama")
     for field in reader.fields.values():
         if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
@@ -78,14 +99,14 @@ def random_llama_gguf(target: Path, source: Path, *, untied: bool = True, hidden
     add("token_embd.weight", vocab, hidden, "Q4_0", 1.0)
     for i in range(layers):
         norm(f"blk.{i}.attn_norm.weight")
-        add(f"blk.{i}.attn_q.weight", hidden, hidden, "Q4_1", hidden ** -0.5)
-        add(f"blk.{i}.attn_k.weight", kv_heads * head_dim, hidden, "Q4_1", hidden ** -0.5)
-        add(f"blk.{i}.attn_v.weight", kv_heads * head_dim, hidden, "Q5_0", hidden ** -0.5)
-        add(f"blk.{i}.attn_output.weight", hidden, hidden, "Q4_1", hidden ** -0.5)
+        add(f"blk.{i}.attn_q.weight", hidden, hidden, "Q4_1", hidden**-0.5)
+        add(f"blk.{i}.attn_k.weight", kv_heads * head_dim, hidden, "Q4_1", hidden**-0.5)
+        add(f"blk.{i}.attn_v.weight", kv_heads * head_dim, hidden, "Q5_0", hidden**-0.5)
+        add(f"blk.{i}.attn_output.weight", hidden, hidden, "Q4_1", hidden**-0.5)
         norm(f"blk.{i}.ffn_norm.weight")
-        add(f"blk.{i}.ffn_gate.weight", ffn, hidden, "Q4_1", hidden ** -0.5)
-        add(f"blk.{i}.ffn_up.weight", ffn, hidden, "Q4_1", hidden ** -0.5)
-        add(f"blk.{i}.ffn_down.weight", hidden, ffn, "Q5_0", ffn ** -0.5)
+        add(f"blk.{i}.ffn_gate.weight", ffn, hidden, "Q4_1", hidden**-0.5)
+        add(f"blk.{i}.ffn_up.weight", ffn, hidden, "Q4_1", hidden**-0.5)
+        add(f"blk.{i}.ffn_down.weight", hidden, ffn, "Q5_0", ffn**-0.5)
     norm("output_norm.weight")
     if untied:
         add("output.weight", vocab, hidden, "Q8_0", 0.5)

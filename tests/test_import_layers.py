@@ -43,8 +43,9 @@ LAYERS = _layer_table()
 FRONTENDS = tuple(m.split(".")[1] for role, modules, _ in LAYERS if role in ("frontend", "adapter") for m in modules)
 #: Frontends that translate their protocol into the OpenAI path (chat, embeddings) instead of repeating it, as
 #: LiteLLM and vLLM do: they may import the frontend their row names, which never imports them.
-ADAPTERS = {m.split(".")[1]: may[0].split(".")[1] for role, modules, may in LAYERS if role == "adapter"
-            for m in modules}
+ADAPTERS = {
+    m.split(".")[1]: may[0].split(".")[1] for role, modules, may in LAYERS if role == "adapter" for m in modules
+}
 #: Modules allowed to import frontends: they assemble the server.
 ASSEMBLY = {m for role, modules, _ in LAYERS if role == "app" for m in modules}
 #: The runtime every frontend calls (the `below` row's packages: which model answers a name and its lifecycle, the
@@ -130,8 +131,9 @@ def test_every_package_of_the_gateway_has_a_row() -> None:
     """A new folder of gateway/ (a new API frontend, say) must be placed in the table, not escape the rules."""
     packages = {".".join(p.relative_to(ROOT).parts[:-1]) for p in (ROOT / "gateway").glob("*/__init__.py")}
     named = {m for _, modules, _ in LAYERS for m in modules}
-    assert not packages - named, f"add these packages to docs/architecture.md's import layers table: "\
-                                 f"{sorted(packages - named)}"
+    assert not packages - named, (
+        f"add these packages to docs/architecture.md's import layers table: {sorted(packages - named)}"
+    )
 
 
 def test_engines_import_nothing_of_the_gateway() -> None:
@@ -140,16 +142,23 @@ def test_engines_import_nothing_of_the_gateway() -> None:
 
 
 def test_frontends_never_import_each_other() -> None:
-    wrong = [(m, t) for m, t in _edges() if _frontend(m) and _frontend(t) and _frontend(m) != _frontend(t)
-             and ADAPTERS.get(_frontend(m)) != _frontend(t)]
-    assert not wrong, ("a frontend imports another; move what both need below them (gateway/http/, "
-                       f"gateway/tensors.py, or a module of its own): {wrong}")
+    wrong = [
+        (m, t)
+        for m, t in _edges()
+        if _frontend(m) and _frontend(t) and _frontend(m) != _frontend(t) and ADAPTERS.get(_frontend(m)) != _frontend(t)
+    ]
+    assert not wrong, (
+        "a frontend imports another; move what both need below them (gateway/http/, "
+        f"gateway/tensors.py, or a module of its own): {wrong}"
+    )
 
 
 def test_nothing_below_the_frontends_imports_one() -> None:
     wrong = [(m, t) for m, t in _edges() if _frontend(t) and not _frontend(m) and m not in ASSEMBLY]
-    assert not wrong, ("only the app assembles frontends; the scheduler, repository and shared modules must not "
-                       f"import one (move what they need below the frontends): {wrong}")
+    assert not wrong, (
+        "only the app assembles frontends; the scheduler, repository and shared modules must not "
+        f"import one (move what they need below the frontends): {wrong}"
+    )
 
 
 def test_the_runtime_imports_no_frontend() -> None:
@@ -183,24 +192,35 @@ def _untyped_tensors(tree: ast.AST) -> Iterator[int]:
 
 
 def test_loaded_models_are_typed_by_kind() -> None:
-    wrong = [f"{path.relative_to(ROOT)}:{line}" for module, path in sorted(MODULES.items()) if _in(module, "gateway")
-             for line in _untyped_tensors(ast.parse(path.read_text(), str(path)))]
-    assert not wrong, ("a `tensor: Any` or a `tensor is None` switch: type the model by its kind (LoadedLLM, "
-                       f"LoadedTensorModel, TensorModel) and use isinstance: {wrong}")
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for module, path in sorted(MODULES.items())
+        if _in(module, "gateway")
+        for line in _untyped_tensors(ast.parse(path.read_text(), str(path)))
+    ]
+    assert not wrong, (
+        "a `tensor: Any` or a `tensor is None` switch: type the model by its kind (LoadedLLM, "
+        f"LoadedTensorModel, TensorModel) and use isinstance: {wrong}"
+    )
 
 
 def test_untyped_tensors_are_found() -> None:
     """The finder itself, on the shapes it must catch and one it must leave alone."""
-    source = ("class A:\n    tensor: Any = None\n"
-              "def f(tensor: Any) -> None:\n    if model.tensor is None: pass\n"
-              "def g(tensor: TensorModel) -> None: ...\n")
+    source = (
+        "class A:\n    tensor: Any = None\n"
+        "def f(tensor: Any) -> None:\n    if model.tensor is None: pass\n"
+        "def g(tensor: TensorModel) -> None: ...\n"
+    )
     assert sorted(_untyped_tensors(ast.parse(source))) == [2, 3, 4]
 
 
 @pytest.mark.parametrize("bottom", sorted(BOTTOM))
 def test_shared_pieces_stay_at_the_bottom(bottom: str) -> None:
-    wrong = [(m, t) for m, t in _edges() if _in(m, bottom) and _in(t, "gateway") and not _in(t, bottom)
-             and t not in BOTTOM[bottom]]
+    wrong = [
+        (m, t)
+        for m, t in _edges()
+        if _in(m, bottom) and _in(t, "gateway") and not _in(t, bottom) and t not in BOTTOM[bottom]
+    ]
     assert not wrong, f"{bottom} is shared by every frontend and must stay free of the layers above: {wrong}"
 
 
@@ -248,8 +268,10 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circles() -> None:
     circles = _circles(GRAPH)
-    assert not circles, ("import circles (each list imports itself round the loop; split out the piece both sides "
-                         f"need, or type against a Protocol): {circles}")
+    assert not circles, (
+        "import circles (each list imports itself round the loop; split out the piece both sides "
+        f"need, or type against a Protocol): {circles}"
+    )
 
 
 def test_circles_are_found() -> None:

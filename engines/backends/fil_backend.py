@@ -49,8 +49,19 @@ MODEL_FILES = {
     "sklearn_pkl": "model.pkl",
 }
 #: FIL settings that tune its GPU kernels or its own parser: no effect on these predictors.
-NO_EFFECT = frozenset({"storage_type", "algo", "threads_per_tree", "blocks_per_sm", "transfer_threshold",
-                       "use_experimental_optimizations", "layout", "align_bytes", "xgboost_allow_unknown_field"})
+NO_EFFECT = frozenset(
+    {
+        "storage_type",
+        "algo",
+        "threads_per_tree",
+        "blocks_per_sm",
+        "transfer_threshold",
+        "use_experimental_optimizations",
+        "layout",
+        "align_bytes",
+        "xgboost_allow_unknown_field",
+    }
+)
 KNOWN = NO_EFFECT | {"model_type", "output_class", "predict_proba", "threshold", "cpu_nthread", "allow_pickle"}
 
 Predict = Callable[[np.ndarray, int], np.ndarray]  # (rows, threads) -> the library's prediction
@@ -62,7 +73,7 @@ ROWS_PER_THREAD = 512
 def _flag(spec: TensorModelSpec, key: str) -> bool:
     value = spec.parameters.get(key, "false").strip().lower()
     if value not in ("true", "false", "1", "0", "yes", "no"):
-        raise ValueError(f"parameter {key!r} must be \"true\" or \"false\", not {value[:20]!r}")
+        raise ValueError(f'parameter {key!r} must be "true" or "false", not {value[:20]!r}')
     return value in ("true", "1", "yes")
 
 
@@ -131,8 +142,12 @@ def _cpus() -> int:
 
 
 _LOADERS: dict[str, Callable[[str], tuple[Predict, int]]] = {
-    "xgboost": _xgboost, "xgboost_json": _xgboost, "xgboost_ubj": _xgboost, "lightgbm": _lightgbm,
-    "treelite_checkpoint": _treelite, "sklearn_pkl": _sklearn,
+    "xgboost": _xgboost,
+    "xgboost_json": _xgboost,
+    "xgboost_ubj": _xgboost,
+    "lightgbm": _lightgbm,
+    "treelite_checkpoint": _treelite,
+    "sklearn_pkl": _sklearn,
 }
 
 
@@ -153,17 +168,24 @@ class ForestBackend(TensorBackend):
         params = spec.parameters
         unknown = sorted(set(params) - KNOWN)
         if unknown:
-            log.warning("model '%s': FIL parameter(s) %s are not known to Switchyard and are not used",
-                        spec.name, ", ".join(unknown))
+            log.warning(
+                "model '%s': FIL parameter(s) %s are not known to Switchyard and are not used",
+                spec.name,
+                ", ".join(unknown),
+            )
         model_type = params.get("model_type", "").strip()
         if model_type not in MODEL_FILES:
-            raise ValueError(f"the fil backend needs parameter model_type, one of {', '.join(MODEL_FILES)}"
-                             f"{f' (got {model_type[:40]!r})' if model_type else ''}")
+            raise ValueError(
+                f"the fil backend needs parameter model_type, one of {', '.join(MODEL_FILES)}"
+                f"{f' (got {model_type[:40]!r})' if model_type else ''}"
+            )
         if model_type == "sklearn_pkl" and not _flag(spec, "allow_pickle"):
-            raise ValueError("model_type sklearn_pkl loads a Python pickle, which runs any code it names: set "
-                             "parameter allow_pickle to \"true\" only for a file you trust, or export the model to "
-                             "Treelite (treelite.sklearn.import_model(...).serialize('checkpoint.tl')) and use "
-                             "treelite_checkpoint")
+            raise ValueError(
+                "model_type sklearn_pkl loads a Python pickle, which runs any code it names: set "
+                'parameter allow_pickle to "true" only for a file you trust, or export the model to '
+                "Treelite (treelite.sklearn.import_model(...).serialize('checkpoint.tl')) and use "
+                "treelite_checkpoint"
+            )
         if spec.max_batch_size <= 0:
             raise ValueError("the fil backend needs max_batch_size > 0 (rows are batched on the first dimension)")
         if len(spec.inputs) > 1 or len(spec.outputs) > 1:
@@ -171,7 +193,7 @@ class ForestBackend(TensorBackend):
         self._classify = _flag(spec, "output_class")
         self._proba = _flag(spec, "predict_proba")
         if self._proba and not self._classify:
-            raise ValueError("predict_proba needs output_class \"true\" (it is for classifiers)")
+            raise ValueError('predict_proba needs output_class "true" (it is for classifiers)')
         try:
             self._threshold = float(params.get("threshold", "0.5"))
             threads = int(params.get("cpu_nthread", "-1"))
@@ -182,32 +204,45 @@ class ForestBackend(TensorBackend):
         try:
             self._predict, features = _LOADERS[model_type](path)
         except ImportError as exc:
-            raise ValueError(f"model_type {model_type} needs the Python package '{exc.name}'; "
-                             "install it with pip install 'switchyard[fil]'") from None
+            raise ValueError(
+                f"model_type {model_type} needs the Python package '{exc.name}'; "
+                "install it with pip install 'switchyard[fil]'"
+            ) from None
         except Exception as exc:  # the libraries raise their own error types for a bad file
-            hint = (" (XGBoost 3.1 and later no longer read the legacy binary format: re-save the model with "
-                    "save_model('xgboost.json') and use model_type xgboost_json)" if model_type == "xgboost" else "")
-            raise ValueError(f"'{spec.name}/{spec.version}': {model_type} could not load {path.rsplit('/', 1)[-1]}"
-                             f"{hint}: {str(exc)[:300]}") from None
+            hint = (
+                " (XGBoost 3.1 and later no longer read the legacy binary format: re-save the model with "
+                "save_model('xgboost.json') and use model_type xgboost_json)"
+                if model_type == "xgboost"
+                else ""
+            )
+            raise ValueError(
+                f"'{spec.name}/{spec.version}': {model_type} could not load {path.rsplit('/', 1)[-1]}"
+                f"{hint}: {str(exc)[:300]}"
+            ) from None
         self._spec = spec
         declared = spec.inputs[0] if spec.inputs else None
         if declared is not None:
             self._input = declared.name
             if declared.dims not in ([features], [-1]):
-                raise ValueError(f"input '{declared.name}' has dims {declared.dims}, but the model takes {features} "
-                                 f"features: set dims: [ {features} ]")
+                raise ValueError(
+                    f"input '{declared.name}' has dims {declared.dims}, but the model takes {features} "
+                    f"features: set dims: [ {features} ]"
+                )
             if declared.datatype not in ("FP32", "FP64"):
                 raise ValueError(f"input '{declared.name}' must be TYPE_FP32 (or TYPE_FP64), not {declared.datatype}")
         if spec.outputs:
             self._output = spec.outputs[0].name
             if spec.outputs[0].datatype not in ("FP32", "FP64"):
-                raise ValueError(f"output '{self._output}' must be TYPE_FP32 (or TYPE_FP64), "
-                                 f"not {spec.outputs[0].datatype}")
+                raise ValueError(
+                    f"output '{self._output}' must be TYPE_FP32 (or TYPE_FP64), not {spec.outputs[0].datatype}"
+                )
             self._dtype = np.float64 if spec.outputs[0].datatype == "FP64" else np.float32
         width = self._run(np.zeros((1, features), dtype=np.float32)).shape[1]
         if spec.outputs and spec.outputs[0].dims not in ([width], [-1]):
-            raise ValueError(f"output '{self._output}' has dims {spec.outputs[0].dims}, but this model gives {width} "
-                             f"value(s) per row with these parameters: set dims: [ {width} ]")
+            raise ValueError(
+                f"output '{self._output}' has dims {spec.outputs[0].dims}, but this model gives {width} "
+                f"value(s) per row with these parameters: set dims: [ {width} ]"
+            )
         self._described = {
             "inputs": [TensorSpec(self._input, declared.datatype if declared else "FP32", [features])],
             "outputs": [TensorSpec(self._output, spec.outputs[0].datatype if spec.outputs else "FP32", [width])],

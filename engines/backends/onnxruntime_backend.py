@@ -17,9 +17,18 @@ from engines.interface import TensorBackend
 from engines.types import TensorModelSpec, TensorSpec
 
 _ORT_TYPES = {
-    "tensor(bool)": "BOOL", "tensor(uint8)": "UINT8", "tensor(uint16)": "UINT16", "tensor(uint32)": "UINT32",
-    "tensor(uint64)": "UINT64", "tensor(int8)": "INT8", "tensor(int16)": "INT16", "tensor(int32)": "INT32",
-    "tensor(int64)": "INT64", "tensor(float16)": "FP16", "tensor(float)": "FP32", "tensor(double)": "FP64",
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
     "tensor(string)": "BYTES",
 }
 

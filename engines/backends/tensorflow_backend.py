@@ -24,9 +24,20 @@ from engines.types import TensorModelSpec, TensorSpec
 
 #: tf.DType name -> KServe wire datatype.
 _TF_TYPES = {
-    "bool": "BOOL", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64", "int8": "INT8",
-    "int16": "INT16", "int32": "INT32", "int64": "INT64", "float16": "FP16", "float32": "FP32", "float64": "FP64",
-    "bfloat16": "BF16", "string": "BYTES",
+    "bool": "BOOL",
+    "uint8": "UINT8",
+    "uint16": "UINT16",
+    "uint32": "UINT32",
+    "uint64": "UINT64",
+    "int8": "INT8",
+    "int16": "INT16",
+    "int32": "INT32",
+    "int64": "INT64",
+    "float16": "FP16",
+    "float32": "FP32",
+    "float64": "FP64",
+    "bfloat16": "BF16",
+    "string": "BYTES",
 }
 
 
@@ -37,8 +48,10 @@ def _saved_model_dir(spec: TensorModelSpec) -> Path:
     if version_dir not in path.parents:
         raise ValueError(f"default_model_filename {name!r} must name a folder inside the version folder")
     if not (path / "saved_model.pb").is_file():
-        raise ValueError(f"'{spec.name}/{spec.version}/{name}/saved_model.pb' is missing; put the SavedModel folder "
-                         f"(tf.saved_model.save) at {spec.name}/{spec.version}/{name}/")
+        raise ValueError(
+            f"'{spec.name}/{spec.version}/{name}/saved_model.pb' is missing; put the SavedModel folder "
+            f"(tf.saved_model.save) at {spec.name}/{spec.version}/{name}/"
+        )
     return path
 
 
@@ -59,12 +72,16 @@ class SavedModelBackend(TensorBackend):
         try:
             self._loaded = tf.saved_model.load(str(path), tags=[tag])
         except Exception as exc:  # TensorFlow raises many types for a bad folder
-            raise ValueError(f"'{spec.name}/{spec.version}' is not a SavedModel TensorFlow can load with tag "
-                             f"{tag!r}: {str(exc)[:200]}") from None
+            raise ValueError(
+                f"'{spec.name}/{spec.version}' is not a SavedModel TensorFlow can load with tag "
+                f"{tag!r}: {str(exc)[:200]}"
+            ) from None
         signatures = dict(self._loaded.signatures)
         if signature not in signatures:
-            raise ValueError(f"the SavedModel has no signature {signature!r} (it has "
-                             f"{', '.join(signatures) or 'none'}); set parameter TF_SIGNATURE_DEF to one of them")
+            raise ValueError(
+                f"the SavedModel has no signature {signature!r} (it has "
+                f"{', '.join(signatures) or 'none'}); set parameter TF_SIGNATURE_DEF to one of them"
+            )
         self._function = signatures[signature]
         args, kwargs = self._function.structured_input_signature
         if args:
@@ -79,11 +96,14 @@ class SavedModelBackend(TensorBackend):
             for tensor in declared:
                 match = found.get(tensor.name)
                 if match is None:
-                    raise ValueError(f"{kind} '{tensor.name}' is not in signature {signature!r} (its {kind}s: "
-                                     f"{', '.join(found)})")
+                    raise ValueError(
+                        f"{kind} '{tensor.name}' is not in signature {signature!r} (its {kind}s: {', '.join(found)})"
+                    )
                 if match.datatype != tensor.datatype:
-                    raise ValueError(f"{kind} '{tensor.name}' is {tensor.datatype} in the config but "
-                                     f"{match.datatype} in the SavedModel")
+                    raise ValueError(
+                        f"{kind} '{tensor.name}' is {tensor.datatype} in the config but "
+                        f"{match.datatype} in the SavedModel"
+                    )
         self._inputs = found_in
         self._outputs = [found_out[t.name] for t in spec.outputs] if spec.outputs else list(found_out.values())
         self._spec = spec
@@ -106,7 +126,8 @@ class SavedModelBackend(TensorBackend):
                 tensors = [*sig.inputs.values(), *sig.outputs.values()]
                 return bool(tensors) and all(
                     not t.tensor_shape.unknown_rank and t.tensor_shape.dim and t.tensor_shape.dim[0].size == -1
-                    for t in tensors)
+                    for t in tensors
+                )
         return False
 
     @staticmethod
@@ -117,9 +138,11 @@ class SavedModelBackend(TensorBackend):
         dims = [-1 if d is None else int(d) for d in tensor.shape.as_list()] if tensor.shape.rank is not None else [-1]
         if batched:
             if not dims or dims[0] != -1:
-                raise ValueError(f"{kind} '{name}' has shape {tensor.shape} in the SavedModel: with max_batch_size > 0 "
-                                 "its first dimension must be the variable batch dimension (None); set "
-                                 "max_batch_size: 0 or export the model with a None batch dimension")
+                raise ValueError(
+                    f"{kind} '{name}' has shape {tensor.shape} in the SavedModel: with max_batch_size > 0 "
+                    "its first dimension must be the variable batch dimension (None); set "
+                    "max_batch_size: 0 or export the model with a None batch dimension"
+                )
             dims = dims[1:]
         return TensorSpec(name, datatype, dims)
 

@@ -119,13 +119,17 @@ class OpenAIUpstream(PassthroughEngine):
         # No bound on a whole answer (a long generation is fine); each read waits at most read_timeout.
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=s.connect_timeout, sock_read=s.read_timeout)
         self._client = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=s.max_connections), cookie_jar=aiohttp.DummyCookieJar(),
-            timeout=timeout, raise_for_status=False,
+            connector=aiohttp.TCPConnector(limit=s.max_connections),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=timeout,
+            raise_for_status=False,
         )
         # Retries of a request whose pooled connection the upstream had closed: each on a connection of its own.
         self._fresh = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(force_close=True), cookie_jar=aiohttp.DummyCookieJar(),
-            timeout=timeout, raise_for_status=False,
+            connector=aiohttp.TCPConnector(force_close=True),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=timeout,
+            raise_for_status=False,
         )
 
     async def shutdown(self) -> None:
@@ -134,8 +138,9 @@ class OpenAIUpstream(PassthroughEngine):
                 await client.close()
 
     @contextlib.asynccontextmanager
-    async def _post(self, endpoint: str, body: dict[str, Any], headers: dict[str, str]
-                    ) -> AsyncIterator[aiohttp.ClientResponse]:
+    async def _post(
+        self, endpoint: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
         """POST to the upstream. A kept-alive connection the upstream closed while idle (llama.cpp's server closes
         one after each streamed answer without saying so) fails as it is used, before anything is answered: the
         request is sent once more, on a new connection."""
@@ -165,8 +170,9 @@ class OpenAIUpstream(PassthroughEngine):
             raise UpstreamError(502, "the upstream's answer is not a JSON object")
         return answer
 
-    async def stream(self, endpoint: str, body: dict[str, Any], headers: dict[str, str]
-                     ) -> AsyncIterator[dict[str, Any]]:
+    async def stream(
+        self, endpoint: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> AsyncIterator[dict[str, Any]]:
         try:
             async with self._post(endpoint, body, headers) as resp:
                 if resp.status != 200:
@@ -202,8 +208,11 @@ def probe_max_model_len(settings: PassthroughSettings, timeout: float = 3.0) -> 
         with urllib.request.urlopen(ask, timeout=timeout) as resp:  # a URL from config, never from a request
             entries = json.loads(resp.read(MAX_BODY_BYTES)).get("data") or []
     except (OSError, urllib.error.URLError, ValueError, AttributeError) as exc:
-        log.warning("could not list the models of %s (%s); the context length stays unknown", settings.root,
-                    exc.__class__.__name__)
+        log.warning(
+            "could not list the models of %s (%s); the context length stays unknown",
+            settings.root,
+            exc.__class__.__name__,
+        )
         return None
     for entry in entries:
         if isinstance(entry, dict) and entry.get("id") == settings.model:
@@ -218,7 +227,8 @@ def build_passthrough_engine(settings: PassthroughSettings, max_model_len: int |
     """The engine for one model (blocking: asks the upstream for the context length when the config omits it)."""
     if max_model_len is None:
         max_model_len = probe_max_model_len(settings)
-    info = EngineInfo(model_type="openai", dtype="upstream", max_model_len=max_model_len or 0, vocab_size=0,
-                      eos_token_ids=[])
+    info = EngineInfo(
+        model_type="openai", dtype="upstream", max_model_len=max_model_len or 0, vocab_size=0, eos_token_ids=[]
+    )
     log.info("model '%s' is served as it is by %s", settings.model, settings.root)
     return OpenAIUpstream(settings, info)

@@ -19,8 +19,10 @@ from engines.pytorch.native import Signatures, load_library
 _SIGNATURES: Signatures = {
     "argmax_rows_f32": (None, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]),
     # + the number of rows holding a NaN or an infinity (the step replay's greedy pick: step_replay.py)
-    "argmax_rows_finite_f32": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
-                                              ctypes.c_void_p]),
+    "argmax_rows_finite_f32": (
+        ctypes.c_int,
+        [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p],
+    ),
 }
 
 

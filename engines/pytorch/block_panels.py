@@ -73,4 +73,3 @@ def pack(blocks: GGUFBlocks, nb: int) -> torch.Tensor:
         records = torch.cat((head, torch.cat(groups, dim=-1).view(nb, r, -1)), dim=-1)
     assert records.shape[-1] == _RECORD[name], (name, records.shape)
     return records.reshape(nb, -1)
-

@@ -17,9 +17,9 @@ from engines.interface import ModelFileError, StepEngine, Tokenizer
 from engines.pytorch import host_memory
 from engines.pytorch.argmax import Argmax
 from engines.pytorch.linear import decode_rows_on_registers, int8_activations, int8_available
+from engines.pytorch.loader import default_cache_dir, load_gguf_blocks, load_hf, resolve_hf_folder
 from engines.pytorch.lora import projection_shapes
 from engines.pytorch.lora_weights import read_adapter
-from engines.pytorch.loader import default_cache_dir, load_gguf_blocks, load_hf, resolve_hf_folder
 from engines.pytorch.memory_check import check_fits, weight_bytes
 from engines.pytorch.model_runner import PagedModelRunner
 from engines.pytorch.models import check_supported
@@ -98,21 +98,35 @@ class PyTorchEngine(StepEngine):
             model, hf_tok = load_hf(resolve_hf_folder(source, gguf_file, cache_dir), dtype)
             blocks = weights = None
         self._runner = PagedModelRunner(
-            model, num_blocks, block_size, fast_kernels=fast_kernels, kernel_cache_dir=kernel_cache_dir,
-            gemm_threads=budget.threads, blocks=blocks, match_transformers=match_transformers,
+            model,
+            num_blocks,
+            block_size,
+            fast_kernels=fast_kernels,
+            kernel_cache_dir=kernel_cache_dir,
+            gemm_threads=budget.threads,
+            blocks=blocks,
+            match_transformers=match_transformers,
             packed=weights.drop_pages if weights is not None else None,
             kv_cache_dtype=None if kv_cache_dtype == "auto" else getattr(torch, kv_cache_dtype),
         )
         torch_threads = _set_torch_threads(self._runner.kernel_threads, budget.threads)
-        log.info("native engine: CPU budget %d thread%s (%s): our kernels on %d, torch ops on %d",
-                 budget.threads, "s" if budget.threads > 1 else "", budget.reason, self._runner.kernel_threads,
-                 torch_threads)
+        log.info(
+            "native engine: CPU budget %d thread%s (%s): our kernels on %d, torch ops on %d",
+            budget.threads,
+            "s" if budget.threads > 1 else "",
+            budget.reason,
+            self._runner.kernel_threads,
+            torch_threads,
+        )
         self._argmax = Argmax(kernel_cache_dir).rows if fast_kernels else None
         self._int8 = int8_activations and blocks is not None and int8_available(kernel_cache_dir)
         if int8_activations and not self._int8:
-            log.warning("native engine: pytorch.int8_activations is on but %s: projections stay float32",
-                        "the model's weights are not a GGUF file's blocks" if blocks is None
-                        else "this CPU's kernels have no int8 path (it needs AVX-512 with VBMI and GFNI)")
+            log.warning(
+                "native engine: pytorch.int8_activations is on but %s: projections stay float32",
+                "the model's weights are not a GGUF file's blocks"
+                if blocks is None
+                else "this CPU's kernels have no int8 path (it needs AVX-512 with VBMI and GFNI)",
+            )
         self._tokenizer = HFTokenizer(hf_tok)
         config, generation_config = model.config, model.generation_config
         del model, blocks, loaded, weights  # the runner holds the weights it serves (packed, or as GGUF blocks)
@@ -120,8 +134,11 @@ class PyTorchEngine(StepEngine):
         host_memory.release_freed()
         host_memory.keep_freed_memory()
         held = runner_weights(self._runner)
-        log.info("native engine: weights held: %.1f MB, %.1f MB of them in float tensors",
-                 sum(h.nbytes for h in held.values()) / 1e6, sum(h.nbytes for h in float_weights(held)) / 1e6)
+        log.info(
+            "native engine: weights held: %.1f MB, %.1f MB of them in float tensors",
+            sum(h.nbytes for h in held.values()) / 1e6,
+            sum(h.nbytes for h in float_weights(held)) / 1e6,
+        )
         eos = generation_config.eos_token_id if generation_config else None
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         if hf_tok.eos_token_id is not None and hf_tok.eos_token_id not in eos_ids:
@@ -138,8 +155,8 @@ class PyTorchEngine(StepEngine):
             kv_bytes_per_token=self._runner.kv_bytes_per_token,
             # our GEMM and decode-attention kernels compute each row alone (match_transformers: each new token
             # alone); torch's GEMM and SDPA sum in an order that depends on the rows of the call
-            exact_verification=match_transformers or (self._runner.kernel_threads > 0
-                                                      and self._runner.attention.uses_kernel),
+            exact_verification=match_transformers
+            or (self._runner.kernel_threads > 0 and self._runner.attention.uses_kernel),
             max_exact_decode_rows=self._runner.tile_unit_decode_rows,
             weight_bytes=sum(h.nbytes for h in held.values()),
         )
@@ -185,12 +202,20 @@ class PyTorchEngine(StepEngine):
         weights = read_adapter(Path(adapter.path), projection_shapes(runner.model), runner.dtype, self._config)
         rotary = self._config.get("partial_rotary_factor") or 1.0
         if rotary < 1.0 and any(m in layer for layer in weights.layers for m in ("q_proj", "k_proj", "qkv_proj")):
-            raise ModelFileError(f"{Path(adapter.path).name}: updates of q and k are not applied to a model with "
-                                 "partial rotary embeddings (their dimensions are reordered at load); train the "
-                                 "adapter without q_proj, k_proj and qkv_proj")
+            raise ModelFileError(
+                f"{Path(adapter.path).name}: updates of q and k are not applied to a model with "
+                "partial rotary embeddings (their dimensions are reordered at load); train the "
+                "adapter without q_proj, k_proj and qkv_proj"
+            )
         runner.add_adapter(adapter.id, weights)
-        log.info("native engine: LoRA adapter '%s' (id %d) from %s: rank %d, %.1f MB", adapter.name, adapter.id,
-                 Path(adapter.path).name, weights.rank, weights.nbytes / 1e6)
+        log.info(
+            "native engine: LoRA adapter '%s' (id %d) from %s: rank %d, %.1f MB",
+            adapter.name,
+            adapter.id,
+            Path(adapter.path).name,
+            weights.rank,
+            weights.nbytes / 1e6,
+        )
 
     def unload_adapter(self, adapter: AdapterRef) -> None:
         self._runner.remove_adapter(adapter.id)

@@ -48,8 +48,9 @@ class Runner(Protocol):
 
     def embed(self, lay: StepLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
-    def logits(self, hidden: torch.Tensor, lay: StepLayout,
-               head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor: ...
+    def logits(
+        self, hidden: torch.Tensor, lay: StepLayout, head: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> torch.Tensor: ...
 
 
 @dataclass
@@ -87,10 +88,22 @@ class ExactForward:
         self._layers = []
         for layer in hf_model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            module = SimpleNamespace(num_key_value_groups=attn.num_key_value_groups, is_causal=True,
-                                     layer_idx=attn.layer_idx)
-            self._layers.append(_Weights(attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj,
-                                         mlp.up_proj, mlp.down_proj, mlp.act_fn, module))
+            module = SimpleNamespace(
+                num_key_value_groups=attn.num_key_value_groups, is_causal=True, layer_idx=attn.layer_idx
+            )
+            self._layers.append(
+                _Weights(
+                    attn.q_proj,
+                    attn.k_proj,
+                    attn.v_proj,
+                    attn.o_proj,
+                    mlp.gate_proj,
+                    mlp.up_proj,
+                    mlp.down_proj,
+                    mlp.act_fn,
+                    module,
+                )
+            )
 
     @staticmethod
     def _rows(steps: list[SequenceStep], block_size: int) -> _Rows:
@@ -112,8 +125,7 @@ class ExactForward:
                 one_row.append(row + pos - seq.start_pos)
                 context.append(seq_slots[: pos + 1])
             row += len(seq.token_ids)
-        return _Rows(torch.tensor(one_row, dtype=torch.long), prompts, torch.tensor(slots, dtype=torch.long),
-                     context)
+        return _Rows(torch.tensor(one_row, dtype=torch.long), prompts, torch.tensor(slots, dtype=torch.long), context)
 
     @staticmethod
     def _one_rows(linear: Linear, plain: Any, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -135,16 +147,29 @@ class ExactForward:
         # logits of one row each, as generate computes them: the tile kernel, else one call per row
         return runner.logits(hidden, lay, None if runner.lm_head.exact_rows else lambda x: _per_row(self._lm_head, x))
 
-    def _layer(self, runner: Runner, i: int, layer: Any, w: _Weights, rows: _Rows, hidden: torch.Tensor,
-               cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _layer(
+        self,
+        runner: Runner,
+        i: int,
+        layer: Any,
+        w: _Weights,
+        rows: _Rows,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         h, kvh, d = runner.num_heads, runner.num_kv_heads, runner.head_dim
         attn = layer.attn
         x = runner.dense.rms_norm(layer.input_norm, hidden)
-        qkv = _assemble(rows, x, (h + 2 * kvh) * d,
-                        lambda sel: self._one_rows(attn.qkv, _Cat(w.q, w.k, w.v), x[sel]),
-                        lambda part: torch.cat((w.q(x[part]), w.k(x[part]), w.v(x[part])), dim=-1))
+        qkv = _assemble(
+            rows,
+            x,
+            (h + 2 * kvh) * d,
+            lambda sel: self._one_rows(attn.qkv, _Cat(w.q, w.k, w.v), x[sel]),
+            lambda part: torch.cat((w.q(x[part]), w.k(x[part]), w.v(x[part])), dim=-1),
+        )
         q = qkv[:, : h * d].view(-1, h, d)
         k = qkv[:, h * d : (h + kvh) * d].view(-1, kvh, d)
         v = qkv[:, (h + kvh) * d :].view(-1, kvh, d)
@@ -164,17 +189,25 @@ class ExactForward:
         for r, ctx in zip(rows.one_row.tolist(), rows.context, strict=True):  # generate's decode: one query
             keys = k_cache.index_select(0, ctx).transpose(0, 1)[None].contiguous()
             values = v_cache.index_select(0, ctx).transpose(0, 1)[None].contiguous()
-            att, _ = sdpa_attention_forward(w.attention, q[r : r + 1][None].transpose(1, 2), keys, values, None,
-                                            scaling=attn.scaling)
+            att, _ = sdpa_attention_forward(
+                w.attention, q[r : r + 1][None].transpose(1, 2), keys, values, None, scaling=attn.scaling
+            )
             out[r] = att.reshape(h * d)
-        hidden = _assemble(rows, hidden, hidden.shape[1],
-                           lambda sel: self._one_rows(attn.o, w.o, out[sel], hidden[sel]),
-                           lambda part: hidden[part] + w.o(out[part]))
+        hidden = _assemble(
+            rows,
+            hidden,
+            hidden.shape[1],
+            lambda sel: self._one_rows(attn.o, w.o, out[sel], hidden[sel]),
+            lambda part: hidden[part] + w.o(out[part]),
+        )
         x = runner.dense.rms_norm(layer.post_norm, hidden)
-        return _assemble(rows, hidden, hidden.shape[1],
-                         lambda sel: self._one_rows(layer.mlp.down, w.down, self._act_mul(layer, w, x[sel]),
-                                                    hidden[sel]),
-                         lambda part: hidden[part] + w.down(w.act(w.gate(x[part])) * w.up(x[part])))
+        return _assemble(
+            rows,
+            hidden,
+            hidden.shape[1],
+            lambda sel: self._one_rows(layer.mlp.down, w.down, self._act_mul(layer, w, x[sel]), hidden[sel]),
+            lambda part: hidden[part] + w.down(w.act(w.gate(x[part])) * w.up(x[part])),
+        )
 
     @staticmethod
     def _act_mul(layer: Any, w: _Weights, x: torch.Tensor) -> torch.Tensor:
@@ -189,9 +222,13 @@ def _per_row(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> tor
     return torch.cat([fn(x[r : r + 1]) for r in range(x.shape[0])]) if x.shape[0] else fn(x)
 
 
-def _assemble(rows: _Rows, like: torch.Tensor, width: int,
-              one_row: Callable[[slice | torch.Tensor], torch.Tensor],
-              prompt: Callable[[slice], torch.Tensor]) -> torch.Tensor:
+def _assemble(
+    rows: _Rows,
+    like: torch.Tensor,
+    width: int,
+    one_row: Callable[[slice | torch.Tensor], torch.Tensor],
+    prompt: Callable[[slice], torch.Tensor],
+) -> torch.Tensor:
     """A [rows, width] result: the one-row rows from one batched `one_row` call (given their index, or every row in
     a step without prompts), each prompt's rows from its own `prompt` call (given its slice)."""
     if not rows.prompts:

@@ -120,8 +120,10 @@ def expert_tensor(tensor: Any, file: str = "the GGUF file") -> ExpertBlocks | No
     from gguf import dequantize
 
     if len(tensor.shape) != 3:
-        raise ValueError(f"{tensor.name} in {file} has shape {list(tensor.shape)}: an expert tensor has 3 dimensions "
-                         "(the file is not what llama.cpp's converter writes)")
+        raise ValueError(
+            f"{tensor.name} in {file} has shape {list(tensor.shape)}: an expert tensor has 3 dimensions "
+            "(the file is not what llama.cpp's converter writes)"
+        )
     spec = TYPES.get(tensor.tensor_type.name)
     k, n, e = (int(d) for d in tensor.shape)  # GGUF lists the fastest dimension first
     if spec is None or k % spec.record_k:
@@ -139,8 +141,9 @@ def expert_tensor(tensor: Any, file: str = "the GGUF file") -> ExpertBlocks | No
     return blocks
 
 
-def layer_experts(reader: Any, layer: int, counts: ExpertCounts, hidden: int, file: str = "the GGUF file"
-                  ) -> LayerExperts | None:
+def layer_experts(
+    reader: Any, layer: int, counts: ExpertCounts, hidden: int, file: str = "the GGUF file"
+) -> LayerExperts | None:
     """Layer `layer`'s expert tensors in `reader` as per-expert blocks, their shapes checked against `counts` and
     the model's `hidden` size (a ValueError names the tensor otherwise); None where the layer has none (a dense
     layer of a model with some, e.g. Qwen3-MoE's `mlp_only_layers`) or where some is of a type the kernels do not
@@ -152,8 +155,9 @@ def layer_experts(reader: Any, layer: int, counts: ExpertCounts, hidden: int, fi
     for name in EXPERT_TENSORS:
         tensor = found.get(f"blk.{layer}.{name}.weight")
         if tensor is None:
-            raise ValueError(f"{file} has no blk.{layer}.{name}.weight beside its other expert tensors of layer "
-                             f"{layer}")
+            raise ValueError(
+                f"{file} has no blk.{layer}.{name}.weight beside its other expert tensors of layer {layer}"
+            )
         blocks = expert_tensor(tensor, file)
         if blocks is None:
             return None
@@ -161,12 +165,17 @@ def layer_experts(reader: Any, layer: int, counts: ExpertCounts, hidden: int, fi
     gate, up, down = parts
     _e, i, _h = gate.shape
     width = counts.feed_forward_length or i
-    want = {"ffn_gate_exps": (counts.count, width, hidden), "ffn_up_exps": (counts.count, width, hidden),
-            "ffn_down_exps": (counts.count, hidden, width)}
+    want = {
+        "ffn_gate_exps": (counts.count, width, hidden),
+        "ffn_up_exps": (counts.count, width, hidden),
+        "ffn_down_exps": (counts.count, hidden, width),
+    }
     for name, blocks in zip(EXPERT_TENSORS, parts, strict=True):
         if blocks.shape != want[name]:
-            raise ValueError(f"blk.{layer}.{name}.weight in {file} is {list(blocks.shape)} (experts, rows, columns); "
-                             f"the metadata says {list(want[name])}: the file is corrupt or from another converter")
+            raise ValueError(
+                f"blk.{layer}.{name}.weight in {file} is {list(blocks.shape)} (experts, rows, columns); "
+                f"the metadata says {list(want[name])}: the file is corrupt or from another converter"
+            )
     return LayerExperts(gate, up, down)
 
 

@@ -37,12 +37,21 @@ class BlockType:
     record_k: int
 
 
-TYPES = {t.name: t for t in (
-    BlockType("Q4_0", 1, 32, 18, 32), BlockType("Q4_1", 2, 32, 20, 32), BlockType("Q5_0", 3, 32, 22, 32),
-    BlockType("Q5_1", 4, 32, 24, 32), BlockType("Q8_0", 5, 32, 34, 32), BlockType("Q4_K", 6, 256, 144, 256),
-    BlockType("Q5_K", 7, 256, 176, 256), BlockType("Q6_K", 8, 256, 210, 256), BlockType("BF16", 9, 1, 2, 1),
-    BlockType("F16", 10, 1, 2, 1),
-)}
+TYPES = {
+    t.name: t
+    for t in (
+        BlockType("Q4_0", 1, 32, 18, 32),
+        BlockType("Q4_1", 2, 32, 20, 32),
+        BlockType("Q5_0", 3, 32, 22, 32),
+        BlockType("Q5_1", 4, 32, 24, 32),
+        BlockType("Q8_0", 5, 32, 34, 32),
+        BlockType("Q4_K", 6, 256, 144, 256),
+        BlockType("Q5_K", 7, 256, 176, 256),
+        BlockType("Q6_K", 8, 256, 210, 256),
+        BlockType("BF16", 9, 1, 2, 1),
+        BlockType("F16", 10, 1, 2, 1),
+    )
+}
 
 
 @dataclass(frozen=True)

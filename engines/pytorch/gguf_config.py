@@ -59,21 +59,29 @@ def gguf_config(gguf: Path) -> Any:
             f"{gguf.name}: architecture '{arch or '(none)'}' is not one transformers' GGUF loader reads (the "
             f"native engine takes a GGUF file's config and tokenizer from it; it reads "
             f"{', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))}); serve the model's HF folder instead, or use "
-            f"backend: vllm")
+            f"backend: vllm"
+        )
     try:
         config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     except Exception as exc:  # noqa: BLE001 - its metadata, read by transformers, may raise anything (a 0 heads)
-        raise ModelFileError(f"{gguf.name}: transformers cannot make a config of it ({type(exc).__name__}: "
-                             f"{str(exc)[:300]}); serve the model's HF "
-                             "folder instead, or use backend: vllm") from None
+        raise ModelFileError(
+            f"{gguf.name}: transformers cannot make a config of it ({type(exc).__name__}: "
+            f"{str(exc)[:300]}); serve the model's HF "
+            "folder instead, or use backend: vllm"
+        ) from None
     try:  # experts' width and counts; a llama file with experts is a Mixtral (expert_blocks.py)
         config = moe_config(config, layout.field)
     except (ValueError, TypeError, OverflowError) as exc:  # counts that are no whole numbers (a string, inf)
-        raise ModelFileError(f"{gguf.name}: its expert counts ({arch}.expert_count, expert_used_count) are not "
-                             f"usable ({exc}); {REFETCH}") from None
+        raise ModelFileError(
+            f"{gguf.name}: its expert counts ({arch}.expert_count, expert_used_count) are not usable ({exc}); {REFETCH}"
+        ) from None
     _check_sizes(layout, config)
-    found = {**_head_size(layout, config), **_biases(layout, config), **_linear_rope(layout, config),
-             **_rope_scaling(layout, config)}
+    found = {
+        **_head_size(layout, config),
+        **_biases(layout, config),
+        **_linear_rope(layout, config),
+        **_rope_scaling(layout, config),
+    }
     for key, value in found.items():
         setattr(config, key, value)
     found.update(_gemma_query_scale(layout, config))
@@ -85,9 +93,19 @@ def gguf_config(gguf: Path) -> Any:
 
 
 # the sizes a model is built from (transformers' names); each must be a whole number >= 1 where the config has it
-SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-         "vocab_size", "max_position_embeddings", "num_local_experts", "num_experts", "num_experts_per_tok",
-         "moe_intermediate_size")
+SIZES = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "max_position_embeddings",
+    "num_local_experts",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+)
 LAYER = re.compile(r"blk\.(\d+)\.")
 EXPERTS = re.compile(r"blk\.\d+\.ffn_\w+_exps\.weight")
 
@@ -101,33 +119,45 @@ def _check_sizes(layout: GGUFLayout, config: Any) -> None:
     for size in SIZES:
         value = getattr(config, size, None)
         if value is not None and (type(value) is not int or value < 1):
-            raise ModelFileError(f"{name}: {size} is {value!r} (from its {arch}.* metadata), not a whole number of "
-                                 f"at least 1; {REFETCH}")
+            raise ModelFileError(
+                f"{name}: {size} is {value!r} (from its {arch}.* metadata), not a whole number of at least 1; {REFETCH}"
+            )
     layers = {int(m.group(1)) for t in layout.tensors if (m := LAYER.match(t))}
     if config.num_hidden_layers > len(layers):
-        raise ModelFileError(f"{name}: its metadata's {config.num_hidden_layers} layers ({arch}.block_count) are more "
-                             f"than the file has tensors of {len(layers)}: the metadata and the tensors disagree; "
-                             f"{REFETCH}")
+        raise ModelFileError(
+            f"{name}: its metadata's {config.num_hidden_layers} layers ({arch}.block_count) are more "
+            f"than the file has tensors of {len(layers)}: the metadata and the tensors disagree; "
+            f"{REFETCH}"
+        )
     embedding = layout.tensors.get("token_embd.weight")
     if embedding is not None and len(embedding.shape) == 2 and embedding.shape[1] != config.hidden_size:
-        raise ModelFileError(f"{name}: hidden_size is {config.hidden_size} ({arch}.embedding_length) but "
-                             f"token_embd.weight is {embedding.shape[1]} wide: the metadata and the tensors disagree; "
-                             f"{REFETCH}")
+        raise ModelFileError(
+            f"{name}: hidden_size is {config.hidden_size} ({arch}.embedding_length) but "
+            f"token_embd.weight is {embedding.shape[1]} wide: the metadata and the tensors disagree; "
+            f"{REFETCH}"
+        )
     head_dim = getattr(config, "head_dim", None)
     if head_dim is not None and (type(head_dim) is not int or not 0 < head_dim <= config.hidden_size):
-        raise ModelFileError(f"{name}: a head of {head_dim!r} values in a model {config.hidden_size} wide (from its "
-                             f"{arch}.* metadata); {REFETCH}")
-    heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or \
-        config.num_attention_heads
+        raise ModelFileError(
+            f"{name}: a head of {head_dim!r} values in a model {config.hidden_size} wide (from its "
+            f"{arch}.* metadata); {REFETCH}"
+        )
+    heads, kv_heads = (
+        config.num_attention_heads,
+        getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+    )
     if kv_heads > heads or heads % kv_heads:
-        raise ModelFileError(f"{name}: {kv_heads} key/value heads for {heads} query heads ({arch}.attention."
-                             f"head_count_kv, head_count): each key/value head must serve a whole group; {REFETCH}")
+        raise ModelFileError(
+            f"{name}: {kv_heads} key/value heads for {heads} query heads ({arch}.attention."
+            f"head_count_kv, head_count): each key/value head must serve a whole group; {REFETCH}"
+        )
     experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
-    held = max((t.shape[0] for n, t in layout.tensors.items() if EXPERTS.fullmatch(n) and len(t.shape) == 3),
-               default=0)
+    held = max((t.shape[0] for n, t in layout.tensors.items() if EXPERTS.fullmatch(n) and len(t.shape) == 3), default=0)
     if experts and experts > held:
-        raise ModelFileError(f"{name}: its metadata's {experts} experts ({arch}.expert_count) are more than its "
-                             f"expert tensors hold ({held}); {REFETCH}")
+        raise ModelFileError(
+            f"{name}: its metadata's {experts} experts ({arch}.expert_count) are more than its "
+            f"expert tensors hold ({held}); {REFETCH}"
+        )
 
 
 def _head_size(layout: GGUFLayout, config: Any) -> dict[str, Any]:
@@ -135,12 +165,16 @@ def _head_size(layout: GGUFLayout, config: Any) -> dict[str, Any]:
     if key is None:
         return {}
     if type(key) is not int or not 0 < key <= config.hidden_size:  # the rotary tables are built of it
-        raise ModelFileError(f"{layout.path.name}: a head of {key!r} values ({layout.architecture}.attention."
-                             f"key_length) in a model {config.hidden_size} wide; {REFETCH}")
+        raise ModelFileError(
+            f"{layout.path.name}: a head of {key!r} values ({layout.architecture}.attention."
+            f"key_length) in a model {config.hidden_size} wide; {REFETCH}"
+        )
     if value is not None and value != key:
-        raise ModelFileError(f"{layout.path.name}: keys of {key} and values of {value} values a head "
-                             f"({layout.architecture}.attention.key_length/value_length); the native engine's "
-                             "attention needs them equal: use backend: vllm")
+        raise ModelFileError(
+            f"{layout.path.name}: keys of {key} and values of {value} values a head "
+            f"({layout.architecture}.attention.key_length/value_length); the native engine's "
+            "attention needs them equal: use backend: vllm"
+        )
     default = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return {"head_dim": int(key)} if key != default or getattr(config, "head_dim", None) is None else {}
 
@@ -172,9 +206,11 @@ def _linear_rope(layout: GGUFLayout, config: Any) -> dict[str, Any]:
         return {}
     factor = layout.field("rope.scaling.factor")
     if kind != "linear" or not factor:
-        raise ModelFileError(f"{layout.path.name}: RoPE scaling '{kind}' ({layout.architecture}.rope.scaling.*) is "
-                             "not read from GGUF files by the native engine (linear and Llama 3's are); serve the "
-                             "model's HF folder instead, or use backend: vllm")
+        raise ModelFileError(
+            f"{layout.path.name}: RoPE scaling '{kind}' ({layout.architecture}.rope.scaling.*) is "
+            "not read from GGUF files by the native engine (linear and Llama 3's are); serve the "
+            "model's HF folder instead, or use backend: vllm"
+        )
     rope = dict(getattr(config, "rope_parameters", None) or {})
     scaled = {"rope_type": "linear", "factor": float(factor)}
     if "full_attention" in rope:
@@ -211,15 +247,19 @@ def _rope_scaling(layout: GGUFLayout, config: Any) -> dict[str, Any]:
     factors = layout.read_f32(ROPE_FREQS)
     rope = dict(getattr(config, "rope_parameters", None) or {})
     base = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-    dim = int(layout.field("rope.dimension_count") or getattr(config, "head_dim", None)
-              or config.hidden_size // config.num_attention_heads)
+    dim = int(
+        layout.field("rope.dimension_count")
+        or getattr(config, "head_dim", None)
+        or config.hidden_size // config.num_attention_heads
+    )
     params = _fit_llama3(factors, base, dim)
     if params is None:
         raise ModelFileError(
             f"{layout.path.name}: its {ROPE_FREQS} tensor (a divisor per rotary frequency, from {factors.min():g} "
             f"to {factors.max():g}) is not Llama 3's RoPE scaling with low/high frequency factors "
             f"{LLAMA3_FREQ_FACTORS}, the only scaling the native engine reads from a GGUF file; serve the "
-            "model's HF folder instead (its config.json says the scaling), or use backend: vllm")
+            "model's HF folder instead (its config.json says the scaling), or use backend: vllm"
+        )
     return {"rope_parameters": {**rope, "rope_type": "llama3", "rope_theta": base, **params}}
 
 
@@ -247,6 +287,10 @@ def _fit_llama3(factors: np.ndarray, base: float, dim: int) -> dict[str, Any] | 
     for original in candidates:
         for guess in (original, original - 1, original + 1):
             if np.array_equal(llama3_factors(base, dim, factor, low, high, guess), factors):
-                return {"factor": factor, "low_freq_factor": low, "high_freq_factor": high,
-                        "original_max_position_embeddings": int(guess)}
+                return {
+                    "factor": factor,
+                    "low_freq_factor": low,
+                    "high_freq_factor": high,
+                    "original_max_position_embeddings": int(guess),
+                }
     return None

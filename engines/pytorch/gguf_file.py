@@ -69,8 +69,9 @@ class GGUFLayout:
         """A float32 tensor's values (a small one: rope_freqs), read from the file."""
         info = self.tensors[name]
         if info.type_name != "F32":
-            raise ModelFileError(f"{self.path.name}: tensor {name} is {info.type_name}, where llama.cpp writes F32; "
-                                 f"{REFETCH}")
+            raise ModelFileError(
+                f"{self.path.name}: tensor {name} is {info.type_name}, where llama.cpp writes F32; {REFETCH}"
+            )
         with self.path.open("rb") as f:
             f.seek(info.offset)
             return np.frombuffer(f.read(info.nbytes), dtype="<f4").reshape(info.shape).astype(np.float32)
@@ -83,13 +84,14 @@ class _Cursor:
         self.data, self.pos, self.path = data, 0, path
 
     def fail(self, what: str) -> ModelFileError:
-        return ModelFileError(f"{self.path.name} is not a valid GGUF file: {what} (at byte {self.pos} of "
-                              f"{len(self.data)}); {REFETCH}")
+        return ModelFileError(
+            f"{self.path.name} is not a valid GGUF file: {what} (at byte {self.pos} of {len(self.data)}); {REFETCH}"
+        )
 
     def take(self, n: int, what: str) -> bytes:
         if n < 0 or self.pos + n > len(self.data):
             raise self.fail(f"{what} needs {n} bytes, past the end of the file (truncated or corrupt)")
-        chunk = self.data[self.pos:self.pos + n]
+        chunk = self.data[self.pos : self.pos + n]
         self.pos += n
         return chunk
 
@@ -147,23 +149,29 @@ def read_layout(path: Path) -> GGUFLayout:
 
     size = path.stat().st_size
     if size < 24:
-        raise ModelFileError(f"{path.name} is not a valid GGUF file: {size} bytes, shorter than a GGUF header; "
-                             f"{REFETCH}")
+        raise ModelFileError(
+            f"{path.name} is not a valid GGUF file: {size} bytes, shorter than a GGUF header; {REFETCH}"
+        )
     with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
         cur = _Cursor(data, path)
         if cur.take(4, "the magic") != MAGIC:
-            raise ModelFileError(f"{path.name} is not a GGUF file (it does not start with 'GGUF'); point "
-                                 "model.gguf_file at a .gguf file, or model.source at an HF folder")
+            raise ModelFileError(
+                f"{path.name} is not a GGUF file (it does not start with 'GGUF'); point "
+                "model.gguf_file at a .gguf file, or model.source at an HF folder"
+            )
         version = cur.unpack("<I", "the version")
         if version not in VERSIONS:
-            raise ModelFileError(f"{path.name}: GGUF version {version} (byte-swapped: {version >> 24}) is not read "
-                                 f"here (versions {', '.join(map(str, VERSIONS))}, little-endian); {REFETCH}")
+            raise ModelFileError(
+                f"{path.name}: GGUF version {version} (byte-swapped: {version >> 24}) is not read "
+                f"here (versions {', '.join(map(str, VERSIONS))}, little-endian); {REFETCH}"
+            )
         n_tensors = cur.unpack("<Q", "the tensor count")
         n_fields = cur.unpack("<Q", "the metadata count")
         # a key takes at least 8 + 1 + 4 + 1 bytes, a tensor's entry 8 + 1 + 4 + 8 + 4 + 8
         if n_fields * 14 > size or n_tensors * 33 > size:
-            raise cur.fail(f"the header claims {n_tensors} tensors and {n_fields} metadata keys, more than "
-                           f"{size} bytes can hold")
+            raise cur.fail(
+                f"the header claims {n_tensors} tensors and {n_fields} metadata keys, more than {size} bytes can hold"
+            )
         fields: dict[str, Any] = {}
         arrays: dict[str, int] = {}
         for _ in range(n_fields):
@@ -196,17 +204,21 @@ def read_layout(path: Path) -> GGUFLayout:
             raise ModelFileError(
                 f"{path.name}: tensor {name} has the GGML type id {type_id}, which the installed gguf library does "
                 f"not know (a newer llama.cpp type, or a corrupt file); requantize the model to a common type "
-                f"(Q4_K_M, Q8_0, F16) with llama-quantize, or upgrade the gguf package") from None
+                f"(Q4_K_M, Q8_0, F16) with llama-quantize, or upgrade the gguf package"
+            ) from None
         count = int(np.prod(dims, dtype=object))
         if any(d == 0 for d in dims) or dims[0] % block:
-            raise ModelFileError(f"{path.name}: tensor {name} has the shape {dims[::-1]}, whose rows are not whole "
-                                 f"{qtype.name} blocks of {block} values; {REFETCH}")
+            raise ModelFileError(
+                f"{path.name}: tensor {name} has the shape {dims[::-1]}, whose rows are not whole "
+                f"{qtype.name} blocks of {block} values; {REFETCH}"
+            )
         nbytes = count // block * type_size
         if offset % alignment or start + offset + nbytes > size:
             raise ModelFileError(
                 f"{path.name}: tensor {name}'s {nbytes} bytes at offset {start + offset} lie past the end of the "
                 f"file ({size} bytes) or off its {alignment}-byte alignment: the file is truncated or corrupt; "
-                f"{REFETCH}")
+                f"{REFETCH}"
+            )
         tensors[name] = TensorInfo(name, tuple(dims[::-1]), qtype.name, start + offset, nbytes)
     return GGUFLayout(path, version, fields, arrays, tensors)
 

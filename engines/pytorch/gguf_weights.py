@@ -85,8 +85,7 @@ def _checked_blocks(tensor: Any) -> GGUFBlocks | None:
     ours = blocks.rows(torch.from_numpy(rows)).dequantize()
     theirs = dequantize(np.ascontiguousarray(data[rows]), tensor.tensor_type).reshape(ours.shape)
     if not torch.equal(ours, torch.from_numpy(np.ascontiguousarray(theirs, dtype=np.float32))):
-        log.warning("native engine: %s's %s blocks do not expand to gguf-py's weights; float32", tensor.name,
-                    spec.name)
+        log.warning("native engine: %s's %s blocks do not expand to gguf-py's weights; float32", tensor.name, spec.name)
         return None
     return blocks
 
@@ -115,9 +114,11 @@ def _unplaced(gguf: Path, name: str) -> None:
     does not describe would be dropped, and the answers wrong), else left out as transformers leaves it out
     (rope_freqs: gguf_config.py read it)."""
     if name.startswith("blk."):
-        raise ModelFileError(f"{gguf.name}: tensor {name} has no place in the model its metadata describes (a "
-                             f"weight the native engine's model of this architecture does not have); serve the "
-                             f"model's HF folder instead, or use backend: vllm")
+        raise ModelFileError(
+            f"{gguf.name}: tensor {name} has no place in the model its metadata describes (a "
+            f"weight the native engine's model of this architecture does not have); serve the "
+            f"model's HF folder instead, or use backend: vllm"
+        )
 
 
 def _check_shape(gguf: Path, tensor: Any, param: str, expected: torch.Size | None) -> None:
@@ -130,7 +131,8 @@ def _check_shape(gguf: Path, tensor: Any, param: str, expected: torch.Size | Non
         raise ModelFileError(
             f"{gguf.name}: tensor {tensor.name} is {list(shape)} but the file's metadata (heads, head size, widths, "
             f"vocabulary) makes {param} {list(expected)}: the metadata and the tensors disagree; download or convert "
-            f"the file again")
+            f"the file again"
+        )
 
 
 def _expert_shape(gguf: Path, tensor: Any, path: str, params: dict[str, torch.Tensor]) -> None:
@@ -149,7 +151,8 @@ def _expert_shape(gguf: Path, tensor: Any, path: str, params: dict[str, torch.Te
         raise ModelFileError(
             f"{gguf.name}: tensor {tensor.name} is {list(shape)} (experts, rows, columns) but the file's metadata "
             f"(expert count, widths) makes it {list(want)}: the metadata and the tensors disagree; download or "
-            f"convert the file again")
+            f"convert the file again"
+        )
 
 
 def _float_experts(gguf: Path, blocks: dict[str, Any], found: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -160,8 +163,10 @@ def _float_experts(gguf: Path, blocks: dict[str, Any], found: dict[str, np.ndarr
     stems = {path.rpartition(".")[0] for path in found}
     for stem in {path.rpartition(".")[0] for path in blocks if ".mlp.experts." in path}:
         if stem not in stems and not all(f"{stem}.{p}" in blocks for p in ("gate_proj", "up_proj", "down_proj")):
-            raise ModelFileError(f"{gguf.name}: {stem} lacks some of its gate, up and down expert tensors; the "
-                                 "file is incomplete: download or convert it again")
+            raise ModelFileError(
+                f"{gguf.name}: {stem} lacks some of its gate, up and down expert tensors; the "
+                "file is incomplete: download or convert it again"
+            )
     tensors = {}
     for stem in stems:
         parts = {}
@@ -169,8 +174,10 @@ def _float_experts(gguf: Path, blocks: dict[str, Any], found: dict[str, np.ndarr
             held = blocks.pop(f"{stem}.{part}", None)
             parts[part] = held.dequantize() if held is not None else found.get(f"{stem}.{part}")
             if parts[part] is None:
-                raise ModelFileError(f"{gguf.name}: {stem} has no {part} expert tensor beside its others; the file "
-                                     "is incomplete: download or convert it again")
+                raise ModelFileError(
+                    f"{gguf.name}: {stem} has no {part} expert tensor beside its others; the file "
+                    "is incomplete: download or convert it again"
+                )
             parts[part] = torch.as_tensor(np.array(parts[part], dtype=np.float32))
         tensors[f"{stem}.gate_up_proj"] = torch.cat([parts["gate_proj"], parts["up_proj"]], dim=1)
         tensors[f"{stem}.down_proj"] = parts["down_proj"]
@@ -225,12 +232,17 @@ def _from_file(gguf: Path, model: Any) -> GGUFWeights:
             blocks[path] = found
             continue
         weights = dequantize(tensor.data, tensor.tensor_type)  # as transformers' load_gguf_checkpoint does
-        weights = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names,
-                                    parsed_parameters={}).weights
+        weights = processor.process(
+            weights=weights, name=tensor.name, tensor_key_mapping=names, parsed_parameters={}
+        ).weights
         tensors[param] = torch.from_numpy(np.copy(weights)).to(torch.float32)
     tensors.update(_float_experts(gguf, blocks, float_experts))
-    if getattr(model.config, "tie_word_embeddings", False) and "lm_head" not in blocks \
-            and "lm_head.weight" not in tensors and "model.embed_tokens" in blocks:
+    if (
+        getattr(model.config, "tie_word_embeddings", False)
+        and "lm_head" not in blocks
+        and "lm_head.weight" not in tensors
+        and "model.embed_tokens" in blocks
+    ):
         blocks["lm_head"] = blocks["model.embed_tokens"]  # tied: the file has only the table
     return GGUFWeights(blocks, tensors)
 
@@ -260,7 +272,8 @@ def _save(weights: GGUFWeights, cache_file: Path) -> None:
     from safetensors.torch import save_file
 
     tied = weights.blocks.get("lm_head") is not None and weights.blocks.get("lm_head") is weights.blocks.get(
-        "model.embed_tokens")
+        "model.embed_tokens"
+    )
     saved = {path: b.raw.contiguous() for path, b in weights.blocks.items() if not (tied and path == "lm_head")}
     types = {path: b.qtype for path, b in weights.blocks.items() if path in saved}
     saved.update(weights.tensors)
@@ -289,8 +302,11 @@ def read_weights(gguf: Path, model: Any, cache_file: Path | None = None) -> GGUF
         try:
             _save(weights, cache_file)
         except (OSError, SafetensorError) as exc:  # a full or read-only cache disk: serve what was read, uncached
-            log.warning("could not cache %s's weights (%s); serving them as read, and reading the file again at the "
-                        "next start", gguf.name, exc)
+            log.warning(
+                "could not cache %s's weights (%s); serving them as read, and reading the file again at the next start",
+                gguf.name,
+                exc,
+            )
             return weights
         del weights  # freed before the cache's copies are read
         cached = _from_cache(cache_file)

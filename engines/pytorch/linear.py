@@ -218,8 +218,10 @@ class _Packed:
         chunk."""
         decode = m if prompt_from is None else prompt_from
         other = INT8_MODE if activations_int8() else 0
-        tiles = (self.tile_unit and decode > TILE_UNIT_MIN_ROWS and not decode_rows_pinned() and not other,
-                 self.tile_unit)
+        tiles = (
+            self.tile_unit and decode > TILE_UNIT_MIN_ROWS and not decode_rows_pinned() and not other,
+            self.tile_unit,
+        )
         modes = tuple(TILE_MODE if on else other for on in tiles)
         if modes[0] == modes[1]:
             return [(0, m, modes[0])]
@@ -229,8 +231,7 @@ class _Packed:
 PIECE_BYTES = 8 << 20  # file bytes of the rows packed at a time (packing takes a few times its input in scratch)
 
 
-def _in_pieces(pack: Callable[[GGUFBlocks, int], torch.Tensor], parts: tuple[GGUFBlocks, ...], nb: int
-               ) -> torch.Tensor:
+def _in_pieces(pack: Callable[[GGUFBlocks, int], torch.Tensor], parts: tuple[GGUFBlocks, ...], nb: int) -> torch.Tensor:
     """`pack(part, nb)` of each part ([NB, panel bytes] each; several parts: their panels in turn, [NB * parts, panel
     bytes]), written into one host-memory buffer a few panels at a time: a panel is made from its own 16 rows, so
     the pieces' panels are the whole's, and the scratch of packing stays a few MB however large the weight (an
@@ -248,8 +249,9 @@ def _in_pieces(pack: Callable[[GGUFBlocks, int], torch.Tensor], parts: tuple[GGU
     return out.view(nb * len(parts), -1)
 
 
-def _pack_blocks(lib: ctypes.CDLL, blocks: WeightBlocks, nb: int, interleave: WeightBlocks | None = None
-                 ) -> _Packed | None:
+def _pack_blocks(
+    lib: ctypes.CDLL, blocks: WeightBlocks, nb: int, interleave: WeightBlocks | None = None
+) -> _Packed | None:
     """`blocks` (and with `interleave`, gate and up panels in turn: one type) in the kernel's layout; None where the
     parts' rows do not fill whole panels (a weight of several types whose boundaries fall inside a panel)."""
     parts = blocks.parts
@@ -258,8 +260,9 @@ def _pack_blocks(lib: ctypes.CDLL, blocks: WeightBlocks, nb: int, interleave: We
         if len(parts) != 1 or len(interleave.parts) != 1 or parts[0].qtype != interleave.parts[0].qtype:
             return None
         one, other = parts[0], interleave.parts[0]
-        return _Packed([(2 * nb, one.type.code, _in_pieces(block_panels.pack, (one, other), nb))], one.shape[1],
-                       tile_unit)
+        return _Packed(
+            [(2 * nb, one.type.code, _in_pieces(block_panels.pack, (one, other), nb))], one.shape[1], tile_unit
+        )
     runs, end = [], 0
     for i, part in enumerate(parts):
         rows = part.shape[0]
@@ -280,8 +283,13 @@ class Linear:
     __slots__ = ("_amx", "_bias_padded", "_blocks", "_fn", "_nb", "_par", "bias", "kind", "out_features", "weight")
 
     def __init__(
-        self, weight: torch.Tensor | None, bias: torch.Tensor | None, fast: bool, cache_dir: Path | None,
-        helpers: HelperThreads | None = None, blocks: WeightBlocks | None = None,
+        self,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        fast: bool,
+        cache_dir: Path | None,
+        helpers: HelperThreads | None = None,
+        blocks: WeightBlocks | None = None,
     ) -> None:
         """`helpers`: threads that share the kernel's work. `blocks`: the float32 weight's GGUF blocks (see
         gguf_blocks.py), which the kernel then reads instead of the weight; `weight` may then be None (a float32
@@ -336,8 +344,9 @@ class Linear:
             self._bias_padded = torch.zeros(self._nb * 16, dtype=dtype)
             self._bias_padded[: self.out_features] = self.bias
 
-    def _take_blocks(self, lib: ctypes.CDLL, blocks: WeightBlocks, bias: torch.Tensor | None,
-                     helpers: HelperThreads | None) -> bool:
+    def _take_blocks(
+        self, lib: ctypes.CDLL, blocks: WeightBlocks, bias: torch.Tensor | None, helpers: HelperThreads | None
+    ) -> bool:
         """Read `blocks` with the kernel (no float32 weight kept), where they pack; False: they do not."""
         n = blocks.shape[0]
         nb = (n + 15) // 16
@@ -378,8 +387,9 @@ class Linear:
                 bad = int(low) if int(low) < 0 else int(high)
                 raise StepInputError(f"token id {bad} is outside the vocabulary (0 .. {self.out_features - 1})")
         out = torch.empty(index.shape[0], b.k, dtype=torch.float32)
-        _lib.blocks_rows(b.segs.data_ptr(), b.ptrs.data_ptr(), b.nseg, b.k, index.data_ptr(), index.shape[0],
-                         out.data_ptr())
+        _lib.blocks_rows(
+            b.segs.data_ptr(), b.ptrs.data_ptr(), b.nseg, b.k, index.data_ptr(), index.shape[0], out.data_ptr()
+        )
         return out
 
     @property
@@ -388,8 +398,9 @@ class Linear:
         the tile unit), whatever the rows of this call."""
         return self._amx == BF16_TILES
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, prompt_from: int | None = None
-                 ) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, prompt_from: int | None = None
+    ) -> torch.Tensor:
         """x @ W.T (+ bias) (+ residual). `prompt_from`: where a step's prompt rows start (they follow its decode
         rows), for GGUF blocks on the tile unit (`_Packed.row_parts`)."""
         if self.kind == "kernel":
@@ -406,26 +417,80 @@ class Linear:
             bias = self._bias_padded.data_ptr() if self._bias_padded is not None else None
             res, ldr = (residual.data_ptr(), residual.stride(0)) if residual is not None else (None, 0)
             if self._amx == BF16_TILES:
-                _lib.gemm_bf16_amx_par(x.data_ptr(), x.stride(0), self.weight.data_ptr(), bias, res, ldr,
-                                       y.data_ptr(), y.stride(0), m, nb, k, _chunk(self._amx, m), min(m, ROW_TILE))
+                _lib.gemm_bf16_amx_par(
+                    x.data_ptr(),
+                    x.stride(0),
+                    self.weight.data_ptr(),
+                    bias,
+                    res,
+                    ldr,
+                    y.data_ptr(),
+                    y.stride(0),
+                    m,
+                    nb,
+                    k,
+                    _chunk(self._amx, m),
+                    min(m, ROW_TILE),
+                )
                 return y if nb * 16 == self.out_features else y[:, : self.out_features]
             if self._blocks is not None:
                 b = self._blocks
                 for a, e, mode in b.row_parts(m, prompt_from):
                     r = residual[a:e].data_ptr() if residual is not None else None
-                    if _lib.gemm_blocks_par(x[a:e].data_ptr(), x.stride(0), b.segs.data_ptr(), b.ptrs.data_ptr(),
-                                            b.nseg, bias, r, ldr, y[a:e].data_ptr(), y.stride(0), e - a, nb, k,
-                                            _chunk(mode, e - a), min(e - a, ROW_TILE), mode) != 0:
+                    if (
+                        _lib.gemm_blocks_par(
+                            x[a:e].data_ptr(),
+                            x.stride(0),
+                            b.segs.data_ptr(),
+                            b.ptrs.data_ptr(),
+                            b.nseg,
+                            bias,
+                            r,
+                            ldr,
+                            y[a:e].data_ptr(),
+                            y.stride(0),
+                            e - a,
+                            nb,
+                            k,
+                            _chunk(mode, e - a),
+                            min(e - a, ROW_TILE),
+                            mode,
+                        )
+                        != 0
+                    ):
                         raise MemoryError("the GEMM kernel could not allocate its scratch")
                 return y if nb * 16 == self.out_features else y[:, : self.out_features]
             if x.dtype == torch.float32:
-                args = (x.data_ptr(), x.stride(0), self.weight.data_ptr(), bias, res, ldr, y.data_ptr(), y.stride(0),
-                        m, nb, k)
+                args = (
+                    x.data_ptr(),
+                    x.stride(0),
+                    self.weight.data_ptr(),
+                    bias,
+                    res,
+                    ldr,
+                    y.data_ptr(),
+                    y.stride(0),
+                    m,
+                    nb,
+                    k,
+                )
             else:  # bfloat16: the kernel reads x as float32 (exact) and sums into a float32 buffer
                 x32 = x.float()
                 acc = torch.empty(m, nb * 16, dtype=torch.float32)
-                args = (x32.data_ptr(), x32.stride(0), self.weight.data_ptr(), bias, res, ldr, acc.data_ptr(),
-                        y.data_ptr(), y.stride(0), m, nb, k)
+                args = (
+                    x32.data_ptr(),
+                    x32.stride(0),
+                    self.weight.data_ptr(),
+                    bias,
+                    res,
+                    ldr,
+                    acc.data_ptr(),
+                    y.data_ptr(),
+                    y.stride(0),
+                    m,
+                    nb,
+                    k,
+                )
             if self._par is not None and nb >= 8:
                 self._par(*args, CHUNK_PANELS, min(m, ROW_TILE))
             else:
@@ -462,15 +527,21 @@ class DenseOps:
     order for the mean's sum), and so does bfloat16 SiLU-and-multiply (torch's exp_u20); float32 SiLU uses our exp
     (within a few ulp: torch's float32 SiLU takes another exp)."""
 
-    def __init__(self, fast: bool, dtype: torch.dtype, cache_dir: Path | None,
-                 helpers: HelperThreads | None = None) -> None:
+    def __init__(
+        self, fast: bool, dtype: torch.dtype, cache_dir: Path | None, helpers: HelperThreads | None = None
+    ) -> None:
         usable = fast and dtype in (torch.float32, torch.bfloat16) and _avx2()
         lib = _load(cache_dir) if usable else None
         self._lib, self._dtype = lib, dtype
         f32 = dtype == torch.float32
         self._rms_kernel = None if lib is None else "rms_norm_f32" if f32 else "rms_norm_bf16"
-        self._silu_kernel = None if lib is None else "silu_mul_f32" if f32 else (
-            "silu_mul_bf16" if lib.exact_silu_bf16() == 1 else None)  # bfloat16: only where it gives torch's bits
+        self._silu_kernel = (
+            None
+            if lib is None
+            else "silu_mul_f32"
+            if f32
+            else ("silu_mul_bf16" if lib.exact_silu_bf16() == 1 else None)
+        )  # bfloat16: only where it gives torch's bits
         self._share = helpers is not None and lib is not None
         if self._share:
             helpers.attach(lib)
@@ -494,8 +565,18 @@ class DenseOps:
             x = x.contiguous()
         m, h = x.shape
         y = x.new_empty(m, h)
-        self._run(self._rms_kernel, m, x.data_ptr(), x.stride(0), module.weight.data_ptr(), module.variance_epsilon,
-                  y.data_ptr(), h, m, h)
+        self._run(
+            self._rms_kernel,
+            m,
+            x.data_ptr(),
+            x.stride(0),
+            module.weight.data_ptr(),
+            module.variance_epsilon,
+            y.data_ptr(),
+            h,
+            m,
+            h,
+        )
         return y
 
     def act_mul(self, act: torch.nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
@@ -518,8 +599,14 @@ class GatedActivation:
     Otherwise the projection of the concatenated weights (`Linear`), then `DenseOps.act_mul`."""
 
     def __init__(
-        self, gate: torch.Tensor | None, up: torch.Tensor | None, act: torch.nn.Module, fast: bool,
-        cache_dir: Path | None, helpers: HelperThreads | None, dense: DenseOps,
+        self,
+        gate: torch.Tensor | None,
+        up: torch.Tensor | None,
+        act: torch.nn.Module,
+        fast: bool,
+        cache_dir: Path | None,
+        helpers: HelperThreads | None,
+        dense: DenseOps,
         blocks: tuple[WeightBlocks, WeightBlocks] | None = None,
     ) -> None:
         """`blocks`: gate's and up's GGUF blocks (see gguf_blocks.py), read by the kernel instead of the weights;
@@ -540,8 +627,9 @@ class GatedActivation:
             self._blocks = _pack_blocks(self._lib, blocks[0], nb, interleave=blocks[1])
         if self._lib is None or (self._blocks is None and gate is None):  # the concatenation, then act_mul
             both = None if gate is None else torch.cat([gate, up])
-            self._linear = Linear(both, None, fast, cache_dir, helpers,
-                                  GGUFBlocks.cat(list(blocks)) if blocks else None)
+            self._linear = Linear(
+                both, None, fast, cache_dir, helpers, GGUFBlocks.cat(list(blocks)) if blocks else None
+            )
             return
         self._nb = 2 * nb
         if helpers is not None:
@@ -587,9 +675,25 @@ class GatedActivation:
         wp = self.weight.data_ptr() if b is None else None
         segs, ptrs, nseg = (b.segs.data_ptr(), b.ptrs.data_ptr(), b.nseg) if b is not None else (None, None, 0)
         for a, e, mode in b.row_parts(m, prompt_from) if b is not None else [(0, m, 0)]:
-            if self._lib.gemm_silu_f32_par(x[a:e].data_ptr(), x.stride(0), wp, segs, ptrs, nseg, y[a:e].data_ptr(),
-                                           y.stride(0), e - a, nb, k, _chunk(mode, e - a), min(e - a, ROW_TILE),
-                                           mode) != 0:
+            if (
+                self._lib.gemm_silu_f32_par(
+                    x[a:e].data_ptr(),
+                    x.stride(0),
+                    wp,
+                    segs,
+                    ptrs,
+                    nseg,
+                    y[a:e].data_ptr(),
+                    y.stride(0),
+                    e - a,
+                    nb,
+                    k,
+                    _chunk(mode, e - a),
+                    min(e - a, ROW_TILE),
+                    mode,
+                )
+                != 0
+            ):
                 raise MemoryError("the fused MLP kernel could not allocate its scratch")
         return y if nb // 2 * 16 == self.out_features else y[:, : self.out_features]
 
@@ -605,13 +709,44 @@ class GatedActivation:
         y = x.new_empty(m, nb2 * 16)  # gate and up panels in turn, as they are packed
         b = self._blocks
         if b is None:
-            self._lib.gemm_f32_par(x.data_ptr(), x.stride(0), self.weight.data_ptr(), None, None, 0, y.data_ptr(),
-                                   y.stride(0), m, nb2, k, CHUNK_PANELS, min(m, ROW_TILE))
+            self._lib.gemm_f32_par(
+                x.data_ptr(),
+                x.stride(0),
+                self.weight.data_ptr(),
+                None,
+                None,
+                0,
+                y.data_ptr(),
+                y.stride(0),
+                m,
+                nb2,
+                k,
+                CHUNK_PANELS,
+                min(m, ROW_TILE),
+            )
         else:
             for a, e, mode in b.row_parts(m, prompt_from):
-                if self._lib.gemm_blocks_par(x[a:e].data_ptr(), x.stride(0), b.segs.data_ptr(), b.ptrs.data_ptr(),
-                                             b.nseg, None, None, 0, y[a:e].data_ptr(), y.stride(0), e - a, nb2, k,
-                                             _chunk(mode, e - a), min(e - a, ROW_TILE), mode) != 0:
+                if (
+                    self._lib.gemm_blocks_par(
+                        x[a:e].data_ptr(),
+                        x.stride(0),
+                        b.segs.data_ptr(),
+                        b.ptrs.data_ptr(),
+                        b.nseg,
+                        None,
+                        None,
+                        0,
+                        y[a:e].data_ptr(),
+                        y.stride(0),
+                        e - a,
+                        nb2,
+                        k,
+                        _chunk(mode, e - a),
+                        min(e - a, ROW_TILE),
+                        mode,
+                    )
+                    != 0
+                ):
                     raise MemoryError("the GEMM kernel could not allocate its scratch")
         n = self.out_features
         parts = y.view(m, nb2 // 2, 2, 16).transpose(1, 2).reshape(m, 2, nb2 // 2 * 16)

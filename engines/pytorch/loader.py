@@ -53,9 +53,11 @@ def _gguf_tokenizer(gguf: Path) -> Any:
     except Exception as exc:  # noqa: BLE001 - the file's vocabulary, read by transformers and tokenizers, may raise
         # anything: an IndexError for a special token id past the vocabulary, tokenizers' bare Exception for a merge
         # of tokens it does not hold
-        raise ModelFileError(f"{gguf.name}: transformers cannot make a tokenizer of its tokenizer.* metadata "
-                             f"({type(exc).__name__}: {str(exc)[:300]}); serve the model's HF folder instead, or "
-                             "use backend: vllm") from None
+        raise ModelFileError(
+            f"{gguf.name}: transformers cannot make a tokenizer of its tokenizer.* metadata "
+            f"({type(exc).__name__}: {str(exc)[:300]}); serve the model's HF folder instead, or "
+            "use backend: vllm"
+        ) from None
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
@@ -68,8 +70,9 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     if config.model_type == "mixtral":  # transformers' GGUF loader has no Mixtral: its experts are read here
         model = _dequantized_model(gguf, config)
     else:
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=config,
-                                                     dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, config=config, dtype=torch.float32
+        )
     # The dequantized model is plain float weights; drop the GGUF marker so transformers lets us save it.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -112,9 +115,11 @@ def _fill(model: Any, gguf: Path, tensors: dict[str, torch.Tensor], in_blocks: f
         head.weight = table.weight  # a tied table
     missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta and n not in in_blocks]
     if missing:
-        raise ModelFileError(f"{gguf.name} has no tensor for the model's {missing[0]} (and {len(missing) - 1} more "
-                             "weights) that its config describes; the file is incomplete: "
-                             "download or convert it again")
+        raise ModelFileError(
+            f"{gguf.name} has no tensor for the model's {missing[0]} (and {len(missing) - 1} more "
+            "weights) that its config describes; the file is incomplete: "
+            "download or convert it again"
+        )
     model.eval()
 
 

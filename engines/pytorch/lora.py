@@ -114,8 +114,9 @@ class _Updated:
 class LoRALinear(_Updated):
     """A `Linear` with adapter updates (q/k/v, o, down)."""
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, prompt_from: int | None = None
-                 ) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, prompt_from: int | None = None
+    ) -> torch.Tensor:
         groups = getattr(_step, "groups", None)
         if not groups:
             return self.base(x, residual, prompt_from=prompt_from)
@@ -141,19 +142,39 @@ def projection_shapes(model: Any) -> list[dict[str, tuple[int, int]]]:
         attn = layer.attn
         hidden = attn.o.out_features
         q, kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
-        found = {"q_proj": (q, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden),
-                 "qkv_proj": (q + 2 * kv, hidden), "o_proj": (hidden, q)}
+        found = {
+            "q_proj": (q, hidden),
+            "k_proj": (kv, hidden),
+            "v_proj": (kv, hidden),
+            "qkv_proj": (q + 2 * kv, hidden),
+            "o_proj": (hidden, q),
+        }
         if isinstance(layer.mlp, GatedMLP):
             n = layer.mlp.gate_up_act.out_features
-            found.update({"gate_proj": (n, hidden), "up_proj": (n, hidden), "gate_up_proj": (2 * n, hidden),
-                          "down_proj": (hidden, n)})
+            found.update(
+                {
+                    "gate_proj": (n, hidden),
+                    "up_proj": (n, hidden),
+                    "gate_up_proj": (2 * n, hidden),
+                    "down_proj": (hidden, n),
+                }
+            )
         shapes.append(found)
     return shapes
 
 
 def _wrapped(model: Any) -> list[_Updated]:
-    return [p for layer in model.layers for p in (layer.attn.qkv, layer.attn.o, getattr(layer.mlp, "gate_up_act", None),
-                                                   getattr(layer.mlp, "down", None)) if isinstance(p, _Updated)]
+    return [
+        p
+        for layer in model.layers
+        for p in (
+            layer.attn.qkv,
+            layer.attn.o,
+            getattr(layer.mlp, "gate_up_act", None),
+            getattr(layer.mlp, "down", None),
+        )
+        if isinstance(p, _Updated)
+    ]
 
 
 def prepare(model: Any, adapter: LoRAWeights) -> None:
@@ -171,12 +192,17 @@ def install(model: Any) -> None:
             continue
         hidden = attn.o.out_features
         q, kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
-        attn.qkv = LoRALinear(attn.qkv, i, "qkv", (("q_proj", 0, q), ("k_proj", q, q + kv),
-                                                   ("v_proj", q + kv, q + 2 * kv), ("qkv_proj", 0, q + 2 * kv)))
+        attn.qkv = LoRALinear(
+            attn.qkv,
+            i,
+            "qkv",
+            (("q_proj", 0, q), ("k_proj", q, q + kv), ("v_proj", q + kv, q + 2 * kv), ("qkv_proj", 0, q + 2 * kv)),
+        )
         attn.o = LoRALinear(attn.o, i, "o", (("o_proj", 0, hidden),))
         mlp = layer.mlp
         if isinstance(mlp, GatedMLP):
             n = mlp.gate_up_act.out_features
-            mlp.gate_up_act = LoRAGated(mlp.gate_up_act, i, "gate_up", (("gate_proj", 0, n), ("up_proj", n, 2 * n),
-                                                                        ("gate_up_proj", 0, 2 * n)))
+            mlp.gate_up_act = LoRAGated(
+                mlp.gate_up_act, i, "gate_up", (("gate_proj", 0, n), ("up_proj", n, 2 * n), ("gate_up_proj", 0, 2 * n))
+            )
             mlp.down = LoRALinear(mlp.down, i, "down", (("down_proj", 0, hidden),))

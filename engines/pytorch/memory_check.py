@@ -26,8 +26,20 @@ from engines.interface import InsufficientMemoryError
 MEMINFO = Path("/proc/meminfo")
 MAX_SAFETENSORS_HEADER = 100 << 20  # the format's own bound on a header
 # bytes per element of safetensors dtypes (the ones weights come in)
-_ST_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-             "F8_E4M3": 1, "F8_E5M2": 1}
+_ST_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -96,8 +108,9 @@ def _cgroup_room(proc_cgroup: Path, cgroup_root: Path) -> Available | None:
     return min(rooms, key=lambda a: a.bytes, default=None)
 
 
-def available_memory(meminfo: Path = MEMINFO, proc_cgroup: Path = PROC_CGROUP,
-                     cgroup_root: Path = CGROUP_ROOT) -> Available | None:
+def available_memory(
+    meminfo: Path = MEMINFO, proc_cgroup: Path = PROC_CGROUP, cgroup_root: Path = CGROUP_ROOT
+) -> Available | None:
     """What this process may still allocate; None where neither figure can be read (then nothing is checked)."""
     found = []
     system = _meminfo_available(meminfo)

@@ -31,30 +31,35 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engines.pytorch import host_memory
 from engines.interface import StepInputError, UnsupportedModelError
-from engines.pytorch.gguf_blocks import WeightBlocks
-from engines.pytorch.exact_forward import ExactForward
+from engines.pytorch import host_memory, lora, step_replay
 from engines.pytorch import linear as linear_module
 from engines.pytorch import paged_attention as attention_module
+from engines.pytorch.exact_forward import ExactForward
+from engines.pytorch.gguf_blocks import WeightBlocks
 from engines.pytorch.layers.attention import Attention, SequenceRows, attend_torch
 from engines.pytorch.layers.norms import RMSNorm
 from engines.pytorch.layers.projections import Kernels, weight
 from engines.pytorch.layers.rotary import Tables
 from engines.pytorch.linear import DenseOps, Linear
-from engines.pytorch import lora
 from engines.pytorch.lora_weights import LoRAWeights
 from engines.pytorch.models import build_model, check_supported
 from engines.pytorch.native import HelperThreads
 from engines.pytorch.paged_attention import (
-    DecodeTables, PagedAttention, PrefillRows, cache_slots, read_cache, rotate, write_cache,
+    DecodeTables,
+    PagedAttention,
+    PrefillRows,
+    cache_slots,
+    read_cache,
+    rotate,
+    write_cache,
 )
-from engines.pytorch import step_replay
-from engines.pytorch.step_replay import StepReplay
 from engines.pytorch.step_layout import StepLayout, is_decode, order_rows
+from engines.pytorch.step_replay import StepReplay
 from engines.types import SequenceStep
 
 log = logging.getLogger("switchyard.engines.pytorch")
+
 
 def _embedding_blocks(blocks: dict[str, WeightBlocks], lm_head: Linear) -> WeightBlocks | None:
     """The embedding table's own GGUF blocks to look rows up in; None where it has none, or where it is tied to the
@@ -99,9 +104,17 @@ class _Step:
 
 class PagedModelRunner:
     def __init__(
-        self, hf_model: Any, num_blocks: int, block_size: int, *, fast_kernels: bool = True,
-        kernel_cache_dir: Path | None = None, gemm_threads: int = 1, blocks: dict[str, WeightBlocks] | None = None,
-        match_transformers: bool = False, packed: Callable[[Iterable[WeightBlocks]], None] | None = None,
+        self,
+        hf_model: Any,
+        num_blocks: int,
+        block_size: int,
+        *,
+        fast_kernels: bool = True,
+        kernel_cache_dir: Path | None = None,
+        gemm_threads: int = 1,
+        blocks: dict[str, WeightBlocks] | None = None,
+        match_transformers: bool = False,
+        packed: Callable[[Iterable[WeightBlocks]], None] | None = None,
         kv_cache_dtype: torch.dtype | None = None,
     ) -> None:
         """Take over `hf_model`'s weights; q/k/v and gate/up projections are fused into one matmul each.
@@ -149,11 +162,13 @@ class PagedModelRunner:
         if match_transformers and not self.model.llama_shaped:
             raise UnsupportedModelError(
                 f"pytorch.match_transformers runs Llama-shaped models with plain causal attention (llama, qwen2, "
-                f"qwen3, mistral without a sliding window), not {config.model_type}; leave it off for this model")
+                f"qwen3, mistral without a sliding window), not {config.model_type}; leave it off for this model"
+            )
         self._exact = ExactForward(hf_model) if match_transformers else None
         lm_head = hf_model.lm_head
-        self.lm_head = Linear(weight(lm_head), lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers,
-                              (blocks or {}).get("lm_head"))
+        self.lm_head = Linear(
+            weight(lm_head), lm_head.bias, fast_kernels, kernel_cache_dir, self._helpers, (blocks or {}).get("lm_head")
+        )
         del hf_model.model.layers, hf_model.lm_head  # the runner holds the (fused, maybe packed) weights now
         self._embed_blocks = _embedding_blocks(blocks or {}, self.lm_head)
         self._embed_from_head = has_embed_blocks and self._embed_blocks is None
@@ -167,14 +182,24 @@ class PagedModelRunner:
         self.k_cache = host_memory.zeros(shape, kv_dtype)
         self.v_cache = host_memory.zeros(shape, kv_dtype)
         self.attention = PagedAttention(
-            self.num_heads, self.num_kv_heads, self.head_dim, block_size, self.dtype, kernel_cache_dir,
-            use_kernel=fast_kernels, helpers=self._helpers, cache_dtype=kv_dtype,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            block_size,
+            self.dtype,
+            kernel_cache_dir,
+            use_kernel=fast_kernels,
+            helpers=self._helpers,
+            cache_dtype=kv_dtype,
         )
         self._replay = self._step_replay(kernel_cache_dir) if fast_kernels and not match_transformers else None
         self.adapters: dict[int, LoRAWeights] = {}  # LoRA adapters by id (lora.py)
-        log.info("native engine: projections: %s (%d threads), attention: %s",
-                 self.lm_head.kind, gemm_threads if self._helpers else 1,
-                 "C kernels" if self.attention.uses_kernel else "torch")
+        log.info(
+            "native engine: projections: %s (%d threads), attention: %s",
+            self.lm_head.kind,
+            gemm_threads if self._helpers else 1,
+            "C kernels" if self.attention.uses_kernel else "torch",
+        )
 
     def _step_replay(self, cache_dir: Path | None) -> StepReplay | None:
         """Decode steps in one C call (step_replay.py), where the projections and the attention are C kernels."""
@@ -183,17 +208,22 @@ class PagedModelRunner:
             return None
         projections = [self.lm_head, *self.model.projections()]
         holders = [*projections, *(p._linear for p in projections if getattr(p, "_linear", None) is not None)]
-        replay = StepReplay(cache_dir, [gemm, attention], [linear_module._SIGNATURES, attention_module._SIGNATURES],
-                            holders,
-                            [getattr(attention, f"paged_decode_{s}") for s in attention_module.SUFFIXES.values()],
-                            [self])
+        replay = StepReplay(
+            cache_dir,
+            [gemm, attention],
+            [linear_module._SIGNATURES, attention_module._SIGNATURES],
+            holders,
+            [getattr(attention, f"paged_decode_{s}") for s in attention_module.SUFFIXES.values()],
+            [self],
+        )
         return replay if replay.enabled else None
 
     def add_adapter(self, adapter_id: int, weights: LoRAWeights) -> None:
         """Serve rows of `adapter_id` with `weights` from the next step on (lora.py; any thread)."""
         if self._exact is not None:
-            raise UnsupportedModelError("LoRA adapters are not applied with pytorch.match_transformers; turn it off "
-                                        "to serve adapters")
+            raise UnsupportedModelError(
+                "LoRA adapters are not applied with pytorch.match_transformers; turn it off to serve adapters"
+            )
         lora.install(self.model)  # before the adapter is visible: a step that sees it has the wrapped projections
         lora.prepare(self.model, weights)
         self.adapters[adapter_id] = weights
@@ -246,8 +276,9 @@ class PagedModelRunner:
         if decodes:  # a verification step's rows: one decode row per position, each over the cache up to it (the
             # decode kernel writes every row's key and value before any row attends)
             rows = [(s, s.start_pos + j) for s in decodes for j in range(len(s.token_ids))]
-            lay.decode = DecodeTables([s.block_table[: p // bs + 1] for s, p in rows], [p + 1 for _, p in rows], bs,
-                                      self.num_blocks)
+            lay.decode = DecodeTables(
+                [s.block_table[: p // bs + 1] for s, p in rows], [p + 1 for _, p in rows], bs, self.num_blocks
+            )
         if prefills:
             self._prefill_layout(prefills, lay)
         return lay
@@ -256,8 +287,9 @@ class PagedModelRunner:
         bs = self.block_size
         if self.attention.uses_kernel:
             tables = [s.block_table[: (s.start_pos + len(s.token_ids) + bs - 1) // bs] for s in batch]
-            lay.prefill = PrefillRows(tables, [s.start_pos for s in batch], [len(s.token_ids) for s in batch], bs,
-                                      self.num_blocks)
+            lay.prefill = PrefillRows(
+                tables, [s.start_pos for s in batch], [len(s.token_ids) for s in batch], bs, self.num_blocks
+            )
             return
         slots: list[int] = []
         q_index: list[int] = []
@@ -278,8 +310,9 @@ class PagedModelRunner:
         key_pos = torch.arange(max_ctx)
         # A query at position p sees keys at positions <= p; padded query rows (p = -1) see key 0 only, which
         # keeps softmax finite; their outputs are dropped.
-        mask = ((key_pos[None, None, :] <= q_pos[:, :, None].clamp(min=0))
-                & (key_pos[None, None, :] < ctx_lens[:, None, None]))
+        mask = (key_pos[None, None, :] <= q_pos[:, :, None].clamp(min=0)) & (
+            key_pos[None, None, :] < ctx_lens[:, None, None]
+        )
         lay.slots = torch.tensor(slots, dtype=torch.long)
         lay.kv_index = kv_index
         lay.mask = mask[:, None, :, :]
@@ -289,13 +322,22 @@ class PagedModelRunner:
 
     # ------------------------------------------------------------------ forward
 
-    def _prefill_attention(self, attention: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           cos: torch.Tensor, sin: torch.Tensor, lay: StepLayout) -> torch.Tensor:
+    def _prefill_attention(
+        self,
+        attention: Attention,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        lay: StepLayout,
+    ) -> torch.Tensor:
         h, kvh, d, scale = self.num_heads, self.num_kv_heads, self.head_dim, attention.scaling
         k_cache, v_cache = self.k_cache[attention.layer_idx], self.v_cache[attention.layer_idx]
         if lay.prefill is not None:  # the kernel rotates q and k and writes k and v itself
-            return self.attention.prefill(q, k, v, cos, sin, k_cache, v_cache, lay.prefill, scale,
-                                          attention.sliding_window, attention.softcap)
+            return self.attention.prefill(
+                q, k, v, cos, sin, k_cache, v_cache, lay.prefill, scale, attention.sliding_window, attention.softcap
+            )
         q, k = rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None])
         write_cache(k_cache, lay.slots, k)
         write_cache(v_cache, lay.slots, v)
@@ -306,8 +348,9 @@ class PagedModelRunner:
         out = F.scaled_dot_product_attention(q_pad, keys, values, attn_mask=lay.mask, scale=scale, enable_gqa=h != kvh)
         return out.transpose(1, 2).reshape(lay.batch * lay.max_q, h * d)[lay.q_index]
 
-    def _attend(self, attention: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: _Step
-                ) -> torch.Tensor:
+    def _attend(
+        self, attention: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: _Step
+    ) -> torch.Tensor:
         """A layer's attention of the step's rows (StepContext.attend): plain causal attention on the paged kernels
         (decode rows, then prefill rows), a sliding window and soft-capped scores included; without the kernels,
         those two in torch ops (attend_torch)."""
@@ -319,9 +362,21 @@ class PagedModelRunner:
         t, nd = q.shape[0], lay.num_decode
         parts = []
         if nd:  # the decode kernel rotates q and k itself
-            parts.append(self.attention.decode(
-                q[:nd], k[:nd], v[:nd], cos[:nd], sin[:nd], self.k_cache[i], self.v_cache[i], lay.decode,
-                attention.scaling, attention.sliding_window, attention.softcap))
+            parts.append(
+                self.attention.decode(
+                    q[:nd],
+                    k[:nd],
+                    v[:nd],
+                    cos[:nd],
+                    sin[:nd],
+                    self.k_cache[i],
+                    self.v_cache[i],
+                    lay.decode,
+                    attention.scaling,
+                    attention.sliding_window,
+                    attention.softcap,
+                )
+            )
         if nd < t:
             parts.append(self._prefill_attention(attention, q[nd:], k[nd:], v[nd:], cos[nd:], sin[nd:], lay))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -351,8 +406,9 @@ class PagedModelRunner:
         return self.forward_greedy(batch, greedy=False)[0]
 
     @torch.inference_mode()
-    def forward_greedy(self, batch: Sequence[SequenceStep], greedy: bool = True
-                       ) -> tuple[torch.Tensor, list[int] | None]:
+    def forward_greedy(
+        self, batch: Sequence[SequenceStep], greedy: bool = True
+    ) -> tuple[torch.Tensor, list[int] | None]:
         """`forward`, and with `greedy` each sampling row's argmax where the step computed it on the way (a replayed
         decode step whose logits are all finite; else None: the caller samples the logits)."""
         helpers = self._helpers
@@ -372,8 +428,9 @@ class PagedModelRunner:
             finally:
                 helpers.rest()
 
-    def _layers(self, lay: StepLayout, hidden: torch.Tensor, tables: Tables, greedy: bool, replayable: bool = True
-                ) -> tuple[torch.Tensor, list[int] | None]:
+    def _layers(
+        self, lay: StepLayout, hidden: torch.Tensor, tables: Tables, greedy: bool, replayable: bool = True
+    ) -> tuple[torch.Tensor, list[int] | None]:
         """The layers and logits of a step's embeddings: replayed in one C call where the step allows (and then
         with the greedy tokens when asked), else from Python. A model whose layers run torch ops between the
         kernels (q/k norms, multipliers, a logit soft-cap) records no plan (step_replay.py refuses it); a step
@@ -410,8 +467,9 @@ class PagedModelRunner:
             hidden = layer(hidden, step)
         return self.logits(hidden, lay)
 
-    def logits(self, hidden: torch.Tensor, lay: StepLayout,
-               head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    def logits(
+        self, hidden: torch.Tensor, lay: StepLayout, head: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """float32 logits [S, V] of the rows that sample, in row order, from the last layer's output (`head`:
         instead of lm_head). The decode rows come first, so the lm_head computes them as one-token steps do and
         the prompts' last rows after them (`Linear`'s `prompt_from`)."""

@@ -68,8 +68,12 @@ def _build(name: str, source_dir: Path, cache_dir: Path) -> Path | None:
         return None
     sources = _sources(name, source_dir)
     digest = hashlib.sha256()
-    for part in (*(f"{file}\0".encode() + text for file, text in sources.items()), " ".join(CFLAGS).encode(),
-                 version.encode(), _cpu_identity().encode()):
+    for part in (
+        *(f"{file}\0".encode() + text for file, text in sources.items()),
+        " ".join(CFLAGS).encode(),
+        version.encode(),
+        _cpu_identity().encode(),
+    ):
         digest.update(part + b"\0")
     key = digest.hexdigest()
     folder = _private_folder(cache_dir / "kernels")
@@ -83,7 +87,10 @@ def _build(name: str, source_dir: Path, cache_dir: Path) -> Path | None:
             (Path(tmp) / file).write_bytes(text)
         out = Path(tmp) / f"{name}.so"
         proc = subprocess.run(
-            [cc, *CFLAGS, "-o", str(out), str(Path(tmp) / f"{name}.c")], check=False, capture_output=True, text=True,
+            [cc, *CFLAGS, "-o", str(out), str(Path(tmp) / f"{name}.c")],
+            check=False,
+            capture_output=True,
+            text=True,
             timeout=300,
         )
         if proc.returncode != 0:
@@ -130,8 +137,9 @@ def _private_folder(folder: Path) -> Path:
     return _fallback_folder
 
 
-def load_library(name: str, cache_dir: Path | None, signatures: Signatures,
-                 source_dir: Path = CSRC) -> ctypes.CDLL | None:
+def load_library(
+    name: str, cache_dir: Path | None, signatures: Signatures, source_dir: Path = CSRC
+) -> ctypes.CDLL | None:
     """The compiled library `source_dir/name.c` (built on first use) with `signatures` set on its functions, or None
     when it cannot be built here."""
     if cache_dir is None:

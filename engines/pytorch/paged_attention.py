@@ -39,8 +39,11 @@ SHARE_MIN_ROWS = 4  # fewer prefill rows are not worth waking a helper thread fo
 
 
 # (activations' dtype, cache's dtype) -> the suffix of the kernels for them
-SUFFIXES = {(torch.float32, torch.float32): "f32", (torch.bfloat16, torch.bfloat16): "bf16",
-            (torch.float32, torch.bfloat16): "f32_kvbf16"}
+SUFFIXES = {
+    (torch.float32, torch.float32): "f32",
+    (torch.bfloat16, torch.bfloat16): "bf16",
+    (torch.float32, torch.bfloat16): "f32_kvbf16",
+}
 
 
 def _signatures() -> Signatures:
@@ -68,8 +71,15 @@ class PagedAttention:
     `prefill` (a chunk of new queries per sequence, causal)."""
 
     def __init__(
-        self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
-        cache_dir: Path | None, use_kernel: bool = True, helpers: HelperThreads | None = None,
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        dtype: torch.dtype,
+        cache_dir: Path | None,
+        use_kernel: bool = True,
+        helpers: HelperThreads | None = None,
         cache_dtype: torch.dtype | None = None,
     ) -> None:
         """`helpers`: threads that share the kernels' work (decode rows' spans of context, prefill rows).
@@ -93,8 +103,17 @@ class PagedAttention:
         return self._lib is not None
 
     def decode(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        k_cache: torch.Tensor, v_cache: torch.Tensor, step: DecodeTables, scale: float, window: int | None = None,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        step: DecodeTables,
+        scale: float,
+        window: int | None = None,
         softcap: float | None = None,
     ) -> torch.Tensor:
         """Rotate q [B, H, D] and k [B, KVH, D] (rows may be strided views) by cos/sin [B, D] (`sin` with
@@ -106,13 +125,39 @@ class PagedAttention:
         if self._lib is not None and special:  # no torch fallback computes these: the kernel's layout
             q, k, v = (x if x.stride(2) == 1 and x.stride(1) == d else x.contiguous() for x in (q, k, v))
             cos, sin = cos.contiguous(), sin.contiguous()
-        if self._lib is not None and all(x.stride(2) == 1 and x.stride(1) == d for x in (q, k, v)) \
-                and cos.is_contiguous() and sin.is_contiguous() and cos.shape == (b, d):
+        if (
+            self._lib is not None
+            and all(x.stride(2) == 1 and x.stride(1) == d for x in (q, k, v))
+            and cos.is_contiguous()
+            and sin.is_contiguous()
+            and cos.shape == (b, d)
+        ):
             out = q.new_empty(b, h * d)
-            args = (q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), cos.data_ptr(),
-                    sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), step.tables.data_ptr(),
-                    step.tables.shape[1], step.ctx_lens.data_ptr(), out.data_ptr(), b, h, self.num_kv_heads, d,
-                    self.block_size, scale, window or 0, softcap or 0.0, int(self._share))
+            args = (
+                q.data_ptr(),
+                q.stride(0),
+                k.data_ptr(),
+                k.stride(0),
+                v.data_ptr(),
+                v.stride(0),
+                cos.data_ptr(),
+                sin.data_ptr(),
+                k_cache.data_ptr(),
+                v_cache.data_ptr(),
+                step.tables.data_ptr(),
+                step.tables.shape[1],
+                step.ctx_lens.data_ptr(),
+                out.data_ptr(),
+                b,
+                h,
+                self.num_kv_heads,
+                d,
+                self.block_size,
+                scale,
+                window or 0,
+                softcap or 0.0,
+                int(self._share),
+            )
             rc = getattr(self._lib, f"paged_decode_{self._sfx}")(*args)
             if rc != 0:
                 raise MemoryError("paged attention kernel could not allocate its score buffer")
@@ -130,8 +175,17 @@ class PagedAttention:
         )
 
     def prefill(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
-        k_cache: torch.Tensor, v_cache: torch.Tensor, rows: PrefillRows, scale: float, window: int | None = None,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        rows: PrefillRows,
+        scale: float,
+        window: int | None = None,
         softcap: float | None = None,
     ) -> torch.Tensor:
         """A prefill chunk: rotate q [R, H, D] and k [R, KVH, D] by cos/sin [R, D] (as `decode`; None when they
@@ -146,11 +200,30 @@ class PagedAttention:
             cos, sin = cos.contiguous(), sin.contiguous()
         out = q.new_empty(r, h * d)
         rc = getattr(self._lib, f"paged_prefill_run_{self._sfx}")(
-            q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
-            cos.data_ptr() if cos is not None else None, sin.data_ptr() if sin is not None else None,
-            k_cache.data_ptr(), v_cache.data_ptr(), rows.tables.data_ptr(), rows.tables.shape[1],
-            rows.row_seq.data_ptr(), rows.row_pos.data_ptr(), out.data_ptr(), r, h, self.num_kv_heads, d,
-            self.block_size, scale, window or 0, softcap or 0.0, rows.max_ctx,
+            q.data_ptr(),
+            q.stride(0),
+            k.data_ptr(),
+            k.stride(0),
+            v.data_ptr(),
+            v.stride(0),
+            cos.data_ptr() if cos is not None else None,
+            sin.data_ptr() if sin is not None else None,
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            rows.tables.data_ptr(),
+            rows.tables.shape[1],
+            rows.row_seq.data_ptr(),
+            rows.row_pos.data_ptr(),
+            out.data_ptr(),
+            r,
+            h,
+            self.num_kv_heads,
+            d,
+            self.block_size,
+            scale,
+            window or 0,
+            softcap or 0.0,
+            rows.max_ctx,
             int(self._share and r >= SHARE_MIN_ROWS),
         )
         if rc != 0:
@@ -158,8 +231,14 @@ class PagedAttention:
         return out
 
     def _torch(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        step: DecodeTables, scale: float,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        step: DecodeTables,
+        scale: float,
     ) -> torch.Tensor:
         b, h, d = q.shape
         kvh, group = self.num_kv_heads, h // self.num_kv_heads
@@ -208,14 +287,17 @@ class _BlockTables:
         KV pool's. Raises StepInputError otherwise."""
         for row, (table, end) in enumerate(zip(block_tables, ends, strict=True)):
             if len(table) * block_size < end:
-                raise StepInputError(f"the block table of row {row} has {len(table)} blocks of {block_size} "
-                                     f"positions for a context of {end}")
+                raise StepInputError(
+                    f"the block table of row {row} has {len(table)} blocks of {block_size} "
+                    f"positions for a context of {end}"
+                )
         width = max(len(t) for t in block_tables)
         self.tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
         low, high = (int(x) for x in torch.aminmax(self.tables))
         if low < 0 or high >= num_blocks:
-            raise StepInputError(f"a block table names block {low if low < 0 else high}; the KV pool has blocks "
-                                 f"0 .. {num_blocks - 1}")
+            raise StepInputError(
+                f"a block table names block {low if low < 0 else high}; the KV pool has blocks 0 .. {num_blocks - 1}"
+            )
 
 
 class DecodeTables(_BlockTables):
@@ -246,8 +328,9 @@ class DecodeTables(_BlockTables):
 class PrefillRows(_BlockTables):
     """Per-step index tensors of the prefill rows, shared by every layer: each row's sequence and position."""
 
-    def __init__(self, block_tables: list[list[int]], starts: list[int], lengths: list[int], block_size: int,
-                 num_blocks: int) -> None:
+    def __init__(
+        self, block_tables: list[list[int]], starts: list[int], lengths: list[int], block_size: int, num_blocks: int
+    ) -> None:
         super().__init__(block_tables, [s + n for s, n in zip(starts, lengths, strict=True)], block_size, num_blocks)
         self.row_seq = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32), torch.tensor(lengths))
         self.row_pos = torch.cat(

@@ -67,8 +67,13 @@ def plain_greedy(step: SequenceStep) -> bool:
     """Greedy with nothing that edits the logits or needs more than the argmax."""
     p = step.sampling
     return (
-        p.greedy and p.logprobs is None and not p.logit_bias and p.constraint is None
-        and p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
+        p.greedy
+        and p.logprobs is None
+        and not p.logit_bias
+        and p.constraint is None
+        and p.repetition_penalty == 1.0
+        and not p.presence_penalty
+        and not p.frequency_penalty
         and step.num_output_tokens >= p.min_tokens
     )
 
@@ -92,8 +97,10 @@ def _sample_row(
         probs = torch.softmax(_filter(row, step), dim=-1)
         total = float(probs.sum())
         if not 0.0 < total < float("inf"):  # NaN fails this too
-            raise RowError("no token can be sampled for this request: its sampling parameters leave no "
-                           "probability mass (temperature, top_p, top_k, min_p)")
+            raise RowError(
+                "no token can be sampled for this request: its sampling parameters leave no "
+                "probability mass (temperature, top_p, top_k, min_p)"
+            )
         token = int(torch.multinomial(probs, 1, generator=generator))
     if p.logprobs is None:
         return token, None
@@ -123,8 +130,9 @@ def _processed(row: torch.Tensor, step: SequenceStep, eos_token_ids: Sequence[in
         if allowed is not None:
             row.masked_fill_(~allowed, float("-inf"))
     if not float(row.max()) > float("-inf"):  # NaN, or every token banned
-        raise RowError("no token can be sampled for this request: its penalties, logit_bias and constraints "
-                       "leave no finite logit")
+        raise RowError(
+            "no token can be sampled for this request: its penalties, logit_bias and constraints leave no finite logit"
+        )
     return row
 
 
@@ -133,8 +141,14 @@ def _at_draft(step: SequenceStep, j: int) -> SequenceStep:
     if not j:
         return step
     drafts = step.draft_token_ids
-    return dataclasses.replace(step, history=[*step.history, *drafts[:j]], num_output_tokens=step.num_output_tokens + j,
-                               num_draft_tokens=0, token_ids=[drafts[j - 1]], start_pos=step.start_pos + j)
+    return dataclasses.replace(
+        step,
+        history=[*step.history, *drafts[:j]],
+        num_output_tokens=step.num_output_tokens + j,
+        num_draft_tokens=0,
+        token_ids=[drafts[j - 1]],
+        start_pos=step.start_pos + j,
+    )
 
 
 def accept_greedy(drafts: Sequence[int], tokens: Sequence[int]) -> tuple[int, int]:
@@ -147,7 +161,10 @@ def accept_greedy(drafts: Sequence[int], tokens: Sequence[int]) -> tuple[int, in
 
 
 def verify_rows(
-    rows: torch.Tensor, step: SequenceStep, eos_token_ids: Sequence[int], generator: torch.Generator | None,
+    rows: torch.Tensor,
+    step: SequenceStep,
+    eos_token_ids: Sequence[int],
+    generator: torch.Generator | None,
 ) -> tuple[int, int]:
     """(accepted proposed tokens, the token after them) for a verification step's k + 1 rows of logits, by the rule
     in this module's docstring."""
@@ -161,8 +178,10 @@ def verify_rows(
             probs = torch.softmax(_filter(row, at), dim=-1)
             total = float(probs.sum())
             if not 0.0 < total < float("inf"):
-                raise RowError("no token can be sampled for this request: its sampling parameters leave no "
-                               "probability mass (temperature, top_p, top_k, min_p)")
+                raise RowError(
+                    "no token can be sampled for this request: its sampling parameters leave no "
+                    "probability mass (temperature, top_p, top_k, min_p)"
+                )
             if j == len(drafts):  # every proposed token accepted: the bonus token
                 return j, int(torch.multinomial(probs, 1, generator=generator))
             x = drafts[j]
@@ -225,8 +244,9 @@ def sample(
     for i, step in zip(starts, steps, strict=True):
         try:
             if step.num_draft_tokens:
-                accepted, token = verify_rows(logits[i : i + 1 + step.num_draft_tokens], step, eos_token_ids,
-                                              generators.get(step.seq_id))
+                accepted, token = verify_rows(
+                    logits[i : i + 1 + step.num_draft_tokens], step, eos_token_ids, generators.get(step.seq_id)
+                )
                 result.num_accepted[step.seq_id], logprob = accepted, None
             else:
                 token, logprob = _sample_row(logits[i], step, eos_token_ids, generators.get(step.seq_id))

@@ -63,10 +63,22 @@ MAX_PLANS = 64  # row counts with a plan (decode and verification steps of 1 .. 
 ATTENTION_STEP_ARGS = {"cos": 6, "sin": 7, "tables": 10, "max_blocks": 11, "ctx_lens": 12}
 # torch ops a replayable forward may run between its kernels: allocations and views, no arithmetic.
 _ALLOCATING = {"aten::empty.memory_format", "aten::new_empty", "aten::empty_strided", "aten::new_empty_strided"}
-_VIEWING = {"aten::slice.Tensor", "aten::view", "aten::select.int", "aten::alias", "aten::detach",
-            "aten::_unsafe_view", "aten::as_strided", "aten::unsqueeze", "aten::squeeze.dim", "aten::t",
-            "aten::transpose.int", "aten::expand", "aten::reshape",
-            "aten::lift_fresh"}  # wraps memory torch did not allocate: the pointer check below decides
+_VIEWING = {
+    "aten::slice.Tensor",
+    "aten::view",
+    "aten::select.int",
+    "aten::alias",
+    "aten::detach",
+    "aten::_unsafe_view",
+    "aten::as_strided",
+    "aten::unsqueeze",
+    "aten::squeeze.dim",
+    "aten::t",
+    "aten::transpose.int",
+    "aten::expand",
+    "aten::reshape",
+    "aten::lift_fresh",
+}  # wraps memory torch did not allocate: the pointer check below decides
 
 
 class _Unreplayable(Exception):
@@ -259,8 +271,15 @@ class StepReplay:
     """Replays decode-only steps of a runner (see the module's docstring). `run` returns None when a step is not
     (yet) replayed: the caller then runs its Python forward."""
 
-    def __init__(self, cache_dir: Path | None, libs: list[ctypes.CDLL], signatures: list[Signatures],
-                 holders: list[Any], attention_fns: list[Any], owners: list[Any]) -> None:
+    def __init__(
+        self,
+        cache_dir: Path | None,
+        libs: list[ctypes.CDLL],
+        signatures: list[Signatures],
+        holders: list[Any],
+        attention_fns: list[Any],
+        owners: list[Any],
+    ) -> None:
         """`libs`: the kernel libraries the forward calls (with their signature tables); `holders`: objects that
         keep entry points as attributes (Linear); `attention_fns`: the decode attention's entry points; `owners`:
         what holds the memory that lives from step to step (the runner: its weights and caches). A recorded call
@@ -289,8 +308,13 @@ class StepReplay:
 
     # ------------------------------------------------------------------ recording
 
-    def record(self, rows: int, forward: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
-               step_inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def record(
+        self,
+        rows: int,
+        forward: Callable[[torch.Tensor], torch.Tensor],
+        hidden: torch.Tensor,
+        step_inputs: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
         """Run `forward(hidden)` (the Python layers and logits) while recording a plan for steps of `rows` rows."""
         recorder = _Recorder(self._libs, self._signatures, self._holders)
         watch = _Watch()
@@ -315,8 +339,14 @@ class StepReplay:
             self._plans[_key(rows)] = None
         log.info("native engine: decode steps of %d rows run from Python (%s)", rows, why)
 
-    def _build(self, calls: list[_Call], allocated: list[torch.Tensor], hidden: torch.Tensor, logits: torch.Tensor,
-               step_inputs: dict[str, torch.Tensor]) -> _Plan:
+    def _build(
+        self,
+        calls: list[_Call],
+        allocated: list[torch.Tensor],
+        hidden: torch.Tensor,
+        logits: torch.Tensor,
+        step_inputs: dict[str, torch.Tensor],
+    ) -> _Plan:
         if not calls:
             raise _Unreplayable("no kernel calls")
         # regions: tensors whose addresses the calls hold; the logits' own region is given a new tensor every step
@@ -376,6 +406,7 @@ class StepReplay:
         def lasts(ptr: int) -> bool:
             i = bisect.bisect_right(starts, ptr) - 1
             return ptr in kept or (i >= 0 and ptr < lasting[i][1])
+
         for i, (call, (ints, floats)) in enumerate(zip(calls, words_of, strict=True)):
             fn = ctypes.cast(call.fn, ctypes.c_void_p).value
             words[i, W_FN] = fn
@@ -385,10 +416,16 @@ class StepReplay:
                 for name, pos in ATTENTION_STEP_ARGS.items():
                     if name in step_ptrs and ints[pos] != step_ptrs[name]:
                         raise _Unreplayable(f"the decode attention's argument {pos} is not the step's {name}")
-            pointers = [t not in (ctypes.c_float, ctypes.c_int, ctypes.c_int64) for t in call.fn.argtypes
-                        if t is not ctypes.c_float]  # per integer-class argument: whether it is an address
-            steps_args = {ATTENTION_STEP_ARGS[n] for n in ("cos", "sin", "tables", "ctx_lens")} \
-                if fn in self._attention else set()
+            pointers = [
+                t not in (ctypes.c_float, ctypes.c_int, ctypes.c_int64)
+                for t in call.fn.argtypes
+                if t is not ctypes.c_float
+            ]  # per integer-class argument: whether it is an address
+            steps_args = (
+                {ATTENTION_STEP_ARGS[n] for n in ("cos", "sin", "tables", "ctx_lens")}
+                if fn in self._attention
+                else set()
+            )
             for j, a in enumerate(ints):
                 r = region_of(a)
                 if r is None and pointers[j] and a and j not in steps_args and not lasts(a):
@@ -413,8 +450,11 @@ class StepReplay:
         plan.resets = np.array(resets or [(0, 0, 0)], dtype=np.int64)
         plan.calls = len(calls)
         plan.attention_rows = np.array(attention_rows, dtype=np.int64)
-        plan.logits_patch = (np.array(patch_rows, dtype=np.int64), np.array(patch_cols, dtype=np.int64),
-                             np.array(patch_offsets, dtype=np.int64))
+        plan.logits_patch = (
+            np.array(patch_rows, dtype=np.int64),
+            np.array(patch_cols, dtype=np.int64),
+            np.array(patch_offsets, dtype=np.int64),
+        )
         plan.logits_shape, plan.logits_stride = tuple(logits.shape), tuple(logits.stride())
         plan.logits_numel = regions[logits_base][0] // 4
         plan.logits_offset = (logits.data_ptr() - logits_base) // 4
@@ -424,8 +464,9 @@ class StepReplay:
 
     # ------------------------------------------------------------------ replaying
 
-    def run(self, rows: int, hidden: torch.Tensor, step_inputs: dict[str, torch.Tensor], max_blocks: int,
-            greedy: bool) -> tuple[torch.Tensor, list[int] | None] | None:
+    def run(
+        self, rows: int, hidden: torch.Tensor, step_inputs: dict[str, torch.Tensor], max_blocks: int, greedy: bool
+    ) -> tuple[torch.Tensor, list[int] | None] | None:
         """The logits of a step of `rows` rows (and with `greedy`, each row's argmax when all logits are finite),
         or None when steps of that many rows have no validated plan."""
         plan = self._plans.get(_key(rows))
@@ -433,8 +474,14 @@ class StepReplay:
             return None
         return self._replay(plan, hidden, step_inputs, max_blocks, greedy)
 
-    def validate(self, rows: int, reference: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
-                 step_inputs: dict[str, torch.Tensor], max_blocks: int) -> torch.Tensor | None:
+    def validate(
+        self,
+        rows: int,
+        reference: Callable[[torch.Tensor], torch.Tensor],
+        hidden: torch.Tensor,
+        step_inputs: dict[str, torch.Tensor],
+        max_blocks: int,
+    ) -> torch.Tensor | None:
         """For a recorded plan not yet checked: the Python forward's logits, after checking that the replay gives the
         same bits (else the plan is dropped). None when there is no plan to check."""
         plan = self._plans.get(_key(rows))
@@ -447,12 +494,16 @@ class StepReplay:
             log.info("native engine: decode steps of %d rows replay %d kernel calls in one C call", rows, plan.calls)
         else:
             self._plans[_key(rows)] = None
-            log.warning("native engine: the replayed step of %d rows differs from the Python forward; "
-                        "those steps run from Python", rows)
+            log.warning(
+                "native engine: the replayed step of %d rows differs from the Python forward; "
+                "those steps run from Python",
+                rows,
+            )
         return expected
 
-    def _replay(self, plan: _Plan, hidden: torch.Tensor, step_inputs: dict[str, torch.Tensor], max_blocks: int,
-                greedy: bool) -> tuple[torch.Tensor, list[int] | None]:
+    def _replay(
+        self, plan: _Plan, hidden: torch.Tensor, step_inputs: dict[str, torch.Tensor], max_blocks: int, greedy: bool
+    ) -> tuple[torch.Tensor, list[int] | None]:
         plan.hidden.copy_(hidden)
         words = plan.words
         rows_a = plan.attention_rows
@@ -469,6 +520,7 @@ class StepReplay:
         if not greedy or self._argmax is None or logits.stride(-1) != 1:
             return logits, None
         out = torch.empty(logits.shape[0], dtype=torch.int64)
-        bad = self._argmax.argmax_rows_finite_f32(logits.data_ptr(), logits.stride(0), logits.shape[0],
-                                                  logits.shape[1], out.data_ptr())
+        bad = self._argmax.argmax_rows_finite_f32(
+            logits.data_ptr(), logits.stride(0), logits.shape[0], logits.shape[1], out.data_ptr()
+        )
         return logits, (out.tolist() if bad == 0 else None)

@@ -228,8 +228,9 @@ class RemoteEngine(AsyncGenerateEngine):
                 upstream.mark_down(what[:MAX_ERROR_CHARS])
                 if not p.started:
                     raise _Retry(f"{upstream.base_url} failed ({what[:MAX_ERROR_CHARS]})") from None
-                yield self._final(request, p, "abort", "the upstream serving this request failed mid-response; "
-                                  "retry the request")
+                yield self._final(
+                    request, p, "abort", "the upstream serving this request failed mid-response; retry the request"
+                )
                 return
             # The stream broke after the finish (only the usage chunk or [DONE] was lost): the answer is whole.
         if p.finish_reason is None:
@@ -319,8 +320,9 @@ class RemoteEngine(AsyncGenerateEngine):
     async def _delete_upstream_session(self, upstream: Upstream, session_id: str) -> None:
         assert self._client is not None
         try:
-            async with self._client.delete(f"{upstream.base_url}/v1/sessions/{session_id}", headers=self._headers,
-                                           timeout=upstream.timeout) as resp:
+            async with self._client.delete(
+                f"{upstream.base_url}/v1/sessions/{session_id}", headers=self._headers, timeout=upstream.timeout
+            ) as resp:
                 await resp.read()
         except TRANSPORT_ERRORS:
             log.debug("deleting session on %s failed", upstream.base_url, exc_info=True)

@@ -81,8 +81,13 @@ class Upstream:
         self.failed_checks += 1
         delay = min(ceiling, interval * 2.0 ** min(self.failed_checks - 1, 30))
         self.next_check = now + delay
-        log.info("upstream %s is still down after %d failed check(s) (%s); next check in %.1f s", self.base_url,
-                 self.failed_checks, self.last_error, delay)
+        log.info(
+            "upstream %s is still down after %d failed check(s) (%s); next check in %.1f s",
+            self.base_url,
+            self.failed_checks,
+            self.last_error,
+            delay,
+        )
         return delay
 
     async def check(self, session: aiohttp.ClientSession, headers: dict[str, str]) -> bool:

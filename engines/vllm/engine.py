@@ -131,7 +131,10 @@ class VllmEngine(AsyncGenerateEngine):
         produced = 0
         started = False
         stream = self._llm.generate(
-            tokens_input(list(request.prompt_token_ids)), params, request.request_id, priority=request.priority,
+            tokens_input(list(request.prompt_token_ids)),
+            params,
+            request.request_id,
+            priority=request.priority,
             lora_request=_lora_request(request),
         )
         try:
@@ -180,11 +183,17 @@ class VllmEngine(AsyncGenerateEngine):
         """vLLM reads the adapter itself when a request first names it (its `LoRARequest`); checked here for what
         it cannot take."""
         if not self._lora:
-            raise RequestRefusedError("vLLM was started without LoRA support; list the adapters in the model's "
-                                      "lora_adapters, or set vllm.engine_args.enable_lora: true", "lora_path")
+            raise RequestRefusedError(
+                "vLLM was started without LoRA support; list the adapters in the model's "
+                "lora_adapters, or set vllm.engine_args.enable_lora: true",
+                "lora_path",
+            )
         if not Path(adapter.path).is_dir():
-            raise RequestRefusedError("vLLM loads PEFT adapter folders (adapter_config.json and "
-                                      "adapter_model.safetensors), not GGUF LoRA files; give the folder", "lora_path")
+            raise RequestRefusedError(
+                "vLLM loads PEFT adapter folders (adapter_config.json and "
+                "adapter_model.safetensors), not GGUF LoRA files; give the folder",
+                "lora_path",
+            )
 
     async def abort(self, request_id: str) -> None:
         if not self._llm.errored:

@@ -28,8 +28,12 @@ def build() -> Any:
             self.w = tf.Variable(tf.random.stateless_normal([4, 3], seed=[1, 2]))
             self.b = tf.Variable(tf.constant([0.1, -0.2, 0.05]))
 
-        @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="FEATURES"),
-                                      tf.TensorSpec([None, 1], tf.string, name="TAG")])
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([None, 4], tf.float32, name="FEATURES"),
+                tf.TensorSpec([None, 1], tf.string, name="TAG"),
+            ]
+        )
         def serve(self, FEATURES: Any, TAG: Any) -> dict[str, Any]:  # noqa: N803 - the v2 tensor names
             return {"SCORES": tf.nn.softmax(FEATURES @ self.w + self.b), "ECHO": tf.strings.upper(TAG)}
 

@@ -41,9 +41,10 @@ def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
             calls = {b.id for b in uses}
             message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or (None if uses else "")}
             if uses:
-                message["tool_calls"] = [{"id": b.id, "type": "function",
-                                          "function": {"name": b.name, "arguments": json.dumps(b.input)}}
-                                         for b in uses]
+                message["tool_calls"] = [
+                    {"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
+                    for b in uses
+                ]
             out.append(message)
             continue
         for block in msg.content:
@@ -53,15 +54,24 @@ def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
                 if block.tool_use_id not in calls:
                     raise InvalidRequestError(
                         f"{where}: tool_result block(s) provided for tool_use id '{block.tool_use_id[:64]}', which "
-                        "the previous assistant message did not make", param=where)
+                        "the previous assistant message did not make",
+                        param=where,
+                    )
                 result = _text(block.content)
-                out.append({"role": "tool", "tool_call_id": block.tool_use_id,
-                            "content": f"Error: {result}" if block.is_error else result})
+                out.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": block.tool_use_id,
+                        "content": f"Error: {result}" if block.is_error else result,
+                    }
+                )
         if texts:
             out.append({"role": "user", "content": "\n".join(texts)})
     if req.messages[-1].role == "assistant":
-        raise InvalidRequestError("the last message must be from the user: prefilling the assistant's answer is not "
-                                  "supported by this server", param="messages")
+        raise InvalidRequestError(
+            "the last message must be from the user: prefilling the assistant's answer is not supported by this server",
+            param="messages",
+        )
     return out
 
 
@@ -77,24 +87,44 @@ def _tool_choice(req: CountTokensRequest) -> tuple[Any, bool]:
                 "tool_choice.name: a tool choice of type 'tool' names the tool", param="tool_choice"
             )
         if choice.name not in {t.name for t in req.tools or []}:
-            raise InvalidRequestError(f"tool_choice names tool '{choice.name}', which is not in tools",
-                                      param="tool_choice")
+            raise InvalidRequestError(
+                f"tool_choice names tool '{choice.name}', which is not in tools", param="tool_choice"
+            )
         return {"type": "function", "function": {"name": choice.name}}, False
     return {"auto": "auto", "any": "required", "none": "none"}[choice.type], parallel
 
 
 def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
-    tools = [{"type": "function", "function": {k: v for k, v in {
-        "name": t.name, "description": t.description, "parameters": t.input_schema}.items() if v is not None}}
-        for t in req.tools or []]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                k: v
+                for k, v in {"name": t.name, "description": t.description, "parameters": t.input_schema}.items()
+                if v is not None
+            },
+        }
+        for t in req.tools or []
+    ]
     tool_choice, parallel = _tool_choice(req)
-    body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req), "tools": tools or None,
-                            "tool_choice": tool_choice, "parallel_tool_calls": parallel}
+    body: dict[str, Any] = {
+        "model": req.model,
+        "messages": chat_messages(req),
+        "tools": tools or None,
+        "tool_choice": tool_choice,
+        "parallel_tool_calls": parallel,
+    }
     if isinstance(req, MessagesRequest):
-        body |= {"max_tokens": req.max_tokens, "temperature": req.temperature, "top_p": req.top_p,
-                 "top_k": req.top_k, "stop": req.stop_sequences or None, "stream": req.stream,
-                 "include_stop_str_in_output": bool(req.stop_sequences),
-                 "user": req.metadata.user_id if req.metadata else None}
+        body |= {
+            "max_tokens": req.max_tokens,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "top_k": req.top_k,
+            "stop": req.stop_sequences or None,
+            "stream": req.stream,
+            "include_stop_str_in_output": bool(req.stop_sequences),
+            "user": req.metadata.user_id if req.metadata else None,
+        }
         if req.thinking is not None:
             body["chat_template_kwargs"] = {"enable_thinking": req.thinking.type != "disabled"}
     try:
@@ -135,8 +165,12 @@ def stop_reason(finish_reason: str | None, stop_sequence: str | None, called: bo
 def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
     """Anthropic's usage: `input_tokens` are those not read from the cache, as on Anthropic's API."""
     cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0  # upstreams may send null
-    return {"input_tokens": chat_usage["prompt_tokens"] - cached, "output_tokens": chat_usage["completion_tokens"],
-            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+    return {
+        "input_tokens": chat_usage["prompt_tokens"] - cached,
+        "output_tokens": chat_usage["completion_tokens"],
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+    }
 
 
 def thinking_block(text: str) -> dict[str, Any]:
@@ -153,8 +187,22 @@ def message_body(msg_id: str, model: str, req: MessagesRequest, chat: dict[str, 
     thought = message.get("reasoning_content")
     content: list[dict[str, Any]] = [thinking_block(thought)] if thought else []
     content += [{"type": "text", "text": text}] if text else []
-    content += [{"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
-                 "input": tool_input(c["function"]["arguments"])} for c in calls]
-    return {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": stop_reason(choice["finish_reason"], stop, bool(calls)), "stop_sequence": stop,
-            "usage": usage(chat["usage"])}
+    content += [
+        {
+            "type": "tool_use",
+            "id": c["id"],
+            "name": c["function"]["name"],
+            "input": tool_input(c["function"]["arguments"]),
+        }
+        for c in calls
+    ]
+    return {
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason(choice["finish_reason"], stop, bool(calls)),
+        "stop_sequence": stop,
+        "usage": usage(chat["usage"]),
+    }

@@ -17,8 +17,9 @@ from sse_starlette.sse import EventSourceResponse
 
 from gateway.anthropic.convert import cut_stop, stop_reason, thinking_block, usage
 from gateway.errors import SwitchyardError
-from gateway.openai.chat_pieces import CallStart, ChatReader, Reasoning, Text
 from gateway.http.sse import typed_events_response
+from gateway.openai.chat_pieces import CallStart, ChatReader, Reasoning, Text
+
 
 class _Blocks:
     """The content block being streamed and the index of the next one."""
@@ -36,14 +37,24 @@ class _Blocks:
     def stop(self) -> list[dict[str, Any]]:
         if self.kind is None:
             return []
-        signature = ([{"type": "content_block_delta", "index": self.index,
-                       "delta": {"type": "signature_delta", "signature": ""}}] if self.kind == "thinking" else [])
+        signature = (
+            [
+                {
+                    "type": "content_block_delta",
+                    "index": self.index,
+                    "delta": {"type": "signature_delta", "signature": ""},
+                }
+            ]
+            if self.kind == "thinking"
+            else []
+        )
         self.kind = None
         return [*signature, {"type": "content_block_stop", "index": self.index}]
 
 
-async def message_events(chunks: AsyncIterator[dict[str, Any]], start: dict[str, Any],
-                         stops: list[str] | None) -> AsyncIterator[dict[str, Any]]:
+async def message_events(
+    chunks: AsyncIterator[dict[str, Any]], start: dict[str, Any], stops: list[str] | None
+) -> AsyncIterator[dict[str, Any]]:
     """Chat completion chunks (one choice, usage chunk last) -> Messages events. `start` is the empty Message."""
     yield {"type": "message_start", "message": start}
     blocks = _Blocks()
@@ -56,16 +67,21 @@ async def message_events(chunks: AsyncIterator[dict[str, Any]], start: dict[str,
         if not text:
             return []
         events = blocks.start({"type": "text", "text": ""}) if blocks.kind != "text" else []
-        return [*events, {"type": "content_block_delta", "index": blocks.index,
-                          "delta": {"type": "text_delta", "text": text}}]
+        return [
+            *events,
+            {"type": "content_block_delta", "index": blocks.index, "delta": {"type": "text_delta", "text": text}},
+        ]
 
     try:
         async for piece in reader.pieces():
             if isinstance(piece, Reasoning):
                 for event in blocks.start(thinking_block("")) if blocks.kind != "thinking" else []:
                     yield event
-                yield {"type": "content_block_delta", "index": blocks.index,
-                       "delta": {"type": "thinking_delta", "thinking": piece.text}}
+                yield {
+                    "type": "content_block_delta",
+                    "index": blocks.index,
+                    "delta": {"type": "thinking_delta", "thinking": piece.text},
+                }
             elif isinstance(piece, Text):
                 pending += piece.text
                 cut = max(0, len(pending) - hold)
@@ -80,8 +96,11 @@ async def message_events(chunks: AsyncIterator[dict[str, Any]], start: dict[str,
                 for event in blocks.start({"type": "tool_use", "id": piece.call_id, "name": piece.name, "input": {}}):
                     yield event
             else:  # CallArguments
-                yield {"type": "content_block_delta", "index": blocks.index,
-                       "delta": {"type": "input_json_delta", "partial_json": piece.fragment}}
+                yield {
+                    "type": "content_block_delta",
+                    "index": blocks.index,
+                    "delta": {"type": "input_json_delta", "partial_json": piece.fragment},
+                }
         rest, stop = cut_stop(pending, reader.finish_reason, stops)
         for event in [*text_events(rest), *blocks.stop()]:
             yield event
@@ -89,8 +108,11 @@ async def message_events(chunks: AsyncIterator[dict[str, Any]], start: dict[str,
         yield exc.anthropic_body()
         return
     counts = usage(reader.usage) if reader.usage is not None else {"output_tokens": 0}
-    yield {"type": "message_delta", "delta": {"stop_reason": stop_reason(reader.finish_reason, stop, called),
-                                              "stop_sequence": stop}, "usage": counts}
+    yield {
+        "type": "message_delta",
+        "delta": {"stop_reason": stop_reason(reader.finish_reason, stop, called), "stop_sequence": stop},
+        "usage": counts,
+    }
     yield {"type": "message_stop"}
 
 

@@ -17,15 +17,14 @@ from gateway.anthropic.convert import chat_request, message_body
 from gateway.anthropic.events import events_response, message_events
 from gateway.anthropic.protocol import CountTokensRequest, MessagesRequest
 from gateway.errors import InvalidRequestError
-from gateway.ids import random_hex
 from gateway.http.body_depth import NestingAwareRoute
 from gateway.http.disconnect import cancel_on_disconnect
 from gateway.http.request_timeout import request_timeout
 from gateway.http.unknown_fields import log_unknown
+from gateway.ids import random_hex
 from gateway.openai.chat import chat_completion, chat_prompt
 from gateway.repository.registry import LoadedLLM
 from gateway.request_log import current_request_id
-
 
 router = APIRouter(route_class=NestingAwareRoute)
 
@@ -56,10 +55,21 @@ async def _create(req: MessagesRequest, model: LoadedLLM, timeout: float | None 
     # an upstream used as it is counts its own prompt: its count arrives with the usage, in message_delta
     prompt_tokens = 0 if model.scheduler.passthrough is not None else await _prompt_tokens(req, model)
     chunks = await chat_completion(chat, model, True)
-    start = {"id": msg_id, "type": "message", "role": "assistant", "model": model.name, "content": [],
-             "stop_reason": None, "stop_sequence": None,
-             "usage": {"input_tokens": prompt_tokens, "output_tokens": 0, "cache_read_input_tokens": 0,
-                       "cache_creation_input_tokens": 0}}
+    start = {
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model.name,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": prompt_tokens,
+            "output_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": 0,
+        },
+    }
     return message_events(chunks, start, req.stop_sequences)
 
 
@@ -67,8 +77,11 @@ async def _create(req: MessagesRequest, model: LoadedLLM, timeout: float | None 
 async def create_message(body: MessagesRequest, request: Request) -> Response:
     headers = _check_headers(request)
     log_unknown(body, "messages")
-    work = request.app.state.routes.run(body.model, request.app.state.registry.acquire_llm,  # docs/routes.md
-                                        lambda model: _create(body, model, request_timeout(request)))
+    work = request.app.state.routes.run(
+        body.model,
+        request.app.state.registry.acquire_llm,  # docs/routes.md
+        lambda model: _create(body, model, request_timeout(request)),
+    )
     result = await cancel_on_disconnect(request, work)
     if isinstance(result, dict):
         return JSONResponse(result, headers=headers)
@@ -80,6 +93,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
     headers = _check_headers(request)
-    tokens = await request.app.state.routes.run(body.model, request.app.state.registry.acquire_llm,
-                                                lambda model: _prompt_tokens(body, model))
+    tokens = await request.app.state.routes.run(
+        body.model, request.app.state.registry.acquire_llm, lambda model: _prompt_tokens(body, model)
+    )
     return JSONResponse({"input_tokens": tokens}, headers=headers)

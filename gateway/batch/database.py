@@ -71,8 +71,10 @@ class Database:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version not in (0, SCHEMA_VERSION):
             self._db.close()
-            raise ConfigError(f"{path} was written by another release of Switchyard (schema {version}, this one "
-                              f"reads {SCHEMA_VERSION}); point --files-dir at a new folder or move the old one away.")
+            raise ConfigError(
+                f"{path} was written by another release of Switchyard (schema {version}, this one "
+                f"reads {SCHEMA_VERSION}); point --files-dir at a new folder or move the old one away."
+            )
         self._db.executescript(SCHEMA + f"PRAGMA user_version = {SCHEMA_VERSION};")
         self._lock = threading.Lock()  # `call` may also be made from other threads (writing output files)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-db")

@@ -50,21 +50,31 @@ class StoredFile:
 
     def to_openai(self) -> dict[str, Any]:
         """OpenAI's File object."""
-        return {"id": self.id, "object": "file", "bytes": self.bytes, "created_at": self.created_at,
-                "expires_at": self.expires_at, "filename": self.filename, "purpose": self.purpose,
-                "status": "processed", "status_details": None}
+        return {
+            "id": self.id,
+            "object": "file",
+            "bytes": self.bytes,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+            "status_details": None,
+        }
 
 
 def check_ttl(seconds: int) -> int:
     if not MIN_TTL <= seconds <= MAX_TTL:
-        raise InvalidRequestError(f"expires_after.seconds must be between {MIN_TTL} and {MAX_TTL}",
-                                  param="expires_after.seconds")
+        raise InvalidRequestError(
+            f"expires_after.seconds must be between {MIN_TTL} and {MAX_TTL}", param="expires_after.seconds"
+        )
     return seconds
 
 
 def _row(row: dict[str, Any]) -> StoredFile:
-    return StoredFile(row["id"], row["owner"], row["purpose"], row["filename"], row["bytes"], row["created_at"],
-                      row["expires_at"])
+    return StoredFile(
+        row["id"], row["owner"], row["purpose"], row["filename"], row["bytes"], row["created_at"], row["expires_at"]
+    )
 
 
 def _alive(now: float) -> str:
@@ -82,12 +92,14 @@ class FileStore:
         return self.objects / stored.id
 
     # -- writing ------------------------------------------------------------------------------------------------
-    async def upload(self, owner: str, purpose: str, filename: str, source: IO[bytes],
-                     ttl: int | None = None) -> StoredFile:
+    async def upload(
+        self, owner: str, purpose: str, filename: str, source: IO[bytes], ttl: int | None = None
+    ) -> StoredFile:
         """Store an uploaded file (copied from `source` in a worker thread); 413 past `max_bytes`."""
         if purpose not in UPLOAD_PURPOSES:
-            raise InvalidRequestError(f"'{purpose[:64]}' is not a valid purpose; use one of "
-                                      f"{', '.join(UPLOAD_PURPOSES)}", param="purpose")
+            raise InvalidRequestError(
+                f"'{purpose[:64]}' is not a valid purpose; use one of {', '.join(UPLOAD_PURPOSES)}", param="purpose"
+            )
         filename = os.path.basename(filename.replace("\\", "/"))[:MAX_FILENAME] or "upload"
         if purpose == "batch" and not filename.endswith(".jsonl"):
             raise InvalidRequestError("Invalid file format for Batch API. Must be .jsonl", param="file")
@@ -107,16 +119,18 @@ class FileStore:
                 while chunk := source.read(COPY_CHUNK):
                     size += len(chunk)
                     if size > self.max_bytes:
-                        raise PayloadTooLargeError(f"the file exceeds the limit of {self.max_bytes} bytes "
-                                                   "(--files-max-bytes)", param="file")
+                        raise PayloadTooLargeError(
+                            f"the file exceeds the limit of {self.max_bytes} bytes (--files-max-bytes)", param="file"
+                        )
                     out.write(chunk)
             part.replace(self.objects / file_id)
         finally:
             part.unlink(missing_ok=True)
         return size
 
-    async def write_output(self, file_id: str, owner: str, filename: str, write: Callable[[IO[bytes]], None],
-                           ttl: int | None = None) -> StoredFile:
+    async def write_output(
+        self, file_id: str, owner: str, filename: str, write: Callable[[IO[bytes]], None], ttl: int | None = None
+    ) -> StoredFile:
         """Create (or replace: finishing a batch again after a crash writes the same ids) a `batch_output` file whose
         bytes `write` produces, in a worker thread."""
 
@@ -134,17 +148,20 @@ class FileStore:
         size = await asyncio.to_thread(produce)
         return await self._insert(file_id, owner, OUTPUT_PURPOSE, filename, size, ttl)
 
-    async def _insert(self, file_id: str, owner: str, purpose: str, filename: str, size: int,
-                      ttl: int | None) -> StoredFile:
+    async def _insert(
+        self, file_id: str, owner: str, purpose: str, filename: str, size: int, ttl: int | None
+    ) -> StoredFile:
         now = int(time.time())
         ttl = ttl if ttl is not None else DEFAULT_TTL.get(purpose)
         stored = StoredFile(file_id, owner, purpose, filename, size, now, now + ttl if ttl is not None else None)
 
         def insert(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM files WHERE id = ?", (file_id,))
-            db.execute("INSERT INTO files (id, owner, purpose, filename, bytes, created_at, expires_at) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?)", (file_id, owner, purpose, filename, size, now,
-                                                        stored.expires_at))
+            db.execute(
+                "INSERT INTO files (id, owner, purpose, filename, bytes, created_at, expires_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (file_id, owner, purpose, filename, size, now, stored.expires_at),
+            )
 
         try:
             await self.db.run(insert)
@@ -156,14 +173,25 @@ class FileStore:
     # -- reading ------------------------------------------------------------------------------------------------
     async def get(self, file_id: str, owner: str) -> StoredFile:
         """The caller's file; 404 when it does not exist, expired, or is another key's."""
-        found = await self.db.run(lambda db: rows(db.execute(
-            f"SELECT * FROM files WHERE id = ? AND owner = ? AND {_alive(time.time())}", (file_id, owner))))
+        found = await self.db.run(
+            lambda db: rows(
+                db.execute(
+                    f"SELECT * FROM files WHERE id = ? AND owner = ? AND {_alive(time.time())}", (file_id, owner)
+                )
+            )
+        )
         if not found:
             raise NotFoundError(f"No such File object: {file_id[:64]}", param="file_id")
         return _row(found[0])
 
-    async def page(self, owner: str, purpose: str | None = None, limit: int = MAX_LIST, order: str = "desc",
-                   after: str | None = None) -> tuple[list[StoredFile], bool]:
+    async def page(
+        self,
+        owner: str,
+        purpose: str | None = None,
+        limit: int = MAX_LIST,
+        order: str = "desc",
+        after: str | None = None,
+    ) -> tuple[list[StoredFile], bool]:
         """One page of the caller's files in upload order (`desc`: newest first) after the file `after`, and
         whether more follow."""
         if not 1 <= limit <= MAX_LIST:

@@ -31,8 +31,9 @@ def _ttl(form: FormData) -> int | None:
     if anchor != "created_at":
         raise InvalidRequestError("expires_after.anchor must be 'created_at'", param="expires_after.anchor")
     if not isinstance(seconds, str) or not seconds.strip().isdigit():
-        raise InvalidRequestError("expires_after.seconds must be a whole number of seconds",
-                                  param="expires_after.seconds")
+        raise InvalidRequestError(
+            "expires_after.seconds must be a whole number of seconds", param="expires_after.seconds"
+        )
     return check_ttl(int(seconds))
 
 
@@ -47,17 +48,24 @@ async def upload_file(request: Request) -> dict[str, Any]:
             raise InvalidRequestError("Missing required parameter: 'file' (a file part).", param="file")
         if not isinstance(purpose, str) or not purpose:
             raise InvalidRequestError("Missing required parameter: 'purpose'.", param="purpose")
-        stored = await service_of(request).files.upload(owner_of(request), purpose, upload.filename or "upload",
-                                                      upload.file, _ttl(form))
+        stored = await service_of(request).files.upload(
+            owner_of(request), purpose, upload.filename or "upload", upload.file, _ttl(form)
+        )
     return stored.to_openai()
 
 
 @router.get("/v1/files")
-async def list_files(request: Request, purpose: str | None = None, limit: int = MAX_LIST, order: str = "desc",
-                     after: str | None = None) -> dict[str, Any]:
+async def list_files(
+    request: Request, purpose: str | None = None, limit: int = MAX_LIST, order: str = "desc", after: str | None = None
+) -> dict[str, Any]:
     found, more = await service_of(request).files.page(owner_of(request), purpose, limit, order, after)
-    return {"object": "list", "data": [f.to_openai() for f in found], "first_id": found[0].id if found else None,
-            "last_id": found[-1].id if found else None, "has_more": more}
+    return {
+        "object": "list",
+        "data": [f.to_openai() for f in found],
+        "first_id": found[0].id if found else None,
+        "last_id": found[-1].id if found else None,
+        "has_more": more,
+    }
 
 
 @router.get("/v1/files/{file_id}")
@@ -71,8 +79,11 @@ async def delete_file(file_id: str, request: Request) -> dict[str, Any]:
     return {"id": file_id, "object": "file", "deleted": True}
 
 
-@router.get("/v1/files/{file_id}/content", response_class=FileResponse,
-            responses={200: {"content": {"application/octet-stream": {}}}})
+@router.get(
+    "/v1/files/{file_id}/content",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
 async def file_content(file_id: str, request: Request) -> FileResponse:
     files = service_of(request).files
     stored = await files.get(file_id, owner_of(request))

@@ -84,13 +84,18 @@ def parse_line(raw: bytes | str, number: int, index: int, endpoint: str) -> Requ
             return _missing(name, number)
     custom_id, method, url, body = item["custom_id"], item["method"], item["url"], item["body"]
     if not isinstance(custom_id, str) or not 0 < len(custom_id) <= MAX_CUSTOM_ID:
-        return LineError("invalid_custom_id", f"custom_id must be a string of 1 to {MAX_CUSTOM_ID} characters.",
-                         number, "custom_id")
+        return LineError(
+            "invalid_custom_id", f"custom_id must be a string of 1 to {MAX_CUSTOM_ID} characters.", number, "custom_id"
+        )
     if method != "POST":
         return LineError("invalid_method", "The method must be 'POST'.", number, "method")
     if url != endpoint:
-        return LineError("invalid_url", f"The URL provided for this request does not match the batch endpoint "
-                         f"'{endpoint}'.", number, "url")
+        return LineError(
+            "invalid_url",
+            f"The URL provided for this request does not match the batch endpoint '{endpoint}'.",
+            number,
+            "url",
+        )
     if not isinstance(body, dict):
         return LineError("invalid_body", "body must be a JSON object (the request's body).", number, "body")
     if not isinstance(body.get("model"), str) or not body["model"]:
@@ -105,17 +110,29 @@ def validate(lines: Iterable[bytes], endpoint: str, max_requests: int) -> Valida
     for number, raw in numbered(lines):
         result.total += 1
         if result.total > max_requests:
-            result.add(LineError("batch_too_large", f"The batch input file holds more than {max_requests} "
-                                 "requests (--batch-max-requests); split it into several batches.", number))
+            result.add(
+                LineError(
+                    "batch_too_large",
+                    f"The batch input file holds more than {max_requests} "
+                    "requests (--batch-max-requests); split it into several batches.",
+                    number,
+                )
+            )
             break
         parsed = parse_line(raw, number, result.total - 1, endpoint)
         if isinstance(parsed, LineError):
             result.add(parsed)
             continue
         if parsed.custom_id in seen:
-            result.add(LineError("duplicate_custom_id", "The custom_id for this request is a duplicate of another "
-                                 "request. The custom_id parameter must be unique for each request in a batch.",
-                                 number, "custom_id"))
+            result.add(
+                LineError(
+                    "duplicate_custom_id",
+                    "The custom_id for this request is a duplicate of another "
+                    "request. The custom_id parameter must be unique for each request in a batch.",
+                    number,
+                    "custom_id",
+                )
+            )
             continue
         seen.add(parsed.custom_id)
         result.models.add(parsed.body["model"])

@@ -65,8 +65,9 @@ def _invalid_body(exc: ValidationError) -> InvalidRequestError:
 
 def _no_stream(stream: bool | None) -> None:
     if stream:
-        raise InvalidRequestError("stream is not supported in a batch: the answer is written to the output file",
-                                  param="stream")
+        raise InvalidRequestError(
+            "stream is not supported in a batch: the answer is written to the output file", param="stream"
+        )
 
 
 class LineExecutor:
@@ -122,15 +123,21 @@ class LineExecutor:
 
 def answer_record(custom_id: str, answer: Answer) -> str:
     """The output or error file's line for an answered request."""
-    record = {"id": f"batch_req_{random_hex()[:24]}", "custom_id": custom_id,
-              "response": {"status_code": answer.status_code, "request_id": f"req_{random_hex()}",
-                           "body": answer.body},
-              "error": None}
+    record = {
+        "id": f"batch_req_{random_hex()[:24]}",
+        "custom_id": custom_id,
+        "response": {"status_code": answer.status_code, "request_id": f"req_{random_hex()}", "body": answer.body},
+        "error": None,
+    }
     return orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
 
 def unrun_record(custom_id: str, code: str, message: str) -> str:
     """The error file's line for a request that never ran (the batch was cancelled or expired first)."""
-    record = {"id": f"batch_req_{random_hex()[:24]}", "custom_id": custom_id, "response": None,
-              "error": {"code": code, "message": message}}
+    record = {
+        "id": f"batch_req_{random_hex()[:24]}",
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": code, "message": message},
+    }
     return orjson.dumps(record).decode()

@@ -69,8 +69,16 @@ def output_file_id(batch_id: str, kind: str) -> str:
 
 
 class BatchRunner:
-    def __init__(self, store: BatchStore, files: FileStore, executor: LineExecutor, folder: Path,
-                 max_concurrency: int, max_requests: int, accepting: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self,
+        store: BatchStore,
+        files: FileStore,
+        executor: LineExecutor,
+        folder: Path,
+        max_concurrency: int,
+        max_requests: int,
+        accepting: Callable[[], bool] = lambda: True,
+    ) -> None:
         """`folder`: where each batch keeps its own link to its input file; `accepting`: False while the server
         drains (no new line starts)."""
         self.store = store
@@ -133,8 +141,17 @@ class BatchRunner:
             raise
         except Exception as exc:
             log.exception("batch %s failed", run.id)
-            await self._fail(run, [{"code": "internal_error", "message": f"the batch could not go on: "
-                                    f"{type(exc).__name__}; see the server log", "param": None, "line": None}])
+            await self._fail(
+                run,
+                [
+                    {
+                        "code": "internal_error",
+                        "message": f"the batch could not go on: {type(exc).__name__}; see the server log",
+                        "param": None,
+                        "line": None,
+                    }
+                ],
+            )
         finally:
             self._runs.pop(run.id, None)
 
@@ -178,8 +195,11 @@ class BatchRunner:
                     in_flight.add(task)
                     task.add_done_callback(in_flight.discard)
             while in_flight and not run.stop.is_set() and not run.expired:
-                await asyncio.wait(in_flight, timeout=max(0.0, min(1.0, run.batch["expires_at"] - time.time())),
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    in_flight,
+                    timeout=max(0.0, min(1.0, run.batch["expires_at"] - time.time())),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
         finally:
             for task in in_flight:  # cancelled, expired, failed or shutting down: abort what still runs
                 task.cancel()
@@ -240,14 +260,21 @@ class BatchRunner:
         if await self.store.has_results(run.id, ok=True):
             batch["output_file_id"] = await self._write(run, "output", ok=True)
         if unrun or await self.store.has_results(run.id, ok=False):
-            batch["error_file_id"] = await self._write(run, "error", ok=False,
-                                                       unrun=(done, *UNRUN[final]) if unrun else None)
+            batch["error_file_id"] = await self._write(
+                run, "error", ok=False, unrun=(done, *UNRUN[final]) if unrun else None
+            )
         advance(batch, final, int(time.time()))
         await self.store.finish(batch)
         self.input_path(run.id).unlink(missing_ok=True)
         counts = batch["request_counts"]
-        log.info("batch %s %s: %d completed, %d failed of %d", run.id, final, counts["completed"],
-                 counts["failed"], counts["total"])
+        log.info(
+            "batch %s %s: %d completed, %d failed of %d",
+            run.id,
+            final,
+            counts["completed"],
+            counts["failed"],
+            counts["total"],
+        )
 
     async def _write(self, run: Run, kind: str, ok: bool, unrun: tuple[set[int], str, str] | None = None) -> str:
         path = self.input_path(run.id)
@@ -258,8 +285,11 @@ class BatchRunner:
                 if unrun is not None:
                     done, code, message = unrun
                     lines = stack.enter_context(path.open("rb"))
-                    extra = ((r.index, unrun_record(r.custom_id, code, message))
-                             for r in requests(lines, run.batch["endpoint"]) if r.index not in done)
+                    extra = (
+                        (r.index, unrun_record(r.custom_id, code, message))
+                        for r in requests(lines, run.batch["endpoint"])
+                        if r.index not in done
+                    )
                 self.store.write_records(out, run.id, ok, extra)
 
         file_id = output_file_id(run.id, kind)

@@ -15,9 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from starlette.requests import Request
-
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from starlette.requests import Request
 
 from gateway.auth import ANONYMOUS
 from gateway.batch.database import Database
@@ -79,8 +78,9 @@ def new_batch_id() -> str:
 
 
 class BatchService:
-    def __init__(self, db: Database, files: FileStore, store: BatchStore, runner: BatchRunner,
-                 lock: FolderLock) -> None:
+    def __init__(
+        self, db: Database, files: FileStore, store: BatchStore, runner: BatchRunner, lock: FolderLock
+    ) -> None:
         self.db = db
         self.files = files
         self.store = store
@@ -92,15 +92,18 @@ class BatchService:
         if self.lock.held:
             return
         if not self.lock.acquire():
-            raise ServiceUnavailableError("another server runs the batches of this --files-dir; send batch requests "
-                                          "to it, or give each server its own --files-dir",
-                                          headers={"Retry-After": "30"})
+            raise ServiceUnavailableError(
+                "another server runs the batches of this --files-dir; send batch requests "
+                "to it, or give each server its own --files-dir",
+                headers={"Retry-After": "30"},
+            )
         await self.runner.resume()
 
     async def create(self, req: BatchCreateRequest, owner: str) -> dict[str, Any]:
         if req.endpoint not in ENDPOINTS:
-            raise InvalidRequestError(f"endpoint must be one of {', '.join(ENDPOINTS)}; got '{req.endpoint[:64]}'",
-                                      param="endpoint")
+            raise InvalidRequestError(
+                f"endpoint must be one of {', '.join(ENDPOINTS)}; got '{req.endpoint[:64]}'", param="endpoint"
+            )
         if req.completion_window != "24h":
             raise InvalidRequestError("completion_window must be '24h'", param="completion_window")
         output_ttl = check_ttl(req.output_expires_after.seconds) if req.output_expires_after else None
@@ -109,18 +112,34 @@ class BatchService:
         except NotFoundError:
             raise NotFoundError(f"No such File object: {req.input_file_id[:64]}", param="input_file_id") from None
         if source.purpose != "batch":
-            raise InvalidRequestError(f"the input file's purpose is '{source.purpose}'; upload it with purpose "
-                                      "'batch'", param="input_file_id")
+            raise InvalidRequestError(
+                f"the input file's purpose is '{source.purpose}'; upload it with purpose 'batch'", param="input_file_id"
+            )
         await self._lead()
         now = int(time.time())
         batch: dict[str, Any] = {
-            "id": new_batch_id(), "object": "batch", "endpoint": req.endpoint, "errors": None,
-            "input_file_id": source.id, "completion_window": "24h", "status": "validating",
-            "output_file_id": None, "error_file_id": None, "created_at": now, "in_progress_at": None,
-            "expires_at": now + COMPLETION_WINDOW, "finalizing_at": None, "completed_at": None, "failed_at": None,
-            "expired_at": None, "cancelling_at": None, "cancelled_at": None,
+            "id": new_batch_id(),
+            "object": "batch",
+            "endpoint": req.endpoint,
+            "errors": None,
+            "input_file_id": source.id,
+            "completion_window": "24h",
+            "status": "validating",
+            "output_file_id": None,
+            "error_file_id": None,
+            "created_at": now,
+            "in_progress_at": None,
+            "expires_at": now + COMPLETION_WINDOW,
+            "finalizing_at": None,
+            "completed_at": None,
+            "failed_at": None,
+            "expired_at": None,
+            "cancelling_at": None,
+            "cancelled_at": None,
             "request_counts": {"total": 0, "completed": 0, "failed": 0},
-            "metadata": req.metadata, "model": None, "usage": None,
+            "metadata": req.metadata,
+            "model": None,
+            "usage": None,
         }
         # the batch reads its own link to the input: deleting the file meanwhile does not take it away
         await asyncio.to_thread(self.files.link, source, self.runner.input_path(batch["id"]))
@@ -136,8 +155,13 @@ class BatchService:
 
     async def page(self, owner: str, limit: int, after: str | None) -> dict[str, Any]:
         batches, more = await self.store.page(owner, limit, after)
-        return {"object": "list", "data": batches, "first_id": batches[0]["id"] if batches else None,
-                "last_id": batches[-1]["id"] if batches else None, "has_more": more}
+        return {
+            "object": "list",
+            "data": batches,
+            "first_id": batches[0]["id"] if batches else None,
+            "last_id": batches[-1]["id"] if batches else None,
+            "has_more": more,
+        }
 
     async def cancel(self, batch_id: str, owner: str) -> dict[str, Any]:
         if check_cancellable(await self.get(batch_id, owner)):  # 404 for another key's; 400 once it has ended
@@ -153,8 +177,10 @@ class BatchService:
         try:
             await self._lead()
         except ServiceUnavailableError:
-            log.warning("another server runs the batches of %s: this one serves its files but runs no batch",
-                        self.files.objects.parent)
+            log.warning(
+                "another server runs the batches of %s: this one serves its files but runs no batch",
+                self.files.objects.parent,
+            )
 
     async def close(self) -> None:
         await self.runner.close()
@@ -162,17 +188,25 @@ class BatchService:
         self.db.close()
 
 
-def open_service(folder: Path, registry: ModelRegistry, max_file_bytes: int, max_requests: int, max_concurrency: int,
-                 accepting: Callable[[], bool]) -> BatchService:
+def open_service(
+    folder: Path,
+    registry: ModelRegistry,
+    max_file_bytes: int,
+    max_requests: int,
+    max_concurrency: int,
+    accepting: Callable[[], bool],
+) -> BatchService:
     """The service over `folder` (its database, `objects/` with the files' bytes, `batches/` with the running
     batches' inputs); nothing runs until `start`."""
     try:
         db = Database(folder / "files.sqlite3")
         files = FileStore(db, folder, max_file_bytes)
     except (OSError, sqlite3.Error) as exc:
-        raise ConfigError(f"cannot keep files in {folder}: {exc}; point --files-dir at a folder this user may "
-                          "write.") from exc
+        raise ConfigError(
+            f"cannot keep files in {folder}: {exc}; point --files-dir at a folder this user may write."
+        ) from exc
     store = BatchStore(db)
-    runner = BatchRunner(store, files, LineExecutor(registry), folder / "batches", max_concurrency, max_requests,
-                         accepting)
+    runner = BatchRunner(
+        store, files, LineExecutor(registry), folder / "batches", max_concurrency, max_requests, accepting
+    )
     return BatchService(db, files, store, runner, FolderLock(folder / "batches.lock"))

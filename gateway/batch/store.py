@@ -56,9 +56,12 @@ class Tally:
 
 
 def _tally(db: sqlite3.Connection, batch_id: str) -> Tally:
-    row = db.execute("SELECT COALESCE(SUM(ok), 0), COUNT(*), COALESCE(SUM(input_tokens), 0), "
-                     "COALESCE(SUM(cached_tokens), 0), COALESCE(SUM(output_tokens), 0) FROM batch_results "
-                     "WHERE batch_id = ?", (batch_id,)).fetchone()
+    row = db.execute(
+        "SELECT COALESCE(SUM(ok), 0), COUNT(*), COALESCE(SUM(input_tokens), 0), "
+        "COALESCE(SUM(cached_tokens), 0), COALESCE(SUM(output_tokens), 0) FROM batch_results "
+        "WHERE batch_id = ?",
+        (batch_id,),
+    ).fetchone()
     return Tally(row[0], row[1] - row[0], row[2], row[3], row[4])
 
 
@@ -74,8 +77,11 @@ class BatchStore:
     # The Batch object is written as JSON here, on the event loop, where it changes: never read from another thread.
     async def insert(self, batch: dict[str, Any], owner: str, output_ttl: int | None = None) -> None:
         row = (batch["id"], owner, batch["status"], output_ttl, json.dumps(batch))
-        await self.db.run(lambda db: db.execute(
-            "INSERT INTO batches (id, owner, status, output_ttl, object) VALUES (?, ?, ?, ?, ?)", row))
+        await self.db.run(
+            lambda db: db.execute(
+                "INSERT INTO batches (id, owner, status, output_ttl, object) VALUES (?, ?, ?, ?, ?)", row
+            )
+        )
 
     async def save(self, batch: dict[str, Any]) -> None:
         await self.db.run(_save, batch["id"], batch["status"], json.dumps(batch))
@@ -123,37 +129,61 @@ class BatchStore:
         """Every batch not yet in a terminal status, oldest first, with its owner and output TTL: what a start
         resumes."""
         marks = ", ".join("?" * len(TERMINAL))
-        found = await self.db.run(lambda db: rows(db.execute(
-            f"SELECT object, owner, output_ttl FROM batches WHERE status NOT IN ({marks}) ORDER BY seq",
-            tuple(TERMINAL))))
+        found = await self.db.run(
+            lambda db: rows(
+                db.execute(
+                    f"SELECT object, owner, output_ttl FROM batches WHERE status NOT IN ({marks}) ORDER BY seq",
+                    tuple(TERMINAL),
+                )
+            )
+        )
         return [(json.loads(r["object"]), r["owner"], r["output_ttl"]) for r in found]
 
     # -- line results -------------------------------------------------------------------------------------------
     async def done_lines(self, batch_id: str) -> set[int]:
-        found = await self.db.run(lambda db: db.execute(
-            "SELECT line FROM batch_results WHERE batch_id = ?", (batch_id,)).fetchall())
+        found = await self.db.run(
+            lambda db: db.execute("SELECT line FROM batch_results WHERE batch_id = ?", (batch_id,)).fetchall()
+        )
         return {r[0] for r in found}
 
     async def put_result(self, batch_id: str, result: LineResult) -> None:
-        await self.db.run(lambda db: db.execute(
-            "INSERT OR IGNORE INTO batch_results VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (batch_id, result.line, int(result.ok), result.record, result.input_tokens, result.cached_tokens,
-             result.output_tokens)))
+        await self.db.run(
+            lambda db: db.execute(
+                "INSERT OR IGNORE INTO batch_results VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    batch_id,
+                    result.line,
+                    int(result.ok),
+                    result.record,
+                    result.input_tokens,
+                    result.cached_tokens,
+                    result.output_tokens,
+                ),
+            )
+        )
 
     async def has_results(self, batch_id: str, ok: bool) -> bool:
-        found = await self.db.run(lambda db: db.execute(
-            "SELECT 1 FROM batch_results WHERE batch_id = ? AND ok = ? LIMIT 1", (batch_id, int(ok))).fetchone())
+        found = await self.db.run(
+            lambda db: db.execute(
+                "SELECT 1 FROM batch_results WHERE batch_id = ? AND ok = ? LIMIT 1", (batch_id, int(ok))
+            ).fetchone()
+        )
         return found is not None
 
-    def write_records(self, out: IO[bytes], batch_id: str, ok: bool,
-                      extra: Iterator[tuple[int, str]] | None = None) -> None:
+    def write_records(
+        self, out: IO[bytes], batch_id: str, ok: bool, extra: Iterator[tuple[int, str]] | None = None
+    ) -> None:
         """Write the batch's output (`ok`) or error records to `out` in input order, merging `extra` (line,
         record) pairs, in line order, in (the error records of lines that never ran). Runs in a worker thread."""
         extra = extra if extra is not None else iter(())
         pending = next(extra, None)
+
         def page_after(db: sqlite3.Connection, after: int) -> list[tuple[int, str]]:
-            return db.execute("SELECT line, record FROM batch_results WHERE batch_id = ? AND ok = ? AND line > ? "
-                              "ORDER BY line LIMIT 1000", (batch_id, int(ok), after)).fetchall()
+            return db.execute(
+                "SELECT line, record FROM batch_results WHERE batch_id = ? AND ok = ? AND line > ? "
+                "ORDER BY line LIMIT 1000",
+                (batch_id, int(ok), after),
+            ).fetchall()
 
         start = -1
         while True:

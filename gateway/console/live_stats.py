@@ -26,32 +26,36 @@ def snapshot(registry: ModelRegistry) -> dict[str, Any]:
     for model in registry.llms():
         s = model.scheduler.stats()
         r = s.requests
-        llms.append({
-            "name": model.name,
-            "running": s.running,
-            "waiting": s.waiting,
-            "kv_usage": s.kv_usage,
-            "kv_blocks_used": s.kv_blocks_used,
-            "kv_blocks_total": s.kv_blocks_total,
-            "prefix_cache_queries": s.prefix_cache_queried_tokens,
-            "prefix_cache_hits": s.prefix_cache_hit_tokens,
-            "preemptions": s.preemptions,
-            "sessions": s.sessions,
-            "prompt_tokens": r.prompt_tokens,
-            "generation_tokens": r.generation_tokens,
-            "finished": sum(r.finished.values()),
-            "ttft": _buckets(r.ttft),
-            "itl": _buckets(r.inter_token),
-        })
+        llms.append(
+            {
+                "name": model.name,
+                "running": s.running,
+                "waiting": s.waiting,
+                "kv_usage": s.kv_usage,
+                "kv_blocks_used": s.kv_blocks_used,
+                "kv_blocks_total": s.kv_blocks_total,
+                "prefix_cache_queries": s.prefix_cache_queried_tokens,
+                "prefix_cache_hits": s.prefix_cache_hit_tokens,
+                "preemptions": s.preemptions,
+                "sessions": s.sessions,
+                "prompt_tokens": r.prompt_tokens,
+                "generation_tokens": r.generation_tokens,
+                "finished": sum(r.finished.values()),
+                "ttft": _buckets(r.ttft),
+                "itl": _buckets(r.inter_token),
+            }
+        )
     tensors: list[dict[str, Any]] = []
     for entry in registry.all_models():
         if not isinstance(entry, LoadedTensorModel):
             continue
         stats = [s for _, s, _ in entry.version_stats()]
-        tensors.append({
-            "name": entry.name,
-            "success": sum(s.success.count for s in stats),
-            "failure": sum(sum(s.fail_reasons.values()) for s in stats),
-            "inferences": sum(s.inference_count for s in stats),
-        })
+        tensors.append(
+            {
+                "name": entry.name,
+                "success": sum(s.success.count for s in stats),
+                "failure": sum(sum(s.fail_reasons.values()) for s in stats),
+                "inferences": sum(s.inference_count for s in stats),
+            }
+        )
     return {"time": time.monotonic(), "llms": llms, "tensors": tensors}

@@ -33,8 +33,13 @@ def cpu_budget() -> dict[str, Any]:
         budget = detect_cpu_budget()
     except ValueError:  # a bad OMP_NUM_THREADS: the engines refuse to load and say why
         return {"visible": visible, "host": os.cpu_count(), "budget": None}
-    return {"visible": visible, "host": os.cpu_count(), "budget": budget.cpus, "threads": budget.threads,
-            "reason": budget.reason}
+    return {
+        "visible": visible,
+        "host": os.cpu_count(),
+        "budget": budget.cpus,
+        "threads": budget.threads,
+        "reason": budget.reason,
+    }
 
 
 def _backend(config: Any) -> str:
@@ -78,8 +83,9 @@ def _folder_facts(control: ModelControl, name: str) -> dict[str, Any]:
     kind = "tensor" if isinstance(config, TensorModelConfig) else "llm"
     facts: dict[str, Any] = {"backend": _backend(config), "kind": kind}
     if isinstance(config, ModelConfig):
-        facts.update(dtype=config.dtype, max_model_len=config.max_model_len,
-                     served_name=config.served_model_name or name)
+        facts.update(
+            dtype=config.dtype, max_model_len=config.max_model_len, served_name=config.served_model_name or name
+        )
     return facts
 
 
@@ -116,8 +122,9 @@ def models(control: ModelControl) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
-def server(config: Any, admin_enabled: bool, auth_required: bool, ready: bool,
-           routes: frozenset[str]) -> dict[str, Any]:
+def server(
+    config: Any, admin_enabled: bool, auth_required: bool, ready: bool, routes: frozenset[str]
+) -> dict[str, Any]:
     return {
         "name": "switchyard",
         "version": __version__,

@@ -61,8 +61,9 @@ async def overview_json(request: Request) -> dict[str, Any]:
     keys: KeyStore = app.state.keys
     routes = frozenset(getattr(r, "path", "") for r in app.routes)
     return {
-        "server": overview.server(app.state.config, keys.admin_enabled, not keys.inference_open,
-                                  bool(app.state.ready), routes),
+        "server": overview.server(
+            app.state.config, keys.admin_enabled, not keys.inference_open, bool(app.state.ready), routes
+        ),
         "models": [m for m in overview.models(app.state.model_control) if key_context.visible(m["name"])],
     }
 

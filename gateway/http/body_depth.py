@@ -143,7 +143,8 @@ class NestingAwareRoute(APIRoute):
                     media = content_type.split(";", 1)[0].strip()[:64]
                     raise UnsupportedMediaTypeError(
                         f"Content-Type '{media}' is not supported: send the body as JSON with the header "
-                        "'Content-Type: application/json'")
+                        "'Content-Type: application/json'"
+                    )
                 try:
                     raw = await _read_body(request)
                 except ClientDisconnect:

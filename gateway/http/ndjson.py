@@ -32,8 +32,9 @@ def ndjson_line(obj: dict[str, Any]) -> bytes:
 class NDJSONResponse(StreamingResponse):
     """Streams the objects `lines` yields, one a line; `background` runs once the stream has ended."""
 
-    def __init__(self, lines: AsyncIterator[dict[str, Any]], send_timeout_s: float,
-                 background: BackgroundTask | None = None) -> None:
+    def __init__(
+        self, lines: AsyncIterator[dict[str, Any]], send_timeout_s: float, background: BackgroundTask | None = None
+    ) -> None:
         # the lines are sent by stream_response below, not by the parent's body iterator
         super().__init__((), media_type=MEDIA_TYPE, headers={"Cache-Control": "no-cache"}, background=background)
         self._lines = lines

@@ -29,6 +29,7 @@ def request_timeout(request: Request, body_value: float | None = None) -> float 
     except ValueError:
         value = math.nan
     if not 0 < value <= MAX_TIMEOUT_S:  # NaN fails too
-        raise InvalidRequestError(f"{HEADER} must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:g}",
-                                  param="timeout")
+        raise InvalidRequestError(
+            f"{HEADER} must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:g}", param="timeout"
+        )
     return value

@@ -57,8 +57,9 @@ def sse_response(chunks: AsyncIterator[dict[str, Any]], send_timeout_s: float) -
     return EventStream(_frames(chunks), send_timeout_s)
 
 
-async def _typed_frames(events: AsyncIterator[dict[str, Any]],
-                        failure: Callable[[SwitchyardError], dict[str, Any]]) -> AsyncIterator[dict[str, str]]:
+async def _typed_frames(
+    events: AsyncIterator[dict[str, Any]], failure: Callable[[SwitchyardError], dict[str, Any]]
+) -> AsyncIterator[dict[str, str]]:
     try:
         async for event in events:
             yield {"event": event["type"], "data": _dump(event)}
@@ -69,8 +70,9 @@ async def _typed_frames(events: AsyncIterator[dict[str, Any]],
         yield {"event": "error", "data": _dump(failure(InternalError("the stream failed; see the server log")))}
 
 
-def typed_events_response(events: AsyncIterator[dict[str, Any]], send_timeout_s: float,
-                          failure: Callable[[SwitchyardError], dict[str, Any]]) -> EventSourceResponse:
+def typed_events_response(
+    events: AsyncIterator[dict[str, Any]], send_timeout_s: float, failure: Callable[[SwitchyardError], dict[str, Any]]
+) -> EventSourceResponse:
     """Events named by their `type` (`event: <type>` then `data: {json}`), as the Responses and Messages APIs
     stream them; an unexpected failure sends an `error` event with the body `failure` gives."""
     return EventStream(_typed_frames(events, failure), send_timeout_s)

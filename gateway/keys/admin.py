@@ -1,12 +1,12 @@
 """The admin API of named keys and their usage (behind the admin key, as /v2/repository):
 
-    POST   /admin/keys                 create; the answer holds the secret, shown this once
-    GET    /admin/keys                 list (revoked keys too, with their status)
-    GET    /admin/keys/{id}            one key
-    PATCH  /admin/keys/{id}            change its name, metadata or policy (only the fields given)
-    POST   /admin/keys/{id}/rotate     a new secret for the same key; the old one stops working
-    DELETE /admin/keys/{id}            revoke: refused from now on, still listed with its usage
-    GET    /admin/usage                usage per key and model: ?key=&model=&from=&to=&group_by=&format=csv
+POST   /admin/keys                 create; the answer holds the secret, shown this once
+GET    /admin/keys                 list (revoked keys too, with their status)
+GET    /admin/keys/{id}            one key
+PATCH  /admin/keys/{id}            change its name, metadata or policy (only the fields given)
+POST   /admin/keys/{id}/rotate     a new secret for the same key; the old one stops working
+DELETE /admin/keys/{id}            revoke: refused from now on, still listed with its usage
+GET    /admin/usage                usage per key and model: ?key=&model=&from=&to=&group_by=&format=csv
 """
 
 from __future__ import annotations
@@ -30,8 +30,19 @@ from gateway.keys.store import HOUR, UsageCounts
 router = APIRouter(prefix="/admin", tags=["admin"])
 
 DAY = 86400
-CSV_COLUMNS = ("key_id", "key_name", "model", "start", "requests", "errors", "prompt_tokens", "cached_tokens",
-               "completion_tokens", "total_tokens", "cost")
+CSV_COLUMNS = (
+    "key_id",
+    "key_name",
+    "model",
+    "start",
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "cost",
+)
 
 
 def _service(request: Request) -> KeyService:
@@ -96,8 +107,9 @@ def _time(value: str | None, name: str) -> float | None:
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
-        raise InvalidRequestError(f"'{name}' must be a Unix time or an ISO 8601 date such as 2026-01-31 or "
-                                  "2026-01-31T12:00:00Z", param=name) from None
+        raise InvalidRequestError(
+            f"'{name}' must be a Unix time or an ISO 8601 date such as 2026-01-31 or 2026-01-31T12:00:00Z", param=name
+        ) from None
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
@@ -139,7 +151,10 @@ async def usage(
         writer = csv.DictWriter(out, CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
         writer.writeheader()
         writer.writerows(data)
-        return Response(out.getvalue(), media_type="text/csv; charset=utf-8",
-                        headers={"Content-Disposition": 'attachment; filename="usage.csv"'})
+        return Response(
+            out.getvalue(),
+            media_type="text/csv; charset=utf-8",
+            headers={"Content-Disposition": 'attachment; filename="usage.csv"'},
+        )
     body = {"object": "list", "from": begin, "to": finish, "group_by": group_by, "bucket_seconds": HOUR, "data": data}
     return Response(orjson.dumps(body), media_type="application/json")

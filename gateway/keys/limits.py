@@ -92,8 +92,7 @@ AVERAGE_WEIGHT = 0.2  # of the newest request in the moving average of tokens pe
 class KeyLimiter:
     """The per-minute windows of every named key; `default_rpm`/`default_tpm` apply to keys that set none."""
 
-    def __init__(self, default_rpm: int = 0, default_tpm: int = 0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, default_rpm: int = 0, default_tpm: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
         self.default_rpm = default_rpm
         self.default_tpm = default_tpm
         self._clock = clock
@@ -102,8 +101,10 @@ class KeyLimiter:
     def limits(self, key: KeyRecord) -> tuple[int, int]:
         """The key's (rpm, tpm); 0 = unlimited."""
         policy = key.policy
-        return (self.default_rpm if policy.rpm is None else policy.rpm,
-                self.default_tpm if policy.tpm is None else policy.tpm)
+        return (
+            self.default_rpm if policy.rpm is None else policy.rpm,
+            self.default_tpm if policy.tpm is None else policy.tpm,
+        )
 
     def windows(self, key_id: str) -> KeyWindows:
         windows = self._windows.get(key_id)
@@ -124,16 +125,20 @@ class KeyLimiter:
             spent = f"its cost budget of {policy.budget_cost:g} per {policy.budget_period}"
         if spent is not None:
             renew = max(1, math.ceil(period_bounds(policy.budget_period, wall_now)[1] - wall_now))
-            raise QuotaExceededError(f"API key '{key.name}' has used {spent} (UTC); it renews in {renew} s",
-                                     headers={"Retry-After": str(renew)})
+            raise QuotaExceededError(
+                f"API key '{key.name}' has used {spent} (UTC); it renews in {renew} s",
+                headers={"Retry-After": str(renew)},
+            )
         rpm, tpm = self.limits(key)
         if not (rpm or tpm):
             return
         now = self._clock()
         state = self.windows(key.id)
         requests, tokens = state.requests, state.tokens
-        for limit, window, units, what in ((rpm, requests, 1.0, "requests"),
-                                           (tpm, tokens, state.expected(new=True), "tokens")):
+        for limit, window, units, what in (
+            (rpm, requests, 1.0, "requests"),
+            (tpm, tokens, state.expected(new=True), "tokens"),
+        ):
             if limit:
                 wait = window.wait(now, limit, units)
                 if wait > 0:
@@ -141,7 +146,8 @@ class KeyLimiter:
                     raise RateLimitError(
                         f"API key '{key.name}' reached its rate limit of {limit} {what} per minute "
                         f"(used {window.total(now):.0f}); retry in {retry} s",
-                        headers={"Retry-After": str(retry)})
+                        headers={"Retry-After": str(retry)},
+                    )
         if rpm:
             requests.add(now, 1.0)
         state.in_flight += 1

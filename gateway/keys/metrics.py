@@ -27,12 +27,19 @@ class KeyUsageCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         ledger = self._service.ledger
         base = ["key", "model"] if self._by_key else ["model"]
-        requests = CounterMetricFamily("switchyard_key_requests", "Requests made with named API keys, by model",
-                                       labels=base)
-        errors = CounterMetricFamily("switchyard_key_request_errors",
-                                     "Requests made with named API keys that failed (status 400 or more)", labels=base)
-        tokens = CounterMetricFamily("switchyard_key_tokens", "Tokens of requests made with named API keys, by kind "
-                                     "(cached prompt tokens are also prompt tokens)", labels=[*base, "kind"])
+        requests = CounterMetricFamily(
+            "switchyard_key_requests", "Requests made with named API keys, by model", labels=base
+        )
+        errors = CounterMetricFamily(
+            "switchyard_key_request_errors",
+            "Requests made with named API keys that failed (status 400 or more)",
+            labels=base,
+        )
+        tokens = CounterMetricFamily(
+            "switchyard_key_tokens",
+            "Tokens of requests made with named API keys, by kind (cached prompt tokens are also prompt tokens)",
+            labels=[*base, "kind"],
+        )
         grouped: dict[tuple[str, ...], UsageCounts] = {}
         for (key_id, model), counts in list(ledger.totals.items()):
             labels: tuple[str, ...] = (key_id, model) if self._by_key else (model,)
@@ -42,9 +49,12 @@ class KeyUsageCollector(Collector):
             errors.add_metric(list(labels), counts.errors)
             for kind, name in TOKEN_KINDS:
                 tokens.add_metric([*labels, kind], getattr(counts, name))
-        refused = CounterMetricFamily("switchyard_key_refusals", "Requests of named API keys refused with 429, by "
-                                      "reason (rate_limit: a per-minute limit; budget: the period's budget)",
-                                      labels=["key", "reason"] if self._by_key else ["reason"])
+        refused = CounterMetricFamily(
+            "switchyard_key_refusals",
+            "Requests of named API keys refused with 429, by "
+            "reason (rate_limit: a per-minute limit; budget: the period's budget)",
+            labels=["key", "reason"] if self._by_key else ["reason"],
+        )
         by_reason: dict[tuple[str, ...], int] = {}
         for (key_id, reason), n in list(ledger.refusals.items()):
             labels = (key_id, reason) if self._by_key else (reason,)

@@ -137,10 +137,16 @@ class KeyRecord:
     def public(self, now: float) -> dict[str, Any]:
         """The key as the admin API shows it (no digest, no secret)."""
         return {
-            "id": self.id, "object": "api_key", "name": self.name, "prefix": self.prefix, "status": self.status(now),
-            "created_at": int(self.created_at), "updated_at": int(self.updated_at),
+            "id": self.id,
+            "object": "api_key",
+            "name": self.name,
+            "prefix": self.prefix,
+            "status": self.status(now),
+            "created_at": int(self.created_at),
+            "updated_at": int(self.updated_at),
             "revoked_at": int(self.revoked_at) if self.revoked_at is not None else None,
-            **self.policy.model_dump(mode="json"), "metadata": self.metadata,
+            **self.policy.model_dump(mode="json"),
+            "metadata": self.metadata,
         }
 
 

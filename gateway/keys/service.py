@@ -43,9 +43,16 @@ class KeyService:
     """Named keys for the access checks (lookup by digest, admission, token charges) and for the admin API
     (changes, written to the database first). `wall` is the clock of expiry and budget periods (tests inject one)."""
 
-    def __init__(self, open_db: Callable[[], KeyDatabase], limiter: KeyLimiter, prices: dict[str, Price] | None = None,
-                 *, flush_secs: float = 5.0, refresh_secs: float = 10.0,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        open_db: Callable[[], KeyDatabase],
+        limiter: KeyLimiter,
+        prices: dict[str, Price] | None = None,
+        *,
+        flush_secs: float = 5.0,
+        refresh_secs: float = 10.0,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self._open_db = open_db
         self.db: KeyDatabase | None = None
         self.limiter = limiter
@@ -97,8 +104,9 @@ class KeyService:
             except Exception:  # the database is away: keep serving with the keys already read
                 log.exception("could not refresh the named keys")
 
-    def _write_usage(self, rows: dict[tuple[str, str, int], UsageCounts],
-                     starts: dict[str, float]) -> dict[str, tuple[int, float]]:
+    def _write_usage(
+        self, rows: dict[tuple[str, str, int], UsageCounts], starts: dict[str, float]
+    ) -> dict[str, tuple[int, float]]:
         if self.db is None:
             raise RuntimeError("the key store is closed")
         self.db.add_usage(rows)
@@ -157,8 +165,9 @@ class KeyService:
             self.ledger.refused(key.id, "rate_limit")
             raise
 
-    def charge(self, key: KeyRecord, model: str, prompt: int, cached: int, completion: int,
-               in_flight: bool = True) -> None:
+    def charge(
+        self, key: KeyRecord, model: str, prompt: int, cached: int, completion: int, in_flight: bool = True
+    ) -> None:
         self.ledger.add(key.id, model, prompt=prompt, cached=cached, completion=completion)
         self.limiter.charge(key.id, prompt + completion, in_flight)
 
@@ -194,8 +203,16 @@ class KeyService:
         """A new key and its secret (shown this once)."""
         assert self.db is not None
         secret, now = new_secret(), self._wall()
-        key = KeyRecord(new_key_id(), body.name, secret_digest(secret), secret[:SHOWN_PREFIX_CHARS], body.policy(),
-                        dict(body.metadata), now, now)
+        key = KeyRecord(
+            new_key_id(),
+            body.name,
+            secret_digest(secret),
+            secret[:SHOWN_PREFIX_CHARS],
+            body.policy(),
+            dict(body.metadata),
+            now,
+            now,
+        )
         await asyncio.to_thread(self.db.insert, key)
         self._put(key)
         log.info("API key %s (%s) created", key.id, key.name)
@@ -219,8 +236,11 @@ class KeyService:
         assert self.db is not None
         key = await self._fresh(key_id)
         if key.revoked_at is not None:
-            raise InvalidRequestError(f"API key '{key_id[:64]}' is revoked and cannot be rotated; create a new key",
-                                      param="key_id", code="key_revoked")
+            raise InvalidRequestError(
+                f"API key '{key_id[:64]}' is revoked and cannot be rotated; create a new key",
+                param="key_id",
+                code="key_revoked",
+            )
         old_hash, secret = key.secret_hash, new_secret()
         key.secret_hash, key.prefix, key.updated_at = secret_digest(secret), secret[:SHOWN_PREFIX_CHARS], self._wall()
         await asyncio.to_thread(self.db.save, key)
@@ -241,12 +261,25 @@ class KeyService:
         return key
 
 
-def open_key_service(path: Path, url: str | None, *, default_rpm: int, default_tpm: int, prices: tuple[str, ...],
-                     flush_secs: float, refresh_secs: float) -> KeyService:
+def open_key_service(
+    path: Path,
+    url: str | None,
+    *,
+    default_rpm: int,
+    default_tpm: int,
+    prices: tuple[str, ...],
+    flush_secs: float,
+    refresh_secs: float,
+) -> KeyService:
     """The service for the server's settings; the database opens with `KeyService.open` (in the app's startup)."""
     try:
         parsed = dict(Price.parse(text) for text in prices)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return KeyService(lambda: KeyDatabase.open(path, url), KeyLimiter(default_rpm, default_tpm), parsed,
-                      flush_secs=flush_secs, refresh_secs=refresh_secs)
+    return KeyService(
+        lambda: KeyDatabase.open(path, url),
+        KeyLimiter(default_rpm, default_tpm),
+        parsed,
+        flush_secs=flush_secs,
+        refresh_secs=refresh_secs,
+    )

@@ -45,7 +45,8 @@ COUNTS = ("requests", "errors", "prompt_tokens", "cached_tokens", "completion_to
 
 _schema = MetaData()
 KEYS = Table(
-    "switchyard_keys", _schema,
+    "switchyard_keys",
+    _schema,
     Column("id", String(32), primary_key=True),
     Column("name", String(128), nullable=False),
     Column("secret_hash", String(64), nullable=False, unique=True),
@@ -57,7 +58,8 @@ KEYS = Table(
     Column("revoked_at", Float, nullable=True),
 )
 USAGE = Table(
-    "switchyard_key_usage", _schema,
+    "switchyard_key_usage",
+    _schema,
     Column("key_id", String(32), primary_key=True),
     Column("model", String(256), primary_key=True),
     Column("hour", BigInteger, primary_key=True),  # Unix time of the UTC hour's start
@@ -108,8 +110,17 @@ def _record(row: Any) -> KeyRecord | None:
     except ValidationError as exc:  # written by another release: the key is refused rather than misread
         log.warning("key %s has a policy this release cannot read (%s); it is ignored", row.id, exc.errors()[0])
         return None
-    return KeyRecord(row.id, row.name, row.secret_hash, row.prefix, policy, json.loads(row.metadata),
-                     row.created_at, row.updated_at, row.revoked_at)
+    return KeyRecord(
+        row.id,
+        row.name,
+        row.secret_hash,
+        row.prefix,
+        policy,
+        json.loads(row.metadata),
+        row.created_at,
+        row.updated_at,
+        row.revoked_at,
+    )
 
 
 class KeyDatabase:
@@ -137,13 +148,17 @@ class KeyDatabase:
                 engine = create_engine(url, pool_pre_ping=True)
             except (ArgumentError, ImportError) as exc:  # the URL may hold a password: never quote it
                 why = f"its driver is not installed ({exc})" if isinstance(exc, ImportError) else "it does not parse"
-                raise ConfigError(f"cannot use SWITCHYARD_KEY_STORE_URL: {why}; give a SQLAlchemy URL such as "
-                                  "postgresql+psycopg://user@host/db and install its driver") from None
+                raise ConfigError(
+                    f"cannot use SWITCHYARD_KEY_STORE_URL: {why}; give a SQLAlchemy URL such as "
+                    "postgresql+psycopg://user@host/db and install its driver"
+                ) from None
         try:
             return cls(engine)
         except SQLAlchemyError as exc:
-            raise ConfigError(f"cannot open the key store ({type(exc).__name__}); check --key-store or "
-                              "SWITCHYARD_KEY_STORE_URL and that the database is reachable") from None
+            raise ConfigError(
+                f"cannot open the key store ({type(exc).__name__}); check --key-store or "
+                "SWITCHYARD_KEY_STORE_URL and that the database is reachable"
+            ) from None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -172,9 +187,17 @@ class KeyDatabase:
 
     @staticmethod
     def _row(key: KeyRecord) -> dict[str, Any]:
-        return {"id": key.id, "name": key.name, "secret_hash": key.secret_hash, "prefix": key.prefix,
-                "policy": key.policy.model_dump_json(), "metadata": json.dumps(key.metadata),
-                "created_at": key.created_at, "updated_at": key.updated_at, "revoked_at": key.revoked_at}
+        return {
+            "id": key.id,
+            "name": key.name,
+            "secret_hash": key.secret_hash,
+            "prefix": key.prefix,
+            "policy": key.policy.model_dump_json(),
+            "metadata": json.dumps(key.metadata),
+            "created_at": key.created_at,
+            "updated_at": key.updated_at,
+            "revoked_at": key.revoked_at,
+        }
 
     # ------------------------------------------------------------------ usage
 
@@ -191,19 +214,25 @@ class KeyDatabase:
                 stmt = (sqlite_insert if dialect == "sqlite" else postgresql_insert)(USAGE)
                 stmt = stmt.on_conflict_do_update(
                     index_elements=[USAGE.c.key_id, USAGE.c.model, USAGE.c.hour],
-                    set_={name: USAGE.c[name] + stmt.excluded[name] for name in COUNTS})
+                    set_={name: USAGE.c[name] + stmt.excluded[name] for name in COUNTS},
+                )
                 conn.execute(stmt, values)
                 return
             for value in values:  # other databases: update, else insert
-                where = ((USAGE.c.key_id == value["key_id"]) & (USAGE.c.model == value["model"])
-                         & (USAGE.c.hour == value["hour"]))
-                done = conn.execute(update(USAGE).where(where).values(
-                    {name: USAGE.c[name] + value[name] for name in COUNTS})).rowcount
+                where = (
+                    (USAGE.c.key_id == value["key_id"])
+                    & (USAGE.c.model == value["model"])
+                    & (USAGE.c.hour == value["hour"])
+                )
+                done = conn.execute(
+                    update(USAGE).where(where).values({name: USAGE.c[name] + value[name] for name in COUNTS})
+                ).rowcount
                 if not done:
                     conn.execute(USAGE.insert().values(**value))
 
-    def usage_rows(self, key_ids: Sequence[str] | None, model: str | None, start: float | None,
-                   end: float | None) -> list[tuple[str, str, int, UsageCounts]]:
+    def usage_rows(
+        self, key_ids: Sequence[str] | None, model: str | None, start: float | None, end: float | None
+    ) -> list[tuple[str, str, int, UsageCounts]]:
         """(key id, model, hour, counts) for the hours overlapping [start, end), oldest first."""
         query = select(USAGE)
         if key_ids is not None:
@@ -227,11 +256,15 @@ class KeyDatabase:
         with self.engine.connect() as conn:
             for start, key_ids in by_start.items():
                 for chunk in _chunks(key_ids, 500):
-                    query = (select(USAGE.c.key_id,
-                                    func.sum(USAGE.c.prompt_tokens + USAGE.c.completion_tokens),
-                                    func.sum(USAGE.c.cost))
-                             .where(USAGE.c.key_id.in_(chunk), USAGE.c.hour >= hour_of(start))
-                             .group_by(USAGE.c.key_id))
+                    query = (
+                        select(
+                            USAGE.c.key_id,
+                            func.sum(USAGE.c.prompt_tokens + USAGE.c.completion_tokens),
+                            func.sum(USAGE.c.cost),
+                        )
+                        .where(USAGE.c.key_id.in_(chunk), USAGE.c.hour >= hour_of(start))
+                        .group_by(USAGE.c.key_id)
+                    )
                     for key_id, tokens, cost in conn.execute(query):
                         totals[key_id] = (int(tokens or 0), float(cost or 0.0))
         return totals
@@ -239,4 +272,4 @@ class KeyDatabase:
 
 def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
     for at in range(0, len(items), size):
-        yield items[at:at + size]
+        yield items[at : at + size]

@@ -43,8 +43,10 @@ class Price:
             if any(n < 0 or n != n for n in numbers):
                 raise ValueError
         except ValueError:
-            raise ValueError(f"--key-price {text[:80]!r} must be MODEL=PROMPT:COMPLETION[:CACHED], prices per "
-                             "million tokens (e.g. smollm2-135m-instruct=0.1:0.4)") from None
+            raise ValueError(
+                f"--key-price {text[:80]!r} must be MODEL=PROMPT:COMPLETION[:CACHED], prices per "
+                "million tokens (e.g. smollm2-135m-instruct=0.1:0.4)"
+            ) from None
         return model, cls(numbers[0], numbers[1], numbers[2] if len(numbers) == 3 else numbers[0])
 
     def cost(self, prompt: int, cached: int, completion: int) -> float:
@@ -59,8 +61,9 @@ Writer = Callable[[dict[tuple[str, str, int], UsageCounts], dict[str, float]], d
 class UsageLedger:
     """Usage counted on the event loop and written by `flush` (see the module docstring)."""
 
-    def __init__(self, write: Writer, prices: dict[str, Price] | None = None,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, write: Writer, prices: dict[str, Price] | None = None, wall: Callable[[], float] = time.time
+    ) -> None:
         self._write = write  # blocking: runs in a worker thread
         self.prices = prices or {}
         self._wall = wall
@@ -72,8 +75,17 @@ class UsageLedger:
         self.refusals: dict[tuple[str, str], int] = {}  # (key id, reason) -> refused requests, for /metrics
         self._flushing = asyncio.Lock()
 
-    def add(self, key_id: str, model: str, *, requests: int = 0, errors: int = 0, prompt: int = 0, cached: int = 0,
-            completion: int = 0) -> None:
+    def add(
+        self,
+        key_id: str,
+        model: str,
+        *,
+        requests: int = 0,
+        errors: int = 0,
+        prompt: int = 0,
+        cached: int = 0,
+        completion: int = 0,
+    ) -> None:
         """Count usage of `key_id` on `model` now (cheap: called per generation step)."""
         price = self.prices.get(model)
         cost = price.cost(prompt, cached, completion) if price is not None else 0.0
@@ -111,8 +123,11 @@ class UsageLedger:
             rows, self._pending = self._pending, {}
             self._writing, self._unflushed = self._unflushed, {}
             now = self._wall()
-            starts = {k.id: period_bounds(k.policy.budget_period, now)[0] for k in keys
-                      if k.policy.budget_tokens is not None or k.policy.budget_cost is not None}
+            starts = {
+                k.id: period_bounds(k.policy.budget_period, now)[0]
+                for k in keys
+                if k.policy.budget_tokens is not None or k.policy.budget_cost is not None
+            }
             try:
                 totals = await asyncio.to_thread(self._write, rows, starts)
             except Exception as exc:  # the database is away: keep the counts for the next flush

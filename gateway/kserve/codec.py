@@ -167,6 +167,7 @@ def encode_json_tensor(
 @dataclass
 class RequestedOutput:
     """An entry of the request's ``outputs``; ``binary`` already folds in ``binary_data_output``."""
+
     name: str
     binary: bool
     parameters: dict[str, Any] = field(default_factory=dict)
@@ -175,6 +176,7 @@ class RequestedOutput:
 @dataclass
 class InferRequest:
     """A decoded v2 infer request; ``outputs`` empty means "all outputs"."""
+
     inputs: list[InputTensor]
     outputs: list[RequestedOutput] = field(default_factory=list)
     id: str | None = None
@@ -347,7 +349,7 @@ def decode_raw_input_contents(inputs: Sequence[Any], raw_contents: Sequence[byte
     for i, (spec, blob) in enumerate(zip(inputs, raw_contents, strict=True)):
         name, datatype, shape, params = _tensor_header(spec, f"inputs[{i}]")
         if name in seen:
-                raise TensorCodecError(f"input {short_repr(name)} is given twice")
+            raise TensorCodecError(f"input {short_repr(name)} is given twice")
         seen.add(name)
         array = decode_binary_tensor(datatype, shape, blob, f"input {short_repr(name)}")
         decoded.append(InputTensor(name, datatype, array, params))

@@ -24,7 +24,12 @@ from gateway.repository.registry import ModelRegistry
 from gateway.tensors import InputTensor, OutputTensor
 
 EXTENSIONS = [
-    "binary_tensor_data", "model_configuration", "model_repository", "schedule_policy", "statistics", "generate",
+    "binary_tensor_data",
+    "model_configuration",
+    "model_repository",
+    "schedule_policy",
+    "statistics",
+    "generate",
     "sequence",
 ]
 #: A version as a request names it: None or '' for the latest.
@@ -80,16 +85,26 @@ class DataPlane:
     def statistics(self, name: str = "", version: Version = None) -> list[dict[str, Any]]:
         """Triton's model statistics: one entry per served version of `name`, or of every model when unnamed."""
         if not name:
-            return [s.as_dict(m.name, str(n)) for m in self.models.all_models() if key_context.visible(m.name)
-                    for n, s, _ in m.version_stats()]
+            return [
+                s.as_dict(m.name, str(n))
+                for m in self.models.all_models()
+                if key_context.visible(m.name)
+                for n, s, _ in m.version_stats()
+            ]
         model = self.models.get(name)
         chosen = model.version_number(version) if version else None
         return [s.as_dict(model.name, str(n)) for n, s, _ in model.version_stats() if chosen in (None, n)]
 
     # ------------------------------------------------------------------ inference
 
-    async def infer(self, name: str, version: Version, inputs: Sequence[InputTensor], wanted: Sequence[str],
-                    parameters: Mapping[str, Any]) -> tuple[str, list[OutputTensor]]:
+    async def infer(
+        self,
+        name: str,
+        version: Version,
+        inputs: Sequence[InputTensor],
+        wanted: Sequence[str],
+        parameters: Mapping[str, Any],
+    ) -> tuple[str, list[OutputTensor]]:
         """One request, one answer: the version that served it and its outputs."""
         model = await self.serving(name, version)
         if isinstance(model, LoadedTensorModel):
@@ -100,8 +115,14 @@ class DataPlane:
         text = "".join([d async for d in llm_bridge.generate_text(model, prompt, values)])
         return "1", [_text_output(text)]
 
-    async def infer_stream(self, name: str, version: Version, inputs: Sequence[InputTensor], wanted: Sequence[str],
-                           parameters: Mapping[str, Any]) -> AsyncIterator[tuple[str, list[OutputTensor]]]:
+    async def infer_stream(
+        self,
+        name: str,
+        version: Version,
+        inputs: Sequence[InputTensor],
+        wanted: Sequence[str],
+        parameters: Mapping[str, Any],
+    ) -> AsyncIterator[tuple[str, list[OutputTensor]]]:
         """One request, its answers as they come: several for a decoupled model or an LLM asked to `stream`."""
         model = await self.serving(name, version)
         if isinstance(model, LoadedTensorModel):
@@ -118,8 +139,9 @@ class DataPlane:
             yield "1", [_text_output("".join([d async for d in deltas]))]
 
     @staticmethod
-    def _llm_request(model: LoadedLLM, inputs: Sequence[InputTensor], wanted: Sequence[str],
-                     parameters: Mapping[str, Any]) -> tuple[str, dict[str, Any], bool]:
+    def _llm_request(
+        model: LoadedLLM, inputs: Sequence[InputTensor], wanted: Sequence[str], parameters: Mapping[str, Any]
+    ) -> tuple[str, dict[str, Any], bool]:
         prompt, values, stream = llm_bridge.infer_values(inputs, parameters)
         if wanted and list(wanted) != [llm_bridge.TEXT_OUTPUT]:
             raise InvalidRequestError(f"model '{model.name}' has only the output '{llm_bridge.TEXT_OUTPUT}'")
@@ -128,15 +150,17 @@ class DataPlane:
     # ------------------------------------------------------------------ repository
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        return [entry for entry in self.control.states.index(ready_only=ready_only)
-                if key_context.visible(entry["name"])]
+        return [
+            entry for entry in self.control.states.index(ready_only=ready_only) if key_context.visible(entry["name"])
+        ]
 
     async def load(self, name: str, parameters: Mapping[str, Any]) -> None:
         """Load or reload a model; parameters: `config`, a JSON object (or its text) that overrides the model's
         config file for this load, and `keep_alive` (seconds or a duration such as "10m"; -1 pins the model)."""
         if any(k.startswith("file:") for k in parameters):
-            raise InvalidRequestError("model files cannot be sent over the network ('file:' parameters are not "
-                                      "supported)")
+            raise InvalidRequestError(
+                "model files cannot be sent over the network ('file:' parameters are not supported)"
+            )
         unknown = [k for k in parameters if k not in ("config", "keep_alive")]
         if unknown:
             raise InvalidRequestError(f"unknown load parameter '{unknown[0][:64]}'; use 'config' or 'keep_alive'")

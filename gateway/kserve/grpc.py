@@ -51,9 +51,18 @@ _CODES = {
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 _CONTENTS = {
-    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
-    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
-    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
 }
 FINAL = "triton_final_response"
 EMPTY_FINAL = "triton_enable_empty_final_response"
@@ -116,8 +125,10 @@ def write_params(target: Any, values: dict[str, Any]) -> None:
 
 def decode_inputs(request: pb.ModelInferRequest) -> list[InputTensor]:
     """The request's tensors, from raw_input_contents or typed contents."""
-    specs = [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape), "parameters": read_params(t.parameters)}
-             for t in request.inputs]
+    specs = [
+        {"name": t.name, "datatype": t.datatype, "shape": list(t.shape), "parameters": read_params(t.parameters)}
+        for t in request.inputs
+    ]
     if request.raw_input_contents:
         return decode_raw_input_contents(specs, list(request.raw_input_contents))
     tensors = []
@@ -125,14 +136,16 @@ def decode_inputs(request: pb.ModelInferRequest) -> list[InputTensor]:
         field = _CONTENTS.get(tensor.datatype)
         if field is None:
             raise TensorCodecError(
-                f"input '{tensor.name[:64]}': {tensor.datatype[:16]} data must be sent in raw_input_contents")
+                f"input '{tensor.name[:64]}': {tensor.datatype[:16]} data must be sent in raw_input_contents"
+            )
         decoded = decode_json_tensor({**spec, "data": list(getattr(tensor.contents, field))})
         tensors.append(InputTensor(decoded.name, decoded.datatype, decoded.array, spec["parameters"]))
     return tensors
 
 
-def build_response(name: str, version: str, request_id: str, outputs: list[OutputTensor],
-                   parameters: dict[str, Any] | None = None) -> pb.ModelInferResponse:
+def build_response(
+    name: str, version: str, request_id: str, outputs: list[OutputTensor], parameters: dict[str, Any] | None = None
+) -> pb.ModelInferResponse:
     response = pb.ModelInferResponse(model_name=name, model_version=version, id=request_id)
     metadata, blobs = encode_raw_output_contents(outputs)
     for meta in metadata:
@@ -171,8 +184,9 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:  # noqa: N802
-        return json_format.ParseDict(self.plane.model_metadata(request.name, request.version),
-                                     pb.ModelMetadataResponse())
+        return json_format.ParseDict(
+            self.plane.model_metadata(request.name, request.version), pb.ModelMetadataResponse()
+        )
 
     @_rpc
     async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:  # noqa: N802
@@ -205,8 +219,13 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:  # noqa: N802
-        version, outputs = await self.plane.infer(request.model_name, request.model_version, decode_inputs(request),
-                                                  [o.name for o in request.outputs], read_params(request.parameters))
+        version, outputs = await self.plane.infer(
+            request.model_name,
+            request.model_version,
+            decode_inputs(request),
+            [o.name for o in request.outputs],
+            read_params(request.parameters),
+        )
         return build_response(request.model_name, version, request.id, outputs)
 
     async def ModelStreamInfer(  # noqa: N802
@@ -259,8 +278,9 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         name = request.model_name
         params = read_params(request.parameters)
         empty_final = params.pop(EMPTY_FINAL, False) is True
-        responses = self.plane.infer_stream(name, request.model_version, decode_inputs(request),
-                                            [o.name for o in request.outputs], params)
+        responses = self.plane.infer_stream(
+            name, request.model_version, decode_inputs(request), [o.name for o in request.outputs], params
+        )
         held: tuple[str, list[OutputTensor]] | None = None
         try:
             async for version, outputs in responses:
@@ -290,7 +310,7 @@ async def start_grpc_server(
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max(max_message_bytes, 256 * 1024 * 1024)),
             ("grpc.so_reuseport", 0),
-        ]
+        ],
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(Servicer(app), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

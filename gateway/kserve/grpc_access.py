@@ -31,7 +31,7 @@ def peer_address(peer: str) -> str:
     without the port: callers without a key get one rate-limit bucket per address, as on HTTP."""
     kind, _, rest = peer.partition(":")
     if kind == "ipv6" and rest.startswith("["):
-        return rest[1:rest.find("]")] if "]" in rest else rest
+        return rest[1 : rest.find("]")] if "]" in rest else rest
     if kind == "ipv4":
         return rest.rpartition(":")[0] or rest
     return peer
@@ -40,8 +40,9 @@ def peer_address(peer: str) -> str:
 INFER_METHODS = ("ModelInfer", "ModelStreamInfer")  # what a key's usage counts (not metadata or readiness)
 
 
-def _admitted(handler: grpc.RpcMethodHandler, admit: Callable[[str], object],
-              infer: bool = True) -> grpc.RpcMethodHandler:
+def _admitted(
+    handler: grpc.RpcMethodHandler, admit: Callable[[str], object], infer: bool = True
+) -> grpc.RpcMethodHandler:
     """The handler with `admit(peer address)` run first, inside the call (where the peer is known and the
     rate limiter's caller is bound for the call's task); a SwitchyardError ends the call with its status."""
 

@@ -123,7 +123,8 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
             raise InvalidRequestError("the classification extension is not supported")
     wanted = [o.name for o in parsed.outputs]
     served, outputs = await cancel_on_disconnect(
-        request, plane.infer(name, version, parsed.inputs, wanted, parsed.parameters))
+        request, plane.infer(name, version, parsed.inputs, wanted, parsed.parameters)
+    )
     try:
         payload, header_length = build_infer_response(name, outputs, request=parsed, model_version=served)
     except TensorCodecError as exc:
@@ -149,7 +150,8 @@ async def _tensor_generate(model: LoadedTensorModel, body: Any, version: str | N
         spec = declared.get(key)
         if spec is None:
             raise InvalidRequestError(
-                f"unexpected field '{key[:64]}'; model '{model.name}' takes {', '.join(declared)}")
+                f"unexpected field '{key[:64]}'; model '{model.name}' takes {', '.join(declared)}"
+            )
         data = value if isinstance(value, list) else [value]
         shape = ([1] if batched else []) + [len(data)]
         try:
@@ -175,6 +177,7 @@ async def generate(name: str, request: Request, version: str | None = None) -> d
     model = await _plane(request).serving(name, version)
     body = await _json_body(request)
     if isinstance(model, LoadedTensorModel):
+
         async def collect() -> list[dict[str, Any]]:
             return [doc async for doc in _tensor_generate(model, body, version)]
 

@@ -122,8 +122,9 @@ async def generate_text(model: LoadedLLM, prompt: str, values: Mapping[str, Any]
     if not prompt_ids:
         raise InvalidRequestError("text_input produced no tokens")
     sampling = sampling_from(values, scheduler.info.max_model_len, len(prompt_ids))
-    request = GenerationRequest(f"v2-{random_hex()}", prompt_ids, sampling, key_context.priority(0),
-                                queue_timeout=_queue_timeout(values))
+    request = GenerationRequest(
+        f"v2-{random_hex()}", prompt_ids, sampling, key_context.priority(0), queue_timeout=_queue_timeout(values)
+    )
     async for out in scheduler.generate(request):
         if out.finish_reason == "error":
             raise InternalError(out.error or "the model failed while generating")

@@ -43,8 +43,9 @@ class KVCacheManager:
         self.prefix_stats = PrefixCacheStats()
         self._allocs: dict[str, KVAllocation] = {}
 
-    def hashes(self, tokens: Sequence[int], known: list[bytes], num_blocks: int,
-               root: bytes = prefix_cache.ROOT_HASH) -> list[bytes]:
+    def hashes(
+        self, tokens: Sequence[int], known: list[bytes], num_blocks: int, root: bytes = prefix_cache.ROOT_HASH
+    ) -> list[bytes]:
         """The digests of the first `num_blocks` full blocks of `tokens`, extending `known` (a sequence's own
         list, kept across steps and preemptions: its tokens only grow) in place; `root`: the sequence's chain start
         (prefix_cache.root_hash: one per LoRA adapter, so adapters never share blocks)."""
@@ -54,8 +55,9 @@ class KVCacheManager:
         bs = self.block_size
         return self.pool.lookup(hashes[i], tokens[i * bs : (i + 1) * bs])
 
-    def num_cached_blocks(self, tokens: Sequence[int], hashes: list[bytes] | None = None,
-                          root: bytes = prefix_cache.ROOT_HASH) -> int:
+    def num_cached_blocks(
+        self, tokens: Sequence[int], hashes: list[bytes] | None = None, root: bytes = prefix_cache.ROOT_HASH
+    ) -> int:
         """How many leading blocks of `tokens` `admit` would find in the cache now (no reference is taken)."""
         if not self.enable_prefix_caching:
             return 0
@@ -66,8 +68,9 @@ class KVCacheManager:
             k += 1
         return k
 
-    def admit(self, seq_id: str, tokens: list[int], hashes: list[bytes] | None = None,
-              root: bytes = prefix_cache.ROOT_HASH) -> int:
+    def admit(
+        self, seq_id: str, tokens: list[int], hashes: list[bytes] | None = None, root: bytes = prefix_cache.ROOT_HASH
+    ) -> int:
         """Start a sequence: reuse cached blocks of its longest cached prefix; return how many tokens they hold.
         `hashes`: the sequence's digest list, if it keeps one (see `hashes`); `root`: its chain start.
 

@@ -27,8 +27,9 @@ def block_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
     return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()
 
 
-def extend_hashes(hashes: list[bytes], tokens: Sequence[int], block_size: int, num_blocks: int,
-                  root: bytes = ROOT_HASH) -> list[bytes]:
+def extend_hashes(
+    hashes: list[bytes], tokens: Sequence[int], block_size: int, num_blocks: int, root: bytes = ROOT_HASH
+) -> list[bytes]:
     """Grow `hashes` (the digests of a sequence's leading full blocks, computed so far) to `num_blocks` entries;
     `root`: the chain's start (`root_hash`).
 

@@ -107,8 +107,9 @@ def check_json_schema(schema: Any, param: str, where: str = "schema") -> str:
     if depth > MAX_SCHEMA_DEPTH:
         raise InvalidRequestError(f"{where} is nested more than {MAX_SCHEMA_DEPTH} levels deep", param=param)
     if widest > MAX_OBJECT_PROPERTIES:
-        raise InvalidRequestError(f"{where} has an object with more than {MAX_OBJECT_PROPERTIES} properties",
-                                  param=param)
+        raise InvalidRequestError(
+            f"{where} has an object with more than {MAX_OBJECT_PROPERTIES} properties", param=param
+        )
     text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
     if len(text) > MAX_SCHEMA_BYTES:
         raise InvalidRequestError(f"{where} is larger than {MAX_SCHEMA_BYTES // 1024} KiB", param=param)
@@ -179,7 +180,8 @@ class GuidedDecoder:
                 matcher = probe
         if matcher.is_error():
             raise InvalidRequestError(
-                f"the grammar cannot be used for guided decoding: {short_error(matcher.get_error())}", param=param)
+                f"the grammar cannot be used for guided decoding: {short_error(matcher.get_error())}", param=param
+            )
         return CompiledGrammar(matcher, self._eos)
 
     async def _get(self, key: str, grammar_fn: Any, param: str) -> CompiledGrammar:
@@ -192,8 +194,9 @@ class GuidedDecoder:
             try:
                 grammar = grammar_fn()
             except ValueError as exc:  # llguidance refuses it outright (e.g. its own nesting limit)
-                raise InvalidRequestError(f"the grammar cannot be used for guided decoding: {short_error(str(exc))}",
-                                          param=param) from None
+                raise InvalidRequestError(
+                    f"the grammar cannot be used for guided decoding: {short_error(str(exc))}", param=param
+                ) from None
             return self._compile(grammar, param)
 
         loop = asyncio.get_running_loop()
@@ -240,4 +243,3 @@ class GuidedDecoder:
 
     def cache_len(self) -> int:
         return len(self._cache)
-

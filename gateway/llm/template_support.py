@@ -16,8 +16,10 @@ from engines.interface import Tokenizer
 _PROBE_NAME = "zq_probe_fn"
 _PROBE_RESULT = "zq_probe_result"
 _PROBE_ID = "zqprobe01"  # 9 alphanumeric characters: Mistral's templates refuse any other call id
-_PROBE_TOOL = {"type": "function", "function": {"name": _PROBE_NAME, "description": "probe",
-                                                 "parameters": {"type": "object", "properties": {}}}}
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": _PROBE_NAME, "description": "probe", "parameters": {"type": "object", "properties": {}}},
+}
 
 
 @dataclass(frozen=True)
@@ -28,8 +30,13 @@ class TemplateSupport:
     tool_results: bool = True  # Gemma's and Phi-3's know no `tool` role: results are then written in a user turn
 
 
-def _renders_probe(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                   generation_prompt: bool, probe: str = _PROBE_NAME) -> bool:
+def _renders_probe(
+    tokenizer: Tokenizer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    generation_prompt: bool,
+    probe: str = _PROBE_NAME,
+) -> bool:
     try:
         ids = tokenizer.apply_chat_template(messages, tools, generation_prompt)
     except Exception:  # a template that refuses the probe does not support it
@@ -45,8 +52,10 @@ def template_support(tokenizer: Tokenizer) -> TemplateSupport:
     history = [*called, {"role": "tool", "tool_call_id": _PROBE_ID, "content": _PROBE_RESULT}]
     return TemplateSupport(
         tools=_renders_probe(tokenizer, [user], [_PROBE_TOOL], True),
-        tool_calls=(_renders_probe(tokenizer, history, [_PROBE_TOOL], False)
-                    or _renders_probe(tokenizer, called, [_PROBE_TOOL], False)),
+        tool_calls=(
+            _renders_probe(tokenizer, history, [_PROBE_TOOL], False)
+            or _renders_probe(tokenizer, called, [_PROBE_TOOL], False)
+        ),
         tool_results=_renders_probe(tokenizer, history, [_PROBE_TOOL], False, _PROBE_RESULT),
         system=_renders_probe(tokenizer, [{"role": "system", "content": _PROBE_NAME}, user], None, True),
     )

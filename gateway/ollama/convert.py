@@ -46,10 +46,13 @@ def chat_messages(messages: list[Message], name: str) -> list[dict[str, Any]]:
         if msg.images:
             raise _no_images(name, f"messages.{i}.images")
         if msg.role == "assistant":
-            unanswered = [(call.id or f"call_{i}_{k}", call.function.name)
-                          for k, call in enumerate(msg.tool_calls or [])]
-            calls = [{"id": call_id, "type": "function", "function": {"name": name, "arguments": _arguments(call)}}
-                     for (call_id, name), call in zip(unanswered, msg.tool_calls or [], strict=True)]
+            unanswered = [
+                (call.id or f"call_{i}_{k}", call.function.name) for k, call in enumerate(msg.tool_calls or [])
+            ]
+            calls = [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": _arguments(call)}}
+                for (call_id, name), call in zip(unanswered, msg.tool_calls or [], strict=True)
+            ]
             item: dict[str, Any] = {"role": "assistant", "content": msg.content or ("" if not calls else None)}
             if calls:
                 item["tool_calls"] = calls
@@ -78,8 +81,9 @@ def response_format(fmt: str | dict[str, Any] | None) -> dict[str, Any] | None:
         return {"type": "json_object"}
     if isinstance(fmt, dict):
         return {"type": "json_schema", "json_schema": {"name": "response", "schema": fmt}}
-    raise InvalidRequestError(f'format: "{fmt[:32]}" is not a format; use "json" or a JSON schema object',
-                              param="format")
+    raise InvalidRequestError(
+        f'format: "{fmt[:32]}" is not a format; use "json" or a JSON schema object', param="format"
+    )
 
 
 def template_kwargs(req: GenerationFields, name: str, thinks: bool) -> dict[str, Any] | None:
@@ -97,11 +101,16 @@ def template_kwargs(req: GenerationFields, name: str, thinks: bool) -> dict[str,
 
 def _common(req: GenerationFields, max_model_len: int | None) -> dict[str, Any]:
     if req.logprobs:
-        raise InvalidRequestError("logprobs are not served on the Ollama API here; use /v1/chat/completions",
-                                  param="logprobs")
+        raise InvalidRequestError(
+            "logprobs are not served on the Ollama API here; use /v1/chat/completions", param="logprobs"
+        )
     # max_tokens stays when None (no num_predict): completions would otherwise stop at its default of 16 tokens
-    return {"stream": True, "response_format": response_format(req.format), "max_tokens": None,
-            **sampling_fields(read_options(req.options), max_model_len)}
+    return {
+        "stream": True,
+        "response_format": response_format(req.format),
+        "max_tokens": None,
+        **sampling_fields(read_options(req.options), max_model_len),
+    }
 
 
 def _validated(kind: type[ChatCompletionRequest] | type[CompletionRequest], body: dict[str, Any]) -> Any:
@@ -118,13 +127,19 @@ def _validated(kind: type[ChatCompletionRequest] | type[CompletionRequest], body
 def chat_request(req: ChatRequest, served: str, max_model_len: int | None, thinks: bool) -> ChatCompletionRequest:
     """/api/chat as a streamed chat request for the model served as `served`."""
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
-    body = {"model": served, "messages": chat_messages(req.messages, req.model), "tools": tools or None,
-            "chat_template_kwargs": template_kwargs(req, req.model, thinks), **_common(req, max_model_len)}
+    body = {
+        "model": served,
+        "messages": chat_messages(req.messages, req.model),
+        "tools": tools or None,
+        "chat_template_kwargs": template_kwargs(req, req.model, thinks),
+        **_common(req, max_model_len),
+    }
     return _validated(ChatCompletionRequest, body)
 
 
-def generate_request(req: GenerateRequest, served: str, max_model_len: int | None,
-                     thinks: bool) -> ChatCompletionRequest | CompletionRequest:
+def generate_request(
+    req: GenerateRequest, served: str, max_model_len: int | None, thinks: bool
+) -> ChatCompletionRequest | CompletionRequest:
     """/api/generate as a streamed chat request (a raw or templated prompt: a completions request)."""
     if req.images:
         raise _no_images(req.model, "images")
@@ -133,13 +148,16 @@ def generate_request(req: GenerateRequest, served: str, max_model_len: int | Non
     if req.raw and (req.template or req.system or req.context):
         raise InvalidRequestError("raw mode does not support template, system, or context", param="raw")
     if req.context:
-        raise InvalidRequestError("context (deprecated on Ollama) is not supported here; send the conversation to "
-                                  "/api/chat", param="context")
+        raise InvalidRequestError(
+            "context (deprecated on Ollama) is not supported here; send the conversation to /api/chat", param="context"
+        )
     kwargs = template_kwargs(req, req.model, thinks)  # checked in every mode; read by the chat template only
     if req.raw or req.template:
         prompt = req.prompt if req.raw else render_template(req.template or "", req.system or "", req.prompt)
         return _validated(CompletionRequest, {"model": served, "prompt": prompt, **_common(req, max_model_len)})
     messages = [{"role": "system", "content": req.system}] if req.system else []
     messages.append({"role": "user", "content": req.prompt})
-    return _validated(ChatCompletionRequest, {"model": served, "messages": messages, "chat_template_kwargs": kwargs,
-                                              **_common(req, max_model_len)})
+    return _validated(
+        ChatCompletionRequest,
+        {"model": served, "messages": messages, "chat_template_kwargs": kwargs, **_common(req, max_model_len)},
+    )

@@ -48,8 +48,9 @@ def embedder(model: LoadedModel, name: str) -> LoadedTensorModel:
     return model
 
 
-async def embed_texts(model: LoadedTensorModel, raw: str | list[str] | None, truncate: bool,
-                      dimensions: int | None) -> tuple[list[np.ndarray], int]:
+async def embed_texts(
+    model: LoadedTensorModel, raw: str | list[str] | None, truncate: bool, dimensions: int | None
+) -> tuple[list[np.ndarray], int]:
     """/api/embed's vectors and the tokens read."""
     if dimensions is not None and dimensions < 0:
         raise InvalidRequestError("dimensions must be a positive number of values", param="dimensions")

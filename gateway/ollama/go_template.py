@@ -42,7 +42,9 @@ _Node = str | _Field | _If  # text, a field's value, or a conditional
 def _fail(action: str) -> InvalidRequestError:
     return InvalidRequestError(
         f"template: '{{{{{action[:60]}}}}}' is not supported here; a template may use {{{{ .System }}}}, "
-        "{{ .Prompt }}, {{ .Response }}, {{ if .X }} / {{ else }} / {{ end }} and comments", param="template")
+        "{{ .Prompt }}, {{ .Response }}, {{ if .X }} / {{ else }} / {{ end }} and comments",
+        param="template",
+    )
 
 
 def _field(expr: str, action: str) -> str:

@@ -53,8 +53,11 @@ def parse_keep_alive(value: float | int | str | None) -> float | None:
     if _NUMBER.fullmatch(text):  # "-1", "300": seconds, as OLLAMA_KEEP_ALIVE reads them
         return parse_keep_alive(float(text))
     if not _DURATION.fullmatch(text):
-        raise InvalidRequestError(f'keep_alive: time: invalid duration "{text[:64]}" (use seconds, or a duration '
-                                  'such as "5m" or "1h30m"; negative: keep loaded)', param="keep_alive")
+        raise InvalidRequestError(
+            f'keep_alive: time: invalid duration "{text[:64]}" (use seconds, or a duration '
+            'such as "5m" or "1h30m"; negative: keep loaded)',
+            param="keep_alive",
+        )
     seconds = sum(float(number) * _UNITS[unit] for number, unit in _PART.findall(text))
     return FOREVER if text.startswith("-") and seconds > 0 else seconds
 
@@ -62,8 +65,10 @@ def parse_keep_alive(value: float | int | str | None) -> float | None:
 def control_refusal(control: ModelControl, principal: Principal) -> str | None:
     """Why this caller cannot load or unload models here, or None when it can."""
     if control.control_mode != "explicit":
-        return (f"models stay loaded: the server's model control mode is '{control.control_mode}' (start it with "
-                "--model-control-mode explicit and an admin key to load and unload models)")
+        return (
+            f"models stay loaded: the server's model control mode is '{control.control_mode}' (start it with "
+            "--model-control-mode explicit and an admin key to load and unload models)"
+        )
     if not principal.admin:
         return "loading and unloading models needs the admin key (send it as Authorization: Bearer <admin key>)"
     return None

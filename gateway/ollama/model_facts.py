@@ -33,11 +33,17 @@ log = logging.getLogger("switchyard.ollama")
 
 MAX_FILES = 10_000
 # config.json keys -> the GGUF key (after "<architecture>.") Ollama's model_info uses
-HF_KEYS = {"max_position_embeddings": "context_length", "hidden_size": "embedding_length",
-           "num_hidden_layers": "block_count", "num_attention_heads": "attention.head_count",
-           "num_key_value_heads": "attention.head_count_kv", "intermediate_size": "feed_forward_length",
-           "vocab_size": "vocab_size", "rms_norm_eps": "attention.layer_norm_rms_epsilon",
-           "rope_theta": "rope.freq_base"}
+HF_KEYS = {
+    "max_position_embeddings": "context_length",
+    "hidden_size": "embedding_length",
+    "num_hidden_layers": "block_count",
+    "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv",
+    "intermediate_size": "feed_forward_length",
+    "vocab_size": "vocab_size",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+    "rope_theta": "rope.freq_base",
+}
 DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 
@@ -103,8 +109,13 @@ def _gguf_facts(path: Path) -> dict[str, Any]:
         quantization = LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else ""
     except ValueError:
         quantization = ""
-    return {"format": "gguf", "family": layout.architecture, "parameter_count": count, "quantization": quantization,
-            "info": dict(sorted(info.items()))}
+    return {
+        "format": "gguf",
+        "family": layout.architecture,
+        "parameter_count": count,
+        "quantization": quantization,
+        "info": dict(sorted(info.items())),
+    }
 
 
 def _hf_facts(files: list[Path]) -> dict[str, Any]:
@@ -128,14 +139,25 @@ def _hf_facts(files: list[Path]) -> dict[str, Any]:
         info["general.parameter_count"] = count
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "")
     quantization = DTYPES.get(dtype, dtype.upper()) if dtype else max(by_dtype, key=by_dtype.__getitem__, default="")
-    return {"format": "safetensors" if tensors else "", "family": arch, "parameter_count": count or None,
-            "quantization": quantization, "info": info}
+    return {
+        "format": "safetensors" if tensors else "",
+        "family": arch,
+        "parameter_count": count or None,
+        "quantization": quantization,
+        "info": info,
+    }
 
 
 def _format_of(files: list[Path]) -> str:
     suffixes = {f.suffix for f in files}
-    for suffix, name in ((".gguf", "gguf"), (".safetensors", "safetensors"), (".onnx", "onnx"), (".pt", "pytorch"),
-                         (".bin", "pytorch"), (".savedmodel", "tensorflow")):
+    for suffix, name in (
+        (".gguf", "gguf"),
+        (".safetensors", "safetensors"),
+        (".onnx", "onnx"),
+        (".pt", "pytorch"),
+        (".bin", "pytorch"),
+        (".savedmodel", "tensorflow"),
+    ):
         if suffix in suffixes:
             return name
     return ""
@@ -152,10 +174,17 @@ def _read(config_file: Path, path: Path, source: str, stamp: tuple[Any, ...]) ->
     except Exception as exc:  # noqa: BLE001 - a file the engine reads differently: list the model without its facts
         log.info("ollama: no details read from the weights of %s (%s)", path.name, type(exc).__name__)
     digest = hashlib.sha256(repr(stamp).encode()).hexdigest()
-    return Facts(format=read.get("format") or _format_of(files), family=read.get("family", ""),
-                 parameter_count=read.get("parameter_count"), quantization=read.get("quantization", ""),
-                 size=sum(f.stat().st_size for f in files), modified=max((s[2] for s in stamp[1:]), default=0.0),
-                 digest=digest, source=source, info=read.get("info", {}))
+    return Facts(
+        format=read.get("format") or _format_of(files),
+        family=read.get("family", ""),
+        parameter_count=read.get("parameter_count"),
+        quantization=read.get("quantization", ""),
+        size=sum(f.stat().st_size for f in files),
+        modified=max((s[2] for s in stamp[1:]), default=0.0),
+        digest=digest,
+        source=source,
+        info=read.get("info", {}),
+    )
 
 
 def read_facts(root: Path, model: LoadedModel) -> Facts:
@@ -166,8 +195,10 @@ def read_facts(root: Path, model: LoadedModel) -> Facts:
             return _served_facts(model)
         config_file, path, source = found
         files = _files(path)
-        stamp = (folder_fingerprint(config_file.parent),
-                 *((str(f), f.stat().st_size, f.stat().st_mtime) for f in [config_file, *files]))
+        stamp = (
+            folder_fingerprint(config_file.parent),
+            *((str(f), f.stat().st_size, f.stat().st_mtime) for f in [config_file, *files]),
+        )
         facts = _read(config_file, path, source, stamp)
     except (ConfigError, OSError, ValueError) as exc:
         log.info("ollama: model '%s': weights not read (%s)", model.name, type(exc).__name__)
@@ -181,8 +212,12 @@ def _served_facts(model: LoadedModel) -> Facts:
     """What a model whose weights are not local files says of itself."""
     if isinstance(model, LoadedLLM):
         info = model.scheduler.info
-        return Facts(family=info.model_type, quantization=DTYPES.get(info.dtype, info.dtype.upper()),
-                     digest=hashlib.sha256(f"{model.folder}:{model.created}".encode()).hexdigest(),
-                     modified=float(model.created))
-    return Facts(digest=hashlib.sha256(f"{model.folder}:{model.created}".encode()).hexdigest(),
-                 modified=float(model.created))
+        return Facts(
+            family=info.model_type,
+            quantization=DTYPES.get(info.dtype, info.dtype.upper()),
+            digest=hashlib.sha256(f"{model.folder}:{model.created}".encode()).hexdigest(),
+            modified=float(model.created),
+        )
+    return Facts(
+        digest=hashlib.sha256(f"{model.folder}:{model.created}".encode()).hexdigest(), modified=float(model.created)
+    )

@@ -22,8 +22,23 @@ from gateway.openai.protocol import MAX_STOP_LENGTH, MAX_STOP_SEQUENCES, _Lenien
 log = logging.getLogger("switchyard.ollama")
 
 # Ollama's load-time options: the server's config decides them (silently ignored, as they are on a loaded model)
-LOAD_OPTIONS = frozenset({"numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all",
-                          "vocab_only", "use_mmap", "use_mlock", "embedding_only", "num_thread", "num_keep"})
+LOAD_OPTIONS = frozenset(
+    {
+        "numa",
+        "num_batch",
+        "num_gpu",
+        "main_gpu",
+        "low_vram",
+        "f16_kv",
+        "logits_all",
+        "vocab_only",
+        "use_mmap",
+        "use_mlock",
+        "embedding_only",
+        "num_thread",
+        "num_keep",
+    }
+)
 
 
 class Options(_Lenient):
@@ -47,8 +62,9 @@ def read_options(raw: dict[str, Any] | None) -> Options:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()) if not str(p).startswith(("list[", "str")))
-        raise InvalidRequestError(f"options.{where}: {first.get('msg', 'invalid value')}"[:300],
-                                  param=f"options.{where}") from None
+        raise InvalidRequestError(
+            f"options.{where}: {first.get('msg', 'invalid value')}"[:300], param=f"options.{where}"
+        ) from None
     ignored = sorted(set(options.model_extra or {}) - LOAD_OPTIONS)
     if ignored:
         log.info("ollama: ignoring options this server does not have: %s", ignored[:20])
@@ -60,8 +76,10 @@ def _stops(stop: list[str] | str | None) -> list[str] | None:
     if not stops:
         return None
     if len(stops) > MAX_STOP_SEQUENCES or any(not s or len(s) > MAX_STOP_LENGTH for s in stops):
-        raise InvalidRequestError(f"options.stop: at most {MAX_STOP_SEQUENCES} sequences of 1 to {MAX_STOP_LENGTH} "
-                                  "characters", param="options.stop")
+        raise InvalidRequestError(
+            f"options.stop: at most {MAX_STOP_SEQUENCES} sequences of 1 to {MAX_STOP_LENGTH} characters",
+            param="options.stop",
+        )
     return stops
 
 
@@ -69,16 +87,22 @@ def _max_tokens(num_predict: int | None) -> int | None:
     if num_predict is None or num_predict < 0:
         return None  # -1 (Ollama's default) and -2: until the context is full
     if num_predict == 0:
-        raise InvalidRequestError("options.num_predict: must be a positive count of tokens, or -1 for no limit",
-                                  param="options.num_predict")
+        raise InvalidRequestError(
+            "options.num_predict: must be a positive count of tokens, or -1 for no limit", param="options.num_predict"
+        )
     return num_predict
 
 
 def sampling_fields(options: Options, max_model_len: int | None) -> dict[str, Any]:
     """The chat/completions request fields the options set (absent options are left out)."""
     if options.num_ctx is not None and max_model_len and options.num_ctx > max_model_len:
-        log.info("ollama: num_ctx %d is more than the model's context of %d tokens (its max_model_len); the "
-                 "context stays %d", options.num_ctx, max_model_len, max_model_len)
+        log.info(
+            "ollama: num_ctx %d is more than the model's context of %d tokens (its max_model_len); the "
+            "context stays %d",
+            options.num_ctx,
+            max_model_len,
+            max_model_len,
+        )
     fields = {
         "temperature": options.temperature,
         "top_p": options.top_p,

@@ -112,8 +112,11 @@ async def _parts(reader: Reader, shape: Shape, keep_thinking: bool) -> AsyncIter
 
     def finished(call: tuple[str, str, list[str]]) -> dict[str, Any]:
         call_id, name, fragments = call
-        return shape.part(calls=[{"id": call_id, "function": {
-            "index": count, "name": name, "arguments": _arguments("".join(fragments))}}])
+        return shape.part(
+            calls=[
+                {"id": call_id, "function": {"index": count, "name": name, "arguments": _arguments("".join(fragments))}}
+            ]
+        )
 
     async for piece in reader.pieces():
         if isinstance(piece, CallArguments) and call is not None:
@@ -137,15 +140,21 @@ def final_fields(reader: Reader, timer: Timer) -> dict[str, Any]:
     """`done`, `done_reason` and the counts and durations of the last chunk."""
     end = Timer.now()
     usage = reader.usage or {}
-    return {"done": True, "done_reason": DONE_REASONS.get(reader.finish_reason or "stop", "stop"),
-            "total_duration": end - timer.start, "load_duration": timer.loaded - timer.start,
-            "prompt_eval_count": usage.get("prompt_tokens", 0),
-            "prompt_eval_duration": timer.first - timer.submitted,
-            "eval_count": usage.get("completion_tokens", 0), "eval_duration": end - timer.first}
+    return {
+        "done": True,
+        "done_reason": DONE_REASONS.get(reader.finish_reason or "stop", "stop"),
+        "total_duration": end - timer.start,
+        "load_duration": timer.loaded - timer.start,
+        "prompt_eval_count": usage.get("prompt_tokens", 0),
+        "prompt_eval_duration": timer.first - timer.submitted,
+        "eval_count": usage.get("completion_tokens", 0),
+        "eval_duration": end - timer.first,
+    }
 
 
-async def stream_chunks(reader: Reader, shape: Shape, keep_thinking: bool,
-                        timer: Timer) -> AsyncIterator[dict[str, Any]]:
+async def stream_chunks(
+    reader: Reader, shape: Shape, keep_thinking: bool, timer: Timer
+) -> AsyncIterator[dict[str, Any]]:
     """The NDJSON chunks of a streamed answer."""
     try:
         async for part in _parts(reader, shape, keep_thinking):

@@ -50,8 +50,9 @@ from gateway.repository.registry import ModelRegistry
 #: Switchyard's own version is at /version.
 OLLAMA_VERSION = "0.33.0"
 RUNNING = "Ollama is running"
-REPOSITORY = ("models come from this server's model repository (a folder with a config file per model), not from a "
-              "registry")
+REPOSITORY = (
+    "models come from this server's model repository (a folder with a config file per model), not from a registry"
+)
 
 router = APIRouter(route_class=NestingAwareRoute)
 root_router = APIRouter()  # HEAD / beside the web console's page
@@ -133,8 +134,9 @@ async def pull(body: ModelRequest, request: Request) -> Response:
     name = _target(body)
     model = find(_registry(request), name)
     if model is None or not served(model):
-        raise NotFoundError(f"model '{name[:256]}' not found, and it cannot be pulled: {REPOSITORY}; add it there",
-                            param="model")
+        raise NotFoundError(
+            f"model '{name[:256]}' not found, and it cannot be pulled: {REPOSITORY}; add it there", param="model"
+        )
     status = {"status": "success"}
     if body.stream is False:
         return JSONResponse(status)
@@ -209,8 +211,16 @@ def _unload_task(request: Request, model: LoadedModel, keep: float | None) -> Ba
     return BackgroundTask(unload_after, _control(request), model, _principal(request))
 
 
-async def _answer(request: Request, model: LoadedLLM, req: ChatCompletionRequest | CompletionRequest, shape: Shape,
-                  keep_thinking: bool, timer: Timer, streamed: bool, keep: float | None) -> Response:
+async def _answer(
+    request: Request,
+    model: LoadedLLM,
+    req: ChatCompletionRequest | CompletionRequest,
+    shape: Shape,
+    keep_thinking: bool,
+    timer: Timer,
+    streamed: bool,
+    keep: float | None,
+) -> Response:
     """Run the request on the OpenAI path and answer in Ollama's shape."""
 
     async def start() -> ChatReader | TextReader:
@@ -226,8 +236,11 @@ async def _answer(request: Request, model: LoadedLLM, req: ChatCompletionRequest
     reader = await cancel_on_disconnect(request, start())
     background = _unload_task(request, model, keep)
     if streamed:
-        return NDJSONResponse(stream_chunks(reader, shape, keep_thinking, timer),
-                              request.app.state.config.stream_send_timeout_secs, background)
+        return NDJSONResponse(
+            stream_chunks(reader, shape, keep_thinking, timer),
+            request.app.state.config.stream_send_timeout_secs,
+            background,
+        )
     body = await cancel_on_disconnect(request, whole_body(reader, shape, keep_thinking, timer))
     return JSONResponse(body, background=background)
 
@@ -265,8 +278,9 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
 
 def _json(body: dict[str, Any], background: BackgroundTask | None) -> Response:
     # orjson writes float32 arrays directly (see gateway/openai/embeddings.py)
-    return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json",
-                    background=background)
+    return Response(
+        orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json", background=background
+    )
 
 
 @router.post("/api/embed")
@@ -278,10 +292,18 @@ async def embed(body: EmbedRequest, request: Request) -> Response:
     model = embedder(await acquire(_registry(request), body.model, keep), body.model)
     timer.loaded = Timer.now()
     vectors, tokens = await cancel_on_disconnect(
-        request, embed_texts(model, body.input, body.truncate, body.dimensions))
-    return _json({"model": body.model, "embeddings": vectors, "total_duration": Timer.now() - timer.start,
-                  "load_duration": timer.loaded - timer.start, "prompt_eval_count": tokens},
-                 _unload_task(request, model, keep))
+        request, embed_texts(model, body.input, body.truncate, body.dimensions)
+    )
+    return _json(
+        {
+            "model": body.model,
+            "embeddings": vectors,
+            "total_duration": Timer.now() - timer.start,
+            "load_duration": timer.loaded - timer.start,
+            "prompt_eval_count": tokens,
+        },
+        _unload_task(request, model, keep),
+    )
 
 
 @router.post("/api/embeddings")

@@ -54,8 +54,11 @@ def _message(c: CollectedChoice, plan: ToolPlan, reasoning: Reasoning | None) ->
             message["content"] = content
             if calls:
                 message["tool_calls"] = [
-                    {"id": new_call_id(), "type": "function",
-                     "function": {"name": call.name, "arguments": call.arguments}}
+                    {
+                        "id": new_call_id(),
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments},
+                    }
                     for call in calls
                 ]
             return message, _finish_reason(c.finish_reason, bool(calls))
@@ -68,11 +71,17 @@ async def chat_prompt(req: ChatCompletionRequest, model: LoadedLLM) -> tuple[lis
     plan = plan_tools(req, model)
     # The dialect is also needed to write past calls into the prompt when the template cannot.
     parser = plan.parser or (parser_for(model) if any(m.tool_calls for m in req.messages) else None)
-    text = sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text or "") for p in m.content or [])
-               for m in req.messages)
+    text = sum(
+        len(m.content) if isinstance(m.content, str) else sum(len(p.text or "") for p in m.content or [])
+        for m in req.messages
+    )
     refuse_unfittable_text(text, model.scheduler.tokenizer, model.scheduler.info.max_model_len, "messages")
     prompt = await render_chat(
-        model.scheduler.tokenizer, req.messages, plan.tools if plan.active else None, parser, req.chat_template_kwargs,
+        model.scheduler.tokenizer,
+        req.messages,
+        plan.tools if plan.active else None,
+        parser,
+        req.chat_template_kwargs,
         support=model.template_support,
     )
     return prompt, plan
@@ -95,7 +104,8 @@ async def chat_completion(
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     reasoning = reasoning_for(model.config, scheduler.tokenizer, prompt, guidance is not None)
     if (plan.active and plan.parser is not None and plan.parser.needs_special_tokens) or (
-            reasoning is not None and reasoning.parser.needs_special_tokens):
+        reasoning is not None and reasoning.parser.needs_special_tokens
+    ):
         req = req.model_copy(update={"skip_special_tokens": False})  # the markers read are special tokens
     choices = [
         Choice(i, prompt, to_sampling_params(req, max_tokens, info.vocab_size, logprobs, i, guidance))
@@ -111,20 +121,26 @@ async def chat_completion(
     out_choices = []
     for i, c in sorted(collected.items()):
         message, finish = _message(c, plan, reasoning)
-        out_choices.append({
-            "index": i,
-            "message": message,
-            "logprobs": chat_logprobs(tokenizer, c.logprobs) if logprobs is not None else None,
-            "finish_reason": finish,
-        })
+        out_choices.append(
+            {
+                "index": i,
+                "message": message,
+                "logprobs": chat_logprobs(tokenizer, c.logprobs) if logprobs is not None else None,
+                "finish_reason": finish,
+            }
+        )
     return {
         "id": new_id("chatcmpl"),
         "object": "chat.completion",
         "created": now(),
         "model": model.name,
         "choices": out_choices,
-        "usage": usage(len(prompt), sum(c.completion_tokens for c in collected.values()),
-                       {i: c.cached_tokens for i, c in collected.items()}, req.n),
+        "usage": usage(
+            len(prompt),
+            sum(c.completion_tokens for c in collected.values()),
+            {i: c.cached_tokens for i, c in collected.items()},
+            req.n,
+        ),
         "system_fingerprint": None,
     }
 

@@ -23,10 +23,24 @@ from gateway.openai.protocol import ChatMessage
 from gateway.openai.tool_parsers import ToolParser
 
 RESERVED_KWARGS = (
-    "messages", "tools", "add_generation_prompt", "tokenize", "chat_template", "documents",
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "tokenize",
+    "chat_template",
+    "documents",
     # the rest of transformers' apply_chat_template parameters: a request may not steer the call itself
-    "self", "conversation", "continue_final_message", "padding", "truncation", "max_length", "return_tensors",
-    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "processor_kwargs",
+    "self",
+    "conversation",
+    "continue_final_message",
+    "padding",
+    "truncation",
+    "max_length",
+    "return_tensors",
+    "return_dict",
+    "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
+    "processor_kwargs",
 )
 
 
@@ -78,9 +92,14 @@ def message_dicts(
         if msg.tool_call_id is not None:
             item["tool_call_id"] = parser.template_call_id(msg.tool_call_id) if parser else msg.tool_call_id
         if msg.tool_calls:
-            calls = [{"id": parser.template_call_id(c.id) if parser else c.id, "type": "function",
-                      "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
-                     for c in msg.tool_calls]
+            calls = [
+                {
+                    "id": parser.template_call_id(c.id) if parser else c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)},
+                }
+                for c in msg.tool_calls
+            ]
             if support.tool_calls or parser is None:
                 item["tool_calls"] = calls
             else:
@@ -110,9 +129,15 @@ def _with_tool_prompt(messages: list[dict[str, Any]], prompt: str, system: bool)
     return [{"role": "system" if system else "user", "content": prompt}, *messages]
 
 
-def _render(tokenizer: Tokenizer, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
-            parser: ToolParser | None, add_generation_prompt: bool, kwargs: dict[str, Any],
-            support: TemplateSupport | None) -> list[int]:
+def _render(
+    tokenizer: Tokenizer,
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None,
+    parser: ToolParser | None,
+    add_generation_prompt: bool,
+    kwargs: dict[str, Any],
+    support: TemplateSupport | None,
+) -> list[int]:
     support = support or template_support(tokenizer)
     dicts = message_dicts(messages, support, parser)
     if tools and not support.tools and parser is not None:
@@ -120,15 +145,22 @@ def _render(tokenizer: Tokenizer, messages: list[ChatMessage], tools: list[dict[
     return tokenizer.apply_chat_template(dicts, tools or None, add_generation_prompt, **kwargs)
 
 
-async def render_chat(tokenizer: Tokenizer, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
-                      parser: ToolParser | None, template_kwargs: dict[str, Any] | None,
-                      add_generation_prompt: bool = True, support: TemplateSupport | None = None) -> list[int]:
+async def render_chat(
+    tokenizer: Tokenizer,
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None,
+    parser: ToolParser | None,
+    template_kwargs: dict[str, Any] | None,
+    add_generation_prompt: bool = True,
+    support: TemplateSupport | None = None,
+) -> list[int]:
     """Prompt token ids. Templates are Jinja run in transformers' sandbox; rendering stays off the event loop.
     `support`: what the template renders itself (a served model's `LoadedLLM.template_support`); None probes it."""
     kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_KWARGS}
     try:
-        prompt = await asyncio.to_thread(_render, tokenizer, messages, tools, parser, add_generation_prompt, kwargs,
-                                         support)
+        prompt = await asyncio.to_thread(
+            _render, tokenizer, messages, tools, parser, add_generation_prompt, kwargs, support
+        )
     except jinja2.TemplateError as exc:
         message = f"the chat template rejected the messages: {str(exc)[:200]}"
         raise InvalidRequestError(message, param="messages") from None

@@ -93,8 +93,12 @@ async def completion(
         "created": now(),
         "model": model.name,
         "choices": out_choices,
-        "usage": usage(prompt_tokens, sum(c.completion_tokens for c in collected.values()),
-                       {i: c.cached_tokens for i, c in collected.items()}, req.n),
+        "usage": usage(
+            prompt_tokens,
+            sum(c.completion_tokens for c in collected.values()),
+            {i: c.cached_tokens for i, c in collected.items()},
+            req.n,
+        ),
         "system_fingerprint": None,
     }
 

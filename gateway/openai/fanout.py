@@ -25,15 +25,20 @@ class Choice:
 
 
 async def merged_stream(
-    scheduler: LLMScheduler, choices: list[Choice], priority: int = 0, session_id: str | None = None,
+    scheduler: LLMScheduler,
+    choices: list[Choice],
+    priority: int = 0,
+    session_id: str | None = None,
     timeout: float | None = None,
 ) -> AsyncIterator[tuple[int, GenerationOutput]]:
     """`timeout`: each choice's longest wait for admission (None: the model's default)."""
     base = random_hex()
     priority = key_context.priority(priority)  # a named key's priority comes first
     requests = [
-        GenerationRequest(f"{base}-{c.index}", c.prompt_token_ids, c.sampling, priority, session_id,
-                          queue_timeout=timeout) for c in choices
+        GenerationRequest(
+            f"{base}-{c.index}", c.prompt_token_ids, c.sampling, priority, session_id, queue_timeout=timeout
+        )
+        for c in choices
     ]
     if len(requests) == 1:
         async for out in scheduler.generate(requests[0]):

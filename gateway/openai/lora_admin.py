@@ -41,15 +41,17 @@ def _catalog(registry: ModelRegistry, lora_name: str, model: str | None) -> tupl
     """The catalog the call is about and the adapter's bare name."""
     base, qualified, name = lora_name.rpartition(":")
     if qualified and model not in (None, base):
-        raise InvalidRequestError(f"lora_name names the model '{base}' and model '{model}'; give one of them",
-                                  param="model")
+        raise InvalidRequestError(
+            f"lora_name names the model '{base}' and model '{model}'; give one of them", param="model"
+        )
     wanted = base if qualified else model
     if wanted is not None:
         found = registry.find(wanted)
         catalog = found.adapters if isinstance(found, LoadedLLM) and found.name == wanted else None
         if not isinstance(catalog, AdapterCatalog):
-            raise NotFoundError(f"no loaded model '{wanted[:200]}' that serves LoRA adapters (backend: pytorch or "
-                                "vllm)")
+            raise NotFoundError(
+                f"no loaded model '{wanted[:200]}' that serves LoRA adapters (backend: pytorch or vllm)"
+            )
         return catalog, name
     serving: list[AdapterCatalog] = []
     for m in registry.llms():
@@ -57,8 +59,9 @@ def _catalog(registry: ModelRegistry, lora_name: str, model: str | None) -> tupl
             serving.append(m.adapters)
     if len(serving) != 1:
         names = ", ".join(c.base.name for c in serving) or "none"
-        raise InvalidRequestError(f"name the base model in 'model' (models that serve LoRA adapters: {names})",
-                                  param="model")
+        raise InvalidRequestError(
+            f"name the base model in 'model' (models that serve LoRA adapters: {names})", param="model"
+        )
     return serving[0], name
 
 
@@ -69,8 +72,9 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> P
     catalog.check_name(name)
     other = registry.find(name)
     if other is not None and not (isinstance(other, LoadedAdapter) and other.parent is catalog.base):
-        raise InvalidRequestError(f"the name '{name}' is served already (by '{other.name}'); choose another "
-                                  "lora_name", param="lora_name")
+        raise InvalidRequestError(
+            f"the name '{name}' is served already (by '{other.name}'); choose another lora_name", param="lora_name"
+        )
     async with catalog.lock:
         try:
             _, replaced = await asyncio.to_thread(catalog.load, name, body.lora_path, body.load_inplace)

@@ -35,8 +35,9 @@ def upstream_body(req: BaseModel, upstream_model: str) -> dict[str, Any]:
     return body
 
 
-async def forward(direct: Passthrough, endpoint: str, req: BaseModel, name: str, force_usage: bool = False,
-                  priority: int = 0) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
+async def forward(
+    direct: Passthrough, endpoint: str, req: BaseModel, name: str, force_usage: bool = False, priority: int = 0
+) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
     """The upstream's answer to `req` (or, for a stream, its chunks: primed, so a failure before the first is an
     HTTP error) with `model` set to `name`, the model the client asked for."""
     body = upstream_body(req, direct.upstream_model)

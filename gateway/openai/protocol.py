@@ -165,20 +165,26 @@ class SamplingFields(_Lenient):
         """Rules across fields. Not pydantic validators: an error on the whole body could not name a `param`."""
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true", param="stream_options")
-        legacy = {"json": self.guided_json, "regex": self.guided_regex, "choice": self.guided_choice,
-                  "grammar": self.guided_grammar}
+        legacy = {
+            "json": self.guided_json,
+            "regex": self.guided_regex,
+            "choice": self.guided_choice,
+            "grammar": self.guided_grammar,
+        }
         legacy = {k: v for k, v in legacy.items() if v is not None}
         if legacy:
             if self.structured_outputs is not None:
-                raise InvalidRequestError("use structured_outputs or the guided_* fields, not both",
-                                          param="structured_outputs")
+                raise InvalidRequestError(
+                    "use structured_outputs or the guided_* fields, not both", param="structured_outputs"
+                )
             if len(legacy) > 1:
                 raise InvalidRequestError("set one guided_* field", param=f"guided_{sorted(legacy)[0]}")
             self.structured_outputs = StructuredOutputs.model_validate(legacy)
         if self.structured_outputs is not None and self.response_format is not None:
             if self.response_format.type != "text":
-                raise InvalidRequestError("use response_format or structured_outputs, not both",
-                                          param="structured_outputs")
+                raise InvalidRequestError(
+                    "use response_format or structured_outputs, not both", param="structured_outputs"
+                )
 
 
 class ContentPart(_Lenient):

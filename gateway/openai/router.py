@@ -36,8 +36,15 @@ def _registry(request: Request) -> ModelRegistry:
 def _route_card(name: str, request: Request) -> dict[str, Any]:
     """A route (docs/routes.md) as a model: its first target stands for it (`root`)."""
     route = request.app.state.routes.table[name]
-    return {"id": name, "object": "model", "created": 0, "owned_by": "switchyard", "root": route.targets[0].model,
-            "parent": None, "max_model_len": None}
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "switchyard",
+        "root": route.targets[0].model,
+        "parent": None,
+        "max_model_len": None,
+    }
 
 
 @router.get("/v1/models")
@@ -83,7 +90,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     force_usage = request.app.state.config.always_include_usage
     session_id = _session_id(request, body)
     work = request.app.state.routes.run(  # a route's models in turn (docs/routes.md), else the model itself
-        body.model, _registry(request).acquire_llm, lambda model: chat_completion(body, model, force_usage, session_id))
+        body.model, _registry(request).acquire_llm, lambda model: chat_completion(body, model, force_usage, session_id)
+    )
     return _respond(await cancel_on_disconnect(request, work), request)
 
 
@@ -95,5 +103,6 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     force_usage = request.app.state.config.always_include_usage
     session_id = _session_id(request, body)
     work = request.app.state.routes.run(
-        body.model, _registry(request).acquire_llm, lambda model: completion(body, model, force_usage, session_id))
+        body.model, _registry(request).acquire_llm, lambda model: completion(body, model, force_usage, session_id)
+    )
     return _respond(await cancel_on_disconnect(request, work), request)

@@ -37,7 +37,6 @@ class TokenizeRequest(_Lenient):
     return_token_strs: bool = False
 
 
-
 class DetokenizeRequest(_Lenient):
     model: str | None = Field(None, min_length=1, max_length=256)
     tokens: list[int] = Field(max_length=MAX_TOKENS_IN)
@@ -63,15 +62,22 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
         tools = [t.model_dump(exclude_none=True) for t in body.tools or []] or None
         parser = parser_for(model) if tools or any(m.tool_calls for m in body.messages) else None
         tokens = await render_chat(
-            tokenizer, body.messages, tools, parser, body.chat_template_kwargs, body.add_generation_prompt,
+            tokenizer,
+            body.messages,
+            tools,
+            parser,
+            body.chat_template_kwargs,
+            body.add_generation_prompt,
             model.template_support,
         )
         if body.add_special_tokens:
-            tokens = await asyncio.to_thread(lambda: tokenizer.encode(
-                tokenizer.decode(tokens, skip_special_tokens=False), add_special_tokens=True))
+            tokens = await asyncio.to_thread(
+                lambda: tokenizer.encode(tokenizer.decode(tokens, skip_special_tokens=False), add_special_tokens=True)
+            )
     else:  # off the event loop: a prompt may be megabytes
-        tokens = await asyncio.to_thread(tokenizer.encode, body.prompt or "",
-                                         add_special_tokens=body.add_special_tokens is not False)
+        tokens = await asyncio.to_thread(
+            tokenizer.encode, body.prompt or "", add_special_tokens=body.add_special_tokens is not False
+        )
     return {
         "count": len(tokens),
         "max_model_len": model.scheduler.info.max_model_len,

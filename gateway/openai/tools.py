@@ -16,9 +16,9 @@ from typing import Any
 from engines.types import GuidedSpec
 from gateway.errors import InternalError, InvalidRequestError
 from gateway.llm.grammar_compiler import check_json_schema
+from gateway.openai.chat_template import template_text
 from gateway.openai.guided import Guidance
 from gateway.openai.protocol import ChatCompletionRequest, NamedToolChoice
-from gateway.openai.chat_template import template_text
 from gateway.openai.tool_parsers import AUTO, PARSERS, ToolParser, detect
 from gateway.repository.registry import LoadedLLM
 

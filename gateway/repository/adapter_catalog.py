@@ -39,8 +39,7 @@ DRAIN_TIMEOUT_S = 30.0
 class AdapterCatalog:
     """The adapters of one loaded base model (`LoadedLLM.adapters`); its engine holds their weights."""
 
-    def __init__(self, base: LoadedLLM, engine: AdapterHost, model_dir: Path, lora_dirs: tuple[Path, ...] = ()
-                 ) -> None:
+    def __init__(self, base: LoadedLLM, engine: AdapterHost, model_dir: Path, lora_dirs: tuple[Path, ...] = ()) -> None:
         self.base, self._engine = base, engine
         self._roots = (model_dir.resolve(), *(Path(d).resolve() for d in lora_dirs))
         # by adapter name: its served model as <base>:<adapter> and as its bare name (the name a response echoes)
@@ -69,16 +68,20 @@ class AdapterCatalog:
             raise InvalidRequestError(
                 f"lora_path '{path[:200]}' is outside the model's folder and the server's adapter folders; put the "
                 f"adapter inside the model's folder or start the server with --lora-dir naming a folder that holds "
-                f"it", param="lora_path")
+                f"it",
+                param="lora_path",
+            )
         if not target.exists():
             raise InvalidRequestError(f"lora_path '{path[:200]}' does not exist", param="lora_path")
         return target
 
     def check_name(self, name: str) -> None:
         if not is_valid_model_name(name):
-            raise InvalidRequestError(f"lora_name '{name[:80]}' is not a valid adapter name (letters, digits, '.', "
-                                      "'_' and '-'; the base model is named apart: <model>:<adapter>)",
-                                      param="lora_name")
+            raise InvalidRequestError(
+                f"lora_name '{name[:80]}' is not a valid adapter name (letters, digits, '.', "
+                "'_' and '-'; the base model is named apart: <model>:<adapter>)",
+                param="lora_name",
+            )
 
     def load(self, name: str, path: str, replace: bool = False) -> tuple[LoadedAdapter, LoadedAdapter | None]:
         """Read the adapter and serve it (blocking: call off the event loop): (its served model, the one it
@@ -86,8 +89,11 @@ class AdapterCatalog:
         `load_inplace`); requests running under the old one finish on it."""
         self.check_name(name)
         if name in self._served and not replace:
-            raise InvalidRequestError(f"The lora adapter '{name}' has already been loaded; unload it first, or "
-                                      "send load_inplace: true to replace it", param="lora_name")
+            raise InvalidRequestError(
+                f"The lora adapter '{name}' has already been loaded; unload it first, or "
+                "send load_inplace: true to replace it",
+                param="lora_name",
+            )
         target = self.resolve(path)
         adapter = ServedAdapter(AdapterRef(name, next(_ids), str(target)), path)
         self._engine.load_adapter(adapter.ref)
@@ -113,8 +119,12 @@ class AdapterCatalog:
         while adapter.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if adapter.in_flight:
-            log.warning("LoRA adapter '%s': %d request(s) still running after %gs; unloading it under them",
-                        adapter.ref.name, adapter.in_flight, DRAIN_TIMEOUT_S)
+            log.warning(
+                "LoRA adapter '%s': %d request(s) still running after %gs; unloading it under them",
+                adapter.ref.name,
+                adapter.in_flight,
+                DRAIN_TIMEOUT_S,
+            )
         await asyncio.to_thread(self._engine.unload_adapter, adapter.ref)
         log.info("model '%s': LoRA adapter '%s' unloaded", self.base.name, adapter.ref.name)
 
@@ -122,16 +132,19 @@ class AdapterCatalog:
 LORA_BACKENDS = ("pytorch", "vllm")  # the engines that serve adapters (the others refuse lora_adapters)
 
 
-def load_adapters(base: LoadedLLM, model: ModelDir, engine: AdapterHost, models: ModelRegistry,
-                  lora_dirs: tuple[Path, ...] = ()) -> AdapterCatalog:
+def load_adapters(
+    base: LoadedLLM, model: ModelDir, engine: AdapterHost, models: ModelRegistry, lora_dirs: tuple[Path, ...] = ()
+) -> AdapterCatalog:
     """`base`'s catalog with the adapters its config lists, loaded (blocking). A bad entry fails the model's load
     (ConfigError naming the entry and the fix), as a bad weights path does."""
     catalog = AdapterCatalog(base, engine, model.path, lora_dirs)
     for name, path in base.config.lora_adapters.items():
         other = base if name == base.name else models.find(name)
         if other is not None and (other is base or other.folder != model.name):
-            raise ConfigError(f"{model.config_path}: lora_adapters: the name '{name}' is served already (by "
-                              f"'{other.name}'); rename the adapter")
+            raise ConfigError(
+                f"{model.config_path}: lora_adapters: the name '{name}' is served already (by "
+                f"'{other.name}'); rename the adapter"
+            )
         try:
             catalog.load(name, path)
         except InvalidRequestError as exc:

@@ -99,9 +99,15 @@ class LoadedAdapter(LoadedLLM):
 
     @classmethod
     def of(cls, base: LoadedLLM, adapter: ServedAdapter) -> LoadedAdapter:
-        return cls(name=f"{base.name}:{adapter.ref.name}", config=base.config,
-                   scheduler=AdapterScheduler(base.scheduler, adapter),  # type: ignore[arg-type]
-                   folder=base.folder, created=adapter.created, parent=base, adapter=adapter)
+        return cls(
+            name=f"{base.name}:{adapter.ref.name}",
+            config=base.config,
+            scheduler=AdapterScheduler(base.scheduler, adapter),  # type: ignore[arg-type]
+            folder=base.folder,
+            created=adapter.created,
+            parent=base,
+            adapter=adapter,
+        )
 
     @property
     def template_support(self) -> TemplateSupport:
@@ -113,8 +119,15 @@ class LoadedAdapter(LoadedLLM):
 
     def named(self, name: str) -> LoadedAdapter:
         """The same adapter served under `name` (its bare name)."""
-        return LoadedAdapter(name=name, config=self.config, scheduler=self.scheduler, folder=self.folder,
-                             created=self.created, parent=self.parent, adapter=self.adapter)
+        return LoadedAdapter(
+            name=name,
+            config=self.config,
+            scheduler=self.scheduler,
+            folder=self.folder,
+            created=self.created,
+            parent=self.parent,
+            adapter=self.adapter,
+        )
 
     async def start(self) -> None:
         """Nothing to start: the base model runs."""

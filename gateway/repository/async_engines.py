@@ -111,8 +111,15 @@ def _remote(model: ModelDir, config: ModelConfig, cache_dir: Path) -> AsyncGener
     section = config.remote
     assert section is not None  # ModelConfig refuses backend: remote without it
     field, location = next(
-        ((f, v) for f, v in (("remote.tokenizer", section.tokenizer), ("model.tokenizer", config.model.tokenizer),
-                              ("model.source", config.model.source)) if v),
+        (
+            (f, v)
+            for f, v in (
+                ("remote.tokenizer", section.tokenizer),
+                ("model.tokenizer", config.model.tokenizer),
+                ("model.source", config.model.source),
+            )
+            if v
+        ),
         (None, None),
     )
     if field is None or location is None:
@@ -147,8 +154,12 @@ def _remote(model: ModelDir, config: ModelConfig, cache_dir: Path) -> AsyncGener
         api_key=api_key,
         routing=RoutingSettings(**section.routing.model_dump()),
     )
-    log.info("model '%s' is served by %d upstream(s): %s", model.name, len(upstreams),
-             ", ".join(u.base_url for u in upstreams))
+    log.info(
+        "model '%s' is served by %d upstream(s): %s",
+        model.name,
+        len(upstreams),
+        ", ".join(u.base_url for u in upstreams),
+    )
     return build_remote_engine(settings, tokenizer_source, cache_dir, config.max_model_len)
 
 
@@ -175,16 +186,19 @@ def _api_key(model: ModelDir, env: str | None, file: str | None) -> str | None:
     if env:
         key = os.environ.get(env, "").strip()
         if not key:
-            raise ValueError(f"field 'openai.api_key_env': environment variable {env} is not set; set it or remove "
-                             "the field")
+            raise ValueError(
+                f"field 'openai.api_key_env': environment variable {env} is not set; set it or remove the field"
+            )
         return key
     if file:
         path = Path(file) if Path(file).is_absolute() else model.path / file
         try:
             key = next((line.strip() for line in path.read_text().splitlines() if line.strip()), "")
         except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"field 'openai.api_key_file': cannot read {file} ({exc.__class__.__name__}); check the "
-                             "path (relative to the model's folder) and its permissions") from None
+            raise ValueError(
+                f"field 'openai.api_key_file': cannot read {file} ({exc.__class__.__name__}); check the "
+                "path (relative to the model's folder) and its permissions"
+            ) from None
         if not key:
             raise ValueError(f"field 'openai.api_key_file': {file} is empty; write the key on its first line")
         return key

@@ -60,8 +60,14 @@ def build_scheduler(model: ModelDir, config: ModelConfig, cache_dir: Path | None
     return ContinuousBatcher(engine, config.scheduler, config.kv_cache, config.pytorch.speculative)
 
 
-def build_model(model: ModelDir, config: AnyModelConfig, cache_dir: Path | None, models: ModelRegistry,
-                rate_limiter: RateLimiter | None = None, lora_dirs: tuple[Path, ...] = ()) -> LoadedModel:
+def build_model(
+    model: ModelDir,
+    config: AnyModelConfig,
+    cache_dir: Path | None,
+    models: ModelRegistry,
+    rate_limiter: RateLimiter | None = None,
+    lora_dirs: tuple[Path, ...] = (),
+) -> LoadedModel:
     """Load one model (blocking): an LLM's engine and scheduler (and its LoRA adapters), or a tensor model's backend
     instances behind their batcher (`models`: where an ensemble finds the models it calls; `rate_limiter`: the
     server's, or None; `lora_dirs`: folders adapters may be loaded from besides the model's)."""
@@ -73,11 +79,18 @@ def build_model(model: ModelDir, config: AnyModelConfig, cache_dir: Path | None,
         log.info("loading model '%s' (backend %s)", model.name, config.resolved_backend)
         tensor = TensorModel(model, config, rate_limiter)
         tensor.load(scheduler_factory(models.find_tensor))
-        entry = LoadedTensorModel(name=model.name, config=config, tensor=tensor, folder=model.name,
-                                  load_seconds=time.monotonic() - started)
-        log.info("model '%s' ready in %.1fs: backend %s, versions %s, %d instance(s), max_batch_size %d",
-                 model.name, time.monotonic() - started, tensor.backend, sorted(tensor.versions),
-                 config.instance_count, config.max_batch_size)
+        entry = LoadedTensorModel(
+            name=model.name, config=config, tensor=tensor, folder=model.name, load_seconds=time.monotonic() - started
+        )
+        log.info(
+            "model '%s' ready in %.1fs: backend %s, versions %s, %d instance(s), max_batch_size %d",
+            model.name,
+            time.monotonic() - started,
+            tensor.backend,
+            sorted(tensor.versions),
+            config.instance_count,
+            config.max_batch_size,
+        )
         return entry
     log.info("loading model '%s' (backend %s, dtype %s)", model.name, config.backend, config.dtype)
     name = config.served_model_name or model.name
@@ -86,12 +99,19 @@ def build_model(model: ModelDir, config: AnyModelConfig, cache_dir: Path | None,
     log.info(
         "model '%s' ready in %.1fs: engine %s, %s, dtype %s, context %d tokens, KV cache %d blocks x %d "
         "tokens (%.0f MiB)",
-        name, time.monotonic() - started, config.backend, info.model_type, info.dtype, info.max_model_len,
-        info.num_kv_blocks, info.block_size,
+        name,
+        time.monotonic() - started,
+        config.backend,
+        info.model_type,
+        info.dtype,
+        info.max_model_len,
+        info.num_kv_blocks,
+        info.block_size,
         info.num_kv_blocks * info.block_size * info.kv_bytes_per_token / 2**20,
     )
-    llm = LoadedLLM(name=name, config=config, scheduler=scheduler, folder=model.name,
-                    load_seconds=time.monotonic() - started)
+    llm = LoadedLLM(
+        name=name, config=config, scheduler=scheduler, folder=model.name, load_seconds=time.monotonic() - started
+    )
     engine = llm.engine
     if scheduler.passthrough is None:  # probe the chat template here, off the event loop (an upstream renders its own)
         _ = llm.template_support

@@ -40,7 +40,8 @@ class SpeculativeSection(_Strict):
     (docs/speculative-decoding.md)."""
 
     method: Literal["ngram"] = Field(
-        "ngram", description="How tokens are proposed: `ngram` (prompt lookup: what followed the latest earlier "
+        "ngram",
+        description="How tokens are proposed: `ngram` (prompt lookup: what followed the latest earlier "
         "occurrence of the last n tokens in the prompt and output). No draft model is needed.",
     )
     num_speculative_tokens: int = Field(5, ge=1, le=16, description="Tokens proposed and verified per step.")
@@ -56,8 +57,10 @@ class SpeculativeSection(_Strict):
     @model_validator(mode="after")
     def _sizes(self) -> SpeculativeSection:
         if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise ValueError(f"pytorch.speculative.prompt_lookup_min ({self.prompt_lookup_min}) is larger than "
-                             f"prompt_lookup_max ({self.prompt_lookup_max}); lower the min or raise the max")
+            raise ValueError(
+                f"pytorch.speculative.prompt_lookup_min ({self.prompt_lookup_min}) is larger than "
+                f"prompt_lookup_max ({self.prompt_lookup_max}); lower the min or raise the max"
+            )
         return self
 
 
@@ -96,7 +99,8 @@ class PyTorchSection(_Strict):
         "cost one attention call per sequence and layer.",
     )
     speculative: SpeculativeSection | None = Field(
-        None, description="Speculative decoding (n-gram proposals verified in the batch step); null: off. "
+        None,
+        description="Speculative decoding (n-gram proposals verified in the batch step); null: off. "
         "`speculative: {}` turns it on with the defaults.",
     )
 
@@ -163,8 +167,10 @@ class RoutingSection(_Strict):
         0.5, ge=0, le=1, description="Least fraction of the prompt probably cached for the prefix to decide."
     )
     balance_abs: int = Field(
-        2, ge=0, description="Skip the cached upstream when it has this many more requests in flight than the "
-        "least busy one ..."
+        2,
+        ge=0,
+        description="Skip the cached upstream when it has this many more requests in flight than the "
+        "least busy one ...",
     )
     balance_rel: float = Field(1.5, ge=1, description="... and this many times as many.")
 
@@ -194,7 +200,9 @@ class RemoteSection(_Strict):
     retries: int = Field(2, ge=0, le=10, description="Other upstreams tried when one fails before the first token.")
     health_check_seconds: float = Field(5.0, gt=0, description="Interval of the GET /health check of each upstream.")
     health_backoff_max_seconds: float = Field(
-        30.0, gt=0, description="An upstream that stays down is checked ever less often (the interval doubling after "
+        30.0,
+        gt=0,
+        description="An upstream that stays down is checked ever less often (the interval doubling after "
         "each failed check), at least this often.",
     )
     api_key_env: str | None = Field(
@@ -218,7 +226,8 @@ class OpenAISection(_Strict):
     clients sent them, text in and text out, with no tokenizer in the gateway."""
 
     base_url: str = Field(
-        ..., description="The upstream's OpenAI base URL, `/v1` included, as the openai SDK takes it "
+        ...,
+        description="The upstream's OpenAI base URL, `/v1` included, as the openai SDK takes it "
         "(http://llama:8080/v1, http://ollama:11434/v1, https://api.openai.com/v1); a URL without a path gets /v1.",
     )
     model: str | None = Field(None, description="The name the upstream serves the model under; default: ours.")
@@ -226,7 +235,8 @@ class OpenAISection(_Strict):
         None, description="Name of an environment variable holding the upstream's API key (sent as a bearer token)."
     )
     api_key_file: str | None = Field(
-        None, description="A file holding the upstream's API key (its first line; a path relative to the model's "
+        None,
+        description="A file holding the upstream's API key (its first line; a path relative to the model's "
         "folder, or absolute). Keys appear in no log, error or /v1/models.",
     )
     connect_timeout_seconds: float = Field(5.0, gt=0, description="Wait for a connection to the upstream.")

@@ -54,8 +54,10 @@ def read_model_dir(root: Path, child: Path) -> ModelDir | None:
     if not is_valid_model_name(child.name):
         raise ConfigError(f"{child}: '{child.name}' is not a valid model name; use letters, digits, '.', '_' and '-'.")
     if not _inside(root, child) or not _inside(root, configs[0]):
-        raise ConfigError(f"{child}: the model folder or its config is a link that leaves the repository; "
-                          "copy the model into the repository instead.")
+        raise ConfigError(
+            f"{child}: the model folder or its config is a link that leaves the repository; "
+            "copy the model into the repository instead."
+        )
     versions = tuple(sorted(int(v.name) for v in child.iterdir() if v.is_dir() and v.name.isdigit()))
     return ModelDir(child.name, child, configs[0], versions)
 

@@ -23,8 +23,10 @@ LoadPolicy = Literal["on_startup", "on_request"]
 FOREVER = -1.0
 _UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ms|s|m|h)")
-DURATION_HELP = ("use seconds (300), a duration such as 5m, 1h30m, 90s or 500ms, 0 to unload once idle, or -1 to keep "
-                 "the model loaded")
+DURATION_HELP = (
+    "use seconds (300), a duration such as 5m, 1h30m, 90s or 500ms, 0 to unload once idle, or -1 to keep "
+    "the model loaded"
+)
 
 
 def parse_duration(value: Any) -> float:
@@ -69,8 +71,12 @@ class LifecycleFields(BaseModel):
     """The lifecycle fields every model config has (LLM and tensor alike)."""
 
     load: LoadPolicy | None = Field(
-        None, description="on_request: loaded by its first request; on_startup: loaded at startup; unset: the "
-        "control mode decides.")
+        None,
+        description="on_request: loaded by its first request; on_startup: loaded at startup; unset: the "
+        "control mode decides.",
+    )
     keep_alive: KeepAlive | None = Field(
-        None, description="Idle time before the model unloads (300, 5m, 0, -1 = never); unset: --keep-alive for "
-        "models loaded on request.")
+        None,
+        description="Idle time before the model unloads (300, 5m, 0, -1 = never); unset: --keep-alive for "
+        "models loaded on request.",
+    )

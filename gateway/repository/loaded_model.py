@@ -181,8 +181,10 @@ class LoadedTensorModel(LoadedModel):
         return self.tensor.version(version).version
 
     def version_stats(self) -> list[tuple[int, ModelStats, int]]:
-        return [(number, entry.stats, int(getattr(entry.batcher, "queued", 0)))
-                for number, entry in sorted(self.tensor.versions.items())]
+        return [
+            (number, entry.stats, int(getattr(entry.batcher, "queued", 0)))
+            for number, entry in sorted(self.tensor.versions.items())
+        ]
 
     @property
     def _gate(self) -> InFlight:

@@ -165,9 +165,11 @@ def _gguf_estimate(path: Path, config: ModelConfig) -> tuple[int, int, int]:
     heads = int(layout.field("attention.head_count", 0) or 0)
     kv_heads = int(layout.field("attention.head_count_kv", heads) or heads)
     head_dim = int(layout.field("attention.key_length", 0) or 0) or (
-        int(layout.field("embedding_length", 0) or 0) // max(heads, 1))
-    per_token = _kv_bytes_per_token(int(layout.field("block_count", 0) or 0), kv_heads, head_dim,
-                                    _kv_dtype_bytes(config))
+        int(layout.field("embedding_length", 0) or 0) // max(heads, 1)
+    )
+    per_token = _kv_bytes_per_token(
+        int(layout.field("block_count", 0) or 0), kv_heads, head_dim, _kv_dtype_bytes(config)
+    )
     return weights, per_token, float32
 
 
@@ -193,14 +195,18 @@ def llm_bytes(source: Path, config: ModelConfig) -> LLMBytes:
         hf = _hf_config(folder)
         file_dtype = str(hf.get("torch_dtype") or hf.get("dtype") or config.dtype)
         scale = DTYPE_BYTES[config.dtype] / DTYPE_BYTES.get(file_dtype, DTYPE_BYTES[config.dtype])
-        files = (sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-                 or sum(p.stat().st_size for p in folder.glob("*.bin")))
+        files = sum(p.stat().st_size for p in folder.glob("*.safetensors")) or sum(
+            p.stat().st_size for p in folder.glob("*.bin")
+        )
         weights, float32 = int(files * scale), 0
         heads = int(hf.get("num_attention_heads", 0) or 0)
         head_dim = int(hf.get("head_dim", 0) or 0) or int(hf.get("hidden_size", 0) or 0) // max(heads, 1)
-        per_token = _kv_bytes_per_token(int(hf.get("num_hidden_layers", 0) or 0),
-                                        int(hf.get("num_key_value_heads", heads) or heads), head_dim,
-                                        _kv_dtype_bytes(config))
+        per_token = _kv_bytes_per_token(
+            int(hf.get("num_hidden_layers", 0) or 0),
+            int(hf.get("num_key_value_heads", heads) or heads),
+            head_dim,
+            _kv_dtype_bytes(config),
+        )
     return LLMBytes(weights, config.kv_cache.max_tokens * per_token, files, float32)
 
 

@@ -22,8 +22,8 @@ from gateway.repository.engine_config import (
     TensorRTLLMSection,
     VllmSection,
 )
-from gateway.repository.lifecycle_config import LifecycleFields
 from gateway.repository.layout import is_valid_model_name
+from gateway.repository.lifecycle_config import LifecycleFields
 from gateway.repository.pbtxt import PbtxtError, parse_pbtxt
 from gateway.repository.tensor_config import TensorModelConfig, is_tensor_config
 
@@ -47,24 +47,31 @@ class SchedulerConfig(_Strict):
         512, ge=16, description="Token budget of one step; longer prompts are prefilled in chunks of this size."
     )
     enable_chunked_prefill: bool = Field(
-        True, description="Split prompts longer than a step's budget over several steps; false prefills every prompt "
+        True,
+        description="Split prompts longer than a step's budget over several steps; false prefills every prompt "
         "whole (then max_num_batched_tokens must be at least max_model_len, as in vLLM).",
     )
     max_queue_size: int = Field(
-        1024, ge=1, description="Waiting requests beyond this are rejected with 429 (Triton's name). Within it, a "
+        1024,
+        ge=1,
+        description="Waiting requests beyond this are rejected with 429 (Triton's name). Within it, a "
         "request whose expected wait (the requests ahead of it over the measured admission rate) exceeds its "
         "timeout is rejected at once, so the queue holds what can be served in time.",
     )
     default_timeout_seconds: float = Field(
-        30.0, ge=0, description="Longest wait for admission (Triton's default_timeout_microseconds, in seconds); "
+        30.0,
+        ge=0,
+        description="Longest wait for admission (Triton's default_timeout_microseconds, in seconds); "
         "0: no timeout. A request that has started is never timed out.",
     )
     timeout_action: Literal["REJECT", "DELAY"] = Field(
-        "REJECT", description="A request still waiting at its timeout: REJECT answers 429 with Retry-After; DELAY "
+        "REJECT",
+        description="A request still waiting at its timeout: REJECT answers 429 with Retry-After; DELAY "
         "moves it behind every other waiting request (Triton's semantics).",
     )
     allow_timeout_override: bool = Field(
-        True, description="Requests may set their own timeout (`timeout` in the body or X-Request-Timeout on /v1, "
+        True,
+        description="Requests may set their own timeout (`timeout` in the body or X-Request-Timeout on /v1, "
         "the `timeout` parameter in microseconds on /v2).",
     )
     aging_seconds: float = Field(
@@ -78,7 +85,8 @@ class KVCacheConfig(_Strict):
     block_size: int = Field(16, ge=1, le=256, description="Tokens per KV block.")
     max_tokens: int = Field(16384, ge=16, description="Pool size in tokens (all sequences together).")
     dtype: Literal["auto", "bfloat16"] = Field(
-        "auto", description="Storage of keys and values (vLLM's kv_cache_dtype): auto, the model's dtype; bfloat16 "
+        "auto",
+        description="Storage of keys and values (vLLM's kv_cache_dtype): auto, the model's dtype; bfloat16 "
         "under a float32 model halves the pool's bytes and what each decode step reads of it, the arithmetic staying "
         "float32 (answers then may differ from transformers' float32 ones).",
     )
@@ -120,7 +128,8 @@ class ModelConfig(_Strict, LifecycleFields):
     tensorrt_llm: TensorRTLLMSection = TensorRTLLMSection()
     remote: RemoteSection | None = Field(None, description="Required for backend: remote (see engine_config.py).")
     lora_adapters: dict[str, str] = Field(
-        default_factory=dict, description="LoRA adapters loaded with the model, name: path (a PEFT adapter folder or "
+        default_factory=dict,
+        description="LoRA adapters loaded with the model, name: path (a PEFT adapter folder or "
         "a GGUF LoRA file, relative to the model's folder or inside a --lora-dir), each served as `<model>:<name>` "
         "and as `<name>` (docs/lora.md). backend: pytorch or vllm.",
     )
@@ -147,22 +156,36 @@ class ModelConfig(_Strict, LifecycleFields):
             and self.max_model_len
             and sched.max_num_batched_tokens < self.max_model_len
         ):
-            raise ValueError(f"scheduler.enable_chunked_prefill: false needs scheduler.max_num_batched_tokens >= "
-                             f"max_model_len ({self.max_model_len}); raise it or enable chunked prefill")
+            raise ValueError(
+                f"scheduler.enable_chunked_prefill: false needs scheduler.max_num_batched_tokens >= "
+                f"max_model_len ({self.max_model_len}); raise it or enable chunked prefill"
+            )
         if self.kv_cache.dtype == "bfloat16" and (self.backend != "pytorch" or self.dtype == "float16"):
-            raise ValueError("kv_cache.dtype: bfloat16 is for the native engine (backend: pytorch) with dtype float32 "
-                             "or bfloat16; remove it or change the backend or dtype")
+            raise ValueError(
+                "kv_cache.dtype: bfloat16 is for the native engine (backend: pytorch) with dtype float32 "
+                "or bfloat16; remove it or change the backend or dtype"
+            )
         if self.pytorch.speculative is not None and not self.pytorch.fast_kernels:
-            raise ValueError("pytorch.speculative needs pytorch.fast_kernels: true (only the C kernels verify "
-                             "proposals with the bits of one-token steps); remove one of them")
+            raise ValueError(
+                "pytorch.speculative needs pytorch.fast_kernels: true (only the C kernels verify "
+                "proposals with the bits of one-token steps); remove one of them"
+            )
         if self.pytorch.match_transformers:
-            fixes = [fix for wrong, fix in (
-                (self.backend != "pytorch", "backend: pytorch"), (self.dtype != "bfloat16", "dtype: bfloat16"),
-                (sched.enable_chunked_prefill, "scheduler.enable_chunked_prefill: false"),
-                (self.kv_cache.enable_prefix_caching, "kv_cache.enable_prefix_caching: false")) if wrong]
+            fixes = [
+                fix
+                for wrong, fix in (
+                    (self.backend != "pytorch", "backend: pytorch"),
+                    (self.dtype != "bfloat16", "dtype: bfloat16"),
+                    (sched.enable_chunked_prefill, "scheduler.enable_chunked_prefill: false"),
+                    (self.kv_cache.enable_prefix_caching, "kv_cache.enable_prefix_caching: false"),
+                )
+                if wrong
+            ]
             if fixes:
-                raise ValueError(f"pytorch.match_transformers needs {', '.join(fixes)} (transformers computes each "
-                                 "prompt whole, in bfloat16, from its own keys)")
+                raise ValueError(
+                    f"pytorch.match_transformers needs {', '.join(fixes)} (transformers computes each "
+                    "prompt whole, in bfloat16, from its own keys)"
+                )
         return self
 
     @field_validator("lora_adapters")
@@ -170,8 +193,10 @@ class ModelConfig(_Strict, LifecycleFields):
     def _adapter_names(cls, value: dict[str, str]) -> dict[str, str]:
         for name, path in value.items():
             if not is_valid_model_name(name):
-                raise ValueError(f"lora_adapters: '{name[:80]}' is not an adapter name (letters, digits, '.', '_' and "
-                                 "'-'); rename it")
+                raise ValueError(
+                    f"lora_adapters: '{name[:80]}' is not an adapter name (letters, digits, '.', '_' and "
+                    "'-'); rename it"
+                )
             if not path:
                 raise ValueError(f"lora_adapters.{name}: give the adapter's folder or .gguf file")
         return value
@@ -179,8 +204,10 @@ class ModelConfig(_Strict, LifecycleFields):
     @model_validator(mode="after")
     def _remote_needs_upstreams(self) -> ModelConfig:
         if self.lora_adapters and self.backend not in ("pytorch", "vllm"):
-            raise ValueError(f"lora_adapters are served by backend: pytorch or vllm, not {self.backend}; remove them "
-                             "or change the backend")
+            raise ValueError(
+                f"lora_adapters are served by backend: pytorch or vllm, not {self.backend}; remove them "
+                "or change the backend"
+            )
         if self.backend == "remote" and self.remote is None:
             raise ValueError("backend 'remote' needs a 'remote:' section with 'upstreams: [http://host:port, ...]'")
         if self.backend != "remote" and self.remote is not None:
@@ -219,13 +246,16 @@ def read_raw_config(path: Path) -> dict[str, Any]:
     try:
         raw = yaml.load(text, Loader=_ConfigLoader) or {}  # noqa: S506 - SafeLoader's constructors, nesting bounded
     except (yaml.YAMLError, ValueError, RecursionError) as exc:  # a 5000-digit int, nesting past the recursion limit
-        raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__}: {str(exc)[:300]}). Fix the syntax.") \
-            from None
+        raise ConfigError(
+            f"{path}: not valid YAML ({exc.__class__.__name__}: {str(exc)[:300]}). Fix the syntax."
+        ) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of fields (e.g. `backend: pytorch`).")
     if _expands_past(raw, MAX_YAML_VALUES):
-        raise ConfigError(f"{path}: its aliases (*name) make it expand to more than {MAX_YAML_VALUES} values, or "
-                          "to a value that contains itself; write the values out or alias fewer of them.")
+        raise ConfigError(
+            f"{path}: its aliases (*name) make it expand to more than {MAX_YAML_VALUES} values, or "
+            "to a value that contains itself; write the values out or alias fewer of them."
+        )
     return raw
 
 
@@ -243,8 +273,9 @@ class _ConfigLoader(yaml.SafeLoader):
 
     def _check_depth(self, depth: int) -> None:
         if depth >= MAX_YAML_NESTING:
-            raise yaml.scanner.ScannerError(None, None, f"collections nested more than {MAX_YAML_NESTING} deep",
-                                            self.get_mark())
+            raise yaml.scanner.ScannerError(
+                None, None, f"collections nested more than {MAX_YAML_NESTING} deep", self.get_mark()
+            )
 
 
 def _expands_past(data: Any, limit: int) -> bool:

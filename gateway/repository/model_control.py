@@ -119,8 +119,13 @@ class ModelControl:
             self.budget_source = limit.source
         else:
             self.budget_source = "--memory-budget"
-        self.residency = Residency(self, budget=memory_budget, default_keep_alive=keep_alive_s,
-                                   load_timeout_s=load_timeout_s, **(residency or {}))
+        self.residency = Residency(
+            self,
+            budget=memory_budget,
+            default_keep_alive=keep_alive_s,
+            load_timeout_s=load_timeout_s,
+            **(residency or {}),
+        )
         self.models.residency = self.residency  # requests for models not loaded wait for their load
         self._catalog: dict[str, str] = {}  # served name -> folder, of the models a request loads
         self._catalog_configs: dict[str, AnyModelConfig] = {}  # folder -> config, of those models
@@ -141,14 +146,18 @@ class ModelControl:
                 except ValueError as exc:
                     raise ConfigError(f"--load-model: {exc}.") from None
                 if model is None:
-                    raise ConfigError(f"--load-model {name}: the repository '{self.root}' has no model folder '{name}' "
-                                      "with a config file; model names are folder names.")
+                    raise ConfigError(
+                        f"--load-model {name}: the repository '{self.root}' has no model folder '{name}' "
+                        "with a config file; model names are folder names."
+                    )
                 found.append(model)
             return found
         found = scan_repository(self.root)
         if not found and self.control_mode == "none":
-            raise ConfigError(f"model repository '{self.root}' holds no model (no <model>/config.yaml found); add one, "
-                              "or start with --model-control-mode=poll or explicit to add models later.")
+            raise ConfigError(
+                f"model repository '{self.root}' holds no model (no <model>/config.yaml found); add one, "
+                "or start with --model-control-mode=poll or explicit to add models later."
+            )
         if not found:
             log.warning("model repository '%s' holds no model yet", self.root)
         return found
@@ -175,8 +184,10 @@ class ModelControl:
         """A model failed at startup: stop the server (--exit-on-error) or record why and serve the others."""
         if self.exit_on_error:
             reason = str(exc) if isinstance(exc, ConfigError) else self.states.reason(exc)
-            raise ConfigError(f"model '{name}' failed to {step}: {reason} (--exit-on-error stops the server; "
-                              "fix the model, or drop --exit-on-error to serve the others)") from None
+            raise ConfigError(
+                f"model '{name}' failed to {step}: {reason} (--exit-on-error stops the server; "
+                "fix the model, or drop --exit-on-error to serve the others)"
+            ) from None
         self._failed(name, None, step, exc)
 
     def prepare(self) -> None:
@@ -263,8 +274,11 @@ class ModelControl:
     def _check_control(self) -> None:
         if self.control_mode in ("explicit", "on_demand"):
             return
-        how = ("the repository is polled: add, change or remove model folders instead" if self.control_mode == "poll"
-               else "start the server with --model-control-mode=explicit to load and unload models through this API")
+        how = (
+            "the repository is polled: add, change or remove model folders instead"
+            if self.control_mode == "poll"
+            else "start the server with --model-control-mode=explicit to load and unload models through this API"
+        )
         raise ModelControlDisabledError(f"{CONTROL_DISABLED} (model control mode is '{self.control_mode}'; {how})")
 
     def _find(self, name: str) -> ModelDir:
@@ -278,8 +292,9 @@ class ModelControl:
             raise NotFoundError(f"no model named '{name}' in the model repository")
         return model
 
-    async def load(self, name: str, config_override: dict[str, Any] | None = None,
-                   keep_alive: float | None = None) -> LoadedModel:
+    async def load(
+        self, name: str, config_override: dict[str, Any] | None = None, keep_alive: float | None = None
+    ) -> LoadedModel:
         """Load (or reload) a model by folder name (explicit and on_demand modes). In-flight requests finish on the
         old copy. `keep_alive`: this copy's (-1 pins it); else its config's, or for a model that loads on request
         the server's --keep-alive, counted from this load (docs/model-management.md)."""
@@ -305,20 +320,28 @@ class ModelControl:
             raise ConfigError("a load request's config may not set 'model' (weights location); edit the file")
         weights = config.model
         on_disk = config.parameters.get("allow_pickle") if isinstance(config, TensorModelConfig) else None
-        config = validate_model_config(override, f"{model.name}: load request config", model.name,
-                                       tensor=model.config_path.suffix == ".pbtxt")
+        config = validate_model_config(
+            override, f"{model.name}: load request config", model.name, tensor=model.config_path.suffix == ".pbtxt"
+        )
         if isinstance(config, TensorModelConfig) and config.parameters.get("allow_pickle") != on_disk:
-            raise ConfigError("a load request's config may not change parameter 'allow_pickle' (loading a "
-                              "pickle runs code): set it in the model's config file")
+            raise ConfigError(
+                "a load request's config may not change parameter 'allow_pickle' (loading a "
+                "pickle runs code): set it in the model's config file"
+            )
         return config.model_copy(update={"model": weights}) if type(weights) is type(config.model) else config
 
     async def load_locked(self, name: str, trigger: str) -> LoadedModel:
         """Load a folder for the residency manager (which holds the lock)."""
         return await self._load_folder(name, trigger=trigger)
 
-    async def _load_folder(self, name: str, config_override: dict[str, Any] | None = None,
-                           fingerprint: str | None = None, keep_alive: float | None = None,
-                           trigger: str = "admin") -> LoadedModel:
+    async def _load_folder(
+        self,
+        name: str,
+        config_override: dict[str, Any] | None = None,
+        fingerprint: str | None = None,
+        keep_alive: float | None = None,
+        trigger: str = "admin",
+    ) -> LoadedModel:
         """Build and start a new copy while the old one (if any) serves, then swap them (call under the lock). A
         folder not loaded yet first gets its room in the memory budget (idle models evicted, `residency.py`)."""
         model = self._find(name)
@@ -332,8 +355,10 @@ class ModelControl:
             served = (config.served_model_name if isinstance(config, ModelConfig) else None) or name
             other = self.models.find(served)
             if other is not None and other.folder != name:
-                raise ConfigError(f"{model.config_path}: the served name '{served}' is taken by the model folder "
-                                  f"'{other.folder}'; choose another served_model_name.")
+                raise ConfigError(
+                    f"{model.config_path}: the served name '{served}' is taken by the model folder "
+                    f"'{other.folder}'; choose another served_model_name."
+                )
             if old is None:
                 needed = await asyncio.to_thread(self.residency.estimate, model, config)
                 reserved = await asyncio.to_thread(self.residency.reserve_for, model, config, needed)
@@ -364,11 +389,15 @@ class ModelControl:
                 raise self._failed(name, old, "start", exc) from None
         self.models.publish(entry, replaces=old)  # the swap: new requests reach the new copy from here on
         self.states.set(name, "READY")
-        self.residency.track(entry, self.keep_alive_for(config, keep_alive), needed, rss_before,
-                             time.monotonic() - started)
+        self.residency.track(
+            entry, self.keep_alive_for(config, keep_alive), needed, rss_before, time.monotonic() - started
+        )
         if old is not None:
-            log.info("model '%s' reloaded; the previous copy stops once its %d request(s) in flight finish",
-                     name, old.in_flight)
+            log.info(
+                "model '%s' reloaded; the previous copy stops once its %d request(s) in flight finish",
+                name,
+                old.in_flight,
+            )
             self.retiring.retire(old, entry)
         else:
             await self.residency.settle(name)
@@ -507,8 +536,9 @@ class Retirement:
     """Copies taken out of service (replaced by a reload, or unloaded): each finishes its requests in the background
     (at most `drain_timeout_s`), then stops; `on_stopped(old, successor)` is called once it has."""
 
-    def __init__(self, drain_timeout_s: float,
-                 on_stopped: Callable[[LoadedModel, LoadedModel | None], None] | None = None) -> None:
+    def __init__(
+        self, drain_timeout_s: float, on_stopped: Callable[[LoadedModel, LoadedModel | None], None] | None = None
+    ) -> None:
         self.drain_timeout_s = drain_timeout_s
         self.on_stopped = on_stopped
         self.tasks: set[asyncio.Task[None]] = set()
@@ -528,8 +558,12 @@ class Retirement:
             if old.in_flight:
                 await asyncio.wait_for(old.wait_idle(), self.drain_timeout_s)
         except TimeoutError:
-            log.warning("model '%s': %d request(s) still running after %gs of draining; stopping them",
-                        old.name, old.in_flight, self.drain_timeout_s)
+            log.warning(
+                "model '%s': %d request(s) still running after %gs of draining; stopping them",
+                old.name,
+                old.in_flight,
+                self.drain_timeout_s,
+            )
         finally:
             await stop_quietly(old)
             if self.on_stopped is not None:

@@ -88,8 +88,10 @@ class ModelStates:
             entry = self.models.in_folder(name)
             if entry is not None:
                 reason = state.reason if state.state == "READY" else ""
-                rows.extend({"name": name, "version": str(version), "state": "READY", "reason": reason}
-                            for version in entry.versions)
+                rows.extend(
+                    {"name": name, "version": str(version), "state": "READY", "reason": reason}
+                    for version in entry.versions
+                )
             elif ready_only:
                 continue
             elif state.state:

@@ -218,14 +218,22 @@ class Residency:
             with PeakWatch(self.rss) as watch:
                 yield
             self.peaks[folder] = watch.growth
-            log.info("model '%s': its load took %s at its peak (reserved %s)", folder, fmt_bytes(watch.growth),
-                     fmt_bytes(reserved))
+            log.info(
+                "model '%s': its load took %s at its peak (reserved %s)",
+                folder,
+                fmt_bytes(watch.growth),
+                fmt_bytes(reserved),
+            )
         finally:
             self.reserved.pop(folder, None)
 
     def is_busy(self, resident: Resident) -> bool:
-        return (resident.holds > 0 or resident.entry.in_flight > 0 or self._waiting.get(resident.folder, 0) > 0
-                or resident.folder in self._loads)
+        return (
+            resident.holds > 0
+            or resident.entry.in_flight > 0
+            or self._waiting.get(resident.folder, 0) > 0
+            or resident.folder in self._loads
+        )
 
     def _ensemble_steps(self) -> set[str]:
         """Folders of the models a loaded ensemble calls (never evicted while it is loaded)."""
@@ -238,8 +246,11 @@ class Residency:
     def lru_victim(self, exclude: str = "") -> str | None:
         """The least recently used model that may be evicted now (idle, unpinned, called by no ensemble), or None."""
         protected = self._ensemble_steps()
-        idle = [r for r in self.resident.values()
-                if r.folder != exclude and not r.pinned and not self.is_busy(r) and r.folder not in protected]
+        idle = [
+            r
+            for r in self.resident.values()
+            if r.folder != exclude and not r.pinned and not self.is_busy(r) and r.folder not in protected
+        ]
         return min(idle, key=lambda r: r.last_used).folder if idle else None
 
     def fits_alone(self, folder: str, needed: int) -> None:
@@ -251,7 +262,8 @@ class Residency:
                 "larger of its resident size and its load's peak) but the memory "
                 f"budget is {fmt_bytes(self.budget)} (budget: {self.budget} bytes), of which the server holds "
                 f"{fmt_bytes(overhead)} besides its models; raise --memory-budget, or serve a smaller form of the "
-                "model (a quantized GGUF, bfloat16, a smaller kv_cache.max_tokens)")
+                "model (a quantized GGUF, bfloat16, a smaller kv_cache.max_tokens)"
+            )
 
     def fits_beside(self, folder: str, needed: int) -> None:
         """At startup (nothing is evicted): refuse a model that does not fit beside the ones loaded before it."""
@@ -261,7 +273,8 @@ class Residency:
             raise ModelTooLargeError(
                 f"model '{folder}' needs about {fmt_bytes(needed)} but the models loaded before it leave "
                 f"{fmt_bytes(max(free, 0))} of the {fmt_bytes(self.budget)} memory budget; raise --memory-budget, "
-                "or let it load on request (load: on_request) so that idle models make room")
+                "or let it load on request (load: on_request) so that idle models make room"
+            )
 
     async def make_room(self, folder: str, needed: int) -> None:
         """Evict idle models, least recently used first, until `needed` more bytes fit (call under model control's
@@ -274,7 +287,9 @@ class Residency:
                 raise NoRoomError(
                     f"model '{folder}' needs about {fmt_bytes(needed)} but {fmt_bytes(self.used_bytes())} of the "
                     f"{fmt_bytes(self.budget)} memory budget is in use and the models holding it are busy or pinned "
-                    f"({holders}); retry once they are idle", headers={"Retry-After": "5"})
+                    f"({holders}); retry once they are idle",
+                    headers={"Retry-After": "5"},
+                )
             await self.evict(victim, "memory")
 
     async def settle(self, folder: str) -> None:
@@ -282,8 +297,11 @@ class Residency:
         while self.used_bytes() > self.budget:
             victim = self.lru_victim(exclude=folder)
             if victim is None:
-                log.warning("memory in use %s is above the budget %s and no idle model can be evicted",
-                            fmt_bytes(self.used_bytes()), fmt_bytes(self.budget))
+                log.warning(
+                    "memory in use %s is above the budget %s and no idle model can be evicted",
+                    fmt_bytes(self.used_bytes()),
+                    fmt_bytes(self.budget),
+                )
                 return
             await self.evict(victim, "memory")
 
@@ -297,9 +315,17 @@ class Residency:
         counted = reported if reported is not None else max(estimated, grown)
         self.resident[entry.folder] = Resident(entry.folder, entry, keep_alive, counted, estimated, self.clock())
         self.stats.loaded(entry.folder, seconds)
-        log.info("model '%s' resident: %s counted (estimated %s, RSS grew %s), keep-alive %s; memory in use %s "
-                 "of the %s budget", entry.folder, fmt_bytes(counted), fmt_bytes(estimated), fmt_bytes(grown),
-                 describe_keep_alive(keep_alive), fmt_bytes(self.used_bytes()), fmt_bytes(self.budget))
+        log.info(
+            "model '%s' resident: %s counted (estimated %s, RSS grew %s), keep-alive %s; memory in use %s "
+            "of the %s budget",
+            entry.folder,
+            fmt_bytes(counted),
+            fmt_bytes(estimated),
+            fmt_bytes(grown),
+            describe_keep_alive(keep_alive),
+            fmt_bytes(self.used_bytes()),
+            fmt_bytes(self.budget),
+        )
         self._nudge()
 
     def forget(self, folder: str, reason: str) -> None:
@@ -314,8 +340,11 @@ class Residency:
     async def evict(self, folder: str, reason: str) -> None:
         """Unload an idle model (call under model control's lock); returns once its copy has stopped."""
         resident = self.resident.get(folder)
-        why = ("idle for longer than its keep-alive " + describe_keep_alive(resident.keep_alive)
-               if reason == "idle" and resident else "the memory budget needs its room (least recently used)")
+        why = (
+            "idle for longer than its keep-alive " + describe_keep_alive(resident.keep_alive)
+            if reason == "idle" and resident
+            else "the memory budget needs its room (least recently used)"
+        )
         log.info("unloading model '%s': %s", folder, why)
         ResidencyStats.count(self.stats.evictions, folder, reason)
         task = self.control.unload_locked(folder, reason)
@@ -393,11 +422,14 @@ class Residency:
                 why = f" ({no_room.message})" if no_room else ""
                 raise ModelLoadTimeoutError(
                     f"model '{name}' did not finish loading within the request's timeout ({waited:.1f}s){why}; it "
-                    "goes on loading: retry shortly, or give the request a longer timeout") from None
+                    "goes on loading: retry shortly, or give the request a longer timeout"
+                ) from None
             if no_room is not None:
                 raise NoRoomError(no_room.message, headers=no_room.headers) from None
-            raise ModelLoadingError(f"model '{name}' is still loading after {waited:.0f}s (--load-timeout-secs); "
-                                    "retry shortly", headers={"Retry-After": "5"}) from None
+            raise ModelLoadingError(
+                f"model '{name}' is still loading after {waited:.0f}s (--load-timeout-secs); retry shortly",
+                headers={"Retry-After": "5"},
+            ) from None
 
     def _load_done(self, folder: str, task: asyncio.Task[LoadedModel]) -> None:
         if self._loads.get(folder) is task:
@@ -414,8 +446,10 @@ class Residency:
             if self.control.models.find(step) is None:
                 step_folder = self.control.requestable(step)
                 if step_folder is None:
-                    raise ModelLoadFailedError(f"failed to load '{folder}': its ensemble step '{step}' is not a "
-                                               "model of the repository that loads on request")
+                    raise ModelLoadFailedError(
+                        f"failed to load '{folder}': its ensemble step '{step}' is not a "
+                        "model of the repository that loads on request"
+                    )
                 await self._load_on_request(step_folder)
         while True:
             try:
@@ -507,5 +541,10 @@ class Residency:
         if r is None:
             return {"loading": folder in self._loads}
         left = None if r.pinned else max(0.0, r.keep_alive - (self.clock() - r.last_used))
-        return {"resident_bytes": r.bytes, "keep_alive": describe_keep_alive(r.keep_alive), "pinned": r.pinned,
-                "busy": self.is_busy(r), "expires_in_s": None if self.is_busy(r) or left is None else round(left, 1)}
+        return {
+            "resident_bytes": r.bytes,
+            "keep_alive": describe_keep_alive(r.keep_alive),
+            "pinned": r.pinned,
+            "busy": self.is_busy(r),
+            "expires_in_s": None if self.is_busy(r) or left is None else round(left, 1),
+        }

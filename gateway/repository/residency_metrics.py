@@ -20,33 +20,48 @@ class ResidencyCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         residency = self._control.residency
         stats = residency.stats
-        loads = CounterMetricFamily("switchyard_model_loads", "Model loads, by result (success, failure).",
-                                    labels=["model", "result"])
+        loads = CounterMetricFamily(
+            "switchyard_model_loads", "Model loads, by result (success, failure).", labels=["model", "result"]
+        )
         for (model, result), n in sorted(stats.loads.items()):
             loads.add_metric([model, result], n)
         unloads = CounterMetricFamily(
-            "switchyard_model_unloads", "Models taken out of service, by reason (idle: keep-alive expired, memory: "
+            "switchyard_model_unloads",
+            "Models taken out of service, by reason (idle: keep-alive expired, memory: "
             "evicted for the budget, admin: the repository API, poll: removed from the repository, failed: did not "
-            "start).", labels=["model", "reason"])
+            "start).",
+            labels=["model", "reason"],
+        )
         for (model, reason), n in sorted(stats.unloads.items()):
             unloads.add_metric([model, reason], n)
         evictions = CounterMetricFamily(
-            "switchyard_model_evictions", "Automatic unloads, by reason (idle: keep-alive expired, memory: least "
-            "recently used idle model evicted for the budget).", labels=["model", "reason"])
+            "switchyard_model_evictions",
+            "Automatic unloads, by reason (idle: keep-alive expired, memory: least "
+            "recently used idle model evicted for the budget).",
+            labels=["model", "reason"],
+        )
         for (model, reason), n in sorted(stats.evictions.items()):
             evictions.add_metric([model, reason], n)
-        seconds = HistogramMetricFamily("switchyard_model_load_seconds", "Time to load a model (successful loads).",
-                                        labels=["model"])
+        seconds = HistogramMetricFamily(
+            "switchyard_model_load_seconds", "Time to load a model (successful loads).", labels=["model"]
+        )
         for model, histogram in sorted(stats.load_seconds.items()):
             buckets, total = histogram.cumulative()
             seconds.add_metric([model], [(floatToGoString(b), float(n)) for b, n in buckets], total)
-        resident = GaugeMetricFamily("switchyard_model_resident_bytes", "Bytes the memory budget counts for each "
-                                     "loaded model (the engine's figure, else the estimate or RSS growth).",
-                                     labels=["model"])
+        resident = GaugeMetricFamily(
+            "switchyard_model_resident_bytes",
+            "Bytes the memory budget counts for each "
+            "loaded model (the engine's figure, else the estimate or RSS growth).",
+            labels=["model"],
+        )
         for model, r in sorted(residency.resident.items()):
             resident.add_metric([model], r.bytes)
         yield from (loads, unloads, evictions, seconds, resident)
-        yield GaugeMetricFamily("switchyard_memory_budget_bytes", "The memory budget (--memory-budget).",
-                                value=residency.budget)
-        yield GaugeMetricFamily("switchyard_memory_used_bytes", "Memory in use as the budget counts it: the larger "
-                                "of the server's RSS and its models' counted bytes.", value=residency.used_bytes())
+        yield GaugeMetricFamily(
+            "switchyard_memory_budget_bytes", "The memory budget (--memory-budget).", value=residency.budget
+        )
+        yield GaugeMetricFamily(
+            "switchyard_memory_used_bytes",
+            "Memory in use as the budget counts it: the larger of the server's RSS and its models' counted bytes.",
+            value=residency.used_bytes(),
+        )

@@ -111,16 +111,18 @@ class _CountedPassthrough(Passthrough):
     def upstream_model(self) -> str:
         return self._inner.upstream_model
 
-    async def call(self, endpoint: str, body: dict[str, Any], priority: int = 0,
-                   timeout: float | None = None) -> dict[str, Any]:
+    async def call(
+        self, endpoint: str, body: dict[str, Any], priority: int = 0, timeout: float | None = None
+    ) -> dict[str, Any]:
         self._in_flight.enter()
         try:
             return await self._inner.call(endpoint, body, priority, timeout)
         finally:
             self._in_flight.leave()
 
-    async def stream(self, endpoint: str, body: dict[str, Any], priority: int = 0,
-                     timeout: float | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def stream(
+        self, endpoint: str, body: dict[str, Any], priority: int = 0, timeout: float | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
         self._in_flight.enter()
         try:
             chunks = await self._inner.stream(endpoint, body, priority, timeout)

@@ -16,16 +16,30 @@ from gateway.repository.lifecycle_config import LifecycleFields
 
 #: Triton DataType enum name -> KServe wire datatype.
 TRITON_DATATYPES = {
-    "TYPE_BOOL": "BOOL", "TYPE_UINT8": "UINT8", "TYPE_UINT16": "UINT16", "TYPE_UINT32": "UINT32",
-    "TYPE_UINT64": "UINT64", "TYPE_INT8": "INT8", "TYPE_INT16": "INT16", "TYPE_INT32": "INT32",
-    "TYPE_INT64": "INT64", "TYPE_FP16": "FP16", "TYPE_FP32": "FP32", "TYPE_FP64": "FP64",
-    "TYPE_STRING": "BYTES", "TYPE_BF16": "BF16",
+    "TYPE_BOOL": "BOOL",
+    "TYPE_UINT8": "UINT8",
+    "TYPE_UINT16": "UINT16",
+    "TYPE_UINT32": "UINT32",
+    "TYPE_UINT64": "UINT64",
+    "TYPE_INT8": "INT8",
+    "TYPE_INT16": "INT16",
+    "TYPE_INT32": "INT32",
+    "TYPE_INT64": "INT64",
+    "TYPE_FP16": "FP16",
+    "TYPE_FP32": "FP32",
+    "TYPE_FP64": "FP64",
+    "TYPE_STRING": "BYTES",
+    "TYPE_BF16": "BF16",
 }
 WIRE_DATATYPES = frozenset(TRITON_DATATYPES.values())
 #: Backends a tensor model may name (Triton's `backend` values), and Triton platforms mapped onto them.
 TENSOR_BACKENDS = ("python", "onnxruntime", "pytorch", "transformers", "tensorflow", "fil", "ensemble")
-PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch", "tensorflow_savedmodel": "tensorflow",
-             "ensemble": "ensemble"}
+PLATFORMS = {
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+    "tensorflow_savedmodel": "tensorflow",
+    "ensemble": "ensemble",
+}
 #: Triton fields Switchyard does not implement: refused by name when set to anything but an empty value.
 UNSUPPORTED = {
     "optimization": "CUDA/TensorRT optimisation settings",
@@ -160,8 +174,10 @@ class Control(_Strict):
                     "a CORRID control needs data_type TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING"
                 )
         elif len(given) != 1 or len(given[0]) != 2:
-            raise ValueError(f"{self.kind} needs exactly one of int32_false_true / fp32_false_true / "
-                             "bool_false_true with two values [false, true]")
+            raise ValueError(
+                f"{self.kind} needs exactly one of int32_false_true / fp32_false_true / "
+                "bool_false_true with two values [false, true]"
+            )
         return self
 
 
@@ -452,8 +468,19 @@ class TensorModelConfig(_Strict, LifecycleFields):
 
 #: Keys that make a config.yaml a tensor model's config even with `backend: pytorch` (then: TorchScript).
 TENSOR_KEYS = frozenset(
-    {"platform", "max_batch_size", "input", "output", "dynamic_batching", "sequence_batching",
-     "ensemble_scheduling", "instance_group", "version_policy", "model_warmup", "default_model_filename"}
+    {
+        "platform",
+        "max_batch_size",
+        "input",
+        "output",
+        "dynamic_batching",
+        "sequence_batching",
+        "ensemble_scheduling",
+        "instance_group",
+        "version_policy",
+        "model_warmup",
+        "default_model_filename",
+    }
 )
 
 

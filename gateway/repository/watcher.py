@@ -94,7 +94,9 @@ class RepositoryWatcher:
         changed = {name: fp for name, fp in current.items() if known.get(name) != fp and previous.get(name) == fp}
         removed = [name for name in known if name not in current and name not in previous]
         if changed or removed:
-            log.info("model repository changed: %s",
-                     ", ".join([f"{n} (load)" for n in changed] + [f"{n} (unload)" for n in removed]))
+            log.info(
+                "model repository changed: %s",
+                ", ".join([f"{n} (load)" for n in changed] + [f"{n} (unload)" for n in removed]),
+            )
             await self.control.apply_changes(changed, removed)
         return changed, removed

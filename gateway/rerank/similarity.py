@@ -24,8 +24,9 @@ def _check(texts: list[str], param: str) -> None:
             raise InvalidRequestError(f"{param}.{i} is longer than {MAX_TEXT_CHARS} characters", param=param)
 
 
-async def similarities(model: LoadedModel, left: list[str], right: list[str],
-                       params: tuple[str, str]) -> tuple[list[float], int]:
+async def similarities(
+    model: LoadedModel, left: list[str], right: list[str], params: tuple[str, str]
+) -> tuple[list[float], int]:
     """Cosine similarity of left[i] and right[i] (`left` may hold one text, paired with each of `right`), and the
     tokens the model read. Texts used twice are embedded once."""
     _check(left, params[0])

@@ -82,11 +82,14 @@ class BackgroundResponses:
         """A running streamed response's events after sequence number `starting_after`, until it ends."""
         running = self._find(resp_id, owner)
         if running is None:
-            raise NotFoundError(f"No running background response with id '{resp_id[:64]}' to stream; GET it "
-                                "without stream.", param="response_id")
+            raise NotFoundError(
+                f"No running background response with id '{resp_id[:64]}' to stream; GET it without stream.",
+                param="response_id",
+            )
         if not running.streamed:
-            raise InvalidRequestError("this response was not created with stream: true; GET it without stream",
-                                      param="stream")
+            raise InvalidRequestError(
+                "this response was not created with stream: true; GET it without stream", param="stream"
+            )
 
         async def events() -> AsyncIterator[dict[str, Any]]:
             index = max(0, starting_after + 1)

@@ -25,8 +25,14 @@ from gateway.responses.protocol import (
 )
 
 # Chat's field names in errors -> the Responses field the user sent.
-PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
-          "response_format": "text.format", "tools": "tools", "tool_choice": "tool_choice"}
+PARAMS = {
+    "messages": "input",
+    "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "tools": "tools",
+    "tool_choice": "tool_choice",
+}
 
 
 def item_id(prefix: str) -> str:
@@ -55,16 +61,18 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
         if isinstance(item, MessageItem):
             messages.append({"role": item.role, "content": _parts_text(item.content, where)})
         elif isinstance(item, FunctionCallItem):
-            call = {"id": item.call_id, "type": "function",
-                    "function": {"name": item.name, "arguments": item.arguments}}
+            call = {
+                "id": item.call_id,
+                "type": "function",
+                "function": {"name": item.name, "arguments": item.arguments},
+            }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif isinstance(item, FunctionCallOutputItem):
-            messages.append({"role": "tool", "tool_call_id": item.call_id,
-                             "content": _parts_text(item.output, where)})
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _parts_text(item.output, where)})
     return messages
 
 
@@ -93,14 +101,26 @@ def chat_request(req: ResponsesRequest, conversation: list[dict[str, Any]]) -> C
     messages = [*system, *conversation]
     if not messages:
         raise InvalidRequestError("input is required", param="input")
-    tools = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True, by_alias=True)}
-             for t in req.tools or []]
+    tools = [
+        {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True, by_alias=True)}
+        for t in req.tools or []
+    ]
     body: dict[str, Any] = {
-        "model": req.model, "messages": messages, "max_completion_tokens": req.max_output_tokens,
-        "temperature": req.temperature, "top_p": req.top_p, "seed": req.seed, "top_k": req.top_k,
-        "priority": req.priority, "tools": tools or None, "tool_choice": _tool_choice(req),
-        "parallel_tool_calls": req.parallel_tool_calls, "response_format": _response_format(req),
-        "stream": req.stream, "user": req.user, "timeout": req.timeout,
+        "model": req.model,
+        "messages": messages,
+        "max_completion_tokens": req.max_output_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "seed": req.seed,
+        "top_k": req.top_k,
+        "priority": req.priority,
+        "tools": tools or None,
+        "tool_choice": _tool_choice(req),
+        "parallel_tool_calls": req.parallel_tool_calls,
+        "response_format": _response_format(req),
+        "stream": req.stream,
+        "user": req.user,
+        "timeout": req.timeout,
     }
     try:
         chat = ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
@@ -122,20 +142,38 @@ def renamed(error: SwitchyardError) -> SwitchyardError:
 
 
 def message_item(text: str, status: str = "completed", msg_id: str | None = None) -> dict[str, Any]:
-    return {"type": "message", "id": msg_id or item_id("msg"), "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+    return {
+        "type": "message",
+        "id": msg_id or item_id("msg"),
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    }
 
 
-def function_call_item(call_id: str, name: str, arguments: str, status: str = "completed",
-                       fc_id: str | None = None) -> dict[str, Any]:
-    return {"type": "function_call", "id": fc_id or item_id("fc"), "call_id": call_id, "name": name,
-            "arguments": arguments, "status": status}
+def function_call_item(
+    call_id: str, name: str, arguments: str, status: str = "completed", fc_id: str | None = None
+) -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": fc_id or item_id("fc"),
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
 
 
 def reasoning_item(text: str, status: str = "completed", rs_id: str | None = None) -> dict[str, Any]:
     """The model's reasoning (`reasoning_content` of the chat answer) as a reasoning item, its text in full."""
-    return {"type": "reasoning", "id": rs_id or item_id("rs"), "summary": [], "status": status,
-            "content": [{"type": "reasoning_text", "text": text}], "encrypted_content": None}
+    return {
+        "type": "reasoning",
+        "id": rs_id or item_id("rs"),
+        "summary": [],
+        "status": status,
+        "content": [{"type": "reasoning_text", "text": text}],
+        "encrypted_content": None,
+    }
 
 
 def item_status(finish_reason: str | None, last: bool) -> str:
@@ -160,9 +198,11 @@ def output_items(message: dict[str, Any], finish_reason: str | None = None) -> l
 def history_messages(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Output items as the chat messages a continuation replays (one assistant message)."""
     text = "".join(p["text"] for item in output if item["type"] == "message" for p in item["content"])
-    calls = [{"id": item["call_id"], "type": "function",
-              "function": {"name": item["name"], "arguments": item["arguments"]}}
-             for item in output if item["type"] == "function_call"]
+    calls = [
+        {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+        for item in output
+        if item["type"] == "function_call"
+    ]
     message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
     if calls:
         message["tool_calls"] = calls
@@ -175,7 +215,8 @@ def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:
     return {
         "input_tokens": chat_usage["prompt_tokens"],
         "input_tokens_details": {  # an upstream used as it is may send the details as null
-            "cached_tokens": (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0},
+            "cached_tokens": (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        },
         "output_tokens": chat_usage["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": chat_usage.get("total_tokens") or chat_usage["prompt_tokens"] + chat_usage["completion_tokens"],
@@ -186,23 +227,46 @@ def incomplete_details(finish_reason: str | None) -> dict[str, Any] | None:
     return {"reason": "max_output_tokens"} if finish_reason == "length" else None
 
 
-def response_object(resp_id: str, created: int, req: ResponsesRequest, model: str, status: str,
-                    output: list[dict[str, Any]], usage_: dict[str, Any] | None = None,
-                    incomplete: dict[str, Any] | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
+def response_object(
+    resp_id: str,
+    created: int,
+    req: ResponsesRequest,
+    model: str,
+    status: str,
+    output: list[dict[str, Any]],
+    usage_: dict[str, Any] | None = None,
+    incomplete: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """OpenAI's Response object, echoing the request's settings."""
     fmt = req.text.format.model_dump(by_alias=True, exclude_none=True) if req.text and req.text.format else None
     return {
-        "id": resp_id, "object": "response", "created_at": created, "status": status,
-        "background": req.background, "error": error, "incomplete_details": incomplete,
-        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": model,
-        "output": output, "parallel_tool_calls": req.parallel_tool_calls,
+        "id": resp_id,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "background": req.background,
+        "error": error,
+        "incomplete_details": incomplete,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": req.parallel_tool_calls,
         "previous_response_id": req.previous_response_id,
-        "reasoning": {"effort": None, "summary": None}, "store": req.store,
+        "reasoning": {"effort": None, "summary": None},
+        "store": req.store,
         "temperature": 1.0 if req.temperature is None else req.temperature,
         "text": {"format": fmt or {"type": "text"}},
-        "tool_choice": (req.tool_choice.model_dump() if isinstance(req.tool_choice, FunctionToolChoice)
-                        else req.tool_choice or ("auto" if req.tools else "none")),
+        "tool_choice": (
+            req.tool_choice.model_dump()
+            if isinstance(req.tool_choice, FunctionToolChoice)
+            else req.tool_choice or ("auto" if req.tools else "none")
+        ),
         "tools": [t.model_dump(by_alias=True, exclude_none=True) for t in req.tools or []],
-        "top_p": 1.0 if req.top_p is None else req.top_p, "truncation": req.truncation or "disabled",
-        "usage": usage_, "user": req.user, "metadata": req.metadata or {},
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "truncation": req.truncation or "disabled",
+        "usage": usage_,
+        "user": req.user,
+        "metadata": req.metadata or {},
     }

@@ -17,13 +17,14 @@ from typing import Any
 from sse_starlette.sse import EventSourceResponse
 
 from gateway.errors import SwitchyardError
-from gateway.openai.chat_pieces import CallStart, ChatReader, Reasoning, Text
 from gateway.http.sse import typed_events_response
+from gateway.openai.chat_pieces import CallStart, ChatReader, Reasoning, Text
 from gateway.responses.convert import function_call_item, item_id, item_status, message_item, reasoning_item
 
 # (output items, chat usage, finish_reason, error) -> the final Response object (stored when asked)
-Finisher = Callable[[list[dict[str, Any]], dict[str, Any] | None, str | None, SwitchyardError | None],
-                    Awaitable[dict[str, Any]]]
+Finisher = Callable[
+    [list[dict[str, Any]], dict[str, Any] | None, str | None, SwitchyardError | None], Awaitable[dict[str, Any]]
+]
 
 
 class _Sequencer:
@@ -45,8 +46,9 @@ class _OpenItem:
         self.text = ""
 
 
-def _open_text(ev: _Sequencer, output: list[dict[str, Any]],
-                  kind: str = "message") -> tuple[_OpenItem, list[dict[str, Any]]]:
+def _open_text(
+    ev: _Sequencer, output: list[dict[str, Any]], kind: str = "message"
+) -> tuple[_OpenItem, list[dict[str, Any]]]:
     if kind == "message":
         item = {**message_item("", "in_progress", item_id("msg")), "content": []}
         part: dict[str, Any] = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
@@ -55,36 +57,61 @@ def _open_text(ev: _Sequencer, output: list[dict[str, Any]],
         part = {"type": "reasoning_text", "text": ""}
     current = _OpenItem(len(output), item)
     output.append(item)
-    return current, [ev("response.output_item.added", output_index=current.index, item=item),
-                     ev("response.content_part.added", item_id=item["id"], output_index=current.index,
-                        content_index=0, part=part)]
+    return current, [
+        ev("response.output_item.added", output_index=current.index, item=item),
+        ev("response.content_part.added", item_id=item["id"], output_index=current.index, content_index=0, part=part),
+    ]
 
 
-def _close(ev: _Sequencer, output: list[dict[str, Any]], current: _OpenItem,
-           status: str = "completed") -> list[dict[str, Any]]:
+def _close(
+    ev: _Sequencer, output: list[dict[str, Any]], current: _OpenItem, status: str = "completed"
+) -> list[dict[str, Any]]:
     item = current.item
     index = current.index
     if item["type"] in ("message", "reasoning"):
         reasoning = item["type"] == "reasoning"
         done = (reasoning_item if reasoning else message_item)(current.text, status, item["id"])
         part = done["content"][0]
-        text_done = (ev("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0,
-                        text=current.text) if reasoning else
-                     ev("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
-                        text=current.text, logprobs=[]))
-        events = [text_done,
-                  ev("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
-                     part=part)]
+        text_done = (
+            ev(
+                "response.reasoning_text.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                text=current.text,
+            )
+            if reasoning
+            else ev(
+                "response.output_text.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                text=current.text,
+                logprobs=[],
+            )
+        )
+        events = [
+            text_done,
+            ev("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part),
+        ]
     else:
         done = function_call_item(item["call_id"], item["name"], current.text, status, item["id"])
-        events = [ev("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                     name=item["name"], arguments=current.text)]
+        events = [
+            ev(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=index,
+                name=item["name"],
+                arguments=current.text,
+            )
+        ]
     output[index] = done
     return [*events, ev("response.output_item.done", output_index=index, item=done)]
 
 
-async def response_events(chunks: AsyncIterator[dict[str, Any]], start: dict[str, Any],
-                          finish: Finisher) -> AsyncIterator[dict[str, Any]]:
+async def response_events(
+    chunks: AsyncIterator[dict[str, Any]], start: dict[str, Any], finish: Finisher
+) -> AsyncIterator[dict[str, Any]]:
     """Chat completion chunks (one choice, usage chunk last) -> Responses events."""
     ev = _Sequencer()
     yield ev("response.created", response=start)
@@ -104,11 +131,22 @@ async def response_events(chunks: AsyncIterator[dict[str, Any]], start: dict[str
                         yield event
                 current.text += piece.text
                 if kind == "message":
-                    yield ev("response.output_text.delta", item_id=current.item["id"], output_index=current.index,
-                             content_index=0, delta=piece.text, logprobs=[])
+                    yield ev(
+                        "response.output_text.delta",
+                        item_id=current.item["id"],
+                        output_index=current.index,
+                        content_index=0,
+                        delta=piece.text,
+                        logprobs=[],
+                    )
                 else:
-                    yield ev("response.reasoning_text.delta", item_id=current.item["id"],
-                             output_index=current.index, content_index=0, delta=piece.text)
+                    yield ev(
+                        "response.reasoning_text.delta",
+                        item_id=current.item["id"],
+                        output_index=current.index,
+                        content_index=0,
+                        delta=piece.text,
+                    )
             elif isinstance(piece, CallStart):
                 for event in _close(ev, output, current) if current else []:
                     yield event
@@ -118,8 +156,12 @@ async def response_events(chunks: AsyncIterator[dict[str, Any]], start: dict[str
                 yield ev("response.output_item.added", output_index=current.index, item=item)
             elif current is not None:  # CallArguments
                 current.text += piece.fragment
-                yield ev("response.function_call_arguments.delta", item_id=current.item["id"],
-                         output_index=current.index, delta=piece.fragment)
+                yield ev(
+                    "response.function_call_arguments.delta",
+                    item_id=current.item["id"],
+                    output_index=current.index,
+                    delta=piece.fragment,
+                )
         if current is None and not output:  # an empty answer is still one (empty) message
             current, events = _open_text(ev, output)
             for event in events:

@@ -65,8 +65,10 @@ def _item_type(item: Any) -> Any:
 
 
 InputItem = Annotated[
-    Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[ReasoningItem, Tag("reasoning")],
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_item_type),
 ]
 
@@ -130,6 +132,7 @@ class ResponsesRequest(_Lenient):
             raise ValueError(f"at most {MAX_METADATA_KEYS} metadata keys are allowed")
         for key, item in value.items():
             if len(key) > MAX_METADATA_KEY or len(item) > MAX_METADATA_VALUE:
-                raise ValueError(f"metadata keys are at most {MAX_METADATA_KEY} characters and values at most "
-                                 f"{MAX_METADATA_VALUE}")
+                raise ValueError(
+                    f"metadata keys are at most {MAX_METADATA_KEY} characters and values at most {MAX_METADATA_VALUE}"
+                )
         return value

@@ -21,7 +21,6 @@ from gateway.responses.events import events_response
 from gateway.responses.protocol import MAX_ID, ResponsesRequest
 from gateway.responses.service import ResponsesService
 
-
 router = APIRouter(route_class=NestingAwareRoute)
 
 
@@ -45,8 +44,11 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     log_unknown(body, "responses")
     body.timeout = request_timeout(request, body.timeout)
     service, owner = _service(request), _owner(request)
-    work = request.app.state.routes.run(body.model, request.app.state.registry.acquire_llm,  # docs/routes.md
-                                        lambda model: service.create(body, model, owner))
+    work = request.app.state.routes.run(
+        body.model,
+        request.app.state.registry.acquire_llm,  # docs/routes.md
+        lambda model: service.create(body, model, owner),
+    )
     # A background response outlives its request; any other is aborted when its client goes away.
     result = await (work if body.background else cancel_on_disconnect(request, work))
     if isinstance(result, dict):
@@ -55,8 +57,9 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
 
 
 @router.get("/v1/responses/{response_id}", response_model=None)
-async def get_response(response_id: str, request: Request, stream: bool = False,
-                       starting_after: int = -1) -> dict[str, Any] | Response:
+async def get_response(
+    response_id: str, request: Request, stream: bool = False, starting_after: int = -1
+) -> dict[str, Any] | Response:
     """The response; with `stream=true`, a running background stream's events after `starting_after`."""
     if not stream:
         return await _service(request).get(_checked_id(response_id), _owner(request))

@@ -46,14 +46,26 @@ class _Turn:
     session: str | None
     owner: str  # the key that created it: only that key reads, continues or deletes it
 
-    def response(self, status: str, output: list[dict[str, Any]], chat_usage: dict[str, Any] | None = None,
-                 finish_reason: str | None = None, error: SwitchyardError | None = None) -> dict[str, Any]:
+    def response(
+        self,
+        status: str,
+        output: list[dict[str, Any]],
+        chat_usage: dict[str, Any] | None = None,
+        finish_reason: str | None = None,
+        error: SwitchyardError | None = None,
+    ) -> dict[str, Any]:
         if error is not None:
             status = "failed"
         elif status == "completed" and finish_reason == "length":
             status = "incomplete"
         return response_object(
-            self.resp_id, self.created, self.req, self.model.name, status, output, usage(chat_usage),
+            self.resp_id,
+            self.created,
+            self.req,
+            self.model.name,
+            status,
+            output,
+            usage(chat_usage),
             incomplete_details(finish_reason) if status == "incomplete" else None,
             {"code": error.code or error.type, "message": error.message} if error is not None else None,
         )
@@ -71,8 +83,11 @@ class ResponsesService:
         if req.previous_response_id is not None:
             previous = await self.store.get(req.previous_response_id, owner)
             if previous is None:
-                raise InvalidRequestError(f"Previous response with id '{req.previous_response_id[:64]}' not found.",
-                                          param="previous_response_id", code="previous_response_not_found")
+                raise InvalidRequestError(
+                    f"Previous response with id '{req.previous_response_id[:64]}' not found.",
+                    param="previous_response_id",
+                    code="previous_response_not_found",
+                )
             history = previous.history
             session = previous.session if previous.model == model.name else None
         if session is None and req.store:
@@ -99,8 +114,9 @@ class ResponsesService:
         final = turn.response("completed", output_items(choice["message"], reason), body["usage"], reason)
         return await self._keep(turn, final)
 
-    async def create(self, req: ResponsesRequest, model: LoadedLLM,
-                     owner: str) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
+    async def create(
+        self, req: ResponsesRequest, model: LoadedLLM, owner: str
+    ) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
         """The Response object, or (when streaming) its events; `owner` is the caller's key fingerprint."""
         if req.background and not req.store:
             raise InvalidRequestError("background responses must be stored: set store to true", param="background")
@@ -115,8 +131,12 @@ class ResponsesService:
             return await self._complete(turn)
         chunks = await self._chat(turn)  # primed: failures before the first token are HTTP errors
 
-        async def finish(output: list[dict[str, Any]], chat_usage: dict[str, Any] | None, reason: str | None,
-                         error: SwitchyardError | None) -> dict[str, Any]:
+        async def finish(
+            output: list[dict[str, Any]],
+            chat_usage: dict[str, Any] | None,
+            reason: str | None,
+            error: SwitchyardError | None,
+        ) -> dict[str, Any]:
             final = turn.response("completed", output, chat_usage, reason, error)
             # a failed background response is kept (its client polls for it); a failed stream is not
             return await self._keep(turn, final) if error is None or req.background else final

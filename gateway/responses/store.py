@@ -79,20 +79,36 @@ class ResponseStore:
     def _put(self, record: StoredResponse, now: float) -> None:
         response = json.dumps(record.response, ensure_ascii=False)
         history = json.dumps(record.history, ensure_ascii=False)
-        row = (record.response["id"], now, now + self.ttl_seconds, record.model, record.session, record.owner,
-               response, history, len(response) + len(history))
+        row = (
+            record.response["id"],
+            now,
+            now + self.ttl_seconds,
+            record.model,
+            record.session,
+            record.owner,
+            response,
+            history,
+            len(response) + len(history),
+        )
         with self._lock, self._db:
             self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
             self._db.execute("DELETE FROM responses WHERE expires <= ?", (now,))
-            self._db.execute("DELETE FROM responses WHERE id IN (SELECT id FROM responses ORDER BY created DESC "
-                             "LIMIT -1 OFFSET ?)", (self.max_entries,))
-            self._db.execute("DELETE FROM responses WHERE id IN (SELECT id FROM (SELECT id, SUM(size) OVER "
-                             "(ORDER BY created DESC, id) AS kept FROM responses) WHERE kept > ?)", (self.max_bytes,))
+            self._db.execute(
+                "DELETE FROM responses WHERE id IN (SELECT id FROM responses ORDER BY created DESC LIMIT -1 OFFSET ?)",
+                (self.max_entries,),
+            )
+            self._db.execute(
+                "DELETE FROM responses WHERE id IN (SELECT id FROM (SELECT id, SUM(size) OVER "
+                "(ORDER BY created DESC, id) AS kept FROM responses) WHERE kept > ?)",
+                (self.max_bytes,),
+            )
 
     def _get(self, resp_id: str, owner: str, now: float) -> StoredResponse | None:
         with self._lock:
-            row = self._db.execute("SELECT response, history, session, model FROM responses "
-                                   "WHERE id = ? AND owner = ? AND expires > ?", (resp_id, owner, now)).fetchone()
+            row = self._db.execute(
+                "SELECT response, history, session, model FROM responses WHERE id = ? AND owner = ? AND expires > ?",
+                (resp_id, owner, now),
+            ).fetchone()
         if row is None:
             return None
         return StoredResponse(json.loads(row[0]), json.loads(row[1]), row[2], row[3], owner)
@@ -124,7 +140,11 @@ def _failed(what: str, exc: sqlite3.Error) -> SwitchyardError:
     """A store failure as the request's error: what failed and why, never the file's path."""
     log.error("the response store could not %s: %s", what, exc)
     if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(exc):
-        return InsufficientStorageError(f"the response store could not {what}: its disk is full. Free space on the "
-                                        "server's store volume, or send store: false")
-    return ServiceUnavailableError(f"the response store could not {what} ({exc.__class__.__name__}: {exc}); "
-                                   "retry later", headers={"Retry-After": "5"})
+        return InsufficientStorageError(
+            f"the response store could not {what}: its disk is full. Free space on the "
+            "server's store volume, or send store: false"
+        )
+    return ServiceUnavailableError(
+        f"the response store could not {what} ({exc.__class__.__name__}: {exc}); retry later",
+        headers={"Retry-After": "5"},
+    )

@@ -58,8 +58,10 @@ class Backoff(_Strict):
 class Route(_Strict):
     targets: list[Target] = Field(min_length=1, max_length=32)
     strategy: Literal["ordered", "weighted"] = Field(
-        "ordered", description="ordered: targets in their order; weighted: the first drawn by weight, the "
-        "fallbacks after it drawn the same way from the rest.")
+        "ordered",
+        description="ordered: targets in their order; weighted: the first drawn by weight, the "
+        "fallbacks after it drawn the same way from the rest.",
+    )
     fallback_on: list[Reason] = Field(default_factory=lambda: list(REASONS))
     retries: int = Field(0, ge=0, le=10, description="More attempts on the same target for retry_on failures.")
     retry_on: list[Reason] = Field(default_factory=lambda: list(RETRY_DEFAULT))
@@ -70,8 +72,11 @@ class Route(_Strict):
     @classmethod
     def _status_as_text(cls, value: Any) -> Any:
         """YAML reads `429` as a number; it is the reason `429`."""
-        return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value] \
-            if isinstance(value, list) else value
+        return (
+            [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+            if isinstance(value, list)
+            else value
+        )
 
     @field_validator("targets", mode="before")
     @classmethod
@@ -116,8 +121,9 @@ def load_routes(path: Path) -> RoutesFile:
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: the routes file cannot be read ({exc.__class__.__name__}); check --routes."
-                          ) from None
+        raise ConfigError(
+            f"{path}: the routes file cannot be read ({exc.__class__.__name__}); check --routes."
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__}: {exc}). Fix the syntax.") from None
     if not isinstance(raw, dict):
@@ -129,7 +135,10 @@ def load_routes(path: Path) -> RoutesFile:
         for err in exc.errors()[:10]:
             where = ".".join(str(p) for p in err["loc"])
             msg = str(err["msg"]).removeprefix("Value error, ")
-            hint = {"extra_forbidden": "remove it or check its spelling", "literal_error": "use one of the allowed "
-                    "values", "missing": "add it"}.get(err["type"], "correct the value")
+            hint = {
+                "extra_forbidden": "remove it or check its spelling",
+                "literal_error": "use one of the allowed values",
+                "missing": "add it",
+            }.get(err["type"], "correct the value")
             lines.append(f"  {where or '(top level)'}: {msg} -- {hint}")
         raise ConfigError(f"{path}: invalid routes:\n" + "\n".join(lines)) from None

@@ -66,8 +66,13 @@ class RouteStats:
 
 
 class Routes:
-    def __init__(self, routes: RoutesFile | None = None, *, rng: random.Random | None = None,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        routes: RoutesFile | None = None,
+        *,
+        rng: random.Random | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         """`rng`, `sleep`: the weighted draws' randomness and the backoff's wait (tests pass their own)."""
         self.table: dict[str, Route] = dict(routes.routes) if routes is not None else {}
         self.stats = RouteStats()
@@ -77,8 +82,7 @@ class Routes:
     def get(self, name: str) -> Route | None:
         return self.table.get(name)
 
-    async def run(self, name: str, lookup: Callable[[str], M | Awaitable[M]], work: Callable[[M], Awaitable[T]]
-                  ) -> T:
+    async def run(self, name: str, lookup: Callable[[str], M | Awaitable[M]], work: Callable[[M], Awaitable[T]]) -> T:
         """`work` on the model `name` names, or over the route `name` names: its models in order, with retries and
         fallbacks. Raises the last failure when every model has failed, or at once a failure that is not a model's
         (the client's request is at fault: the next model would refuse it too)."""
@@ -139,8 +143,9 @@ class Routes:
             async with asyncio.timeout(route.timeout_seconds):
                 return await work(model)
         except TimeoutError:
-            raise GatewayTimeoutError(f"the model '{target}' did not answer within {route.timeout_seconds:g} s"
-                                      ) from None
+            raise GatewayTimeoutError(
+                f"the model '{target}' did not answer within {route.timeout_seconds:g} s"
+            ) from None
 
 
 async def _found(model: M | Awaitable[M]) -> M:

@@ -43,8 +43,9 @@ def embedding_width(tensor: TensorModel) -> int | None:
     return width if width is not None and width > 0 else None
 
 
-async def embed(tensor: TensorModel, items: list[str | list[int]],
-                priority: int | None = None) -> tuple[list[np.ndarray], int]:
+async def embed(
+    tensor: TensorModel, items: list[str | list[int]], priority: int | None = None
+) -> tuple[list[np.ndarray], int]:
     """One batcher request per run of texts (at most max_batch_size rows) and per token list, all at once; returns
     a vector per item and the tokens the model read. `priority`: the batcher's priority level (None: the model's
     default)."""

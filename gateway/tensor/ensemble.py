@@ -34,8 +34,10 @@ def check_graph(config_path: Any, inputs: list[str], outputs: list[str], steps: 
         ready = [s for s in pending if set(s.input_map.values()) <= available]
         if not ready:
             missing = sorted(set().union(*(set(s.input_map.values()) for s in pending)) - available)
-            raise ConfigError(f"{config_path}: ensemble tensors {missing} are never produced (or the steps form a "
-                              "cycle); fix input_map / output_map.")
+            raise ConfigError(
+                f"{config_path}: ensemble tensors {missing} are never produced (or the steps form a "
+                "cycle); fix input_map / output_map."
+            )
         for step in ready:
             available |= set(step.output_map.values())
             pending.remove(step)
@@ -44,8 +46,10 @@ def check_graph(config_path: Any, inputs: list[str], outputs: list[str], steps: 
         raise ConfigError(f"{config_path}: ensemble outputs {missing_out} are not produced by any step's output_map.")
     for step in steps:
         if find(step.model_name) is None:
-            raise ConfigError(f"{config_path}: ensemble step model '{step.model_name}' is not a loaded tensor model; "
-                              "add it to the repository.")
+            raise ConfigError(
+                f"{config_path}: ensemble step model '{step.model_name}' is not a loaded tensor model; "
+                "add it to the repository."
+            )
 
 
 class EnsembleScheduler:
@@ -70,14 +74,17 @@ class EnsembleScheduler:
         model = self.find(step.model_name)
         if model is None:
             raise ServiceUnavailableError(f"ensemble '{self.name}': step model '{step.model_name}' is not loaded")
-        inputs = [InputTensor(model_input, datatype_of(tensors[source]), tensors[source])
-                  for model_input, source in step.input_map.items()]
+        inputs = [
+            InputTensor(model_input, datatype_of(tensors[source]), tensors[source])
+            for model_input, source in step.input_map.items()
+        ]
         version = None if step.model_version == -1 else str(step.model_version)
         _, outputs = await model.infer(inputs, list(step.output_map), version, parameters)
         return {step.output_map[o.name]: o.array for o in outputs}
 
-    async def infer(self, inputs: dict[str, np.ndarray], rows: int = 1, priority: int | None = None,
-                    timeout_us: int | None = None) -> dict[str, Any]:
+    async def infer(
+        self, inputs: dict[str, np.ndarray], rows: int = 1, priority: int | None = None, timeout_us: int | None = None
+    ) -> dict[str, Any]:
         start = time.monotonic_ns()
         tensors = dict(inputs)
         pending = list(self.steps)
@@ -99,6 +106,7 @@ class EnsembleScheduler:
         self.stats.record_batch(rows, 1, 0, elapsed, 0)
         return {name: tensors[name] for name in self.output_names if name in tensors}
 
-    async def infer_stream(self, inputs: dict[str, np.ndarray], rows: int = 1, priority: int | None = None,
-                           timeout_us: int | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def infer_stream(
+        self, inputs: dict[str, np.ndarray], rows: int = 1, priority: int | None = None, timeout_us: int | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
         yield await self.infer(inputs, rows, priority, timeout_us)

@@ -146,8 +146,9 @@ class TensorModel:
             if isinstance(exc, ConfigError):
                 raise
             log.exception("model '%s' failed to load", self.name)
-            raise ConfigError(f"{self.dir.config_path}: the model failed to load ({type(exc).__name__}: "
-                              f"{str(exc)[:300]})") from None
+            raise ConfigError(
+                f"{self.dir.config_path}: the model failed to load ({type(exc).__name__}: {str(exc)[:300]})"
+            ) from None
         if any(g.kind == "KIND_GPU" for g in self.config.instance_group):
             log.warning("model '%s': instance_group kind KIND_GPU runs on the CPU in this build", self.name)
 
@@ -168,11 +169,19 @@ class TensorModel:
         if config.sequence_batching is None and config.dynamic_batching is None:
             update["dynamic_batching"] = DynamicBatching()
         self.config = config.model_copy(update=update)
-        log.info("model '%s': max_batch_size %d and dynamic batching filled in from the model file (Triton's "
-                 "auto-complete); set max_batch_size to choose", self.name, DEFAULT_MAX_BATCH_SIZE)
+        log.info(
+            "model '%s': max_batch_size %d and dynamic batching filled in from the model file (Triton's "
+            "auto-complete); set max_batch_size to choose",
+            self.name,
+            DEFAULT_MAX_BATCH_SIZE,
+        )
 
-    def _load_version(self, version: int, loaded: list[TensorBackend],
-                      make_scheduler: Callable[[TensorModel, TensorVersion], Any] | None) -> None:
+    def _load_version(
+        self,
+        version: int,
+        loaded: list[TensorBackend],
+        make_scheduler: Callable[[TensorModel, TensorVersion], Any] | None,
+    ) -> None:
         instances: list[TensorBackend] = []
         for index in range(self.config.instance_count if self.backend != "ensemble" else 0):
             try:
@@ -193,8 +202,9 @@ class TensorModel:
         self.versions[version] = entry  # from here a failed load closes its gates
         entry.gates = self._gates(version, len(instances))
         custom = make_scheduler(self, entry) if make_scheduler is not None else None
-        entry.batcher = custom or DynamicBatcher(self.name, instances, batching_policy(self.config), stats,
-                                                 entry.gates or None)
+        entry.batcher = custom or DynamicBatcher(
+            self.name, instances, batching_policy(self.config), stats, entry.gates or None
+        )
 
     def _gates(self, version: int, count: int) -> list[InstanceGate]:
         """One rate limiter gate per instance, with its instance group's resources and priority."""
@@ -207,8 +217,11 @@ class TensorModel:
             for index, group in enumerate(plan[:count]):
                 limits = group.rate_limiter if group is not None else None
                 resources = [(r.name, r.count, r.is_global) for r in limits.resources] if limits is not None else []
-                gates.append(self.limiter.gate(f"{self.name}/{version}/{index}", resources,
-                                               limits.priority if limits is not None else 0))
+                gates.append(
+                    self.limiter.gate(
+                        f"{self.name}/{version}/{index}", resources, limits.priority if limits is not None else 0
+                    )
+                )
         except ConfigError as exc:
             for gate in gates:
                 gate.close()

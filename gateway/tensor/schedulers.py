@@ -23,8 +23,9 @@ def scheduler_factory(find: FindTensor) -> Callable[[Any, Any], Any]:
             from gateway.tensor.ensemble import EnsembleScheduler, check_graph
 
             steps = list(config.ensemble_scheduling.step)
-            check_graph(model.dir.config_path, [s.name for s in entry.inputs], [s.name for s in entry.outputs], steps,
-                        find)
+            check_graph(
+                model.dir.config_path, [s.name for s in entry.inputs], [s.name for s in entry.outputs], steps, find
+            )
             return EnsembleScheduler(model.name, find, steps, [s.name for s in entry.outputs], entry.stats)
         return None
 

@@ -13,8 +13,9 @@ def config_json(
     name: str, config: TensorModelConfig, inputs: list[TensorSpec], outputs: list[TensorSpec]
 ) -> dict[str, Any]:
     """The config in Triton's JSON form (what `/v2/models/{m}/config` returns; also the gRPC ModelConfig)."""
-    doc = config.model_dump(exclude={"model", "owned_by", "input", "output", "name", "load", "keep_alive"},
-                            exclude_none=True)  # load, keep_alive: Switchyard's, not in Triton's schema
+    doc = config.model_dump(
+        exclude={"model", "owned_by", "input", "output", "name", "load", "keep_alive"}, exclude_none=True
+    )  # load, keep_alive: Switchyard's, not in Triton's schema
     doc = {"name": name, **doc}
     declared_in = {t.name: t for t in config.input}
     declared_out = {t.name: t for t in config.output}
@@ -31,8 +32,12 @@ def config_json(
     doc["output"] = [tensor(s, declared_out.get(s.name), False) for s in outputs]
     doc["parameters"] = {k: {"string_value": v} for k, v in config.parameters.items()}
     doc["instance_group"] = [
-        {"name": g.name or f"{name}_{i}", "kind": "KIND_CPU", "count": g.count,
-         **({"rate_limiter": g.rate_limiter.model_dump(by_alias=True)} if g.rate_limiter is not None else {})}
+        {
+            "name": g.name or f"{name}_{i}",
+            "kind": "KIND_CPU",
+            "count": g.count,
+            **({"rate_limiter": g.rate_limiter.model_dump(by_alias=True)} if g.rate_limiter is not None else {}),
+        }
         for i, g in enumerate(config.instance_group)
     ] or [{"name": name, "kind": "KIND_CPU", "count": 1}]
     doc.setdefault("backend", config.resolved_backend)

@@ -44,9 +44,7 @@ def prepare_inputs(
         shape = tuple(tensor.array.shape)
         expected = ([-1] if batched else []) + list(spec.dims)
         if len(shape) != len(expected) or any(e != -1 and e != s for e, s in zip(expected, shape, strict=True)):
-            raise InvalidRequestError(
-                f"input '{spec.name}': shape {list(shape)} does not match the model's {expected}"
-            )
+            raise InvalidRequestError(f"input '{spec.name}': shape {list(shape)} does not match the model's {expected}")
         if batched:
             if not 1 <= shape[0] <= config.max_batch_size:
                 raise InvalidRequestError(
@@ -73,7 +71,10 @@ def prepare_inputs(
 
 
 def finish_outputs(
-    model: str, config: TensorModelConfig, declared_outputs: list[TensorSpec], result: dict[str, Any],
+    model: str,
+    config: TensorModelConfig,
+    declared_outputs: list[TensorSpec],
+    result: dict[str, Any],
     wanted: Sequence[str],
 ) -> list[OutputTensor]:
     """Backend outputs -> response tensors: declared datatype, declared order, only what was asked for."""

@@ -13,8 +13,9 @@ def main() -> None:
     torch.manual_seed(0)
     points = torch.rand(4096, 2) * 4 - 2
     labels = (points.pow(2).sum(1) < 1).long()  # 1 = inside
-    net = torch.nn.Sequential(torch.nn.Linear(2, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
-                              torch.nn.Linear(32, 2))
+    net = torch.nn.Sequential(
+        torch.nn.Linear(2, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2)
+    )
     opt = torch.optim.Adam(net.parameters(), lr=0.01)
     for _ in range(600):
         opt.zero_grad()

@@ -16,7 +16,7 @@ from sklearn.ensemble import GradientBoostingClassifier
 def main() -> None:
     rng = np.random.default_rng(0)
     points = (rng.random((4096, 2)) * 4 - 2).astype(np.float32)
-    inside = ((points ** 2).sum(axis=1) < 1).astype(np.int64)
+    inside = ((points**2).sum(axis=1) < 1).astype(np.int64)
     forest = GradientBoostingClassifier(n_estimators=40, max_depth=3, learning_rate=0.3, random_state=0)
     forest.fit(points, inside)
     print(f"training accuracy {forest.score(points, inside):.3f}")

@@ -16,9 +16,15 @@ def test_a_token_reads_its_share_of_the_experts(tmp_path: Path) -> None:
     writer = gguf.GGUFWriter(str(path), "qwen3moe")
     writer.add_expert_count(8)
     writer.add_expert_used_count(2)
-    tensors = {"token_embd.weight": (50, 16), "blk.0.attn_q.weight": (16, 16), "blk.0.attn_norm.weight": (16,),
-               "blk.0.ffn_gate_exps.weight": (8, 32, 16), "blk.0.ffn_down_exps.weight": (8, 16, 32),
-               "output_norm.weight": (16,), "output.weight": (50, 16)}
+    tensors = {
+        "token_embd.weight": (50, 16),
+        "blk.0.attn_q.weight": (16, 16),
+        "blk.0.attn_norm.weight": (16,),
+        "blk.0.ffn_gate_exps.weight": (8, 32, 16),
+        "blk.0.ffn_down_exps.weight": (8, 16, 32),
+        "output_norm.weight": (16,),
+        "output.weight": (50, 16),
+    }
     for name, shape in tensors.items():
         writer.add_tensor(name, np.zeros(shape, dtype=np.float32))
     writer.write_header_to_file()

@@ -19,9 +19,25 @@ SECONDS = 4  # per target: five targets, about half a minute with the imports an
 
 def test_every_target_refuses_clearly(tmp_path: Path) -> None:
     out = tmp_path / "fuzz.json"
-    done = subprocess.run([sys.executable, "bench/fuzz_gguf.py", "--targets", "all", "--seconds", str(SECONDS),
-                           "--json", str(out), "--save", str(tmp_path / "inputs")], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "bench/fuzz_gguf.py",
+            "--targets",
+            "all",
+            "--seconds",
+            str(SECONDS),
+            "--json",
+            str(out),
+            "--save",
+            str(tmp_path / "inputs"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.exists(), done.stdout[-3000:] + done.stderr[-3000:]
     reports = {r["target"]: r for r in json.loads(out.read_text())}
     assert set(reports) == {"gguf-layout", "gguf-loader", "config-pbtxt", "config-yaml", "kserve-body"}

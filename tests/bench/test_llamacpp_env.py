@@ -35,9 +35,26 @@ def test_quantize_without_llama_cpp_says_how_to_get_it(no_default_venv: Path) ->
 
 
 # ------------------------------------------------------------------------------------------------ llama-server
-SAPPHIRE_RAPIDS = {"avx", "avx2", "fma", "f16c", "bmi2", "sse4_2", "avx_vnni", "avx512f", "avx512cd", "avx512vl",
-                   "avx512dq", "avx512bw", "avx512vbmi", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8",
-                   "amx_bf16"}
+SAPPHIRE_RAPIDS = {
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "bmi2",
+    "sse4_2",
+    "avx_vnni",
+    "avx512f",
+    "avx512cd",
+    "avx512vl",
+    "avx512dq",
+    "avx512bw",
+    "avx512vbmi",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+}
 
 
 def test_the_server_build_takes_the_cpus_avx512_sets_and_never_amx() -> None:

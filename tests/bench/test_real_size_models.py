@@ -10,8 +10,12 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from bench.real_size_models import MODELS, config_of, parameter_count, tensor_shapes
 
 # the weight counts of Llama-3.2-1B, Llama-3.2-3B, Llama-3.1-8B and Qwen3-30B-A3B (48 layers)
-PUBLISHED = {"llama-1b": 1_235_814_400, "llama-3b": 3_212_749_824, "llama-8b": 8_030_261_248,
-             "qwen3-moe": 30_532_122_624}
+PUBLISHED = {
+    "llama-1b": 1_235_814_400,
+    "llama-3b": 3_212_749_824,
+    "llama-8b": 8_030_261_248,
+    "qwen3-moe": 30_532_122_624,
+}
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -22,8 +26,9 @@ def test_weight_counts_are_the_published_ones(name: str) -> None:
 def test_the_moe_is_scaled_in_layers_only() -> None:
     small, full = config_of("qwen3-moe", moe_layers=12), config_of("qwen3-moe", moe_layers=48)
     assert small["num_hidden_layers"] == 12
-    assert {k: v for k, v in small.items() if k != "num_hidden_layers"} == \
-        {k: v for k, v in full.items() if k != "num_hidden_layers"}
+    assert {k: v for k, v in small.items() if k != "num_hidden_layers"} == {
+        k: v for k, v in full.items() if k != "num_hidden_layers"
+    }
     assert (small["num_experts_per_tok"], small["moe_intermediate_size"]) == (8, 768)
 
 

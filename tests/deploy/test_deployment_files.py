@@ -542,9 +542,7 @@ def test_helm_values_match_the_image_defaults():
     flags = serve_flags(dockerfile_cmd(DEPLOY / "docker" / "Dockerfile"))
     server = values["server"]
     assert server["modelRepository"] == flags["--model-repository"]
-    assert {"http": server["httpPort"], "grpc": server["grpcPort"], "metrics": server["metricsPort"]} == ports_of(
-        flags
-    )
+    assert {"http": server["httpPort"], "grpc": server["grpcPort"], "metrics": server["metricsPort"]} == ports_of(flags)
     assert values["probes"] == {"livenessPath": LIVE_PATH, "readinessPath": READY_PATH}
     assert load_yaml(CHART / "Chart.yaml")["apiVersion"] == "v2"
     assert load_yaml(CHART / "values-gpu.yaml")["engine"]["gpu"] >= 1

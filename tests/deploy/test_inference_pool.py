@@ -75,15 +75,19 @@ def test_the_kubernetes_objects_match_the_kubernetes_schemas(
     pool_manifests: dict[str, list[dict]], tmp_path: Path
 ) -> None:
     tools = Path(os.environ.get("TOOLS_DIR", "/tmp/switchyard-deploy-tools")) / "venv" / "bin" / "kubernetes-validate"
-    validator = os.environ.get("KUBERNETES_VALIDATE") or shutil.which("kubernetes-validate") or (
-        str(tools) if tools.is_file() else None)
+    validator = (
+        os.environ.get("KUBERNETES_VALIDATE")
+        or shutil.which("kubernetes-validate")
+        or (str(tools) if tools.is_file() else None)
+    )
     if not validator:
         pytest.skip("kubernetes-validate is not installed (set KUBERNETES_VALIDATE)")
     native = [d for kind, docs in pool_manifests.items() if kind not in ("InferencePool", "HTTPRoute") for d in docs]
     path = tmp_path / "pool.yaml"
     path.write_text(yaml.safe_dump_all(native), encoding="utf-8")
-    out = subprocess.run([validator, "--strict", "--quiet", str(path)], capture_output=True, text=True, timeout=300,
-                         check=False)
+    out = subprocess.run(
+        [validator, "--strict", "--quiet", str(path)], capture_output=True, text=True, timeout=300, check=False
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -129,8 +133,11 @@ def test_the_picker_reads_switchyards_metric_names(pool_manifests: dict[str, lis
     extractor = plugins["core-metrics-extractor"]
     engine = next(e for e in extractor["engineConfigs"] if e["name"] == extractor["defaultEngine"])
     names = {engine["queuedRequestsSpec"], engine["runningRequestsSpec"], engine["kvUsageSpec"]}
-    assert names == {"switchyard_num_requests_waiting", "switchyard_num_requests_running",
-                     "switchyard_kv_cache_usage_ratio"}
+    assert names == {
+        "switchyard_num_requests_waiting",
+        "switchyard_num_requests_running",
+        "switchyard_kv_cache_usage_ratio",
+    }
     assert names <= KNOWN_METRICS
     assert plugins["metrics-data-source"]["path"] == "/metrics"
     scorers = {p["pluginRef"] for p in config["schedulingProfiles"][0]["plugins"]}
@@ -139,16 +146,21 @@ def test_the_picker_reads_switchyards_metric_names(pool_manifests: dict[str, lis
 
 def test_the_route_sends_the_gateways_traffic_to_the_pool(pool_manifests: dict[str, list[dict]]) -> None:
     route = pool_manifests["HTTPRoute"][0]["spec"]
-    assert route["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
-                                    "name": "inference-gateway"}]
+    assert route["parentRefs"] == [
+        {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway"}
+    ]
     (backend,) = route["rules"][0]["backendRefs"]
     assert (backend["group"], backend["kind"], backend["name"]) == (
-        "inference.networking.k8s.io", "InferencePool", pool_manifests["InferencePool"][0]["metadata"]["name"])
+        "inference.networking.k8s.io",
+        "InferencePool",
+        pool_manifests["InferencePool"][0]["metadata"]["name"],
+    )
 
 
 def test_several_pickers_elect_a_leader_and_the_route_can_be_left_out() -> None:
-    kinds = render("inferencePool.enabled=true", "inferencePool.endpointPicker.replicas=2",
-                   "inferencePool.httpRoute.enabled=false")
+    kinds = render(
+        "inferencePool.enabled=true", "inferencePool.endpointPicker.replicas=2", "inferencePool.httpRoute.enabled=false"
+    )
     picker = named(kinds["Deployment"], "sy-switchyard-epp")
     assert "--ha-enable-leader-election" in containers_of(picker)[0]["args"]
     assert "leases" in {r for rule in named(kinds["Role"], "sy-switchyard-epp")["rules"] for r in rule["resources"]}

@@ -63,8 +63,9 @@ def test_the_namespaced_runtime_is_the_cluster_runtime() -> None:
     assert both["servingruntime.yaml"]["metadata"] == both["clusterservingruntime.yaml"]["metadata"]
 
 
-@pytest.mark.parametrize(("name", "protocol"), [("inferenceservice-llm.yaml", None),
-                                                 ("inferenceservice-v2-tensor.yaml", "v2")])
+@pytest.mark.parametrize(
+    ("name", "protocol"), [("inferenceservice-llm.yaml", None), ("inferenceservice-v2-tensor.yaml", "v2")]
+)
 def test_the_examples_select_the_runtime(name: str, protocol: str | None) -> None:
     runtime = docs()["clusterservingruntime.yaml"]
     model = docs()[name]["spec"]["predictor"]["model"]

@@ -49,8 +49,16 @@ def blocks(page: Path) -> list[Block]:
         lang, _, rest = info.partition(" ")
         role, _, reason = rest.strip().partition(":")
         end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith(fence)), len(lines))
-        out.append(Block(page, i + 1, lang, "" if lang in NOT_CODE else role.strip(), reason.strip(),
-                         "\n".join(lines[i + 1 : end]) + "\n"))
+        out.append(
+            Block(
+                page,
+                i + 1,
+                lang,
+                "" if lang in NOT_CODE else role.strip(),
+                reason.strip(),
+                "\n".join(lines[i + 1 : end]) + "\n",
+            )
+        )
         i = end + 1
     return out
 
@@ -66,5 +74,6 @@ def links(page: Path) -> list[str]:
 def anchors(page: Path) -> set[str]:
     """GitHub's anchors of the page's headings: lower case, punctuation dropped, spaces as hyphens."""
     text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
-    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
-            for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+    return {
+        re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, flags=re.M)
+    }

@@ -28,8 +28,12 @@ def _code(block: Block, base_url: str) -> str:
 def env(base_url: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     curl_home = tmp_path_factory.mktemp("curl")
     (curl_home / ".curlrc").write_text("fail-with-body\nmax-time = 300\n")
-    return {**os.environ, "CURL_HOME": str(curl_home), "PYTHONPATH": str(ROOT),
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return {
+        **os.environ,
+        "CURL_HOME": str(curl_home),
+        "PYTHONPATH": str(ROOT),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
 
 
 @pytest.mark.parametrize("block", RUN_BLOCKS, ids=lambda b: b.name)
@@ -41,5 +45,6 @@ def test_block_runs(block: Block, base_url: str, env: dict[str, str]) -> None:
         cmd = ["bash", "-c", "set -euo pipefail\n" + code]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (
-        f"{block.name} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+        f"{block.name} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    )
     assert done.stdout.strip(), f"{block.name} printed nothing"

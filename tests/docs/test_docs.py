@@ -71,20 +71,32 @@ def _repository_text_files() -> list[Path]:
     """Source, docs, deployment and CI files of the checkout (virtual environments, caches and .git pruned)."""
     out = []
     for folder, dirs, files in os.walk(ROOT):
-        dirs[:] = [d for d in dirs if not d.startswith(".venv") and d not in {".git", "__pycache__", "node_modules"}
-                   and not d.endswith(".egg-info")]
-        out += [Path(folder, f) for f in files
-                if f.endswith((".py", ".md", ".sh", ".yaml", ".yml", ".toml", ".txt", ".pbtxt", ".json"))
-                or f.startswith("Dockerfile") or f == "run"]
+        dirs[:] = [
+            d
+            for d in dirs
+            if not d.startswith(".venv")
+            and d not in {".git", "__pycache__", "node_modules"}
+            and not d.endswith(".egg-info")
+        ]
+        out += [
+            Path(folder, f)
+            for f in files
+            if f.endswith((".py", ".md", ".sh", ".yaml", ".yml", ".toml", ".txt", ".pbtxt", ".json"))
+            or f.startswith("Dockerfile")
+            or f == "run"
+        ]
     return out
 
 
 def test_nothing_in_the_repository_points_outside_it() -> None:
     """The design notes the project started from are not part of it: a clone must stand on its own."""
     outside = re.compile(re.escape("../" + "shared") + "|" + re.escape("DESIGN" + ".md"))
-    found = [f"{_rel(path)}:{n}" for path in _repository_text_files()
-             for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
-             if outside.search(line)]
+    found = [
+        f"{_rel(path)}:{n}"
+        for path in _repository_text_files()
+        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+        if outside.search(line)
+    ]
     assert not found, f"references to files outside the repository: {found}"
 
 
@@ -104,8 +116,12 @@ def test_every_relative_link_resolves(page: Path) -> None:
 def test_no_history_dated_by_working_session(page: Path) -> None:
     """Figures' history is in git; the docs say what is true now."""
     text = page.read_text(encoding="utf-8")
-    for pattern in (r"\b20\d\d-\d\d-\d\d\b", r"\b(?:night|evening|morning|first|second) session\b",
-                    r"\bthis session\b", r"\btoday\b"):
+    for pattern in (
+        r"\b20\d\d-\d\d-\d\d\b",
+        r"\b(?:night|evening|morning|first|second) session\b",
+        r"\bthis session\b",
+        r"\btoday\b",
+    ):
         found = re.search(pattern, text, flags=re.I)
         assert found is None, f"{_rel(page)}: '{found.group(0)}' dates the text by working session"
 
@@ -115,7 +131,8 @@ def test_every_code_block_says_whether_it_runs(block) -> None:  # type: ignore[n
     if block.lang in {"text", "mermaid"} or block == QUICKSTART:
         return  # the Quickstart keeps a bare fence (readers copy it as is); .ci/run runs its test line
     assert block.role in {"run", "config", "norun"}, (
-        f"{block.name}: info string '{block.lang} {block.role}' must say run, config or norun: <why> (docs/testing.md)")
+        f"{block.name}: info string '{block.lang} {block.role}' must say run, config or norun: <why> (docs/testing.md)"
+    )
     if block.role == "norun":
         assert block.reason, f"{block.name}: say why it cannot run (norun: <why>)"
     if block.role == "run":

@@ -38,10 +38,25 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
     (keys / "admin").write_text(ADMIN_KEY + "\n")
     grpc_port = free_port()
     proc = ServerProcess(
-        repo, "--grpc-port", str(grpc_port), "--api-key-file", str(keys / "api"),
-        "--admin-key-file", str(keys / "admin"), "--cors-allow-origin", ORIGIN,
-        "--rate-limit-rpm", str(RPM), "--rate-limit-tpm", str(TPM), "--log-format", "json",
-        "--model-control-mode", "explicit", "--load-model", "*",
+        repo,
+        "--grpc-port",
+        str(grpc_port),
+        "--api-key-file",
+        str(keys / "api"),
+        "--admin-key-file",
+        str(keys / "admin"),
+        "--cors-allow-origin",
+        ORIGIN,
+        "--rate-limit-rpm",
+        str(RPM),
+        "--rate-limit-tpm",
+        str(TPM),
+        "--log-format",
+        "json",
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "*",
     )
     proc.grpc_port = grpc_port  # type: ignore[attr-defined]
     try:
@@ -68,10 +83,18 @@ def test_public_routes_need_no_key(secured: ServerProcess) -> None:
         assert httpx.get(secured.base_url + path).status_code == 200, path
 
 
-@pytest.mark.parametrize("headers", [
-    {}, {"Authorization": USER_KEY}, {"Authorization": f"Basic {USER_KEY}"}, bearer(USER_KEY.upper()),
-    bearer(USER_KEY[:-1] + "0"), bearer("x" * len(USER_KEY)), {"X-Api-Key": USER_KEY},
-])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": USER_KEY},
+        {"Authorization": f"Basic {USER_KEY}"},
+        bearer(USER_KEY.upper()),
+        bearer(USER_KEY[:-1] + "0"),
+        bearer("x" * len(USER_KEY)),
+        {"X-Api-Key": USER_KEY},
+    ],
+)
 def test_inference_without_a_valid_key_is_401(secured: ServerProcess, headers: dict[str, str]) -> None:
     for method, path in (
         ("GET", "/v1/models"),
@@ -105,11 +128,17 @@ def test_admin_routes_need_the_admin_key(secured: ServerProcess) -> None:
     assert httpx.get(secured.base_url + "/v1/models", headers=bearer(ADMIN_KEY)).status_code == 200
 
 
-@pytest.mark.parametrize("path", [
-    b"//v2/repository/models/text_echo/unload", b"/v2/./repository/models/text_echo/unload",
-    b"/v1/models/../../v2/repository/models/text_echo/unload", b"/v2/repository%2fmodels/text_echo/unload",
-    b"/health/../v2/repository/models/text_echo/unload", b"/v2/%2e%2e/v2/repository/models/text_echo/unload",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        b"//v2/repository/models/text_echo/unload",
+        b"/v2/./repository/models/text_echo/unload",
+        b"/v1/models/../../v2/repository/models/text_echo/unload",
+        b"/v2/repository%2fmodels/text_echo/unload",
+        b"/health/../v2/repository/models/text_echo/unload",
+        b"/v2/%2e%2e/v2/repository/models/text_echo/unload",
+    ],
+)
 def test_path_tricks_do_not_bypass_the_admin_key(secured: ServerProcess, path: bytes) -> None:
     reply = raw_request(
         secured.port, b"POST " + path + b" HTTP/1.1", b"Authorization: Bearer " + USER_KEY.encode() + b"\r\n"
@@ -144,13 +173,20 @@ def test_grpc_keys(secured: ServerProcess) -> None:
 
 
 def test_cors(secured: ServerProcess) -> None:
-    preflight = httpx.options(secured.base_url + "/v1/chat/completions", headers={
-        "Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "authorization,content-type"})
+    preflight = httpx.options(
+        secured.base_url + "/v1/chat/completions",
+        headers={
+            "Origin": ORIGIN,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type",
+        },
+    )
     assert preflight.status_code == 200  # answered without a key, as browsers send none on preflights
     assert preflight.headers["access-control-allow-origin"] == ORIGIN
-    other = httpx.options(secured.base_url + "/v1/chat/completions", headers={
-        "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+    other = httpx.options(
+        secured.base_url + "/v1/chat/completions",
+        headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"},
+    )
     assert "access-control-allow-origin" not in other.headers
     resp = httpx.get(secured.base_url + "/v1/models", headers={"Origin": ORIGIN, **bearer(ADMIN_KEY)})
     assert resp.headers["access-control-allow-origin"] == ORIGIN
@@ -173,7 +209,7 @@ def test_requests_per_minute(secured: ServerProcess) -> None:
     """A fresh key: RPM requests pass, the next one gets 429 with Retry-After; other keys are unaffected."""
     url = secured.base_url + "/v2/models/text_echo"
     statuses = [httpx.get(url, headers=bearer(USER_KEY)).status_code for _ in range(RPM + 2)]
-    assert statuses[:RPM - 1].count(200) >= RPM - 2 and statuses[-1] == 429, statuses
+    assert statuses[: RPM - 1].count(200) >= RPM - 2 and statuses[-1] == 429, statuses
     limited = httpx.get(url, headers=bearer(USER_KEY))
     assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
     assert "rate limit" in limited.json()["error"]
@@ -182,8 +218,13 @@ def test_requests_per_minute(secured: ServerProcess) -> None:
 
 def test_tokens_per_minute(secured: ServerProcess) -> None:
     client = openai.OpenAI(base_url=secured.base_url + "/v1", api_key=OTHER_KEY, max_retries=0)
-    first = client.completions.create(model=DEFAULT_MODEL, prompt="Count: one two three four five six", max_tokens=80,
-                                      temperature=0, extra_body={"ignore_eos": True})
+    first = client.completions.create(
+        model=DEFAULT_MODEL,
+        prompt="Count: one two three four five six",
+        max_tokens=80,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     assert first.usage.total_tokens > TPM  # the request was admitted and ran to the end
     with pytest.raises(openai.RateLimitError) as err:
         client.completions.create(model=DEFAULT_MODEL, prompt="again", max_tokens=5)

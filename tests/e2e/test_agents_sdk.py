@@ -41,10 +41,14 @@ def test_agent_calls_its_function_tool(base_url: str) -> None:
     # The 135M model keeps calling a tool it may call, so the run ends on the tool's output (the SDK's
     # stop_on_first_tool); the call itself is chosen, parsed and run through /v1/responses.
     agent = agents.Agent(
-        name="weather", instructions="You answer questions about the weather with the get_weather tool.",
-        tools=[get_weather], model=_model(base_url), tool_use_behavior="stop_on_first_tool",
-        model_settings=agents.ModelSettings(temperature=0, max_tokens=80, tool_choice="required",
-                                            parallel_tool_calls=False),
+        name="weather",
+        instructions="You answer questions about the weather with the get_weather tool.",
+        tools=[get_weather],
+        model=_model(base_url),
+        tool_use_behavior="stop_on_first_tool",
+        model_settings=agents.ModelSettings(
+            temperature=0, max_tokens=80, tool_choice="required", parallel_tool_calls=False
+        ),
     )
     result = agents.Runner.run_sync(agent, "What is the weather in Paris?", max_turns=3)
     assert CITIES and "paris" in CITIES[0].lower()
@@ -54,8 +58,9 @@ def test_agent_calls_its_function_tool(base_url: str) -> None:
 
 
 def test_agent_answers_in_text(base_url: str) -> None:
-    agent = agents.Agent(name="geography", model=_model(base_url),
-                         model_settings=agents.ModelSettings(temperature=0, max_tokens=100))
+    agent = agents.Agent(
+        name="geography", model=_model(base_url), model_settings=agents.ModelSettings(temperature=0, max_tokens=100)
+    )
     result = agents.Runner.run_sync(agent, "What is the capital of France?", max_turns=1)
     assert "Paris" in result.final_output
     assert [item.type for item in result.new_items] == ["message_output_item"]

@@ -11,8 +11,11 @@ from tests.conftest import DEFAULT_MODEL
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 GREEDY = {"temperature": 0}  # the current SDK has no sampling arguments; clients send them in the body
-WEATHER_TOOL = {"name": "get_weather", "description": "Current weather for a city",
-                "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Current weather for a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +24,11 @@ def client(base_url: str) -> anthropic.Anthropic:
 
 
 def test_greedy_answer_equals_chat(client: anthropic.Anthropic, base_url: str) -> None:
-    chat = httpx.post(f"{base_url}/v1/chat/completions", timeout=300, json={
-        "model": DEFAULT_MODEL, "temperature": 0, "max_tokens": 40, "messages": QUESTION}).json()
+    chat = httpx.post(
+        f"{base_url}/v1/chat/completions",
+        timeout=300,
+        json={"model": DEFAULT_MODEL, "temperature": 0, "max_tokens": 40, "messages": QUESTION},
+    ).json()
     message = client.messages.create(model=DEFAULT_MODEL, max_tokens=40, messages=QUESTION, extra_body=GREEDY)
     assert message.content[0].text == chat["choices"][0]["message"]["content"]
     assert "Paris" in message.content[0].text
@@ -45,11 +51,15 @@ def test_stream_matches_create(client: anthropic.Anthropic) -> None:
 
 
 def test_raw_stream_event_sequence(client: anthropic.Anthropic) -> None:
-    events = list(client.messages.create(model=DEFAULT_MODEL, max_tokens=5, messages=QUESTION, stream=True,
-                                         extra_body=GREEDY))
+    events = list(
+        client.messages.create(model=DEFAULT_MODEL, max_tokens=5, messages=QUESTION, stream=True, extra_body=GREEDY)
+    )
     types = [e.type for e in events]
     assert types[:2] == ["message_start", "content_block_start"] and types[-3:] == [
-        "content_block_stop", "message_delta", "message_stop"]
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
     assert set(types[2:-3]) == {"content_block_delta"}
     assert events[0].message.usage.input_tokens > 0
     assert events[-2].delta.stop_reason == "max_tokens" and events[-2].usage.output_tokens == 5
@@ -60,12 +70,14 @@ def test_stop_sequences_name_the_one_that_matched(client: anthropic.Anthropic) -
     stop = " Paris"
     assert stop in full.content[0].text
     expected = full.content[0].text.split(stop)[0]
-    cut = client.messages.create(model=DEFAULT_MODEL, max_tokens=40, messages=QUESTION, stop_sequences=[stop],
-                                 extra_body=GREEDY)
+    cut = client.messages.create(
+        model=DEFAULT_MODEL, max_tokens=40, messages=QUESTION, stop_sequences=[stop], extra_body=GREEDY
+    )
     assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop
     assert cut.content[0].text == expected
-    with client.messages.stream(model=DEFAULT_MODEL, max_tokens=40, messages=QUESTION, stop_sequences=[stop],
-                                extra_body=GREEDY) as stream:
+    with client.messages.stream(
+        model=DEFAULT_MODEL, max_tokens=40, messages=QUESTION, stop_sequences=[stop], extra_body=GREEDY
+    ) as stream:
         streamed = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert streamed == expected and final.stop_sequence == stop and final.stop_reason == "stop_sequence"
@@ -73,20 +85,41 @@ def test_stop_sequences_name_the_one_that_matched(client: anthropic.Anthropic) -
 
 def test_tool_round_trip(client: anthropic.Anthropic) -> None:
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-    first = client.messages.create(model=DEFAULT_MODEL, max_tokens=60, messages=ask, tools=[WEATHER_TOOL],
-                                   tool_choice={"type": "tool", "name": "get_weather"}, extra_body=GREEDY)
+    first = client.messages.create(
+        model=DEFAULT_MODEL,
+        max_tokens=60,
+        messages=ask,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        extra_body=GREEDY,
+    )
     assert first.stop_reason == "tool_use"
     [use] = [b for b in first.content if b.type == "tool_use"]
     assert use.name == "get_weather" and isinstance(use.input["city"], str)
     answer = client.messages.create(
-        model=DEFAULT_MODEL, max_tokens=60, tools=[WEATHER_TOOL], tool_choice={"type": "none"}, extra_body=GREEDY,
-        messages=[*ask, {"role": "assistant", "content": first.content},
-                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                                "content": "22 degrees celsius and sunny"}]}])
+        model=DEFAULT_MODEL,
+        max_tokens=60,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "none"},
+        extra_body=GREEDY,
+        messages=[
+            *ask,
+            {"role": "assistant", "content": first.content},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "22 degrees celsius and sunny"}],
+            },
+        ],
+    )
     assert answer.stop_reason == "end_turn" and answer.content[0].type == "text" and answer.content[0].text
-    with client.messages.stream(model=DEFAULT_MODEL, max_tokens=60, messages=ask, tools=[WEATHER_TOOL],
-                                tool_choice={"type": "any", "disable_parallel_tool_use": True},
-                                extra_body=GREEDY) as stream:
+    with client.messages.stream(
+        model=DEFAULT_MODEL,
+        max_tokens=60,
+        messages=ask,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        extra_body=GREEDY,
+    ) as stream:
         final = stream.get_final_message()
     [streamed] = [b for b in final.content if b.type == "tool_use"]
     assert streamed.input == use.input and final.stop_reason == "tool_use"
@@ -95,8 +128,15 @@ def test_tool_round_trip(client: anthropic.Anthropic) -> None:
 
 
 def test_langchain_chat_anthropic(base_url: str) -> None:
-    llm = ChatAnthropic(base_url=base_url, api_key="unused", model=DEFAULT_MODEL, temperature=0, max_tokens=40,
-                        max_retries=0, timeout=300)
+    llm = ChatAnthropic(
+        base_url=base_url,
+        api_key="unused",
+        model=DEFAULT_MODEL,
+        temperature=0,
+        max_tokens=40,
+        max_retries=0,
+        timeout=300,
+    )
     answer = llm.invoke("What is the capital of France?")
     assert "Paris" in answer.text and answer.usage_metadata["output_tokens"] > 0
     assert "".join(chunk.text for chunk in llm.stream("What is the capital of France?")) == answer.text
@@ -117,8 +157,12 @@ def test_bad_inputs_are_anthropic_errors(base_url: str) -> None:
         {**ok, "temperature": 1.5},  # Anthropic's range is 0..1
         {**ok, "tools": [WEATHER_TOOL], "tool_choice": {"type": "tool", "name": "no_such_tool"}},
         {**ok, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
-        {**ok, "messages": [{"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_unknown", "content": "x"}]}]},
+        {
+            **ok,
+            "messages": [
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_unknown", "content": "x"}]}
+            ],
+        },
         {**ok, "messages": [*QUESTION, {"role": "assistant", "content": "The capital"}]},
         {**ok, "messages": [{"role": "user", "content": "hi " * 9000}]},  # beyond the context
         {**ok, "max_tokens": 10**9},

@@ -146,19 +146,24 @@ def _alive_after(request: pytest.FixtureRequest) -> Iterator[None]:
 
 # ------------------------------------------------------------------------- the tensor server of this module
 
-ALWAYS_FAILS = ("""backend: python
+ALWAYS_FAILS = (
+    """backend: python
 max_batch_size: 0
 input: [{name: IN, data_type: TYPE_INT32, dims: [1]}]
 output: [{name: OUT, data_type: TYPE_INT32, dims: [1]}]
-""", '''import numpy as np
+""",
+    """import numpy as np
 
 
 class TritonPythonModel:
     def execute(self, requests):
         raise RuntimeError("backend down: secret-token-123 at /opt/internal/model.bin")
-''')
+""",
+)
 
-ELEVENTH_FAILS = (ALWAYS_FAILS[0], '''import numpy as np
+ELEVENTH_FAILS = (
+    ALWAYS_FAILS[0],
+    """import numpy as np
 
 
 class TritonPythonModel:
@@ -170,14 +175,17 @@ class TritonPythonModel:
         if self.calls == 11:
             raise RuntimeError("the eleventh call fails: secret-token-456 /opt/internal")
         return [{"OUT": r["IN"] * 2} for r in requests]
-''')
+""",
+)
 
-SLOW_TAG = ("""backend: python
+SLOW_TAG = (
+    """backend: python
 max_batch_size: 0
 input: [{name: DELAY_MS, data_type: TYPE_INT32, dims: [1]}]
 output: [{name: TAG, data_type: TYPE_INT32, dims: [1]}]
 parameters: {tag: "1"}
-""", '''import time
+""",
+    """import time
 
 import numpy as np
 
@@ -189,13 +197,19 @@ class TritonPythonModel:
     def execute(self, requests):
         time.sleep(max(int(r["DELAY_MS"][0]) for r in requests) / 1000)
         return [{"TAG": np.array([self.tag], dtype=np.int32)} for r in requests]
-''')
+""",
+)
 
 
 def slow_tag_config(tag: str, **extra: Any) -> dict[str, Any]:
-    return {"backend": "python", "max_batch_size": 0, "parameters": {"tag": tag},
-            "input": [{"name": "DELAY_MS", "data_type": "TYPE_INT32", "dims": [1]}],
-            "output": [{"name": "TAG", "data_type": "TYPE_INT32", "dims": [1]}], **extra}
+    return {
+        "backend": "python",
+        "max_batch_size": 0,
+        "parameters": {"tag": tag},
+        "input": [{"name": "DELAY_MS", "data_type": "TYPE_INT32", "dims": [1]}],
+        "output": [{"name": "TAG", "data_type": "TYPE_INT32", "dims": [1]}],
+        **extra,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -203,15 +217,28 @@ def tensors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
     repo = tmp_path_factory.mktemp("bad_inputs_repository")
     for name in ("add_sub", "text_echo", "counter_stream", "queue_probe"):
         shutil.copytree(KSERVE_REPOSITORY / name, repo / name)
-    for name, (config, model) in {"always_fails": ALWAYS_FAILS, "eleventh_fails": ELEVENTH_FAILS,
-                                  "slow_tag": SLOW_TAG}.items():
+    for name, (config, model) in {
+        "always_fails": ALWAYS_FAILS,
+        "eleventh_fails": ELEVENTH_FAILS,
+        "slow_tag": SLOW_TAG,
+    }.items():
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.yaml").write_text(config)
         (repo / name / "1" / "model.py").write_text(model)
     key = tmp_path_factory.mktemp("bad_inputs_keys") / "admin"
     key.write_text(ADMIN_KEY + "\n")
-    proc = ServerProcess(repo, "--admin-key-file", str(key), "--model-control-mode", "explicit",
-                         "--load-model", "*", "--stream-send-timeout-secs", "2", startup_timeout=300)
+    proc = ServerProcess(
+        repo,
+        "--admin-key-file",
+        str(key),
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "*",
+        "--stream-send-timeout-secs",
+        "2",
+        startup_timeout=300,
+    )
     proc.repo = repo  # type: ignore[attr-defined]
     try:
         yield proc
@@ -269,8 +296,9 @@ def test_escaped_nul_and_valid_surrogate_pairs_are_text(http: httpx.Client) -> N
 
 
 @pytest.mark.parametrize("case", list(BAD_ENCODINGS))
-@pytest.mark.parametrize("path", ["/v2/models/text_echo/infer", "/v2/models/text_echo/generate",
-                                  "/v2/repository/models/text_echo/load"])
+@pytest.mark.parametrize(
+    "path", ["/v2/models/text_echo/infer", "/v2/models/text_echo/generate", "/v2/repository/models/text_echo/load"]
+)
 def test_v2_bad_encodings_are_400(v2: httpx.Client, path: str, case: str) -> None:
     raw = {
         "raw NUL in a string": b'{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], '
@@ -287,10 +315,15 @@ def test_v2_bad_encodings_are_400(v2: httpx.Client, path: str, case: str) -> Non
     assert_v2_error(v2.post(path, content=raw, headers={**JSON_HEADERS, **ADMIN}), 400)
     # the same lone surrogate in the JSON header of a binary request
     if case == "escaped lone surrogate" and path.endswith("/infer"):
-        head = (b'{"inputs": [{"name": "TEXT\\ud800", "datatype": "BYTES", "shape": [1, 1], '
-                b'"parameters": {"binary_data_size": 5}}]}')
-        resp = v2.post(path, content=head + struct.pack("<I", 1) + b"a",
-                       headers={"Inference-Header-Content-Length": str(len(head))})
+        head = (
+            b'{"inputs": [{"name": "TEXT\\ud800", "datatype": "BYTES", "shape": [1, 1], '
+            b'"parameters": {"binary_data_size": 5}}]}'
+        )
+        resp = v2.post(
+            path,
+            content=head + struct.pack("<I", 1) + b"a",
+            headers={"Inference-Header-Content-Length": str(len(head))},
+        )
         assert_v2_error(resp, 400)
 
 
@@ -307,11 +340,21 @@ class _Boom:
         return (open, (str(self.marker), "w"))
 
 
-@pytest.mark.parametrize("content_type", ["application/python-pickle", "application/x-pickle",
-                                          "application/octet-stream", "application/x-www-form-urlencoded",
-                                          "multipart/form-data; boundary=xyz", "application/msgpack", "text/plain"])
-def test_deserializing_content_types_are_refused(http: httpx.Client, v2: httpx.Client, tmp_path: Path,
-                                                 content_type: str) -> None:
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "application/python-pickle",
+        "application/x-pickle",
+        "application/octet-stream",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=xyz",
+        "application/msgpack",
+        "text/plain",
+    ],
+)
+def test_deserializing_content_types_are_refused(
+    http: httpx.Client, v2: httpx.Client, tmp_path: Path, content_type: str
+) -> None:
     marker = tmp_path / "unpickled"
     payload = pickle.dumps(_Boom(marker))
     if content_type.startswith("application/x-www-form"):
@@ -324,8 +367,11 @@ def test_deserializing_content_types_are_refused(http: httpx.Client, v2: httpx.C
         assert "application/json" in resp.json()["error"]["message"]
     for path in ("/v2/models/add_sub/infer", "/v2/models/text_echo/generate"):
         assert_v2_error(v2.post(path, content=payload, headers={"content-type": content_type}), (400, 415))
-    binary = v2.post("/v2/models/add_sub/infer", content=payload,
-                     headers={"content-type": content_type, "Inference-Header-Content-Length": "0"})
+    binary = v2.post(
+        "/v2/models/add_sub/infer",
+        content=payload,
+        headers={"content-type": content_type, "Inference-Header-Content-Length": "0"},
+    )
     assert_v2_error(binary, 400)
     assert not marker.exists(), "a request body was unpickled"
 
@@ -335,8 +381,10 @@ def test_deserializing_content_types_are_refused(http: httpx.Client, v2: httpx.C
 
 def test_chunked_body_over_the_limit_is_413(server: ServerProcess) -> None:
     """No Content-Length: the limit is enforced while the chunks stream in."""
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
     block = b"x" * (1 << 20)
     chunks = (b"%x\r\n" % len(block) + block + b"\r\n" for _ in range(40))  # 40 MiB > the 32 MiB default
     reply = raw_exchange(server.port, head, chunks=chunks)
@@ -347,9 +395,11 @@ def test_chunked_body_over_the_limit_is_413(server: ServerProcess) -> None:
 def test_a_million_tiny_chunks(server: ServerProcess) -> None:
     """A valid body sent as a million one-byte chunks is read (bounded by the body limit) and answered."""
     body = b" " * 1_000_000 + json.dumps({**CHAT, "max_tokens": 1}).encode()
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
-    wire = b"".join(b"1\r\n" + body[i:i + 1] + b"\r\n" for i in range(len(body))) + b"0\r\n\r\n"
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    wire = b"".join(b"1\r\n" + body[i : i + 1] + b"\r\n" for i in range(len(body))) + b"0\r\n\r\n"
     started = time.monotonic()
     reply = raw_exchange(server.port, head + wire, timeout=120)
     assert status_of(reply) == 200, reply[:300]
@@ -375,8 +425,10 @@ def test_content_length_longer_than_the_body_blocks_nobody(server: ServerProcess
     try:
         for _ in range(20):
             sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 100000\r\n\r\n{\"model\":")
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 100000\r\n\r\n{"model":'
+            )
             sockets.append(sock)
         assert http.get("/v1/models").status_code == 200
         assert http.post("/tokenize", json={"model": DEFAULT_MODEL, "prompt": "still here"}).status_code == 200
@@ -385,12 +437,15 @@ def test_content_length_longer_than_the_body_blocks_nobody(server: ServerProcess
             sock.close()
 
 
-@pytest.mark.parametrize("head", [
-    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n",
-    b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(10_000)) + b"\r\n",
-    b"GET /v1/models?" + b"q" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
-    b"GET /v2/models/add_sub HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n",
-])
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n",
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(10_000)) + b"\r\n",
+        b"GET /v1/models?" + b"q" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /v2/models/add_sub HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n",
+    ],
+)
 def test_huge_heads_are_431(server: ServerProcess, head: bytes) -> None:
     reply = raw_exchange(server.port, head)
     assert status_of(reply) in (400, 431), reply[:300]
@@ -407,8 +462,9 @@ def test_an_endless_header_is_cut_off(server: ServerProcess) -> None:
     proc = psutil.Process(server.proc.pid)
     before = proc.memory_info().rss
     block = b"a" * (1 << 20)
-    reply = raw_exchange(server.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Endless: ",
-                         chunks=(block for _ in range(64)))
+    reply = raw_exchange(
+        server.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Endless: ", chunks=(block for _ in range(64))
+    )
     if reply:  # the refusal may be lost to the reset of a connection closed with unread data
         assert status_of(reply) == 431, reply[:300]
     assert proc.memory_info().rss - before < 32 * (1 << 20)
@@ -420,8 +476,14 @@ def test_an_endless_header_is_cut_off(server: ServerProcess) -> None:
 
 
 def test_thousands_of_validation_errors_give_a_short_error(http: httpx.Client, v2: httpx.Client) -> None:
-    many = {"model": DEFAULT_MODEL, "messages": [{"role": "wizard", "content": 5, "name": []}] * 5000,
-            "tools": [{"type": "nope"}] * 128, "stop": [1] * 64, "n": "x", "temperature": "y"}
+    many = {
+        "model": DEFAULT_MODEL,
+        "messages": [{"role": "wizard", "content": 5, "name": []}] * 5000,
+        "tools": [{"type": "nope"}] * 128,
+        "stop": [1] * 64,
+        "n": "x",
+        "temperature": "y",
+    }
     err = assert_openai_error(http.post("/v1/chat/completions", json=many), 400)
     assert len(err["message"]) <= 500 and "more errors" in err["message"]
     completions = {"model": DEFAULT_MODEL, "prompt": [[-1, "x", None]] * 5000}
@@ -433,12 +495,23 @@ def test_thousands_of_validation_errors_give_a_short_error(http: httpx.Client, v
 # -------------------------------------------------------------------------------------- 5-9. sampling fields
 
 
-@pytest.mark.parametrize(("extra", "param"), [
-    ({"n": 0}, "n"), ({"n": 129}, "n"), ({"n": 10**6}, "n"),
-    ({"max_tokens": -1}, "max_tokens"), ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": "1e9"}, "max_tokens"),
-    ({"max_tokens": 1e9}, "max_tokens"), ({"max_tokens": 2**63}, "max_tokens"), ({"max_tokens": 2**200}, "max_tokens"),
-    ({"best_of": 10**6}, "best_of"), ({"logprobs": 6, "n": 128}, "logprobs"), ({"logprobs": 5, "n": 129}, "n"),
-])
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"n": 0}, "n"),
+        ({"n": 129}, "n"),
+        ({"n": 10**6}, "n"),
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": "1e9"}, "max_tokens"),
+        ({"max_tokens": 1e9}, "max_tokens"),
+        ({"max_tokens": 2**63}, "max_tokens"),
+        ({"max_tokens": 2**200}, "max_tokens"),
+        ({"best_of": 10**6}, "best_of"),
+        ({"logprobs": 6, "n": 128}, "logprobs"),
+        ({"logprobs": 5, "n": 129}, "n"),
+    ],
+)
 def test_completion_counts_are_400(http: httpx.Client, extra: dict, param: str) -> None:
     resp = http.post("/v1/completions", json={"model": DEFAULT_MODEL, "prompt": "hi", **extra})
     err = assert_openai_error(resp, 400, param)
@@ -447,22 +520,36 @@ def test_completion_counts_are_400(http: httpx.Client, extra: dict, param: str) 
 
 
 @pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400"])
-@pytest.mark.parametrize("field", [b"temperature", b"top_p", b"presence_penalty", b"frequency_penalty",
-                                   b"repetition_penalty", b"min_p"])
+@pytest.mark.parametrize(
+    "field", [b"temperature", b"top_p", b"presence_penalty", b"frequency_penalty", b"repetition_penalty", b"min_p"]
+)
 def test_non_finite_numbers_are_400(http: httpx.Client, field: bytes, literal: bytes) -> None:
-    for path, body in (("/v1/chat/completions", b'"messages": [{"role": "user", "content": "hi"}]'),
-                       ("/v1/completions", b'"prompt": "hi"')):
+    for path, body in (
+        ("/v1/chat/completions", b'"messages": [{"role": "user", "content": "hi"}]'),
+        ("/v1/completions", b'"prompt": "hi"'),
+    ):
         raw = b'{"model": "%s", %s, "%s": %s}' % (DEFAULT_MODEL.encode(), body, field, literal)
         assert_openai_error(http.post(path, content=raw, headers=JSON_HEADERS), 400, field.decode())
 
 
-@pytest.mark.parametrize(("extra", "param"), [
-    ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"), ({"top_logprobs": -1, "logprobs": True}, "top_logprobs"),
-    ({"top_logprobs": 5}, "top_logprobs"), ({"top_logprobs": 20, "logprobs": True, "n": 129}, "n"),
-    ({"temperature": -0.01}, "temperature"), ({"temperature": 2.01}, "temperature"), ({"top_p": 0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"), ({"presence_penalty": -2.5}, "presence_penalty"), ({"top_k": -5}, "top_k"),
-    ({"seed": -(2**64)}, "seed"), ({"min_tokens": -1}, "min_tokens"), ({"priority": 1.5}, "priority"),
-])
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+        ({"top_logprobs": -1, "logprobs": True}, "top_logprobs"),
+        ({"top_logprobs": 5}, "top_logprobs"),
+        ({"top_logprobs": 20, "logprobs": True, "n": 129}, "n"),
+        ({"temperature": -0.01}, "temperature"),
+        ({"temperature": 2.01}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"presence_penalty": -2.5}, "presence_penalty"),
+        ({"top_k": -5}, "top_k"),
+        ({"seed": -(2**64)}, "seed"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"priority": 1.5}, "priority"),
+    ],
+)
 def test_sampling_ranges_are_400(http: httpx.Client, extra: dict, param: str) -> None:
     assert_openai_error(http.post("/v1/chat/completions", json={**CHAT, **extra}), 400, param)
 
@@ -475,21 +562,39 @@ def test_token_ids_outside_the_vocabulary_are_400(http: httpx.Client) -> None:
     for tokens in ([-1], [49152], [10**30]):
         assert_openai_error(http.post("/detokenize", json={"model": DEFAULT_MODEL, "tokens": tokens}), 400)
     for ids in ([-1], [10**9], [10**30]):
-        assert_openai_error(http.post("/v1/chat/completions", json={**CHAT, "stop_token_ids": ids}), 400,
-                            "stop_token_ids")
+        assert_openai_error(
+            http.post("/v1/chat/completions", json={**CHAT, "stop_token_ids": ids}), 400, "stop_token_ids"
+        )
     assert_openai_error(http.post("/v1/embeddings", json={"model": "all-minilm-l6-v2", "input": [[10**9]]}), 400)
     assert_openai_error(http.post("/v1/embeddings", json={"model": "all-minilm-l6-v2", "input": [[-3]]}), 400)
     assert_openai_error(http.post("/v1/chat/completions", json={**CHAT, "messages": []}), 400, "messages")
-    assert_openai_error(http.post("/v1/chat/completions", json={**CHAT, "messages": [{"role": "user"}]}), 400,
-                        "messages.0.content")
+    assert_openai_error(
+        http.post("/v1/chat/completions", json={**CHAT, "messages": [{"role": "user"}]}), 400, "messages.0.content"
+    )
     assert_openai_error(http.post("/v1/completions", json={"model": DEFAULT_MODEL, "prompt": ""}), 400, "prompt")
 
 
-@pytest.mark.parametrize("bias", [
-    {"9" * 5000: 1}, {"-" + "9" * 5000: 1}, {"\N{ARABIC-INDIC DIGIT THREE}": 1}, {"1.5": 1}, {"0x10": 1},
-    {" 5": 1}, {"": 1}, {"--5": 1}, {"5": 100.5}, {"5": -101}, {"5": "x"}, {"5": None}, {"5": [1]},
-    {str(i): 1 for i in range(1025)}, {"-5": 1}, {"49152": 1},
-])
+@pytest.mark.parametrize(
+    "bias",
+    [
+        {"9" * 5000: 1},
+        {"-" + "9" * 5000: 1},
+        {"\N{ARABIC-INDIC DIGIT THREE}": 1},
+        {"1.5": 1},
+        {"0x10": 1},
+        {" 5": 1},
+        {"": 1},
+        {"--5": 1},
+        {"5": 100.5},
+        {"5": -101},
+        {"5": "x"},
+        {"5": None},
+        {"5": [1]},
+        {str(i): 1 for i in range(1025)},
+        {"-5": 1},
+        {"49152": 1},
+    ],
+)
 def test_bad_logit_bias_is_400(http: httpx.Client, bias: dict) -> None:
     err = assert_openai_error(http.post("/v1/chat/completions", json={**CHAT, "logit_bias": bias}), 400)
     assert err["param"].startswith("logit_bias")
@@ -508,8 +613,9 @@ def test_non_finite_logit_bias_is_400(http: httpx.Client) -> None:
 def test_bad_stops_are_400(http: httpx.Client, stop: Any) -> None:
     started = time.monotonic()
     assert_openai_error(http.post("/v1/chat/completions", json={**CHAT, "stop": stop}), 400, "stop")
-    assert_openai_error(http.post("/v1/completions", json={"model": DEFAULT_MODEL, "prompt": "hi", "stop": stop}), 400,
-                        "stop")
+    assert_openai_error(
+        http.post("/v1/completions", json={"model": DEFAULT_MODEL, "prompt": "hi", "stop": stop}), 400, "stop"
+    )
     assert time.monotonic() - started < 10
 
 
@@ -522,12 +628,15 @@ def _prompt_tokens(http: httpx.Client, **extra: Any) -> int:
     return resp.json()["usage"]["prompt_tokens"]
 
 
-@pytest.mark.parametrize("template", [
-    "{% for i in range(10**9) %}{{ i }}{% endfor %}",
-    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
-    "{{ cycler.__init__.__globals__.os.popen('touch /tmp/switchyard-pwned').read() }}",
-    "{% set x = namespace(a=[]) %}{% for i in range(99999) %}{% set x.a = x.a + [i] %}{% endfor %}",
-])
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{% for i in range(10**9) %}{{ i }}{% endfor %}",
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ cycler.__init__.__globals__.os.popen('touch /tmp/switchyard-pwned').read() }}",
+        "{% set x = namespace(a=[]) %}{% for i in range(99999) %}{% set x.a = x.a + [i] %}{% endfor %}",
+    ],
+)
 def test_request_chat_template_is_never_run(http: httpx.Client, template: str) -> None:
     """A request-supplied template is ignored (the model's own renders the prompt), so it cannot run or loop."""
     plain = _prompt_tokens(http)
@@ -538,14 +647,25 @@ def test_request_chat_template_is_never_run(http: httpx.Client, template: str) -
     assert not Path("/tmp/switchyard-pwned").exists()
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"continue_final_message": True}, {"tokenize": True}, {"return_dict": True}, {"conversation": [1]},
-    {"tokenizer_kwargs": {"add_special_tokens": True}}, {"return_assistant_tokens_mask": True},
-    {"padding": "max_length", "max_length": 1, "truncation": True, "return_tensors": "np"}, {"self": 1},
-    {"add_generation_prompt": False}, {"messages": []}, {"tools": [1]}, {"documents": 5},
-    {"raise_exception": 1, "range": "x", "namespace": None, "strftime_now": 3},
-    {"x" * 1000: "y" * 100_000},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"continue_final_message": True},
+        {"tokenize": True},
+        {"return_dict": True},
+        {"conversation": [1]},
+        {"tokenizer_kwargs": {"add_special_tokens": True}},
+        {"return_assistant_tokens_mask": True},
+        {"padding": "max_length", "max_length": 1, "truncation": True, "return_tensors": "np"},
+        {"self": 1},
+        {"add_generation_prompt": False},
+        {"messages": []},
+        {"tools": [1]},
+        {"documents": 5},
+        {"raise_exception": 1, "range": "x", "namespace": None, "strftime_now": 3},
+        {"x" * 1000: "y" * 100_000},
+    ],
+)
 def test_chat_template_kwargs_cannot_steer_the_renderer(http: httpx.Client, kwargs: dict) -> None:
     """kwargs that name the renderer's own parameters are dropped; others that break the template are a 400."""
     resp = http.post("/v1/chat/completions", json={**CHAT, "max_tokens": 1, "chat_template_kwargs": kwargs})
@@ -587,15 +707,28 @@ async def test_rendering_is_off_the_event_loop(server: ServerProcess) -> None:
 # ---------------------------------------------------------------------------- 11-12. grammars and tools
 
 
-@pytest.mark.parametrize("extra", [
-    {"structured_outputs": {"regex": "(a*)*(b+b+)+c"}},
-    {"structured_outputs": {"regex": "((a{1,100}){1,100}){1,100}"}},
-    {"structured_outputs": {"regex": "(x|xx|xxx|xxxx)*y" * 50}},
-    {"structured_outputs": {"regex": "[\\s\\S]{0,65535}" * 4}},
-    {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {
-        "type": "object", "properties": {"a": {"type": "string", "pattern": "^((a+)+)+$", "maxLength": 10**9}}}}}},
-    {"structured_outputs": {"grammar": "start: a\na: \"x\" a | \"x\" | b\nb: a"}},
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"structured_outputs": {"regex": "(a*)*(b+b+)+c"}},
+        {"structured_outputs": {"regex": "((a{1,100}){1,100}){1,100}"}},
+        {"structured_outputs": {"regex": "(x|xx|xxx|xxxx)*y" * 50}},
+        {"structured_outputs": {"regex": "[\\s\\S]{0,65535}" * 4}},
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "p",
+                    "schema": {
+                        "type": "object",
+                        "properties": {"a": {"type": "string", "pattern": "^((a+)+)+$", "maxLength": 10**9}},
+                    },
+                },
+            }
+        },
+        {"structured_outputs": {"grammar": 'start: a\na: "x" a | "x" | b\nb: a'}},
+    ],
+)
 def test_pathological_patterns_are_bounded(http: httpx.Client, extra: dict) -> None:
     started = time.monotonic()
     resp = http.post("/v1/chat/completions", json={**CHAT, **extra})
@@ -609,8 +742,12 @@ def test_wide_schema_answers_validate(http: httpx.Client) -> None:
     # 1000 properties once compiled and then failed on the object's first token (llguidance's parser row limit),
     # ending the answer as "{" with finish_reason "stop".
     schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(1000)}}
-    body = {**CHAT, "max_tokens": 20, "temperature": 0, "response_format": {"type": "json_schema",
-                                                          "json_schema": {"name": "wide", "schema": schema}}}
+    body = {
+        **CHAT,
+        "max_tokens": 20,
+        "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "wide", "schema": schema}},
+    }
     resp = http.post("/v1/chat/completions", json=body)
     assert resp.status_code == 200, resp.text
     choice = resp.json()["choices"][0]
@@ -623,20 +760,30 @@ def test_wide_schema_answers_validate(http: httpx.Client) -> None:
 
 def test_wider_schemas_are_400(http: httpx.Client) -> None:
     schema = {"type": "object", "properties": {f"p{i}": {} for i in range(2001)}}
-    body = {**CHAT, "max_tokens": 5, "response_format": {"type": "json_schema",
-                                                         "json_schema": {"name": "wider", "schema": schema}}}
+    body = {
+        **CHAT,
+        "max_tokens": 5,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "wider", "schema": schema}},
+    }
     assert_openai_error(http.post("/v1/chat/completions", json=body), 400, "response_format")
 
 
-@pytest.mark.parametrize("tools", [
-    [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
-                                                                   "properties": {"a": {"minimum": "zero"}}}}}],
-    [{"type": "function", "function": {"name": "f", "parameters": [1]}}],
-    [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "http://127.0.0.1:1/schema.json"}}}],
-    [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": "a"}}}],
-    [{"type": "function", "function": {"name": "f", "parameters": {"pattern": "(a"}}}],
-    [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)],
-])
+@pytest.mark.parametrize(
+    "tools",
+    [
+        [
+            {
+                "type": "function",
+                "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"minimum": "zero"}}}},
+            }
+        ],
+        [{"type": "function", "function": {"name": "f", "parameters": [1]}}],
+        [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "http://127.0.0.1:1/schema.json"}}}],
+        [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": "a"}}}],
+        [{"type": "function", "function": {"name": "f", "parameters": {"pattern": "(a"}}}],
+        [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)],
+    ],
+)
 def test_more_bad_tool_schemas_are_400(http: httpx.Client, tools: list) -> None:
     resp = http.post("/v1/chat/completions", json={**CHAT, "tools": tools, "tool_choice": "required"})
     assert assert_openai_error(resp, 400)["param"].startswith("tools")
@@ -661,9 +808,16 @@ def test_image_urls_are_refused_and_never_fetched(http: httpx.Client) -> None:
     threading.Thread(target=listener.serve_forever, daemon=True).start()
     port = listener.server_address[1]
     try:
-        urls = [f"http://127.0.0.1:{port}/cat.png", f"http://[::1]:{port}/x.png", "http://169.254.169.254/latest/meta-data/",
-                f"http://2130706433:{port}/x.png", f"http://0x7f000001:{port}/x.png", "file:///etc/passwd",
-                "gopher://127.0.0.1:11211/_stats", "data:image/png;base64,iVBORw0KGgo="]
+        urls = [
+            f"http://127.0.0.1:{port}/cat.png",
+            f"http://[::1]:{port}/x.png",
+            "http://169.254.169.254/latest/meta-data/",
+            f"http://2130706433:{port}/x.png",
+            f"http://0x7f000001:{port}/x.png",
+            "file:///etc/passwd",
+            "gopher://127.0.0.1:11211/_stats",
+            "data:image/png;base64,iVBORw0KGgo=",
+        ]
         for url in urls:
             for part in ({"type": "image_url", "image_url": {"url": url}}, {"type": "input_image", "image_url": url}):
                 messages = [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, part]}]
@@ -684,10 +838,17 @@ def test_image_urls_are_refused_and_never_fetched(http: httpx.Client) -> None:
 
 
 def test_load_config_cannot_name_outside_files(v2: httpx.Client) -> None:
-    for extra in ({"default_model_filename": "../../../../etc/passwd"}, {"default_model_filename": "/etc/passwd"},
-                  {"model": "/etc"}, {"default_model_filename": "../../text_echo/1/model.py"}):
-        resp = v2.post("/v2/repository/models/slow_tag/load", headers=ADMIN,
-                       json={"parameters": {"config": json.dumps(slow_tag_config("9", **extra))}})
+    for extra in (
+        {"default_model_filename": "../../../../etc/passwd"},
+        {"default_model_filename": "/etc/passwd"},
+        {"model": "/etc"},
+        {"default_model_filename": "../../text_echo/1/model.py"},
+    ):
+        resp = v2.post(
+            "/v2/repository/models/slow_tag/load",
+            headers=ADMIN,
+            json={"parameters": {"config": json.dumps(slow_tag_config("9", **extra))}},
+        )
         assert_v2_error(resp, 400)
     for files in ({"file:../../evil.py": "cHJpbnQoMSk="}, {"file:/etc/cron.d/x": "eA=="}):
         assert_v2_error(v2.post("/v2/repository/models/slow_tag/load", headers=ADMIN, json={"parameters": files}), 400)
@@ -697,8 +858,12 @@ def test_load_config_cannot_name_outside_files(v2: httpx.Client) -> None:
 
 
 def test_repository_api_needs_the_admin_key(tensors: ServerProcess) -> None:
-    for headers in ({}, {"Authorization": "Bearer " + "x" * len(ADMIN_KEY)}, {"Authorization": ADMIN_KEY},
-                    {"Authorization": f"Bearer {ADMIN_KEY.upper()}"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer " + "x" * len(ADMIN_KEY)},
+        {"Authorization": ADMIN_KEY},
+        {"Authorization": f"Bearer {ADMIN_KEY.upper()}"},
+    ):
         for path in ("/v2/repository/models/text_echo/unload", "/v2/repository/models/text_echo/load"):
             resp = httpx.post(tensors.base_url + path, headers=headers)
             assert resp.status_code in (401, 403), (path, headers, resp.text)
@@ -725,36 +890,49 @@ def test_no_setting_takes_a_file_path(http: httpx.Client, v2: httpx.Client, tmp_
 # ------------------------------------------------------------------------------------------ 18. v2 tensors
 
 
-@pytest.mark.parametrize("inputs", [
-    [tensor("INPUT0", "FP32", [2**40, 2**40], [1, 2, 3, 4]), B4],
-    [tensor("INPUT0", "FP32", [2**64, 4], [1, 2, 3, 4]), B4],
-    [tensor("INPUT0", "FP32", [-1, 4], [1, 2, 3, 4]), B4],
-    [tensor("INPUT0", "FP32", [1.0, 4], [1, 2, 3, 4]), B4],
-    [tensor("INPUT0", "FP32", [True, 4], [1, 2, 3, 4]), B4],
-    [tensor("INPUT0", "FP32", "1,4", [1, 2, 3, 4]), B4],
-    [tensor("INPUT0", "fp32", [1, 4], [1, 2, 3, 4]), B4],
-    [tensor("INPUT0", 5, [1, 4], [1, 2, 3, 4]), B4],
-    [tensor("INPUT0", "FP32", [1, 4], ["a", "b", "c", "d"]), B4],
-    [tensor("INPUT0", "FP32", [1, 4], [10**400 // 10**360, 1, 1, 1]), B4],
-    [tensor("INPUT0", "FP32", [1, 4], {"a": 1}), B4],
-    [tensor("INPUT0", "FP32", [1, 4]), B4],
-    [A4, A4, B4],
-    [tensor(5, "FP32", [1, 4], [1, 2, 3, 4]), B4],
-    [tensor("INPUT0", "FP32", [0, 4], []), tensor("INPUT1", "FP32", [0, 4], [])],
-])
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        [tensor("INPUT0", "FP32", [2**40, 2**40], [1, 2, 3, 4]), B4],
+        [tensor("INPUT0", "FP32", [2**64, 4], [1, 2, 3, 4]), B4],
+        [tensor("INPUT0", "FP32", [-1, 4], [1, 2, 3, 4]), B4],
+        [tensor("INPUT0", "FP32", [1.0, 4], [1, 2, 3, 4]), B4],
+        [tensor("INPUT0", "FP32", [True, 4], [1, 2, 3, 4]), B4],
+        [tensor("INPUT0", "FP32", "1,4", [1, 2, 3, 4]), B4],
+        [tensor("INPUT0", "fp32", [1, 4], [1, 2, 3, 4]), B4],
+        [tensor("INPUT0", 5, [1, 4], [1, 2, 3, 4]), B4],
+        [tensor("INPUT0", "FP32", [1, 4], ["a", "b", "c", "d"]), B4],
+        [tensor("INPUT0", "FP32", [1, 4], [10**400 // 10**360, 1, 1, 1]), B4],
+        [tensor("INPUT0", "FP32", [1, 4], {"a": 1}), B4],
+        [tensor("INPUT0", "FP32", [1, 4]), B4],
+        [A4, A4, B4],
+        [tensor(5, "FP32", [1, 4], [1, 2, 3, 4]), B4],
+        [tensor("INPUT0", "FP32", [0, 4], []), tensor("INPUT1", "FP32", [0, 4], [])],
+    ],
+)
 def test_more_bad_tensors_are_400(v2: httpx.Client, inputs: list) -> None:
     assert_v2_error(v2.post("/v2/models/add_sub/infer", json={"inputs": inputs}), 400)
 
 
 def _binary(header: dict, blobs: bytes, length: str | None = None) -> tuple[bytes, dict[str, str]]:
     head = json.dumps(header).encode()
-    return head + blobs, {"Inference-Header-Content-Length": str(len(head)) if length is None else length,
-                          "Content-Type": "application/octet-stream"}
+    return head + blobs, {
+        "Inference-Header-Content-Length": str(len(head)) if length is None else length,
+        "Content-Type": "application/octet-stream",
+    }
 
 
-@pytest.mark.parametrize(("size", "blob"), [
-    (-8, b"\0" * 16), ("16", b"\0" * 16), (16.0, b"\0" * 16), (8, b"\0" * 8), (10**20, b"\0" * 16), (None, b"\0" * 16),
-])
+@pytest.mark.parametrize(
+    ("size", "blob"),
+    [
+        (-8, b"\0" * 16),
+        ("16", b"\0" * 16),
+        (16.0, b"\0" * 16),
+        (8, b"\0" * 8),
+        (10**20, b"\0" * 16),
+        (None, b"\0" * 16),
+    ],
+)
 def test_more_bad_binary_bodies_are_400(v2: httpx.Client, size: Any, blob: bytes) -> None:
     header = {"inputs": [tensor("INPUT0", "FP32", [1, 4], parameters={"binary_data_size": size}), B4]}
     body, headers = _binary(header, blob)
@@ -765,8 +943,12 @@ def test_bytes_length_prefixes_and_header_lengths(v2: httpx.Client) -> None:
     def text(blob: bytes, rows: int = 1) -> dict:
         return {"inputs": [tensor("TEXT", "BYTES", [rows, 1], parameters={"binary_data_size": len(blob)})]}
 
-    for blob, rows in ((b"\x05\x00", 1), (struct.pack("<I", 1) + b"a" + struct.pack("<I", 0xFFFFFFFF), 2),
-                       (struct.pack("<I", 2) + b"abcd", 1), (struct.pack("<I", 2**31) + b"ab", 1)):
+    for blob, rows in (
+        (b"\x05\x00", 1),
+        (struct.pack("<I", 1) + b"a" + struct.pack("<I", 0xFFFFFFFF), 2),
+        (struct.pack("<I", 2) + b"abcd", 1),
+        (struct.pack("<I", 2**31) + b"ab", 1),
+    ):
         body, headers = _binary(text(blob, rows), blob)
         assert_v2_error(v2.post("/v2/models/text_echo/infer", content=body, headers=headers), 400)
     ok = struct.pack("<I", 2) + b"ab"
@@ -824,8 +1006,10 @@ def test_a_client_that_never_reads_is_bounded_and_aborted(tensors: ServerProcess
     sock.settimeout(30)
     sock.connect(("127.0.0.1", tensors.port))
     try:
-        sock.sendall(b"POST /v2/models/counter_stream/generate_stream HTTP/1.1\r\nHost: x\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        sock.sendall(
+            b"POST /v2/models/counter_stream/generate_stream HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        )
         deadline = time.monotonic() + 60
         peak = 0
         while finished() == before:
@@ -904,8 +1088,12 @@ def test_reload_while_requests_are_in_flight(tensors: ServerProcess) -> None:
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         in_flight = [pool.submit(httpx.post, url, json=_slow(800), timeout=60) for _ in range(4)]
         time.sleep(0.3)
-        reload = httpx.post(tensors.base_url + "/v2/repository/models/slow_tag/load", headers=ADMIN, timeout=60,
-                            json={"parameters": {"config": json.dumps(slow_tag_config("2"))}})
+        reload = httpx.post(
+            tensors.base_url + "/v2/repository/models/slow_tag/load",
+            headers=ADMIN,
+            timeout=60,
+            json={"parameters": {"config": json.dumps(slow_tag_config("2"))}},
+        )
         assert reload.status_code == 200, reload.text
         fresh = httpx.post(url, json=_slow(0), timeout=60)
         assert fresh.status_code == 200 and fresh.json()["outputs"][0]["data"] == [2]  # the new version answers
@@ -915,8 +1103,12 @@ def test_reload_while_requests_are_in_flight(tensors: ServerProcess) -> None:
                 assert resp.json()["outputs"][0]["data"] in ([1], [2])
             else:
                 assert_v2_error(resp, 503)
-    restore = httpx.post(tensors.base_url + "/v2/repository/models/slow_tag/load", headers=ADMIN, timeout=60,
-                         json={"parameters": {"config": json.dumps(slow_tag_config("1"))}})
+    restore = httpx.post(
+        tensors.base_url + "/v2/repository/models/slow_tag/load",
+        headers=ADMIN,
+        timeout=60,
+        json={"parameters": {"config": json.dumps(slow_tag_config("1"))}},
+    )
     assert restore.status_code == 200
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 import numpy as np
 import openai
 import pytest
@@ -38,9 +37,18 @@ class Served:
     proc: ServerProcess
 
     def start(self, *extra: str) -> ServerProcess:
-        self.proc = ServerProcess(self.root / "repo", "--files-dir", str(self.root / "files"), "--files-max-bytes",
-                                  str(MAX_FILE), "--api-key-file", str(self.root / "keys"),
-                                  "--batch-max-concurrency", "4", *extra)
+        self.proc = ServerProcess(
+            self.root / "repo",
+            "--files-dir",
+            str(self.root / "files"),
+            "--files-max-bytes",
+            str(MAX_FILE),
+            "--api-key-file",
+            str(self.root / "keys"),
+            "--batch-max-concurrency",
+            "4",
+            *extra,
+        )
         return self.proc
 
 
@@ -80,8 +88,13 @@ def _jsonl(lines: list[dict[str, Any]]) -> bytes:
 
 
 def _chat_line(custom_id: str, question: str, **extra: Any) -> dict[str, Any]:
-    body = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 8,
-            "temperature": 0, **extra}
+    body = {
+        "model": DEFAULT_MODEL,
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": 8,
+        "temperature": 0,
+        **extra,
+    }
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
 
 
@@ -108,8 +121,9 @@ def test_files_upload_list_read_delete(client: openai.OpenAI, other: openai.Open
     assert client.files.retrieve(created.id).id == created.id
     assert created.id in [f.id for f in client.files.list(purpose="batch")]
     assert client.files.content(created.id).content == data
-    kept = client.files.create(file=("notes.txt", b"plain text"), purpose="user_data",
-                               expires_after={"anchor": "created_at", "seconds": 3600})
+    kept = client.files.create(
+        file=("notes.txt", b"plain text"), purpose="user_data", expires_after={"anchor": "created_at", "seconds": 3600}
+    )
     assert kept.expires_at == kept.created_at + 3600
     with pytest.raises(openai.NotFoundError):  # another key's file does not exist for it
         other.files.retrieve(created.id)
@@ -133,8 +147,7 @@ def test_bad_uploads_get_openai_errors(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError):
         client.files.create(file=("a.csv", b"{}"), purpose="batch")
     with pytest.raises(openai.BadRequestError) as window:
-        client.batches.create(input_file_id="file-x", endpoint="/v1/chat/completions",
-                              completion_window="1h")  # type: ignore[arg-type]
+        client.batches.create(input_file_id="file-x", endpoint="/v1/chat/completions", completion_window="1h")  # type: ignore[arg-type]
     assert window.value.body["param"] == "completion_window"
     with pytest.raises(openai.NotFoundError):
         client.batches.create(input_file_id="file-missing", endpoint="/v1/chat/completions", completion_window="24h")
@@ -144,21 +157,26 @@ def test_chat_batch_answers_as_http_does(client: openai.OpenAI, other: openai.Op
     lines = [_chat_line(f"q{i}", q) for i, q in enumerate(QUESTIONS)]
     lines.insert(3, _chat_line("bad", "hi", max_tokens=-1))  # the endpoint refuses it: a 400 in the error file
     source = client.files.create(file=("chat.jsonl", _jsonl(lines)), purpose="batch")
-    batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h",
-                                  metadata={"team": "search"})
+    batch = client.batches.create(
+        input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"team": "search"}
+    )
     assert batch.status in ("validating", "in_progress") and batch.metadata == {"team": "search"}
     done = _wait(client, batch.id)
     assert done.status == "completed", done
-    assert done.request_counts is not None and (done.request_counts.total, done.request_counts.completed,
-                                                done.request_counts.failed) == (6, 5, 1)
+    assert done.request_counts is not None and (
+        done.request_counts.total,
+        done.request_counts.completed,
+        done.request_counts.failed,
+    ) == (6, 5, 1)
     assert done.model == DEFAULT_MODEL and done.usage is not None and done.usage.output_tokens > 0
     assert done.in_progress_at and done.finalizing_at and done.completed_at and done.errors is None
     output = _records(client, done.output_file_id)
     assert [r["custom_id"] for r in output] == ["q0", "q1", "q2", "q3", "q4"]
     for record, question in zip(output, QUESTIONS, strict=True):
         assert record["response"]["status_code"] == 200 and record["error"] is None
-        direct = client.chat.completions.create(model=DEFAULT_MODEL, max_tokens=8, temperature=0,
-                                                messages=[{"role": "user", "content": question}])
+        direct = client.chat.completions.create(
+            model=DEFAULT_MODEL, max_tokens=8, temperature=0, messages=[{"role": "user", "content": question}]
+        )
         assert record["response"]["body"]["choices"][0]["message"]["content"] == direct.choices[0].message.content
     assert "Paris" in output[0]["response"]["body"]["choices"][0]["message"]["content"]
     errors = _records(client, done.error_file_id)
@@ -176,11 +194,14 @@ def test_chat_batch_answers_as_http_does(client: openai.OpenAI, other: openai.Op
 
 def test_embeddings_batch(client: openai.OpenAI) -> None:
     texts = ["a cat", "hello world", "the stock market fell"]
-    lines = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
-              "body": {"model": EMBED, "input": text}} for i, text in enumerate(texts)]
+    lines = [
+        {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings", "body": {"model": EMBED, "input": text}}
+        for i, text in enumerate(texts)
+    ]
     source = client.files.create(file=("embed.jsonl", _jsonl(lines)), purpose="batch")
-    done = _wait(client, client.batches.create(input_file_id=source.id, endpoint="/v1/embeddings",
-                                               completion_window="24h").id)
+    done = _wait(
+        client, client.batches.create(input_file_id=source.id, endpoint="/v1/embeddings", completion_window="24h").id
+    )
     assert done.status == "completed" and done.request_counts.completed == 3 and done.error_file_id is None
     direct = client.embeddings.create(model=EMBED, input=texts, encoding_format="float")
     for record, expected in zip(_records(client, done.output_file_id), direct.data, strict=True):
@@ -191,16 +212,19 @@ def test_embeddings_batch(client: openai.OpenAI) -> None:
 def test_a_broken_file_fails_validation(client: openai.OpenAI) -> None:
     data = _jsonl([_chat_line("a", "hi")]) + b"{oops\n" + _jsonl([_chat_line("a", "again")])
     source = client.files.create(file=("broken.jsonl", data), purpose="batch")
-    done = _wait(client, client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions",
-                                               completion_window="24h").id)
+    done = _wait(
+        client,
+        client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h").id,
+    )
     assert done.status == "failed" and done.failed_at and done.output_file_id is None
     assert done.errors is not None and done.errors.data is not None
     assert [(e.line, e.code) for e in done.errors.data] == [(2, "invalid_json_line"), (3, "duplicate_custom_id")]
 
 
 def test_cancel_keeps_what_finished(client: openai.OpenAI) -> None:
-    lines = [_chat_line(f"c{i}", "Write a long story about a dragon.", max_tokens=48, ignore_eos=True)
-             for i in range(24)]
+    lines = [
+        _chat_line(f"c{i}", "Write a long story about a dragon.", max_tokens=48, ignore_eos=True) for i in range(24)
+    ]
     source = client.files.create(file=("long.jsonl", _jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
     deadline = time.monotonic() + 60
@@ -218,16 +242,18 @@ def test_cancel_keeps_what_finished(client: openai.OpenAI) -> None:
     assert all(r["error"]["code"] == "batch_cancelled" and r["response"] is None for r in unrun)
     assert client.batches.cancel(batch.id).status == "cancelled"  # again: a no-op, as on OpenAI
     one = client.files.create(file=("one.jsonl", _jsonl([_chat_line("x", "hi")])), purpose="batch")
-    finished = _wait(client, client.batches.create(input_file_id=one.id, endpoint="/v1/chat/completions",
-                                                   completion_window="24h").id)
+    finished = _wait(
+        client, client.batches.create(input_file_id=one.id, endpoint="/v1/chat/completions", completion_window="24h").id
+    )
     with pytest.raises(openai.BadRequestError):  # one that has completed cannot be cancelled
         client.batches.cancel(finished.id)
 
 
 def _requests_finished(server: ServerProcess) -> float:
     text = httpx.get(f"{server.base_url}/metrics").text
-    samples = re.findall(rf'^switchyard_request_success_total{{[^}}]*model="{DEFAULT_MODEL}"[^}}]*}} (\S+)$', text,
-                         re.M)
+    samples = re.findall(
+        rf'^switchyard_request_success_total{{[^}}]*model="{DEFAULT_MODEL}"[^}}]*}} (\S+)$', text, re.M
+    )
     assert samples, "switchyard_request_success_total is not exposed"
     return sum(float(s) for s in samples)
 

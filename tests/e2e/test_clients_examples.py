@@ -30,8 +30,9 @@ def test_every_example_is_covered() -> None:
 @pytest.mark.parametrize("script", sorted(EXPECTED))
 def test_example_runs(base_url: str, script: str) -> None:
     env = {**os.environ, "SWITCHYARD_BASE_URL": f"{base_url}/v1"}
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / script)], env=env, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / script)], env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     for marker in EXPECTED[script]:
         assert marker in done.stdout, done.stdout

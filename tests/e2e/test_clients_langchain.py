@@ -25,8 +25,15 @@ def get_weather(city: str, unit: str) -> str:
 
 @pytest.fixture(scope="module")
 def llm(base_url: str) -> ChatOpenAI:
-    return ChatOpenAI(base_url=f"{base_url}/v1", api_key="unused", model=DEFAULT_MODEL, temperature=0,
-                      max_tokens=60, max_retries=0, timeout=300)
+    return ChatOpenAI(
+        base_url=f"{base_url}/v1",
+        api_key="unused",
+        model=DEFAULT_MODEL,
+        temperature=0,
+        max_tokens=60,
+        max_retries=0,
+        timeout=300,
+    )
 
 
 def test_invoke_and_stream(llm: ChatOpenAI) -> None:
@@ -39,8 +46,16 @@ def test_invoke_and_stream(llm: ChatOpenAI) -> None:
 
 
 def test_stream_usage_when_asked(base_url: str) -> None:
-    llm = ChatOpenAI(base_url=f"{base_url}/v1", api_key="unused", model=DEFAULT_MODEL, temperature=0, max_tokens=5,
-                     stream_usage=True, max_retries=0, timeout=300)
+    llm = ChatOpenAI(
+        base_url=f"{base_url}/v1",
+        api_key="unused",
+        model=DEFAULT_MODEL,
+        temperature=0,
+        max_tokens=5,
+        stream_usage=True,
+        max_retries=0,
+        timeout=300,
+    )
     total = None
     for chunk in llm.stream(QUESTION):
         total = chunk if total is None else total + chunk

@@ -12,8 +12,17 @@ QUESTION = [ChatMessage(role="user", content="What is the capital of France?")]
 
 
 def _llm(base_url: str, chat: bool, max_tokens: int) -> OpenAILike:
-    return OpenAILike(model=DEFAULT_MODEL, api_base=f"{base_url}/v1", api_key="unused", is_chat_model=chat,
-                      context_window=8192, temperature=0, max_tokens=max_tokens, max_retries=0, timeout=300)
+    return OpenAILike(
+        model=DEFAULT_MODEL,
+        api_base=f"{base_url}/v1",
+        api_key="unused",
+        is_chat_model=chat,
+        context_window=8192,
+        temperature=0,
+        max_tokens=max_tokens,
+        max_retries=0,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,16 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is m
 API_KEY = "console-test-api-key-42"
 EMBEDDING_MODEL = "all-minilm-l6-v2"
 AXE = ROOT / "tests" / "e2e" / "vendor" / "axe-core" / "axe.min.js"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 TIMEOUT_MS = 120_000  # two cores shared with other work: generous waits, never sleeps
 
 
@@ -38,8 +46,17 @@ def console_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
     admin_file.write_text(ADMIN_KEY + "\n")
     repository = tmp_path_factory.mktemp("console-repo") / "model_repository"  # a copy: a test adds a folder
     shutil.copytree(ROOT / "model_repository", repository)
-    proc = ServerProcess(repository, "--model-control-mode", "explicit", "--load-model", "*",
-                         "--admin-key-file", str(admin_file), "--api-key", API_KEY)
+    proc = ServerProcess(
+        repository,
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "*",
+        "--admin-key-file",
+        str(admin_file),
+        "--api-key",
+        API_KEY,
+    )
     proc.repository = repository  # type: ignore[attr-defined]
     try:
         yield proc
@@ -61,7 +78,10 @@ def browser_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
             str(tmp_path_factory.mktemp("chromium-profile")),  # a fresh --user-data-dir
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS, viewport={"width": 1366, "height": 900},
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1366, "height": 900},
         )
         context.set_default_timeout(TIMEOUT_MS)
         try:
@@ -77,8 +97,10 @@ def page(browser_context: Any, console_server: ServerProcess) -> Iterator[Any]:
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     # Console errors other than the refused calls the tests provoke (a CSP violation would show here).
-    page.on("console", lambda m: m.type == "error" and not m.text.startswith("Failed to load resource")
-            and errors.append(m.text))
+    page.on(
+        "console",
+        lambda m: m.type == "error" and not m.text.startswith("Failed to load resource") and errors.append(m.text),
+    )
     page.goto(console_server.base_url + "/")
     dialog = page.locator("#key-dialog")
     dialog.wait_for(state="visible")
@@ -132,8 +154,10 @@ def test_chat_streams_the_answer(page: Any, shots: Path) -> None:
     page.get_by_label("Message").fill("What is the capital of France?")
     page.get_by_role("button", name="Send").click()
     answer = page.locator(".message.assistant").last
-    page.wait_for_function("() => !document.querySelector('.message.assistant.streaming') && "
-                           "document.querySelector('#chat-stats').textContent.includes('completion')")
+    page.wait_for_function(
+        "() => !document.querySelector('.message.assistant.streaming') && "
+        "document.querySelector('#chat-stats').textContent.includes('completion')"
+    )
     assert "Paris" in answer.inner_text()
     stats = page.locator("#chat-stats").inner_text()
     assert "TTFT" in stats and "prompt" in stats and "completion tokens" in stats, stats
@@ -146,8 +170,10 @@ def test_chat_streams_the_answer(page: Any, shots: Path) -> None:
     page.get_by_label("Keep a KV session").check()
     page.get_by_label("Message").fill("And of Italy?")
     page.get_by_role("button", name="Send").click()
-    page.wait_for_function("() => document.querySelectorAll('.message.assistant').length === 2 && "
-                           "!document.querySelector('.message.assistant.streaming')")
+    page.wait_for_function(
+        "() => document.querySelectorAll('.message.assistant').length === 2 && "
+        "!document.querySelector('.message.assistant.streaming')"
+    )
     assert "Session console-" in page.locator("#chat-session-id").inner_text()
 
 
@@ -159,8 +185,10 @@ def test_chart_updates_after_traffic(page: Any, console_server: ServerProcess, s
     headers = {"authorization": f"Bearer {API_KEY}"}
     with httpx.Client(base_url=console_server.base_url, headers=headers, timeout=120) as client:
         for _ in range(3):
-            r = client.post("/v1/completions", json={"model": DEFAULT_MODEL, "prompt": "Once upon a time",
-                                                     "max_tokens": 24, "temperature": 0})
+            r = client.post(
+                "/v1/completions",
+                json={"model": DEFAULT_MODEL, "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0},
+            )
             assert r.status_code == 200, r.text
     page.wait_for_function("() => Number(document.querySelector('#chart-tokens').dataset.last) > 0")
     page.wait_for_function("() => document.querySelector('#chart-ttft .chart-now').textContent.includes('p50')")
@@ -200,15 +228,17 @@ def test_admin_unload_and_load_the_embedding_model(page: Any, console_server: Se
     assert "OK" in page.locator("#admin-log li").first.inner_text()
     assert ADMIN_KEY not in page.url
     headers = {"authorization": f"Bearer {API_KEY}"}
-    r = httpx.post(console_server.base_url + "/v1/embeddings", headers=headers,
-                   json={"model": EMBEDDING_MODEL, "input": "x"})
+    r = httpx.post(
+        console_server.base_url + "/v1/embeddings", headers=headers, json={"model": EMBEDDING_MODEL, "input": "x"}
+    )
     assert r.status_code == 404, r.text
     page.screenshot(path=str(shots / "console-admin.png"))
 
     row.get_by_role("button", name=f"Load {EMBEDDING_MODEL}", exact=True).click()
     page.locator(f'#admin-table tr[data-model="{EMBEDDING_MODEL}"][data-state="ready"]').wait_for()
-    r = httpx.post(console_server.base_url + "/v1/embeddings", headers=headers,
-                   json={"model": EMBEDDING_MODEL, "input": "x"})
+    r = httpx.post(
+        console_server.base_url + "/v1/embeddings", headers=headers, json={"model": EMBEDDING_MODEL, "input": "x"}
+    )
     assert r.status_code == 200, r.text
 
 
@@ -275,8 +305,14 @@ def test_accessibility(page: Any, theme: str) -> None:
     if page.evaluate("() => document.documentElement.dataset.theme") != theme:
         page.get_by_role("button", name=f"{theme.title()} theme").click()
     found = {}
-    for tab, sub in (("Overview", None), ("Live metrics", None), ("Playground", "Chat"),
-                     ("Playground", "Embeddings"), ("Playground", "v2 infer"), ("Admin", None)):
+    for tab, sub in (
+        ("Overview", None),
+        ("Live metrics", None),
+        ("Playground", "Chat"),
+        ("Playground", "Embeddings"),
+        ("Playground", "v2 infer"),
+        ("Admin", None),
+    ):
         open_tab(page, tab)
         if sub:
             page.get_by_role("tab", name=sub, exact=True).click()

@@ -63,8 +63,9 @@ def test_float_base64_and_dimensions(http: httpx.Client) -> None:
     ).json()
     decoded = np.frombuffer(base64.b64decode(as_b64["data"][0]["embedding"]), dtype="<f4")
     np.testing.assert_array_equal(decoded, floats)
-    short = http.post("/v1/embeddings", json={"model": EMBED, "input": "hello world", "dimensions": 64,
-                                              "encoding_format": "float"}).json()
+    short = http.post(
+        "/v1/embeddings", json={"model": EMBED, "input": "hello world", "dimensions": 64, "encoding_format": "float"}
+    ).json()
     cut = np.array(short["data"][0]["embedding"])
     assert cut.shape == (64,) and abs(np.linalg.norm(cut) - 1) < 1e-5
     np.testing.assert_allclose(cut, floats[:64] / np.linalg.norm(floats[:64]), atol=1e-6)
@@ -139,8 +140,9 @@ def test_concurrent_clients_are_batched(server: ServerProcess, http: httpx.Clien
 def test_langchain_openai_embeddings(server: ServerProcess) -> None:
     from langchain_openai import OpenAIEmbeddings
 
-    emb = OpenAIEmbeddings(model=EMBED, base_url=server.base_url + "/v1", api_key="unused",
-                           check_embedding_ctx_length=False)
+    emb = OpenAIEmbeddings(
+        model=EMBED, base_url=server.base_url + "/v1", api_key="unused", check_embedding_ctx_length=False
+    )
     docs = emb.embed_documents(["hello world", "another document"])
     query = emb.embed_query("hello world")
     assert len(docs) == 2 and len(query) == 384

@@ -72,9 +72,7 @@ def test_nan_is_rejected(http: httpx.Client) -> None:
     )
 
 
-@pytest.mark.parametrize(
-    "raw", [b"{not json", b"[1, 2]", b'"a string"', b"\x00\x01", b"\xff\xfe{}", b""]
-)
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b'"a string"', b"\x00\x01", b"\xff\xfe{}", b""])
 def test_malformed_bodies_are_400(http: httpx.Client, raw: bytes) -> None:
     assert_openai_error(
         http.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"}), 400

@@ -54,19 +54,34 @@ class Setup:
         keys = self.repo.parent / f"{self.repo.name}-admin-key"
         keys.write_text(ADMIN_KEY + "\n")
         with mock.patch.dict(os.environ, {"TMPDIR": str(self.state)}):  # the server's log goes there too
-            self.server = ServerProcess(self.repo, "--responses-store", str(self.store), "--model-control-mode",
-                                        "explicit", "--load-model", DEFAULT_MODEL, "--admin-key-file", str(keys),
-                                        # a budget above the machine's memory: the loader's own check of free
-                                        # memory is what refuses the model too big (the budget's refusal, 503,
-                                        # is tested in test_model_on_demand.py)
-                                        "--memory-budget", "1TiB", startup_timeout=300)
+            self.server = ServerProcess(
+                self.repo,
+                "--responses-store",
+                str(self.store),
+                "--model-control-mode",
+                "explicit",
+                "--load-model",
+                DEFAULT_MODEL,
+                "--admin-key-file",
+                str(keys),
+                # a budget above the machine's memory: the loader's own check of free
+                # memory is what refuses the model too big (the budget's refusal, 503,
+                # is tested in test_model_on_demand.py)
+                "--memory-budget",
+                "1TiB",
+                startup_timeout=300,
+            )
         return self.server
 
 
 def _mount_tmpfs(folder: Path, size: int) -> bool:
     try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                              capture_output=True, timeout=10, check=False)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return False
     return done.returncode == 0
@@ -75,8 +90,9 @@ def _mount_tmpfs(folder: Path, size: int) -> bool:
 def _write_sparse_safetensors(path: Path, nbytes: int) -> None:
     """A safetensors file declaring one float32 tensor of about `nbytes`; its data is a hole, so it costs no disk."""
     rows = nbytes // (4 * 16384) + 1
-    raw = json.dumps({"model.embed_tokens.weight": {"dtype": "F32", "shape": [rows, 16384],
-                                                    "data_offsets": [0, rows * 16384 * 4]}}).encode()
+    raw = json.dumps(
+        {"model.embed_tokens.weight": {"dtype": "F32", "shape": [rows, 16384], "data_offsets": [0, rows * 16384 * 4]}}
+    ).encode()
     with path.open("wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         f.truncate(8 + len(raw) + rows * 16384 * 4)
@@ -121,10 +137,20 @@ def _long_streams(server: ServerProcess, n: int) -> Iterator[list[Iterator[str]]
     with contextlib.ExitStack() as stack:
         lines = []
         for i in range(n):
-            resp = stack.enter_context(httpx.stream(
-                "POST", f"{server.base_url}/v1/completions", timeout=60,
-                json={"model": DEFAULT_MODEL, "prompt": f"Story {i}:", "max_tokens": 200, "ignore_eos": True,
-                      "stream": True}))
+            resp = stack.enter_context(
+                httpx.stream(
+                    "POST",
+                    f"{server.base_url}/v1/completions",
+                    timeout=60,
+                    json={
+                        "model": DEFAULT_MODEL,
+                        "prompt": f"Story {i}:",
+                        "max_tokens": 200,
+                        "ignore_eos": True,
+                        "stream": True,
+                    },
+                )
+            )
             assert resp.status_code == 200
             it = resp.iter_lines()
             next(line for line in it if line.startswith("data: {"))
@@ -138,15 +164,27 @@ def test_overload_refusals_carry_retry_after_in_each_protocols_shape_and_spare_r
     server = setup.server
     before = _rejected(server)
     with _long_streams(server, 2) as running:  # both sequences taken: new requests wait
-        chat = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=30, json={
-            "model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-            "timeout": 0.3})
-        messages = httpx.post(f"{server.base_url}/v1/messages", timeout=30,
-                              headers={"X-Request-Timeout": "0.3", "anthropic-version": "2023-06-01"},
-                              json={"model": DEFAULT_MODEL, "max_tokens": 2,
-                                    "messages": [{"role": "user", "content": "hi"}]})
-        v2 = httpx.post(f"{server.base_url}/v2/models/{DEFAULT_MODEL}/generate", timeout=30,
-                        json={"text_input": "hi", "max_tokens": 2, "parameters": {"timeout": 300_000}})
+        chat = httpx.post(
+            f"{server.base_url}/v1/chat/completions",
+            timeout=30,
+            json={
+                "model": DEFAULT_MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2,
+                "timeout": 0.3,
+            },
+        )
+        messages = httpx.post(
+            f"{server.base_url}/v1/messages",
+            timeout=30,
+            headers={"X-Request-Timeout": "0.3", "anthropic-version": "2023-06-01"},
+            json={"model": DEFAULT_MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+        )
+        v2 = httpx.post(
+            f"{server.base_url}/v2/models/{DEFAULT_MODEL}/generate",
+            timeout=30,
+            json={"text_input": "hi", "max_tokens": 2, "parameters": {"timeout": 300_000}},
+        )
         # the running streams go on
         still = [next(line for line in stream if line.startswith("data: {")) for stream in running]
         assert all('"text"' in line and '"error"' not in line for line in still)
@@ -164,8 +202,12 @@ def test_overload_refusals_carry_retry_after_in_each_protocols_shape_and_spare_r
 
 
 def test_a_model_larger_than_free_memory_is_refused_at_load_with_the_figures(setup: Setup) -> None:
-    load = httpx.post(f"{setup.server.base_url}/v2/repository/models/{TOO_BIG}/load", json={}, timeout=60,
-                      headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    load = httpx.post(
+        f"{setup.server.base_url}/v2/repository/models/{TOO_BIG}/load",
+        json={},
+        timeout=60,
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+    )
     assert load.status_code == 400, load.text
     figures = r"need about [\d.]+ GiB but only [\d.]+ GiB is available \((MemAvailable|the cgroup memory limit)"
     assert re.search(figures, load.json()["error"]) and "before reading them" in load.json()["error"]
@@ -182,8 +224,9 @@ def test_the_kv_pool_exhausted_by_long_prompts_preempts_and_fails_nothing(setup:
 
     def one(i: int) -> openai.types.Completion:
         prompt = [100 + (i * 37 + k) % 4000 for k in range(240)]  # two of them fill 480 of the 512 slots
-        return _client(server).completions.create(model=DEFAULT_MODEL, prompt=prompt, max_tokens=24,
-                                                  extra_body={"ignore_eos": True})
+        return _client(server).completions.create(
+            model=DEFAULT_MODEL, prompt=prompt, max_tokens=24, extra_body={"ignore_eos": True}
+        )
 
     results: list[object] = [None] * 4
     threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, one(i))) for i in range(4)]
@@ -220,15 +263,20 @@ def test_a_full_disk_under_the_store_and_the_log_fails_writes_clearly_and_servin
             client.responses.create(model=DEFAULT_MODEL, input="Say hello.", max_output_tokens=4, store=True)
         assert full.value.status_code == 507, full.value
         assert "disk is full" in full.value.message and "store: false" in full.value.message
-        with httpx.stream("POST", f"{server.base_url}/v1/responses", timeout=60, json={
-                "model": DEFAULT_MODEL, "input": "Say hey.", "max_output_tokens": 4, "stream": True}) as resp:
+        with httpx.stream(
+            "POST",
+            f"{server.base_url}/v1/responses",
+            timeout=60,
+            json={"model": DEFAULT_MODEL, "input": "Say hey.", "max_output_tokens": 4, "stream": True},
+        ) as resp:
             events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
         assert events[-1]["type"] == "error" and "disk is full" in events[-1]["message"], events[-2:]
         # serving goes on: answers that write nothing, reads of the store, with the log's disk full too
         unstored = client.responses.create(model=DEFAULT_MODEL, input="Say yo.", max_output_tokens=4, store=False)
         assert unstored.status in ("completed", "incomplete") and unstored.output_text
-        assert client.chat.completions.create(model=DEFAULT_MODEL, max_tokens=2,
-                                              messages=[{"role": "user", "content": "hi"}]).choices
+        assert client.chat.completions.create(
+            model=DEFAULT_MODEL, max_tokens=2, messages=[{"role": "user", "content": "hi"}]
+        ).choices
         assert client.responses.retrieve(kept.id).output_text == kept.output_text
     finally:
         filler.unlink()
@@ -246,8 +294,7 @@ def test_sigkill_during_responses_writes_then_restart_keeps_every_acknowledged_r
         i = 0
         while not stop.is_set():
             try:
-                r = client.responses.create(model=DEFAULT_MODEL, input=f"Say {k}-{i}.", max_output_tokens=2,
-                                            store=True)
+                r = client.responses.create(model=DEFAULT_MODEL, input=f"Say {k}-{i}.", max_output_tokens=2, store=True)
             except (openai.APIError, httpx.HTTPError):
                 return  # the server is gone
             acknowledged[r.id] = (r.status, r.output_text)

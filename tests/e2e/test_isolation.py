@@ -33,8 +33,9 @@ def faulty() -> Iterator[ServerProcess]:
 
 
 def _chat(client: openai.OpenAI, prompt: str, **kw: object) -> tuple[str, int]:
-    r = client.chat.completions.create(model=DEFAULT_MODEL, messages=[{"role": "user", "content": prompt}],
-                                       max_tokens=24, **{"temperature": 0, **kw})  # type: ignore[arg-type]
+    r = client.chat.completions.create(
+        model=DEFAULT_MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=24, **{"temperature": 0, **kw}
+    )  # type: ignore[arg-type]
     return r.choices[0].message.content or "", r.usage.completion_tokens if r.usage else 0
 
 
@@ -43,7 +44,8 @@ def test_one_failing_row_ends_alone_and_the_other_seven_answer_as_alone(faulty: 
     client = openai.OpenAI(base_url=faulty.base_url + "/v1", api_key="unused", max_retries=0)
     alone = [_chat(client, p) for p in PROMPTS]
     bad: dict[str, object] = (
-        {"temperature": 0.7, "seed": SAMPLING_FAULT_SEED} if fault == "sampling" else {"stop": [OUTPUT_FAULT_STOP]})
+        {"temperature": 0.7, "seed": SAMPLING_FAULT_SEED} if fault == "sampling" else {"stop": [OUTPUT_FAULT_STOP]}
+    )
     barrier = threading.Barrier(8)
 
     def run(i: int) -> object:
@@ -51,8 +53,11 @@ def test_one_failing_row_ends_alone_and_the_other_seven_answer_as_alone(faulty: 
         if i == 7:
             try:
                 client.chat.completions.create(
-                    model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Count slowly from one to fifty."}],
-                    max_tokens=24, **{"temperature": 0, **bad})  # type: ignore[arg-type]
+                    model=DEFAULT_MODEL,
+                    messages=[{"role": "user", "content": "Count slowly from one to fifty."}],
+                    max_tokens=24,
+                    **{"temperature": 0, **bad},
+                )  # type: ignore[arg-type]
             except openai.APIStatusError as exc:
                 return exc
             return None
@@ -106,8 +111,14 @@ def test_health_stays_fast_while_a_32_mib_prompt_arrives_and_32_streams_decode(f
 
     def stream(i: int) -> int:
         chunks = 0
-        with client.completions.create(model=DEFAULT_MODEL, prompt=f"Story {i}: once upon a time", max_tokens=400,
-                                       temperature=0, stream=True, extra_body={"ignore_eos": True}) as chunk_stream:
+        with client.completions.create(
+            model=DEFAULT_MODEL,
+            prompt=f"Story {i}: once upon a time",
+            max_tokens=400,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        ) as chunk_stream:
             for _ in chunk_stream:
                 chunks += 1
                 if chunks == 2:
@@ -127,8 +138,9 @@ def test_health_stays_fast_while_a_32_mib_prompt_arrives_and_32_streams_decode(f
                 probe = subprocess.Popen([sys.executable, "-c", PROBE, url, "4"], stdout=subprocess.PIPE, text=True)
                 time.sleep(0.5)
                 started = time.perf_counter()
-                resp = httpx.post(url + "/v1/completions", content=body, headers={"content-type": "application/json"},
-                                  timeout=60)
+                resp = httpx.post(
+                    url + "/v1/completions", content=body, headers={"content-type": "application/json"}, timeout=60
+                )
                 answered = time.perf_counter() - started
                 out, _ = probe.communicate(timeout=120)
                 assert resp.status_code == 400 and resp.json()["error"]["param"] == "prompt"
@@ -136,9 +148,11 @@ def test_health_stays_fast_while_a_32_mib_prompt_arrives_and_32_streams_decode(f
                 latencies = json.loads(out)
                 assert len(latencies) >= 50
                 windows.append((statistics.quantiles(latencies, n=100)[98], max(latencies), answered))
-                print(f"/health p50 {statistics.median(latencies):.1f} ms, p99 {windows[-1][0]:.1f} ms, max "
-                      f"{windows[-1][1]:.0f} ms over {len(latencies)} probes; the 32 MiB prompt answered in "
-                      f"{answered:.2f} s")
+                print(
+                    f"/health p50 {statistics.median(latencies):.1f} ms, p99 {windows[-1][0]:.1f} ms, max "
+                    f"{windows[-1][1]:.0f} ms over {len(latencies)} probes; the 32 MiB prompt answered in "
+                    f"{answered:.2f} s"
+                )
                 assert all(not s.done() for s in streams), "the streams ended before the window did"
                 if windows[-1][0] < 50:
                     break

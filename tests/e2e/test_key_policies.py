@@ -30,8 +30,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     state = tmp_path_factory.mktemp("keys_state")
     (state / "admin").write_text(ADMIN_KEY + "\n")
     # a key store of its own: keys in the shared default one would close inference on other tests' servers
-    proc = ServerProcess(repo, "--admin-key-file", str(state / "admin"), "--key-store", str(state / "keys.sqlite3"),
-                         "--key-usage-flush-secs", "0.5")
+    proc = ServerProcess(
+        repo,
+        "--admin-key-file",
+        str(state / "admin"),
+        "--key-store",
+        str(state / "keys.sqlite3"),
+        "--key-usage-flush-secs",
+        "0.5",
+    )
     try:
         yield proc
     finally:
@@ -65,30 +72,41 @@ def test_usage_per_key_equals_what_the_clients_were_told(server: ServerProcess) 
     client = openai_client(server, key["secret"])
     told: Counter[str] = Counter()
     for _ in range(2):  # the second one finds the chat template's system prompt in the prefix cache
-        told += openai_counts(client.chat.completions.create(model=DEFAULT_MODEL, messages=MESSAGES,
-                                                             max_tokens=6).usage)
-    stream = client.chat.completions.create(model=DEFAULT_MODEL, messages=MESSAGES, max_tokens=6, stream=True,
-                                            stream_options={"include_usage": True})
+        told += openai_counts(
+            client.chat.completions.create(model=DEFAULT_MODEL, messages=MESSAGES, max_tokens=6).usage
+        )
+    stream = client.chat.completions.create(
+        model=DEFAULT_MODEL, messages=MESSAGES, max_tokens=6, stream=True, stream_options={"include_usage": True}
+    )
     told += openai_counts([chunk.usage for chunk in stream if chunk.usage][-1])
-    told += openai_counts(client.completions.create(model=DEFAULT_MODEL, prompt="Once upon a time",
-                                                    max_tokens=5).usage)
+    told += openai_counts(client.completions.create(model=DEFAULT_MODEL, prompt="Once upon a time", max_tokens=5).usage)
     usage = client.responses.create(model=DEFAULT_MODEL, input="Hi", max_output_tokens=5, store=False).usage
-    told += Counter(prompt=usage.input_tokens, completion=usage.output_tokens,
-                    cached=usage.input_tokens_details.cached_tokens or 0)
+    told += Counter(
+        prompt=usage.input_tokens, completion=usage.output_tokens, cached=usage.input_tokens_details.cached_tokens or 0
+    )
     message = anthropic.Anthropic(base_url=server.base_url, api_key=key["secret"], max_retries=0).messages.create(
-        model=DEFAULT_MODEL, max_tokens=5, messages=[{"role": "user", "content": "Hi"}])
+        model=DEFAULT_MODEL, max_tokens=5, messages=[{"role": "user", "content": "Hi"}]
+    )
     read = message.usage.cache_read_input_tokens or 0  # Anthropic's input_tokens leave out the cached ones
     told += Counter(prompt=message.usage.input_tokens + read, completion=message.usage.output_tokens, cached=read)
     with pytest.raises(openai.BadRequestError):  # a request that fails once it named its model counts as an error
-        client.chat.completions.create(model=DEFAULT_MODEL, max_tokens=6,
-                                       messages=[{"role": "user", "content": "hi " * 9000}])
+        client.chat.completions.create(
+            model=DEFAULT_MODEL, max_tokens=6, messages=[{"role": "user", "content": "hi " * 9000}]
+        )
 
     [row] = usage_of(server, "team-a").json()["data"]
     assert (row["key_id"], row["key_name"], row["model"], row["metadata"]["team"]) == (
-        key["id"], "team-a", DEFAULT_MODEL, "a")
+        key["id"],
+        "team-a",
+        DEFAULT_MODEL,
+        "a",
+    )
     assert (row["requests"], row["errors"]) == (7, 1)
     assert (row["prompt_tokens"], row["completion_tokens"], row["cached_tokens"]) == (
-        told["prompt"], told["completion"], told["cached"])
+        told["prompt"],
+        told["completion"],
+        told["cached"],
+    )
     [csv_row] = list(csv.DictReader(io.StringIO(usage_of(server, key["id"], "csv").text)))
     assert int(csv_row["total_tokens"]) == told["prompt"] + told["completion"] and csv_row["key_name"] == "team-a"
 

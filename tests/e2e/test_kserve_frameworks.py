@@ -23,7 +23,7 @@ from tests.engines.backends import forest_models as fm  # noqa: E402
 HAS_TF = importlib.util.find_spec("tensorflow") is not None
 X, _, _ = fm.data(rows=64, seed=3)
 
-SLEEPER = '''
+SLEEPER = """
 import time
 
 import numpy as np
@@ -37,7 +37,7 @@ class TritonPythonModel:
             time.sleep(0.03)
             out.append({"SPAN": np.array([start, time.monotonic()], dtype=np.float64)})
         return out
-'''
+"""
 
 
 def _limited(repo: Path, name: str, priority: int) -> None:
@@ -48,7 +48,8 @@ def _limited(repo: Path, name: str, priority: int) -> None:
         'input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
         'output [ { name: "SPAN" data_type: TYPE_FP64 dims: [ 2 ] } ]\n'
         f'instance_group [ {{ count: 1 kind: KIND_CPU rate_limiter {{ resources [ {{ name: "R" global: true '
-        f'count: 1 }} ] priority: {priority} }} }} ]\n')
+        f"count: 1 }} ] priority: {priority} }} }} ]\n"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -151,13 +152,20 @@ def test_rate_limiter_shares_a_resource_by_priority(frameworks: tuple[ServerProc
         assert later[0] >= earlier[1] - 1e-6, "two executions held the resource together"
     contended = [name for _, name in spans[:30]]
     assert 17 <= contended.count("limited_fast") <= 23, contended
-    waited = [line for line in httpx.get(f"{server.base_url}/metrics").text.splitlines()
-              if line.startswith('switchyard_rate_limiter_wait_duration_us_total{model="limited_slow"')]
+    waited = [
+        line
+        for line in httpx.get(f"{server.base_url}/metrics").text.splitlines()
+        if line.startswith('switchyard_rate_limiter_wait_duration_us_total{model="limited_slow"')
+    ]
     assert waited and float(waited[0].split()[-1]) > 0
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")  # type: ignore[attr-defined]
     try:
         limiter = grpc.get_model_config("limited_slow").config.instance_group[0].rate_limiter
-        assert (limiter.priority, limiter.resources[0].name,
-                getattr(limiter.resources[0], "global"), limiter.resources[0].count) == (2, "R", True, 1)
+        assert (
+            limiter.priority,
+            limiter.resources[0].name,
+            getattr(limiter.resources[0], "global"),
+            limiter.resources[0].count,
+        ) == (2, "R", True, 1)
     finally:
         grpc.close()

@@ -152,8 +152,12 @@ def test_statistics_shape(client: httpclient.InferenceServerClient) -> None:
 
 
 def test_full_queue_is_refused_with_429(http: httpx.Client) -> None:
-    body = {"inputs": [{"name": "X", "shape": [1, 1], "datatype": "INT64", "data": [1]},
-                       {"name": "DELAY_MS", "shape": [1, 1], "datatype": "INT32", "data": [400]}]}
+    body = {
+        "inputs": [
+            {"name": "X", "shape": [1, 1], "datatype": "INT64", "data": [1]},
+            {"name": "DELAY_MS", "shape": [1, 1], "datatype": "INT32", "data": [400]},
+        ]
+    }
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         responses = list(pool.map(lambda _: http.post("/v2/models/queue_probe/infer", json=body), range(6)))
     codes = sorted(r.status_code for r in responses)
@@ -164,8 +168,12 @@ def test_full_queue_is_refused_with_429(http: httpx.Client) -> None:
 
 
 def test_queue_timeout_override_rejects(http: httpx.Client) -> None:
-    slow = {"inputs": [{"name": "X", "shape": [1, 1], "datatype": "INT64", "data": [1]},
-                       {"name": "DELAY_MS", "shape": [1, 1], "datatype": "INT32", "data": [500]}]}
+    slow = {
+        "inputs": [
+            {"name": "X", "shape": [1, 1], "datatype": "INT64", "data": [1]},
+            {"name": "DELAY_MS", "shape": [1, 1], "datatype": "INT32", "data": [500]},
+        ]
+    }
     quick = {
         "parameters": {"timeout": 50_000},
         "inputs": [{"name": "X", "shape": [1, 1], "datatype": "INT64", "data": [2]}],
@@ -191,8 +199,14 @@ def test_generate_on_tensor_and_decoupled_models(http: httpx.Client) -> None:
     with http.stream("POST", "/v2/models/counter_stream/generate_stream", json={"IN": 4}) as stream:
         events = [json.loads(line[5:]) for line in stream.iter_lines() if line.startswith("data:")]
     assert [e["OUT"] for e in events] == [0, 1, 2, 3]
-    assert_v2_error(http.post("/v2/models/counter_stream/infer", json={
-        "inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [2]}]}), 400, "decoupled")
+    assert_v2_error(
+        http.post(
+            "/v2/models/counter_stream/infer",
+            json={"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [2]}]},
+        ),
+        400,
+        "decoupled",
+    )
     assert_v2_error(http.post("/v2/models/text_echo/generate", json={"NOPE": 1}), 400, "unexpected field")
 
 
@@ -300,10 +314,16 @@ def test_repository_index_unload_and_load(client: httpclient.InferenceServerClie
     assert client.is_model_ready("text_echo")
     assert http.post("/v2/models/text_echo/generate", json={"TEXT": "x"}).json()["UPPER"] == "X!"
     # reload with a config override: a new parameter value, same files
-    override = {"backend": "python", "max_batch_size": 4, "parameters": {"suffix": "?"},
-                "input": [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [1]}],
-                "output": [{"name": "UPPER", "data_type": "TYPE_STRING", "dims": [1]},
-                           {"name": "LENGTH", "data_type": "TYPE_INT32", "dims": [1]}]}
+    override = {
+        "backend": "python",
+        "max_batch_size": 4,
+        "parameters": {"suffix": "?"},
+        "input": [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [1]}],
+        "output": [
+            {"name": "UPPER", "data_type": "TYPE_STRING", "dims": [1]},
+            {"name": "LENGTH", "data_type": "TYPE_INT32", "dims": [1]},
+        ],
+    }
     client.load_model("text_echo", config=json.dumps(override), headers=ADMIN_HEADERS)
     assert http.post("/v2/models/text_echo/generate", json={"TEXT": "x"}).json()["UPPER"] == "X?"
     assert client.get_model_config("text_echo")["max_batch_size"] == 4

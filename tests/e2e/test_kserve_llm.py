@@ -40,8 +40,9 @@ def test_generate_and_stream_match_completions(http: httpx.Client, reference: st
     assert body["model_name"] == DEFAULT_MODEL and body["text_output"] == reference
     top_level = http.post(f"/v2/models/{DEFAULT_MODEL}/generate", json={"text_input": PROMPT, **GREEDY})
     assert top_level.json()["text_output"] == reference  # Triton's TRT-LLM style: settings as top-level fields
-    with http.stream("POST", f"/v2/models/{DEFAULT_MODEL}/generate_stream",
-                     json={"text_input": PROMPT, "parameters": GREEDY}) as stream:
+    with http.stream(
+        "POST", f"/v2/models/{DEFAULT_MODEL}/generate_stream", json={"text_input": PROMPT, "parameters": GREEDY}
+    ) as stream:
         assert stream.headers["content-type"].startswith("text/event-stream")
         events = [json.loads(line[5:]) for line in stream.iter_lines() if line.startswith("data:")]
     assert len(events) > 1 and "".join(e["text_output"] for e in events) == reference
@@ -90,8 +91,9 @@ def test_grpc_stream_infer_streams_text(kserve_server: ServerProcess, reference:
         text.set_data_from_numpy(np.array([PROMPT.encode()], dtype=object))
         stream = grpcclient.InferInput("stream", [1], "BOOL")
         stream.set_data_from_numpy(np.array([True]))
-        client.async_stream_infer(DEFAULT_MODEL, [text, stream], request_id="llm", parameters=GREEDY,
-                                  enable_empty_final_response=True)
+        client.async_stream_infer(
+            DEFAULT_MODEL, [text, stream], request_id="llm", parameters=GREEDY, enable_empty_final_response=True
+        )
         pieces = []
         while True:
             result, error = responses.get(timeout=300)

@@ -127,6 +127,10 @@ def test_ensemble_over_grpc(kserve_server: ServerProcess) -> None:
     text.set_data_from_numpy(np.array([[b"0, 0"]], dtype=object))
     assert c.infer("circle_pipeline", [text]).as_numpy("LABEL").ravel().tolist() == [b"inside"]
     config = c.get_model_config("circle_pipeline").config
-    assert [s.model_name for s in config.ensemble_scheduling.step] == ["circle_preprocess", "circle_classifier",
-                                                                        "circle_postprocess", "circle_forest"]
+    assert [s.model_name for s in config.ensemble_scheduling.step] == [
+        "circle_preprocess",
+        "circle_classifier",
+        "circle_postprocess",
+        "circle_forest",
+    ]
     c.close()

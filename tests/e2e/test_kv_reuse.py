@@ -14,8 +14,7 @@ def _complete(server: ServerProcess, prompt: str, headers: dict[str, str] | None
     return text, usage["prompt_tokens"]
 
 
-def _complete_with_usage(server: ServerProcess, prompt: str, headers: dict[str, str] | None = None) -> tuple[
-        str, dict]:
+def _complete_with_usage(server: ServerProcess, prompt: str, headers: dict[str, str] | None = None) -> tuple[str, dict]:
     body = {"model": DEFAULT_MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0}
     resp = httpx.post(server.base_url + "/v1/completions", json=body, headers=headers or {}, timeout=120)
     resp.raise_for_status()
@@ -50,7 +49,11 @@ def test_session_pins_conversation_and_delete_ends_it(server: ServerProcess) -> 
 
 
 def test_session_id_in_body_is_accepted(server: ServerProcess) -> None:
-    body = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-            "session_id": "conv-body"}
+    body = {
+        "model": DEFAULT_MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "session_id": "conv-body",
+    }
     assert httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
     assert httpx.delete(server.base_url + "/v1/sessions/conv-body").status_code == 200

@@ -35,8 +35,11 @@ def lora_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serv
 
 
 def _complete(base_url: str, model: str, prompt: str = PROMPT, max_tokens: int = 8) -> dict:
-    r = httpx.post(f"{base_url}/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": max_tokens,
-                                                       "temperature": 0}, timeout=120)
+    r = httpx.post(
+        f"{base_url}/v1/completions",
+        json={"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -60,8 +63,9 @@ def test_adapters_are_served_under_their_names_and_listed(lora_server: tuple[Ser
     assert qualified["choices"][0]["text"] == bare["choices"][0]["text"] != base["choices"][0]["text"]
 
 
-def test_admin_calls_need_the_admin_key_and_name_the_fix(lora_server: tuple[ServerProcess, Path],
-                                                         tmp_path: Path) -> None:
+def test_admin_calls_need_the_admin_key_and_name_the_fix(
+    lora_server: tuple[ServerProcess, Path], tmp_path: Path
+) -> None:
     url, lora_dir = lora_server[0].base_url, lora_server[1]
     load = f"{url}/v1/load_lora_adapter"
     body = {"lora_name": "chat", "lora_path": str(lora_dir / "chat")}
@@ -87,8 +91,11 @@ def test_hot_load_and_unload_under_traffic_drop_no_request(lora_server: tuple[Se
     def traffic(model: str) -> None:
         while not stop.is_set():
             try:
-                r = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": "Count: one, two,",
-                                                              "max_tokens": 12, "temperature": 0}, timeout=120)
+                r = httpx.post(
+                    f"{url}/v1/completions",
+                    json={"model": model, "prompt": "Count: one, two,", "max_tokens": 12, "temperature": 0},
+                    timeout=120,
+                )
                 if r.status_code != 200 or r.json()["choices"][0]["finish_reason"] not in ("length", "stop"):
                     failures.append(f"{model}: {r.status_code} {r.text[:200]}")
                 done.append(model)
@@ -99,8 +106,12 @@ def test_hot_load_and_unload_under_traffic_drop_no_request(lora_server: tuple[Se
     for t in threads:
         t.start()
     try:
-        loaded = httpx.post(f"{url}/v1/load_lora_adapter", headers=ADMIN_HEADERS, timeout=60,
-                            json={"lora_name": "chat", "lora_path": str(lora_dir / "chat")})
+        loaded = httpx.post(
+            f"{url}/v1/load_lora_adapter",
+            headers=ADMIN_HEADERS,
+            timeout=60,
+            json={"lora_name": "chat", "lora_path": str(lora_dir / "chat")},
+        )
         assert loaded.status_code == 200 and loaded.text == "Success: LoRA adapter 'chat' added successfully."
         chat = _complete(url, "chat")
         assert chat["choices"][0]["text"] != _complete(url, MODEL)["choices"][0]["text"]
@@ -108,8 +119,7 @@ def test_hot_load_and_unload_under_traffic_drop_no_request(lora_server: tuple[Se
         started, finished = threading.Event(), []
 
         def long_chat() -> None:  # running under the adapter when it is unloaded: it finishes
-            body = {"model": "chat", "prompt": "Count: one, two,", "max_tokens": 40, "temperature": 0,
-                    "stream": True}
+            body = {"model": "chat", "prompt": "Count: one, two,", "max_tokens": 40, "temperature": 0, "stream": True}
             with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
                 for line in r.iter_lines():
                     started.set()
@@ -121,8 +131,9 @@ def test_hot_load_and_unload_under_traffic_drop_no_request(lora_server: tuple[Se
         runner = threading.Thread(target=long_chat)
         runner.start()
         assert started.wait(60)
-        unloaded = httpx.post(f"{url}/v1/unload_lora_adapter", headers=ADMIN_HEADERS, timeout=60,
-                              json={"lora_name": "chat"})
+        unloaded = httpx.post(
+            f"{url}/v1/unload_lora_adapter", headers=ADMIN_HEADERS, timeout=60, json={"lora_name": "chat"}
+        )
         assert unloaded.status_code == 200
         runner.join(60)
         assert finished, "the request running under the unloaded adapter did not finish"

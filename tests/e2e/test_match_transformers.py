@@ -45,11 +45,20 @@ def exact(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 def test_concurrent_chats_answer_as_transformers_bfloat16(exact: ServerProcess) -> None:
     async def ask_all() -> list[str]:
-        async with openai.AsyncOpenAI(base_url=f"{exact.base_url}/v1", api_key="unused", max_retries=0,
-                                      timeout=300) as client:
-            answers = await asyncio.gather(*(client.chat.completions.create(
-                model=DEFAULT_MODEL, messages=[{"role": "user", "content": q}], max_tokens=MAX_TOKENS, temperature=0)
-                for q in QUESTIONS))
+        async with openai.AsyncOpenAI(
+            base_url=f"{exact.base_url}/v1", api_key="unused", max_retries=0, timeout=300
+        ) as client:
+            answers = await asyncio.gather(
+                *(
+                    client.chat.completions.create(
+                        model=DEFAULT_MODEL,
+                        messages=[{"role": "user", "content": q}],
+                        max_tokens=MAX_TOKENS,
+                        temperature=0,
+                    )
+                    for q in QUESTIONS
+                )
+            )
         return [a.choices[0].message.content or "" for a in answers]
 
     ours = asyncio.run(ask_all())
@@ -57,7 +66,8 @@ def test_concurrent_chats_answer_as_transformers_bfloat16(exact: ServerProcess) 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
     for question, got in zip(QUESTIONS, ours, strict=True):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                            return_dict=False)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, return_dict=False
+        )
         out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False)[0][len(ids) :]
         assert got == tokenizer.decode(out, skip_special_tokens=True), question

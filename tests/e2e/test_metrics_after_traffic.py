@@ -22,8 +22,11 @@ REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
 def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     text = httpx.get(url + "/metrics", timeout=30).text
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def get(metrics: dict, name: str, **labels: str) -> float:
@@ -46,8 +49,12 @@ def wait_idle(server: ServerProcess) -> None:
 
 def chat(server: ServerProcess, content: str, stream: bool) -> dict[str, int]:
     """One chat completion; returns its usage."""
-    body = {"model": DEFAULT_MODEL, "temperature": 0, "max_tokens": 6,
-            "messages": [{"role": "user", "content": content}]}
+    body = {
+        "model": DEFAULT_MODEL,
+        "temperature": 0,
+        "max_tokens": 6,
+        "messages": [{"role": "user", "content": content}],
+    }
     if not stream:
         response = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=120)
         response.raise_for_status()
@@ -70,8 +77,9 @@ def test_counts_match_the_traffic(server: ServerProcess) -> None:
     prompts = ["What is the capital of France?", "Name a colour.", "Count to three."]
     usages = [chat(server, p, stream=i == 2) for i, p in enumerate(prompts)]  # N = 3, one of them streamed
     for text in ("hello world", "metrics are counted"):  # M = 2
-        httpx.post(server.base_url + "/v1/embeddings", json={"model": EMBEDDER, "input": text},
-                   timeout=60).raise_for_status()
+        httpx.post(
+            server.base_url + "/v1/embeddings", json={"model": EMBEDDER, "input": text}, timeout=60
+        ).raise_for_status()
     client = httpclient.InferenceServerClient(server.base_url.removeprefix("http://"))
     try:
         for _ in range(3):  # K = 3 requests of 4 rows each
@@ -80,11 +88,17 @@ def test_counts_match_the_traffic(server: ServerProcess) -> None:
             client.infer(CLASSIFIER, [points])
     finally:
         client.close()
-    bad = httpx.post(server.base_url + f"/v2/models/{CLASSIFIER}/infer", timeout=30,  # 3 features, the model takes 2
-                     json={"inputs": [{"name": "FEATURES", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]})
+    bad = httpx.post(
+        server.base_url + f"/v2/models/{CLASSIFIER}/infer",
+        timeout=30,  # 3 features, the model takes 2
+        json={"inputs": [{"name": "FEATURES", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]},
+    )
     assert bad.status_code == 400
-    unknown = httpx.post(server.base_url + "/v1/chat/completions", timeout=30,
-                         json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
+    unknown = httpx.post(
+        server.base_url + "/v1/chat/completions",
+        timeout=30,
+        json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert unknown.status_code == 404  # reaches no model: counted nowhere
 
     wait_idle(server)
@@ -111,8 +125,9 @@ def test_counts_match_the_traffic(server: ServerProcess) -> None:
     assert delta(before, after, "switchyard_time_per_output_token_seconds_count", **llm) == generated - n
     assert delta(before, after, "switchyard_e2e_request_latency_seconds_count", **llm) == n
     assert delta(before, after, "switchyard_request_queue_time_seconds_count", **llm) == n
-    finished = sum(delta(before, after, "switchyard_request_success_total", **llm, finished_reason=r)
-                   for r in ("stop", "length"))
+    finished = sum(
+        delta(before, after, "switchyard_request_success_total", **llm, finished_reason=r) for r in ("stop", "length")
+    )
     assert finished == n
 
     # Embeddings: each request is one inference of the embedding model.
@@ -141,8 +156,11 @@ def test_counts_match_the_traffic(server: ServerProcess) -> None:
 def test_v2_generate_counts_as_an_llm_request_on_both_ports(server: ServerProcess) -> None:
     wait_idle(server)
     before = scrape(server.base_url)
-    response = httpx.post(server.base_url + f"/v2/models/{DEFAULT_MODEL}/generate", timeout=120,
-                          json={"text_input": "Hello", "parameters": {"max_tokens": 3, "temperature": 0}})
+    response = httpx.post(
+        server.base_url + f"/v2/models/{DEFAULT_MODEL}/generate",
+        timeout=120,
+        json={"text_input": "Hello", "parameters": {"max_tokens": 3, "temperature": 0}},
+    )
     response.raise_for_status()
     wait_idle(server)
     after = scrape(f"http://127.0.0.1:{server.metrics_port}")  # the --metrics-port exposition is the same registry
@@ -151,4 +169,5 @@ def test_v2_generate_counts_as_an_llm_request_on_both_ports(server: ServerProces
     assert 1 <= delta(before, after, "switchyard_generation_tokens_total", model=DEFAULT_MODEL) <= 3
     stats = httpx.get(server.base_url + f"/v2/models/{DEFAULT_MODEL}/stats", timeout=30).json()["model_stats"][0]
     assert stats["inference_stats"]["success"]["count"] == get(
-        scrape(server.base_url), "nv_inference_request_success", model=DEFAULT_MODEL, version="1")
+        scrape(server.base_url), "nv_inference_request_success", model=DEFAULT_MODEL, version="1"
+    )

@@ -104,8 +104,14 @@ def poll_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def poll_server(poll_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(poll_repo, "--model-control-mode", "poll", "--repository-poll-secs", POLL_SECS,
-                         *admin_args(tmp_path_factory.mktemp("keys")))
+    proc = ServerProcess(
+        poll_repo,
+        "--model-control-mode",
+        "poll",
+        "--repository-poll-secs",
+        POLL_SECS,
+        *admin_args(tmp_path_factory.mktemp("keys")),
+    )
     try:
         yield proc
     finally:
@@ -139,8 +145,11 @@ def test_poll_reload_under_load_fails_no_request(poll_server: ServerProcess, pol
     assert sum(traffic.tags.values()) >= 80
     # fixed again: the repaired config serves
     set_tag(poll_repo / "tagger", "c", delay=0.0)
-    wait_for(lambda: tag_of(http.post("/v2/models/tagger/infer", json=tagger_request())) == "v2-code:c", 60,
-             "the repaired config to serve")
+    wait_for(
+        lambda: tag_of(http.post("/v2/models/tagger/infer", json=tagger_request())) == "v2-code:c",
+        60,
+        "the repaired config to serve",
+    )
 
 
 def test_poll_adds_and_removes_models(poll_server: ServerProcess, poll_repo: Path) -> None:
@@ -266,8 +275,16 @@ def test_failed_loads_say_why(tmp_path: Path) -> None:
     write_tagger(repo, "tagger", tag="t")
     write_broken_models(repo)
     grpc_port = free_port()
-    proc = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", "tagger",
-                         "--grpc-port", str(grpc_port), *admin_args(tmp_path))
+    proc = ServerProcess(
+        repo,
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "tagger",
+        "--grpc-port",
+        str(grpc_port),
+        *admin_args(tmp_path),
+    )
     try:
         http = httpx.Client(base_url=proc.base_url, timeout=120, headers=ADMIN_HEADERS)
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
@@ -291,8 +308,9 @@ def test_failed_loads_say_why(tmp_path: Path) -> None:
             assert str(repo.resolve()) not in reason and "\n" not in reason
 
         index = {r["name"]: r for r in http.post("/v2/repository/index").json()}
-        grpc_index = {r["name"]: r
-                      for r in client.get_model_repository_index(headers=ADMIN_HEADERS, as_json=True)["models"]}
+        grpc_index = {
+            r["name"]: r for r in client.get_model_repository_index(headers=ADMIN_HEADERS, as_json=True)["models"]
+        }
         console = {m["name"]: m for m in http.get("/ui/api/overview").json()["models"]}
         for name, reason in reasons.items():
             assert index[name] == {"name": name, "version": "", "state": "UNAVAILABLE", "reason": reason}

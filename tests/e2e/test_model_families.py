@@ -58,7 +58,7 @@ def test_each_family_answers_as_transformers(served: ServerProcess) -> None:
         # transformers' eager attention: its default (SDPA) leaves out Gemma 2's soft-capping of the scores
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
         ids = tokenizer(PROMPT, return_tensors="pt").input_ids
-        out = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)[0, ids.shape[1]:]
+        out = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)[0, ids.shape[1] :]
         assert got.choices[0].text == tokenizer.decode(out, skip_special_tokens=True), name
 
 

@@ -53,8 +53,11 @@ def states(server: ServerProcess) -> dict[str, str]:
 
 
 def chat(server: ServerProcess, model: str) -> httpx.Response:
-    return httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120,
-                      json={"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    return httpx.post(
+        f"{server.base_url}/v1/chat/completions",
+        timeout=120,
+        json={"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+    )
 
 
 def test_nothing_loads_at_startup_and_every_model_is_listed(server: ServerProcess) -> None:
@@ -67,7 +70,8 @@ def test_concurrent_first_requests_cause_one_load(server: ServerProcess) -> None
 
     async def ask(i: int) -> str:
         reply = await client.chat.completions.create(
-            model="smol-a", messages=[{"role": "user", "content": f"Count to {i}"}], max_tokens=2)
+            model="smol-a", messages=[{"role": "user", "content": f"Count to {i}"}], max_tokens=2
+        )
         return reply.choices[0].finish_reason  # answered (two tokens may be empty text)
 
     async def all_at_once() -> list[str]:
@@ -92,8 +96,11 @@ def test_the_idle_model_is_evicted_for_another(server: ServerProcess) -> None:
     assert sample(server, "switchyard_model_evictions_total", model="smol-a", reason="memory") == 1
     assert sample(server, "switchyard_memory_used_bytes") <= sample(server, "switchyard_memory_budget_bytes")
     # another protocol asks for the first one back: it loads again, and the second one makes room
-    generated = httpx.post(f"{server.base_url}/v2/models/smol-a/generate", timeout=120,
-                           json={"text_input": "Hello", "parameters": {"max_tokens": 2}})
+    generated = httpx.post(
+        f"{server.base_url}/v2/models/smol-a/generate",
+        timeout=120,
+        json={"text_input": "Hello", "parameters": {"max_tokens": 2}},
+    )
     assert generated.status_code == 200, generated.text
     assert sample(server, "switchyard_model_evictions_total", model="smol-b", reason="memory") == 1
     assert sample(server, "switchyard_model_loads_total", model="smol-a", result="success") == 2

@@ -33,8 +33,14 @@ def scrape(server: ServerProcess) -> dict[str, tuple[str, float]]:
 
 def test_the_protocol_metrics_are_gauges_with_its_semantics(server: ServerProcess) -> None:
     names = picker_metric_names()
-    body = {"model": DEFAULT_MODEL, "prompt": "Once upon a time, " * 40, "max_tokens": 64, "temperature": 0,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "model": DEFAULT_MODEL,
+        "prompt": "Once upon a time, " * 40,
+        "max_tokens": 64,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=120) as resp:
         assert resp.status_code == 200
         lines = resp.iter_lines()

@@ -22,9 +22,14 @@ USER_KEY = "sk-ollama-user-0123456789"
 ADMIN_KEY = "sk-ollama-admin-0123456789"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 GREEDY = {"temperature": 0, "num_predict": 24}
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +41,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     keys = tmp_path_factory.mktemp("ollama_keys")
     (keys / "api").write_text(USER_KEY + "\n")
     (keys / "admin").write_text(ADMIN_KEY + "\n")
-    proc = ServerProcess(repo, "--api-key-file", str(keys / "api"), "--admin-key-file", str(keys / "admin"),
-                         "--model-control-mode", "explicit", "--load-model", "*")
+    proc = ServerProcess(
+        repo,
+        "--api-key-file",
+        str(keys / "api"),
+        "--admin-key-file",
+        str(keys / "admin"),
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "*",
+    )
     try:
         yield proc
     finally:
@@ -54,8 +68,9 @@ def client(server: ServerProcess) -> ollama.Client:
 
 
 def _openai(server: ServerProcess, path: str, body: dict) -> dict:
-    r = httpx.post(f"{server.base_url}/v1/{path}", json=body, timeout=300,
-                   headers={"Authorization": f"Bearer {USER_KEY}"})
+    r = httpx.post(
+        f"{server.base_url}/v1/{path}", json=body, timeout=300, headers={"Authorization": f"Bearer {USER_KEY}"}
+    )
     r.raise_for_status()
     return r.json()
 
@@ -76,12 +91,14 @@ def test_list_show_ps_and_version(client: ollama.Client, server: ServerProcess) 
     assert set(running) == {DEFAULT_MODEL, EMBEDDER}
     assert running[DEFAULT_MODEL].context_length == 2048 and running[DEFAULT_MODEL].expires_at.year > 2300
     assert httpx.get(f"{server.base_url}/api/version", headers={"Authorization": f"Bearer {USER_KEY}"}).json()[
-        "version"]
+        "version"
+    ]
 
 
 def test_chat_answers_as_the_openai_endpoint(client: ollama.Client, server: ServerProcess) -> None:
-    chat = _openai(server, "chat/completions", {"model": DEFAULT_MODEL, "messages": QUESTION, "temperature": 0,
-                                                "max_tokens": 24})
+    chat = _openai(
+        server, "chat/completions", {"model": DEFAULT_MODEL, "messages": QUESTION, "temperature": 0, "max_tokens": 24}
+    )
     answer = client.chat(model=DEFAULT_MODEL, messages=QUESTION, options=GREEDY)
     assert answer.message.content == chat["choices"][0]["message"]["content"] and "Paris" in answer.message.content
     assert answer.message.role == "assistant" and answer.done and answer.done_reason in ("stop", "length")
@@ -98,18 +115,24 @@ def test_generate_answers_as_chat_and_raw_as_completions(client: ollama.Client, 
     chat = client.chat(model=DEFAULT_MODEL, messages=QUESTION, options=GREEDY)
     generated = client.generate(model=DEFAULT_MODEL, prompt=QUESTION[0]["content"], options=GREEDY)
     assert generated.response == chat.message.content and generated.done
-    streamed = "".join(c.response for c in client.generate(model=DEFAULT_MODEL, prompt=QUESTION[0]["content"],
-                                                            options=GREEDY, stream=True))
+    streamed = "".join(
+        c.response
+        for c in client.generate(model=DEFAULT_MODEL, prompt=QUESTION[0]["content"], options=GREEDY, stream=True)
+    )
     assert streamed == generated.response
     prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
-    completion = _openai(server, "completions", {"model": DEFAULT_MODEL, "prompt": prompt, "temperature": 0,
-                                                 "max_tokens": 12})
+    completion = _openai(
+        server, "completions", {"model": DEFAULT_MODEL, "prompt": prompt, "temperature": 0, "max_tokens": 12}
+    )
     raw = client.generate(model=DEFAULT_MODEL, prompt=prompt, raw=True, options={"temperature": 0, "num_predict": 12})
     assert raw.response == completion["choices"][0]["text"]
     assert raw.eval_count == completion["usage"]["completion_tokens"]
-    templated = client.generate(model=DEFAULT_MODEL, prompt=QUESTION[0]["content"], options={"temperature": 0,
-                                "num_predict": 12}, template="<|im_start|>user\n{{ .Prompt }}<|im_end|>\n"
-                                                             "<|im_start|>assistant\n")
+    templated = client.generate(
+        model=DEFAULT_MODEL,
+        prompt=QUESTION[0]["content"],
+        options={"temperature": 0, "num_predict": 12},
+        template="<|im_start|>user\n{{ .Prompt }}<|im_end|>\n<|im_start|>assistant\n",
+    )
     assert templated.response == raw.response
 
 
@@ -123,15 +146,20 @@ def test_options_stop_and_limits(client: ollama.Client) -> None:
 
 
 def test_format_json_and_schema(client: ollama.Client) -> None:
-    schema = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
-              "required": ["city", "country"]}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+        "required": ["city", "country"],
+    }
     ask = [{"role": "user", "content": "Name the capital of France and its country as JSON."}]
-    answer = client.chat(model=DEFAULT_MODEL, messages=ask, format=schema, options={"temperature": 0,
-                                                                                    "num_predict": 60})
+    answer = client.chat(
+        model=DEFAULT_MODEL, messages=ask, format=schema, options={"temperature": 0, "num_predict": 60}
+    )
     value = json.loads(answer.message.content)
     assert set(value) == {"city", "country"} and all(isinstance(v, str) for v in value.values())
-    loose = client.generate(model=DEFAULT_MODEL, prompt=ask[0]["content"], format="json",
-                            options={"temperature": 0, "num_predict": 60})
+    loose = client.generate(
+        model=DEFAULT_MODEL, prompt=ask[0]["content"], format="json", options={"temperature": 0, "num_predict": 60}
+    )
     assert isinstance(json.loads(loose.response), dict)
 
 
@@ -141,20 +169,45 @@ def test_tool_round_trip_renders_as_the_openai_endpoint(client: ollama.Client, s
     (SmolLM2 does not call tools on a plain question unless forced, which Ollama's API cannot ask.)"""
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
     result = "22 degrees celsius and sunny"
-    openai_call = {"id": "call_1_0", "type": "function",
-                   "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-    expected = _openai(server, "chat/completions", {
-        "model": DEFAULT_MODEL, "tools": [WEATHER], "temperature": 0, "max_tokens": 30, "messages": [
-            *ask, {"role": "assistant", "content": None, "tool_calls": [openai_call]},
-            {"role": "tool", "tool_call_id": "call_1_0", "name": "get_weather", "content": result}]})
-    reply = client.chat(model=DEFAULT_MODEL, tools=[WEATHER], options={"temperature": 0, "num_predict": 30}, messages=[
-        *ask, {"role": "assistant", "content": "", "tool_calls": [
-            {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-        {"role": "tool", "tool_name": "get_weather", "content": result}])
+    openai_call = {
+        "id": "call_1_0",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    expected = _openai(
+        server,
+        "chat/completions",
+        {
+            "model": DEFAULT_MODEL,
+            "tools": [WEATHER],
+            "temperature": 0,
+            "max_tokens": 30,
+            "messages": [
+                *ask,
+                {"role": "assistant", "content": None, "tool_calls": [openai_call]},
+                {"role": "tool", "tool_call_id": "call_1_0", "name": "get_weather", "content": result},
+            ],
+        },
+    )
+    reply = client.chat(
+        model=DEFAULT_MODEL,
+        tools=[WEATHER],
+        options={"temperature": 0, "num_predict": 30},
+        messages=[
+            *ask,
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+            },
+            {"role": "tool", "tool_name": "get_weather", "content": result},
+        ],
+    )
     message = expected["choices"][0]["message"]
     assert reply.message.content == (message["content"] or "")
     assert [(c.function.name, c.function.arguments) for c in reply.message.tool_calls or []] == [
-        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []
+    ]
     assert reply.prompt_eval_count == expected["usage"]["prompt_tokens"]
 
 
@@ -176,18 +229,27 @@ def test_embed_equals_the_openai_embeddings(client: ollama.Client, server: Serve
     assert len(client.embed(model=EMBEDDER, input="word " * 400).embeddings[0]) == 384  # truncated by default
 
 
-@pytest.mark.parametrize(("call", "status", "message"), [
-    (lambda c: c.chat(model="nope", messages=QUESTION), 404, "model 'nope' not found"),
-    (lambda c: c.chat(model=DEFAULT_MODEL, messages=[{**QUESTION[0], "images": [b"\x89PNG"]}]), 400,
-     "does not support images"),
-    (lambda c: c.chat(model=DEFAULT_MODEL, messages=QUESTION, think=True), 400, "does not support thinking"),
-    (lambda c: c.chat(model=EMBEDDER, messages=QUESTION), 400, f'"{EMBEDDER}" does not support chat'),
-    (lambda c: c.embed(model=DEFAULT_MODEL, input="hi"), 400, "does not support embeddings"),
-    (lambda c: c.chat(model=DEFAULT_MODEL, messages=QUESTION, options={"temperature": "hot"}), 400,
-     "options.temperature"),
-    (lambda c: c.pull("llama3"), 404, "cannot be pulled"),
-    (lambda c: c.delete(DEFAULT_MODEL), 403, "model repository"),
-])
+@pytest.mark.parametrize(
+    ("call", "status", "message"),
+    [
+        (lambda c: c.chat(model="nope", messages=QUESTION), 404, "model 'nope' not found"),
+        (
+            lambda c: c.chat(model=DEFAULT_MODEL, messages=[{**QUESTION[0], "images": [b"\x89PNG"]}]),
+            400,
+            "does not support images",
+        ),
+        (lambda c: c.chat(model=DEFAULT_MODEL, messages=QUESTION, think=True), 400, "does not support thinking"),
+        (lambda c: c.chat(model=EMBEDDER, messages=QUESTION), 400, f'"{EMBEDDER}" does not support chat'),
+        (lambda c: c.embed(model=DEFAULT_MODEL, input="hi"), 400, "does not support embeddings"),
+        (
+            lambda c: c.chat(model=DEFAULT_MODEL, messages=QUESTION, options={"temperature": "hot"}),
+            400,
+            "options.temperature",
+        ),
+        (lambda c: c.pull("llama3"), 404, "cannot be pulled"),
+        (lambda c: c.delete(DEFAULT_MODEL), 403, "model repository"),
+    ],
+)
 def test_errors_are_ollamas(client: ollama.Client, call, status: int, message: str) -> None:  # noqa: ANN001
     with pytest.raises(ollama.ResponseError) as info:
         call(client)
@@ -228,4 +290,3 @@ def test_keep_alive_zero_unloads_for_the_admin_key_only(server: ServerProcess) -
     loaded = admin.chat(model=DEFAULT_MODEL, messages=[], keep_alive="5m")  # Ollama's load request
     assert loaded.done_reason == "load" and DEFAULT_MODEL in _running(server)
     assert user.chat(model=DEFAULT_MODEL, messages=QUESTION, options={"temperature": 0, "num_predict": 3}).done
-

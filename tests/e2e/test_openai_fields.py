@@ -43,8 +43,10 @@ def http(base_url: str):
         ({"chat_template_kwargs": "nope"}, "chat_template_kwargs"),
         ({"logprobs": "very"}, "logprobs"),
         ({"stream": "yes please"}, "stream"),
-        ({"messages": [{"role": "assistant", "tool_calls": [{"id": "1", "function": {"arguments": "{}"}}]}]},
-         "messages.0.tool_calls.0.function.name"),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": [{"id": "1", "function": {"arguments": "{}"}}]}]},
+            "messages.0.tool_calls.0.function.name",
+        ),
     ],
 )
 def test_chat_ranges(http: httpx.Client, extra: dict, param: str) -> None:
@@ -75,8 +77,14 @@ def test_session_header_and_field_are_accepted(http: httpx.Client) -> None:
     body = {"model": DEFAULT_MODEL, "messages": MSG, "max_tokens": 2}
     assert http.post("/v1/chat/completions", json=body, headers={"X-Session-ID": "conv-1"}).status_code == 200
     assert http.post("/v1/chat/completions", json={**body, "session_id": "conv-1"}).status_code == 200
-    assert http.post("/v1/completions", json={"model": DEFAULT_MODEL, "prompt": "hi", "max_tokens": 2},
-                     headers={"X-Session-ID": "conv-2"}).status_code == 200
+    assert (
+        http.post(
+            "/v1/completions",
+            json={"model": DEFAULT_MODEL, "prompt": "hi", "max_tokens": 2},
+            headers={"X-Session-ID": "conv-2"},
+        ).status_code
+        == 200
+    )
     resp = http.post("/v1/chat/completions", json=body, headers={"X-Session-ID": "x" * 300})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "session_id"
     for session in ("conv-1", "conv-2"):  # leave no pinned KV behind for the tests that count sessions
@@ -84,8 +92,9 @@ def test_session_header_and_field_are_accepted(http: httpx.Client) -> None:
 
 
 def test_chat_logprobs_shape(client: openai.OpenAI) -> None:
-    resp = client.chat.completions.create(model=DEFAULT_MODEL, messages=MSG, temperature=0, logprobs=True,
-                                          top_logprobs=3)
+    resp = client.chat.completions.create(
+        model=DEFAULT_MODEL, messages=MSG, temperature=0, logprobs=True, top_logprobs=3
+    )
     entries = resp.choices[0].logprobs.content
     assert len(entries) == resp.usage.completion_tokens  # the end-of-turn token that stopped it included
     assert "".join(e.token for e in entries[:-1]) == resp.choices[0].message.content
@@ -96,8 +105,9 @@ def test_chat_logprobs_shape(client: openai.OpenAI) -> None:
         assert e.top_logprobs[0].token == e.token  # greedy picks the most likely token
     streamed = [
         e.token
-        for chunk in client.chat.completions.create(model=DEFAULT_MODEL, messages=MSG, temperature=0, logprobs=True,
-                                                    top_logprobs=3, stream=True)
+        for chunk in client.chat.completions.create(
+            model=DEFAULT_MODEL, messages=MSG, temperature=0, logprobs=True, top_logprobs=3, stream=True
+        )
         if chunk.choices and chunk.choices[0].logprobs
         for e in chunk.choices[0].logprobs.content
     ]
@@ -115,15 +125,19 @@ def test_completion_logprobs_shape(client: openai.OpenAI) -> None:
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(4)]
     for top, value in zip(lp.top_logprobs, lp.token_logprobs, strict=True):
         assert len(top) == 2 and max(top.values()) == value
-    echoed = client.completions.create(model=DEFAULT_MODEL, prompt=prompt, max_tokens=4, temperature=0, logprobs=2,
-                                       echo=True)
+    echoed = client.completions.create(
+        model=DEFAULT_MODEL, prompt=prompt, max_tokens=4, temperature=0, logprobs=2, echo=True
+    )
     assert echoed.choices[0].text == prompt + resp.choices[0].text
     assert echoed.choices[0].logprobs.text_offset[0] == len(prompt)
 
 
 def test_n_streamed_with_logprobs(client: openai.OpenAI) -> None:
-    chunks = list(client.chat.completions.create(model=DEFAULT_MODEL, messages=MSG, n=3, seed=9, max_tokens=6,
-                                                 logprobs=True, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model=DEFAULT_MODEL, messages=MSG, n=3, seed=9, max_tokens=6, logprobs=True, stream=True
+        )
+    )
     texts, tokens, finishes = {}, {}, {}
     for chunk in chunks:
         for ch in chunk.choices:

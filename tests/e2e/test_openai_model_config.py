@@ -67,9 +67,11 @@ async def test_full_queue_is_an_http_429_even_for_streams(small: ServerProcess) 
         hogs.append(asyncio.create_task(client.post("/v1/completions", json=LONG)))
         await _wait_for(client, 1, 1)
         try:
-            for body in ({"model": DEFAULT_MODEL, "prompt": "hi", "max_tokens": 2, "stream": True},
-                         {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True},
-                         {"model": DEFAULT_MODEL, "prompt": "hi", "max_tokens": 2}):
+            for body in (
+                {"model": DEFAULT_MODEL, "prompt": "hi", "max_tokens": 2, "stream": True},
+                {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True},
+                {"model": DEFAULT_MODEL, "prompt": "hi", "max_tokens": 2},
+            ):
                 path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
                 resp = await client.post(path, json=body)
                 assert resp.status_code == 429, resp.text
@@ -84,18 +86,24 @@ async def test_full_queue_is_an_http_429_even_for_streams(small: ServerProcess) 
 def test_json_dialect_calls(small: ServerProcess) -> None:
     client = openai.OpenAI(base_url=f"{small.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
     parameters = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-    tool = {"type": "function",
-            "function": {"name": "get_time", "description": "Local time in a city", "parameters": parameters}}
+    tool = {
+        "type": "function",
+        "function": {"name": "get_time", "description": "Local time in a city", "parameters": parameters},
+    }
     messages = [{"role": "user", "content": "What time is it in Rome?"}]
-    resp = client.chat.completions.create(model=DEFAULT_MODEL, messages=messages, tools=[tool],
-                                          tool_choice="required", temperature=0, max_tokens=100)
+    resp = client.chat.completions.create(
+        model=DEFAULT_MODEL, messages=messages, tools=[tool], tool_choice="required", temperature=0, max_tokens=100
+    )
     calls = resp.choices[0].message.tool_calls
     assert resp.choices[0].finish_reason == "tool_calls" and calls and calls[0].function.name == "get_time"
     for call in calls:
         jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
     # the dialect also writes past calls into the prompt (SmolLM2's template cannot)
-    history = [*messages, resp.choices[0].message.model_dump(exclude_none=True),
-               {"role": "tool", "tool_call_id": calls[0].id, "content": "14:00"}]
+    history = [
+        *messages,
+        resp.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": calls[0].id, "content": "14:00"},
+    ]
     prompt = httpx.post(f"{small.base_url}/tokenize", json={"messages": history, "tools": [tool]}).json()
     text = httpx.post(f"{small.base_url}/detokenize", json={"tokens": prompt["tokens"]}).json()["prompt"]
     assert "respond with only a JSON object" in text and '{"name": "get_time", "arguments": {"city": ' in text

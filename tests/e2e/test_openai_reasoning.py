@@ -43,8 +43,9 @@ def client(server: ServerProcess) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def thought(client: openai.OpenAI) -> str:
-    resp = client.chat.completions.create(model=DEFAULT_MODEL, messages=[{"role": "user", "content": ASK}],
-                                          temperature=0, max_tokens=24)
+    resp = client.chat.completions.create(
+        model=DEFAULT_MODEL, messages=[{"role": "user", "content": ASK}], temperature=0, max_tokens=24
+    )
     msg = resp.choices[0].message
     assert resp.choices[0].finish_reason == "length"
     assert msg.content is None
@@ -54,8 +55,9 @@ def thought(client: openai.OpenAI) -> str:
 
 def test_streamed_reasoning_deltas_add_up(client: openai.OpenAI, thought: str) -> None:
     reasoning, content = "", ""
-    for chunk in client.chat.completions.create(model=DEFAULT_MODEL, messages=[{"role": "user", "content": ASK}],
-                                                temperature=0, max_tokens=24, stream=True):
+    for chunk in client.chat.completions.create(
+        model=DEFAULT_MODEL, messages=[{"role": "user", "content": ASK}], temperature=0, max_tokens=24, stream=True
+    ):
         for choice in chunk.choices:
             delta = choice.delta
             reasoning += getattr(delta, "reasoning_content", None) or ""
@@ -69,8 +71,11 @@ def test_responses_reasoning_item(client: openai.OpenAI, thought: str) -> None:
     assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
     assert [item.type for item in resp.output] == ["reasoning"]
     assert resp.output[0].content[0].text == thought and resp.output[0].status == "incomplete"
-    events = list(client.responses.create(model=DEFAULT_MODEL, input=ASK, temperature=0, max_output_tokens=24,
-                                          store=False, stream=True))
+    events = list(
+        client.responses.create(
+            model=DEFAULT_MODEL, input=ASK, temperature=0, max_output_tokens=24, store=False, stream=True
+        )
+    )
     deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     done = [e.text for e in events if e.type == "response.reasoning_text.done"]
     assert deltas == thought and done == [thought]
@@ -80,12 +85,18 @@ def test_responses_reasoning_item(client: openai.OpenAI, thought: str) -> None:
 def test_anthropic_thinking_block(server: ServerProcess, thought: str) -> None:
     client = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=300)
     greedy = {"temperature": 0}  # the current SDK has no sampling arguments; clients send them in the body
-    msg = client.messages.create(model=DEFAULT_MODEL, max_tokens=24, messages=[{"role": "user", "content": ASK}],
-                                 thinking={"type": "enabled", "budget_tokens": 1024}, extra_body=greedy)
+    msg = client.messages.create(
+        model=DEFAULT_MODEL,
+        max_tokens=24,
+        messages=[{"role": "user", "content": ASK}],
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        extra_body=greedy,
+    )
     assert msg.stop_reason == "max_tokens"
     assert [b.type for b in msg.content] == ["thinking"] and msg.content[0].thinking == thought
-    with client.messages.stream(model=DEFAULT_MODEL, max_tokens=24, messages=[{"role": "user", "content": ASK}],
-                                extra_body=greedy) as stream:
+    with client.messages.stream(
+        model=DEFAULT_MODEL, max_tokens=24, messages=[{"role": "user", "content": ASK}], extra_body=greedy
+    ) as stream:
         final = stream.get_final_message()
     assert [b.type for b in final.content] == ["thinking"] and final.content[0].thinking == thought
 

@@ -16,35 +16,57 @@ from tests.conftest import DEFAULT_MODEL
 CASES = [
     (
         "Extract the person: Ada Lovelace is 36 years old.",
-        {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-         "required": ["name", "age"], "additionalProperties": False},
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+            "required": ["name", "age"],
+            "additionalProperties": False,
+        },
     ),
     (
         "Classify the sentiment of: 'I love this product!'",
-        {"type": "object", "properties": {"sentiment": {"enum": ["positive", "negative", "neutral"]},
-                                          "confidence": {"type": "number"}},
-         "required": ["sentiment", "confidence"]},
+        {
+            "type": "object",
+            "properties": {
+                "sentiment": {"enum": ["positive", "negative", "neutral"]},
+                "confidence": {"type": "number"},
+            },
+            "required": ["sentiment", "confidence"],
+        },
     ),
     (
         "Give the capital and the country: Paris is the capital of France.",
-        {"type": "object", "properties": {
-            "city": {"type": "string"},
-            "country": {"type": "object", "properties": {
-                "name": {"type": "string"},
-                "continent": {"enum": ["Europe", "Asia", "Africa", "America", "Oceania"]}},
-                "required": ["name", "continent"]}},
-         "required": ["city", "country"]},
+        {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "country": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string"},
+                        "continent": {"enum": ["Europe", "Asia", "Africa", "America", "Oceania"]},
+                    },
+                    "required": ["name", "continent"],
+                },
+            },
+            "required": ["city", "country"],
+        },
     ),
     (
         "List three colors.",
-        {"type": "object", "properties": {"colors": {"type": "array", "items": {"type": "string"},
-                                                     "minItems": 1, "maxItems": 5}},
-         "required": ["colors"]},
+        {
+            "type": "object",
+            "properties": {"colors": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 5}},
+            "required": ["colors"],
+        },
     ),
     (
         "Is the sky blue? Answer with a boolean and a reason.",
-        {"type": "object", "properties": {"answer": {"type": "boolean"}, "reason": {"type": "string"}},
-         "required": ["answer", "reason"]},
+        {
+            "type": "object",
+            "properties": {"answer": {"type": "boolean"}, "reason": {"type": "string"}},
+            "required": ["answer", "reason"],
+        },
     ),
 ]
 # Every string and list bounded: whatever is sampled, the answer ends within the token budget.
@@ -78,7 +100,10 @@ def _fmt(schema: dict) -> dict:
 @pytest.mark.parametrize(("prompt", "schema"), CASES, ids=["person", "enum", "nested", "array", "boolean"])
 def test_json_schema_answers_validate(client: openai.OpenAI, prompt: str, schema: dict) -> None:
     resp = client.chat.completions.create(
-        model=DEFAULT_MODEL, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=200,
+        model=DEFAULT_MODEL,
+        messages=[{"role": "user", "content": prompt}],
+        temperature=0,
+        max_tokens=200,
         response_format=_fmt(schema),
     )
     choice = resp.choices[0]
@@ -88,8 +113,13 @@ def test_json_schema_answers_validate(client: openai.OpenAI, prompt: str, schema
 
 def test_sampled_answers_validate_too(client: openai.OpenAI) -> None:
     resp = client.chat.completions.create(
-        model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Invent a user."}], temperature=1.0, seed=11,
-        n=3, max_tokens=120, response_format=_fmt(BOUNDED),
+        model=DEFAULT_MODEL,
+        messages=[{"role": "user", "content": "Invent a user."}],
+        temperature=1.0,
+        seed=11,
+        n=3,
+        max_tokens=120,
+        response_format=_fmt(BOUNDED),
     )
     assert len(resp.choices) == 3
     for choice in resp.choices:
@@ -99,8 +129,11 @@ def test_sampled_answers_validate_too(client: openai.OpenAI) -> None:
 
 def test_json_object(client: openai.OpenAI) -> None:
     resp = client.chat.completions.create(
-        model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Describe Paris as a JSON object."}],
-        temperature=0, max_tokens=60, response_format={"type": "json_object"},
+        model=DEFAULT_MODEL,
+        messages=[{"role": "user", "content": "Describe Paris as a JSON object."}],
+        temperature=0,
+        max_tokens=60,
+        response_format={"type": "json_object"},
     )
     content = resp.choices[0].message.content
     assert content.startswith("{")
@@ -110,10 +143,16 @@ def test_json_object(client: openai.OpenAI) -> None:
 
 def test_streamed_answer_validates(client: openai.OpenAI) -> None:
     prompt, schema = CASES[2]
-    chunks = list(client.chat.completions.create(
-        model=DEFAULT_MODEL, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=200,
-        response_format=_fmt(schema), stream=True,
-    ))
+    chunks = list(
+        client.chat.completions.create(
+            model=DEFAULT_MODEL,
+            messages=[{"role": "user", "content": prompt}],
+            temperature=0,
+            max_tokens=200,
+            response_format=_fmt(schema),
+            stream=True,
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
     jsonschema.validate(json.loads(text), schema)
@@ -125,7 +164,10 @@ def test_sdk_parse_with_a_pydantic_model(client: openai.OpenAI) -> None:
         age: int
 
     resp = client.chat.completions.parse(
-        model=DEFAULT_MODEL, messages=[{"role": "user", "content": CASES[0][0]}], temperature=0, max_tokens=100,
+        model=DEFAULT_MODEL,
+        messages=[{"role": "user", "content": CASES[0][0]}],
+        temperature=0,
+        max_tokens=100,
         response_format=Person,
     )
     person = resp.choices[0].message.parsed
@@ -134,7 +176,10 @@ def test_sdk_parse_with_a_pydantic_model(client: openai.OpenAI) -> None:
 
 def test_max_tokens_cut_still_says_length(client: openai.OpenAI) -> None:
     resp = client.chat.completions.create(
-        model=DEFAULT_MODEL, messages=[{"role": "user", "content": CASES[0][0]}], temperature=0, max_tokens=4,
+        model=DEFAULT_MODEL,
+        messages=[{"role": "user", "content": CASES[0][0]}],
+        temperature=0,
+        max_tokens=4,
         response_format=_fmt(CASES[0][1]),
     )
     assert resp.choices[0].finish_reason == "length"
@@ -145,7 +190,10 @@ def test_max_tokens_cut_still_says_length(client: openai.OpenAI) -> None:
 def test_completions_accept_response_format(client: openai.OpenAI) -> None:
     schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}
     resp = client.completions.create(
-        model=DEFAULT_MODEL, prompt="Is Paris in France? Answer in JSON:", temperature=0, max_tokens=20,
+        model=DEFAULT_MODEL,
+        prompt="Is Paris in France? Answer in JSON:",
+        temperature=0,
+        max_tokens=20,
         extra_body={"response_format": _fmt(schema)},
     )
     assert resp.choices[0].finish_reason == "stop"
@@ -175,8 +223,10 @@ def test_deep_schemas_are_400(http: httpx.Client, levels: int) -> None:
         (_fmt({"type": "strnig"}), "response_format"),
         (_fmt({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}), "response_format"),
         ({"type": "json_schema", "json_schema": {"name": "x"}}, "response_format"),
-        ({"type": "json_schema", "json_schema": {"name": "bad name!", "schema": {}}},
-         "response_format.json_schema.name"),
+        (
+            {"type": "json_schema", "json_schema": {"name": "bad name!", "schema": {}}},
+            "response_format.json_schema.name",
+        ),
         ({"type": "xml"}, "response_format.type"),
     ],
 )
@@ -189,8 +239,12 @@ def test_bad_response_formats_are_400(http: httpx.Client, response_format: dict,
 
 
 def test_min_tokens_cannot_combine_with_a_grammar(http: httpx.Client) -> None:
-    body = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "hi"}], "min_tokens": 3,
-            "response_format": {"type": "json_object"}}
+    body = {
+        "model": DEFAULT_MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "min_tokens": 3,
+        "response_format": {"type": "json_object"},
+    }
     resp = http.post("/v1/chat/completions", json=body)
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "min_tokens"
     assert http.get("/health").status_code == 200
@@ -205,19 +259,30 @@ def test_min_tokens_cannot_combine_with_a_grammar(http: httpx.Client) -> None:
 )
 def test_vllm_choice(client: openai.OpenAI, extra: dict) -> None:
     messages = [{"role": "user", "content": "Is Paris in France?"}]
-    resp = client.chat.completions.create(model=DEFAULT_MODEL, messages=messages, temperature=0, max_tokens=10,
-                                          extra_body=extra)
+    resp = client.chat.completions.create(
+        model=DEFAULT_MODEL, messages=messages, temperature=0, max_tokens=10, extra_body=extra
+    )
     assert resp.choices[0].message.content in ("yes", "no") and resp.choices[0].finish_reason == "stop"
 
 
 def test_vllm_regex_and_json(client: openai.OpenAI) -> None:
-    resp = client.completions.create(model=DEFAULT_MODEL, prompt="Call me at", temperature=0, max_tokens=20,
-                                     extra_body={"structured_outputs": {"regex": r" [0-9]{3}-[0-9]{4}"}})
+    resp = client.completions.create(
+        model=DEFAULT_MODEL,
+        prompt="Call me at",
+        temperature=0,
+        max_tokens=20,
+        extra_body={"structured_outputs": {"regex": r" [0-9]{3}-[0-9]{4}"}},
+    )
     assert re.fullmatch(r" [0-9]{3}-[0-9]{4}", resp.choices[0].text)
     prompt, schema = CASES[0]
     for extra in ({"structured_outputs": {"json": schema}}, {"guided_json": json.dumps(schema)}):
-        resp = client.chat.completions.create(model=DEFAULT_MODEL, messages=[{"role": "user", "content": prompt}],
-                                              temperature=0, max_tokens=100, extra_body=extra)
+        resp = client.chat.completions.create(
+            model=DEFAULT_MODEL,
+            messages=[{"role": "user", "content": prompt}],
+            temperature=0,
+            max_tokens=100,
+            extra_body=extra,
+        )
         jsonschema.validate(json.loads(resp.choices[0].message.content), schema)
 
 

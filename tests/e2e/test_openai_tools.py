@@ -37,8 +37,9 @@ def _check_calls(calls) -> list[tuple[str, dict]]:
 
 
 def test_required_gives_schema_valid_calls(client: openai.OpenAI) -> None:
-    resp = client.chat.completions.create(model=DEFAULT_MODEL, messages=ASK, tools=[WEATHER, TIME],
-                                          tool_choice="required", temperature=0, max_tokens=200)
+    resp = client.chat.completions.create(
+        model=DEFAULT_MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", temperature=0, max_tokens=200
+    )
     choice = resp.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
@@ -48,7 +49,11 @@ def test_required_gives_schema_valid_calls(client: openai.OpenAI) -> None:
 
 def test_named_choice_calls_that_function_once(client: openai.OpenAI) -> None:
     resp = client.chat.completions.create(
-        model=DEFAULT_MODEL, messages=ASK, tools=[WEATHER, TIME], temperature=0, max_tokens=200,
+        model=DEFAULT_MODEL,
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        temperature=0,
+        max_tokens=200,
         tool_choice={"type": "function", "function": {"name": "get_time"}},
     )
     calls = _check_calls(resp.choices[0].message.tool_calls)
@@ -57,21 +62,45 @@ def test_named_choice_calls_that_function_once(client: openai.OpenAI) -> None:
 
 
 def test_parallel_tool_calls_false_gives_one_call(client: openai.OpenAI) -> None:
-    resp = client.chat.completions.create(model=DEFAULT_MODEL, messages=ASK, tools=[WEATHER, TIME],
-                                          tool_choice="required", parallel_tool_calls=False, temperature=0,
-                                          max_tokens=200)
+    resp = client.chat.completions.create(
+        model=DEFAULT_MODEL,
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=200,
+    )
     assert len(_check_calls(resp.choices[0].message.tool_calls)) == 1
 
 
 def test_sampled_calls_validate_too(client: openai.OpenAI) -> None:
     # bounded arguments: whatever is sampled at temperature 1, the call ends well within max_tokens
-    bounded = {"type": "function", "function": {
-        "name": "get_weather", "parameters": {"type": "object", "properties": {
-            "city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["city", "unit"]}}}
-    resp = client.chat.completions.create(model=DEFAULT_MODEL, messages=ASK, tools=[bounded], n=3, seed=5,
-                                          tool_choice="required", parallel_tool_calls=False, temperature=1.0,
-                                          max_tokens=250)
+    bounded = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 20},
+                    "unit": {"enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city", "unit"],
+            },
+        },
+    }
+    resp = client.chat.completions.create(
+        model=DEFAULT_MODEL,
+        messages=ASK,
+        tools=[bounded],
+        n=3,
+        seed=5,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=1.0,
+        max_tokens=250,
+    )
     for choice in resp.choices:
         assert choice.finish_reason == "tool_calls"
         (call,) = choice.message.tool_calls
@@ -79,8 +108,15 @@ def test_sampled_calls_validate_too(client: openai.OpenAI) -> None:
 
 
 def test_stream_deltas_follow_the_reference(http: httpx.Client, client: openai.OpenAI) -> None:
-    body = {"model": DEFAULT_MODEL, "messages": ASK, "tools": [WEATHER, TIME], "tool_choice": "required",
-            "temperature": 0, "max_tokens": 200, "stream": True}
+    body = {
+        "model": DEFAULT_MODEL,
+        "messages": ASK,
+        "tools": [WEATHER, TIME],
+        "tool_choice": "required",
+        "temperature": 0,
+        "max_tokens": 200,
+        "stream": True,
+    }
     deltas, finishes, ids = [], [], set()
     with http.stream("POST", "/v1/chat/completions", json=body) as resp:
         assert resp.status_code == 200
@@ -108,16 +144,24 @@ def test_stream_deltas_follow_the_reference(http: httpx.Client, client: openai.O
     streamed = [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())]
     for name, args in streamed:
         jsonschema.validate(args, SCHEMAS[name])
-    whole = client.chat.completions.create(model=DEFAULT_MODEL, messages=ASK, tools=[WEATHER, TIME],
-                                           tool_choice="required", temperature=0, max_tokens=200)
+    whole = client.chat.completions.create(
+        model=DEFAULT_MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", temperature=0, max_tokens=200
+    )
     calls = whole.choices[0].message.tool_calls
     assert streamed == [(c.function.name, json.loads(c.function.arguments)) for c in calls]
 
 
 def test_sdk_stream_accumulates_the_call(client: openai.OpenAI) -> None:
-    stream = client.chat.completions.create(model=DEFAULT_MODEL, messages=ASK, tools=[WEATHER],
-                                            tool_choice="required", parallel_tool_calls=False, temperature=0,
-                                            max_tokens=200, stream=True)
+    stream = client.chat.completions.create(
+        model=DEFAULT_MODEL,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=200,
+        stream=True,
+    )
     name, args = None, ""
     for chunk in stream:
         for tc in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
@@ -128,15 +172,17 @@ def test_sdk_stream_accumulates_the_call(client: openai.OpenAI) -> None:
 
 
 def test_tool_choice_none_answers_in_text(client: openai.OpenAI) -> None:
-    resp = client.chat.completions.create(model=DEFAULT_MODEL, messages=ASK, tools=[WEATHER], tool_choice="none",
-                                          temperature=0, max_tokens=30)
+    resp = client.chat.completions.create(
+        model=DEFAULT_MODEL, messages=ASK, tools=[WEATHER], tool_choice="none", temperature=0, max_tokens=30
+    )
     assert resp.choices[0].message.tool_calls is None and resp.choices[0].message.content
     assert resp.choices[0].finish_reason in ("stop", "length")
 
 
 def test_auto_answers_are_well_formed(client: openai.OpenAI) -> None:
-    resp = client.chat.completions.create(model=DEFAULT_MODEL, messages=ASK, tools=[WEATHER, TIME],
-                                          temperature=0, max_tokens=60)
+    resp = client.chat.completions.create(
+        model=DEFAULT_MODEL, messages=ASK, tools=[WEATHER, TIME], temperature=0, max_tokens=60
+    )
     message = resp.choices[0].message
     if message.tool_calls:
         _check_calls(message.tool_calls)
@@ -146,17 +192,24 @@ def test_auto_answers_are_well_formed(client: openai.OpenAI) -> None:
 
 
 def test_tool_results_round_trip(client: openai.OpenAI, http: httpx.Client) -> None:
-    first = client.chat.completions.create(model=DEFAULT_MODEL, messages=ASK[:1], tools=[WEATHER],
-                                           tool_choice="required", parallel_tool_calls=False, temperature=0,
-                                           max_tokens=200)
+    first = client.chat.completions.create(
+        model=DEFAULT_MODEL,
+        messages=ASK[:1],
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=200,
+    )
     call = first.choices[0].message.tool_calls[0]
     messages = [
         *ASK,
         first.choices[0].message.model_dump(exclude_none=True),
         {"role": "tool", "tool_call_id": call.id, "content": "22 degrees and sunny"},
     ]
-    final = client.chat.completions.create(model=DEFAULT_MODEL, messages=messages, tools=[WEATHER],
-                                           tool_choice="none", temperature=0, max_tokens=40)
+    final = client.chat.completions.create(
+        model=DEFAULT_MODEL, messages=messages, tools=[WEATHER], tool_choice="none", temperature=0, max_tokens=40
+    )
     assert final.choices[0].message.content
     # the prompt the model saw holds the call it made and the result it got
     tokens = http.post("/tokenize", json={"model": DEFAULT_MODEL, "messages": messages}).json()
@@ -189,7 +242,9 @@ def test_bad_tools_are_400(http: httpx.Client, tools: list, tool_choice, param: 
 
 def test_deep_tool_schema_is_400(http: httpx.Client) -> None:
     params = '{"type": "object", "properties": {"a": ' * 3000 + "{}" + "}}" * 3000
-    raw = (f'{{"model": "{DEFAULT_MODEL}", "messages": [{{"role": "user", "content": "hi"}}], '
-           f'"tools": [{{"type": "function", "function": {{"name": "f", "parameters": {params}}}}}]}}')
+    raw = (
+        f'{{"model": "{DEFAULT_MODEL}", "messages": [{{"role": "user", "content": "hi"}}], '
+        f'"tools": [{{"type": "function", "function": {{"name": "f", "parameters": {params}}}}}]}}'
+    )
     resp = http.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "tools"

@@ -94,8 +94,14 @@ def test_openapi_fuzzing_finds_no_server_errors(server: ServerProcess, api_schem
                 skipped.append(label)
                 continue
 
-            @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-                      phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+            @settings(
+                max_examples=examples,
+                deadline=None,
+                derandomize=True,
+                database=None,
+                phases=[Phase.explicit, Phase.generate],
+                suppress_health_check=list(HealthCheck),
+            )
             @given(case=operation.as_strategy(generation_mode=mode))
             def exercise(case: Any) -> None:
                 _clamp(case)

@@ -31,8 +31,10 @@ from tests.e2e.weather_tools import ASK, TIME, WEATHER
 pytestmark = pytest.mark.slow
 
 GREEDY = {"temperature": 0}  # the anthropic SDK takes sampling fields in the body
-QUESTION = [{"role": "system", "content": "Answer briefly."},
-            {"role": "user", "content": "What is the capital of France?"}]
+QUESTION = [
+    {"role": "system", "content": "Answer briefly."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
 
 
 @dataclass
@@ -69,7 +71,8 @@ def gateway(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Ite
     repo = tmp_path_factory.mktemp("llamacpp_gateway")
     (repo / "llama-up").mkdir()
     (repo / "llama-up" / "config.yaml").write_text(
-        f"backend: openai\nmax_model_len: 2048\nopenai:\n  base_url: {upstream.url}/v1\n  model: {MODEL}\n")
+        f"backend: openai\nmax_model_len: 2048\nopenai:\n  base_url: {upstream.url}/v1\n  model: {MODEL}\n"
+    )
     proc = ServerProcess(repo, startup_timeout=120)
     try:
         yield proc
@@ -90,14 +93,23 @@ def test_chat_and_completions_equal_the_upstreams_own(upstream: Upstream, gatewa
     assert mine.model == "llama-up" and mine.choices[0].message.content == direct.choices[0].message.content
     assert mine.usage.completion_tokens == direct.usage.completion_tokens
     text = ours.completions.create(model="llama-up", prompt="Paris is", max_tokens=5, temperature=0).choices[0].text
-    assert text == theirs.completions.create(model=MODEL, prompt="Paris is", max_tokens=5, temperature=0
-                                             ).choices[0].text
+    assert (
+        text == theirs.completions.create(model=MODEL, prompt="Paris is", max_tokens=5, temperature=0).choices[0].text
+    )
 
 
 def test_streams_pass_through(upstream: Upstream, gateway: ServerProcess) -> None:
     ours, theirs = _clients(upstream, gateway)
-    chunks = list(ours.chat.completions.create(model="llama-up", messages=QUESTION, temperature=0, max_tokens=8,
-                                               stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        ours.chat.completions.create(
+            model="llama-up",
+            messages=QUESTION,
+            temperature=0,
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     direct = theirs.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=8)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == direct.choices[0].message.content
     if upstream.kind == "llama-server":  # llama-cpp-python 0.3 sends no usage chunk
@@ -108,11 +120,18 @@ def test_llama_server_takes_tools_and_response_format(upstream: Upstream, gatewa
     if upstream.kind != "llama-server":
         pytest.skip("llama-cpp-python's server has its own tool and schema dialects")
     ours, theirs = _clients(upstream, gateway)
-    schema = {"type": "object", "properties": {"capital": {"enum": ["Paris", "Rome", "Berlin"]}},
-              "required": ["capital"]}
+    schema = {
+        "type": "object",
+        "properties": {"capital": {"enum": ["Paris", "Rome", "Berlin"]}},
+        "required": ["capital"],
+    }
     answer = ours.chat.completions.create(
-        model="llama-up", messages=QUESTION, temperature=0, max_tokens=30,
-        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+        model="llama-up",
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=30,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+    )
     jsonschema.validate(json.loads(answer.choices[0].message.content), schema)
     # what llama-server makes of tools with SmolLM2's template is its business: the gateway's answer must be its own
     ask = {"messages": ASK, "tools": [WEATHER, TIME], "tool_choice": "auto", "temperature": 0, "max_tokens": 16}
@@ -126,12 +145,21 @@ def test_messages_and_responses_over_llama_cpp(upstream: Upstream, gateway: Serv
     ours, _ = _clients(upstream, gateway)
     chat = ours.chat.completions.create(model="llama-up", messages=QUESTION, temperature=0, max_tokens=10)
     claude = anthropic.Anthropic(base_url=gateway.base_url, api_key="unused", max_retries=0, timeout=120)
-    message = claude.messages.create(model="llama-up", max_tokens=10, extra_body=GREEDY,
-                                     system="Answer briefly.",
-                                     messages=[{"role": "user", "content": "What is the capital of France?"}])
+    message = claude.messages.create(
+        model="llama-up",
+        max_tokens=10,
+        extra_body=GREEDY,
+        system="Answer briefly.",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
     assert message.content[0].text == chat.choices[0].message.content
-    resp = ours.responses.create(model="llama-up", instructions="Answer briefly.", temperature=0,
-                                 max_output_tokens=10, input="What is the capital of France?")
+    resp = ours.responses.create(
+        model="llama-up",
+        instructions="Answer briefly.",
+        temperature=0,
+        max_output_tokens=10,
+        input="What is the capital of France?",
+    )
     if upstream.kind == "llama-server":  # llama-cpp-python 0.3 ignores max_completion_tokens (Responses' cap)
         assert resp.output_text == chat.choices[0].message.content
     assert resp.output_text.startswith(chat.choices[0].message.content)

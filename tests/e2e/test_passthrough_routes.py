@@ -24,8 +24,10 @@ pytestmark = pytest.mark.slow
 SECRET = "k-upstream-secret-7f3a"  # the second upstream's key: it must show nowhere
 WRONG = "k-wrong-key-9c1e"
 GREEDY = {"temperature": 0}  # the anthropic SDK takes sampling fields in the body
-QUESTION = [{"role": "system", "content": "Answer briefly."},
-            {"role": "user", "content": "What is the capital of France?"}]
+QUESTION = [
+    {"role": "system", "content": "Answer briefly."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
 
 
 def passthrough(base_url: str, model: str, extra: str = "") -> str:
@@ -46,8 +48,9 @@ def keyed_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
 
 
 @pytest.fixture(scope="module")
-def gateway(server: ServerProcess, keyed_upstream: ServerProcess,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def gateway(
+    server: ServerProcess, keyed_upstream: ServerProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("passthrough_repository")
     models = {
         "smol-up": passthrough(server.base_url, DEFAULT_MODEL),
@@ -61,8 +64,9 @@ def gateway(server: ServerProcess, keyed_upstream: ServerProcess,
         (repo / name / "config.yaml").write_text(config)
     (repo / "doomed" / "key.txt").write_text(SECRET + "\n")
     routes = repo.parent / "routes.yaml"
-    routes.write_text("routes:\n  gpt-4o-mini: smol-up\n  resilient:\n    targets: [doomed, smol-up]\n"
-                      "    timeout_seconds: 60\n")
+    routes.write_text(
+        "routes:\n  gpt-4o-mini: smol-up\n  resilient:\n    targets: [doomed, smol-up]\n    timeout_seconds: 60\n"
+    )
     os.environ["WRONG_UPSTREAM_KEY"] = WRONG
     try:
         proc = ServerProcess(repo, "--routes", str(routes), startup_timeout=120)
@@ -94,8 +98,16 @@ def test_greedy_chat_equals_the_upstreams_own(client: openai.OpenAI, direct: ope
 
 
 def test_streams_pass_through_with_usage_only_when_asked(client: openai.OpenAI) -> None:
-    chunks = list(client.chat.completions.create(model="smol-up", messages=QUESTION, temperature=0, max_tokens=8,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="smol-up",
+            messages=QUESTION,
+            temperature=0,
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert all(c.model == "smol-up" for c in chunks)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].choices == [] and 0 < chunks[-1].usage.completion_tokens <= 8
@@ -106,23 +118,40 @@ def test_streams_pass_through_with_usage_only_when_asked(client: openai.OpenAI) 
 def test_completions_pass_through(client: openai.OpenAI) -> None:
     resp = client.completions.create(model="smol-up", prompt="The capital of France is", max_tokens=4, temperature=0)
     assert resp.model == "smol-up" and resp.choices[0].text and 0 < resp.usage.completion_tokens <= 4
-    text = "".join(c.choices[0].text for c in client.completions.create(
-        model="smol-up", prompt="The capital of France is", max_tokens=4, temperature=0, stream=True) if c.choices)
+    text = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="smol-up", prompt="The capital of France is", max_tokens=4, temperature=0, stream=True
+        )
+        if c.choices
+    )
     assert text == resp.choices[0].text
 
 
 def test_tools_and_response_format_pass_through(client: openai.OpenAI) -> None:
-    resp = client.chat.completions.create(model="smol-up", messages=ASK, tools=[WEATHER, TIME],
-                                          tool_choice={"type": "function", "function": {"name": "get_weather"}},
-                                          temperature=0, max_tokens=60)
+    resp = client.chat.completions.create(
+        model="smol-up",
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0,
+        max_tokens=60,
+    )
     call = resp.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and resp.choices[0].finish_reason == "tool_calls"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
-    schema = {"type": "object", "properties": {"capital": {"enum": ["Paris", "Rome", "Berlin"]}},
-              "required": ["capital"]}
+    schema = {
+        "type": "object",
+        "properties": {"capital": {"enum": ["Paris", "Rome", "Berlin"]}},
+        "required": ["capital"],
+    }
     answer = client.chat.completions.create(
-        model="smol-up", messages=QUESTION, temperature=0, max_tokens=30,
-        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+        model="smol-up",
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=30,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+    )
     jsonschema.validate(json.loads(answer.choices[0].message.content), schema)
 
 
@@ -135,36 +164,56 @@ def test_embeddings_pass_through(client: openai.OpenAI, direct: openai.OpenAI) -
 
 def test_responses_and_messages_work_over_the_upstream(client: openai.OpenAI, gateway: ServerProcess) -> None:
     chat = client.chat.completions.create(model="smol-up", messages=QUESTION, temperature=0, max_tokens=10)
-    resp = client.responses.create(model="smol-up", instructions="Answer briefly.", temperature=0,
-                                   max_output_tokens=10, input="What is the capital of France?")
+    resp = client.responses.create(
+        model="smol-up",
+        instructions="Answer briefly.",
+        temperature=0,
+        max_output_tokens=10,
+        input="What is the capital of France?",
+    )
     assert resp.output_text == chat.choices[0].message.content
     assert resp.usage.input_tokens == chat.usage.prompt_tokens
     events = [e.type for e in client.responses.create(model="smol-up", input="Hi", max_output_tokens=4, stream=True)]
     assert events[0] == "response.created" and events[-1] in ("response.completed", "response.incomplete")
     claude = anthropic.Anthropic(base_url=gateway.base_url, api_key="unused", max_retries=0, timeout=120)
-    message = claude.messages.create(model="smol-up", max_tokens=10, extra_body=GREEDY,
-                                     system="Answer briefly.",
-                                     messages=[{"role": "user", "content": "What is the capital of France?"}])
+    message = claude.messages.create(
+        model="smol-up",
+        max_tokens=10,
+        extra_body=GREEDY,
+        system="Answer briefly.",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
     assert message.content[0].text == chat.choices[0].message.content
     assert message.usage.input_tokens + message.usage.cache_read_input_tokens == chat.usage.prompt_tokens
-    with claude.messages.stream(model="smol-up", max_tokens=10, extra_body=GREEDY, system="Answer briefly.",
-                                messages=[{"role": "user", "content": "What is the capital of France?"}]) as stream:
+    with claude.messages.stream(
+        model="smol-up",
+        max_tokens=10,
+        extra_body=GREEDY,
+        system="Answer briefly.",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    ) as stream:
         final = stream.get_final_message()
     assert final.content[0].text == message.content[0].text
     assert final.usage.output_tokens == message.usage.output_tokens
 
 
 def test_upstream_refusals_keep_their_status_and_message(gateway: ServerProcess) -> None:
-    refused = httpx.post(f"{gateway.base_url}/v1/completions", timeout=60,
-                         json={"model": "smol-up", "prompt": "Hi", "suffix": "end", "max_tokens": 2})
+    refused = httpx.post(
+        f"{gateway.base_url}/v1/completions",
+        timeout=60,
+        json={"model": "smol-up", "prompt": "Hi", "suffix": "end", "max_tokens": 2},
+    )
     assert refused.status_code == 400 and "suffix" in refused.json()["error"]["message"]
     tokenize = httpx.post(f"{gateway.base_url}/tokenize", json={"model": "smol-up", "prompt": "Hi"}, timeout=60)
     assert tokenize.status_code == 400 and "no tokenizer here" in tokenize.json()["error"]["message"]
 
 
 def test_a_wrong_upstream_key_is_a_bad_gateway_and_keys_show_nowhere(gateway: ServerProcess) -> None:
-    bad = httpx.post(f"{gateway.base_url}/v1/chat/completions", timeout=60,
-                     json={"model": "wrong-key", "messages": QUESTION, "max_tokens": 2})
+    bad = httpx.post(
+        f"{gateway.base_url}/v1/chat/completions",
+        timeout=60,
+        json={"model": "wrong-key", "messages": QUESTION, "max_tokens": 2},
+    )
     assert bad.status_code == 502 and "credentials" in bad.json()["error"]["message"]
     models = httpx.get(f"{gateway.base_url}/v1/models").text
     assert {"smol-up", "minilm-up", "gpt-4o-mini", "resilient"} <= {m["id"] for m in json.loads(models)["data"]}
@@ -178,24 +227,40 @@ def test_an_alias_serves_its_model_and_says_so_in_headers(client: openai.OpenAI,
     assert raw.headers["x-switchyard-attempts"] == "1" and raw.parse().model == "smol-up"
     metrics = httpx.get(f"{gateway.base_url}/metrics").text
     assert 'switchyard_route_requests_total{model="smol-up",route="gpt-4o-mini"}' in metrics
-    assert float(next(line.split()[-1] for line in metrics.splitlines()
-                      if line.startswith('switchyard_generation_tokens_total{model="smol-up"}'))) > 0
+    assert (
+        float(
+            next(
+                line.split()[-1]
+                for line in metrics.splitlines()
+                if line.startswith('switchyard_generation_tokens_total{model="smol-up"}')
+            )
+        )
+        > 0
+    )
 
 
-def test_a_busy_upstreams_queue_times_out_and_sheds_in_openais_shape(client: openai.OpenAI,
-                                                                   gateway: ServerProcess) -> None:
+def test_a_busy_upstreams_queue_times_out_and_sheds_in_openais_shape(
+    client: openai.OpenAI, gateway: ServerProcess
+) -> None:
     """`narrow` lets one request in at a time and one wait: a request still waiting at its timeout, and one that
     finds the queue full, get 429 with Retry-After; the one waiting within its timeout is served."""
     holder = client.chat.completions.create(  # holds the only slot until it is closed
-        model="narrow", messages=[{"role": "user", "content": "Count to a thousand."}], max_tokens=2000,
-        stream=True, extra_body={"ignore_eos": True})
+        model="narrow",
+        messages=[{"role": "user", "content": "Count to a thousand."}],
+        max_tokens=2000,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     started = time.monotonic()
     with pytest.raises(openai.RateLimitError) as timed_out:
         client.chat.completions.create(model="narrow", messages=QUESTION, max_tokens=2, extra_body={"timeout": 0.3})
     assert time.monotonic() - started >= 0.3
     served: list[str | None] = []
-    waiter = threading.Thread(target=lambda: served.append(client.chat.completions.create(
-        model="narrow", messages=QUESTION, max_tokens=2).choices[0].message.content))
+    waiter = threading.Thread(
+        target=lambda: served.append(
+            client.chat.completions.create(model="narrow", messages=QUESTION, max_tokens=2).choices[0].message.content
+        )
+    )
     waiter.start()
     deadline = time.monotonic() + 10
     while 'switchyard_num_requests_waiting{model="narrow"} 1.0' not in httpx.get(f"{gateway.base_url}/metrics").text:
@@ -215,7 +280,8 @@ def test_a_busy_upstreams_queue_times_out_and_sheds_in_openais_shape(client: ope
 
 
 def test_killing_the_first_upstream_mid_run_fails_no_request_that_had_not_started_streaming(
-        gateway: ServerProcess, keyed_upstream: ServerProcess) -> None:
+    gateway: ServerProcess, keyed_upstream: ServerProcess
+) -> None:
     """Four clients (two streaming) on `resilient` (doomed, then smol-up); doomed's server is killed mid-run."""
     results: list[tuple[str, str | None, bool]] = []  # (outcome, model that served, stream had started)
     stop = threading.Event()

@@ -35,8 +35,17 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
     repo = soak_repository(work / "repo")
     (work / "admin").write_text(ADMIN_KEY + "\n")
     grpc_port = free_port()
-    proc = ServerProcess(repo, "--grpc-port", str(grpc_port), "--admin-key-file", str(work / "admin"),
-                         "--model-control-mode", "explicit", "--load-model", "*")
+    proc = ServerProcess(
+        repo,
+        "--grpc-port",
+        str(grpc_port),
+        "--admin-key-file",
+        str(work / "admin"),
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "*",
+    )
     proc.grpc_port = grpc_port  # type: ignore[attr-defined]
     try:
         yield proc, repo
@@ -69,16 +78,26 @@ def hostile_copies() -> list[tuple[str, int, list[tuple[int, bytes]]]]:
     def flip(at: int, bit: int) -> list[tuple[int, bytes]]:
         return [(at, bytes([head[at] ^ (1 << bit)]))]
 
-    cuts = [("cut", keep, []) for keep in (0, 3, 20, 64, 4096, 100_000, start - 100, start + 4096, size // 2,
-                                           size - 1)]
-    flips = [(f"bit {bit} of byte {at} flipped", size, flip(at, bit)) for at, bit in (
-        (0, 0), (3, 5), (4, 2), (7, 7), (15, 7), (14, 0), (23, 7), (22, 3), (31, 7), (key_type, 4))]
-    huge = [(f"{what} made huge", size, [(at, value)]) for what, at, value in (
-        ("the tensor count", 8, HUGE), ("the metadata count", 16, HUGE), ("the first key's length", 24, HUGE),
-        ("the vocabulary's length", tokens + 8, HUGE), ("the first token's length", tokens + 16, HUGE),
-        ("the merges' length", merges + 8, HUGE), ("ffn_down's first dimension", down + 4, HUGE),
-        ("ffn_down's offset", down + 4 + 2 * 8 + 4, HUGE), ("token_embd's second dimension", embed + 12, HUGE),
-        ("ffn_down's dimension count", down, struct.pack("<I", 1 << 31)))]
+    cuts = [("cut", keep, []) for keep in (0, 3, 20, 64, 4096, 100_000, start - 100, start + 4096, size // 2, size - 1)]
+    flips = [
+        (f"bit {bit} of byte {at} flipped", size, flip(at, bit))
+        for at, bit in ((0, 0), (3, 5), (4, 2), (7, 7), (15, 7), (14, 0), (23, 7), (22, 3), (31, 7), (key_type, 4))
+    ]
+    huge = [
+        (f"{what} made huge", size, [(at, value)])
+        for what, at, value in (
+            ("the tensor count", 8, HUGE),
+            ("the metadata count", 16, HUGE),
+            ("the first key's length", 24, HUGE),
+            ("the vocabulary's length", tokens + 8, HUGE),
+            ("the first token's length", tokens + 16, HUGE),
+            ("the merges' length", merges + 8, HUGE),
+            ("ffn_down's first dimension", down + 4, HUGE),
+            ("ffn_down's offset", down + 4 + 2 * 8 + 4, HUGE),
+            ("token_embd's second dimension", embed + 12, HUGE),
+            ("ffn_down's dimension count", down, struct.pack("<I", 1 << 31)),
+        )
+    ]
     return cuts + flips + huge
 
 
@@ -90,7 +109,7 @@ def write_copy(target: Path, keep: int, patches: list[tuple[int, bytes]]) -> Non
     with source.open("rb") as f:
         head = bytearray(f.read(min(keep, start)))
     for at, data in patches:
-        head[at:at + len(data)] = data
+        head[at : at + len(data)] = data
     with target.open("wb") as f:
         f.write(head)
         f.truncate(keep)
@@ -105,16 +124,19 @@ def test_hostile_gguf_copies_are_refused_by_name(served: tuple[ServerProcess, Pa
         name = f"hostile-{i}"
         (repo / name).mkdir()
         write_copy(repo / name / "model.gguf", keep, patches)
-        (repo / name / "config.yaml").write_text("backend: pytorch\nmodel:\n  source: model.gguf\n"
-                                                 "kv_cache:\n  max_tokens: 256\n")
+        (repo / name / "config.yaml").write_text(
+            "backend: pytorch\nmodel:\n  source: model.gguf\nkv_cache:\n  max_tokens: 256\n"
+        )
         response = http.post(f"/v2/repository/models/{name}/load")
         (repo / name / "model.gguf").unlink()
         assert response.status_code == 400, (what, response.text)
         reason = response.json()["error"]
         assert "model.gguf" in reason and "server log" not in reason and "Traceback" not in reason, (what, reason)
         assert any(word in reason for word in ("GGUF", "truncated", "past the end", "tensor")), (what, reason)
-        answer = http.post("/v1/chat/completions", json={"model": LLM, "max_tokens": 2, "messages": [
-            {"role": "user", "content": "Hi"}]})
+        answer = http.post(
+            "/v1/chat/completions",
+            json={"model": LLM, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]},
+        )
         assert answer.status_code == 200, (what, answer.text)
 
 
@@ -124,8 +146,9 @@ def test_soak(served: tuple[ServerProcess, Path]) -> None:
     report = soak(server, SOAK_SECONDS, clients=4)
     assert not report.problems(), report.summary()
     assert report.reloads == 1 and report.outcomes["reload"] == {"ok": 1}, report.summary()
-    assert all(report.outcomes.get(kind, {}).get("ok") for kind in ("chat_n", "embeddings", "kserve_grpc")), \
+    assert all(report.outcomes.get(kind, {}).get("ok") for kind in ("chat_n", "embeddings", "kserve_grpc")), (
         report.summary()
+    )
 
 
 def test_reloads_free_the_copies_they_replace(served: tuple[ServerProcess, Path]) -> None:
@@ -136,8 +159,11 @@ def test_reloads_free_the_copies_they_replace(served: tuple[ServerProcess, Path]
     for _ in range(3):
         r = httpx.post(f"{proc.base_url}/v2/repository/models/{LLM}/load", headers=ADMIN_HEADERS, timeout=600)
         assert r.status_code == 200, r.text
-        chat = httpx.post(f"{proc.base_url}/v1/chat/completions", timeout=120, json={
-            "model": LLM, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})
+        chat = httpx.post(
+            f"{proc.base_url}/v1/chat/completions",
+            timeout=120,
+            json={"model": LLM, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4},
+        )
         assert chat.status_code == 200, chat.text
     deadline = time.monotonic() + 30  # the replaced copies stop once drained (idle here: at once)
     while large_mappings(pid)[0] > one_copy and time.monotonic() < deadline:

@@ -153,11 +153,16 @@ def test_openai_sdk_through_the_gateway_matches_the_upstream(
     assert "Paris" in got.choices[0].message.content
     assert got.choices[0].message.content == want.choices[0].message.content
     assert got.choices[0].finish_reason == "stop"
-    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (want.usage.prompt_tokens,
-                                                                      want.usage.completion_tokens)
+    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (
+        want.usage.prompt_tokens,
+        want.usage.completion_tokens,
+    )
 
-    chunks = list(client.chat.completions.create(model=REMOTE_MODEL, messages=QUESTION, temperature=0, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=REMOTE_MODEL, messages=QUESTION, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == got.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
     assert chunks[-1].usage.completion_tokens == got.usage.completion_tokens
@@ -180,12 +185,16 @@ def test_responses_messages_and_continuation_through_the_remote_backend(
     want = client.chat.completions.create(model=REMOTE_MODEL, messages=QUESTION, temperature=0)
     resp = client.responses.create(model=REMOTE_MODEL, input=QUESTION[0]["content"], temperature=0)
     assert resp.output_text == want.choices[0].message.content
-    message = httpx.post(f"{gateway.base_url}/v1/messages", timeout=120, json={
-        "model": REMOTE_MODEL, "max_tokens": 60, "temperature": 0, "messages": QUESTION}).json()
+    message = httpx.post(
+        f"{gateway.base_url}/v1/messages",
+        timeout=120,
+        json={"model": REMOTE_MODEL, "max_tokens": 60, "temperature": 0, "messages": QUESTION},
+    ).json()
     assert message["content"][0]["text"] == want.choices[0].message.content
     assert message["stop_reason"] == "end_turn"
-    more = client.responses.create(model=REMOTE_MODEL, input="And of Germany?", temperature=0,
-                                   previous_response_id=resp.id)
+    more = client.responses.create(
+        model=REMOTE_MODEL, input="And of Germany?", temperature=0, previous_response_id=resp.id
+    )
     assert more.status == "completed" and more.usage.input_tokens > resp.usage.input_tokens
 
 
@@ -207,8 +216,9 @@ def test_requests_are_balanced_across_upstreams(client: openai.OpenAI, upstreams
 
     async def burst() -> None:
         async with openai.AsyncOpenAI(base_url=client.base_url, api_key="unused", max_retries=0, timeout=120) as ac:
-            await asyncio.gather(*(ac.completions.create(model=REMOTE_MODEL, prompt=f"Story {i}:", max_tokens=12)
-                                   for i in range(8)))
+            await asyncio.gather(
+                *(ac.completions.create(model=REMOTE_MODEL, prompt=f"Story {i}:", max_tokens=12) for i in range(8))
+            )
 
     before = [completions_served(u) for u in upstreams]
     asyncio.run(burst())
@@ -223,9 +233,14 @@ def test_a_session_sticks_to_one_upstream(client: openai.OpenAI, upstreams: list
     home = {n: max(range(2), key=lambda k: _weight(n, ups[k])) for n in names}
     sessions = [next(n for n in names if home[n] == 0), next(n for n in names if home[n] == 1)]
     for session in sessions:
+
         def turn(i: int, session: str = session) -> None:
-            client.chat.completions.create(model=REMOTE_MODEL, messages=[{"role": "user", "content": f"Turn {i}"}],
-                                           max_tokens=2, extra_headers={"X-Session-ID": session})
+            client.chat.completions.create(
+                model=REMOTE_MODEL,
+                messages=[{"role": "user", "content": f"Turn {i}"}],
+                max_tokens=2,
+                extra_headers={"X-Session-ID": session},
+            )
 
         where = {served_by(upstreams, lambda i=i: turn(i)) for i in range(4)}
         assert where == {home[session]}, f"{session} moved between upstreams"
@@ -234,13 +249,17 @@ def test_a_session_sticks_to_one_upstream(client: openai.OpenAI, upstreams: list
 def test_structured_output_and_forced_tool_calls_are_enforced_upstream(
     client: openai.OpenAI, upstreams: list[ServerProcess]
 ) -> None:
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
-                                               "country": {"type": "string", "maxLength": 24}},
-              "required": ["city", "country"]}
-    kwargs = {"messages": [{"role": "user", "content": "Give the capital and the country: Paris is the capital of "
-                                                       "France."}],
-              "temperature": 0, "max_tokens": 80,
-              "response_format": {"type": "json_schema", "json_schema": {"name": "capital", "schema": schema}}}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 24}, "country": {"type": "string", "maxLength": 24}},
+        "required": ["city", "country"],
+    }
+    kwargs = {
+        "messages": [{"role": "user", "content": "Give the capital and the country: Paris is the capital of France."}],
+        "temperature": 0,
+        "max_tokens": 80,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "capital", "schema": schema}},
+    }
     direct = openai.OpenAI(base_url=f"{upstreams[0].base_url}/v1", api_key="unused", max_retries=0, timeout=120)
     want = direct.chat.completions.create(model=DEFAULT_MODEL, **kwargs).choices[0]
     got = client.chat.completions.create(model=REMOTE_MODEL, **kwargs).choices[0]
@@ -248,27 +267,49 @@ def test_structured_output_and_forced_tool_calls_are_enforced_upstream(
     jsonschema.validate(json.loads(got.message.content), schema)
     assert got.message.content == want.message.content  # enforced upstream exactly as a direct request is
 
-    tool = {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"]}}}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 24}},
+                "required": ["city"],
+            },
+        },
+    }
     called = client.chat.completions.create(
-        model=REMOTE_MODEL, messages=[{"role": "user", "content": "What time is it in Rome?"}], tools=[tool],
-        tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=0, max_tokens=80).choices[0]
+        model=REMOTE_MODEL,
+        messages=[{"role": "user", "content": "What time is it in Rome?"}],
+        tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        temperature=0,
+        max_tokens=80,
+    ).choices[0]
     assert called.finish_reason == "tool_calls"
     (call,) = called.message.tool_calls
     assert call.function.name == "get_time"
     jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
 
-    bad = httpx.post(f"{client.base_url}chat/completions", timeout=60, json={
-        "model": REMOTE_MODEL, "messages": QUESTION, "max_tokens": 4,
-        "structured_outputs": {"grammar": "start: nowhere"}})
+    bad = httpx.post(
+        f"{client.base_url}chat/completions",
+        timeout=60,
+        json={
+            "model": REMOTE_MODEL,
+            "messages": QUESTION,
+            "max_tokens": 4,
+            "structured_outputs": {"grammar": "start: nowhere"},
+        },
+    )
     assert bad.status_code == 400 and "nowhere" in bad.json()["error"]["message"], bad.text
 
 
 def session_on(upstreams: list[ServerProcess], k: int) -> str:
     """A session id that rendezvous hashing places on upstream `k`."""
     ups = [Upstream(UpstreamSettings(u.base_url)) for u in upstreams]
-    return next(n for n in (f"session-{i}" for i in range(256))
-                if max(range(len(ups)), key=lambda j: _weight(n, ups[j])) == k)
+    return next(
+        n for n in (f"session-{i}" for i in range(256)) if max(range(len(ups)), key=lambda j: _weight(n, ups[j])) == k
+    )
 
 
 def sse_events(lines: Iterator[str]) -> Iterator[dict | str]:
@@ -290,11 +331,17 @@ def test_a_stalled_upstream_times_out_its_stream_and_the_pool_recovers(
 ) -> None:
     stalled = upstreams[1]
     session = session_on(upstreams, 1)
-    body = {"model": REMOTE_MODEL, "prompt": "Tell a long story:", "max_tokens": 400, "stream": True,
-            "ignore_eos": True}
+    body = {
+        "model": REMOTE_MODEL,
+        "prompt": "Tell a long story:",
+        "max_tokens": 400,
+        "stream": True,
+        "ignore_eos": True,
+    }
     events: list[dict | str] = []
-    with httpx.stream("POST", f"{gateway.base_url}/v1/completions", json=body, timeout=60,
-                      headers={"X-Session-ID": session}) as resp:
+    with httpx.stream(
+        "POST", f"{gateway.base_url}/v1/completions", json=body, timeout=60, headers={"X-Session-ID": session}
+    ) as resp:
         assert resp.status_code == 200
         lines = resp.iter_lines()
         for event in sse_events(lines):
@@ -325,8 +372,9 @@ def test_a_stalled_upstream_times_out_its_stream_and_the_pool_recovers(
     deadline = time.monotonic() + 20
     while True:
         before = completions_served(stalled)
-        client.completions.create(model=REMOTE_MODEL, prompt="Back:", max_tokens=2,
-                                  extra_headers={"X-Session-ID": session})
+        client.completions.create(
+            model=REMOTE_MODEL, prompt="Back:", max_tokens=2, extra_headers={"X-Session-ID": session}
+        )
         if served_since([stalled], [before], 1) == [1]:
             break
         assert time.monotonic() < deadline, "the stalled upstream never came back into rotation"
@@ -344,8 +392,13 @@ def test_failover_when_an_upstream_dies_mid_traffic_and_recovery(
 
     async def one_stream(ac: openai.AsyncOpenAI, i: int) -> None:
         try:
-            stream = await ac.completions.create(model=REMOTE_MODEL, prompt=f"Write a long story number {i}:",
-                                                 max_tokens=384, stream=True, extra_body={"ignore_eos": True})
+            stream = await ac.completions.create(
+                model=REMOTE_MODEL,
+                prompt=f"Write a long story number {i}:",
+                max_tokens=384,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
             pieces = 0
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].text:

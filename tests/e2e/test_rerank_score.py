@@ -44,15 +44,18 @@ def test_v1_rerank_returns_documents_and_usage(base_url: str) -> None:
 
 
 def test_score_pairs_one_to_many_and_many_to_many(base_url: str) -> None:
-    one = httpx.post(f"{base_url}/v1/score", json={"model": EMBEDDER, "text_1": QUERY, "text_2": DOCUMENTS},
-                     timeout=60).json()
+    one = httpx.post(
+        f"{base_url}/v1/score", json={"model": EMBEDDER, "text_1": QUERY, "text_2": DOCUMENTS}, timeout=60
+    ).json()
     assert [d["index"] for d in one["data"]] == [0, 1, 2] and one["object"] == "list"
     assert one["data"][1]["score"] == pytest.approx(_cosine(base_url, QUERY, DOCUMENTS[1]), abs=1e-5)
-    pairs = httpx.post(f"{base_url}/v1/score", json={"model": EMBEDDER, "text_1": DOCUMENTS, "text_2": DOCUMENTS},
-                       timeout=60).json()
+    pairs = httpx.post(
+        f"{base_url}/v1/score", json={"model": EMBEDDER, "text_1": DOCUMENTS, "text_2": DOCUMENTS}, timeout=60
+    ).json()
     assert all(d["score"] == pytest.approx(1.0, abs=1e-5) for d in pairs["data"])  # each text with itself
-    single = httpx.post(f"{base_url}/v1/score", json={"model": EMBEDDER, "text_1": "a cat", "text_2": "a kitten"},
-                        timeout=60).json()
+    single = httpx.post(
+        f"{base_url}/v1/score", json={"model": EMBEDDER, "text_1": "a cat", "text_2": "a kitten"}, timeout=60
+    ).json()
     assert len(single["data"]) == 1 and 0 < single["data"][0]["score"] < 1
 
 
@@ -77,5 +80,6 @@ def test_bad_inputs_are_400_in_openai_shape(base_url: str) -> None:
         assert resp.status_code == 400, (path, body, resp.text[:300])
         error = resp.json()["error"]
         assert error["type"] == "invalid_request_error" and error["param"] == param, (path, error)
-    assert httpx.post(f"{base_url}/v1/rerank", json={"model": "nope", "query": "q", "documents": ["d"]}
-                      ).status_code == 404
+    assert (
+        httpx.post(f"{base_url}/v1/rerank", json={"model": "nope", "query": "q", "documents": ["d"]}).status_code == 404
+    )

@@ -14,8 +14,12 @@ from langchain_openai import ChatOpenAI
 from tests.conftest import DEFAULT_MODEL, ServerProcess
 
 QUESTION = "What is the capital of France?"
-WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Current weather for a city",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 @pytest.fixture(scope="module")
@@ -24,11 +28,15 @@ def client(base_url: str) -> openai.OpenAI:
 
 
 def test_greedy_answer_equals_chat(client: openai.OpenAI) -> None:
-    chat = client.chat.completions.create(model=DEFAULT_MODEL, temperature=0, max_tokens=40,
-                                          messages=[{"role": "system", "content": "Answer briefly."},
-                                                    {"role": "user", "content": QUESTION}])
-    resp = client.responses.create(model=DEFAULT_MODEL, temperature=0, max_output_tokens=40,
-                                   instructions="Answer briefly.", input=QUESTION)
+    chat = client.chat.completions.create(
+        model=DEFAULT_MODEL,
+        temperature=0,
+        max_tokens=40,
+        messages=[{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": QUESTION}],
+    )
+    resp = client.responses.create(
+        model=DEFAULT_MODEL, temperature=0, max_output_tokens=40, instructions="Answer briefly.", input=QUESTION
+    )
     assert resp.output_text == chat.choices[0].message.content
     assert resp.object == "response" and resp.id.startswith("resp_")
     if chat.choices[0].finish_reason == "length":  # this prompt rambles until the cap
@@ -41,17 +49,26 @@ def test_greedy_answer_equals_chat(client: openai.OpenAI) -> None:
 
 
 def test_stream_events_and_sequence_numbers(client: openai.OpenAI) -> None:
-    full = client.responses.create(model=DEFAULT_MODEL, temperature=0, max_output_tokens=40, input=QUESTION,
-                                   store=False)
+    full = client.responses.create(
+        model=DEFAULT_MODEL, temperature=0, max_output_tokens=40, input=QUESTION, store=False
+    )
     with client.responses.stream(model=DEFAULT_MODEL, temperature=0, max_output_tokens=40, input=QUESTION) as stream:
         events = list(stream)
         final = stream.get_final_response()
     assert client.responses.retrieve(final.id).output_text == final.output_text  # a streamed response is stored too
     types = [e.type for e in events]
-    assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"]
-    assert types[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                          "response.completed"]
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert types[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == final.output_text == full.output_text
@@ -59,21 +76,34 @@ def test_stream_events_and_sequence_numbers(client: openai.OpenAI) -> None:
 
 
 def test_store_get_continue_and_delete(client: openai.OpenAI) -> None:
-    first = client.responses.create(model=DEFAULT_MODEL, temperature=0, max_output_tokens=30, input=QUESTION,
-                                    metadata={"team": "search"})
+    first = client.responses.create(
+        model=DEFAULT_MODEL, temperature=0, max_output_tokens=30, input=QUESTION, metadata={"team": "search"}
+    )
     got = client.responses.retrieve(first.id)
     assert got.output_text == first.output_text and got.metadata == {"team": "search"}
-    second = client.responses.create(model=DEFAULT_MODEL, temperature=0, max_output_tokens=30,
-                                     input="And what is the capital of Germany?", previous_response_id=first.id)
+    second = client.responses.create(
+        model=DEFAULT_MODEL,
+        temperature=0,
+        max_output_tokens=30,
+        input="And what is the capital of Germany?",
+        previous_response_id=first.id,
+    )
     assert second.previous_response_id == first.id and "Berlin" in second.output_text
     # The continued turn prefilled only its new tokens: the conversation's KV session held the first turn's
     # full blocks (prompt and answer), and the usage says so.
     first_turn = first.usage.input_tokens + first.usage.output_tokens - 1
     assert second.usage.input_tokens_details.cached_tokens >= first_turn // 16 * 16 > 0
     # the same conversation sent in full through chat gives the same answer
-    chat = client.chat.completions.create(model=DEFAULT_MODEL, temperature=0, max_tokens=30, messages=[
-        {"role": "user", "content": QUESTION}, {"role": "assistant", "content": first.output_text},
-        {"role": "user", "content": "And what is the capital of Germany?"}])
+    chat = client.chat.completions.create(
+        model=DEFAULT_MODEL,
+        temperature=0,
+        max_tokens=30,
+        messages=[
+            {"role": "user", "content": QUESTION},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "And what is the capital of Germany?"},
+        ],
+    )
     assert chat.choices[0].message.content == second.output_text
     deleted = client.responses.delete(first.id)
     assert deleted is None or getattr(deleted, "deleted", True)
@@ -91,24 +121,41 @@ def test_not_stored_is_not_kept(client: openai.OpenAI) -> None:
 
 
 def test_tool_round_trip_with_previous_response_id(client: openai.OpenAI) -> None:
-    resp = client.responses.create(model=DEFAULT_MODEL, temperature=0, max_output_tokens=60,
-                                   input="What is the weather in Paris?", tools=[WEATHER_TOOL],
-                                   tool_choice={"type": "function", "name": "get_weather"})
+    resp = client.responses.create(
+        model=DEFAULT_MODEL,
+        temperature=0,
+        max_output_tokens=60,
+        input="What is the weather in Paris?",
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "function", "name": "get_weather"},
+    )
     calls = [item for item in resp.output if item.type == "function_call"]
     assert len(calls) == 1 and calls[0].name == "get_weather"
     assert json.loads(calls[0].arguments)["city"]
-    answer = client.responses.create(model=DEFAULT_MODEL, temperature=0, max_output_tokens=60,
-                                     previous_response_id=resp.id, tools=[WEATHER_TOOL], tool_choice="none",
-                                     input=[{"type": "function_call_output", "call_id": calls[0].call_id,
-                                             "output": "22 degrees celsius and sunny"}])
+    answer = client.responses.create(
+        model=DEFAULT_MODEL,
+        temperature=0,
+        max_output_tokens=60,
+        previous_response_id=resp.id,
+        tools=[WEATHER_TOOL],
+        tool_choice="none",
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "22 degrees celsius and sunny"}],
+    )
     assert answer.status == "completed" and answer.output_text
     assert answer.usage.input_tokens_details.cached_tokens > 0
 
 
 def test_streamed_tool_call_events(client: openai.OpenAI) -> None:
-    with client.responses.stream(model=DEFAULT_MODEL, temperature=0, max_output_tokens=60, store=False,
-                                 input="What is the weather in Paris?", tools=[WEATHER_TOOL],
-                                 tool_choice="required", parallel_tool_calls=False) as stream:
+    with client.responses.stream(
+        model=DEFAULT_MODEL,
+        temperature=0,
+        max_output_tokens=60,
+        store=False,
+        input="What is the weather in Paris?",
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+    ) as stream:
         events = list(stream)
         final = stream.get_final_response()
     types = [e.type for e in events]
@@ -119,20 +166,29 @@ def test_streamed_tool_call_events(client: openai.OpenAI) -> None:
 
 
 def test_text_format_json_schema(client: openai.OpenAI) -> None:
-    schema = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
-              "required": ["city", "country"], "additionalProperties": False}
-    resp = client.responses.create(model=DEFAULT_MODEL, temperature=0, max_output_tokens=60, store=False,
-                                   input="Paris is the capital of France. Give the city and its country as JSON.",
-                                   text={"format": {"type": "json_schema", "name": "city", "schema": schema,
-                                                    "strict": True}})
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+        "required": ["city", "country"],
+        "additionalProperties": False,
+    }
+    resp = client.responses.create(
+        model=DEFAULT_MODEL,
+        temperature=0,
+        max_output_tokens=60,
+        store=False,
+        input="Paris is the capital of France. Give the city and its country as JSON.",
+        text={"format": {"type": "json_schema", "name": "city", "schema": schema, "strict": True}},
+    )
     value = json.loads(resp.output_text)
     assert set(value) == {"city", "country"}
     assert resp.text.format.type == "json_schema"
 
 
 def test_background_response_is_polled_and_cancel(client: openai.OpenAI) -> None:
-    resp = client.responses.create(model=DEFAULT_MODEL, temperature=0, max_output_tokens=20, input=QUESTION,
-                                   background=True)
+    resp = client.responses.create(
+        model=DEFAULT_MODEL, temperature=0, max_output_tokens=20, input=QUESTION, background=True
+    )
     assert resp.status in ("queued", "in_progress") and resp.background is True
     deadline = time.monotonic() + 120
     while resp.status in ("queued", "in_progress") and time.monotonic() < deadline:
@@ -140,8 +196,9 @@ def test_background_response_is_polled_and_cancel(client: openai.OpenAI) -> None
         resp = client.responses.retrieve(resp.id)
     assert resp.status == "completed" and "Paris" in resp.output_text
     assert client.responses.cancel(resp.id).status == "completed"  # it already ended: no change
-    long = client.responses.create(model=DEFAULT_MODEL, max_output_tokens=4000, input="Write a long story.",
-                                   background=True)
+    long = client.responses.create(
+        model=DEFAULT_MODEL, max_output_tokens=4000, input="Write a long story.", background=True
+    )
     cancelled = client.responses.cancel(long.id)
     assert cancelled.status == "cancelled"
     assert client.responses.retrieve(long.id).status == "cancelled"
@@ -150,8 +207,9 @@ def test_background_response_is_polled_and_cancel(client: openai.OpenAI) -> None
 
 
 def test_background_stream_is_followed_again_after_a_disconnect(client: openai.OpenAI) -> None:
-    stream = client.responses.create(model=DEFAULT_MODEL, temperature=0, max_output_tokens=40, input=QUESTION,
-                                     background=True, stream=True)
+    stream = client.responses.create(
+        model=DEFAULT_MODEL, temperature=0, max_output_tokens=40, input=QUESTION, background=True, stream=True
+    )
     seen = []
     for event in stream:
         seen.append(event)
@@ -168,16 +226,25 @@ def test_background_stream_is_followed_again_after_a_disconnect(client: openai.O
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert final.output_text == text and "Paris" in text
-    long = client.responses.create(model=DEFAULT_MODEL, max_output_tokens=4000, input="Write a long story.",
-                                   background=True, stream=True)
+    long = client.responses.create(
+        model=DEFAULT_MODEL, max_output_tokens=4000, input="Write a long story.", background=True, stream=True
+    )
     first = next(iter(long))
     assert client.responses.cancel(first.response.id).status == "cancelled"
     long.close()
 
 
 def test_langchain_use_responses_api(base_url: str) -> None:
-    llm = ChatOpenAI(base_url=f"{base_url}/v1", api_key="unused", model=DEFAULT_MODEL, temperature=0,
-                     max_tokens=40, max_retries=0, timeout=300, use_responses_api=True)
+    llm = ChatOpenAI(
+        base_url=f"{base_url}/v1",
+        api_key="unused",
+        model=DEFAULT_MODEL,
+        temperature=0,
+        max_tokens=40,
+        max_retries=0,
+        timeout=300,
+        use_responses_api=True,
+    )
     answer = llm.invoke(QUESTION)
     assert "Paris" in answer.text
     assert answer.usage_metadata["input_tokens"] > 0
@@ -194,15 +261,24 @@ def test_bad_inputs_are_400_in_openai_shape(base_url: str) -> None:
         ({"model": DEFAULT_MODEL}, "input"),  # no input at all
         ({"model": DEFAULT_MODEL, "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
         ({"model": DEFAULT_MODEL, "input": "hi", "temperature": "hot"}, "temperature"),
-        ({"model": DEFAULT_MODEL, "input": "hi", "tools": [WEATHER_TOOL],
-          "tool_choice": {"type": "function", "name": "no_such_tool"}}, "tool_choice"),
+        (
+            {
+                "model": DEFAULT_MODEL,
+                "input": "hi",
+                "tools": [WEATHER_TOOL],
+                "tool_choice": {"type": "function", "name": "no_such_tool"},
+            },
+            "tool_choice",
+        ),
         ({"model": DEFAULT_MODEL, "input": "hi", "tools": [{"type": "web_search"}]}, "tools"),
         ({"model": DEFAULT_MODEL, "input": "hi", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
         ({"model": DEFAULT_MODEL, "input": "hi " * 9000}, "input"),  # beyond the context
         ({"model": DEFAULT_MODEL, "input": "hi", "max_output_tokens": 10**9}, "max_output_tokens"),
         ({"model": DEFAULT_MODEL, "input": "hi", "background": True, "store": False}, "background"),
-        ({"model": DEFAULT_MODEL, "input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}},
-         "text.format.schema"),
+        (
+            {"model": DEFAULT_MODEL, "input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}},
+            "text.format.schema",
+        ),
     ]
     for body, param in cases:
         resp = httpx.post(url, json=body, timeout=60)

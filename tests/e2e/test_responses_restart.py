@@ -31,15 +31,17 @@ def test_stored_response_survives_restart(tmp_path: Path) -> None:
     server = _start(repo, store, keys)
     try:
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=KEY, max_retries=0, timeout=300)
-        first = client.responses.create(model=DEFAULT_MODEL, temperature=0, max_output_tokens=30,
-                                        input="What is the capital of France?")
+        first = client.responses.create(
+            model=DEFAULT_MODEL, temperature=0, max_output_tokens=30, input="What is the capital of France?"
+        )
         assert "Paris" in first.output_text
         # the same key in Anthropic's header works; a wrong one is a 401 in Anthropic's shape
         claude = anthropic.Anthropic(base_url=server.base_url, api_key=KEY, max_retries=0, timeout=300)
         assert claude.messages.create(model=DEFAULT_MODEL, max_tokens=2, messages=[{"role": "user", "content": "hi"}])
         with pytest.raises(anthropic.AuthenticationError) as err:
             anthropic.Anthropic(base_url=server.base_url, api_key="wrong", max_retries=0).messages.create(
-                model=DEFAULT_MODEL, max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+                model=DEFAULT_MODEL, max_tokens=2, messages=[{"role": "user", "content": "hi"}]
+            )
         assert err.value.body["error"]["type"] == "authentication_error"
         for path in ("/v1/responses", "/v1/rerank", "/v1/score"):
             resp = httpx.post(f"{server.base_url}{path}", json={})
@@ -50,8 +52,13 @@ def test_stored_response_survives_restart(tmp_path: Path) -> None:
     try:
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=KEY, max_retries=0, timeout=300)
         assert client.responses.retrieve(first.id).output_text == first.output_text
-        second = client.responses.create(model=DEFAULT_MODEL, temperature=0, max_output_tokens=30,
-                                         input="And what is the capital of Germany?", previous_response_id=first.id)
+        second = client.responses.create(
+            model=DEFAULT_MODEL,
+            temperature=0,
+            max_output_tokens=30,
+            input="And what is the capital of Germany?",
+            previous_response_id=first.id,
+        )
         assert "Berlin" in second.output_text and second.previous_response_id == first.id
         # a stored response belongs to the key that created it
         other = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=OTHER_KEY, max_retries=0, timeout=300)

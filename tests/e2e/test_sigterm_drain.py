@@ -23,8 +23,14 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero() -> None:
 
     def stream_one() -> None:
         try:
-            chunks = client.completions.create(model=DEFAULT_MODEL, prompt="Once upon a time", max_tokens=TOKENS,
-                                               temperature=0, stream=True, extra_body={"ignore_eos": True})
+            chunks = client.completions.create(
+                model=DEFAULT_MODEL,
+                prompt="Once upon a time",
+                max_tokens=TOKENS,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
             pieces, reason = 0, None
             for i, chunk in enumerate(chunks):
                 if i == 0:

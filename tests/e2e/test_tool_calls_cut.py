@@ -20,13 +20,21 @@ def client(base_url: str) -> openai.OpenAI:
 
 
 def _full(client: openai.OpenAI, **kw):
-    return client.chat.completions.create(model=DEFAULT_MODEL, messages=ASK, tools=[WEATHER, TIME],
-                                          temperature=0, max_tokens=300, **kw)
+    return client.chat.completions.create(
+        model=DEFAULT_MODEL, messages=ASK, tools=[WEATHER, TIME], temperature=0, max_tokens=300, **kw
+    )
 
 
 def _cut(client: openai.OpenAI, max_tokens: int, stream: bool = False, **kw):
-    return client.chat.completions.create(model=DEFAULT_MODEL, messages=ASK, tools=[WEATHER, TIME],
-                                          temperature=0, max_tokens=max_tokens, stream=stream, **kw)
+    return client.chat.completions.create(
+        model=DEFAULT_MODEL,
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        temperature=0,
+        max_tokens=max_tokens,
+        stream=stream,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
@@ -89,18 +97,42 @@ def test_streamed_forced_call_cut_by_max_tokens(client: openai.OpenAI) -> None:
 
 def test_responses_forced_call_cut_is_incomplete(client: openai.OpenAI) -> None:
     tools = [{"type": "function", **t["function"]} for t in (WEATHER, TIME)]
-    full = client.responses.create(model=DEFAULT_MODEL, input=ASK[0]["content"], tools=tools,
-                                   tool_choice="required", temperature=0, max_output_tokens=300, store=False)
+    full = client.responses.create(
+        model=DEFAULT_MODEL,
+        input=ASK[0]["content"],
+        tools=tools,
+        tool_choice="required",
+        temperature=0,
+        max_output_tokens=300,
+        store=False,
+    )
     assert full.status == "completed"
     limit = full.usage.output_tokens - 4
-    resp = client.responses.create(model=DEFAULT_MODEL, input=ASK[0]["content"], tools=tools,
-                                   tool_choice="required", temperature=0, max_output_tokens=limit, store=False)
+    resp = client.responses.create(
+        model=DEFAULT_MODEL,
+        input=ASK[0]["content"],
+        tools=tools,
+        tool_choice="required",
+        temperature=0,
+        max_output_tokens=limit,
+        store=False,
+    )
     assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
     assert [item.type for item in resp.output] == ["function_call"] * len(full.output)
     assert resp.output[-1].status == "incomplete"
     # the SDK's `responses.stream` helper insists on `response.completed`; the raw stream ends in `response.incomplete`
-    events = list(client.responses.create(model=DEFAULT_MODEL, input=ASK[0]["content"], tools=tools, stream=True,
-                                          tool_choice="required", temperature=0, max_output_tokens=limit, store=False))
+    events = list(
+        client.responses.create(
+            model=DEFAULT_MODEL,
+            input=ASK[0]["content"],
+            tools=tools,
+            stream=True,
+            tool_choice="required",
+            temperature=0,
+            max_output_tokens=limit,
+            store=False,
+        )
+    )
     kinds = [event.type for event in events]
     final = events[-1].response
     assert "response.output_text.delta" not in kinds and kinds[-1] == "response.incomplete"

@@ -41,8 +41,9 @@ class Receiver:
                     body = gzip.decompress(body)
                 export = ExportTraceServiceRequest.FromString(body)
                 for resource_spans in export.resource_spans:
-                    service = next(a.value.string_value for a in resource_spans.resource.attributes
-                                   if a.key == "service.name")
+                    service = next(
+                        a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"
+                    )
                     for scope in resource_spans.scope_spans:
                         receiver.spans.extend((service, s) for s in scope.spans)
                 reply = ExportTraceServiceResponse().SerializeToString()
@@ -69,23 +70,31 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture(scope="module")
 def traced_server(receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with one_model_server(tmp_path_factory.mktemp("traced_repository"), LLM_CONFIG, "--otlp-traces-endpoint",
-                          receiver.url, startup_timeout=300) as proc:
+    with one_model_server(
+        tmp_path_factory.mktemp("traced_repository"),
+        LLM_CONFIG,
+        "--otlp-traces-endpoint",
+        receiver.url,
+        startup_timeout=300,
+    ) as proc:
         yield proc
 
 
 def test_a_chat_request_is_exported_under_the_clients_trace(traced_server: ServerProcess, receiver: Receiver) -> None:
     client = openai.OpenAI(base_url=f"{traced_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
     reply = client.chat.completions.create(
-        model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=4,
+        model=DEFAULT_MODEL,
+        messages=[{"role": "user", "content": "Name a colour."}],
+        max_tokens=4,
         extra_headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"},
     )
     assert reply.usage is not None
     deadline = time.monotonic() + 30
     ours: dict[str, object] = {}
     while time.monotonic() < deadline and len(ours) < 4:  # spans are exported in batches, every second
-        ours = {s.name: s for service, s in receiver.spans if s.trace_id.hex() == CLIENT_TRACE
-                and service == "switchyard"}
+        ours = {
+            s.name: s for service, s in receiver.spans if s.trace_id.hex() == CLIENT_TRACE and service == "switchyard"
+        }
         time.sleep(0.2)
     assert set(ours) == {"llm_request", "queue", "prefill", "decode"}, [s.name for _, s in receiver.spans]
     root = ours["llm_request"]

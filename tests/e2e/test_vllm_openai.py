@@ -45,8 +45,7 @@ vllm:
 
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with one_model_server(tmp_path_factory.mktemp("vllm_repository"), CONFIG, name=MODEL,
-                          startup_timeout=1200) as proc:
+    with one_model_server(tmp_path_factory.mktemp("vllm_repository"), CONFIG, name=MODEL, startup_timeout=1200) as proc:
         yield proc
 
 
@@ -85,8 +84,11 @@ def test_chat_greedy_paris_with_exact_usage(client: openai.OpenAI, hf_tokenizer)
 
 def test_chat_stream_matches_non_stream(client: openai.OpenAI) -> None:
     full = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0)
-    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=QUESTION, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == full.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
@@ -99,26 +101,36 @@ def test_max_tokens_gives_length_and_stop_strings_are_cut(client: openai.OpenAI)
     resp = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, stop=[" Paris"])
     assert resp.choices[0].finish_reason == "stop"
     assert resp.choices[0].message.content == "The capital of France is"
-    kept = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, stop=[" Paris"],
-                                          extra_body={"include_stop_str_in_output": True})
+    kept = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, stop=[" Paris"], extra_body={"include_stop_str_in_output": True}
+    )
     assert kept.choices[0].message.content == "The capital of France is Paris"
 
 
 def test_seed_is_reproducible_and_sampling_fields_apply(client: openai.OpenAI) -> None:
     def run(seed: int, **extra: object) -> str:
-        r = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=1.0, top_p=0.9, seed=seed,
-                                           max_tokens=20, extra_body=extra or None)
+        r = client.chat.completions.create(
+            model=MODEL,
+            messages=QUESTION,
+            temperature=1.0,
+            top_p=0.9,
+            seed=seed,
+            max_tokens=20,
+            extra_body=extra or None,
+        )
         return r.choices[0].message.content
 
     assert run(7) == run(7)
     assert len({run(s) for s in (1, 2, 3, 4)}) > 1
     assert run(5, top_k=1) == run(6, top_k=1)  # top_k=1 is greedy whatever the seed
     # logit_bias: ban " Paris" (7042) and the answer changes; min_tokens/ignore_eos: at least that many tokens
-    banned = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=12,
-                                            logit_bias={"7042": -100})
+    banned = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=12, logit_bias={"7042": -100}
+    )
     assert " Paris" not in banned.choices[0].message.content
-    long = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=30,
-                                          extra_body={"min_tokens": 25})
+    long = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=30, extra_body={"min_tokens": 25}
+    )
     assert long.usage.completion_tokens >= 25
 
 
@@ -126,11 +138,15 @@ def test_responses_and_messages_equal_chat_on_vllm(client: openai.OpenAI, vllm_s
     want = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=40)
     resp = client.responses.create(model=MODEL, input=QUESTION[0]["content"], temperature=0, max_output_tokens=40)
     assert resp.output_text == want.choices[0].message.content
-    more = client.responses.create(model=MODEL, input="And of Germany?", temperature=0, max_output_tokens=40,
-                                   previous_response_id=resp.id)
+    more = client.responses.create(
+        model=MODEL, input="And of Germany?", temperature=0, max_output_tokens=40, previous_response_id=resp.id
+    )
     assert more.status in ("completed", "incomplete") and more.output_text
-    message = httpx.post(f"{vllm_server.base_url}/v1/messages", timeout=120, json={
-        "model": MODEL, "max_tokens": 40, "temperature": 0, "messages": QUESTION}).json()
+    message = httpx.post(
+        f"{vllm_server.base_url}/v1/messages",
+        timeout=120,
+        json={"model": MODEL, "max_tokens": 40, "temperature": 0, "messages": QUESTION},
+    ).json()
     assert message["content"][0]["text"] == want.choices[0].message.content
 
 
@@ -146,8 +162,9 @@ def test_n_choices(client: openai.OpenAI) -> None:
 
 
 def test_logprobs(client: openai.OpenAI) -> None:
-    resp = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=6,
-                                          logprobs=True, top_logprobs=3)
+    resp = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=6, logprobs=True, top_logprobs=3
+    )
     content = resp.choices[0].logprobs.content
     assert "".join(t.token for t in content) == resp.choices[0].message.content
     for t in content:
@@ -160,28 +177,37 @@ def test_logprobs(client: openai.OpenAI) -> None:
 def test_completions(client: openai.OpenAI) -> None:
     resp = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0)
     assert resp.choices[0].finish_reason == "length" and resp.usage.completion_tokens == 4
-    text = "".join(c.choices[0].text for c in client.completions.create(
-        model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, stream=True))
+    text = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, stream=True
+        )
+    )
     assert text == resp.choices[0].text
     ids = client.completions.create(model=MODEL, prompt=[[504, 3458], [1, 2, 3]], max_tokens=2, temperature=0)
     assert sorted(c.index for c in ids.choices) == [0, 1] and ids.usage.prompt_tokens == 5
-    default = client.completions.create(model=MODEL, prompt="Once upon a time", temperature=0,
-                                        extra_body={"ignore_eos": True})
+    default = client.completions.create(
+        model=MODEL, prompt="Once upon a time", temperature=0, extra_body={"ignore_eos": True}
+    )
     assert default.usage.completion_tokens == 16
 
 
 async def test_concurrent_streams_equal_their_twins(vllm_server: ServerProcess) -> None:
     prompts = [f"Count from {i} to {i + 5}." for i in range(4)]
-    async with openai.AsyncOpenAI(base_url=f"{vllm_server.base_url}/v1", api_key="unused", max_retries=0,
-                                  timeout=300) as ac:
+    async with openai.AsyncOpenAI(
+        base_url=f"{vllm_server.base_url}/v1", api_key="unused", max_retries=0, timeout=300
+    ) as ac:
+
         async def stream(p: str) -> str:
-            out = await ac.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}],
-                                                   temperature=0, max_tokens=16, stream=True)
+            out = await ac.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": p}], temperature=0, max_tokens=16, stream=True
+            )
             return "".join([c.choices[0].delta.content or "" async for c in out if c.choices])
 
         async def plain(p: str) -> str:
-            r = await ac.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}],
-                                                 temperature=0, max_tokens=16)
+            r = await ac.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": p}], temperature=0, max_tokens=16
+            )
             return r.choices[0].message.content
 
         streamed = await asyncio.gather(*(stream(p) for p in prompts))
@@ -189,18 +215,35 @@ async def test_concurrent_streams_equal_their_twins(vllm_server: ServerProcess) 
     assert streamed == twins and all(streamed)
 
 
-CAPITAL = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
-                                            "country": {"type": "string", "maxLength": 24}},
-           "required": ["city", "country"]}
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
-                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"]}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "Current local time in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
-                   "required": ["city"]}}}
+CAPITAL = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 24}, "country": {"type": "string", "maxLength": 24}},
+    "required": ["city", "country"],
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 24}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Current local time in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 24}},
+            "required": ["city"],
+        },
+    },
+}
 TOOL_SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
 ASK_TOOLS = [{"role": "user", "content": "What is the weather in Paris and the time in Rome?"}]
 
@@ -208,29 +251,49 @@ ASK_TOOLS = [{"role": "user", "content": "What is the weather in Paris and the t
 def test_json_schema_is_enforced_by_vllm(client: openai.OpenAI) -> None:
     messages = [{"role": "user", "content": "Give the capital and the country: Paris is the capital of France."}]
     fmt = {"type": "json_schema", "json_schema": {"name": "capital", "schema": CAPITAL, "strict": True}}
-    resp = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=100,
-                                          response_format=fmt)
+    resp = client.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=100, response_format=fmt
+    )
     choice = resp.choices[0]
     assert choice.finish_reason == "stop"
     data = json.loads(choice.message.content)
     jsonschema.validate(data, CAPITAL)
     assert choice.message.content == json.dumps(data, ensure_ascii=False)  # compact, as on the native engine
-    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        model=MODEL, messages=messages, temperature=0, max_tokens=100, response_format=fmt, stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model=MODEL, messages=messages, temperature=0, max_tokens=100, response_format=fmt, stream=True
+        )
+        if c.choices
+    )
     assert streamed == choice.message.content
     # /v1/completions takes response_format and vLLM's structured_outputs too
-    done = client.completions.create(model=MODEL, prompt="Is Paris in France? Answer:", temperature=0, max_tokens=5,
-                                     extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    done = client.completions.create(
+        model=MODEL,
+        prompt="Is Paris in France? Answer:",
+        temperature=0,
+        max_tokens=5,
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    )
     assert done.choices[0].text in ("yes", "no") and done.choices[0].finish_reason == "stop"
-    done = client.completions.create(model=MODEL, prompt="Call me at", temperature=0, max_tokens=20,
-                                     extra_body={"structured_outputs": {"regex": r" [0-9]{3}-[0-9]{4}"}})
+    done = client.completions.create(
+        model=MODEL,
+        prompt="Call me at",
+        temperature=0,
+        max_tokens=20,
+        extra_body={"structured_outputs": {"regex": r" [0-9]{3}-[0-9]{4}"}},
+    )
     assert re.fullmatch(r" [0-9]{3}-[0-9]{4}", done.choices[0].text)
 
 
 def test_json_object_is_enforced_by_vllm(client: openai.OpenAI) -> None:
     resp = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Describe Paris as a JSON object."}], temperature=0,
-        max_tokens=60, response_format={"type": "json_object"})
+        model=MODEL,
+        messages=[{"role": "user", "content": "Describe Paris as a JSON object."}],
+        temperature=0,
+        max_tokens=60,
+        response_format={"type": "json_object"},
+    )
     content = resp.choices[0].message.content
     assert content.startswith("{")
     if resp.choices[0].finish_reason == "stop":
@@ -245,19 +308,28 @@ def _calls(calls) -> list[str]:  # type: ignore[no-untyped-def]
 
 
 def test_forced_tool_calls_are_enforced_by_vllm(client: openai.OpenAI) -> None:
-    resp = client.chat.completions.create(model=MODEL, messages=ASK_TOOLS, tools=[WEATHER, TIME],
-                                          tool_choice="required", temperature=0, max_tokens=200)
+    resp = client.chat.completions.create(
+        model=MODEL, messages=ASK_TOOLS, tools=[WEATHER, TIME], tool_choice="required", temperature=0, max_tokens=200
+    )
     choice = resp.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     assert _calls(choice.message.tool_calls)
     named = {"type": "function", "function": {"name": "get_time"}}
-    resp = client.chat.completions.create(model=MODEL, messages=ASK_TOOLS, tools=[WEATHER, TIME], tool_choice=named,
-                                          temperature=0, max_tokens=200)
+    resp = client.chat.completions.create(
+        model=MODEL, messages=ASK_TOOLS, tools=[WEATHER, TIME], tool_choice=named, temperature=0, max_tokens=200
+    )
     assert resp.choices[0].finish_reason == "tool_calls" and _calls(resp.choices[0].message.tool_calls) == ["get_time"]
     args = ""
     names = []
-    for c in client.chat.completions.create(model=MODEL, messages=ASK_TOOLS, tools=[WEATHER, TIME],
-                                            tool_choice=named, temperature=0, max_tokens=200, stream=True):
+    for c in client.chat.completions.create(
+        model=MODEL,
+        messages=ASK_TOOLS,
+        tools=[WEATHER, TIME],
+        tool_choice=named,
+        temperature=0,
+        max_tokens=200,
+        stream=True,
+    ):
         for delta in (c.choices[0].delta.tool_calls or []) if c.choices else []:
             names += [delta.function.name] if delta.function.name else []
             args += delta.function.arguments or ""
@@ -266,10 +338,16 @@ def test_forced_tool_calls_are_enforced_by_vllm(client: openai.OpenAI) -> None:
 
 def test_bad_guided_requests_are_400_and_the_engine_lives_on(vllm_server: ServerProcess) -> None:
     url = f"{vllm_server.base_url}/v1/chat/completions"
-    for fmt, param in (({"type": "strnig"}, "response_format"), ({"type": "object", "minProperties": -1},
-                                                                 "response_format")):
-        body = {"model": MODEL, "messages": QUESTION, "max_tokens": 5,
-                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": fmt}}}
+    for fmt, param in (
+        ({"type": "strnig"}, "response_format"),
+        ({"type": "object", "minProperties": -1}, "response_format"),
+    ):
+        body = {
+            "model": MODEL,
+            "messages": QUESTION,
+            "max_tokens": 5,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": fmt}},
+        }
         resp = httpx.post(url, json=body, timeout=60)
         assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
     body = {"model": MODEL, "messages": QUESTION, "max_tokens": 5, "structured_outputs": {"grammar": "start: nowhere"}}
@@ -285,14 +363,24 @@ def test_client_disconnect_aborts_the_request_in_vllm(vllm_server: ServerProcess
         return vllm_server.log_path.read_text().lower().count("aborted")
 
     aborted_before = aborts()
-    httpx.post(f"{vllm_server.base_url}/v1/completions", timeout=300,
-               json={"model": MODEL, "prompt": "Hello", "max_tokens": 3}).raise_for_status()
+    httpx.post(
+        f"{vllm_server.base_url}/v1/completions", timeout=300, json={"model": MODEL, "prompt": "Hello", "max_tokens": 3}
+    ).raise_for_status()
     assert aborts() == aborted_before, "a request that finished normally was aborted in vLLM"
-    with httpx.Client(timeout=300) as http, http.stream(
-        "POST", f"{vllm_server.base_url}/v1/completions",
-        json={"model": MODEL, "prompt": "Tell me a very long story.", "max_tokens": 1500, "stream": True,
-              "ignore_eos": True},
-    ) as resp:
+    with (
+        httpx.Client(timeout=300) as http,
+        http.stream(
+            "POST",
+            f"{vllm_server.base_url}/v1/completions",
+            json={
+                "model": MODEL,
+                "prompt": "Tell me a very long story.",
+                "max_tokens": 1500,
+                "stream": True,
+                "ignore_eos": True,
+            },
+        ) as resp,
+    ):
         lines = resp.iter_lines()
         got = [line for line, _ in zip(lines, range(6), strict=False) if line.startswith("data:")]
         assert got  # streaming had begun; now the client goes away

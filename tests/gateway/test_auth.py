@@ -46,8 +46,20 @@ def test_inference_keys() -> None:
     assert KEYS.authorize(Role.PUBLIC, None) is ANONYMOUS
 
 
-@pytest.mark.parametrize("header", [None, "", "sk-user-1", "Basic sk-user-1", "Bearer", "Bearer sk-user-3",
-                                    "Bearer SK-USER-1", "Bearer sk-user-", "Bearer sk-user-1x"])
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "",
+        "sk-user-1",
+        "Basic sk-user-1",
+        "Bearer",
+        "Bearer sk-user-3",
+        "Bearer SK-USER-1",
+        "Bearer sk-user-",
+        "Bearer sk-user-1x",
+    ],
+)
 def test_bad_inference_credentials_get_401(header: str | None) -> None:
     with pytest.raises(AuthenticationError) as err:
         KEYS.authorize(Role.INFERENCE, header)
@@ -74,16 +86,22 @@ def test_without_keys_inference_is_open_and_admin_is_closed() -> None:
     assert "admin key" in err.value.message
 
 
-@pytest.mark.parametrize(("raw", "path"), [
-    (b"//v2/repository/index", "//v2/repository/index"),
-    (b"/v1/./models", "/v1/./models"),
-    (b"/v1/models/../../v2/repository/index", "/v1/models/../../v2/repository/index"),
-    (b"/v2/%72epository/models/x/load", "/v2/repository/models/x/load"),  # fine: decodes to the canonical admin path
-    (b"/v2/repository%2findex", "/v2/repository/index"),
-    (b"/v1/models/%2e%2e/x", "/v1/models/../x"),
-    (b"/v1/models\\..", "/v1/models\\.."),
-    (b"/health/..", "/health/.."),
-])
+@pytest.mark.parametrize(
+    ("raw", "path"),
+    [
+        (b"//v2/repository/index", "//v2/repository/index"),
+        (b"/v1/./models", "/v1/./models"),
+        (b"/v1/models/../../v2/repository/index", "/v1/models/../../v2/repository/index"),
+        (
+            b"/v2/%72epository/models/x/load",
+            "/v2/repository/models/x/load",
+        ),  # fine: decodes to the canonical admin path
+        (b"/v2/repository%2findex", "/v2/repository/index"),
+        (b"/v1/models/%2e%2e/x", "/v1/models/../x"),
+        (b"/v1/models\\..", "/v1/models\\.."),
+        (b"/health/..", "/health/.."),
+    ],
+)
 def test_non_canonical_paths(raw: bytes, path: str) -> None:
     if raw == b"/v2/%72epository/models/x/load":
         assert KEYS.role_of(canonical_path(raw, path)) is Role.ADMIN

@@ -29,18 +29,59 @@ def test_every_field_is_a_flag_and_a_variable() -> None:
 
 def test_names_of_the_settings_before_the_declaration_still_work() -> None:
     """Every flag and variable the server read before ServerConfig was the one declaration."""
-    flags = ["--model-repository", "--host", "--http-port", "--grpc-port", "--metrics-port", "--log-level",
-             "--cache-dir", "--max-body-bytes", "--always-include-usage", "--api-key", "--api-key-file",
-             "--admin-key-file", "--public-path", "--cors-allow-origin", "--rate-limit-rpm", "--rate-limit-tpm",
-             "--drain-seconds", "--stream-send-timeout-secs", "--no-console", "--log-format", "--model-control-mode",
-             "--load-model", "--repository-poll-secs", "--rate-limit", "--rate-limit-resource"]
-    envs = ["SWITCHYARD_MODEL_REPOSITORY", "SWITCHYARD_HOST", "SWITCHYARD_HTTP_PORT", "SWITCHYARD_GRPC_PORT",
-            "SWITCHYARD_METRICS_PORT", "SWITCHYARD_LOG_LEVEL", "SWITCHYARD_CACHE_DIR", "SWITCHYARD_MAX_BODY_BYTES",
-            "SWITCHYARD_ALWAYS_INCLUDE_USAGE", "SWITCHYARD_API_KEYS", "SWITCHYARD_API_KEY_FILE",
-            "SWITCHYARD_ADMIN_KEY_FILE", "SWITCHYARD_ADMIN_KEY", "SWITCHYARD_RATE_LIMIT_RPM",
-            "SWITCHYARD_RATE_LIMIT_TPM", "SWITCHYARD_DRAIN_SECONDS", "SWITCHYARD_STREAM_SEND_TIMEOUT_S",
-            "SWITCHYARD_CONSOLE", "SWITCHYARD_LOG_FORMAT", "SWITCHYARD_MODEL_CONTROL_MODE", "SWITCHYARD_LOAD_MODEL",
-            "SWITCHYARD_REPOSITORY_POLL_SECS", "SWITCHYARD_RATE_LIMIT", "SWITCHYARD_RATE_LIMIT_RESOURCES"]
+    flags = [
+        "--model-repository",
+        "--host",
+        "--http-port",
+        "--grpc-port",
+        "--metrics-port",
+        "--log-level",
+        "--cache-dir",
+        "--max-body-bytes",
+        "--always-include-usage",
+        "--api-key",
+        "--api-key-file",
+        "--admin-key-file",
+        "--public-path",
+        "--cors-allow-origin",
+        "--rate-limit-rpm",
+        "--rate-limit-tpm",
+        "--drain-seconds",
+        "--stream-send-timeout-secs",
+        "--no-console",
+        "--log-format",
+        "--model-control-mode",
+        "--load-model",
+        "--repository-poll-secs",
+        "--rate-limit",
+        "--rate-limit-resource",
+    ]
+    envs = [
+        "SWITCHYARD_MODEL_REPOSITORY",
+        "SWITCHYARD_HOST",
+        "SWITCHYARD_HTTP_PORT",
+        "SWITCHYARD_GRPC_PORT",
+        "SWITCHYARD_METRICS_PORT",
+        "SWITCHYARD_LOG_LEVEL",
+        "SWITCHYARD_CACHE_DIR",
+        "SWITCHYARD_MAX_BODY_BYTES",
+        "SWITCHYARD_ALWAYS_INCLUDE_USAGE",
+        "SWITCHYARD_API_KEYS",
+        "SWITCHYARD_API_KEY_FILE",
+        "SWITCHYARD_ADMIN_KEY_FILE",
+        "SWITCHYARD_ADMIN_KEY",
+        "SWITCHYARD_RATE_LIMIT_RPM",
+        "SWITCHYARD_RATE_LIMIT_TPM",
+        "SWITCHYARD_DRAIN_SECONDS",
+        "SWITCHYARD_STREAM_SEND_TIMEOUT_S",
+        "SWITCHYARD_CONSOLE",
+        "SWITCHYARD_LOG_FORMAT",
+        "SWITCHYARD_MODEL_CONTROL_MODE",
+        "SWITCHYARD_LOAD_MODEL",
+        "SWITCHYARD_REPOSITORY_POLL_SECS",
+        "SWITCHYARD_RATE_LIMIT",
+        "SWITCHYARD_RATE_LIMIT_RESOURCES",
+    ]
     known_flags = {f for s in SETTINGS.values() if s.flag for f in (s.flag, *s.flag_aliases)}
     known_flags |= {f"--no-{s.flag[2:]}" for s in SETTINGS.values() if s.flag and s.kind == "bool"}
     assert set(flags) <= known_flags
@@ -48,8 +89,13 @@ def test_names_of_the_settings_before_the_declaration_still_work() -> None:
 
 
 def test_values_from_flags_and_environment() -> None:
-    env = {"SWITCHYARD_HTTP_PORT": "9000", "SWITCHYARD_ALWAYS_INCLUDE_USAGE": "yes", "SWITCHYARD_CONSOLE": "off",
-           "SWITCHYARD_CORS_ALLOW_ORIGINS": "https://a.example, https://b.example", "SWITCHYARD_CACHE_DIR": ""}
+    env = {
+        "SWITCHYARD_HTTP_PORT": "9000",
+        "SWITCHYARD_ALWAYS_INCLUDE_USAGE": "yes",
+        "SWITCHYARD_CONSOLE": "off",
+        "SWITCHYARD_CORS_ALLOW_ORIGINS": "https://a.example, https://b.example",
+        "SWITCHYARD_CACHE_DIR": "",
+    }
     config = load_config(["--grpc-port", "0", "--drain-seconds=2.5"], environ=env)
     assert (config.http_port, config.grpc_port, config.drain_seconds) == (9000, 0, 2.5)
     assert config.always_include_usage is True and config.console is False
@@ -71,8 +117,10 @@ def test_api_keys_from_every_source_count(tmp_path) -> None:
     keys.write_text("# team keys\nk-file\n")
     admin = tmp_path / "admin"
     admin.write_text("a-file\n")
-    config = load_config(["--api-key", "k-flag", "--api-key-file", str(keys), "--admin-key-file", str(admin)],
-                         environ={"SWITCHYARD_API_KEYS": "k-env1,k-env2", "SWITCHYARD_ADMIN_KEY": "a-env"})
+    config = load_config(
+        ["--api-key", "k-flag", "--api-key-file", str(keys), "--admin-key-file", str(admin)],
+        environ={"SWITCHYARD_API_KEYS": "k-env1,k-env2", "SWITCHYARD_ADMIN_KEY": "a-env"},
+    )
     assert [k.get_secret_value() for k in config.api_keys] == ["k-flag", "k-env1", "k-env2", "k-file"]
     assert [k.get_secret_value() for k in config.admin_keys] == ["a-env", "a-file"]
     with pytest.raises(ConfigError, match=r"cannot read the API key file .*check the path"):
@@ -85,8 +133,14 @@ def test_api_keys_from_every_source_count(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
-        (["--http-port", "eighty"], {}, (r"setting 'http_port' \(--http-port\): .*integer \(got 'eighty'\); "
-                                         r"give --http-port a valid value")),
+        (
+            ["--http-port", "eighty"],
+            {},
+            (
+                r"setting 'http_port' \(--http-port\): .*integer \(got 'eighty'\); "
+                r"give --http-port a valid value"
+            ),
+        ),
         ([], {"SWITCHYARD_HTTP_PORT": "70000"}, r"\(SWITCHYARD_HTTP_PORT\): .*less than or equal to 65535"),
         ([], {"SWITCHYARD_CONSOLE": "maybe"}, r"\(SWITCHYARD_CONSOLE\): Input should be a valid boolean"),
         ([], {"SWITCHYARD_LOG_FORMAT": "xml"}, r"\(SWITCHYARD_LOG_FORMAT\): Input should be 'text' or 'json'"),

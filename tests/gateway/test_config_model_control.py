@@ -90,8 +90,10 @@ def test_cli_exits_2_with_the_message(caplog: pytest.LogCaptureFixture, tmp_path
 def test_rate_limit_flags() -> None:
     from gateway.config import build_rate_limiter
 
-    config = load_config(["--rate-limit", "execution_count", "--rate-limit-resource", "R1:4",
-                          "--rate-limit-resource", "R1:2:0"], environ={})
+    config = load_config(
+        ["--rate-limit", "execution_count", "--rate-limit-resource", "R1:4", "--rate-limit-resource", "R1:2:0"],
+        environ={},
+    )
     assert (config.rate_limit, config.rate_limit_resources) == ("execution_count", ("R1:4", "R1:2:0"))
     limiter = build_rate_limiter(config)
     assert limiter is not None and limiter.amount(("R1", 0)) == 2 and limiter.amount(("R1", 1)) == 4

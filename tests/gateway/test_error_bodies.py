@@ -15,12 +15,15 @@ from gateway.errors import (
 def test_each_path_gets_its_protocols_shape() -> None:
     error = InvalidRequestError("bad field", param="x")
     assert error_body("/v1/chat/completions", error) == {
-        "error": {"message": "bad field", "type": "invalid_request_error", "param": "x", "code": None}}
+        "error": {"message": "bad field", "type": "invalid_request_error", "param": "x", "code": None}
+    }
     assert error_body("/v1/responses", error)["error"]["param"] == "x"
     assert error_body("/v2/models/m/infer", error) == {"error": "bad field"}
     assert error_body("/v2/rerank", error)["error"]["type"] == "invalid_request_error"  # Cohere's alias: OpenAI's
     assert error_body("/v1/messages", error) == {
-        "type": "error", "error": {"type": "invalid_request_error", "message": "bad field"}}
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "bad field"},
+    }
     assert error_body("/v1/messages/count_tokens", error)["type"] == "error"
     assert error_body("/api/chat", error) == {"error": "bad field"}  # Ollama's
     assert error_body("/api/tags", AuthenticationError("no key")) == {"error": "no key"}
@@ -43,5 +46,7 @@ def test_overload_is_429_with_retry_after_and_anthropics_529_overloaded_error() 
     assert error_body("/v2/models/m/generate", error) == {"error": "the model is overloaded"}
     assert error.status_for("/v1/messages") == 529
     assert error_body("/v1/messages", error) == {
-        "type": "error", "error": {"type": "overloaded_error", "message": "the model is overloaded"}}
+        "type": "error",
+        "error": {"type": "overloaded_error", "message": "the model is overloaded"},
+    }
     assert InvalidRequestError("x").status_for("/v1/messages") == 400

@@ -38,9 +38,16 @@ def value(parsed: dict, name: str, **labels: str) -> float:
 
 def fake_registry(llm_name: str = "llm", tensor_name: str = "tensor") -> ModelRegistry:
     """A registry holding an LLM and a tensor model whose schedulers and batchers report fixed statistics."""
-    stats = SchedulerStats(waiting=3, prefix_cache_queried_tokens=40, prefix_cache_hit_tokens=10, spec_drafts=4,
-                           spec_draft_tokens=16, spec_accepted_tokens=9, rejected={"queue_timeout": 2},
-                           expected_wait_seconds=1.5)
+    stats = SchedulerStats(
+        waiting=3,
+        prefix_cache_queried_tokens=40,
+        prefix_cache_hit_tokens=10,
+        spec_drafts=4,
+        spec_draft_tokens=16,
+        spec_accepted_tokens=9,
+        rejected={"queue_timeout": 2},
+        expected_wait_seconds=1.5,
+    )
     r = stats.requests
     r.ttft.observe(0.003)
     r.ttft.observe(0.2)
@@ -54,8 +61,12 @@ def fake_registry(llm_name: str = "llm", tensor_name: str = "tensor") -> ModelRe
     r.model_stats.queue.add(5_000_000)
     r.model_stats.record_batch(1, 1, 0, 1_195_000_000, 0)
     r.model_stats.record_failure(400_000_000, "CANCELED")
-    llm = LoadedLLM(name=llm_name, config=None, scheduler=SimpleNamespace(stats=lambda: stats),  # type: ignore[arg-type]
-                    load_seconds=4.5)
+    llm = LoadedLLM(
+        name=llm_name,
+        config=None,
+        scheduler=SimpleNamespace(stats=lambda: stats),  # type: ignore[arg-type]
+        load_seconds=4.5,
+    )
 
     tstats = ModelStats()
     for _ in range(3):
@@ -66,8 +77,12 @@ def fake_registry(llm_name: str = "llm", tensor_name: str = "tensor") -> ModelRe
     tstats.record_failure(0, "REJECTED")
     tstats.record_failure(0, "REJECTED")
     versions = {2: SimpleNamespace(stats=tstats, batcher=SimpleNamespace(queued=2))}
-    tensor = LoadedTensorModel(name=tensor_name, config=None, tensor=SimpleNamespace(versions=versions),  # type: ignore[arg-type]
-                               load_seconds=0.25)
+    tensor = LoadedTensorModel(
+        name=tensor_name,
+        config=None,
+        tensor=SimpleNamespace(versions=versions),  # type: ignore[arg-type]
+        load_seconds=0.25,
+    )
     registry = ModelRegistry()
     registry.publish(llm)
     registry.publish(tensor)
@@ -88,8 +103,10 @@ def test_triton_metrics_have_triton_names_labels_and_units() -> None:
     assert value(parsed, "nv_inference_compute_infer_duration_us", **t) == 3000  # 1 ms, once per request of the batch
     assert value(parsed, "nv_inference_compute_input_duration_us", **t) == 0
     assert value(parsed, "nv_inference_compute_output_duration_us", **t) == 0
-    failures = {reason: value(parsed, "nv_inference_request_failure", **t, reason=reason)
-                for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER")}
+    failures = {
+        reason: value(parsed, "nv_inference_request_failure", **t, reason=reason)
+        for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+    }
     assert failures == {"REJECTED": 2, "CANCELED": 0, "BACKEND": 0, "OTHER": 1}
     assert value(parsed, "nv_inference_pending_request_count", **t) == 2
     assert value(parsed, "nv_model_load_duration_secs", **t) == 0.25
@@ -127,16 +144,20 @@ def test_llm_metrics_have_vllm_names_and_buckets() -> None:
     assert value(parsed, "switchyard_request_queue_time_seconds_count", **m) == 2
     assert value(parsed, "switchyard_prompt_tokens_total", **m) == 17
     assert value(parsed, "switchyard_generation_tokens_total", **m) == 7
-    success = {reason: value(parsed, "switchyard_request_success_total", **m, finished_reason=reason)
-               for reason in ("stop", "length", "abort")}
+    success = {
+        reason: value(parsed, "switchyard_request_success_total", **m, finished_reason=reason)
+        for reason in ("stop", "length", "abort")
+    }
     assert success == {"stop": 1, "length": 0, "abort": 1}
     assert value(parsed, "switchyard_prefix_cache_hit_rate", **m) == 0.25
     assert value(parsed, "switchyard_num_requests_waiting", **m) == 3
     assert value(parsed, "switchyard_requests_rejected_total", **m, reason="queue_timeout") == 2
     assert value(parsed, "switchyard_requests_rejected_total", **m, reason="queue_full") == 0
     assert value(parsed, "switchyard_queue_expected_wait_seconds", **m) == 1.5
-    spec = [value(parsed, f"switchyard_spec_decode_num_{n}_total", **m) for n in ("drafts", "draft_tokens",
-                                                                                   "accepted_tokens")]
+    spec = [
+        value(parsed, f"switchyard_spec_decode_num_{n}_total", **m)
+        for n in ("drafts", "draft_tokens", "accepted_tokens")
+    ]
     assert spec == [4, 16, 9]
     assert "# TYPE switchyard_time_to_first_token_seconds histogram" in text
 

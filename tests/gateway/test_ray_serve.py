@@ -30,13 +30,17 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     repo = tmp_path_factory.mktemp("ray_repository")
     (repo / DEFAULT_MODEL).mkdir()
     (repo / DEFAULT_MODEL / "config.yaml").write_text(LLM_CONFIG)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    ray.init(
+        num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}}
+    )
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app({"model_repository": str(repo), "replicas": "2", "num_cpus": "0.5"}),
-                  name="switchyard", route_prefix="/")
+        serve.run(
+            build_app({"model_repository": str(repo), "replicas": "2", "num_cpus": "0.5"}),
+            name="switchyard",
+            route_prefix="/",
+        )
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
@@ -46,8 +50,11 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def ask(client: openai.OpenAI, text: str, session: str | None = None) -> str:
     """One chat turn; the replica that answered."""
     raw = client.chat.completions.with_raw_response.create(
-        model=DEFAULT_MODEL, messages=[{"role": "user", "content": text}], max_tokens=2,
-        extra_headers={"X-Session-ID": session} if session else None)
+        model=DEFAULT_MODEL,
+        messages=[{"role": "user", "content": text}],
+        max_tokens=2,
+        extra_headers={"X-Session-ID": session} if session else None,
+    )
     assert raw.parse().choices[0].message.content is not None
     return raw.headers[REPLICA_HEADER]
 
@@ -73,8 +80,10 @@ def test_a_replica_killed_mid_traffic_is_replaced(base_url: str) -> None:
     victim = sorted(before)[0]
 
     async def traffic() -> list[str]:
-        async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0,
-                                      timeout=300) as client:
+        async with openai.AsyncOpenAI(
+            base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=300
+        ) as client:
+
             async def one(i: int) -> str:
                 try:
                     await client.completions.create(model=DEFAULT_MODEL, prompt=f"Count {i}:", max_tokens=24)

@@ -39,7 +39,7 @@ async def test_sane_ids_are_kept_and_echoed(records: pytest.LogCaptureFixture) -
     assert access[0].status == 200 and access[0].path == "/hello" and access[0].request_id == "abc-123"
 
 
-@pytest.mark.parametrize("offered", ["", "has space", "x" * 129, "quote\"", "new\nline"])
+@pytest.mark.parametrize("offered", ["", "has space", "x" * 129, 'quote"', "new\nline"])
 async def test_other_ids_are_replaced(offered: str) -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=_app()), base_url="http://t") as client:
         resp = await client.get("/hello", headers={"X-Request-ID": offered} if "\n" not in offered else {})

@@ -39,12 +39,20 @@ def request(rid: str = "r", prompt: int = 5) -> GenerationRequest:
 
 
 def out(rid: str, tokens: int, total: int, reason: str | None = None, prompt: int = 5) -> GenerationOutput:
-    return GenerationOutput(rid, [7] * tokens, "x" * tokens, finished=reason is not None, finish_reason=reason,
-                            prompt_tokens=prompt, completion_tokens=total)
+    return GenerationOutput(
+        rid,
+        [7] * tokens,
+        "x" * tokens,
+        finished=reason is not None,
+        finish_reason=reason,
+        prompt_tokens=prompt,
+        completion_tokens=total,
+    )
 
 
-async def script(steps: list[tuple[float, GenerationOutput | BaseException]], clock: FakeClock
-                 ) -> AsyncIterator[GenerationOutput]:
+async def script(
+    steps: list[tuple[float, GenerationOutput | BaseException]], clock: FakeClock
+) -> AsyncIterator[GenerationOutput]:
     """Yields each update after advancing the clock by its delay; an exception is raised instead."""
     for delay, item in steps:
         clock.now += delay
@@ -158,8 +166,10 @@ async def test_a_stream_that_ends_without_finishing_is_a_failure(clock: FakeCloc
 async def test_updates_without_token_ids_count_by_completion_tokens(clock: FakeClock) -> None:
     """Remote upstreams without logprobs send text only; completion_tokens carries the count."""
     stats = LLMRequestStats()
-    steps = [(0.1, GenerationOutput("r", [], "ab", completion_tokens=2, prompt_tokens=5)),
-             (0.1, GenerationOutput("r", [], "", True, "stop", prompt_tokens=5, completion_tokens=3))]
+    steps = [
+        (0.1, GenerationOutput("r", [], "ab", completion_tokens=2, prompt_tokens=5)),
+        (0.1, GenerationOutput("r", [], "", True, "stop", prompt_tokens=5, completion_tokens=3)),
+    ]
     assert len([u async for u in stats.observe(request(), script(steps, clock))]) == 2
     assert stats.generation_tokens == 3 and stats.ttft.count == 1 and stats.inter_token.count == 1
 

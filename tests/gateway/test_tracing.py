@@ -44,8 +44,16 @@ async def engine(
     for i in range(3):
         await asyncio.sleep(0.01)
         yield GenerationOutput(req.request_id, [10 + i], "x", prompt_tokens=4, completion_tokens=i + 1)
-    yield GenerationOutput(req.request_id, [], "", finished=True, finish_reason="length", prompt_tokens=4,
-                           completion_tokens=3, cached_prompt_tokens=2)
+    yield GenerationOutput(
+        req.request_id,
+        [],
+        "",
+        finished=True,
+        finish_reason="length",
+        prompt_tokens=4,
+        completion_tokens=3,
+        cached_prompt_tokens=2,
+    )
 
 
 async def run(stats: LLMRequestStats, req: GenerationRequest, seen: list, fail: bool = False) -> None:

@@ -81,9 +81,18 @@ class SequenceRows:
     slots: torch.Tensor  # cache slots of positions 0 .. start_pos + count - 1
 
 
-def attend_torch(attention: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                 sequences: list[SequenceRows]) -> torch.Tensor:
+def attend_torch(
+    attention: Attention,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    sequences: list[SequenceRows],
+) -> torch.Tensor:
     """Eager attention as transformers computes it (scores, soft-cap, mask, float32 softmax, weighted values), one
     sequence at a time over its cache, with the layer's sliding window: [T, H * D]."""
     h, kvh, d = attention.num_heads, attention.num_kv_heads, attention.head_dim

@@ -18,8 +18,9 @@ from engines.pytorch.linear import GatedActivation, Linear
 class MLP(Protocol):
     """A decoder layer's feed-forward block."""
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, prompt_from: int | None = None
-                 ) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, prompt_from: int | None = None
+    ) -> torch.Tensor:
         """(residual +) the block's output for rows x [T, hidden]; `prompt_from`: where the step's prompt rows
         start (the decode rows before them stay on one-token kernels, linear.Linear)."""
         ...
@@ -34,8 +35,9 @@ class GatedMLP:
     gate_up_act: GatedActivation
     down: Linear
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, prompt_from: int | None = None
-                 ) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, prompt_from: int | None = None
+    ) -> torch.Tensor:
         return self.down(self.gate_up_act(x, prompt_from=prompt_from), residual, prompt_from=prompt_from)
 
     def projections(self) -> list[Any]:

@@ -71,8 +71,14 @@ class SparseMoE:
         self.router, self.experts, self.routing = router, list(experts), routing
 
     @classmethod
-    def build(cls, block: Any, config: Any, kernels: Kernels, experts_blocks: LayerExperts | None = None,
-              router_blocks: WeightBlocks | None = None) -> SparseMoE:
+    def build(
+        cls,
+        block: Any,
+        config: Any,
+        kernels: Kernels,
+        experts_blocks: LayerExperts | None = None,
+        router_blocks: WeightBlocks | None = None,
+    ) -> SparseMoE:
         """Take over transformers' block (`mlp` of a Qwen3-MoE or Mixtral decoder layer): the router's weight, and
         each expert's halves of `experts.gate_up_proj` [E, 2 I, H] and its `experts.down_proj` [E, H, I] -- or,
         with `experts_blocks`, the experts' GGUF blocks instead (those tensors may then be on the meta device),
@@ -87,16 +93,26 @@ class SparseMoE:
             if not gate.num_experts == up.num_experts == down.num_experts:
                 raise ValueError("the gate, up and down expert tensors hold different numbers of experts")
             for e in range(gate.num_experts):
-                made.append((GatedActivation(None, None, experts.act_fn, fast, cache_dir, helpers, dense,
-                                             (gate.expert(e), up.expert(e))),
-                             kernels.linear(None, None, down.expert(e))))
+                made.append(
+                    (
+                        GatedActivation(
+                            None, None, experts.act_fn, fast, cache_dir, helpers, dense, (gate.expert(e), up.expert(e))
+                        ),
+                        kernels.linear(None, None, down.expert(e)),
+                    )
+                )
         else:
             gate_up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()
             width = gate_up.shape[1] // 2
             for e in range(gate_up.shape[0]):
-                made.append((GatedActivation(gate_up[e, :width], gate_up[e, width:], experts.act_fn, fast, cache_dir,
-                                             helpers, dense),
-                             kernels.linear(down[e])))
+                made.append(
+                    (
+                        GatedActivation(
+                            gate_up[e, :width], gate_up[e, width:], experts.act_fn, fast, cache_dir, helpers, dense
+                        ),
+                        kernels.linear(down[e]),
+                    )
+                )
         return cls(router, made, Routing.of(config))
 
     def projections(self) -> list[Linear | GatedActivation]:
@@ -116,8 +132,9 @@ class SparseMoE:
             weights = weights.to(logits.dtype)
         return weights, chosen
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, prompt_from: int | None = None
-                 ) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, prompt_from: int | None = None
+    ) -> torch.Tensor:
         """The block's output for rows x [T, H] (+ `residual`, added after, as the decoder layer adds it);
         `prompt_from`: where the step's prompt rows start (they follow its decode rows), as for `Linear`."""
         t, k = x.shape[0], self.routing.top_k

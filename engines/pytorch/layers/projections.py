@@ -26,8 +26,9 @@ class Kernels:
     helpers: HelperThreads | None
     dense: DenseOps
 
-    def linear(self, weight: torch.Tensor | None, bias: torch.Tensor | None = None,
-               blocks: WeightBlocks | None = None) -> Linear:
+    def linear(
+        self, weight: torch.Tensor | None, bias: torch.Tensor | None = None, blocks: WeightBlocks | None = None
+    ) -> Linear:
         return Linear(weight, bias, self.fast, self.cache_dir, self.helpers, blocks)
 
 
@@ -41,8 +42,9 @@ def _joined(blocks: dict[str, WeightBlocks], *names: str) -> WeightBlocks | None
     return GGUFBlocks.cat([blocks[n] for n in names]) if all(n in blocks for n in names) else None
 
 
-def _part_weights(modules: tuple[Any, ...], names: tuple[str, ...], blocks: dict[str, WeightBlocks],
-                  fused_blocks: Any) -> list[torch.Tensor] | None:
+def _part_weights(
+    modules: tuple[Any, ...], names: tuple[str, ...], blocks: dict[str, WeightBlocks], fused_blocks: Any
+) -> list[torch.Tensor] | None:
     """The float weights of a fused projection's parts, or None where the kernels read the fused blocks and some
     part exists only as blocks (no float copy is made). Where the fused weight has no blocks (some part lacks
     them), a part that exists only as blocks is expanded."""
@@ -80,12 +82,14 @@ def gate_up_activation(mlp: Any, act: Any, blocks: dict[str, WeightBlocks], kern
         part_blocks = (split.rows(torch.arange(n)), split.rows(torch.arange(n, 2 * n))) if split is not None else None
         full = weight(fused)
         gate, up = (full[:n], full[n:]) if full is not None else (None, None)
-        return GatedActivation(gate, up, act, kernels.fast, kernels.cache_dir, kernels.helpers, kernels.dense,
-                               part_blocks)
+        return GatedActivation(
+            gate, up, act, kernels.fast, kernels.cache_dir, kernels.helpers, kernels.dense, part_blocks
+        )
     if mlp.gate_proj.bias is not None:
         raise ValueError("MLP projections with bias are not supported by the native engine; use backend: vllm")
     part_blocks = (blocks["gate_proj"], blocks["up_proj"]) if "gate_proj" in blocks and "up_proj" in blocks else None
-    gate, up = _part_weights((mlp.gate_proj, mlp.up_proj), ("gate_proj", "up_proj"), blocks, part_blocks) \
-        or (None, None)
-    return GatedActivation(gate, up, act, kernels.fast, kernels.cache_dir, kernels.helpers, kernels.dense,
-                           part_blocks)
+    gate, up = _part_weights((mlp.gate_proj, mlp.up_proj), ("gate_proj", "up_proj"), blocks, part_blocks) or (
+        None,
+        None,
+    )
+    return GatedActivation(gate, up, act, kernels.fast, kernels.cache_dir, kernels.helpers, kernels.dense, part_blocks)

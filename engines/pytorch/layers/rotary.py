@@ -36,8 +36,9 @@ def partial_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
     exactly), so the kernels' full-width rotation computes transformers' partial one. q and k are reordered alike
     (their dot products are the same sums); v is not. Returns new -> old dimension."""
     r, p = rotary_dim // 2, (head_dim - rotary_dim) // 2
-    return torch.cat((torch.arange(r), rotary_dim + torch.arange(p), r + torch.arange(r),
-                      rotary_dim + p + torch.arange(p)))
+    return torch.cat(
+        (torch.arange(r), rotary_dim + torch.arange(p), r + torch.arange(r), rotary_dim + p + torch.arange(p))
+    )
 
 
 class Rotary:
@@ -49,14 +50,20 @@ class Rotary:
         self._module = module
         self._head_dim = head_dim
         rope_type = getattr(module, "rope_type", "default")
-        self.layer_types: list[str | None] = (sorted(rope_type) if isinstance(rope_type, dict) else [None])
+        self.layer_types: list[str | None] = sorted(rope_type) if isinstance(rope_type, dict) else [None]
         params = getattr(config, "rope_parameters", None) or {}
-        self._long_after = (params.get("original_max_position_embeddings")
-                            or getattr(config, "original_max_position_embeddings", None)) \
-            if rope_type == "longrope" else None
+        self._long_after = (
+            (
+                params.get("original_max_position_embeddings")
+                or getattr(config, "original_max_position_embeddings", None)
+            )
+            if rope_type == "longrope"
+            else None
+        )
 
-    def _table(self, like: torch.Tensor, positions: torch.Tensor, layer_type: str | None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _table(
+        self, like: torch.Tensor, positions: torch.Tensor, layer_type: str | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         args = (like[None], positions[None]) + (() if layer_type is None else (layer_type,))
         cos, sin = self._module(*args)
         return cos[0], sin[0]

@@ -34,7 +34,8 @@ def check_supported(model_type: str | None, architectures: list[str] | None = No
     served = ", ".join(sorted({NAMES.get(t, t) for t in FAMILIES}))
     raise UnsupportedModelError(
         f"model type '{model_type}'{arch} is not supported by the native engine (backend: pytorch), which serves "
-        f"{served}; set `backend: vllm` in the model's config to serve it with vLLM")
+        f"{served}; set `backend: vllm` in the model's config to serve it with vLLM"
+    )
 
 
 def build_model(hf_model: Any, blocks: Any, kernels: Any, packed: Any) -> Any:

@@ -39,8 +39,9 @@ class DecoderLayer:
     def projections(self) -> list[Any]:
         return [*self.attn.projections(), *self.mlp.projections()]
 
-    def _add(self, residual: torch.Tensor, out: torch.Tensor, out_norm: RMSNorm | None, step: StepContext
-             ) -> torch.Tensor:
+    def _add(
+        self, residual: torch.Tensor, out: torch.Tensor, out_norm: RMSNorm | None, step: StepContext
+    ) -> torch.Tensor:
         if out_norm is not None:
             out = step.norm(out_norm, out)
         return residual + (out if self.residual_multiplier is None else out * self.residual_multiplier)
@@ -90,9 +91,18 @@ def layer_types(config: Any) -> list[str]:
     return ["sliding_attention" if window else "full_attention"] * config.num_hidden_layers
 
 
-def attention(hf_layer: Any, i: int, config: Any, blocks: dict[str, WeightBlocks], kernels: Kernels, *,
-              unit_offset_norms: bool = False, norm_whole_projection: bool = False,
-              softcap: float | None = None, rope: str | None = None) -> Attention:
+def attention(
+    hf_layer: Any,
+    i: int,
+    config: Any,
+    blocks: dict[str, WeightBlocks],
+    kernels: Kernels,
+    *,
+    unit_offset_norms: bool = False,
+    norm_whole_projection: bool = False,
+    softcap: float | None = None,
+    rope: str | None = None,
+) -> Attention:
     """Layer i's attention block from transformers' layer (its q/k/v, o, q/k norms, scaling, window)."""
     attn = hf_layer.self_attn
     heads = config.num_attention_heads
@@ -100,12 +110,19 @@ def attention(hf_layer: Any, i: int, config: Any, blocks: dict[str, WeightBlocks
     head_dim = getattr(attn, "head_dim", None) or getattr(config, "head_dim", None) or config.hidden_size // heads
     sliding = layer_types(config)[i] == "sliding_attention"
     return Attention(
-        layer_idx=i, qkv=qkv_projection(attn, blocks, kernels), o=linear_of(attn.o_proj, "o_proj", blocks, kernels),
-        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, scaling=float(attn.scaling),
+        layer_idx=i,
+        qkv=qkv_projection(attn, blocks, kernels),
+        o=linear_of(attn.o_proj, "o_proj", blocks, kernels),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        scaling=float(attn.scaling),
         q_norm=rms_norm(getattr(attn, "q_norm", None), unit_offset_norms),
         k_norm=rms_norm(getattr(attn, "k_norm", None), unit_offset_norms),
         norm_whole_projection=norm_whole_projection,
-        sliding_window=config.sliding_window if sliding else None, softcap=softcap, rope=rope,
+        sliding_window=config.sliding_window if sliding else None,
+        softcap=softcap,
+        rope=rope,
     )
 
 
@@ -114,5 +131,6 @@ def gated_mlp(hf_layer: Any, blocks: dict[str, WeightBlocks], kernels: Kernels) 
     `down_proj`, `act_fn`)."""
     mlp = hf_layer.mlp
     act = getattr(mlp, "act_fn", None) or mlp.activation_fn
-    return GatedMLP(gate_up_activation(mlp, act, blocks, kernels), linear_of(mlp.down_proj, "down_proj", blocks,
-                                                                              kernels))
+    return GatedMLP(
+        gate_up_activation(mlp, act, blocks, kernels), linear_of(mlp.down_proj, "down_proj", blocks, kernels)
+    )

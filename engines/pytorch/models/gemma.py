@@ -26,17 +26,27 @@ def build(hf_model: Any, blocks: dict[str, WeightBlocks] | None, kernels: Kernel
     layers = []
     for i, hf_layer in enumerate(hf_model.model.layers):
         own = layer_blocks(blocks, i)
-        layers.append(DecoderLayer(
-            attn=attention(hf_layer, i, config, own, kernels, unit_offset_norms=True,
-                           softcap=getattr(config, "attn_logit_softcapping", None),
-                           rope=kinds[i] if per_type else None),
-            mlp=gated_mlp(hf_layer, own, kernels),
-            input_norm=RMSNorm(hf_layer.input_layernorm, unit_offset=True),
-            attn_out_norm=RMSNorm(hf_layer.post_attention_layernorm, unit_offset=True),
-            post_norm=RMSNorm(hf_layer.pre_feedforward_layernorm, unit_offset=True),
-            mlp_out_norm=RMSNorm(hf_layer.post_feedforward_layernorm, unit_offset=True)))
+        layers.append(
+            DecoderLayer(
+                attn=attention(
+                    hf_layer,
+                    i,
+                    config,
+                    own,
+                    kernels,
+                    unit_offset_norms=True,
+                    softcap=getattr(config, "attn_logit_softcapping", None),
+                    rope=kinds[i] if per_type else None,
+                ),
+                mlp=gated_mlp(hf_layer, own, kernels),
+                input_norm=RMSNorm(hf_layer.input_layernorm, unit_offset=True),
+                attn_out_norm=RMSNorm(hf_layer.post_attention_layernorm, unit_offset=True),
+                post_norm=RMSNorm(hf_layer.pre_feedforward_layernorm, unit_offset=True),
+                mlp_out_norm=RMSNorm(hf_layer.post_feedforward_layernorm, unit_offset=True),
+            )
+        )
         packed(own.values())
-    scale = config.hidden_size ** 0.5
+    scale = config.hidden_size**0.5
     cap = getattr(config, "final_logit_softcapping", None)
 
     gemma3 = config.model_type == "gemma3_text"
@@ -47,5 +57,11 @@ def build(hf_model: Any, blocks: dict[str, WeightBlocks] | None, kernels: Kernel
     def softcap(logits: torch.Tensor) -> torch.Tensor:
         return torch.tanh(logits / cap) * cap
 
-    return DecoderModel(layers, RMSNorm(hf_model.model.norm, unit_offset=True), rotary, embed_scale=embed_scale,
-                        logits_hook=softcap if cap is not None else None, llama_shaped=False)
+    return DecoderModel(
+        layers,
+        RMSNorm(hf_model.model.norm, unit_offset=True),
+        rotary,
+        embed_scale=embed_scale,
+        logits_hook=softcap if cap is not None else None,
+        llama_shaped=False,
+    )

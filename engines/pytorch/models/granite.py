@@ -22,5 +22,11 @@ def build(hf_model: Any, blocks: dict[str, WeightBlocks] | None, kernels: Kernel
     for layer in layers:
         layer.residual_multiplier = config.residual_multiplier
     embedding, logits = config.embedding_multiplier, config.logits_scaling
-    return DecoderModel(layers, RMSNorm(hf_model.model.norm), Rotary(hf_model.model.rotary_emb, config),
-                        embed_scale=lambda x: x * embedding, logits_hook=lambda x: x / logits, llama_shaped=False)
+    return DecoderModel(
+        layers,
+        RMSNorm(hf_model.model.norm),
+        Rotary(hf_model.model.rotary_emb, config),
+        embed_scale=lambda x: x * embedding,
+        logits_hook=lambda x: x / logits,
+        llama_shaped=False,
+    )

@@ -16,22 +16,36 @@ from engines.pytorch.models.decoder import DecoderLayer, DecoderModel, attention
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
-def llama_layers(hf_model: Any, blocks: dict[str, WeightBlocks] | None, kernels: Kernels, packed: Any,
-                 mlp: Callable[[Any, dict[str, WeightBlocks], Kernels], MLP] = gated_mlp) -> list[DecoderLayer]:
+def llama_layers(
+    hf_model: Any,
+    blocks: dict[str, WeightBlocks] | None,
+    kernels: Kernels,
+    packed: Any,
+    mlp: Callable[[Any, dict[str, WeightBlocks], Kernels], MLP] = gated_mlp,
+) -> list[DecoderLayer]:
     """Llama-shaped layers of transformers' model (`packed(blocks)` after each layer's are held); `mlp` builds a
     layer's MLP slot from transformers' layer (a mixture-of-experts family passes its own)."""
     config = hf_model.config
     layers = []
     for i, hf_layer in enumerate(hf_model.model.layers):
         own = layer_blocks(blocks, i)
-        layers.append(DecoderLayer(
-            attn=attention(hf_layer, i, config, own, kernels), mlp=mlp(hf_layer, own, kernels),
-            input_norm=RMSNorm(hf_layer.input_layernorm), post_norm=RMSNorm(hf_layer.post_attention_layernorm)))
+        layers.append(
+            DecoderLayer(
+                attn=attention(hf_layer, i, config, own, kernels),
+                mlp=mlp(hf_layer, own, kernels),
+                input_norm=RMSNorm(hf_layer.input_layernorm),
+                post_norm=RMSNorm(hf_layer.post_attention_layernorm),
+            )
+        )
         packed(own.values())
     return layers
 
 
 def build(hf_model: Any, blocks: dict[str, WeightBlocks] | None, kernels: Kernels, packed: Any) -> DecoderModel:
     layers = llama_layers(hf_model, blocks, kernels, packed)
-    return DecoderModel(layers, RMSNorm(hf_model.model.norm), Rotary(hf_model.model.rotary_emb, hf_model.config),
-                        llama_shaped=all(layer.attn.plain for layer in layers))
+    return DecoderModel(
+        layers,
+        RMSNorm(hf_model.model.norm),
+        Rotary(hf_model.model.rotary_emb, hf_model.config),
+        llama_shaped=all(layer.attn.plain for layer in layers),
+    )

@@ -36,8 +36,10 @@ def _mlp(hf_layer: Any, config: Any, own: dict[str, Any], kernels: Kernels) -> M
 
 def build(hf_model: Any, blocks: dict[str, WeightBlocks] | None, kernels: Kernels, packed: Any) -> DecoderModel:
     config = hf_model.config
-    layers = llama_layers(hf_model, blocks, kernels, packed,
-                          mlp=lambda hf_layer, own, kernels: _mlp(hf_layer, config, own, kernels))
+    layers = llama_layers(
+        hf_model, blocks, kernels, packed, mlp=lambda hf_layer, own, kernels: _mlp(hf_layer, config, own, kernels)
+    )
     # exact_forward.py (match_transformers) runs dense Llama layers only
-    return DecoderModel(layers, RMSNorm(hf_model.model.norm), Rotary(hf_model.model.rotary_emb, config),
-                        llama_shaped=False)
+    return DecoderModel(
+        layers, RMSNorm(hf_model.model.norm), Rotary(hf_model.model.rotary_emb, config), llama_shaped=False
+    )

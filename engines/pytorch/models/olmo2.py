@@ -19,11 +19,17 @@ def build(hf_model: Any, blocks: dict[str, WeightBlocks] | None, kernels: Kernel
     layers = []
     for i, hf_layer in enumerate(hf_model.model.layers):
         own = layer_blocks(blocks, i)
-        layers.append(DecoderLayer(
-            attn=attention(hf_layer, i, config, own, kernels, norm_whole_projection=True),
-            mlp=gated_mlp(hf_layer, own, kernels), input_norm=None, post_norm=None,
-            attn_out_norm=RMSNorm(hf_layer.post_attention_layernorm),
-            mlp_out_norm=RMSNorm(hf_layer.post_feedforward_layernorm)))
+        layers.append(
+            DecoderLayer(
+                attn=attention(hf_layer, i, config, own, kernels, norm_whole_projection=True),
+                mlp=gated_mlp(hf_layer, own, kernels),
+                input_norm=None,
+                post_norm=None,
+                attn_out_norm=RMSNorm(hf_layer.post_attention_layernorm),
+                mlp_out_norm=RMSNorm(hf_layer.post_feedforward_layernorm),
+            )
+        )
         packed(own.values())
-    return DecoderModel(layers, RMSNorm(hf_model.model.norm), Rotary(hf_model.model.rotary_emb, config),
-                        llama_shaped=False)
+    return DecoderModel(
+        layers, RMSNorm(hf_model.model.norm), Rotary(hf_model.model.rotary_emb, config), llama_shaped=False
+    )

@@ -59,7 +59,20 @@ def detect(chat_template: str | None) -> str:
 
 
 __all__ = [
-    "AUTO", "MAX_PARALLEL_CALLS", "PARSERS", "HermesParser", "JsonParser", "Llama3JsonParser", "MistralParser",
-    "ParsedCall", "Phi4MiniParser", "StreamEvent", "ToolCallDelta", "ToolParser", "ToolStreamer", "content_of",
-    "detect", "new_call_id",
+    "AUTO",
+    "MAX_PARALLEL_CALLS",
+    "PARSERS",
+    "HermesParser",
+    "JsonParser",
+    "Llama3JsonParser",
+    "MistralParser",
+    "ParsedCall",
+    "Phi4MiniParser",
+    "StreamEvent",
+    "ToolCallDelta",
+    "ToolParser",
+    "ToolStreamer",
+    "content_of",
+    "detect",
+    "new_call_id",
 ]

@@ -38,7 +38,9 @@ class ToolCallDelta:
         if self.id is None:
             return {"index": self.index, "function": {"arguments": self.arguments}}
         return {
-            "index": self.index, "id": self.id, "type": "function",
+            "index": self.index,
+            "id": self.id,
+            "type": "function",
             "function": {"name": self.name, "arguments": self.arguments},
         }
 

@@ -86,11 +86,7 @@ class HermesParser(ToolParser):
 
     def grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
         start = f'start: call ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else "start: call"
-        return (
-            f"{start}\n"
-            'call: "<tool_call>\\n" body "\\n</tool_call>"\n'
-            f"body: {lark_json(call_schema(tools))}\n"
-        )
+        return f'{start}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\nbody: {lark_json(call_schema(tools))}\n'
 
 
 class _HermesStreamer(ToolStreamer):

@@ -140,11 +140,11 @@ class Llama3JsonParser(RegionParser):
         )
 
     def render_calls(self, calls: list[dict[str, Any]]) -> str:
-        return "; ".join(json.dumps({"name": c["name"], "parameters": args_object(c["arguments"])},
-                                    ensure_ascii=False) for c in calls)
+        return "; ".join(
+            json.dumps({"name": c["name"], "parameters": args_object(c["arguments"])}, ensure_ascii=False)
+            for c in calls
+        )
 
     def grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
         start = f'start: body ("; " body){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else "start: body"
         return f"{start}\nbody: {lark_json(call_schema(tools, 'parameters'))}\n"
-
-

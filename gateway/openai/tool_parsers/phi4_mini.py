@@ -28,7 +28,7 @@ class Phi4MiniParser(RegionParser):
         return (
             "You are a helpful assistant with some tools."
             f"<|tool|>{json.dumps([t['function'] for t in tools], ensure_ascii=False)}<|/tool|>\n"
-            f"To call tools, answer with {OPEN}[{{\"name\": <function-name>, \"arguments\": <args-json-object>}}, ...]"
+            f'To call tools, answer with {OPEN}[{{"name": <function-name>, "arguments": <args-json-object>}}, ...]'
             f"{CLOSE}"
         )
 

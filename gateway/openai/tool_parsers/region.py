@@ -80,8 +80,12 @@ class RegionParser(ToolParser):
         return _RegionStreamer(self, names, trusted, max_calls)
 
     def list_grammar(self, tools: list[dict[str, Any]], parallel: bool, args_key: str = "arguments") -> str:
-        items = {"type": "array", "items": call_schema(tools, args_key), "minItems": 1,
-                 "maxItems": MAX_PARALLEL_CALLS if parallel else 1}
+        items = {
+            "type": "array",
+            "items": call_schema(tools, args_key),
+            "minItems": 1,
+            "maxItems": MAX_PARALLEL_CALLS if parallel else 1,
+        }
         return f"start: body\nbody: {lark_json(items)}\n"
 
 

@@ -27,8 +27,13 @@ log = logging.getLogger("switchyard.scheduler")
 class ContinuousBatcher(LLMScheduler):
     """The LLM scheduler of step engines (the native engine): `StepScheduler`'s policy, driven on the event loop."""
 
-    def __init__(self, engine: StepEngine, scheduler: SchedulerConfig | None = None,
-                 kv_cache: KVCacheConfig | None = None, speculative: SpeculativeSection | None = None) -> None:
+    def __init__(
+        self,
+        engine: StepEngine,
+        scheduler: SchedulerConfig | None = None,
+        kv_cache: KVCacheConfig | None = None,
+        speculative: SpeculativeSection | None = None,
+    ) -> None:
         """The sections are the model config's, as `StepScheduler` takes them."""
         self._engine = engine
         self._policy = StepScheduler(engine.info, engine.tokenizer, scheduler, kv_cache, speculative)
@@ -87,8 +92,11 @@ class ContinuousBatcher(LLMScheduler):
             while True:
                 out = await queue.get()
                 if out.finish_reason == REJECTED:  # timed out before it started: refused as a full queue is
-                    raise OverloadedError(out.error or "the model is overloaded; retry later", reason=QUEUE_TIMEOUT,
-                                          retry_after=self._policy.retry_after())
+                    raise OverloadedError(
+                        out.error or "the model is overloaded; retry later",
+                        reason=QUEUE_TIMEOUT,
+                        retry_after=self._policy.retry_after(),
+                    )
                 yield out
                 if out.finished:
                     return

@@ -11,7 +11,6 @@ from engines.interface import AsyncGenerateEngine, PassthroughEngine, StepEngine
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest
 from gateway.request_metrics import LLMRequestStats
 
-
 #: The engines an LLM scheduler drives: stepped by the gateway, batching internally, or an upstream used as it is.
 LLMEngine = StepEngine | AsyncGenerateEngine | PassthroughEngine
 
@@ -60,15 +59,17 @@ class Passthrough(ABC):
         """The name the upstream serves the model under (the `model` of the bodies sent)."""
 
     @abstractmethod
-    async def call(self, endpoint: str, body: dict[str, Any], priority: int = 0,
-                   timeout: float | None = None) -> dict[str, Any]:
+    async def call(
+        self, endpoint: str, body: dict[str, Any], priority: int = 0, timeout: float | None = None
+    ) -> dict[str, Any]:
         """The upstream's answer to `body` at `/v1/<endpoint>` (`chat/completions`, `completions`, `embeddings`).
         `priority` and `timeout` (the longest wait for admission, None: the model's default) are the client's, for
         the model's queue."""
 
     @abstractmethod
-    async def stream(self, endpoint: str, body: dict[str, Any], priority: int = 0,
-                     timeout: float | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def stream(
+        self, endpoint: str, body: dict[str, Any], priority: int = 0, timeout: float | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
         """The upstream's chunks for a streaming `body`, primed: this returns once the first chunk has arrived, so
         a failure before it is an ordinary error (a route falls back on it); one after it ends the iterator with
         the error. Closing the iterator stops the upstream's generation."""

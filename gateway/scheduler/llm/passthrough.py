@@ -48,8 +48,10 @@ def gateway_error(exc: BaseException) -> BaseException:
     status, message = exc.status, exc.message
     retry = {"Retry-After": f"{exc.retry_after:g}"} if exc.retry_after is not None else {}
     if status in (401, 403):
-        return BadGatewayError(f"the upstream refused the gateway's credentials (HTTP {status}: {message}); check "
-                               "the model's openai.api_key_env or openai.api_key_file")
+        return BadGatewayError(
+            f"the upstream refused the gateway's credentials (HTTP {status}: {message}); check "
+            "the model's openai.api_key_env or openai.api_key_file"
+        )
     if status == 408:
         return GatewayTimeoutError(f"the upstream timed out (HTTP 408: {message})")
     if status == 413:
@@ -74,7 +76,9 @@ class _NoTokenizer(Tokenizer):
     def _refuse(self) -> InvalidRequestError:
         return InvalidRequestError(
             f"the model '{self._name}' is served by an OpenAI-compatible upstream as it is (backend: openai) and has "
-            "no tokenizer here; use /v1/chat/completions, /v1/completions or /v1/embeddings", param="model")
+            "no tokenizer here; use /v1/chat/completions, /v1/completions or /v1/embeddings",
+            param="model",
+        )
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         raise self._refuse()
@@ -85,8 +89,13 @@ class _NoTokenizer(Tokenizer):
     def convert_ids_to_tokens(self, token_ids: Sequence[int]) -> list[str]:
         raise self._refuse()
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                            add_generation_prompt: bool = True, **template_kwargs: Any) -> list[int]:
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> list[int]:
         raise self._refuse()
 
     @property
@@ -126,8 +135,9 @@ def _has_output(chunk: dict[str, Any]) -> bool:
         if not isinstance(choice, dict):
             continue
         delta = choice.get("delta")
-        if isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls")
-                                        or delta.get("reasoning_content") or delta.get("reasoning")):
+        if isinstance(delta, dict) and (
+            delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content") or delta.get("reasoning")
+        ):
             return True
         if choice.get("text"):
             return True
@@ -187,8 +197,9 @@ class PassthroughScheduler(LLMScheduler, Passthrough):
     def upstream_model(self) -> str:
         return self._engine.upstream_model
 
-    async def call(self, endpoint: str, body: dict[str, Any], priority: int = 0,
-                   timeout: float | None = None) -> dict[str, Any]:
+    async def call(
+        self, endpoint: str, body: dict[str, Any], priority: int = 0, timeout: float | None = None
+    ) -> dict[str, Any]:
         request = self._shadow(body, priority, timeout)
         answer: dict[str, Any] | None = None
         async for out in self._stats.requests.observe(request, self._answer(request, endpoint, body)):
@@ -196,8 +207,9 @@ class PassthroughScheduler(LLMScheduler, Passthrough):
         assert answer is not None  # _answer yields exactly one update, with the body
         return answer
 
-    async def stream(self, endpoint: str, body: dict[str, Any], priority: int = 0,
-                     timeout: float | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def stream(
+        self, endpoint: str, body: dict[str, Any], priority: int = 0, timeout: float | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
         request = self._shadow(body, priority, timeout)
         updates = self._stats.requests.observe(request, self._chunks(request, endpoint, body))
         try:
@@ -213,8 +225,9 @@ class PassthroughScheduler(LLMScheduler, Passthrough):
         """The request as the admission queue and the request metrics see it (no prompt tokens are known here)."""
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         sampling = SamplingParams(max_tokens=max_tokens if isinstance(max_tokens, int) else 0)
-        return GenerationRequest(f"passthrough-{next(_ids)}", [], sampling, priority, arrival_time=time.monotonic(),
-                                 queue_timeout=timeout)
+        return GenerationRequest(
+            f"passthrough-{next(_ids)}", [], sampling, priority, arrival_time=time.monotonic(), queue_timeout=timeout
+        )
 
     @contextlib.asynccontextmanager
     async def _admitted(self, request: GenerationRequest) -> AsyncIterator[None]:
@@ -236,8 +249,16 @@ class PassthroughScheduler(LLMScheduler, Passthrough):
             except (UpstreamError, EngineUnreachable, UpstreamTimeoutError) as exc:
                 raise gateway_error(exc) from None
         prompt, completion = _usage(answer) or (0, 0)
-        yield _Update(request.request_id, [], "", finished=True, finish_reason=_finish(answer) or "stop",
-                      prompt_tokens=prompt, completion_tokens=completion, body=answer)
+        yield _Update(
+            request.request_id,
+            [],
+            "",
+            finished=True,
+            finish_reason=_finish(answer) or "stop",
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            body=answer,
+        )
 
     async def _chunks(self, request: GenerationRequest, endpoint: str, body: dict[str, Any]) -> AsyncIterator[_Update]:
         async with self._admitted(request):
@@ -245,8 +266,9 @@ class PassthroughScheduler(LLMScheduler, Passthrough):
             usage: tuple[int, int] | None = None
             finish: str | None = None
             try:
-                stream = cast(AsyncGenerator[dict[str, Any], None],
-                              self._engine.stream(endpoint, body, request.trace_headers))
+                stream = cast(
+                    AsyncGenerator[dict[str, Any], None], self._engine.stream(endpoint, body, request.trace_headers)
+                )
                 async with contextlib.aclosing(stream) as chunks:
                     async for chunk in chunks:
                         outputs += _has_output(chunk)
@@ -256,12 +278,20 @@ class PassthroughScheduler(LLMScheduler, Passthrough):
             except (UpstreamError, EngineUnreachable, UpstreamTimeoutError) as exc:
                 raise gateway_error(exc) from None
         prompt, completion = usage or (0, outputs)
-        yield _Update(request.request_id, [], "", finished=True, finish_reason=finish or "stop",
-                      prompt_tokens=prompt, completion_tokens=max(completion, outputs))
+        yield _Update(
+            request.request_id,
+            [],
+            "",
+            finished=True,
+            finish_reason=finish or "stop",
+            prompt_tokens=prompt,
+            completion_tokens=max(completion, outputs),
+        )
 
     @staticmethod
-    async def _bodies(first: GenerationOutput, updates: AsyncIterator[GenerationOutput]
-                      ) -> AsyncIterator[dict[str, Any]]:
+    async def _bodies(
+        first: GenerationOutput, updates: AsyncIterator[GenerationOutput]
+    ) -> AsyncIterator[dict[str, Any]]:
         try:
             if isinstance(first, _Update) and first.body is not None:
                 yield first.body
@@ -270,4 +300,3 @@ class PassthroughScheduler(LLMScheduler, Passthrough):
                     yield out.body
         finally:
             await updates.aclose()  # type: ignore[attr-defined]
-

@@ -100,9 +100,12 @@ class QueuePolicy:
             self._delayed.add(request.request_id)
             return None
         limit = self.timeout(request) or 0.0
-        return self._reject(QUEUE_TIMEOUT, f"the request waited {limit:g} s for the model without starting (its "
-                            "timeout); the model is overloaded: retry later or raise the timeout",
-                            self.expected_wait(waiting))
+        return self._reject(
+            QUEUE_TIMEOUT,
+            f"the request waited {limit:g} s for the model without starting (its "
+            "timeout); the model is overloaded: retry later or raise the timeout",
+            self.expected_wait(waiting),
+        )
 
     # -- arrivals -----------------------------------------------------------------------------------------------
     def admit(self, request: GenerationRequest, waiting: Iterable[GenerationRequest]) -> None:
@@ -110,17 +113,23 @@ class QueuePolicy:
         queued = list(waiting)
         limit = self._config.max_queue_size
         if len(queued) >= limit:
-            raise self._reject(QUEUE_FULL, f"the model's queue is full ({limit} requests waiting); retry later",
-                               self.expected_wait(len(queued)))
+            raise self._reject(
+                QUEUE_FULL,
+                f"the model's queue is full ({limit} requests waiting); retry later",
+                self.expected_wait(len(queued)),
+            )
         timeout = self.timeout(request)
         if timeout is None:
             return
         ahead = sum(1 for r in queued if r.priority <= request.priority and r.request_id not in self._delayed)
         wait = self.expected_wait(ahead)
         if wait is not None and wait > timeout:
-            raise self._reject(EXPECTED_WAIT, f"the model is overloaded: {ahead} requests are ahead of this one, "
-                               f"about {wait:.1f} s of waiting, longer than its timeout of {timeout:g} s; retry later",
-                               wait - timeout)
+            raise self._reject(
+                EXPECTED_WAIT,
+                f"the model is overloaded: {ahead} requests are ahead of this one, "
+                f"about {wait:.1f} s of waiting, longer than its timeout of {timeout:g} s; retry later",
+                wait - timeout,
+            )
 
     def expected_wait(self, ahead: int) -> float | None:
         """Seconds until `ahead` waiting requests have been admitted; None while the rate is unknown."""

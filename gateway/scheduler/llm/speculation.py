@@ -37,8 +37,12 @@ PAUSE_FIRST, PAUSE_MAX = 16, 256
 
 def verifiable(params: SamplingParams) -> bool:
     """Whether a request's tokens can be verified exactly (see the module docstring)."""
-    return params.logprobs is None and params.constraint is None and params.guided is None and (
-        params.greedy or params.seed is None)
+    return (
+        params.logprobs is None
+        and params.constraint is None
+        and params.guided is None
+        and (params.greedy or params.seed is None)
+    )
 
 
 @dataclass

@@ -97,8 +97,14 @@ class StepScheduler:
     Every request ends with exactly one output whose `finished` is true (stop, length, abort or error); after it the
     engine may drop the sequence's state."""
 
-    def __init__(self, info: EngineInfo, tokenizer: Tokenizer, scheduler: SchedulerConfig | None = None,
-                 kv_cache: KVCacheConfig | None = None, speculative: SpeculativeSection | None = None) -> None:
+    def __init__(
+        self,
+        info: EngineInfo,
+        tokenizer: Tokenizer,
+        scheduler: SchedulerConfig | None = None,
+        kv_cache: KVCacheConfig | None = None,
+        speculative: SpeculativeSection | None = None,
+    ) -> None:
         """The model config's validated sections: `scheduler` (budgets, queue), `kv_cache` (prefix caching,
         sessions; the pool itself is the engine's) and `pytorch.speculative` (None: off)."""
         self._info = info
@@ -119,8 +125,10 @@ class StepScheduler:
         self._stats = SchedulerStats(kv_blocks_total=info.num_kv_blocks)
         self._spec = speculative if info.exact_verification else None
         if speculative is not None and self._spec is None:
-            log.warning("speculative decoding is off: this engine's verification steps would not compute what "
-                        "one-token steps compute (the native engine needs its C kernels: pytorch.fast_kernels)")
+            log.warning(
+                "speculative decoding is off: this engine's verification steps would not compute what "
+                "one-token steps compute (the native engine needs its C kernels: pytorch.fast_kernels)"
+            )
         self._outputs: list[GenerationOutput] = []  # gathered by the call in progress, handed back when it returns
 
     def stats(self) -> SchedulerStats:
@@ -238,14 +246,16 @@ class StepScheduler:
         # A prompt chunk of a running sequence waits a step when a request of higher priority waits for admission
         # and could be admitted: the chat that arrives while batch requests prefill gets its first token a step
         # sooner (decodes are never held back; a starving request counts as the highest priority).
-        urgent = (min(s.sort_key(now, aging)[0] for s in self._waiting)
-                  if self._waiting and len(self._running) < self._limits.max_num_seqs else None)
+        urgent = (
+            min(s.sort_key(now, aging)[0] for s in self._waiting)
+            if self._waiting and len(self._running) < self._limits.max_num_seqs
+            else None
+        )
         deferred: list[_Sequence] = []
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            if (urgent is not None and len(seq.tokens) - seq.num_computed > 1
-                    and seq.sort_key(now, aging)[0] > urgent):
+            if urgent is not None and len(seq.tokens) - seq.num_computed > 1 and seq.sort_key(now, aging)[0] > urgent:
                 deferred.append(seq)
                 i += 1
                 continue
@@ -273,8 +283,11 @@ class StepScheduler:
         computing = self._blocks_in_flight()
         chunked, admitted = self._limits.enable_chunked_prefill, False
         i = 0
-        while (i < len(self._waiting) and (budget > 0 or not (chunked or admitted))
-               and len(self._running) < self._limits.max_num_seqs):
+        while (
+            i < len(self._waiting)
+            and (budget > 0 or not (chunked or admitted))
+            and len(self._running) < self._limits.max_num_seqs
+        ):
             seq = self._waiting[i]
             if seq.num_computed == 0:
                 if computing and self._needs_block_in_flight(seq, computing):
@@ -382,9 +395,12 @@ class StepScheduler:
         spec = self._spec
         if seq.spec is None or spec is None:
             return []
-        room = min(spec.num_speculative_tokens, budget,
-                   seq.request.sampling.max_tokens - seq.processor.num_tokens - 1,
-                   self._info.max_model_len - len(seq.tokens) - 1)
+        room = min(
+            spec.num_speculative_tokens,
+            budget,
+            seq.request.sampling.max_tokens - seq.processor.num_tokens - 1,
+            self._info.max_model_len - len(seq.tokens) - 1,
+        )
         return seq.spec.propose(seq.tokens, seq.processor.num_tokens, room)
 
     def _step(self, seq: _Sequence, n: int, drafts: list[int] | None = None) -> SequenceStep:
@@ -442,8 +458,11 @@ class StepScheduler:
                         break
             except Exception as exc:
                 log.exception("output processing failed for %s", seq.seq_id)
-                self._finish(seq, "error", error=f"processing this request's output failed ({type(exc).__name__}); "
-                                                 "see the server log")
+                self._finish(
+                    seq,
+                    "error",
+                    error=f"processing this request's output failed ({type(exc).__name__}); see the server log",
+                )
                 continue
             reason = seq.processor.finish_reason
             lp = logprobs.get(seq.seq_id)
@@ -474,16 +493,18 @@ class StepScheduler:
 
     def _finish(self, seq: _Sequence, reason: str, error: str | None = None) -> None:
         if not seq.finished:
-            self._outputs.append(GenerationOutput(
-                request_id=seq.seq_id,
-                new_token_ids=[],
-                text="",
-                finished=True,
-                finish_reason=reason,
-                prompt_tokens=seq.num_prompt,
-                completion_tokens=seq.processor.num_tokens,
-                error=error,
-            ))
+            self._outputs.append(
+                GenerationOutput(
+                    request_id=seq.seq_id,
+                    new_token_ids=[],
+                    text="",
+                    finished=True,
+                    finish_reason=reason,
+                    prompt_tokens=seq.num_prompt,
+                    completion_tokens=seq.processor.num_tokens,
+                    error=error,
+                )
+            )
         self._release(seq)
 
     def _release(self, seq: _Sequence) -> None:

@@ -185,8 +185,14 @@ class DynamicBatcher:
                 raise InvalidRequestError("timeout must be a non-negative number of microseconds")
             if rules.allow_timeout_override:
                 timeout_s = timeout_us / 1e6
-        item = _Item(inputs, rows, _signature(inputs, self.policy.max_batch_size > 0), level, next(self._seq),
-                     time.monotonic_ns())
+        item = _Item(
+            inputs,
+            rows,
+            _signature(inputs, self.policy.max_batch_size > 0),
+            level,
+            next(self._seq),
+            time.monotonic_ns(),
+        )
         if timeout_s > 0:
             item.timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, item, rules)
         queue.append(item)
@@ -417,8 +423,11 @@ class DynamicBatcher:
                 assert item.stream is not None
                 try:
                     if isinstance(responses, Exception):  # the model refused this request
-                        refused = responses if isinstance(responses, SwitchyardError) else InvalidRequestError(
-                            str(responses)[:500] or type(responses).__name__)
+                        refused = (
+                            responses
+                            if isinstance(responses, SwitchyardError)
+                            else InvalidRequestError(str(responses)[:500] or type(responses).__name__)
+                        )
                         loop.call_soon_threadsafe(item.stream.put_nowait, refused)
                     else:
                         for response in responses:

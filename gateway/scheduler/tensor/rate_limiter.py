@@ -52,8 +52,10 @@ class ResourceLimit:
             if count < 0 or (device is not None and device < 0):
                 raise ValueError
         except ValueError:
-            raise ConfigError(f"--rate-limit-resource {text[:80]!r} must be NAME:COUNT or NAME:COUNT:DEVICE with "
-                              "non-negative integers (e.g. R1:4 or R1:4:0)") from None
+            raise ConfigError(
+                f"--rate-limit-resource {text[:80]!r} must be NAME:COUNT or NAME:COUNT:DEVICE with "
+                "non-negative integers (e.g. R1:4 or R1:4:0)"
+            ) from None
         return cls(parts[0], count, device)
 
 
@@ -116,13 +118,17 @@ class RateLimiter:
             for (name, dev), count in needs.items():
                 mixed = [k for g in self._gates for k in g.needs if k[0] == name and (k[1] is None) != (dev is None)]
                 if mixed:
-                    raise ConfigError(f"rate limiter resource '{name}' is global for one model and per-device for "
-                                      "another; use the same 'global' setting everywhere")
+                    raise ConfigError(
+                        f"rate limiter resource '{name}' is global for one model and per-device for "
+                        "another; use the same 'global' setting everywhere"
+                    )
                 explicit = self._explicit_amount(name, dev)
                 if explicit is not None and count > explicit:
                     where = "globally" if dev is None else f"on device {dev}"
-                    raise ConfigError(f"instance '{owner}' needs {count} of rate limiter resource '{name}', but "
-                                      f"--rate-limit-resource gives {explicit} {where}; raise it or lower the count")
+                    raise ConfigError(
+                        f"instance '{owner}' needs {count} of rate limiter resource '{name}', but "
+                        f"--rate-limit-resource gives {explicit} {where}; raise it or lower the count"
+                    )
             gate = InstanceGate(self, owner, needs, max(1, priority))
             self._gates.add(gate)
         return gate
@@ -145,8 +151,10 @@ class RateLimiter:
         """(name, device, amount, in use) per resource, for /metrics."""
         with self._lock:
             keys = {k for g in self._gates for k in g.needs} | {k for k, n in self._used.items() if n}
-            return [(name, dev, self.amount((name, dev)), self._used.get((name, dev), 0))
-                    for name, dev in sorted(keys, key=lambda k: (k[0], -1 if k[1] is None else k[1]))]
+            return [
+                (name, dev, self.amount((name, dev)), self._used.get((name, dev), 0))
+                for name, dev in sorted(keys, key=lambda k: (k[0], -1 if k[1] is None else k[1]))
+            ]
 
     @property
     def waiting(self) -> int:
@@ -156,8 +164,10 @@ class RateLimiter:
 
     def _fits(self, gate: InstanceGate, reserved: dict[ResourceKey, int] | None = None) -> bool:
         reserved = reserved or {}
-        return all(self._used.get(key, 0) + reserved.get(key, 0) + count <= self.amount(key)
-                   for key, count in gate.needs.items())
+        return all(
+            self._used.get(key, 0) + reserved.get(key, 0) + count <= self.amount(key)
+            for key, count in gate.needs.items()
+        )
 
     def _take(self, gate: InstanceGate) -> None:
         for key, count in gate.needs.items():

@@ -54,8 +54,14 @@ class SequenceBatcher:
 
     takes_sequence_parameters = True
 
-    def __init__(self, name: str, instances: Sequence[TensorBackend], config: Any, stats: ModelStats | None = None,
-                 gates: Sequence[Any] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        instances: Sequence[TensorBackend],
+        config: Any,
+        stats: ModelStats | None = None,
+        gates: Sequence[Any] | None = None,
+    ) -> None:
         self.name = name
         self.stats = stats or ModelStats()
         self.config = config  # gateway.repository.tensor_config.TensorModelConfig
@@ -64,11 +70,17 @@ class SequenceBatcher:
         strategy = seq.oldest or seq.direct
         delay = (strategy.max_queue_delay_microseconds / 1e6) if strategy is not None else 0.0
         preferred = tuple(getattr(strategy, "preferred_batch_size", []) or [])
-        policy = BatchingPolicy(max_batch_size=config.max_batch_size, dynamic=self.batched, preferred_sizes=preferred,
-                                max_queue_delay_s=delay)
+        policy = BatchingPolicy(
+            max_batch_size=config.max_batch_size,
+            dynamic=self.batched,
+            preferred_sizes=preferred,
+            max_queue_delay_s=delay,
+        )
         # one batcher per instance: a sequence's requests always reach the same model instance
-        self._batchers = [DynamicBatcher(name, [inst], policy, self.stats, [gates[i]] if gates else None)
-                          for i, inst in enumerate(instances)]
+        self._batchers = [
+            DynamicBatcher(name, [inst], policy, self.stats, [gates[i]] if gates else None)
+            for i, inst in enumerate(instances)
+        ]
         self.idle_s = seq.max_sequence_idle_microseconds / 1e6
         self.controls = [(c.name, ctl) for c in seq.control_input for ctl in c.control]
         self.states = list(seq.state)
@@ -161,8 +173,14 @@ class SequenceBatcher:
             return np.full(shape, b"", dtype=object)
         return np.zeros(shape, dtype=DATATYPES[state.data_type])
 
-    async def infer(self, inputs: dict[str, np.ndarray], rows: int = 1, priority: int | None = None,
-                    timeout_us: int | None = None, parameters: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def infer(
+        self,
+        inputs: dict[str, np.ndarray],
+        rows: int = 1,
+        priority: int | None = None,
+        timeout_us: int | None = None,
+        parameters: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         sequence_id, start, end = self._parse(parameters or {})
         sequence = self._bind(sequence_id, start)
         sequence.in_flight += 1
@@ -185,7 +203,12 @@ class SequenceBatcher:
             if end and self._sequences.get(sequence_id) is sequence and not sequence.in_flight:
                 del self._sequences[sequence_id]
 
-    async def infer_stream(self, inputs: dict[str, np.ndarray], rows: int = 1, priority: int | None = None,
-                           timeout_us: int | None = None, parameters: dict[str, Any] | None = None
-                           ) -> AsyncIterator[dict[str, Any]]:
+    async def infer_stream(
+        self,
+        inputs: dict[str, np.ndarray],
+        rows: int = 1,
+        priority: int | None = None,
+        timeout_us: int | None = None,
+        parameters: dict[str, Any] | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
         yield await self.infer(inputs, rows, priority, timeout_us, parameters)

@@ -12,8 +12,10 @@ class TritonPythonModel:
         for request in requests:
             probs = request["PROBABILITIES"]
             best = probs.argmax(axis=1)
-            responses.append({
-                "LABEL": np.array([[self.labels[i]] for i in best], dtype=object),
-                "SCORE": probs.max(axis=1, keepdims=True).astype(np.float32),
-            })
+            responses.append(
+                {
+                    "LABEL": np.array([[self.labels[i]] for i in best], dtype=object),
+                    "SCORE": probs.max(axis=1, keepdims=True).astype(np.float32),
+                }
+            )
         return responses

@@ -20,15 +20,30 @@ def data(rows: int = 2000, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.nd
     return x, (score > 0).astype(np.int64), np.digitize(score, [-1.0, 1.0])
 
 
-def config(name: str, model_type: str, *, output_class: bool, predict_proba: bool = False, width: int = 1,
-           max_batch_size: int = 4096, dynamic: bool = True, extra: dict[str, str] | None = None,
-           declare: bool = True) -> str:
-    params = {"model_type": model_type, "output_class": str(output_class).lower(),
-              "predict_proba": str(predict_proba).lower(), **(extra or {})}
+def config(
+    name: str,
+    model_type: str,
+    *,
+    output_class: bool,
+    predict_proba: bool = False,
+    width: int = 1,
+    max_batch_size: int = 4096,
+    dynamic: bool = True,
+    extra: dict[str, str] | None = None,
+    declare: bool = True,
+) -> str:
+    params = {
+        "model_type": model_type,
+        "output_class": str(output_class).lower(),
+        "predict_proba": str(predict_proba).lower(),
+        **(extra or {}),
+    }
     lines = [f'name: "{name}"', 'backend: "fil"', f"max_batch_size: {max_batch_size}"]
     if declare:
-        lines += [f'input [ {{ name: "input__0" data_type: TYPE_FP32 dims: [ {FEATURES} ] }} ]',
-                  f'output [ {{ name: "output__0" data_type: TYPE_FP32 dims: [ {width} ] }} ]']
+        lines += [
+            f'input [ {{ name: "input__0" data_type: TYPE_FP32 dims: [ {FEATURES} ] }} ]',
+            f'output [ {{ name: "output__0" data_type: TYPE_FP32 dims: [ {width} ] }} ]',
+        ]
     entries = [f'  {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items()]
     lines += ["parameters [", ",\n".join(entries), "]", "instance_group [ { count: 1 kind: KIND_CPU } ]"]
     if dynamic:

@@ -15,7 +15,11 @@ def write(repo: Path, name: str = "tf_scorer", config: str | None = None) -> Any
     folder = repo / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
     save(module, folder / "1")
-    (folder / "config.pbtxt").write_text(config or (
-        f'name: "{name}"\nplatform: "tensorflow_savedmodel"\nmax_batch_size: 16\n'
-        "dynamic_batching { max_queue_delay_microseconds: 2000 }\n"))
+    (folder / "config.pbtxt").write_text(
+        config
+        or (
+            f'name: "{name}"\nplatform: "tensorflow_savedmodel"\nmax_batch_size: 16\n'
+            "dynamic_batching { max_queue_delay_microseconds: 2000 }\n"
+        )
+    )
     return module

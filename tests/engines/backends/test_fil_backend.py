@@ -15,9 +15,9 @@ pytest.importorskip("sklearn")
 pytest.importorskip("treelite")
 
 from gateway.errors import ConfigError  # noqa: E402
-from gateway.tensor.model import TensorModel  # noqa: E402
 from gateway.repository.layout import find_model_dir  # noqa: E402
 from gateway.repository.model_config import parse_model_config  # noqa: E402
+from gateway.tensor.model import TensorModel  # noqa: E402
 from tests.engines.backends import forest_models as fm  # noqa: E402
 
 X, _, _ = fm.data(rows=300, seed=1)
@@ -103,14 +103,23 @@ def test_dynamic_batcher_batches_rows(tmp_path: Path) -> None:
     assert model.versions[1].stats.execution_count < 64  # requests shared backend calls
 
 
-@pytest.mark.parametrize(("config", "message"), [
-    ('backend: "fil" max_batch_size: 8 parameters { key: "model_type" value: { string_value: "catboost" } }',
-     "model_type"),
-    ('backend: "fil" max_batch_size: 8 parameters { key: "model_type" value: { string_value: "xgboost_json" } }',
-     "xgboost.json"),
-    ('backend: "fil" max_batch_size: 0 parameters { key: "model_type" value: { string_value: "xgboost_json" } }',
-     "max_batch_size"),
-])
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            'backend: "fil" max_batch_size: 8 parameters { key: "model_type" value: { string_value: "catboost" } }',
+            "model_type",
+        ),
+        (
+            'backend: "fil" max_batch_size: 8 parameters { key: "model_type" value: { string_value: "xgboost_json" } }',
+            "xgboost.json",
+        ),
+        (
+            'backend: "fil" max_batch_size: 0 parameters { key: "model_type" value: { string_value: "xgboost_json" } }',
+            "max_batch_size",
+        ),
+    ],
+)
 def test_bad_configs_say_what_to_fix(tmp_path: Path, config: str, message: str) -> None:
     (tmp_path / "bad" / "1").mkdir(parents=True)
     (tmp_path / "bad" / "config.pbtxt").write_text(config)
@@ -140,8 +149,11 @@ async def test_a_load_request_cannot_turn_pickles_on(tmp_path: Path) -> None:
     fm.write_sklearn(tmp_path, "skl_closed", allow_pickle=False)
     registry = ModelControl(tmp_path, control_mode="explicit")
     registry.prepare()
-    override = {"backend": "fil", "max_batch_size": 8,
-                "parameters": {"model_type": "sklearn_pkl", "allow_pickle": "true"}}
+    override = {
+        "backend": "fil",
+        "max_batch_size": 8,
+        "parameters": {"model_type": "sklearn_pkl", "allow_pickle": "true"},
+    }
     with pytest.raises(InvalidRequestError, match="may not change parameter 'allow_pickle'"):
         await registry.load("skl_closed", override)
     assert registry.models.all_models() == []

@@ -14,9 +14,15 @@ MODEL = Path(__file__).resolve().parents[3] / "model_repository" / "circle_class
 
 
 def spec(**kw) -> TensorModelSpec:
-    values = dict(name="circle_classifier", version=1, model_dir=str(MODEL), version_dir=str(MODEL / "1"),
-                  max_batch_size=64, inputs=[TensorSpec("FEATURES", "FP32", [2])],
-                  outputs=[TensorSpec("PROBABILITIES", "FP32", [2])])
+    values = dict(
+        name="circle_classifier",
+        version=1,
+        model_dir=str(MODEL),
+        version_dir=str(MODEL / "1"),
+        max_batch_size=64,
+        inputs=[TensorSpec("FEATURES", "FP32", [2])],
+        outputs=[TensorSpec("PROBABILITIES", "FP32", [2])],
+    )
     values.update(kw)
     return TensorModelSpec(**values)
 
@@ -24,8 +30,10 @@ def spec(**kw) -> TensorModelSpec:
 def test_batched_requests_are_split_back() -> None:
     backend = create_backend("onnxruntime")
     backend.load(spec())
-    requests = [{"FEATURES": np.array([[0.0, 0.1]], np.float32)},
-                {"FEATURES": np.array([[1.9, 1.9], [0.2, -0.3], [-1.5, -1.5]], np.float32)}]
+    requests = [
+        {"FEATURES": np.array([[0.0, 0.1]], np.float32)},
+        {"FEATURES": np.array([[1.9, 1.9], [0.2, -0.3], [-1.5, -1.5]], np.float32)},
+    ]
     out = backend.execute(requests)
     assert out[0]["PROBABILITIES"].shape == (1, 2) and out[1]["PROBABILITIES"].shape == (3, 2)
     assert out[0]["PROBABILITIES"].argmax(1).tolist() == [1]

@@ -14,9 +14,17 @@ from engines.types import TensorModelSpec, TensorSpec
 
 
 def spec(folder: Path, **kw) -> TensorModelSpec:
-    values = dict(name=folder.name, version=1, model_dir=str(folder), version_dir=str(folder / "1"), max_batch_size=4,
-                  inputs=[TensorSpec("IN", "FP32", [2])], outputs=[TensorSpec("OUT", "FP32", [2])],
-                  parameters={"scale": "3"}, config={"name": folder.name, "backend": "python"})
+    values = dict(
+        name=folder.name,
+        version=1,
+        model_dir=str(folder),
+        version_dir=str(folder / "1"),
+        max_batch_size=4,
+        inputs=[TensorSpec("IN", "FP32", [2])],
+        outputs=[TensorSpec("OUT", "FP32", [2])],
+        parameters={"scale": "3"},
+        config={"name": folder.name, "backend": "python"},
+    )
     values.update(kw)
     return TensorModelSpec(**values)
 
@@ -27,7 +35,7 @@ def write_model(folder: Path, source: str, filename: str = "model.py") -> Path:
     return folder
 
 
-SCALER = '''
+SCALER = """
 import json
 import numpy as np
 
@@ -43,7 +51,7 @@ class TritonPythonModel:
 
     def finalize(self):
         RECORD["finalized"] = True
-'''
+"""
 
 
 def test_initialize_execute_finalize(tmp_path: Path) -> None:

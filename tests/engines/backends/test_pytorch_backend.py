@@ -19,7 +19,11 @@ class TwoOutputs(torch.nn.Module):
 
 def spec(folder: Path, filename: str = "") -> TensorModelSpec:
     return TensorModelSpec(
-        name="two", version=1, model_dir=str(folder), version_dir=str(folder / "1"), max_batch_size=8,
+        name="two",
+        version=1,
+        model_dir=str(folder),
+        version_dir=str(folder / "1"),
+        max_batch_size=8,
         inputs=[TensorSpec("INPUT__0", "FP32", [3]), TensorSpec("INPUT__1", "FP32", [3])],
         outputs=[TensorSpec("OUTPUT__0", "FP32", [3]), TensorSpec("OUTPUT__1", "FP32", [1])],
         default_model_filename=filename or None,
@@ -48,8 +52,9 @@ def test_torchscript_file(tmp_path: Path) -> None:
 def test_torch_export_file(tmp_path: Path) -> None:
     (tmp_path / "1").mkdir()
     batch = torch.export.Dim("batch", min=1, max=8)
-    program = torch.export.export(TwoOutputs(), (torch.ones(2, 3), torch.ones(2, 3)),
-                                  dynamic_shapes=({0: batch}, {0: batch}))
+    program = torch.export.export(
+        TwoOutputs(), (torch.ones(2, 3), torch.ones(2, 3)), dynamic_shapes=({0: batch}, {0: batch})
+    )
     torch.export.save(program, str(tmp_path / "1" / "model.pt2"))
     backend = create_backend("pytorch")
     backend.load(spec(tmp_path, "model.pt2"))

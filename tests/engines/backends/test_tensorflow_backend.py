@@ -13,9 +13,9 @@ pytestmark = pytest.mark.tensorflow
 tf = pytest.importorskip("tensorflow")
 
 from gateway.errors import ConfigError  # noqa: E402
-from gateway.tensor.model import TensorModel  # noqa: E402
 from gateway.repository.layout import find_model_dir  # noqa: E402
 from gateway.repository.model_config import parse_model_config  # noqa: E402
+from gateway.tensor.model import TensorModel  # noqa: E402
 from tests.engines.backends import tensorflow_models  # noqa: E402
 
 ROWS = np.random.default_rng(0).normal(size=(12, 4)).astype(np.float32)
@@ -35,9 +35,13 @@ def test_signature_fills_in_the_config(tmp_path: Path) -> None:
     meta = load(tmp_path, "tf_scorer").metadata()
     assert meta["platform"] == "tensorflow_savedmodel"
     assert {t["name"]: (t["datatype"], t["shape"]) for t in meta["inputs"]} == {
-        "FEATURES": ("FP32", [-1, 4]), "TAG": ("BYTES", [-1, 1])}
+        "FEATURES": ("FP32", [-1, 4]),
+        "TAG": ("BYTES", [-1, 1]),
+    }
     assert {t["name"]: (t["datatype"], t["shape"]) for t in meta["outputs"]} == {
-        "SCORES": ("FP32", [-1, 3]), "ECHO": ("BYTES", [-1, 1])}
+        "SCORES": ("FP32", [-1, 3]),
+        "ECHO": ("BYTES", [-1, 1]),
+    }
 
 
 def test_outputs_match_the_model_batched_through_the_dynamic_batcher(tmp_path: Path) -> None:
@@ -49,8 +53,9 @@ def test_outputs_match_the_model_batched_through_the_dynamic_batcher(tmp_path: P
         await model.start()
         try:
             batcher = model.versions[1].batcher
-            return await asyncio.gather(*(batcher.infer({"FEATURES": ROWS[i : i + 1], "TAG": TAGS[i : i + 1]})
-                                          for i in range(len(ROWS))))
+            return await asyncio.gather(
+                *(batcher.infer({"FEATURES": ROWS[i : i + 1], "TAG": TAGS[i : i + 1]}) for i in range(len(ROWS)))
+            )
         finally:
             await model.stop()
 
@@ -98,8 +103,9 @@ def test_the_example_folder_serves_as_written(tmp_path: Path) -> None:
 
     folder = tmp_path / "tensorflow_scorer"
     shutil.copytree(ROOT / "examples" / "tensorflow_scorer", folder, ignore=shutil.ignore_patterns("1"))
-    done = subprocess.run([sys.executable, str(folder / "make_model.py"), str(folder)], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(folder / "make_model.py"), str(folder)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     model = load(tmp_path, "tensorflow_scorer")
     assert model.config_json()["max_batch_size"] == 4

@@ -47,8 +47,9 @@ def test_embeddings_match_sentence_transformers(minilm) -> None:
 
 def test_batching_with_padding_changes_nothing(minilm) -> None:
     alone = minilm.execute([text_request("short")])[0]["EMBEDDING"]
-    together = minilm.execute([text_request("a much longer sentence that forces padding of the short one " * 3),
-                               text_request("short")])
+    together = minilm.execute(
+        [text_request("a much longer sentence that forces padding of the short one " * 3), text_request("short")]
+    )
     np.testing.assert_allclose(together[1]["EMBEDDING"], alone, atol=1e-5)
 
 
@@ -68,15 +69,19 @@ def test_sequence_classification_task(tmp_path: Path) -> None:
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=64, num_labels=3)
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, num_labels=3
+    )
     model = BertForSequenceClassification(config).eval()
     model.save_pretrained(tmp_path)
     for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(MINILM / name, tmp_path / name)
     backend = create_backend("transformers")
-    backend.load(TensorModelSpec("cls", 1, str(tmp_path), str(tmp_path), 8, [], [], source=str(tmp_path),
-                                 parameters={"task": "classify"}))
+    backend.load(
+        TensorModelSpec(
+            "cls", 1, str(tmp_path), str(tmp_path), 8, [], [], source=str(tmp_path), parameters={"task": "classify"}
+        )
+    )
     out = backend.execute([text_request("good movie", "bad")])[0]
     assert out["LOGITS"].shape == (2, 3) and backend.describe()["outputs"][0].name == "LOGITS"
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)

@@ -9,8 +9,12 @@ import pytest
 from engines.cpu_budget import CpuBudget, cgroup_limit, detect
 
 
-def v2(tmp_path: Path, cpu_max: str | None, cgroup: str = "/kubepods/pod1/ctr", parent_max: str | None = None,
-       ) -> tuple[Path, Path]:
+def v2(
+    tmp_path: Path,
+    cpu_max: str | None,
+    cgroup: str = "/kubepods/pod1/ctr",
+    parent_max: str | None = None,
+) -> tuple[Path, Path]:
     """A unified hierarchy with this process in `cgroup`; `cpu_max` its cpu.max, `parent_max` its parent's."""
     root = tmp_path / "sys-fs-cgroup"
     leaf = root.joinpath(*cgroup.strip("/").split("/"))
@@ -25,8 +29,9 @@ def v2(tmp_path: Path, cpu_max: str | None, cgroup: str = "/kubepods/pod1/ctr", 
     return proc, root
 
 
-def v1(tmp_path: Path, quota: int, period: int = 100000, cgroup: str = "/docker/abc",
-       controllers: str = "cpu,cpuacct") -> tuple[Path, Path]:
+def v1(
+    tmp_path: Path, quota: int, period: int = 100000, cgroup: str = "/docker/abc", controllers: str = "cpu,cpuacct"
+) -> tuple[Path, Path]:
     """A v1 cpu hierarchy mounted at <root>/<controllers> with this process in `cgroup`."""
     root = tmp_path / "sys-fs-cgroup"
     leaf = (root / controllers).joinpath(*cgroup.strip("/").split("/"))
@@ -64,11 +69,15 @@ def test_v1_quota_narrows_a_64_cpu_mask(tmp_path: Path, quota_cpus: int) -> None
     assert budget.quota is not None and budget.quota.path.endswith("abc/cpu.cfs_quota_us")
 
 
-@pytest.mark.parametrize(("cpu_max", "threads", "cpus"), [
-    ("150000 100000", 1, 1.5), ("250000 100000", 2, 2.5), ("390000 100000", 3, 3.9),
-])
-def test_fractional_quota_keeps_whole_cpus_for_compute(tmp_path: Path, cpu_max: str, threads: int,
-                                                      cpus: float) -> None:
+@pytest.mark.parametrize(
+    ("cpu_max", "threads", "cpus"),
+    [
+        ("150000 100000", 1, 1.5),
+        ("250000 100000", 2, 2.5),
+        ("390000 100000", 3, 3.9),
+    ],
+)
+def test_fractional_quota_keeps_whole_cpus_for_compute(tmp_path: Path, cpu_max: str, threads: int, cpus: float) -> None:
     proc, root = v2(tmp_path, cpu_max)
     budget = detect(affinity=16, environ={}, proc_cgroup=proc, cgroup_root=root)
     assert (budget.threads, budget.cpus) == (threads, cpus)
@@ -131,8 +140,9 @@ def test_no_cgroup_files_means_no_quota(tmp_path: Path) -> None:
     assert (budget.threads, budget.quota) == (4, None)
 
 
-@pytest.mark.parametrize(("cpu_max", "omp", "threads"), [(None, "3", 3), ("400000 100000", "2", 2),
-                                                         ("150000 100000", "1", 1)])
+@pytest.mark.parametrize(
+    ("cpu_max", "omp", "threads"), [(None, "3", 3), ("400000 100000", "2", 2), ("150000 100000", "1", 1)]
+)
 def test_omp_num_threads_overrides(tmp_path: Path, cpu_max: str | None, omp: str, threads: int) -> None:
     proc, root = v2(tmp_path, cpu_max)
     budget = detect(affinity=16, environ={"OMP_NUM_THREADS": omp}, proc_cgroup=proc, cgroup_root=root)

@@ -22,8 +22,15 @@ BUDGETS = [1, 2, 4, 16]
 
 def _tiny_model() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     return LlamaForCausalLM(config).float().eval()
 
 
@@ -31,11 +38,14 @@ def _step(runner: PagedModelRunner) -> torch.Tensor:
     """A prefill of three sequences (40 rows: the helpers share norms, attention and projections), then a decode."""
     params = SamplingParams(temperature=0.0, max_tokens=4)
     prompts = [list(range(1, 14)), list(range(20, 37)), list(range(40, 50))]
-    prefill = [SequenceStep(f"s{i}", p, 0, [2 * i, 2 * i + 1], True, params, p, len(p), 0)
-               for i, p in enumerate(prompts)]
+    prefill = [
+        SequenceStep(f"s{i}", p, 0, [2 * i, 2 * i + 1], True, params, p, len(p), 0) for i, p in enumerate(prompts)
+    ]
     first = runner.forward(prefill)
-    decode = [SequenceStep(f"s{i}", [7 + i], len(p), [2 * i, 2 * i + 1], True, params, [*p, 7 + i], len(p), 1)
-              for i, p in enumerate(prompts)]
+    decode = [
+        SequenceStep(f"s{i}", [7 + i], len(p), [2 * i, 2 * i + 1], True, params, [*p, 7 + i], len(p), 1)
+        for i, p in enumerate(prompts)
+    ]
     return torch.cat([first, runner.forward(decode)])
 
 
@@ -47,8 +57,9 @@ def test_kernels_stay_on_at_every_budget_with_the_same_bits(tmp_path: Path, torc
     try:
         results = []
         for threads in BUDGETS:
-            runner = PagedModelRunner(_tiny_model(), num_blocks=8, block_size=16, kernel_cache_dir=tmp_path,
-                                      gemm_threads=threads)
+            runner = PagedModelRunner(
+                _tiny_model(), num_blocks=8, block_size=16, kernel_cache_dir=tmp_path, gemm_threads=threads
+            )
             assert runner.lm_head.kind == "kernel"
             assert runner.attention.uses_kernel and runner.dense.uses_kernel
             assert runner.kernel_threads == threads

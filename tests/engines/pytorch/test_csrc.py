@@ -30,14 +30,23 @@ TABLES = {
 }
 # The forced paths: AVX2 only (no AVX-512), AVX-512 without the tile unit, AMX; and no AVX2 at all for the libraries
 # that have a scalar path (linear.py uses gemm only where the CPU has AVX2 and FMA).
-MARCHES = {"x86-64": ("paged_attention", "argmax", "pool", "step_replay"), "haswell": tuple(TABLES),
-           "skylake-avx512": tuple(TABLES), "sapphirerapids": tuple(TABLES)}
+MARCHES = {
+    "x86-64": ("paged_attention", "argmax", "pool", "step_replay"),
+    "haswell": tuple(TABLES),
+    "skylake-avx512": tuple(TABLES),
+    "sapphirerapids": tuple(TABLES),
+}
 FLAGS = [f for f in CFLAGS if not f.startswith("-march=")]
 
 
 def _compile(march: str, name: str) -> tuple[str, str, int, str]:
-    proc = subprocess.run([CC, *FLAGS, f"-march={march}", "-Werror", "-o", "/dev/null", str(CSRC / f"{name}.c")],
-                          capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [CC, *FLAGS, f"-march={march}", "-Werror", "-o", "/dev/null", str(CSRC / f"{name}.c")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     return march, name, proc.returncode, proc.stderr
 
 
@@ -49,8 +58,13 @@ def test_every_library_builds_without_a_warning_on_every_path() -> None:
     assert not failures, "\n".join(f"{name} -march={march}:\n{err[-2000:]}" for march, name, _, err in failures)
 
 
-_C_TYPES: dict[str, Any] = {"int": ctypes.c_int, "int64_t": ctypes.c_int64, "float": ctypes.c_float, "void": None,
-                            "task_fn": ctypes.c_void_p}
+_C_TYPES: dict[str, Any] = {
+    "int": ctypes.c_int,
+    "int64_t": ctypes.c_int64,
+    "float": ctypes.c_float,
+    "void": None,
+    "task_fn": ctypes.c_void_p,
+}
 
 
 def _ctype(decl: str) -> Any:
@@ -63,8 +77,13 @@ def _ctype(decl: str) -> Any:
 
 def _definitions(name: str) -> dict[str, tuple[Any, list[Any]]]:
     """The exported (non-static) functions the preprocessed library defines: name -> (restype, argtypes)."""
-    text = subprocess.run([CC, *FLAGS, "-march=sapphirerapids", "-E", "-P", str(CSRC / f"{name}.c")],
-                          capture_output=True, text=True, timeout=120, check=True).stdout
+    text = subprocess.run(
+        [CC, *FLAGS, "-march=sapphirerapids", "-E", "-P", str(CSRC / f"{name}.c")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     found: dict[str, tuple[Any, list[Any]]] = {}
     for ret, fn, params in re.findall(r"^(int|void)\s+(\w+)\s*\(([^)]*)\)\s*\{", text, flags=re.M):
         args = [p.strip() for p in params.split(",") if p.strip() not in ("", "void")]

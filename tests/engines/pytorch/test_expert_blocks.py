@@ -14,8 +14,16 @@ from engines.pytorch.expert_blocks import expert_counts, expert_tensor, layer_ex
 E, FF, H, K_USED = 4, 32, 64, 2
 
 
-def _write(path: Path, arch: str = "qwen3moe", qtype: str = "Q8_0", *, shapes: dict | None = None,
-           skip: tuple[str, ...] = (), used: int = K_USED, width: int | None = FF) -> dict[str, np.ndarray]:
+def _write(
+    path: Path,
+    arch: str = "qwen3moe",
+    qtype: str = "Q8_0",
+    *,
+    shapes: dict | None = None,
+    skip: tuple[str, ...] = (),
+    used: int = K_USED,
+    width: int | None = FF,
+) -> dict[str, np.ndarray]:
     """A GGUF of one layer's experts and router as the converter writes them; returns the float32 weights."""
     import gguf
     from gguf.quants import quantize
@@ -88,14 +96,20 @@ def test_the_experts_are_what_transformers_gguf_loader_makes_of_them(tmp_path: P
     reader = _reader(tmp_path / "m.gguf")
     experts = layer_experts(reader, 0, expert_counts(reader), H)
     processor = TENSOR_PROCESSORS["qwen3moe"](config={})
-    names = {"blk.0.ffn_gate_exps": "model.layers.0.mlp.experts.gate_up_proj",
-             "blk.0.ffn_up_exps": "model.layers.0.mlp.experts.gate_up_proj",
-             "blk.0.ffn_down_exps": "model.layers.0.mlp.experts.down_proj"}
+    names = {
+        "blk.0.ffn_gate_exps": "model.layers.0.mlp.experts.gate_up_proj",
+        "blk.0.ffn_up_exps": "model.layers.0.mlp.experts.gate_up_proj",
+        "blk.0.ffn_down_exps": "model.layers.0.mlp.experts.down_proj",
+    }
     parsed: dict = {"tensors": {}}
     for tensor in reader.tensors:
         if "_exps" in tensor.name:
-            processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
-                              tensor_key_mapping=names, parsed_parameters=parsed)
+            processor.process(
+                weights=dequantize(tensor.data, tensor.tensor_type),
+                name=tensor.name,
+                tensor_key_mapping=names,
+                parsed_parameters=parsed,
+            )
     gate_up, down = parsed["tensors"][names["blk.0.ffn_gate_exps"]], parsed["tensors"][names["blk.0.ffn_down_exps"]]
     assert gate_up.shape == (E, 2 * FF, H) and down.shape == (E, H, FF)
     for e in range(E):
@@ -105,8 +119,10 @@ def test_the_experts_are_what_transformers_gguf_loader_makes_of_them(tmp_path: P
 
 
 def test_a_shape_that_disagrees_with_the_metadata_names_the_tensor(tmp_path: Path) -> None:
-    _write(tmp_path / "m.gguf", shapes={"ffn_gate_exps": (E, FF, H), "ffn_up_exps": (E, FF, H),
-                                        "ffn_down_exps": (E - 1, H, FF)})
+    _write(
+        tmp_path / "m.gguf",
+        shapes={"ffn_gate_exps": (E, FF, H), "ffn_up_exps": (E, FF, H), "ffn_down_exps": (E - 1, H, FF)},
+    )
     reader = _reader(tmp_path / "m.gguf")
     with pytest.raises(ValueError, match=r"blk\.0\.ffn_down_exps\.weight in m\.gguf is \[3, 64, 32\].*\[4, 64, 32\]"):
         layer_experts(reader, 0, expert_counts(reader), H, "m.gguf")
@@ -146,7 +162,9 @@ def test_where_a_loader_keeps_expert_blocks_and_what_they_stand_for() -> None:
     assert expert_block_path("blk.1.ffn_gate_inp.weight") is None and expert_block_path("blk.1.ffn_up.weight") is None
     paths = [expert_block_path(f"blk.3.ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
     assert expert_parameters([*paths, "model.layers.3.mlp.gate_proj"]) == {
-        "model.layers.3.mlp.experts.gate_up_proj", "model.layers.3.mlp.experts.down_proj"}
+        "model.layers.3.mlp.experts.gate_up_proj",
+        "model.layers.3.mlp.experts.down_proj",
+    }
     assert isinstance(blocks_of("Q8_0", torch.zeros(2, 3, 34, dtype=torch.uint8)), ExpertBlocks)
     assert isinstance(blocks_of("Q8_0", torch.zeros(3, 34, dtype=torch.uint8)), GGUFBlocks)
 
@@ -158,11 +176,18 @@ def test_moe_config_completes_what_transformers_gguf_loader_leaves_out() -> None
 
     from engines.pytorch.expert_blocks import moe_config
 
-    qwen = moe_config(Qwen3MoeConfig(), {"expert_count": 8, "expert_used_count": 2,
-                                         "expert_feed_forward_length": 32}.get)
+    qwen = moe_config(
+        Qwen3MoeConfig(), {"expert_count": 8, "expert_used_count": 2, "expert_feed_forward_length": 32}.get
+    )
     assert (qwen.moe_intermediate_size, qwen.num_experts, qwen.num_experts_per_tok) == (32, 8, 2)
-    llama = LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-                        num_hidden_layers=2, rms_norm_eps=1e-5)
+    llama = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        rms_norm_eps=1e-5,
+    )
     mixtral = moe_config(llama, {"expert_count": 6, "expert_used_count": 2}.get)
     assert mixtral.model_type == "mixtral" and mixtral.architectures == ["MixtralForCausalLM"]
     assert (mixtral.num_local_experts, mixtral.num_experts_per_tok, mixtral.intermediate_size) == (6, 2, 96)

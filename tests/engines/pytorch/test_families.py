@@ -17,8 +17,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from engines.pytorch import linear, native
 from engines.pytorch.engine import PyTorchEngine
 from engines.types import GenerationRequest, SamplingParams
-from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
 from gateway.repository.model_config import SchedulerConfig
+from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
 from tests.family_models import DENSE, MOE, family_folder
 
 NEW_TOKENS = 10
@@ -26,8 +26,11 @@ TIE = 1e-4
 LOGPROB_TOLERANCE = 1e-4
 # three prompts of 20 to 90 tokens: longer than the sliding windows (12) and, the last one, than LongRoPE's original
 # length (64), so both of its tables are used; the shortest crosses it neither in prefill nor in decode
-PROMPTS = ["The capital of France is", "Write a haiku about the sea, then explain it line by line. " * 2,
-           "Summarize the plot of Romeo and Juliet, with its main characters and places. " * 6]
+PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about the sea, then explain it line by line. " * 2,
+    "Summarize the plot of Romeo and Juliet, with its main characters and places. " * 6,
+]
 KERNEL_PATHS = ("default", "avx2", "no_tile_unit", "torch")
 # transformers' reference attention: its default (SDPA) leaves out Gemma 2's soft-capping of the scores
 REFERENCE_ATTENTION = "eager"
@@ -41,15 +44,23 @@ def _reference(name: str) -> tuple[Path, list[list[int]], list[tuple[list[int], 
     step's top-two margin (made once per test session)."""
     if name not in _REFERENCES:
         folder = family_folder(name)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                     attn_implementation=REFERENCE_ATTENTION)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION
+        )
         tokenizer = AutoTokenizer.from_pretrained(folder)
         prompts = [tokenizer(p).input_ids for p in PROMPTS]
         refs = []
         for ids in prompts:
-            out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
-                                 return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
-            tokens = out.sequences[0, len(ids):].tolist()
+            out = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+            tokens = out.sequences[0, len(ids) :].tolist()
             logits = torch.stack(out.logits)[:, 0].float()
             logprobs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
             top = logits.topk(2, dim=-1).values
@@ -93,8 +104,9 @@ async def _generate(engine: PyTorchEngine, prompts: list[list[int]]) -> list[tup
 def test_family_greedy_equals_transformers_float32(family: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     folder, prompts, refs = _reference(family)
     _force(path, monkeypatch)
-    engine = PyTorchEngine(folder, dtype="float32", kv_cache_tokens=1024, block_size=16, gemm_threads=1,
-                           fast_kernels=path != "torch")
+    engine = PyTorchEngine(
+        folder, dtype="float32", kv_cache_tokens=1024, block_size=16, gemm_threads=1, fast_kernels=path != "torch"
+    )
     ours = asyncio.run(_generate(engine, prompts))
     margins = []
     for (tokens, logprobs), (ref_tokens, ref_logprobs, ref_margins) in zip(ours, refs, strict=True):

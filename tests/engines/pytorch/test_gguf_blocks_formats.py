@@ -15,6 +15,7 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType  # noqa: E402
 from gguf.quants import dequantize  # noqa: E402
 
+
 def _gguf(blocks: GGUFBlocks) -> torch.Tensor:
     return torch.from_numpy(dequantize(blocks.raw.numpy(), GGMLQuantizationType[blocks.qtype]))
 

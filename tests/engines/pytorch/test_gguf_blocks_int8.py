@@ -79,13 +79,19 @@ def test_other_rows_differ_by_their_rounding_to_8_bits(qtype: str, tmp_path: Pat
 
 def test_a_rows_result_does_not_depend_on_its_batch(tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(2)
-    lin = Linear(None, None, True, tmp_path, HelperThreads(2, tmp_path),
-                 GGUFBlocks.cat([make_blocks("Q4_K", 64, 512, 1), make_blocks("Q6_K", 32, 512, 2)]))
+    lin = Linear(
+        None,
+        None,
+        True,
+        tmp_path,
+        HelperThreads(2, tmp_path),
+        GGUFBlocks.cat([make_blocks("Q4_K", 64, 512, 1), make_blocks("Q6_K", 32, 512, 2)]),
+    )
     x = torch.randn(11, 512, generator=gen)
     with int8_activations():
         whole = lin(x)
         for i in (0, 4, 10):
-            assert torch.equal(lin(x[i: i + 1])[0], whole[i])
+            assert torch.equal(lin(x[i : i + 1])[0], whole[i])
         assert torch.equal(lin(x[3:8]), whole[3:8])
 
 

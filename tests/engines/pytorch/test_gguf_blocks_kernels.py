@@ -67,8 +67,13 @@ def test_fused_projections_of_one_type_and_of_several(threads: int, tmp_path: Pa
     gen = torch.Generator().manual_seed(11)
     q, k, v = make_blocks("Q4_K", 64, 512, 1), make_blocks("Q4_K", 32, 512, 2), make_blocks("Q6_K", 32, 512, 3)
     _check(GGUFBlocks.cat([q, k, v]), threads, tmp_path, gen)
-    _check(GGUFBlocks.cat([make_blocks("Q8_0", 48, 576, 4), make_blocks("Q5_0", 40, 576, 5)]), threads, tmp_path,
-           gen, rows=(1, 17))
+    _check(
+        GGUFBlocks.cat([make_blocks("Q8_0", 48, 576, 4), make_blocks("Q5_0", 40, 576, 5)]),
+        threads,
+        tmp_path,
+        gen,
+        rows=(1, 17),
+    )
     _check(GGUFBlocks.cat([q, k]), threads, tmp_path, gen, rows=(1, 17))
     helpers = _helpers(threads, tmp_path)
     dense = DenseOps(True, torch.float32, tmp_path, helpers)
@@ -80,11 +85,20 @@ def test_fused_projections_of_one_type_and_of_several(threads: int, tmp_path: Pa
         for m in (1, 16, 17, 200):
             x = torch.randn(m, 512, generator=gen)
             assert torch.equal(fused(x), dense.act_mul(torch.nn.SiLU(), two_steps(x))), (qtype, m)
-    mixed = GatedActivation(None, None, torch.nn.SiLU(), True, tmp_path, helpers, dense,
-                            (make_blocks("Q4_K", 64, 512, 8), make_blocks("Q6_K", 64, 512, 9)))
+    mixed = GatedActivation(
+        None,
+        None,
+        torch.nn.SiLU(),
+        True,
+        tmp_path,
+        helpers,
+        dense,
+        (make_blocks("Q4_K", 64, 512, 8), make_blocks("Q6_K", 64, 512, 9)),
+    )
     x = torch.randn(5, 512, generator=gen)
-    reference = torch.nn.functional.linear(x, torch.cat([make_blocks("Q4_K", 64, 512, 8).dequantize(),
-                                                         make_blocks("Q6_K", 64, 512, 9).dequantize()]))
+    reference = torch.nn.functional.linear(
+        x, torch.cat([make_blocks("Q4_K", 64, 512, 8).dequantize(), make_blocks("Q6_K", 64, 512, 9).dequantize()])
+    )
     torch.testing.assert_close(mixed(x), dense.act_mul(torch.nn.SiLU(), reference), atol=1e-4, rtol=1e-4)
 
 
@@ -96,10 +110,10 @@ def test_without_the_kernel_the_blocks_are_dequantized(tmp_path: Path) -> None:
 
 # slow lane: compiles the C libraries again for another target (tens of seconds on 2 cores)
 @pytest.mark.slow
-@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512vbmi", "-mno-gfni")],
-                         ids=["avx2", "avx512-rows"])
-def test_the_other_builds_give_the_same_bits(flags: tuple[str, ...], tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512vbmi", "-mno-gfni")], ids=["avx2", "avx512-rows"])
+def test_the_other_builds_give_the_same_bits(
+    flags: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The library built without AVX-512 (the 256-bit paths: AVX2 CPUs), or with AVX-512 but without VBMI and GFNI
     (Skylake-X, Cascade Lake: the blocks expanded row by row instead of 4 k rows at once), reads the blocks to the
     same bits as this CPU's build of the float32 kernel; it has no int8 kernels, so `int8_activations` changes

@@ -9,24 +9,39 @@ import pytest
 from engines.pytorch.gguf_config import _fit_llama3, llama3_factors
 
 
-@pytest.mark.parametrize(("base", "dim", "factor", "original"), [
-    (500000.0, 128, 8.0, 8192),  # Llama 3.1 8B / 70B / 405B
-    (500000.0, 64, 32.0, 8192),  # Llama 3.2 1B
-    (500000.0, 128, 32.0, 8192),  # Llama 3.2 3B
-    (500000.0, 16, 8.0, 32),  # tests/family_models.py's llama3_rope
-    (10000.0, 64, 8.0, 256),
-    (10000.0, 64, 4.0, 2048),
-])
+@pytest.mark.parametrize(
+    ("base", "dim", "factor", "original"),
+    [
+        (500000.0, 128, 8.0, 8192),  # Llama 3.1 8B / 70B / 405B
+        (500000.0, 64, 32.0, 8192),  # Llama 3.2 1B
+        (500000.0, 128, 32.0, 8192),  # Llama 3.2 3B
+        (500000.0, 16, 8.0, 32),  # tests/family_models.py's llama3_rope
+        (10000.0, 64, 8.0, 256),
+        (10000.0, 64, 4.0, 2048),
+    ],
+)
 def test_parameters_recovered_from_the_converters_tensor(base: float, dim: int, factor: float, original: int) -> None:
     factors = llama3_factors(base, dim, factor, 1.0, 4.0, original)
     found = _fit_llama3(factors, base, dim)
     assert found is not None
-    assert np.array_equal(llama3_factors(base, dim, found["factor"], found["low_freq_factor"],
-                                         found["high_freq_factor"], found["original_max_position_embeddings"]),
-                          factors)
+    assert np.array_equal(
+        llama3_factors(
+            base,
+            dim,
+            found["factor"],
+            found["low_freq_factor"],
+            found["high_freq_factor"],
+            found["original_max_position_embeddings"],
+        ),
+        factors,
+    )
     if ((factors > 1) & (factors < factor)).any():  # a smoothed frequency pins the original context down
-        assert found == {"factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": original}
+        assert found == {
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": original,
+        }
 
 
 def test_other_tensors_are_not_fitted() -> None:
@@ -41,8 +56,16 @@ def _llama_file(path, **fields):
     """A one-layer llama GGUF of 64 x 32 tokens whose `llama.*` metadata `fields` override the sizes."""
     import gguf
 
-    sizes = {"block_count": 1, "embedding_length": 64, "feed_forward_length": 128, "attention.head_count": 4,
-             "attention.head_count_kv": 2, "context_length": 256, "rope.dimension_count": 16, "vocab_size": 32}
+    sizes = {
+        "block_count": 1,
+        "embedding_length": 64,
+        "feed_forward_length": 128,
+        "attention.head_count": 4,
+        "attention.head_count_kv": 2,
+        "context_length": 256,
+        "rope.dimension_count": 16,
+        "vocab_size": 32,
+    }
     writer = gguf.GGUFWriter(str(path), "llama")
     for key, value in {**sizes, **fields}.items():
         if isinstance(value, float):
@@ -68,15 +91,18 @@ def test_sizes_as_the_file_holds_them_are_read(tmp_path) -> None:
     assert (config.num_hidden_layers, config.hidden_size, config.num_key_value_heads) == (1, 64, 2)
 
 
-@pytest.mark.parametrize(("fields", "fault"), [
-    ({"block_count": 1_000_000}, r"1000000 layers .* tensors of 1"),  # would build a million layers
-    ({"embedding_length": 1 << 31}, r"hidden_size .* 2147483648 .* token_embd\.weight"),  # a rotary table of GBs
-    ({"attention.head_count": 0}, r"cannot make a config of it \(ZeroDivisionError"),  # in transformers' config
-    ({"attention.head_count_kv": 3}, r"3 key/value heads for 4 query heads"),  # the kernels' head groups
-    ({"block_count": "two"}, r"cannot make a config of it .*num_hidden_layers"),  # huggingface_hub's own error
-    ({"attention.head_count_kv": 0}, r"num_key_value_heads is 0"),
-    ({"expert_count": float("inf"), "expert_used_count": 2}, r"expert"),  # int(inf): OverflowError
-])
+@pytest.mark.parametrize(
+    ("fields", "fault"),
+    [
+        ({"block_count": 1_000_000}, r"1000000 layers .* tensors of 1"),  # would build a million layers
+        ({"embedding_length": 1 << 31}, r"hidden_size .* 2147483648 .* token_embd\.weight"),  # a rotary table of GBs
+        ({"attention.head_count": 0}, r"cannot make a config of it \(ZeroDivisionError"),  # in transformers' config
+        ({"attention.head_count_kv": 3}, r"3 key/value heads for 4 query heads"),  # the kernels' head groups
+        ({"block_count": "two"}, r"cannot make a config of it .*num_hidden_layers"),  # huggingface_hub's own error
+        ({"attention.head_count_kv": 0}, r"num_key_value_heads is 0"),
+        ({"expert_count": float("inf"), "expert_used_count": 2}, r"expert"),  # int(inf): OverflowError
+    ],
+)
 def test_sizes_the_tensors_do_not_justify_are_refused(tmp_path, fields, fault) -> None:
     """Sizes read from the metadata build the model (on the meta device) and its real buffers (rotary tables):
     each is checked against the tensors before anything is built from it."""

@@ -37,8 +37,8 @@ from engines.interface import ModelFileError
 from engines.pytorch.engine import PyTorchEngine
 from engines.pytorch.loader import resolve_hf_folder
 from engines.types import GenerationRequest, SamplingParams
-from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
 from gateway.repository.model_config import SchedulerConfig
+from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
 from tests.family_models import family_folder
 
 NEW_TOKENS = 8
@@ -46,22 +46,54 @@ NEW_TOKENS = 8
 # whose pre-tokenizer llama.cpp's converter does not recognize, so the converter refuses the folder
 # gemma2 and phi3 are left out too: llama.cpp's converter reads their vocabulary from a SentencePiece
 # tokenizer.model only, which the test folders (SmolLM2's BPE tokenizer) do not have
-SAME_AS_FOLDER = ("llama", "llama3_rope", "llama_untied", "llama_bias", "mistral", "qwen3", "gemma3_six",
-                  "qwen3_moe", "mixtral")
+SAME_AS_FOLDER = (
+    "llama",
+    "llama3_rope",
+    "llama_untied",
+    "llama_bias",
+    "mistral",
+    "qwen3",
+    "gemma3_six",
+    "qwen3_moe",
+    "mixtral",
+)
 NOT_READ_BY_TRANSFORMERS = ("granite", "olmo2")  # the converter writes them; transformers' GGUF loader cannot read
-QUANTIZED = (("llama3_rope", "F16"), ("llama_bias", "Q8_0"), ("llama3_rope_wide", "Q4_K_M"),
-             ("qwen3_wide", "Q4_K_M"), ("qwen3_wide", "F32"), ("qwen3_moe", "Q8_0"))
+QUANTIZED = (
+    ("llama3_rope", "F16"),
+    ("llama_bias", "Q8_0"),
+    ("llama3_rope_wide", "Q4_K_M"),
+    ("qwen3_wide", "Q4_K_M"),
+    ("qwen3_wide", "F32"),
+    ("qwen3_moe", "Q8_0"),
+)
 # files whose experts the kernels read as blocks (the wide ones 256 wide, for K blocks)
-EXPERT_BLOCKS = (("qwen3_moe", "Q8_0"), ("mixtral", "Q8_0"), ("qwen3_moe_wide", "Q4_K_M"),
-                 ("mixtral_wide", "Q4_K_M"))
+EXPERT_BLOCKS = (("qwen3_moe", "Q8_0"), ("mixtral", "Q8_0"), ("qwen3_moe_wide", "Q4_K_M"), ("mixtral_wide", "Q4_K_M"))
 # what must come out of the file as the folder has it (transformers' GGUF loader alone loses the first three)
-CONFIG_KEYS = ("head_dim", "rope_parameters", "attention_bias", "mlp_bias", "tie_word_embeddings", "rms_norm_eps",
-               "num_key_value_heads", "intermediate_size", "vocab_size")
+CONFIG_KEYS = (
+    "head_dim",
+    "rope_parameters",
+    "attention_bias",
+    "mlp_bias",
+    "tie_word_embeddings",
+    "rms_norm_eps",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+)
 FLAGS = ("attention_bias", "mlp_bias")  # absent from some config classes: absent is False
-PER_FAMILY_KEYS = {"gemma3": ("sliding_window", "layer_types", "query_pre_attn_scalar"),
-                   "qwen3_moe": ("model_type", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-                                 "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"),
-                   "mixtral": ("model_type", "num_local_experts", "num_experts_per_tok")}
+PER_FAMILY_KEYS = {
+    "gemma3": ("sliding_window", "layer_types", "query_pre_attn_scalar"),
+    "qwen3_moe": (
+        "model_type",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "norm_topk_prob",
+        "decoder_sparse_step",
+        "mlp_only_layers",
+    ),
+    "mixtral": ("model_type", "num_local_experts", "num_experts_per_tok"),
+}
 
 
 def _gguf(family: str, kind: str) -> tuple[Path, Path]:
@@ -97,9 +129,10 @@ async def _generate(engine: PyTorchEngine, prompts: list[list[int]]) -> list[lis
 def _reference(model: Any, prompts: list[list[int]]) -> list[list[int]]:
     out = []
     for ids in prompts:
-        generated = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                                   do_sample=False)
-        out.append(generated[0][len(ids):].tolist())
+        generated = model.generate(
+            torch.tensor([ids]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
+        )
+        out.append(generated[0][len(ids) :].tolist())
     return out
 
 
@@ -156,8 +189,9 @@ def test_f32_file_answers_as_the_original_folder(family: str, run_engine: Any) -
 
 
 @pytest.mark.parametrize(("family", "kind"), QUANTIZED)
-def test_quantized_file_reads_the_folders_config_and_answers_as_transformers(family: str, kind: str,
-                                                                              run_engine: Any) -> None:
+def test_quantized_file_reads_the_folders_config_and_answers_as_transformers(
+    family: str, kind: str, run_engine: Any
+) -> None:
     folder, gguf = _gguf(family, kind)
     converted_folder = resolve_hf_folder(gguf)  # transformers' float32 model of the file, under the config we read
     _same_config(AutoConfig.from_pretrained(converted_folder), folder)
@@ -168,8 +202,7 @@ def test_quantized_file_reads_the_folders_config_and_answers_as_transformers(fam
 
 
 def _expert_projections(engine: PyTorchEngine) -> list[Any]:
-    return [p for layer in engine._runner.model.layers for pair in getattr(layer.mlp, "experts", ())
-            for p in pair]
+    return [p for layer in engine._runner.model.layers for pair in getattr(layer.mlp, "experts", ()) for p in pair]
 
 
 def _mixtral_reference(folder: Path, gguf: Path) -> Any:
@@ -189,7 +222,8 @@ def _mixtral_reference(folder: Path, gguf: Path) -> Any:
     for i in range(model.config.num_hidden_layers):
         state[f"model.layers.{i}.mlp.gate.weight"] = read(f"blk.{i}.ffn_gate_inp.weight")
         state[f"model.layers.{i}.mlp.experts.gate_up_proj"] = torch.cat(
-            [read(f"blk.{i}.ffn_gate_exps.weight"), read(f"blk.{i}.ffn_up_exps.weight")], dim=1)
+            [read(f"blk.{i}.ffn_gate_exps.weight"), read(f"blk.{i}.ffn_up_exps.weight")], dim=1
+        )
         state[f"model.layers.{i}.mlp.experts.down_proj"] = read(f"blk.{i}.ffn_down_exps.weight")
     model.load_state_dict(state, strict=True)
     return model

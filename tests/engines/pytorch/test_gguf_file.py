@@ -56,7 +56,7 @@ def test_an_unknown_type(small: Path) -> None:
     data = bytearray(small.read_bytes())
     name = b"blk.0.ffn_up.weight"
     at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name) + 4 + 2 * 8  # n_dims, two dims, type
-    data[at:at + 4] = struct.pack("<I", 99)
+    data[at : at + 4] = struct.pack("<I", 99)
     small.write_bytes(bytes(data))
     with pytest.raises(ModelFileError, match=r"tensor blk\.0\.ffn_up\.weight has the GGML type id 99"):
         read_layout(small)

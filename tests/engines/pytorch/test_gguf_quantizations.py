@@ -42,9 +42,15 @@ _chosen = os.environ.get("SWITCHYARD_TEST_GGUF_TYPES", "")
 TYPES = ALL_TYPES if _chosen == "all" else tuple(t for t in _chosen.split(",") if t) or DEFAULT_TYPES
 NEW_TOKENS = 24
 BLOCK = 16
-PROJECTIONS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-               "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-               "ffn_down": "mlp.down_proj"}
+PROJECTIONS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 
 
 @pytest.fixture(scope="module", params=TYPES)
@@ -74,8 +80,11 @@ def test_every_projection_and_the_lm_head_is_read_from_blocks(gguf: Path, refere
     file_types = tensor_types(gguf)
     blocks = load_gguf_blocks(gguf)[2].blocks  # what the engine's build read (from its cache file)
     layers = reference.config.num_hidden_layers
-    wanted = {f"model.layers.{i}.{path}": f"blk.{i}.{name}.weight"
-              for i in range(layers) for name, path in PROJECTIONS.items()}
+    wanted = {
+        f"model.layers.{i}.{path}": f"blk.{i}.{name}.weight"
+        for i in range(layers)
+        for name, path in PROJECTIONS.items()
+    }
     wanted["lm_head"] = "output.weight" if "output.weight" in file_types else "token_embd.weight"
     missing = sorted(set(wanted) - set(blocks))
     assert not missing, f"{len(missing)} weights fall back to float32, e.g. {missing[:3]}"
@@ -136,6 +145,8 @@ def test_greedy_equals_transformers(engine: PyTorchEngine, reference: Any) -> No
     prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
     ours = _greedy(engine, prompts, NEW_TOKENS)
     for ids, got in zip(prompts, ours, strict=True):
-        ref = reference.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(ids):].tolist()
+        ref = reference.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)[
+            0, len(ids) :
+        ].tolist()
         # transformers stops at EOS; the loop above does not, so compare over the reference's length
         assert got[: len(ref)] == ref, engine.tokenizer.decode(ref)

@@ -32,8 +32,9 @@ def untied(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(untied: Path, tmp_path_factory: pytest.TempPathFactory) -> PyTorchEngine:
-    return PyTorchEngine(untied, dtype="float32", kv_cache_tokens=256, block_size=BLOCK,
-                         cache_dir=tmp_path_factory.mktemp("cache"))
+    return PyTorchEngine(
+        untied, dtype="float32", kv_cache_tokens=256, block_size=BLOCK, cache_dir=tmp_path_factory.mktemp("cache")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +69,17 @@ def greedy(engine: PyTorchEngine, prompt: list[int], tokens: int) -> list[int]:
     params = SamplingParams(temperature=0.0, max_tokens=tokens)
     history, new, out = list(prompt), list(prompt), []
     for _ in range(tokens):
-        step = SequenceStep("g", new, len(history) - len(new), list(range(4)), True, params, list(history),
-                            len(prompt), len(history) - len(prompt))
+        step = SequenceStep(
+            "g",
+            new,
+            len(history) - len(new),
+            list(range(4)),
+            True,
+            params,
+            list(history),
+            len(prompt),
+            len(history) - len(prompt),
+        )
         token = engine.execute([step]).token_ids["g"]
         history.append(token)
         new = [token]
@@ -81,8 +91,9 @@ def greedy(engine: PyTorchEngine, prompt: list[int], tokens: int) -> list[int]:
 def test_greedy_output_equals_transformers(engine: PyTorchEngine, reference: object) -> None:
     prompt, tokens = PROMPT, 12
     out = greedy(engine, prompt, tokens)
-    expected = reference.generate(torch.tensor([prompt]), max_new_tokens=tokens, do_sample=False,
-                                  eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    expected = reference.generate(
+        torch.tensor([prompt]), max_new_tokens=tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, len(prompt) :].tolist()
     assert out == expected
     assert len(set(out)) > 3  # not one token over and over
 
@@ -105,8 +116,11 @@ def test_a_layers_experts_are_all_blocks_or_all_float() -> None:
 
     stem = "model.layers.0.mlp.experts"
     gate, down = q8(i, h), q8(h, i)
-    blocks: dict = {f"{stem}.gate_proj": gate, f"{stem}.down_proj": down, "model.embed_tokens":
-                    GGUFBlocks("Q8_0", torch.zeros(4, 34, dtype=torch.uint8))}
+    blocks: dict = {
+        f"{stem}.gate_proj": gate,
+        f"{stem}.down_proj": down,
+        "model.embed_tokens": GGUFBlocks("Q8_0", torch.zeros(4, 34, dtype=torch.uint8)),
+    }
     up = torch.randn(e, i, h, generator=gen).numpy()
     tensors = _float_experts(Path("x.gguf"), blocks, {f"{stem}.up_proj": up})
     assert list(blocks) == ["model.embed_tokens"]
@@ -122,8 +136,9 @@ def test_a_full_cache_disk_loads_uncached_and_answers_the_same(
 ) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(cache)], capture_output=True,
-                             check=False)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(cache)], capture_output=True, check=False
+    )
     if mounted.returncode != 0:
         pytest.skip("mounting a tmpfs is not permitted here (needs root)")
     try:

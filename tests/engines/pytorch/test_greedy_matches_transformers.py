@@ -45,8 +45,9 @@ def _reference(model: AutoModelForCausalLM, prompt_ids: list[int]) -> list[int]:
     return out[0][len(prompt_ids) :].tolist()
 
 
-async def _generate_all(engine: PyTorchEngine, prompts: list[list[int]], stats: list | None = None,
-                        limits: tuple = ()) -> list[list[int]]:
+async def _generate_all(
+    engine: PyTorchEngine, prompts: list[list[int]], stats: list | None = None, limits: tuple = ()
+) -> list[list[int]]:
     # a small token budget forces chunked prefill and mixes prefill chunks with running decodes
     batcher = ContinuousBatcher(engine, *(limits or (SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32),)))
     await batcher.start()
@@ -110,8 +111,10 @@ def test_match_transformers_bfloat16_equals_transformers_bfloat16(kv_tokens: int
     a running batch (whole prompts, no prefix caching, as the config requires)."""
     engine = PyTorchEngine(GGUF, dtype="bfloat16", kv_cache_tokens=kv_tokens, block_size=16, match_transformers=True)
     prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
-    limits = (SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=2048, enable_chunked_prefill=False),
-              KVCacheConfig(enable_prefix_caching=False))
+    limits = (
+        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=2048, enable_chunked_prefill=False),
+        KVCacheConfig(enable_prefix_caching=False),
+    )
     stats: list = []
     ours = asyncio.run(_generate_all(engine, prompts, stats, limits))
     assert (stats[0].preemptions > 0) == (kv_tokens == 400)

@@ -23,8 +23,10 @@ GREEDY = SamplingParams(temperature=0.0)
 def engines() -> tuple[PyTorchEngine, PyTorchEngine]:
     if not int8_available(default_cache_dir()):
         pytest.skip("no int8 kernels in this CPU's build (they need AVX-512 with VBMI and GFNI)")
-    return (PyTorchEngine(GGUF, dtype="float32", kv_cache_tokens=256, block_size=16),
-            PyTorchEngine(GGUF, dtype="float32", kv_cache_tokens=256, block_size=16, int8_activations=True))
+    return (
+        PyTorchEngine(GGUF, dtype="float32", kv_cache_tokens=256, block_size=16),
+        PyTorchEngine(GGUF, dtype="float32", kv_cache_tokens=256, block_size=16, int8_activations=True),
+    )
 
 
 def _greedy(engine: PyTorchEngine, ids: list[int], steps: int) -> list[int]:
@@ -42,7 +44,8 @@ def _greedy(engine: PyTorchEngine, ids: list[int], steps: int) -> list[int]:
 
 
 def test_int8_steps_keep_the_greedy_tokens_and_move_logits_a_little(
-        engines: tuple[PyTorchEngine, PyTorchEngine]) -> None:
+    engines: tuple[PyTorchEngine, PyTorchEngine],
+) -> None:
     plain, int8 = engines
     assert int8._int8 and not plain._int8
     ids = plain.tokenizer.encode("The capital of France is Paris. The capital of Italy is")

@@ -61,8 +61,7 @@ def test_a_library_of_another_user_is_rebuilt_not_loaded(tmp_path: Path, monkeyp
         os.chown(target, 12345, -1)
     else:  # cannot give a file away: pretend the server runs as someone else for the file check
         real = native._owned_and_private
-        monkeypatch.setattr(native, "_owned_and_private",
-                            lambda st: real(st) and stat.S_ISDIR(st.st_mode))
+        monkeypatch.setattr(native, "_owned_and_private", lambda st: real(st) and stat.S_ISDIR(st.st_mode))
     assert _load("trust_probe_c", tmp_path) == 42
     assert os.lstat(target).st_uid == os.geteuid()
 
@@ -79,8 +78,9 @@ def test_a_full_cache_disk_leaves_the_torch_path_with_a_warning(
 ) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(cache)], capture_output=True,
-                             check=False)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(cache)], capture_output=True, check=False
+    )
     if mounted.returncode != 0:
         pytest.skip("mounting a tmpfs is not permitted here (needs root)")
     try:

@@ -20,8 +20,13 @@ from engines.pytorch.linear import Linear
 from engines.pytorch.paged_attention import DecodeTables, PagedAttention
 from tests.random_gguf_blocks import make_blocks
 
-FUZZ = settings(max_examples=25, deadline=None, database=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=25,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +43,18 @@ def _one_thread():
 
 
 @FUZZ
-@given(kv_heads=st.integers(1, 3), group=st.integers(1, 4), head_dim=st.sampled_from((40, 64, 128)),
-       block=st.sampled_from((1, 4, 16, 32)), ctx=st.lists(st.integers(1, 300), min_size=1, max_size=6),
-       dtype=st.sampled_from((torch.float32, torch.bfloat16)), seed=st.integers(0, 2**16))
-def test_decode_attention_on_random_steps(kernels: Path, kv_heads: int, group: int, head_dim: int, block: int,
-                                          ctx: list[int], dtype: torch.dtype, seed: int) -> None:
+@given(
+    kv_heads=st.integers(1, 3),
+    group=st.integers(1, 4),
+    head_dim=st.sampled_from((40, 64, 128)),
+    block=st.sampled_from((1, 4, 16, 32)),
+    ctx=st.lists(st.integers(1, 300), min_size=1, max_size=6),
+    dtype=st.sampled_from((torch.float32, torch.bfloat16)),
+    seed=st.integers(0, 2**16),
+)
+def test_decode_attention_on_random_steps(
+    kernels: Path, kv_heads: int, group: int, head_dim: int, block: int, ctx: list[int], dtype: torch.dtype, seed: int
+) -> None:
     heads = kv_heads * group
     kernel = PagedAttention(heads, kv_heads, head_dim, block, dtype, kernels)
     if not kernel.uses_kernel:
@@ -54,7 +66,7 @@ def test_decode_attention_on_random_steps(kernels: Path, kv_heads: int, group: i
     rnd.shuffle(order)
     tables, used = [], 0
     for c in ctx:
-        tables.append(order[used:used + -(-c // block)])
+        tables.append(order[used : used + -(-c // block)])
         used += len(tables[-1])
     batch = len(ctx)
     q = torch.randn(batch, heads, head_dim, generator=gen).to(dtype)
@@ -66,8 +78,9 @@ def test_decode_attention_on_random_steps(kernels: Path, kv_heads: int, group: i
     results = []
     for attn in (kernel, torch_path):
         k_cache, v_cache = cache[0].clone(), cache[1].clone()
-        out = attn.decode(q, k, v, cos, sin_folded, k_cache, v_cache, DecodeTables(tables, ctx, block, num_blocks),
-                          head_dim**-0.5)
+        out = attn.decode(
+            q, k, v, cos, sin_folded, k_cache, v_cache, DecodeTables(tables, ctx, block, num_blocks), head_dim**-0.5
+        )
         results.append((out.float(), k_cache, v_cache))
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(results[0][0], results[1][0], atol=tol, rtol=tol)
@@ -75,10 +88,24 @@ def test_decode_attention_on_random_steps(kernels: Path, kv_heads: int, group: i
 
 
 @FUZZ
-@given(qtype=st.sampled_from(sorted(TYPES)), n=st.integers(1, 70), records=st.integers(1, 3),
-       rows=st.lists(st.integers(1, 40), min_size=1, max_size=3), bias=st.booleans(), seed=st.integers(0, 2**16))
-def test_gemm_over_blocks_on_random_steps(kernels: Path, monkeypatch: pytest.MonkeyPatch, qtype: str, n: int,
-                                          records: int, rows: list[int], bias: bool, seed: int) -> None:
+@given(
+    qtype=st.sampled_from(sorted(TYPES)),
+    n=st.integers(1, 70),
+    records=st.integers(1, 3),
+    rows=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_gemm_over_blocks_on_random_steps(
+    kernels: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    qtype: str,
+    n: int,
+    records: int,
+    rows: list[int],
+    bias: bool,
+    seed: int,
+) -> None:
     monkeypatch.setattr(linear, "TILE_UNIT", False)
     k = TYPES[qtype].record_k * records * (1 if TYPES[qtype].record_k > 1 else 32)
     blocks = make_blocks(qtype, n, k, seed=seed)

@@ -35,11 +35,18 @@ PROBE = (
 def test_asan_sees_a_read_past_a_tensor(tmp_path: Path) -> None:
     cc = os.environ.get("CC") or "cc"
     (tmp_path / "probe.c").write_text(OVERREAD)
-    subprocess.run([cc, "-O1", "-shared", "-fPIC", *FLAGS, "-o", str(tmp_path / "probe.so"),
-                    str(tmp_path / "probe.c")], check=True)
+    subprocess.run(
+        [cc, "-O1", "-shared", "-fPIC", *FLAGS, "-o", str(tmp_path / "probe.so"), str(tmp_path / "probe.c")], check=True
+    )
     env = {**os.environ, "LD_PRELOAD": str(RUNTIME), "ASAN_OPTIONS": ASAN_OPTIONS}
-    done = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "probe.so")], env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(tmp_path / "probe.so")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert "in bounds" in done.stdout, done.stderr[-3000:]
     assert done.returncode == ASAN_EXIT and "heap-buffer-overflow" in done.stderr, done.stderr[-3000:]
 

@@ -18,8 +18,10 @@ GREEDY = SamplingParams(temperature=0.0)
 
 @pytest.fixture(scope="module")
 def engines() -> tuple[PyTorchEngine, PyTorchEngine]:
-    return (PyTorchEngine(GGUF, dtype="float32", kv_cache_tokens=512, block_size=16),
-            PyTorchEngine(GGUF, dtype="float32", kv_cache_tokens=512, block_size=16, kv_cache_dtype="bfloat16"))
+    return (
+        PyTorchEngine(GGUF, dtype="float32", kv_cache_tokens=512, block_size=16),
+        PyTorchEngine(GGUF, dtype="float32", kv_cache_tokens=512, block_size=16, kv_cache_dtype="bfloat16"),
+    )
 
 
 def _decode(engine: PyTorchEngine, ids: list[int], steps: int) -> torch.Tensor:
@@ -52,16 +54,20 @@ def test_a_float16_model_cannot_take_a_bfloat16_cache() -> None:
 
 
 def test_verification_rows_over_a_bfloat16_cache_are_one_token_steps(
-        engines: tuple[PyTorchEngine, PyTorchEngine]) -> None:
+    engines: tuple[PyTorchEngine, PyTorchEngine],
+) -> None:
     runner = engines[1]._runner
     ids = engines[1].tokenizer.encode("One, two, three, four, five, six, seven")
     n, fed = len(ids), [11, 1326, 28, 2878, 30]
     first = runner.forward([SequenceStep("a", ids, 0, [0, 1], True, GREEDY, ids, n, 0)])[-1]
-    one_by_one = [runner.forward([SequenceStep("a", [t], n + j, [0, 1], True, GREEDY, ids + fed[: j + 1], n, j)])[0]
-                  for j, t in enumerate(fed)]
+    one_by_one = [
+        runner.forward([SequenceStep("a", [t], n + j, [0, 1], True, GREEDY, ids + fed[: j + 1], n, j)])[0]
+        for j, t in enumerate(fed)
+    ]
     runner.forward([SequenceStep("b", ids, 0, [2, 3], True, GREEDY, ids, n, 0)])
-    verify = runner.forward([SequenceStep("b", fed, n, [2, 3], True, GREEDY, ids + fed[:1], n, 0,
-                                          num_draft_tokens=len(fed) - 1)])
+    verify = runner.forward(
+        [SequenceStep("b", fed, n, [2, 3], True, GREEDY, ids + fed[:1], n, 0, num_draft_tokens=len(fed) - 1)]
+    )
     assert first.shape[0] == verify.shape[1]
     for j in range(len(fed)):
         assert torch.equal(verify[j], one_by_one[j]), f"position {n + j}"

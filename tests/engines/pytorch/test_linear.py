@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from engines.interface import StepInputError
 from engines.pytorch import linear, native
 from engines.pytorch.gguf_blocks import GGUFBlocks
-from tests.random_gguf_blocks import make_blocks
 from engines.pytorch.linear import CHUNK_PANELS, ROW_TILE, DenseOps, GatedActivation, Linear
 from engines.pytorch.native import HelperThreads
+from tests.random_gguf_blocks import make_blocks
 
 
 @pytest.fixture(autouse=True)
@@ -202,8 +202,9 @@ def _max_error(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: t
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("qtype", linear.TILE_UNIT_TYPES)
-def test_tile_unit_takes_large_steps_and_their_rows_do_not_depend_on_the_batch(qtype: str, threads: int,
-                                                                                 tmp_path: Path) -> None:
+def test_tile_unit_takes_large_steps_and_their_rows_do_not_depend_on_the_batch(
+    qtype: str, threads: int, tmp_path: Path
+) -> None:
     """With AMX, steps of more than TILE_UNIT_MIN_ROWS rows on Q4_0 / Q4_1 / Q8_0 panels go through the tile unit:
     there a row's bits are the same in every such step (one row tile and the next, past ROW_TILE, with or without
     helper threads), and at least as close to the float64 product as the float32 FMA kernel's (bias, residual, a
@@ -220,7 +221,7 @@ def test_tile_unit_takes_large_steps_and_their_rows_do_not_depend_on_the_batch(q
     x_all, res_all = torch.randn(ROW_TILE + 21, 256, generator=gen), torch.randn(ROW_TILE + 21, 216, generator=gen)
     full = packed(x_all)
     for m in (small + 1, 32, 40, ROW_TILE + 21):
-        x = torch.cat((x_all[:m - small - 1], x_all[-small - 1 :]))  # the last rows, in another row tile
+        x = torch.cat((x_all[: m - small - 1], x_all[-small - 1 :]))  # the last rows, in another row tile
         assert torch.equal(packed(x)[-small - 1 :], full[-small - 1 :])
         assert torch.equal(packed(x_all[:m], res_all[:m]), res_all[:m] + full[:m])  # bias, then the residual
     assert not torch.equal(full[:small], plain(x_all[:small]))  # other bits than the FMA kernel's ...
@@ -233,8 +234,9 @@ def test_tile_unit_takes_large_steps_and_their_rows_do_not_depend_on_the_batch(q
     assert torch.equal(mixed[:5], plain(x_all[:5], res_all[:5])) and torch.equal(mixed[5:], res_all[5:40] + full[5:40])
 
 
-def _amplified(x: torch.Tensor, weight: torch.Tensor, row: int,
-               bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _amplified(
+    x: torch.Tensor, weight: torch.Tensor, row: int, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x and weight with their last two k replaced so that `row`'s result is what is left of torch's float32 sum
     after two bfloat16 roundings: `row` then shows the low bits of torch's sums, which rounding random data to
     bfloat16 hides (a one-bit difference in the float32 sum rarely moves its bfloat16)."""
@@ -248,8 +250,7 @@ def _amplified(x: torch.Tensor, weight: torch.Tensor, row: int,
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_bfloat16_tile_unit_gives_torchs_bits_and_rows_do_not_depend_on_the_batch(threads: int,
-                                                                                   tmp_path: Path) -> None:
+def test_bfloat16_tile_unit_gives_torchs_bits_and_rows_do_not_depend_on_the_batch(threads: int, tmp_path: Path) -> None:
     """bfloat16 weights on the tile unit sum as oneDNN does for torch's calls of up to 32 rows (transformers' decode
     steps): the same bits, low ones included; and a row's bits do not depend on the rest of the step."""
     gen = torch.Generator().manual_seed(17)
@@ -285,10 +286,12 @@ def test_tile_unit_fused_gate_up_equals_the_two_steps(threads: int, tmp_path: Pa
     helpers = HelperThreads(threads, tmp_path) if threads > 1 else None
     gate, up = (make_blocks("Q4_1", 200, 64, seed=s) for s in (1, 2))
     dense = DenseOps(True, torch.float32, tmp_path, helpers)
-    fused = GatedActivation(gate.dequantize(), up.dequantize(), torch.nn.SiLU(), True, tmp_path, helpers, dense,
-                            (gate, up))
-    two_steps = Linear(torch.cat([gate.dequantize(), up.dequantize()]), None, True, tmp_path, helpers,
-                       GGUFBlocks.cat([gate, up]))
+    fused = GatedActivation(
+        gate.dequantize(), up.dequantize(), torch.nn.SiLU(), True, tmp_path, helpers, dense, (gate, up)
+    )
+    two_steps = Linear(
+        torch.cat([gate.dequantize(), up.dequantize()]), None, True, tmp_path, helpers, GGUFBlocks.cat([gate, up])
+    )
     if not _tile_unit(two_steps):
         pytest.skip("no AMX here (or no C compiler)")
     for m in (1, 8, 16, 300):

@@ -32,10 +32,13 @@ def test_a_vocabulary_transformers_reads(tmp_path: Path) -> None:
     assert tokenizer.convert_ids_to_tokens([2]) == ["ab"]
 
 
-@pytest.mark.parametrize(("merges", "bos", "raised"), [
-    (["a c"], 0, "Exception: Error while initializing BPE"),  # tokenizers' bare Exception
-    (["a b"], 99, "IndexError"),  # a special token past the vocabulary
-])
+@pytest.mark.parametrize(
+    ("merges", "bos", "raised"),
+    [
+        (["a c"], 0, "Exception: Error while initializing BPE"),  # tokenizers' bare Exception
+        (["a b"], 99, "IndexError"),  # a special token past the vocabulary
+    ],
+)
 def test_a_vocabulary_it_cannot_read(tmp_path: Path, merges: list[str], bos: int, raised: str) -> None:
     with pytest.raises(ModelFileError, match=rf"bad\.gguf: transformers cannot make a tokenizer .*\({raised}"):
         _gguf_tokenizer(_vocabulary_file(tmp_path / "bad.gguf", merges, bos))

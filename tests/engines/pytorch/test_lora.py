@@ -24,12 +24,15 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-def _adapter(projection: _Updated, modules: dict[str, tuple[int, int]], rank: int, seed: int, scale: float = 0.5
-             ) -> tuple[LoRAWeights, dict[str, LoRAPair]]:
+def _adapter(
+    projection: _Updated, modules: dict[str, tuple[int, int]], rank: int, seed: int, scale: float = 0.5
+) -> tuple[LoRAWeights, dict[str, LoRAPair]]:
     """An adapter of `modules` prepared for `projection`, and its pairs."""
     gen = torch.Generator().manual_seed(seed)
-    pairs = {name: LoRAPair(torch.randn(rank, k, generator=gen) * 0.1, torch.randn(n, rank, generator=gen) * 0.1,
-                            scale) for name, (n, k) in modules.items()}
+    pairs = {
+        name: LoRAPair(torch.randn(rank, k, generator=gen) * 0.1, torch.randn(n, rank, generator=gen) * 0.1, scale)
+        for name, (n, k) in modules.items()
+    }
     adapter = LoRAWeights([dict(pairs)], "test", rank)
     projection.prepare(adapter)
     return adapter, pairs
@@ -100,8 +103,9 @@ def test_gate_and_up_are_updated_before_the_activation(blocks: bool, tmp_path: P
     if two_steps.kind == "kernel":  # the raw products are the fused job's, bit for bit
         assert torch.equal(fused.gate_up(x), two_steps(x))
         assert torch.equal(fused.activate(fused.gate_up(x)), fused(x))
-    torch.testing.assert_close(fused.gate_up(x), torch.cat([F.linear(x, gate), F.linear(x, up)], 1), atol=1e-5,
-                               rtol=1e-4)
+    torch.testing.assert_close(
+        fused.gate_up(x), torch.cat([F.linear(x, gate), F.linear(x, up)], 1), atol=1e-5, rtol=1e-4
+    )
     mlp_in = LoRAGated(fused, 0, "gate_up", (("gate_proj", 0, n), ("up_proj", n, 2 * n)))
     adapter, pairs = _adapter(mlp_in, {"gate_proj": (n, k), "up_proj": (n, k)}, 4, 3)
     with step_groups([RowGroup(slice(0, 2), adapter)]):

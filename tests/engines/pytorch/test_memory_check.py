@@ -72,8 +72,9 @@ def test_a_cgroup_v2_limit(tmp_path: Path) -> None:
 
 
 def test_weights_are_counted_from_the_headers_in_the_served_dtype(tmp_path: Path) -> None:
-    stored = write_safetensors(tmp_path / "model.safetensors",
-                               {"a": ("F32", [1024, 1024]), "b": ("BF16", [10]), "ids": ("I8", [16])})
+    stored = write_safetensors(
+        tmp_path / "model.safetensors", {"a": ("F32", [1024, 1024]), "b": ("BF16", [10]), "ids": ("I8", [16])}
+    )
     assert stored == 4 * 1024 * 1024 + 20 + 16
     assert safetensors_bytes(tmp_path / "model.safetensors", None) == stored
     assert safetensors_bytes(tmp_path / "model.safetensors", "bfloat16") == 2 * 1024 * 1024 + 20 + 16

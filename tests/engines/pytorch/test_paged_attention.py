@@ -72,8 +72,9 @@ def _run(attn: PagedAttention, case: dict) -> tuple[torch.Tensor, torch.Tensor, 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("longest", "head_dim"), [(70, HEAD_DIM), (700, HEAD_DIM), (300, 128), (300, 40)])
-def test_kernel_matches_torch_path_and_reference(dtype: torch.dtype, longest: int, head_dim: int,
-                                                 tmp_path: Path) -> None:
+def test_kernel_matches_torch_path_and_reference(
+    dtype: torch.dtype, longest: int, head_dim: int, tmp_path: Path
+) -> None:
     kernel = PagedAttention(HEADS, KV_HEADS, head_dim, BLOCK, dtype, tmp_path)
     if not kernel.uses_kernel:
         pytest.skip("no C compiler here: the engine runs the torch path")
@@ -90,8 +91,9 @@ def test_kernel_matches_torch_path_and_reference(dtype: torch.dtype, longest: in
     # attention output: the same up to float rounding, and the same as a plain SDPA over the gathered cache
     q = _transformers_rotary(case["q"], cos, sin)
     keys, values = ref_k[kv_index].transpose(1, 2), ref_v[kv_index].transpose(1, 2)
-    plain = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask, scale=head_dim**-0.5,
-                                           enable_gqa=True)
+    plain = F.scaled_dot_product_attention(
+        q[:, :, None], keys, values, attn_mask=mask, scale=head_dim**-0.5, enable_gqa=True
+    )
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float(), ref_out.float(), atol=tol, rtol=tol)
     torch.testing.assert_close(out.float(), plain.reshape(out.shape).float(), atol=tol, rtol=tol)
@@ -121,8 +123,11 @@ def test_a_row_computes_the_same_bits_alone_or_in_a_batch(dtype: torch.dtype, tm
     together, _, _ = _run(attn, case)
     tables, lens = case["tables"].tables.tolist(), case["tables"].ctx_lens.tolist()
     for b in range(6):
-        alone = dict(case, tables=DecodeTables([tables[b]], [lens[b]], BLOCK, case["k_cache"].shape[0] // BLOCK),
-                     **{name: case[name][b : b + 1] for name in ("q", "k", "v", "cos", "sin_folded")})
+        alone = dict(
+            case,
+            tables=DecodeTables([tables[b]], [lens[b]], BLOCK, case["k_cache"].shape[0] // BLOCK),
+            **{name: case[name][b : b + 1] for name in ("q", "k", "v", "cos", "sin_folded")},
+        )
         out, _, _ = _run(attn, alone)
         assert torch.equal(out[0], together[b])
 
@@ -144,9 +149,13 @@ def test_verification_rows_compute_the_bits_of_one_token_steps(dtype: torch.dtyp
     case["tables"] = DecodeTables(tables, lens, BLOCK, num_blocks + 9)
     together, k_cache, v_cache = _run(attn, case)
     for b in range(8):  # each row alone, over the cache the step left (every row's key and value written)
-        alone = dict(case, tables=DecodeTables([tables[b]], [lens[b]], BLOCK, num_blocks + 9), k_cache=k_cache,
-                     v_cache=v_cache,
-                     **{name: case[name][b : b + 1] for name in ("q", "k", "v", "cos", "sin_folded")})
+        alone = dict(
+            case,
+            tables=DecodeTables([tables[b]], [lens[b]], BLOCK, num_blocks + 9),
+            k_cache=k_cache,
+            v_cache=v_cache,
+            **{name: case[name][b : b + 1] for name in ("q", "k", "v", "cos", "sin_folded")},
+        )
         out, _, _ = _run(attn, alone)
         assert torch.equal(out[0], together[b]), f"row {b}"
 
@@ -156,8 +165,9 @@ def test_verification_rows_compute_the_bits_of_one_token_steps(dtype: torch.dtyp
 def test_prefill_kernel_is_causal_attention_over_the_cache(dtype: torch.dtype, threads: int, tmp_path: Path) -> None:
     """Chunks that start at 0 and chunks that continue a sequence (a prefix already cached), against SDPA: the
     kernel rotates q and k, writes k and v to the cache and attends causally."""
-    kernel = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path,
-                            helpers=HelperThreads(threads, tmp_path) if threads else None)
+    kernel = PagedAttention(
+        HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, tmp_path, helpers=HelperThreads(threads, tmp_path) if threads else None
+    )
     if not kernel.uses_kernel:
         pytest.skip("no C compiler here: the engine runs the torch path")
     gen = torch.Generator().manual_seed(5)
@@ -180,13 +190,26 @@ def test_prefill_kernel_is_causal_attention_over_the_cache(dtype: torch.dtype, t
     angles = torch.rand(rows, HEAD_DIM // 2, generator=gen) * 6
     cos, sin = torch.cat((angles, angles), dim=-1).cos().to(dtype), torch.cat((angles, angles), dim=-1).sin().to(dtype)
     sin_folded = torch.cat((-sin[:, : HEAD_DIM // 2], sin[:, HEAD_DIM // 2 :]), dim=-1)
-    chunk_slots = torch.cat([(torch.tensor(table)[:, None] * BLOCK + torch.arange(BLOCK)).flatten()[s : s + n]
-                             for table, s, n in zip(tables, starts, lengths, strict=True)])
+    chunk_slots = torch.cat(
+        [
+            (torch.tensor(table)[:, None] * BLOCK + torch.arange(BLOCK)).flatten()[s : s + n]
+            for table, s, n in zip(tables, starts, lengths, strict=True)
+        ]
+    )
     want_k, want_v = k_cache.clone(), v_cache.clone()
     want_k[chunk_slots] = _transformers_rotary(k, cos[:, None], sin[:, None])
     want_v[chunk_slots] = v
-    out = kernel.prefill(q, k, v, cos, sin_folded, k_cache, v_cache,
-                         PrefillRows(tables, starts, lengths, BLOCK, num_blocks), HEAD_DIM**-0.5)
+    out = kernel.prefill(
+        q,
+        k,
+        v,
+        cos,
+        sin_folded,
+        k_cache,
+        v_cache,
+        PrefillRows(tables, starts, lengths, BLOCK, num_blocks),
+        HEAD_DIM**-0.5,
+    )
     # the chunk's keys (rotated bit for bit as transformers rotates) and values are in their slots, nothing else moved
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
     q = _transformers_rotary(q, cos[:, None], sin[:, None])
@@ -195,11 +218,13 @@ def test_prefill_kernel_is_causal_attention_over_the_cache(dtype: torch.dtype, t
         slots = (torch.tensor(table)[:, None] * BLOCK + torch.arange(BLOCK)).flatten()[: s + n]
         keys, values = k_cache[slots].transpose(0, 1)[None], v_cache[slots].transpose(0, 1)[None]
         mask = torch.arange(s + n)[None, :] <= torch.arange(s, s + n)[:, None]
-        want = F.scaled_dot_product_attention(q[row : row + n].transpose(0, 1)[None], keys, values, attn_mask=mask,
-                                              scale=HEAD_DIM**-0.5, enable_gqa=True)
+        want = F.scaled_dot_product_attention(
+            q[row : row + n].transpose(0, 1)[None], keys, values, attn_mask=mask, scale=HEAD_DIM**-0.5, enable_gqa=True
+        )
         tol = 1e-5 if dtype == torch.float32 else 2e-2
-        torch.testing.assert_close(out[row : row + n].float(), want[0].transpose(0, 1).reshape(n, -1).float(),
-                                   atol=tol, rtol=tol)
+        torch.testing.assert_close(
+            out[row : row + n].float(), want[0].transpose(0, 1).reshape(n, -1).float(), atol=tol, rtol=tol
+        )
         row += n
 
 
@@ -221,14 +246,34 @@ def test_prefill_rows_do_not_depend_on_the_chunking(dtype: torch.dtype, tmp_path
     k_cache = torch.zeros(8 * BLOCK, KV_HEADS, HEAD_DIM, dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
     # one chunk, after another sequence's rows
-    whole = kernel.prefill(torch.cat((q2, q)), torch.cat((k2, k)), torch.cat((v2, v)), None, None, k_cache, v_cache,
-                           PrefillRows([table2, table], [0, 0], [other, n], BLOCK, 8), HEAD_DIM**-0.5)[other:]
+    whole = kernel.prefill(
+        torch.cat((q2, q)),
+        torch.cat((k2, k)),
+        torch.cat((v2, v)),
+        None,
+        None,
+        k_cache,
+        v_cache,
+        PrefillRows([table2, table], [0, 0], [other, n], BLOCK, 8),
+        HEAD_DIM**-0.5,
+    )[other:]
     k_cache.zero_(), v_cache.zero_()
     parts, start = [], 0
     for size in (7, 13, 50):
         end = start + size
-        parts.append(kernel.prefill(q[start:end], k[start:end], v[start:end], None, None, k_cache, v_cache,
-                                    PrefillRows([table], [start], [size], BLOCK, 8), HEAD_DIM**-0.5))
+        parts.append(
+            kernel.prefill(
+                q[start:end],
+                k[start:end],
+                v[start:end],
+                None,
+                None,
+                k_cache,
+                v_cache,
+                PrefillRows([table], [start], [size], BLOCK, 8),
+                HEAD_DIM**-0.5,
+            )
+        )
         start = end
     assert torch.equal(torch.cat(parts), whole)
 
@@ -242,8 +287,9 @@ def test_rotate_is_transformers_rotary_bit_for_bit() -> None:
 # slow lane: compiles the C libraries again for another target (tens of seconds on 2 cores)
 @pytest.mark.slow
 @pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx2", "-mno-fma")], ids=["avx2", "scalar"])
-def test_the_other_builds_attend_as_the_reference(flags: tuple[str, ...], tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_other_builds_attend_as_the_reference(
+    flags: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The library built for CPUs without AVX-512 (and without AVX2: the scalar loops) decodes rows of several spans
     and prefills (there without the AVX-512 tile) as the reference does."""
     if not PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, torch.float32, tmp_path).uses_kernel:
@@ -263,13 +309,22 @@ def test_a_bfloat16_cache_under_float32_activations(tmp_path: Path) -> None:
     """kv_cache.dtype bfloat16 of a float32 model: keys (rotated in float32) and values are rounded to bfloat16 once,
     as they are written; the attention over them is float32, as the torch path and SDPA over that cache compute it,
     and shared between threads with the same bits."""
-    kernel = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, torch.float32, tmp_path, cache_dtype=torch.bfloat16,
-                            helpers=HelperThreads(2, tmp_path))
+    kernel = PagedAttention(
+        HEADS,
+        KV_HEADS,
+        HEAD_DIM,
+        BLOCK,
+        torch.float32,
+        tmp_path,
+        cache_dtype=torch.bfloat16,
+        helpers=HelperThreads(2, tmp_path),
+    )
     if not kernel.uses_kernel:
         pytest.skip("no C compiler here: the engine runs the torch path")
     alone = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, torch.float32, tmp_path, cache_dtype=torch.bfloat16)
-    fallback = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, BLOCK, torch.float32, tmp_path, use_kernel=False,
-                              cache_dtype=torch.bfloat16)
+    fallback = PagedAttention(
+        HEADS, KV_HEADS, HEAD_DIM, BLOCK, torch.float32, tmp_path, use_kernel=False, cache_dtype=torch.bfloat16
+    )
     case = _case(torch.float32, batch=6, seed=4, longest=400)
     case["k_cache"], case["v_cache"] = case["k_cache"].bfloat16(), case["v_cache"].bfloat16()
     out, k_cache, v_cache = _run(kernel, case)
@@ -281,22 +336,33 @@ def test_a_bfloat16_cache_under_float32_activations(tmp_path: Path) -> None:
     assert torch.equal(k_cache[slots], _transformers_rotary(case["k"], cos, sin).bfloat16())
     q = _transformers_rotary(case["q"], cos, sin)
     keys, values = ref_k[kv_index].transpose(1, 2).float(), ref_v[kv_index].transpose(1, 2).float()
-    plain = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask, scale=HEAD_DIM**-0.5,
-                                           enable_gqa=True)
+    plain = F.scaled_dot_product_attention(
+        q[:, :, None], keys, values, attn_mask=mask, scale=HEAD_DIM**-0.5, enable_gqa=True
+    )
     torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out, plain.reshape(out.shape), atol=1e-5, rtol=1e-5)
     for got, want in zip(_run(alone, case), (out, k_cache, v_cache), strict=True):
         assert torch.equal(got, want)
     # a prefill chunk over the same cache: the torch path's result up to float rounding
-    rows = PrefillRows([case["tables"].tables[1].tolist()], [0], [int(case["tables"].ctx_lens[1])], BLOCK,
-                       case["k_cache"].shape[0] // BLOCK)
+    rows = PrefillRows(
+        [case["tables"].tables[1].tolist()],
+        [0],
+        [int(case["tables"].ctx_lens[1])],
+        BLOCK,
+        case["k_cache"].shape[0] // BLOCK,
+    )
     n = rows.max_ctx
     q, k, v = (torch.randn(n, x, HEAD_DIM) for x in (HEADS, KV_HEADS, KV_HEADS))
     got = kernel.prefill(q, k, v, None, None, k_cache.clone(), v_cache.clone(), rows, HEAD_DIM**-0.5)
     mask = torch.arange(n)[None, :] <= torch.arange(n)[:, None]
-    want = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.bfloat16().float().transpose(0, 1)[None],
-                                          v.bfloat16().float().transpose(0, 1)[None], attn_mask=mask,
-                                          scale=HEAD_DIM**-0.5, enable_gqa=True)
+    want = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        k.bfloat16().float().transpose(0, 1)[None],
+        v.bfloat16().float().transpose(0, 1)[None],
+        attn_mask=mask,
+        scale=HEAD_DIM**-0.5,
+        enable_gqa=True,
+    )
     torch.testing.assert_close(got, want[0].transpose(0, 1).reshape(n, -1), atol=1e-5, rtol=1e-5)
 
 
@@ -305,12 +371,21 @@ def test_a_bfloat16_cache_under_float32_activations(tmp_path: Path) -> None:
 def test_any_block_size_attends_as_the_torch_path(block: int, cache_dtype: torch.dtype, tmp_path: Path) -> None:
     """Spans are whole blocks (128 positions rounded up to a block, or one block past 128): rows of other sequences
     and a verification step's rows of one sequence, over blocks of any size, give the torch path's output."""
-    kernel = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, block, torch.float32, tmp_path, cache_dtype=cache_dtype,
-                            helpers=HelperThreads(2, tmp_path))
+    kernel = PagedAttention(
+        HEADS,
+        KV_HEADS,
+        HEAD_DIM,
+        block,
+        torch.float32,
+        tmp_path,
+        cache_dtype=cache_dtype,
+        helpers=HelperThreads(2, tmp_path),
+    )
     if not kernel.uses_kernel:
         pytest.skip("no C compiler here: the engine runs the torch path")
-    fallback = PagedAttention(HEADS, KV_HEADS, HEAD_DIM, block, torch.float32, tmp_path, use_kernel=False,
-                              cache_dtype=cache_dtype)
+    fallback = PagedAttention(
+        HEADS, KV_HEADS, HEAD_DIM, block, torch.float32, tmp_path, use_kernel=False, cache_dtype=cache_dtype
+    )
     rnd, gen = random.Random(block), torch.Generator().manual_seed(block)
     lens = [rnd.randint(1, 600) for _ in range(4)] + [300, 301, 302]  # the last three: one sequence's rows
     per = [(c + block - 1) // block for c in lens[:4] + lens[-1:]]  # the shared sequence's table covers its last row
@@ -328,8 +403,20 @@ def test_any_block_size_attends_as_the_torch_path(block: int, cache_dtype: torch
     sin_folded = torch.cat((-sin[:, : HEAD_DIM // 2], sin[:, HEAD_DIM // 2 :]), dim=-1)
     k_cache = torch.randn(used * block, KV_HEADS, HEAD_DIM, generator=gen).to(cache_dtype)
     v_cache = torch.randn(used * block, KV_HEADS, HEAD_DIM, generator=gen).to(cache_dtype)
-    outs = [attn.decode(q, k, v, cos, sin_folded, k_cache.clone(), v_cache.clone(),
-                        DecodeTables(tables, lens, block, used), HEAD_DIM**-0.5) for attn in (kernel, fallback)]
+    outs = [
+        attn.decode(
+            q,
+            k,
+            v,
+            cos,
+            sin_folded,
+            k_cache.clone(),
+            v_cache.clone(),
+            DecodeTables(tables, lens, block, used),
+            HEAD_DIM**-0.5,
+        )
+        for attn in (kernel, fallback)
+    ]
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
 
 
@@ -359,8 +446,20 @@ def test_a_step_with_a_bad_table_fails_without_touching_the_cache(tmp_path: Path
     from engines.types import SamplingParams, SequenceStep
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2)).float().eval()
+    model = (
+        LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=96,
+                hidden_size=64,
+                intermediate_size=160,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+            )
+        )
+        .float()
+        .eval()
+    )
     runner = PagedModelRunner(model, num_blocks=4, block_size=16, kernel_cache_dir=tmp_path, gemm_threads=1)
     params = SamplingParams(temperature=0.0, max_tokens=4)
     prompt = list(range(1, 17))

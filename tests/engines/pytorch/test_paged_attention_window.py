@@ -27,8 +27,17 @@ def _tolerance(dtype: torch.dtype, cache_dtype: torch.dtype) -> float:
 
 
 def _attention(head_dim: int, window: int | None, softcap: float | None) -> Attention:
-    return Attention(layer_idx=0, qkv=None, o=None, num_heads=HEADS, num_kv_heads=KV_HEADS,  # type: ignore[arg-type]
-                     head_dim=head_dim, scaling=head_dim**-0.5, sliding_window=window, softcap=softcap)
+    return Attention(
+        layer_idx=0,
+        qkv=None,
+        o=None,
+        num_heads=HEADS,
+        num_kv_heads=KV_HEADS,  # type: ignore[arg-type]
+        head_dim=head_dim,
+        scaling=head_dim**-0.5,
+        sliding_window=window,
+        softcap=softcap,
+    )
 
 
 def _sequences(rnd: random.Random, lengths: list[tuple[int, int]]) -> tuple[list[list[int]], int]:
@@ -43,9 +52,18 @@ def _sequences(rnd: random.Random, lengths: list[tuple[int, int]]) -> tuple[list
     return tables, len(blocks)
 
 
-def _reference(attention: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: list[list[int]],
-               lengths: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _reference(
+    attention: Attention,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: list[list[int]],
+    lengths: list[tuple[int, int]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """transformers' eager attention with the layer's window and soft-cap, one sequence at a time, in float32 over
     float32 copies of the caches: the output and those caches, written."""
     sequences, slots, row = [], [], 0
@@ -56,8 +74,9 @@ def _reference(attention: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.
         row += n
     f32 = torch.float32
     k32, v32 = k_cache.to(f32, copy=True), v_cache.to(f32, copy=True)
-    out = attend_torch(attention, q.to(f32), k.to(f32), v.to(f32), cos.to(f32), sin.to(f32), k32, v32,
-                       torch.cat(slots), sequences)
+    out = attend_torch(
+        attention, q.to(f32), k.to(f32), v.to(f32), cos.to(f32), sin.to(f32), k32, v32, torch.cat(slots), sequences
+    )
     return out, k32, v32
 
 
@@ -84,8 +103,15 @@ def _kernel(head_dim: int, dtype: torch.dtype, cache_dtype: torch.dtype, tmp_pat
     return kernel
 
 
-def check_decode(window: int | None, softcap: float | None, dtype: torch.dtype, cache_dtype: torch.dtype,
-                 head_dim: int, tmp_path: Path, seed: int = 0) -> None:
+def check_decode(
+    window: int | None,
+    softcap: float | None,
+    dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    head_dim: int,
+    tmp_path: Path,
+    seed: int = 0,
+) -> None:
     """One-token rows of contexts 1 .. 300 (several spans), and a verification step's consecutive rows of one
     sequence, as the reference."""
     rnd = random.Random(seed)
@@ -96,12 +122,24 @@ def check_decode(window: int | None, softcap: float | None, dtype: torch.dtype, 
     row_tables = tables[:-1] + [tables[-1]] * 5
     x = _inputs(len(ends), head_dim, num_blocks, dtype, cache_dtype, seed)
     attention = _attention(head_dim, window, softcap)
-    want, want_k, want_v = _reference(attention, x["q"], x["k"], x["v"], x["cos"], x["sin"], x["k_cache"],
-                                      x["v_cache"], tables, lengths)
+    want, want_k, want_v = _reference(
+        attention, x["q"], x["k"], x["v"], x["cos"], x["sin"], x["k_cache"], x["v_cache"], tables, lengths
+    )
     kernel = _kernel(head_dim, dtype, cache_dtype, tmp_path)
     k_cache, v_cache = x["k_cache"].clone(), x["v_cache"].clone()
-    got = kernel.decode(x["q"], x["k"], x["v"], x["cos"], x["sin"], k_cache, v_cache,
-                        DecodeTables(row_tables, ends, BLOCK, num_blocks), attention.scaling, window, softcap)
+    got = kernel.decode(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["cos"],
+        x["sin"],
+        k_cache,
+        v_cache,
+        DecodeTables(row_tables, ends, BLOCK, num_blocks),
+        attention.scaling,
+        window,
+        softcap,
+    )
     tol = _tolerance(dtype, cache_dtype)
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
     # the kernel wrote the rotated keys and the values the reference did (in the cache's type)
@@ -109,8 +147,15 @@ def check_decode(window: int | None, softcap: float | None, dtype: torch.dtype, 
     torch.testing.assert_close(v_cache.float(), want_v, atol=tol, rtol=tol)
 
 
-def check_prefill(window: int | None, softcap: float | None, dtype: torch.dtype, cache_dtype: torch.dtype,
-                  head_dim: int, tmp_path: Path, seed: int = 0) -> None:
+def check_prefill(
+    window: int | None,
+    softcap: float | None,
+    dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    head_dim: int,
+    tmp_path: Path,
+    seed: int = 0,
+) -> None:
     """Prefill chunks: a whole prompt of 70 rows, a chunk continuing a sequence at 100 (its window reaching into
     the cache before it), a one-row chunk and a chunk of 37 rows starting mid-block, as the reference."""
     rnd = random.Random(seed)
@@ -119,13 +164,24 @@ def check_prefill(window: int | None, softcap: float | None, dtype: torch.dtype,
     rows = sum(n for _, n in lengths)
     x = _inputs(rows, head_dim, num_blocks, dtype, cache_dtype, seed + 1)
     attention = _attention(head_dim, window, softcap)
-    want, _, _ = _reference(attention, x["q"], x["k"], x["v"], x["cos"], x["sin"], x["k_cache"], x["v_cache"],
-                            tables, lengths)
+    want, _, _ = _reference(
+        attention, x["q"], x["k"], x["v"], x["cos"], x["sin"], x["k_cache"], x["v_cache"], tables, lengths
+    )
     kernel = _kernel(head_dim, dtype, cache_dtype, tmp_path)
     k_cache, v_cache = x["k_cache"].clone(), x["v_cache"].clone()
-    got = kernel.prefill(x["q"], x["k"], x["v"], x["cos"], x["sin"], k_cache, v_cache,
-                         PrefillRows(tables, [s for s, _ in lengths], [n for _, n in lengths], BLOCK, num_blocks),
-                         attention.scaling, window, softcap)
+    got = kernel.prefill(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["cos"],
+        x["sin"],
+        k_cache,
+        v_cache,
+        PrefillRows(tables, [s for s, _ in lengths], [n for _, n in lengths], BLOCK, num_blocks),
+        attention.scaling,
+        window,
+        softcap,
+    )
     tol = _tolerance(dtype, cache_dtype)
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
 
@@ -133,17 +189,28 @@ def check_prefill(window: int | None, softcap: float | None, dtype: torch.dtype,
 @pytest.mark.parametrize(("window", "softcap"), SHAPES)
 @pytest.mark.parametrize(("dtype", "cache_dtype"), TYPES, ids=["f32", "bf16", "f32_kvbf16"])
 @pytest.mark.parametrize("head_dim", [64, 40])  # 64: the AVX-512 tile and the 8-key dot; 40: the generic loops
-def test_windowed_and_capped_decode_is_the_eager_rule(window: int | None, softcap: float | None, dtype: torch.dtype,
-                                                      cache_dtype: torch.dtype, head_dim: int, tmp_path: Path) -> None:
+def test_windowed_and_capped_decode_is_the_eager_rule(
+    window: int | None,
+    softcap: float | None,
+    dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    head_dim: int,
+    tmp_path: Path,
+) -> None:
     check_decode(window, softcap, dtype, cache_dtype, head_dim, tmp_path)
 
 
 @pytest.mark.parametrize(("window", "softcap"), SHAPES)
 @pytest.mark.parametrize(("dtype", "cache_dtype"), TYPES, ids=["f32", "bf16", "f32_kvbf16"])
 @pytest.mark.parametrize("head_dim", [64, 40])
-def test_windowed_and_capped_prefill_is_the_eager_rule(window: int | None, softcap: float | None,
-                                                       dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int,
-                                                       tmp_path: Path) -> None:
+def test_windowed_and_capped_prefill_is_the_eager_rule(
+    window: int | None,
+    softcap: float | None,
+    dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    head_dim: int,
+    tmp_path: Path,
+) -> None:
     check_prefill(window, softcap, dtype, cache_dtype, head_dim, tmp_path)
 
 
@@ -157,8 +224,20 @@ def test_a_window_past_the_context_gives_the_bits_of_no_window(tmp_path: Path) -
     outs = []
     for window in (None, 260, 10_000):
         step = DecodeTables(tables, [s + 1 for s, _ in lengths], BLOCK, num_blocks)
-        outs.append(kernel.decode(x["q"], x["k"], x["v"], x["cos"], x["sin"], x["k_cache"].clone(),
-                                  x["v_cache"].clone(), step, 0.125, window))
+        outs.append(
+            kernel.decode(
+                x["q"],
+                x["k"],
+                x["v"],
+                x["cos"],
+                x["sin"],
+                x["k_cache"].clone(),
+                x["v_cache"].clone(),
+                step,
+                0.125,
+                window,
+            )
+        )
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
@@ -172,8 +251,9 @@ def test_a_windowed_row_reads_no_position_before_its_window(tmp_path: Path) -> N
     x = _inputs(1, 64, num_blocks, torch.float32, torch.float32, 4)
     kernel = _kernel(64, torch.float32, torch.float32, tmp_path)
     step = DecodeTables(tables, [start + 1], BLOCK, num_blocks)
-    clean = kernel.decode(x["q"], x["k"], x["v"], x["cos"], x["sin"], x["k_cache"].clone(), x["v_cache"].clone(),
-                          step, 0.125, window)
+    clean = kernel.decode(
+        x["q"], x["k"], x["v"], x["cos"], x["sin"], x["k_cache"].clone(), x["v_cache"].clone(), step, 0.125, window
+    )
     k_cache, v_cache = x["k_cache"].clone(), x["v_cache"].clone()
     for block in tables[0][: (start - window + 1) // BLOCK]:  # wholly before position start - window + 1
         k_cache[block * BLOCK : (block + 1) * BLOCK] = float("nan")
@@ -192,15 +272,26 @@ def test_the_torch_path_refuses_rather_than_ignoring_a_window(tmp_path: Path) ->
     fallback = PagedAttention(HEADS, KV_HEADS, 64, BLOCK, torch.float32, tmp_path, use_kernel=False)
     x = _inputs(1, 64, 2, torch.float32, torch.float32, 5)
     with pytest.raises(RuntimeError, match="need the C kernel"):
-        fallback.decode(x["q"], x["k"], x["v"], x["cos"], x["sin"], x["k_cache"], x["v_cache"],
-                        DecodeTables([[0]], [3], BLOCK, 2), 0.125, 4)
+        fallback.decode(
+            x["q"],
+            x["k"],
+            x["v"],
+            x["cos"],
+            x["sin"],
+            x["k_cache"],
+            x["v_cache"],
+            DecodeTables([[0]], [3], BLOCK, 2),
+            0.125,
+            4,
+        )
 
 
 # slow lane: compiles the C library again for another target (tens of seconds on 2 cores)
 @pytest.mark.slow
 @pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx2", "-mno-fma")], ids=["avx2", "scalar"])
-def test_the_other_builds_window_and_cap_as_the_reference(flags: tuple[str, ...], tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_other_builds_window_and_cap_as_the_reference(
+    flags: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, *flags])
     monkeypatch.delitem(native._loaded, "paged_attention", raising=False)
     try:

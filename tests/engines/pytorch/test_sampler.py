@@ -57,8 +57,12 @@ def test_a_failing_logits_processor_or_empty_mask_fails_its_row_alone() -> None:
     logits = _logits(4)
     seeded = [torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)]
     alone = sample(logits[3:].clone(), [_step("d", temperature=0.8, seed=5)], [0], {"d": seeded[0]})
-    steps = [_step("a", temperature=0.0, logprobs=2), _step("b", constraint=_BrokenConstraint()),
-             _step("c", temperature=0.0, constraint=_NothingAllowed()), _step("d", temperature=0.8, seed=5)]
+    steps = [
+        _step("a", temperature=0.0, logprobs=2),
+        _step("b", constraint=_BrokenConstraint()),
+        _step("c", temperature=0.0, constraint=_NothingAllowed()),
+        _step("d", temperature=0.8, seed=5),
+    ]
     result = sample(logits.clone(), steps, [0], {"d": seeded[1]})
     assert set(result.errors) == {"b", "c"}
     assert "RuntimeError" in result.errors["b"] and "no token can be sampled" in result.errors["c"]
@@ -67,9 +71,13 @@ def test_a_failing_logits_processor_or_empty_mask_fails_its_row_alone() -> None:
 
 
 # -- speculative verification (one-hot proposals) ---------------------------------------------------------------
-VOCAB_LOGITS = torch.tensor([[1.0, 0.2, 0.8, -0.5, 0.6, -2.0],   # after the history
-                             [0.1, 1.2, -0.3, 0.9, 0.4, 0.0],    # after the history and the first proposed token
-                             [0.5, -0.2, 1.1, 0.3, -1.0, 0.7]])  # after both proposed tokens
+VOCAB_LOGITS = torch.tensor(
+    [
+        [1.0, 0.2, 0.8, -0.5, 0.6, -2.0],  # after the history
+        [0.1, 1.2, -0.3, 0.9, 0.4, 0.0],  # after the history and the first proposed token
+        [0.5, -0.2, 1.1, 0.3, -1.0, 0.7],
+    ]
+)  # after both proposed tokens
 DRAFTS = [1, 3]
 SPEC_SAMPLING = {"temperature": 0.8, "top_k": 5, "frequency_penalty": 0.7}
 TRIALS = 6000
@@ -77,15 +85,27 @@ TRIALS = 6000
 
 def _verify_step(**sampling: object) -> SequenceStep:
     # prompt [5], one output token so far (4); the step carries the last token and the two proposed ones
-    return SequenceStep("v", [4, *DRAFTS], 2, [0], True, SamplingParams(**sampling), [5, 4], 1, 1,  # type: ignore[arg-type]
-                        num_draft_tokens=len(DRAFTS))
+    return SequenceStep(
+        "v",
+        [4, *DRAFTS],
+        2,
+        [0],
+        True,
+        SamplingParams(**sampling),
+        [5, 4],
+        1,
+        1,  # type: ignore[arg-type]
+        num_draft_tokens=len(DRAFTS),
+    )
 
 
 def _plain_distribution(row: int, outputs: list[int]) -> torch.Tensor:
     """What plain sampling draws from at that position, written out: frequency penalty over the output so far,
     temperature, top-k."""
-    logits = VOCAB_LOGITS[row] - SPEC_SAMPLING["frequency_penalty"] * torch.bincount(
-        torch.tensor(outputs), minlength=6).float()
+    logits = (
+        VOCAB_LOGITS[row]
+        - SPEC_SAMPLING["frequency_penalty"] * torch.bincount(torch.tensor(outputs), minlength=6).float()
+    )
     logits = logits / SPEC_SAMPLING["temperature"]
     logits[logits < torch.topk(logits, SPEC_SAMPLING["top_k"]).values[-1]] = float("-inf")
     return torch.softmax(logits.double(), dim=-1)
@@ -130,8 +150,9 @@ def test_verification_samples_each_position_from_the_plain_distribution() -> Non
 def test_greedy_verification_accepts_while_the_argmax_agrees() -> None:
     logits = VOCAB_LOGITS.clone()
     for drafts, accepted, token in (([0, 1], 2, 2), ([0, 4], 1, 1), ([3, 1], 0, 0)):
-        step = SequenceStep("g", [4, *drafts], 2, [0], True, SamplingParams(temperature=0), [5, 4], 1, 1,
-                            num_draft_tokens=2)
+        step = SequenceStep(
+            "g", [4, *drafts], 2, [0], True, SamplingParams(temperature=0), [5, 4], 1, 1, num_draft_tokens=2
+        )
         plain = sample(logits.clone(), [step], [0], {})  # every row plain greedy: one batched argmax
         assert (plain.num_accepted["g"], plain.token_ids["g"]) == (accepted, token)
         step.sampling = SamplingParams(temperature=0, min_tokens=1, logit_bias={5: -1.0})  # per-row processing
@@ -145,8 +166,9 @@ def test_greedy_verification_applies_min_tokens_per_position() -> None:
     logits = torch.full((3, 6), -1.0)
     logits[:, 0] = 5.0  # EOS is every row's argmax
     logits[0, 2] = logits[1, 3] = 4.0  # the runner-up tokens: the proposal
-    step = SequenceStep("m", [4, 2, 3], 2, [0], True, SamplingParams(temperature=0, min_tokens=3), [5, 4], 1, 1,
-                        num_draft_tokens=2)
+    step = SequenceStep(
+        "m", [4, 2, 3], 2, [0], True, SamplingParams(temperature=0, min_tokens=3), [5, 4], 1, 1, num_draft_tokens=2
+    )
     result = sample(logits, [step], [0], {})
     assert (result.num_accepted["m"], result.token_ids["m"]) == (2, 0)  # outputs 2 and 3 reach min_tokens: EOS
 
@@ -154,10 +176,11 @@ def test_greedy_verification_applies_min_tokens_per_position() -> None:
 def test_greedy_result_from_row_argmaxes_of_a_mixed_batch() -> None:
     """The argmax of every row (as a replayed step takes them): a one-token step's row is its token, a verification
     step's k + 1 rows accept while they agree with its proposal."""
-    steps = [_step("p", temperature=0.0),
-             SequenceStep("g", [4, 7, 8, 9], 2, [0], True, SamplingParams(temperature=0), [5, 4], 1, 1,
-                          num_draft_tokens=3),
-             _step("q", temperature=0.0)]
+    steps = [
+        _step("p", temperature=0.0),
+        SequenceStep("g", [4, 7, 8, 9], 2, [0], True, SamplingParams(temperature=0), [5, 4], 1, 1, num_draft_tokens=3),
+        _step("q", temperature=0.0),
+    ]
     result = greedy_result(steps, [11, 7, 8, 2, 6, 12])
     assert result.token_ids == {"p": 11, "g": 2, "q": 12} and result.num_accepted == {"g": 2}
     everything = greedy_result(steps[1:2], [7, 8, 9, 3])

@@ -25,10 +25,19 @@ def engine() -> PyTorchEngine:
     return PyTorchEngine(GGUF, dtype="float32", kv_cache_tokens=1024, block_size=16)
 
 
-def _step(seq_id: str, tokens: list[int], start: int, table: list[int], history: list[int], prompt: int,
-          drafts: int = 0, sampling: SamplingParams = GREEDY) -> SequenceStep:
-    return SequenceStep(seq_id, tokens, start, table, True, sampling, history, prompt, len(history) - prompt,
-                        num_draft_tokens=drafts)
+def _step(
+    seq_id: str,
+    tokens: list[int],
+    start: int,
+    table: list[int],
+    history: list[int],
+    prompt: int,
+    drafts: int = 0,
+    sampling: SamplingParams = GREEDY,
+) -> SequenceStep:
+    return SequenceStep(
+        seq_id, tokens, start, table, True, sampling, history, prompt, len(history) - prompt, num_draft_tokens=drafts
+    )
 
 
 def test_verification_logits_equal_one_token_decodes_bit_for_bit(engine: PyTorchEngine) -> None:
@@ -40,13 +49,16 @@ def test_verification_logits_equal_one_token_decodes_bit_for_bit(engine: PyTorch
     n = len(ids)
     # a proposal that crosses a block boundary (positions n .. n + 5, block size 16)
     fed = [int(runner.forward([_step("ref", ids, 0, [0, 1, 2], ids, n)])[-1].argmax()), 18, 4500, 905, 12, 77]
-    one_by_one = [runner.forward([_step("ref", [t], n + j, [0, 1, 2], ids + fed[: j + 1], n)])[0]
-                  for j, t in enumerate(fed)]
+    one_by_one = [
+        runner.forward([_step("ref", [t], n + j, [0, 1, 2], ids + fed[: j + 1], n)])[0] for j, t in enumerate(fed)
+    ]
     # the same sequence in other blocks, verified in one step beside another sequence's decode and a prefill chunk
     other = engine.tokenizer.encode("Once upon a time there was")
     runner.forward([_step("v", ids, 0, [3, 4, 5], ids, n), _step("o", other, 0, [6, 7], other, len(other))])
-    o, v = _step("o", [11], len(other), [6, 7], other + [11], len(other)), _step(
-        "v", fed, n, [3, 4, 5], ids + fed[:1], n, drafts=len(fed) - 1)
+    o, v = (
+        _step("o", [11], len(other), [6, 7], other + [11], len(other)),
+        _step("v", fed, n, [3, 4, 5], ids + fed[:1], n, drafts=len(fed) - 1),
+    )
     p = _step("p", other * 3, 0, [8, 9, 10], other * 3, 3 * len(other))
     logits = runner.forward([o, v, p])
     assert logits.shape[0] == 1 + len(fed) + 1  # in row order: o, v's k + 1, p

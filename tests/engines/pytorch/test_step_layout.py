@@ -18,8 +18,11 @@ def test_decode_rows_come_first_and_sample_in_row_order() -> None:
     verify = _step("verify", [3, 4, 4, 2], 10, drafts=3)
     decode = _step("decode", [7], 20)
     lay = order_rows([chunk, prompt, verify, decode])
-    assert [s.seq_id for s in lay.steps] == [s.seq_id for s in row_order([chunk, prompt, verify, decode])] == [
-        "verify", "decode", "chunk", "prompt"]
+    assert (
+        [s.seq_id for s in lay.steps]
+        == [s.seq_id for s in row_order([chunk, prompt, verify, decode])]
+        == ["verify", "decode", "chunk", "prompt"]
+    )
     assert lay.input_ids.tolist() == [3, 4, 4, 2, 7, 5, 6, 7, 8, 9]
     assert lay.positions.tolist() == [10, 11, 12, 13, 20, 0, 1, 2, 0, 1]
     assert lay.num_decode == 5

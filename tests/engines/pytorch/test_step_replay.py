@@ -25,8 +25,15 @@ from engines.pytorch.model_runner import PagedModelRunner
 from engines.types import SamplingParams, SequenceStep
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=32)
-SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=256)
+SHAPE = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 
 
 def _llama() -> LlamaForCausalLM:
@@ -38,8 +45,9 @@ def _runner(tmp_path: Path, replay: bool, model=None) -> PagedModelRunner:
     saved = step_replay.ENABLED
     step_replay.ENABLED = replay
     try:
-        return PagedModelRunner(model or _llama(), num_blocks=16, block_size=16, kernel_cache_dir=tmp_path,
-                                gemm_threads=2)
+        return PagedModelRunner(
+            model or _llama(), num_blocks=16, block_size=16, kernel_cache_dir=tmp_path, gemm_threads=2
+        )
     finally:
         step_replay.ENABLED = saved
 
@@ -52,8 +60,12 @@ def _decode(runner: PagedModelRunner, batch: int, steps: int) -> tuple[list[torc
     tokens = [list(p) + [1 + b] for b, p in enumerate(prompts)]
     all_logits = []
     for _ in range(steps):
-        step = [SequenceStep(f"s{b}", [t[-1]], len(t) - 1, tables[b], True, PARAMS, t, len(prompts[b]),
-                             len(t) - len(prompts[b])) for b, t in enumerate(tokens)]
+        step = [
+            SequenceStep(
+                f"s{b}", [t[-1]], len(t) - 1, tables[b], True, PARAMS, t, len(prompts[b]), len(t) - len(prompts[b])
+            )
+            for b, t in enumerate(tokens)
+        ]
         logits, greedy = runner.forward_greedy(step)
         all_logits.append(logits.clone())
         picks = logits.argmax(dim=-1).tolist()
@@ -122,14 +134,17 @@ def test_sliding_window_steps_replay_and_soft_capped_logits_stay_on_python(tmp_p
     assert runner._replay.plan_state(2) == "off"
 
 
-def test_a_call_pointing_to_memory_of_one_call_leaves_the_steps_on_python(tmp_path: Path,
-                                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_a_call_pointing_to_memory_of_one_call_leaves_the_steps_on_python(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A kernel argument into a buffer made for that call alone (freed after it) could not be replayed: recording
     notices, and the steps stay right, on Python."""
     runner, reference = _runner(tmp_path, replay=True), _runner(tmp_path, replay=False)
     inner = runner.dense.rms_norm
-    weights = {id(m): m.weight.detach().numpy() for m in [runner.norm, *(
-        n for layer in runner.layers for n in (layer.input_norm, layer.post_norm))]}
+    weights = {
+        id(m): m.weight.detach().numpy()
+        for m in [runner.norm, *(n for layer in runner.layers for n in (layer.input_norm, layer.post_norm))]
+    }
 
     def norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         scratch = torch.from_numpy(weights[id(module)].copy())  # a new buffer every call, not torch's
@@ -155,8 +170,18 @@ def _verify(runner: PagedModelRunner, k: int, steps: int) -> tuple[list[torch.Te
     all_logits, all_greedy = [], []
     for i in range(steps):
         drafts = [(tokens[-1] + j * (i + 2)) % 90 + 1 for j in range(k)]
-        step = SequenceStep("v", [tokens[-1], *drafts], len(tokens) - 1, table, True, PARAMS, tokens, len(prompt),
-                            len(tokens) - len(prompt), num_draft_tokens=k)
+        step = SequenceStep(
+            "v",
+            [tokens[-1], *drafts],
+            len(tokens) - 1,
+            table,
+            True,
+            PARAMS,
+            tokens,
+            len(prompt),
+            len(tokens) - len(prompt),
+            num_draft_tokens=k,
+        )
         logits, greedy = runner.forward_greedy([step])
         assert logits.shape[0] == k + 1
         all_logits.append(logits.clone())

@@ -36,9 +36,15 @@ def chunk(text: str, finish: str | None = None, **extra: object) -> dict:
 
 
 def usage(prompt: int, completion: int, cached: int = 0) -> dict:
-    return {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                                     "total_tokens": prompt + completion,
-                                     "prompt_tokens_details": {"cached_tokens": cached}}}
+    return {
+        "choices": [],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        },
+    }
 
 
 @dataclass(frozen=True)
@@ -147,8 +153,12 @@ async def engine_for(upstreams: Upstreams, retries: int = 2) -> RemoteEngine:
     await upstreams.start()
     _cleanup.append(upstreams)
     a, b = upstreams.url["up-a"], upstreams.url["up-b"] + "/v1"  # a trailing /v1 is accepted
-    settings = RemoteSettings([UpstreamSettings(a, connect_timeout=2.0), UpstreamSettings(b, connect_timeout=2.0)],
-                              model="m", retries=retries, health_check_seconds=3600)
+    settings = RemoteSettings(
+        [UpstreamSettings(a, connect_timeout=2.0), UpstreamSettings(b, connect_timeout=2.0)],
+        model="m",
+        retries=retries,
+        health_check_seconds=3600,
+    )
     engine = RemoteEngine(settings, CharTokenizer(), EngineInfo("remote", "remote", 512, 27, [EOS]))  # type: ignore[arg-type]
     await engine.start()
     _cleanup.append(engine)
@@ -287,8 +297,10 @@ async def test_connect_errors_and_5xx_before_the_first_byte_are_retried_elsewher
 
 
 async def test_a_4xx_is_the_clients_problem_and_is_not_retried() -> None:
-    ups = Upstreams(up_a=lambda c: Reply(400, {"error": {"message": "prompt too long"}}),
-                    up_b=lambda c: Reply(400, {"error": {"message": "prompt too long"}}))
+    ups = Upstreams(
+        up_a=lambda c: Reply(400, {"error": {"message": "prompt too long"}}),
+        up_b=lambda c: Reply(400, {"error": {"message": "prompt too long"}}),
+    )
     engine = await engine_for(ups)
     with pytest.raises(ValueError, match="prompt too long"):
         await collect(engine, request())
@@ -299,11 +311,13 @@ async def test_a_refusal_names_the_clients_field() -> None:
     """The upstream names fields of our completions body; the error names the client's: its `structured_outputs`
     is the field that asked for the spec, a vLLM grammar error (no param) too, `prompt` is nothing the client sent."""
     spec = GuidedSpec("lark", "start: nowhere", "response_format")
-    cases = [({"message": "bad", "param": "temperature"}, {}, "temperature"),
-             ({"message": "bad", "param": "structured_outputs.grammar"}, {"guided": spec}, "response_format"),
-             ({"message": "Invalid grammar specification"}, {"guided": spec}, "response_format"),
-             ({"message": "Invalid grammar specification"}, {}, None),
-             ({"message": "too long", "param": "prompt"}, {}, None)]
+    cases = [
+        ({"message": "bad", "param": "temperature"}, {}, "temperature"),
+        ({"message": "bad", "param": "structured_outputs.grammar"}, {"guided": spec}, "response_format"),
+        ({"message": "Invalid grammar specification"}, {"guided": spec}, "response_format"),
+        ({"message": "Invalid grammar specification"}, {}, None),
+        ({"message": "too long", "param": "prompt"}, {}, None),
+    ]
     for error, sampling, param in cases:
         ups = Upstreams(up_a=lambda c, e=error: Reply(400, {"error": e}), up_b=DOWN)
         engine = await engine_for(ups, retries=0)
@@ -365,29 +379,70 @@ async def test_logprobs_map_back_to_token_ids() -> None:
     engine = await engine_for(Upstreams(up_a=with_logprobs, up_b=with_logprobs))
     outs = await collect(engine, request(logprobs=1))
     lps = [lp for o in outs for lp in (o.logprobs or [])]
-    assert [(lp.token_id, lp.logprob, lp.top) for lp in lps] == [(16, -0.5, [(16, -0.5)]),
-                                                                  (1, -1.5, [(1, -1.5), (2, -2.0)])]
+    assert [(lp.token_id, lp.logprob, lp.top) for lp in lps] == [
+        (16, -0.5, [(16, -0.5)]),
+        (1, -1.5, [(1, -1.5), (2, -2.0)]),
+    ]
     assert [t for o in outs for t in o.new_token_ids] == [16, 1]
 
 
 def test_only_non_default_vllm_extras_are_sent() -> None:
     plain = completion_body("m", request())
     assert set(plain) == {"model", "prompt", "max_tokens", "temperature", "top_p", "stream", "stream_options"}
-    rich = completion_body("m", request(top_k=5, min_p=0.1, repetition_penalty=1.2, min_tokens=2, stop=["\n"],
-                                        stop_token_ids=[7], ignore_eos=True, skip_special_tokens=False, seed=4,
-                                        logit_bias={3: -100.0}, presence_penalty=0.5))
-    assert {k: rich[k] for k in ("top_k", "min_p", "repetition_penalty", "min_tokens", "stop", "stop_token_ids",
-                                 "ignore_eos", "skip_special_tokens", "seed", "logit_bias", "presence_penalty")} == {
-        "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2, "min_tokens": 2, "stop": ["\n"], "stop_token_ids": [7],
-        "ignore_eos": True, "skip_special_tokens": False, "seed": 4, "logit_bias": {"3": -100.0},
-        "presence_penalty": 0.5}
+    rich = completion_body(
+        "m",
+        request(
+            top_k=5,
+            min_p=0.1,
+            repetition_penalty=1.2,
+            min_tokens=2,
+            stop=["\n"],
+            stop_token_ids=[7],
+            ignore_eos=True,
+            skip_special_tokens=False,
+            seed=4,
+            logit_bias={3: -100.0},
+            presence_penalty=0.5,
+        ),
+    )
+    assert {
+        k: rich[k]
+        for k in (
+            "top_k",
+            "min_p",
+            "repetition_penalty",
+            "min_tokens",
+            "stop",
+            "stop_token_ids",
+            "ignore_eos",
+            "skip_special_tokens",
+            "seed",
+            "logit_bias",
+            "presence_penalty",
+        )
+    } == {
+        "top_k": 5,
+        "min_p": 0.1,
+        "repetition_penalty": 1.2,
+        "min_tokens": 2,
+        "stop": ["\n"],
+        "stop_token_ids": [7],
+        "ignore_eos": True,
+        "skip_special_tokens": False,
+        "seed": 4,
+        "logit_bias": {"3": -100.0},
+        "presence_penalty": 0.5,
+    }
 
 
 def test_guided_decoding_is_forwarded_as_structured_outputs() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False}
-    cases = [(GuidedSpec("json", schema), {"json": schema}), (GuidedSpec("regex", "[0-9]+"), {"regex": "[0-9]+"}),
-             (GuidedSpec("choice", ["yes", "no"]), {"choice": ["yes", "no"]}),
-             (GuidedSpec("lark", 'start: "x"'), {"grammar": 'start: "x"'})]
+    cases = [
+        (GuidedSpec("json", schema), {"json": schema}),
+        (GuidedSpec("regex", "[0-9]+"), {"regex": "[0-9]+"}),
+        (GuidedSpec("choice", ["yes", "no"]), {"choice": ["yes", "no"]}),
+        (GuidedSpec("lark", 'start: "x"'), {"grammar": 'start: "x"'}),
+    ]
     for spec, wire in cases:
         assert completion_body("m", request(guided=spec))["structured_outputs"] == wire
     assert "structured_outputs" not in completion_body("m", request())

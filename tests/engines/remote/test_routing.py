@@ -13,8 +13,10 @@ from engines.remote.upstream import Upstream, UpstreamSettings
 
 
 def router(n: int = 2, **settings: object) -> Router:
-    return Router([Upstream(UpstreamSettings(f"http://up-{i}:8000")) for i in range(n)],
-                  RoutingSettings(**{"block_tokens": 4, **settings}))  # type: ignore[arg-type]
+    return Router(
+        [Upstream(UpstreamSettings(f"http://up-{i}:8000")) for i in range(n)],
+        RoutingSettings(**{"block_tokens": 4, **settings}),
+    )  # type: ignore[arg-type]
 
 
 def tenant(seed: int, length: int = 64) -> list[int]:

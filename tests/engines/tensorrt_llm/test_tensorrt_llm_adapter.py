@@ -57,8 +57,13 @@ def tokenizer_dir() -> Path:
 def make_engine(tokenizer_dir: Path, **options: object):  # type: ignore[no-untyped-def]
     from engines.tensorrt_llm.engine import TensorRTLLMEngine
 
-    return TensorRTLLMEngine(tokenizer_dir, load_tokenizer(tokenizer_dir, tokenizer_dir), max_model_len=1024,
-                             max_num_seqs=4, llm_args=dict(options))
+    return TensorRTLLMEngine(
+        tokenizer_dir,
+        load_tokenizer(tokenizer_dir, tokenizer_dir),
+        max_model_len=1024,
+        max_num_seqs=4,
+        llm_args=dict(options),
+    )
 
 
 def req(rid: str = "r", **sampling: object) -> GenerationRequest:
@@ -100,19 +105,45 @@ def test_sampling_parameters_map_to_tensorrt_llm(trt, tokenizer_dir: Path) -> No
     greedy = to_trtllm_sampling_params(SamplingParams(temperature=0.0, max_tokens=9), trt, 100, 2)
     assert (greedy.top_k, greedy.temperature, greedy.top_p, greedy.max_tokens, greedy.end_id) == (1, None, None, 9, 2)
     full = to_trtllm_sampling_params(
-        SamplingParams(temperature=0.8, top_p=0.9, top_k=20, min_p=0.05, seed=11, min_tokens=2, stop=["\n"],
-                       stop_token_ids=[7], include_stop_str_in_output=True, ignore_eos=True, skip_special_tokens=False,
-                       presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2, logprobs=2,
-                       logit_bias={5: -100.0, 6: 3.0}),
-        trt, 100, 2)
+        SamplingParams(
+            temperature=0.8,
+            top_p=0.9,
+            top_k=20,
+            min_p=0.05,
+            seed=11,
+            min_tokens=2,
+            stop=["\n"],
+            stop_token_ids=[7],
+            include_stop_str_in_output=True,
+            ignore_eos=True,
+            skip_special_tokens=False,
+            presence_penalty=0.5,
+            frequency_penalty=0.3,
+            repetition_penalty=1.2,
+            logprobs=2,
+            logit_bias={5: -100.0, 6: 3.0},
+        ),
+        trt,
+        100,
+        2,
+    )
     assert (full.temperature, full.top_p, full.top_k, full.min_p, full.seed, full.min_tokens) == (
-        0.8, 0.9, 20, 0.05, 11, 2)
+        0.8,
+        0.9,
+        20,
+        0.05,
+        11,
+        2,
+    )
     assert (full.stop, full.stop_token_ids, full.include_stop_str_in_output) == (["\n"], [7], True)
     assert (full.ignore_eos, full.skip_special_tokens, full.logprobs) == (True, False, 2)
     assert (full.presence_penalty, full.frequency_penalty, full.repetition_penalty) == (0.5, 0.3, 1.2)
     assert full.embedding_bias.shape == (100,) and full.embedding_bias.dtype == torch.float32
     assert (float(full.embedding_bias[5]), float(full.embedding_bias[6]), float(full.embedding_bias.sum())) == (
-        -100.0, 3.0, -97.0)
+        -100.0,
+        3.0,
+        -97.0,
+    )
 
     class OnlyEven:
         def __init__(self) -> None:
@@ -203,8 +234,11 @@ def test_the_openai_sdk_over_the_tensorrt_llm_adapter(trt_server: ServerProcess)
     resp = client.chat.completions.create(model="smollm2-trt", messages=question, temperature=0)
     assert resp.choices[0].message.content == REPLY and resp.choices[0].finish_reason == "stop"
     assert resp.usage.completion_tokens > 1 and resp.usage.prompt_tokens > 5
-    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        model="smollm2-trt", messages=question, temperature=0, stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(model="smollm2-trt", messages=question, temperature=0, stream=True)
+        if c.choices
+    )
     assert streamed == REPLY
     two = client.chat.completions.create(model="smollm2-trt", messages=question, n=2, max_tokens=3)
     assert [c.finish_reason for c in two.choices] == ["length", "length"] and two.usage.completion_tokens == 6

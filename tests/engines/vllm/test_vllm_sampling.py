@@ -18,10 +18,23 @@ pytestmark = pytest.mark.vllm
 
 def test_every_field_maps_to_vllm() -> None:
     ours = SamplingParams(
-        temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, presence_penalty=0.5, frequency_penalty=0.25,
-        repetition_penalty=1.1, logit_bias={7: -100.0, 9: 2.5}, seed=1234, max_tokens=33, min_tokens=3,
-        stop=["\n\n", "END"], stop_token_ids=[2, 5], include_stop_str_in_output=True, ignore_eos=True,
-        skip_special_tokens=False, logprobs=4,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.05,
+        presence_penalty=0.5,
+        frequency_penalty=0.25,
+        repetition_penalty=1.1,
+        logit_bias={7: -100.0, 9: 2.5},
+        seed=1234,
+        max_tokens=33,
+        min_tokens=3,
+        stop=["\n\n", "END"],
+        stop_token_ids=[2, 5],
+        include_stop_str_in_output=True,
+        ignore_eos=True,
+        skip_special_tokens=False,
+        logprobs=4,
     )
     v = to_vllm_sampling_params(ours)
     assert (v.n, v.temperature, v.top_p, v.top_k, v.min_p) == (1, 0.7, 0.9, 40, 0.05)
@@ -77,16 +90,39 @@ def test_logprobs_keep_the_top_k_in_rank_order_and_the_sampled_token() -> None:
 
 
 def test_engine_args_from_config(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    args = engine_args(tmp_path, dtype="float32", max_model_len=2048, max_num_seqs=8, kv_cache_memory_gib=0.5,
-                       enable_prefix_caching=True, enforce_eager=True, extra={"max_num_batched_tokens": 1024})
+    args = engine_args(
+        tmp_path,
+        dtype="float32",
+        max_model_len=2048,
+        max_num_seqs=8,
+        kv_cache_memory_gib=0.5,
+        enable_prefix_caching=True,
+        enforce_eager=True,
+        extra={"max_num_batched_tokens": 1024},
+    )
     assert (args.model, args.dtype, args.max_model_len, args.max_num_seqs) == (str(tmp_path), "float32", 2048, 8)
     assert args.kv_cache_memory_bytes == 2**29 and args.enable_prefix_caching and args.enforce_eager
     assert args.scheduling_policy == "priority" and args.max_num_batched_tokens == 1024
     assert args.structured_outputs_config.backend == "guidance"  # llguidance, as on the native engine
-    xgr = engine_args(tmp_path, dtype="float32", max_model_len=None, max_num_seqs=8, kv_cache_memory_gib=1,
-                      enable_prefix_caching=True, enforce_eager=False,
-                      extra={"structured_outputs_config": {"backend": "xgrammar"}})
+    xgr = engine_args(
+        tmp_path,
+        dtype="float32",
+        max_model_len=None,
+        max_num_seqs=8,
+        kv_cache_memory_gib=1,
+        enable_prefix_caching=True,
+        enforce_eager=False,
+        extra={"structured_outputs_config": {"backend": "xgrammar"}},
+    )
     assert xgr.structured_outputs_config.backend == "xgrammar"
     with pytest.raises(ValueError, match="unknown vLLM engine argument"):
-        engine_args(tmp_path, dtype="float32", max_model_len=None, max_num_seqs=8, kv_cache_memory_gib=1,
-                    enable_prefix_caching=True, enforce_eager=False, extra={"max_num_seq": 4})
+        engine_args(
+            tmp_path,
+            dtype="float32",
+            max_model_len=None,
+            max_num_seqs=8,
+            kv_cache_memory_gib=1,
+            enable_prefix_caching=True,
+            enforce_eager=False,
+            extra={"max_num_seq": 4},
+        )

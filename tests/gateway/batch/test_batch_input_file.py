@@ -13,8 +13,13 @@ CHAT = "/v1/chat/completions"
 
 
 def _line(custom_id: str = "a", url: str = CHAT, **fields: object) -> bytes:
-    item = {"custom_id": custom_id, "method": "POST", "url": url,
-            "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}, **fields}
+    item = {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": url,
+        "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        **fields,
+    }
     return json.dumps(item).encode()
 
 
@@ -23,25 +28,34 @@ def test_a_good_line_is_a_request() -> None:
     assert parsed == RequestLine(2, "req-1", {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
 
 
-@pytest.mark.parametrize(("raw", "code", "param"), [
-    (b"{not json", "invalid_json_line", None),
-    (b"\xff\xfe{}", "invalid_json_line", None),  # not UTF-8
-    (b"[1, 2]", "invalid_json_line", None),
-    (b"[" * 100_000, "invalid_json_line", None),  # nested past the parser's recursion
-    (json.dumps({"method": "POST", "url": CHAT, "body": {"model": "m"}}).encode(), "missing_required_parameter",
-     "custom_id"),
-    (_line(method=None), "missing_required_parameter", "method"),
-    (_line(body=None), "missing_required_parameter", "body"),
-    (_line(custom_id=""), "invalid_custom_id", "custom_id"),
-    (_line(custom_id="x" * 513), "invalid_custom_id", "custom_id"),
-    (json.dumps({"custom_id": 7, "method": "POST", "url": CHAT, "body": {"model": "m"}}).encode(),
-     "invalid_custom_id", "custom_id"),
-    (_line(method="GET"), "invalid_method", "method"),
-    (_line(url="/v1/embeddings"), "invalid_url", "url"),
-    (_line(body=["not", "an", "object"]), "invalid_body", "body"),
-    (_line(body={"messages": []}), "missing_required_parameter", "body.model"),
-    (_line(body={"model": 3}), "missing_required_parameter", "body.model"),
-])
+@pytest.mark.parametrize(
+    ("raw", "code", "param"),
+    [
+        (b"{not json", "invalid_json_line", None),
+        (b"\xff\xfe{}", "invalid_json_line", None),  # not UTF-8
+        (b"[1, 2]", "invalid_json_line", None),
+        (b"[" * 100_000, "invalid_json_line", None),  # nested past the parser's recursion
+        (
+            json.dumps({"method": "POST", "url": CHAT, "body": {"model": "m"}}).encode(),
+            "missing_required_parameter",
+            "custom_id",
+        ),
+        (_line(method=None), "missing_required_parameter", "method"),
+        (_line(body=None), "missing_required_parameter", "body"),
+        (_line(custom_id=""), "invalid_custom_id", "custom_id"),
+        (_line(custom_id="x" * 513), "invalid_custom_id", "custom_id"),
+        (
+            json.dumps({"custom_id": 7, "method": "POST", "url": CHAT, "body": {"model": "m"}}).encode(),
+            "invalid_custom_id",
+            "custom_id",
+        ),
+        (_line(method="GET"), "invalid_method", "method"),
+        (_line(url="/v1/embeddings"), "invalid_url", "url"),
+        (_line(body=["not", "an", "object"]), "invalid_body", "body"),
+        (_line(body={"messages": []}), "missing_required_parameter", "body.model"),
+        (_line(body={"model": 3}), "missing_required_parameter", "body.model"),
+    ],
+)
 def test_what_is_wrong_with_a_line_is_named(raw: bytes, code: str, param: str | None) -> None:
     error = parse_line(raw, 7, 0, CHAT)
     assert isinstance(error, LineError)
@@ -50,8 +64,15 @@ def test_what_is_wrong_with_a_line_is_named(raw: bytes, code: str, param: str | 
 
 
 def test_a_valid_file_counts_its_requests_and_models() -> None:
-    lines = [_line("a"), b"\n", b"   \n", _line("b"), json.dumps(
-        {"custom_id": "c", "method": "POST", "url": CHAT, "body": {"model": "other", "messages": []}}).encode()]
+    lines = [
+        _line("a"),
+        b"\n",
+        b"   \n",
+        _line("b"),
+        json.dumps(
+            {"custom_id": "c", "method": "POST", "url": CHAT, "body": {"model": "other", "messages": []}}
+        ).encode(),
+    ]
     result = validate(lines, CHAT, max_requests=10)
     assert result.ok and result.total == 3 and result.models == {"m", "other"} and not result.errors
     found = list(requests(lines, CHAT))
@@ -62,8 +83,11 @@ def test_errors_carry_file_line_numbers_and_duplicates_are_refused() -> None:
     lines = [_line("a"), b"", _line("a"), b"oops", _line("b", url="/v1/completions")]
     result = validate(lines, CHAT, max_requests=10)
     assert not result.ok
-    assert [(e.line, e.code) for e in result.errors] == [(3, "duplicate_custom_id"), (4, "invalid_json_line"),
-                                                         (5, "invalid_url")]
+    assert [(e.line, e.code) for e in result.errors] == [
+        (3, "duplicate_custom_id"),
+        (4, "invalid_json_line"),
+        (5, "invalid_url"),
+    ]
 
 
 def test_an_empty_file_fails() -> None:

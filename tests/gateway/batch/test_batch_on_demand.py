@@ -22,8 +22,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("batch_on_demand")
     (root / "repo" / MODEL).mkdir(parents=True)
     (root / "repo" / MODEL / "config.yaml").write_text(smollm2_config(2048))
-    proc = ServerProcess(root / "repo", "--model-control-mode", "on_demand", "--keep-alive", "10m",
-                         "--files-dir", str(root / "files"), "--batch-max-concurrency", "4")
+    proc = ServerProcess(
+        root / "repo",
+        "--model-control-mode",
+        "on_demand",
+        "--keep-alive",
+        "10m",
+        "--files-dir",
+        str(root / "files"),
+        "--batch-max-concurrency",
+        "4",
+    )
     try:
         yield proc
     finally:
@@ -41,11 +50,23 @@ def metric(server: ServerProcess, name: str, **labels: str) -> float:
 def test_a_batch_loads_its_model_on_request(server: ServerProcess) -> None:
     client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0, timeout=120)
     assert (client.models.retrieve(MODEL).model_extra or {}).get("state") == "not-loaded"
-    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": MODEL, "messages": [{"role": "user", "content": f"Count to {i}"}], "max_tokens": 2,
-                       "temperature": 0}} for i in range(6)]
-    source = client.files.create(file=("lines.jsonl", "".join(json.dumps(line) + "\n" for line in lines).encode()),
-                                 purpose="batch")
+    lines = [
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"Count to {i}"}],
+                "max_tokens": 2,
+                "temperature": 0,
+            },
+        }
+        for i in range(6)
+    ]
+    source = client.files.create(
+        file=("lines.jsonl", "".join(json.dumps(line) + "\n" for line in lines).encode()), purpose="batch"
+    )
     batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
     deadline = time.monotonic() + 120
     while batch.status not in ("completed", "failed", "cancelled", "expired"):

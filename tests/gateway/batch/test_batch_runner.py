@@ -49,11 +49,21 @@ class FakeExecutor:
             if self.hold_from is not None and n >= self.hold_from:
                 await self.release.wait()
             if body.get("fail"):
-                return Answer(400, {"error": {"message": "bad", "type": "invalid_request_error", "param": None,
-                                              "code": None}})
+                return Answer(
+                    400, {"error": {"message": "bad", "type": "invalid_request_error", "param": None, "code": None}}
+                )
             self.answered[n] += 1
-            return Answer(200, {"n": n, "usage": {"prompt_tokens": 5, "completion_tokens": 2,
-                                                  "prompt_tokens_details": {"cached_tokens": 1}}})
+            return Answer(
+                200,
+                {
+                    "n": n,
+                    "usage": {
+                        "prompt_tokens": 5,
+                        "completion_tokens": 2,
+                        "prompt_tokens_details": {"cached_tokens": 1},
+                    },
+                },
+            )
         finally:
             self.running -= 1
 
@@ -70,15 +80,23 @@ def _service(folder: Path, executor: FakeExecutor, concurrency: int = 4) -> Batc
 
 
 def _input(count: int, fail: tuple[int, ...] = ()) -> bytes:
-    lines = [{"custom_id": f"req-{n}", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": "m", "n": n, **({"fail": True} if n in fail else {})}} for n in range(count)]
+    lines = [
+        {
+            "custom_id": f"req-{n}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "m", "n": n, **({"fail": True} if n in fail else {})},
+        }
+        for n in range(count)
+    ]
     return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
 
 
 async def _create(service: BatchService, data: bytes) -> dict[str, Any]:
     stored = await service.files.upload(OWNER, "batch", "in.jsonl", io.BytesIO(data))
-    req = BatchCreateRequest(input_file_id=stored.id, endpoint="/v1/chat/completions", completion_window="24h",
-                             metadata={"team": "search"})
+    req = BatchCreateRequest(
+        input_file_id=stored.id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"team": "search"}
+    )
     return await service.create(req, OWNER)
 
 
@@ -116,8 +134,13 @@ async def test_a_batch_runs_to_completed_with_its_files(tmp_path: Path) -> None:
     assert batch["created_at"] <= batch["in_progress_at"] <= batch["finalizing_at"] <= batch["completed_at"]
     output = _records(service, batch["output_file_id"])
     assert [r["custom_id"] for r in output] == ["req-0", "req-1", "req-3", "req-4", "req-5"]  # input order
-    assert all(r["response"]["status_code"] == 200 and r["error"] is None and r["id"].startswith("batch_req_")
-               and r["response"]["request_id"].startswith("req_") for r in output)
+    assert all(
+        r["response"]["status_code"] == 200
+        and r["error"] is None
+        and r["id"].startswith("batch_req_")
+        and r["response"]["request_id"].startswith("req_")
+        for r in output
+    )
     errors = _records(service, batch["error_file_id"])
     assert [(r["custom_id"], r["response"]["status_code"]) for r in errors] == [("req-2", 400)]
     assert errors[0]["response"]["body"]["error"]["message"] == "bad"
@@ -186,8 +209,10 @@ async def test_an_invalid_file_fails_validation_with_line_errors(tmp_path: Path)
     batch = await _until(service, created["id"], _ended)
     assert batch["status"] == "failed" and batch["failed_at"] and batch["output_file_id"] is None
     assert batch["errors"]["object"] == "list"
-    assert [(e["line"], e["code"]) for e in batch["errors"]["data"]] == [(3, "invalid_json_line"),
-                                                                           (4, "duplicate_custom_id")]
+    assert [(e["line"], e["code"]) for e in batch["errors"]["data"]] == [
+        (3, "invalid_json_line"),
+        (4, "duplicate_custom_id"),
+    ]
     await service.close()
 
 
@@ -215,8 +240,10 @@ async def test_batches_belong_to_their_owner(tmp_path: Path) -> None:
     assert (await service.page("key-b", 20, None))["data"] == []
     stored = await service.files.upload(OWNER, "batch", "x.jsonl", io.BytesIO(_input(1)))
     with pytest.raises(NotFoundError):  # another key's input file
-        await service.create(BatchCreateRequest(input_file_id=stored.id, endpoint="/v1/chat/completions",
-                                                completion_window="24h"), "key-b")
+        await service.create(
+            BatchCreateRequest(input_file_id=stored.id, endpoint="/v1/chat/completions", completion_window="24h"),
+            "key-b",
+        )
     await _until(service, created["id"], _ended)
     await service.close()
 

@@ -19,14 +19,27 @@ def test_the_happy_path_stamps_each_status() -> None:
     batch = _batch()
     for now, status in enumerate(("in_progress", "finalizing", "completed"), 100):
         advance(batch, status, now)
-    assert batch == {"id": "batch_x", "status": "completed", "in_progress_at": 100, "finalizing_at": 101,
-                     "completed_at": 102}
+    assert batch == {
+        "id": "batch_x",
+        "status": "completed",
+        "in_progress_at": 100,
+        "finalizing_at": 101,
+        "completed_at": 102,
+    }
 
 
-@pytest.mark.parametrize("path", [
-    ("failed",), ("cancelling", "cancelled"), ("expired",), ("in_progress", "cancelling", "cancelled"),
-    ("in_progress", "expired"), ("in_progress", "failed"), ("in_progress", "finalizing", "failed"),
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        ("failed",),
+        ("cancelling", "cancelled"),
+        ("expired",),
+        ("in_progress", "cancelling", "cancelled"),
+        ("in_progress", "expired"),
+        ("in_progress", "failed"),
+        ("in_progress", "finalizing", "failed"),
+    ],
+)
 def test_every_allowed_path_reaches_a_terminal_status(path: tuple[str, ...]) -> None:
     batch = _batch()
     for status in path:
@@ -34,11 +47,19 @@ def test_every_allowed_path_reaches_a_terminal_status(path: tuple[str, ...]) -> 
     assert batch["status"] in TERMINAL and batch[f"{path[-1]}_at"] == 1
 
 
-@pytest.mark.parametrize(("start", "target"), [
-    ("validating", "finalizing"), ("validating", "completed"), ("in_progress", "validating"),
-    ("in_progress", "completed"), ("finalizing", "cancelling"), ("cancelling", "in_progress"),
-    ("cancelling", "completed"), *[(t, s) for t in sorted(TERMINAL) for s in STATUSES],
-])
+@pytest.mark.parametrize(
+    ("start", "target"),
+    [
+        ("validating", "finalizing"),
+        ("validating", "completed"),
+        ("in_progress", "validating"),
+        ("in_progress", "completed"),
+        ("finalizing", "cancelling"),
+        ("cancelling", "in_progress"),
+        ("cancelling", "completed"),
+        *[(t, s) for t in sorted(TERMINAL) for s in STATUSES],
+    ],
+)
 def test_other_moves_are_refused(start: str, target: str) -> None:
     batch = _batch(start)
     with pytest.raises(InvalidTransition):
@@ -47,8 +68,16 @@ def test_other_moves_are_refused(start: str, target: str) -> None:
 
 
 def test_every_status_has_its_moves() -> None:
-    assert set(STATUSES) == {"validating", "failed", "in_progress", "finalizing", "completed", "expired",
-                             "cancelling", "cancelled"}
+    assert set(STATUSES) == {
+        "validating",
+        "failed",
+        "in_progress",
+        "finalizing",
+        "completed",
+        "expired",
+        "cancelling",
+        "cancelled",
+    }
     assert all(MOVES[s] <= set(STATUSES) for s in STATUSES)
 
 

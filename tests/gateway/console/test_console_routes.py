@@ -71,7 +71,12 @@ def test_overview_describes_every_folder_even_unloaded() -> None:
     models = {m["name"]: m for m in body["models"]}
     llm = models[DEFAULT_MODEL]
     assert (llm["state"], llm["kind"], llm["backend"], llm["dtype"], llm["max_model_len"]) == (
-        "unloaded", "llm", "pytorch", "float32", 8192)
+        "unloaded",
+        "llm",
+        "pytorch",
+        "float32",
+        8192,
+    )
     assert models["circle_classifier"]["backend"] == "onnxruntime"
     assert models["circle_pipeline"]["backend"] == "ensemble"
 
@@ -95,14 +100,17 @@ def test_broken_config_is_shown_with_its_reason(tmp_path: Path) -> None:
     assert "no_such_field" in model["config_error"] and str(tmp_path) not in model["config_error"]
 
 
-@pytest.mark.parametrize(("row", "state"), [
-    ({"name": "m"}, ("unloaded", "")),
-    ({"name": "m", "state": "READY", "reason": ""}, ("ready", "")),
-    ({"name": "m", "state": "LOADING", "reason": ""}, ("loading", "")),
-    ({"name": "m", "state": "UNLOADING", "reason": ""}, ("unloading", "")),
-    ({"name": "m", "state": "UNAVAILABLE", "reason": "unloaded"}, ("unloaded", "")),
-    ({"name": "m", "state": "UNAVAILABLE", "reason": "bad weights"}, ("failed", "bad weights")),
-])
+@pytest.mark.parametrize(
+    ("row", "state"),
+    [
+        ({"name": "m"}, ("unloaded", "")),
+        ({"name": "m", "state": "READY", "reason": ""}, ("ready", "")),
+        ({"name": "m", "state": "LOADING", "reason": ""}, ("loading", "")),
+        ({"name": "m", "state": "UNLOADING", "reason": ""}, ("unloading", "")),
+        ({"name": "m", "state": "UNAVAILABLE", "reason": "unloaded"}, ("unloaded", "")),
+        ({"name": "m", "state": "UNAVAILABLE", "reason": "bad weights"}, ("failed", "bad weights")),
+    ],
+)
 def test_index_states_become_console_states(row: dict[str, str], state: tuple[str, str]) -> None:
     assert overview._state(row) == state
 

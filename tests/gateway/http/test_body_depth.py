@@ -9,15 +9,33 @@ import pytest
 from gateway.http.body_depth import deepest_field, has_lone_surrogate, json_media_type
 
 
-@pytest.mark.parametrize("content_type", [None, "", "application/json", "application/json; charset=utf-8",
-                                          "Application/JSON", "application/merge-patch+json"])
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        None,
+        "",
+        "application/json",
+        "application/json; charset=utf-8",
+        "Application/JSON",
+        "application/merge-patch+json",
+    ],
+)
 def test_json_media_types_are_read(content_type: str | None) -> None:
     assert json_media_type(content_type)
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "application/msgpack",
-                                          "multipart/form-data; boundary=x", "application/octet-stream",
-                                          "text/json", "application/jsonx"])
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "application/msgpack",
+        "multipart/form-data; boundary=x",
+        "application/octet-stream",
+        "text/json",
+        "application/jsonx",
+    ],
+)
 def test_other_media_types_are_refused(content_type: str) -> None:
     assert not json_media_type(content_type)
 

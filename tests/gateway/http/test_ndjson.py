@@ -36,7 +36,9 @@ def test_objects_go_one_a_line_and_the_generator_is_closed() -> None:
     r = _app(lines()).get("/stream")
     assert r.headers["content-type"] == "application/x-ndjson"
     assert [orjson.loads(line) for line in r.text.splitlines()] == [
-        {"response": "Hi ✓", "done": False}, {"response": "", "done": True, "vector": [0.5]}]
+        {"response": "Hi ✓", "done": False},
+        {"response": "", "done": True, "vector": [0.5]},
+    ]
     assert r.text.endswith("\n") and closed == [True]
 
 

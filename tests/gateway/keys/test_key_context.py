@@ -68,7 +68,12 @@ def test_tokens_and_the_end_of_a_request_are_counted_under_its_model() -> None:
     service = in_request(KeyPolicy(), body)
     totals = service.ledger.totals[("key_t", "m")]
     assert (totals.requests, totals.errors, totals.prompt_tokens, totals.completion_tokens, totals.cached_tokens) == (
-        1, 1, 10, 4, 8)
+        1,
+        1,
+        10,
+        4,
+        8,
+    )
 
 
 def test_metadata_reads_are_not_counted_as_requests() -> None:

@@ -27,8 +27,18 @@ def test_models_are_names_or_patterns_and_none_means_all() -> None:
     assert not policy.allows("smollm2-135m") and not policy.allows("other")
 
 
-@pytest.mark.parametrize("bad", [{"rpm": -1}, {"tpm": -5}, {"budget_tokens": -1}, {"budget_period": "week"},
-                                 {"priority": 5000}, {"models": [""]}, {"unknown": 1}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"rpm": -1},
+        {"tpm": -5},
+        {"budget_tokens": -1},
+        {"budget_period": "week"},
+        {"priority": 5000},
+        {"models": [""]},
+        {"unknown": 1},
+    ],
+)
 def test_bad_policies_are_refused(bad: dict) -> None:
     with pytest.raises(ValidationError):
         KeyCreate(name="k", **bad)
@@ -46,7 +56,12 @@ def test_an_update_changes_only_the_fields_given() -> None:
     policy = KeyCreate(name="k", models=["a"], rpm=10, tpm=1000, budget_tokens=5, priority=2).policy()
     changed = KeyUpdate(tpm=2000).apply(policy)
     assert (changed.models, changed.rpm, changed.tpm, changed.budget_tokens, changed.priority) == (
-        ("a",), 10, 2000, 5, 2)
+        ("a",),
+        10,
+        2000,
+        5,
+        2,
+    )
     reset = KeyUpdate.model_validate({"rpm": None, "models": None}).apply(policy)
     assert reset.rpm is None and reset.models == ("a",)  # null resets a limit; lists and levels keep theirs
     with pytest.raises(ValidationError):

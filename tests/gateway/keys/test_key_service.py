@@ -24,8 +24,9 @@ class Clock:
 
 
 def service(path: Path, wall: Clock) -> KeyService:
-    return KeyService(lambda: KeyDatabase.open(path), KeyLimiter(clock=wall), flush_secs=3600, refresh_secs=3600,
-                      wall=wall)
+    return KeyService(
+        lambda: KeyDatabase.open(path), KeyLimiter(clock=wall), flush_secs=3600, refresh_secs=3600, wall=wall
+    )
 
 
 async def test_keys_are_created_rotated_and_revoked(tmp_path: Path) -> None:

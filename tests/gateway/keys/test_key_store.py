@@ -12,8 +12,16 @@ from gateway.keys.store import KeyDatabase, UsageCounts
 
 
 def record(key_id: str, created: float = 1.0) -> KeyRecord:
-    return KeyRecord(key_id, "name-" + key_id, "digest-" + key_id, "sk-sy-abc", KeyPolicy(models=("m",), rpm=5),
-                     {"team": "t"}, created, created)
+    return KeyRecord(
+        key_id,
+        "name-" + key_id,
+        "digest-" + key_id,
+        "sk-sy-abc",
+        KeyPolicy(models=("m",), rpm=5),
+        {"team": "t"},
+        created,
+        created,
+    )
 
 
 def test_keys_round_trip_and_survive_reopening(tmp_path: Path) -> None:
@@ -41,7 +49,12 @@ def test_usage_is_added_per_key_model_and_hour(tmp_path: Path) -> None:
     assert [(k, m, h) for k, m, h, _ in rows] == [("key_1", "m", 3600), ("key_2", "other", 3600), ("key_1", "m", 7200)]
     first = rows[0][3]
     assert (first.requests, first.errors, first.prompt_tokens, first.cached_tokens, first.completion_tokens) == (
-        3, 1, 30, 2, 12)
+        3,
+        1,
+        30,
+        2,
+        12,
+    )
     assert first.cost == pytest.approx(0.75)
     assert [r[:3] for r in db.usage_rows(["key_1"], "m", 4000, None)] == [("key_1", "m", 3600), ("key_1", "m", 7200)]
     assert db.usage_rows(["key_1"], None, None, 7200) == rows[:1]

@@ -24,8 +24,14 @@ def bearer(secret: str) -> dict[str, str]:
 
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[TestClient]:
-    config = build_config(model_repository=ROOT / "model_repository", model_control_mode="explicit", grpc_port=0,
-                          metrics_port=0, cache_dir=tmp_path, admin_keys=["sk-admin-test"])
+    config = build_config(
+        model_repository=ROOT / "model_repository",
+        model_control_mode="explicit",
+        grpc_port=0,
+        metrics_port=0,
+        cache_dir=tmp_path,
+        admin_keys=["sk-admin-test"],
+    )
     with TestClient(create_app(config)) as c:
         yield c
 
@@ -41,8 +47,13 @@ def test_the_admin_api_needs_the_admin_key(client: TestClient, tmp_path: Path) -
     assert client.post("/admin/keys", json={"name": "x"}, headers=bearer("sk-wrong")).status_code == 401
     key = create(client, name="user")
     assert client.get("/admin/keys", headers=bearer(key["secret"])).status_code == 403  # a named key is no admin
-    config = build_config(model_repository=ROOT / "model_repository", model_control_mode="explicit", grpc_port=0,
-                          metrics_port=0, cache_dir=tmp_path / "other")
+    config = build_config(
+        model_repository=ROOT / "model_repository",
+        model_control_mode="explicit",
+        grpc_port=0,
+        metrics_port=0,
+        cache_dir=tmp_path / "other",
+    )
     with TestClient(create_app(config)) as no_admin:
         r = no_admin.get("/admin/keys", headers=ADMIN)
         assert r.status_code == 403 and "admin key" in r.json()["error"]["message"]
@@ -50,8 +61,17 @@ def test_the_admin_api_needs_the_admin_key(client: TestClient, tmp_path: Path) -
 
 def test_keys_are_created_listed_changed_rotated_and_revoked(client: TestClient) -> None:
     assert client.get("/v1/models").status_code == 200  # no key anywhere: inference is open
-    key = create(client, name="search", models=["smollm2-*"], rpm=100, tpm=5000, budget_tokens=10**6,
-                 budget_period="day", priority=3, metadata={"team": "search", "user": "ada"})
+    key = create(
+        client,
+        name="search",
+        models=["smollm2-*"],
+        rpm=100,
+        tpm=5000,
+        budget_tokens=10**6,
+        budget_period="day",
+        priority=3,
+        metadata={"team": "search", "user": "ada"},
+    )
     secret = key.pop("secret")
     assert secret.startswith("sk-sy-") and key["prefix"] == secret[:12] and key["status"] == "active"
     assert (key["rpm"], key["tpm"], key["priority"], key["metadata"]["team"]) == (100, 5000, 3, "search")
@@ -84,8 +104,13 @@ def test_keys_are_created_listed_changed_rotated_and_revoked(client: TestClient)
 
 
 def test_bad_key_bodies_are_400_in_openai_shape(client: TestClient) -> None:
-    for body in ({}, {"name": ""}, {"name": "x", "rpm": -1}, {"name": "x", "budget_period": "week"},
-                 {"name": "x", "surprise": 1}):
+    for body in (
+        {},
+        {"name": ""},
+        {"name": "x", "rpm": -1},
+        {"name": "x", "budget_period": "week"},
+        {"name": "x", "surprise": 1},
+    ):
         r = client.post("/admin/keys", json=body, headers=ADMIN)
         assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", body
 
@@ -98,17 +123,22 @@ def test_a_key_sees_only_its_models_elsewhere_404(client: TestClient) -> None:
     everything = {m["name"] for m in client.post("/v2/repository/index", headers=ADMIN, json={}).json()}
     assert "circle_classifier" in everything
 
-    r = client.post("/v1/chat/completions", headers=auth,
-                    json={"model": "circle_classifier", "messages": [{"role": "user", "content": "hi"}]})
+    r = client.post(
+        "/v1/chat/completions",
+        headers=auth,
+        json={"model": "circle_classifier", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     assert r.json()["error"]["message"] == "The model 'circle_classifier' does not exist or is not loaded."
     message = {"model": "circle_classifier", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
-    r = client.post("/v1/messages", headers={"x-api-key": key["secret"], "anthropic-version": "2023-06-01"},
-                    json=message)
+    r = client.post(
+        "/v1/messages", headers={"x-api-key": key["secret"], "anthropic-version": "2023-06-01"}, json=message
+    )
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"  # Anthropic's shape
     assert client.get("/v2/models/circle_classifier", headers=auth).status_code == 404
-    assert client.post("/v1/embeddings", headers=auth, json={"model": "all-MiniLM-L6-v2", "input": "x"}
-                       ).status_code == 404
+    assert (
+        client.post("/v1/embeddings", headers=auth, json={"model": "all-MiniLM-L6-v2", "input": "x"}).status_code == 404
+    )
 
 
 def test_limits_refuse_with_429_and_retry_after_and_never_touch_another_key(client: TestClient) -> None:

@@ -220,7 +220,9 @@ def test_response_without_request_is_plain_json():
     body, length = build_infer_response("m", [OutputTensor("o", np.zeros((1, 2), np.uint16))], request_id="q")
     assert length is None
     assert json.loads(body) == {
-        "model_name": "m", "id": "q", "outputs": [{"name": "o", "datatype": "UINT16", "shape": [1, 2], "data": [0, 0]}]
+        "model_name": "m",
+        "id": "q",
+        "outputs": [{"name": "o", "datatype": "UINT16", "shape": [1, 2], "data": [0, 0]}],
     }
 
 

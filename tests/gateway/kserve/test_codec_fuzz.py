@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from gateway.kserve.codec import DATATYPES, TensorCodecError, decode_raw_input_contents, parse_infer_request
 
 DIMS = st.one_of(st.integers(0, 4), st.sampled_from((2**31, 2**32, 2**62, 2**63 - 1, -1)))
-SCALARS = st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.booleans(), st.text(max_size=4),
-                    st.none())
+SCALARS = st.one_of(
+    st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.booleans(), st.text(max_size=4), st.none()
+)
 DATA = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=5), max_leaves=20)
 
 
@@ -25,14 +26,18 @@ DATA = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=5), max_leav
 def bodies(draw: st.DrawFn) -> tuple[bytes, str | None]:
     inputs, blobs = [], []
     for i in range(draw(st.integers(0, 3))):
-        entry = {"name": draw(st.sampled_from((f"in{i}", "x", ""))), "datatype": draw(st.sampled_from(
-            (*DATATYPES, "FP8", 7))), "shape": draw(st.lists(DIMS, max_size=3))}
+        entry = {
+            "name": draw(st.sampled_from((f"in{i}", "x", ""))),
+            "datatype": draw(st.sampled_from((*DATATYPES, "FP8", 7))),
+            "shape": draw(st.lists(DIMS, max_size=3)),
+        }
         if draw(st.booleans()):
             blob = draw(st.binary(max_size=64))
             if entry["datatype"] == "BYTES" and draw(st.booleans()):  # length-prefixed elements, some lying
                 parts = draw(st.lists(st.binary(max_size=6), max_size=3))
-                blob = b"".join(struct.pack("<I", draw(st.sampled_from((len(p), len(p) + 1, 2**32 - 1)))) + p
-                                for p in parts)
+                blob = b"".join(
+                    struct.pack("<I", draw(st.sampled_from((len(p), len(p) + 1, 2**32 - 1)))) + p for p in parts
+                )
             size = draw(st.sampled_from((len(blob), len(blob) + 1, max(len(blob) - 1, 0), 2**40)))
             entry["parameters"] = {"binary_data_size": size}
             blobs.append(blob)

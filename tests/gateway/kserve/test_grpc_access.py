@@ -12,13 +12,16 @@ from gateway.kserve.grpc_access import _admitted, peer_address
 from gateway.rate_limit import RateLimiter
 
 
-@pytest.mark.parametrize(("peer", "address"), [
-    ("ipv4:10.0.0.7:5501", "10.0.0.7"),
-    ("ipv6:[::1]:5501", "::1"),
-    ("ipv6:[2001:db8::2]:443", "2001:db8::2"),
-    ("unix:/run/switchyard.sock", "unix:/run/switchyard.sock"),
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    ("peer", "address"),
+    [
+        ("ipv4:10.0.0.7:5501", "10.0.0.7"),
+        ("ipv6:[::1]:5501", "::1"),
+        ("ipv6:[2001:db8::2]:443", "2001:db8::2"),
+        ("unix:/run/switchyard.sock", "unix:/run/switchyard.sock"),
+        ("", ""),
+    ],
+)
 def test_peer_address_drops_the_port(peer: str, address: str) -> None:
     assert peer_address(peer) == address
 

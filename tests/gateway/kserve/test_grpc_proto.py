@@ -23,8 +23,9 @@ PROTO = "kserve_inference.proto"
 @pytest.fixture(scope="module")
 def ours(tmp_path_factory: pytest.TempPathFactory) -> descriptor_pb2.FileDescriptorProto:
     out = tmp_path_factory.mktemp("proto") / "set.pb"
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_DIR}", f"--descriptor_set_out={out}", PROTO],
-                   check=True)
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_DIR}", f"--descriptor_set_out={out}", PROTO], check=True
+    )
     files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
     return files.file[0]
 
@@ -82,10 +83,22 @@ def test_top_level_enums_and_service(ours, triton_pool) -> None:
 
 
 def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_DIR}", f"--python_out={tmp_path}",
-                    f"--grpc_python_out={tmp_path}", PROTO], check=True)
-    fresh_grpc = (tmp_path / "kserve_inference_pb2_grpc.py").read_text().replace(
-        "import kserve_inference_pb2 as", "from . import kserve_inference_pb2 as"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{PROTO_DIR}",
+            f"--python_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            PROTO,
+        ],
+        check=True,
+    )
+    fresh_grpc = (
+        (tmp_path / "kserve_inference_pb2_grpc.py")
+        .read_text()
+        .replace("import kserve_inference_pb2 as", "from . import kserve_inference_pb2 as")
     )
     assert (tmp_path / "kserve_inference_pb2.py").read_text() == (PROTO_DIR / "kserve_inference_pb2.py").read_text(), (
         "gateway/kserve/proto is stale: run gateway/kserve/proto/generate.sh"

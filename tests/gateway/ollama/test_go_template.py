@@ -7,13 +7,16 @@ import pytest
 from gateway.errors import InvalidRequestError
 from gateway.ollama.go_template import render_template
 
-CHATML = ("{{ if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n{{ end }}"
-          "{{ if .Prompt }}<|im_start|>user\n{{ .Prompt }}<|im_end|>\n{{ end }}<|im_start|>assistant\n{{ .Response }}")
+CHATML = (
+    "{{ if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n{{ end }}"
+    "{{ if .Prompt }}<|im_start|>user\n{{ .Prompt }}<|im_end|>\n{{ end }}<|im_start|>assistant\n{{ .Response }}"
+)
 
 
 def test_an_ollama_chatml_template() -> None:
     assert render_template(CHATML, "Be brief.", "Hi") == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert render_template(CHATML, "", "Hi") == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -27,13 +30,16 @@ def test_else_branches_nesting_trims_and_comments() -> None:
     assert render_template("a\n\n  {{- .Prompt -}}  \n\nb", "", "p") == "apb"
 
 
-@pytest.mark.parametrize(("source", "culprit"), [
-    ("{{ range .Messages }}{{ .Content }}{{ end }}", "range .Messages"),
-    ("{{ .Messages }}", ".Messages"),
-    ("{{ .Prompt | upper }}", ".Prompt | upper"),
-    ("{{ if .System }}x{{ else }}y{{ else }}z{{ end }}", "else"),
-    ("{{ end }}", "end"),
-])
+@pytest.mark.parametrize(
+    ("source", "culprit"),
+    [
+        ("{{ range .Messages }}{{ .Content }}{{ end }}", "range .Messages"),
+        ("{{ .Messages }}", ".Messages"),
+        ("{{ .Prompt | upper }}", ".Prompt | upper"),
+        ("{{ if .System }}x{{ else }}y{{ else }}z{{ end }}", "else"),
+        ("{{ end }}", "end"),
+    ],
+)
 def test_what_is_not_read_here_is_refused_by_name(source: str, culprit: str) -> None:
     with pytest.raises(InvalidRequestError, match="is not supported here") as info:
         render_template(source, "s", "p")

@@ -11,11 +11,26 @@ from gateway.errors import InvalidRequestError
 from gateway.ollama.keep_alive import FOREVER, control_refusal, parse_keep_alive
 
 
-@pytest.mark.parametrize(("value", "seconds"), [
-    (None, None), (0, 0.0), ("0", 0.0), ("0s", 0.0), (300, 300.0), (1.5, 1.5), (-1, FOREVER), ("-1", FOREVER),
-    ("5m", 300.0), ("1h30m", 5400.0), ("1.5h", 5400.0), ("300ms", 0.3), ("2m30s", 150.0), ("-5m", FOREVER),
-    ("10", 10.0),
-])
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (None, None),
+        (0, 0.0),
+        ("0", 0.0),
+        ("0s", 0.0),
+        (300, 300.0),
+        (1.5, 1.5),
+        (-1, FOREVER),
+        ("-1", FOREVER),
+        ("5m", 300.0),
+        ("1h30m", 5400.0),
+        ("1.5h", 5400.0),
+        ("300ms", 0.3),
+        ("2m30s", 150.0),
+        ("-5m", FOREVER),
+        ("10", 10.0),
+    ],
+)
 def test_durations_are_read_as_ollama_reads_them(value: object, seconds: float | None) -> None:
     assert parse_keep_alive(value) == seconds  # type: ignore[arg-type]
 

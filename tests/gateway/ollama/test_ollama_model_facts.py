@@ -18,10 +18,19 @@ from tests.conftest import DEFAULT_MODEL, ROOT
 REPOSITORY = ROOT / "model_repository"
 
 
-@pytest.mark.parametrize(("count", "text"), [
-    (None, ""), (950, "950"), (22_000, "22K"), (134_515_008, "134.52M"), (22_713_216, "22.71M"),
-    (8_000_000_000, "8B"), (8_030_261_248, "8.0B"), (1_500_000_000, "1.5B"),
-])
+@pytest.mark.parametrize(
+    ("count", "text"),
+    [
+        (None, ""),
+        (950, "950"),
+        (22_000, "22K"),
+        (134_515_008, "134.52M"),
+        (22_713_216, "22.71M"),
+        (8_000_000_000, "8B"),
+        (8_030_261_248, "8.0B"),
+        (1_500_000_000, "1.5B"),
+    ],
+)
 def test_parameter_sizes_are_written_as_ollama_writes_them(count: int | None, text: str) -> None:
     assert parameter_size(count) == text
 
@@ -54,8 +63,9 @@ def test_a_written_folder_and_its_changes(tmp_path: Path) -> None:
     model = tmp_path / "tiny"
     (model / "1").mkdir(parents=True)
     (model / "config.yaml").write_text("backend: transformers\nmax_batch_size: 4\nparameters:\n  task: embed\n")
-    (model / "1" / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 8,
-                                                         "torch_dtype": "bfloat16"}))
+    (model / "1" / "config.json").write_text(
+        json.dumps({"model_type": "bert", "hidden_size": 8, "torch_dtype": "bfloat16"})
+    )
     save_file({"w": np.zeros((8, 4), dtype=np.float32)}, str(model / "1" / "model.safetensors"))
     first = read_facts(tmp_path, _served("tiny", tmp_path))  # type: ignore[arg-type]
     assert (first.parameter_count, first.quantization, first.info["bert.embedding_length"]) == (32, "BF16", 8)

@@ -40,9 +40,17 @@ def test_a_request_loads_the_model_and_keep_alive_0_unloads_it_after(server: Ser
     assert "completion" in show.json()["capabilities"] and state(server) == "loaded"
     assert [m["name"] for m in httpx.get(f"{server.base_url}/api/ps").json()["models"]] == [MODEL]
 
-    chat = httpx.post(f"{server.base_url}/api/chat", timeout=60, json={
-        "model": f"{MODEL}:latest", "messages": [{"role": "user", "content": "Hi"}], "stream": False,
-        "keep_alive": 0, "options": {"num_predict": 2, "temperature": 0}})
+    chat = httpx.post(
+        f"{server.base_url}/api/chat",
+        timeout=60,
+        json={
+            "model": f"{MODEL}:latest",
+            "messages": [{"role": "user", "content": "Hi"}],
+            "stream": False,
+            "keep_alive": 0,
+            "options": {"num_predict": 2, "temperature": 0},
+        },
+    )
     assert chat.status_code == 200, chat.text
     assert chat.json()["done"] is True and chat.json()["message"]["role"] == "assistant"
     deadline = time.monotonic() + 10
@@ -54,6 +62,7 @@ def test_a_request_loads_the_model_and_keep_alive_0_unloads_it_after(server: Ser
 
 
 def test_unknown_models_are_still_ollamas_404(server: ServerProcess) -> None:
-    r = httpx.post(f"{server.base_url}/api/chat", json={"model": "nope", "messages": [{"role": "user",
-                                                                                        "content": "hi"}]})
+    r = httpx.post(
+        f"{server.base_url}/api/chat", json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]}
+    )
     assert r.status_code == 404 and r.json() == {"error": "model 'nope' not found"}

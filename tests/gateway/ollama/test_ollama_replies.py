@@ -62,10 +62,18 @@ def test_chat_stream_sends_text_thinking_and_whole_calls() -> None:
         {"role": "assistant", "content": "", "thinking": "Let me see."},
         {"role": "assistant", "content": "Checking"},
         {"role": "assistant", "content": " now."},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_a", "function": {"index": 0, "name": "weather", "arguments": {"city": "Paris"}}}]},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_b", "function": {"index": 1, "name": "time", "arguments": {}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "call_a", "function": {"index": 0, "name": "weather", "arguments": {"city": "Paris"}}}
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "call_b", "function": {"index": 1, "name": "time", "arguments": {}}}],
+        },
     ]
     assert not any(c["done"] for c in chunks[:-1])
     last = chunks[-1]
@@ -77,11 +85,15 @@ def test_chat_stream_sends_text_thinking_and_whole_calls() -> None:
 
 def test_chat_body_gathers_the_answer() -> None:
     body = asyncio.run(whole_body(ChatReader(_replay(CHAT)), Shape(True, "m"), True, _timer()))
-    assert body["message"] == {"role": "assistant", "content": "Checking now.", "thinking": "Let me see.",
-                               "tool_calls": [
-                                   {"id": "call_a", "function": {"index": 0, "name": "weather",
-                                                                 "arguments": {"city": "Paris"}}},
-                                   {"id": "call_b", "function": {"index": 1, "name": "time", "arguments": {}}}]}
+    assert body["message"] == {
+        "role": "assistant",
+        "content": "Checking now.",
+        "thinking": "Let me see.",
+        "tool_calls": [
+            {"id": "call_a", "function": {"index": 0, "name": "weather", "arguments": {"city": "Paris"}}},
+            {"id": "call_b", "function": {"index": 1, "name": "time", "arguments": {}}},
+        ],
+    }
     assert body["done"] and body["done_reason"] == "stop" and body["eval_count"] == 7
 
 

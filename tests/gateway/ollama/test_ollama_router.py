@@ -27,29 +27,35 @@ def test_version_tags_and_ps_with_nothing_loaded() -> None:
     assert c.get("/api/ps").json() == {"models": []}
 
 
-@pytest.mark.parametrize(("method", "path", "body"), [
-    ("post", "/api/chat", {"model": "nope", "messages": [{"role": "user", "content": "hi"}]}),
-    ("post", "/api/chat", {"model": "nope:latest", "messages": []}),
-    ("post", "/api/generate", {"model": "nope", "prompt": "hi", "stream": False}),
-    ("post", "/api/generate", {"model": "nope", "keep_alive": 0}),
-    ("post", "/api/embed", {"model": "nope", "input": "hi"}),
-    ("post", "/api/embeddings", {"model": "nope", "prompt": "hi"}),
-    ("post", "/api/show", {"model": "nope"}),
-    ("post", "/api/show", {"name": "nope"}),
-    ("delete", "/api/delete", {"model": "nope"}),
-])
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("post", "/api/chat", {"model": "nope", "messages": [{"role": "user", "content": "hi"}]}),
+        ("post", "/api/chat", {"model": "nope:latest", "messages": []}),
+        ("post", "/api/generate", {"model": "nope", "prompt": "hi", "stream": False}),
+        ("post", "/api/generate", {"model": "nope", "keep_alive": 0}),
+        ("post", "/api/embed", {"model": "nope", "input": "hi"}),
+        ("post", "/api/embeddings", {"model": "nope", "prompt": "hi"}),
+        ("post", "/api/show", {"model": "nope"}),
+        ("post", "/api/show", {"name": "nope"}),
+        ("delete", "/api/delete", {"model": "nope"}),
+    ],
+)
 def test_unknown_models_are_ollamas_404(method: str, path: str, body: dict) -> None:
     r = client().request(method.upper(), path, json=body)
     assert r.status_code == 404 and r.json() == {"error": f"model '{body.get('model') or body['name']}' not found"}
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    (b'{"model": ', "not valid JSON"),
-    (b'{"messages": []}', "model"),
-    (b'{"model": "m", "messages": [{"role": "robot", "content": "hi"}]}', "messages.0.role"),
-    (b'{"model": "m", "messages": [], "keep_alive": "soon"}', 'invalid duration "soon"'),
-    (b'{"model": "m", "messages": [], "think": "very"}', "think"),
-])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"model": ', "not valid JSON"),
+        (b'{"messages": []}', "model"),
+        (b'{"model": "m", "messages": [{"role": "robot", "content": "hi"}]}', "messages.0.role"),
+        (b'{"model": "m", "messages": [], "keep_alive": "soon"}', 'invalid duration "soon"'),
+        (b'{"model": "m", "messages": [], "think": "very"}', "think"),
+    ],
+)
 def test_bad_bodies_are_ollamas_400(body: bytes, message: str) -> None:
     r = client().post("/api/chat", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400 and set(r.json()) == {"error"} and message in r.json()["error"]

@@ -18,11 +18,18 @@ from gateway.openai.results import CollectedChoice
 from gateway.openai.tool_parsers import PARSERS
 from gateway.openai.tools import ToolPlan
 
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]},
+    },
+}
 QWEN3 = Reasoning(REASONING["qwen3"], starts_open=False)
-ANSWER = ('<think>\nThe user wants the time.\n</think>\n\n<tool_call>\n'
-          '{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>')
+ANSWER = (
+    "<think>\nThe user wants the time.\n</think>\n\n<tool_call>\n"
+    '{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>'
+)
 
 
 def _plan(choice: str = "auto", dialect: str = "hermes") -> ToolPlan:
@@ -31,8 +38,9 @@ def _plan(choice: str = "auto", dialect: str = "hermes") -> ToolPlan:
 
 def _streamed(text: str, plan: ToolPlan, reasoning: Reasoning | None, finish: str) -> dict:
     """Feed `text` a character at a time through the chunk stream; rebuild the message the openai SDK would."""
-    req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                                                "stream": True})
+    req = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    )
     model = SimpleNamespace(name="m", scheduler=SimpleNamespace(tokenizer=None))
 
     async def outputs():
@@ -64,8 +72,9 @@ def test_reasoning_then_a_call() -> None:
     assert finish == "tool_calls"
     assert message["reasoning_content"] == message["reasoning"] == "\nThe user wants the time.\n"
     assert message["content"] is None
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == \
-        [("get_time", {"tz": "CET"})]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
+        ("get_time", {"tz": "CET"})
+    ]
     streamed = _streamed(ANSWER, _plan(), QWEN3, "stop")
     assert streamed["reasoning_content"] == streamed["reasoning"] == message["reasoning_content"]
     assert streamed["content"] == "" and streamed["finish_reason"] == ["tool_calls"]
@@ -84,12 +93,15 @@ def test_reasoning_then_an_answer() -> None:
 
 def test_gpt_oss_reasoning_and_a_call() -> None:
     harmony = Reasoning(REASONING["openai_gptoss"], starts_open=False)
-    text = ("<|channel|>analysis<|message|>Needs the time.<|end|><|start|>assistant<|channel|>commentary "
-            'to=functions.get_time <|constrain|>json<|message|>{"tz": "CET"}')
+    text = (
+        "<|channel|>analysis<|message|>Needs the time.<|end|><|start|>assistant<|channel|>commentary "
+        'to=functions.get_time <|constrain|>json<|message|>{"tz": "CET"}'
+    )
     message, finish = _message(CollectedChoice(text, "stop"), _plan(), harmony)
     assert (message["reasoning_content"], message["content"], finish) == ("Needs the time.", None, "tool_calls")
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == \
-        [("get_time", {"tz": "CET"})]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
+        ("get_time", {"tz": "CET"})
+    ]
     streamed = _streamed(text, _plan(), harmony, "stop")
     assert (streamed["reasoning_content"], streamed["content"]) == ("Needs the time.", "")
     assert [(n, json.loads(a)) for n, a in streamed["tool_calls"].values()] == [("get_time", {"tz": "CET"})]

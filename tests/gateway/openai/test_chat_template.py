@@ -14,12 +14,21 @@ from gateway.openai.protocol import ChatMessage
 from gateway.openai.tool_parsers import HermesParser
 
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}}
-TOOLS = [{"type": "function",
-          "function": {"name": "get_weather", "description": "Weather by city", "parameters": PARAMETERS}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather by city", "parameters": PARAMETERS},
+    }
+]
 HISTORY = [
     {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": "22 degrees and sunny"},
 ]
 TOOL_AWARE_TEMPLATE = (

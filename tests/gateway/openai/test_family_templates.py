@@ -23,13 +23,25 @@ CALL_ID = "call_0123456789abcdef01234567"
 SYSTEM = [{"role": "system", "content": "Be brief."}]
 HISTORY = [
     {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": CALL_ID, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": CALL_ID, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        ],
+    },
     {"role": "tool", "tool_call_id": CALL_ID, "content": "22 degrees and sunny"},
 ]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather by city",
-                                           "parameters": {"type": "object",
-                                                          "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather by city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 NATIVE = TemplateSupport(tools=True, tool_calls=True, system=True, tool_results=True)
 # template -> (what it renders itself, the tool-call dialect, the reasoning parser `auto` picks)
 FAMILIES = {
@@ -42,10 +54,16 @@ FAMILIES = {
     "google-gemma-2-2b-it": (TemplateSupport(False, False, system=False, tool_results=False), "hermes", None),
     "google-gemma-3-it": (TemplateSupport(False, False, system=True, tool_results=False), "hermes", None),
     "microsoft-Phi-3.5-mini-instruct": (TemplateSupport(False, False, system=True, tool_results=False), "hermes", None),
-    "microsoft-Phi-4-mini-instruct": (TemplateSupport(False, False, system=True, tool_results=True), "phi4_mini_json",
-                                      None),
-    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": (TemplateSupport(False, True, system=True, tool_results=True),
-                                                 "hermes", "qwen3"),
+    "microsoft-Phi-4-mini-instruct": (
+        TemplateSupport(False, False, system=True, tool_results=True),
+        "phi4_mini_json",
+        None,
+    ),
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": (
+        TemplateSupport(False, True, system=True, tool_results=True),
+        "hermes",
+        "qwen3",
+    ),
     # harmony: the reasoning parser hands calls on as hermes blocks
     "openai-gpt-oss-120b": (NATIVE, "hermes", "openai_gptoss"),
 }
@@ -89,11 +107,18 @@ def test_prompt_is_transformers_rendering(hf, name: str) -> None:
     # with tools and a past call: the dicts transformers gets are vLLM's (arguments as a mapping)
     mistral = FAMILIES[name][1] == "mistral"
     call_id = PARSERS["mistral"].template_call_id(CALL_ID) if mistral else CALL_ID
-    dicts = [*SYSTEM, HISTORY[0],
-             {"role": "assistant", "content": "", "tool_calls": [
-                 {"id": call_id, "type": "function", "function": {"name": "get_weather",
-                                                                  "arguments": {"city": "Paris"}}}]},
-             {"role": "tool", "tool_call_id": call_id, "content": "22 degrees and sunny"}]
+    dicts = [
+        *SYSTEM,
+        HISTORY[0],
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": "22 degrees and sunny"},
+    ]
     expected = hf.apply_chat_template(dicts, tools=TOOLS, add_generation_prompt=True, tokenize=False)
     assert _render(tokenizer, [*SYSTEM, *HISTORY], TOOLS) == expected
 
@@ -121,11 +146,16 @@ def test_gemma2_gets_the_tools_in_its_first_user_turn(hf) -> None:
 
 def test_two_results_share_one_user_turn_where_there_is_no_tool_role(hf) -> None:
     tokenizer = _tokenizer(hf, "google-gemma-3-it")
-    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
-             for i in range(2)]
-    history = [HISTORY[0], {"role": "assistant", "content": None, "tool_calls": calls},
-               {"role": "tool", "tool_call_id": "call_0", "content": "one"},
-               {"role": "tool", "tool_call_id": "call_1", "content": "two"}]
+    calls = [
+        {"id": f"call_{i}", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+        for i in range(2)
+    ]
+    history = [
+        HISTORY[0],
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "call_0", "content": "one"},
+        {"role": "tool", "tool_call_id": "call_1", "content": "two"},
+    ]
     text = _render(tokenizer, history, TOOLS)  # Gemma's template insists on alternating turns
     assert "<tool_response>\none\n</tool_response>\n<tool_response>\ntwo\n</tool_response>" in text
 

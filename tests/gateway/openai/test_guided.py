@@ -27,8 +27,10 @@ PERSON = {
         "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
         "address": {
             "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 6},
-                           "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+            "properties": {
+                "city": {"type": "string", "maxLength": 6},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+            },
             "required": ["city"],
         },
     },
@@ -172,8 +174,11 @@ def test_lark_grammars_compile_and_bad_ones_are_400(decoder) -> None:
 
 
 def test_close_objects_respects_explicit_choices() -> None:
-    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {}, "additionalProperties": True}},
-              "anyOf": [{"properties": {"b": {}}}]}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "object", "properties": {}, "additionalProperties": True}},
+        "anyOf": [{"properties": {"b": {}}}],
+    }
     closed = close_objects(schema)
     assert closed["additionalProperties"] is False
     assert closed["properties"]["a"]["additionalProperties"] is True

@@ -27,7 +27,10 @@ async def test_cards_list_loaded_and_loadable_models_with_their_state(tmp_path: 
             await control.models.acquire("broken")
         cards = {card["id"]: card for card in model_cards(control)}
         assert {name: card["state"] for name, card in cards.items()} == {
-            "a": "loaded", "b": "not-loaded", "broken": "failed"}
+            "a": "loaded",
+            "b": "not-loaded",
+            "broken": "failed",
+        }
         assert "no such backend library" in cards["broken"]["reason"]
         for card in cards.values():
             Model.model_validate(card)  # OpenAI's SDK reads every entry

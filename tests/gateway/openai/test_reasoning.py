@@ -45,13 +45,24 @@ def test_split_whole_and_streamed(text: str, starts_open: bool, reasoning: str |
 
 
 HARMONY = [
-    ("<|channel|>analysis<|message|>The user greets me.<|end|><|start|>assistant<|channel|>final<|message|>Hello!",
-     "The user greets me.", "Hello!"),
-    (("<|channel|>analysis<|message|>Needs the weather.<|end|><|start|>assistant<|channel|>commentary "
-      'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'),
-     "Needs the weather.", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
-    ('<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{"tz": "CET"}<|call|>', None,
-     '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>\n'),
+    (
+        "<|channel|>analysis<|message|>The user greets me.<|end|><|start|>assistant<|channel|>final<|message|>Hello!",
+        "The user greets me.",
+        "Hello!",
+    ),
+    (
+        (
+            "<|channel|>analysis<|message|>Needs the weather.<|end|><|start|>assistant<|channel|>commentary "
+            'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'
+        ),
+        "Needs the weather.",
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    ),
+    (
+        '<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{"tz": "CET"}<|call|>',
+        None,
+        '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>\n',
+    ),
     ("<|channel|>analysis<|message|>cut by max_tok", "cut by max_tok", ""),
     ("<|channel|>analysis<|mess", None, ""),
     ("not harmony at all", None, "not harmony at all"),

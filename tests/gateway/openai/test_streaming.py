@@ -35,8 +35,14 @@ def frames_of(exc: Exception) -> list[str]:
 def test_error_after_the_stream_started_is_an_error_event_then_done() -> None:
     frames = frames_of(RateLimitError("the model's queue is full; retry shortly"))
     assert json.loads(frames[0]) == CHUNK
-    assert json.loads(frames[1]) == {"error": {"message": "the model's queue is full; retry shortly",
-                                              "type": "rate_limit_error", "param": None, "code": "rate_limit_exceeded"}}
+    assert json.loads(frames[1]) == {
+        "error": {
+            "message": "the model's queue is full; retry shortly",
+            "type": "rate_limit_error",
+            "param": None,
+            "code": "rate_limit_exceeded",
+        }
+    }
     assert frames[2:] == ["[DONE]"]
 
 

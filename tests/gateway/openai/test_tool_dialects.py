@@ -18,11 +18,24 @@ from tests.gateway.openai.conftest import EOS
 from tests.gateway.openai.test_guided import VOCAB, random_walk
 
 TEMPLATES = Path(__file__).parent / "templates"
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                     "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"tz": {"type": "string", "maxLength": 8}}, "required": ["tz"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 8}}, "required": ["tz"]},
+    },
+}
 TOOLS = [WEATHER, TIME]
 NAMES = {"get_weather", "get_time"}
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
@@ -30,24 +43,70 @@ EXPECTED = [("get_weather", {"city": "Paris", "unit": "celsius"}), ("get_time", 
 
 # (dialect, an answer in the family's own words, its content). Each holds EXPECTED's two calls.
 ANSWERS = [
-    ("hermes",
-     ('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n'
-      '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>'),
-     "Checking."),
-    ("llama3_json", ('{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}; '
-                     '{"name": "get_time", "parameters": {"tz": "CET"}}'), None),
-    ("llama3_json", ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}; '
-                     '{"name": "get_time", "parameters": {"tz": "CET"}}'), None),
-    ("mistral", ('Sure. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
-                 '{"name": "get_time", "arguments": {"tz": "CET"}}]'), "Sure."),
-    ("mistral", ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "celsius"}'
-                 '[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]{"tz": "CET"}'), None),
-    ("phi4_mini_json", ('<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
-                        '{"name": "get_time", "arguments": {"tz": "CET"}}]<|/tool_call|>'), None),
-    ("phi4_mini_json", ('functools[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
-                        '{"name": "get_time", "arguments": {"tz": "CET"}}]'), None),
-    ("json", ('[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
-              '{"name": "get_time", "arguments": {"tz": "CET"}}]'), None),
+    (
+        "hermes",
+        (
+            'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n'
+            '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>'
+        ),
+        "Checking.",
+    ),
+    (
+        "llama3_json",
+        (
+            '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}; '
+            '{"name": "get_time", "parameters": {"tz": "CET"}}'
+        ),
+        None,
+    ),
+    (
+        "llama3_json",
+        (
+            '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}; '
+            '{"name": "get_time", "parameters": {"tz": "CET"}}'
+        ),
+        None,
+    ),
+    (
+        "mistral",
+        (
+            'Sure. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
+            '{"name": "get_time", "arguments": {"tz": "CET"}}]'
+        ),
+        "Sure.",
+    ),
+    (
+        "mistral",
+        (
+            '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "celsius"}'
+            '[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]{"tz": "CET"}'
+        ),
+        None,
+    ),
+    (
+        "phi4_mini_json",
+        (
+            '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
+            '{"name": "get_time", "arguments": {"tz": "CET"}}]<|/tool_call|>'
+        ),
+        None,
+    ),
+    (
+        "phi4_mini_json",
+        (
+            'functools[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
+            '{"name": "get_time", "arguments": {"tz": "CET"}}]'
+        ),
+        None,
+    ),
+    (
+        "json",
+        (
+            '[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
+            '{"name": "get_time", "arguments": {"tz": "CET"}}]'
+        ),
+        None,
+    ),
 ]
 
 
@@ -97,7 +156,7 @@ def test_answers_parse_whole_and_streamed_at_every_split(dialect: str, text: str
 @pytest.mark.parametrize("dialect", sorted(PARSERS))
 def test_plain_text_and_unknown_tools_stay_content(dialect: str) -> None:
     parser = PARSERS[dialect]
-    for text in ("The weather is fine.", "It costs {about} 3 euros; {\"name\": \"x\"}", ""):
+    for text in ("The weather is fine.", 'It costs {about} 3 euros; {"name": "x"}', ""):
         assert parser.parse(text, NAMES) == (text, [])
         for pieces in _splits(text) if text else [[""]]:
             assert _stream(parser, pieces, trusted=False) == (text, [])
@@ -131,8 +190,9 @@ def _forced_answers(decoder: GuidedDecoder, tokenizer, parser: ToolParser, tools
 
 @pytest.mark.parametrize("dialect", sorted(PARSERS))
 @pytest.mark.parametrize(("tools", "parallel"), [(TOOLS, True), ([TIME], False)])
-def test_forced_answers_cut_anywhere_are_calls_never_content(decoder, smol_tokenizer, dialect: str, tools: list,
-                                                             parallel: bool) -> None:
+def test_forced_answers_cut_anywhere_are_calls_never_content(
+    decoder, smol_tokenizer, dialect: str, tools: list, parallel: bool
+) -> None:
     """What the dialect's grammar lets a model write, cut at every character (max_tokens), reads as calls: whole
     ones equal to the uncut answer's, the last one with the start of its arguments, streamed or not."""
     parser = PARSERS[dialect]
@@ -154,8 +214,10 @@ def test_forced_answers_cut_anywhere_are_calls_never_content(decoder, smol_token
             if calls:
                 last, full = calls[-1], whole[len(calls) - 1]
                 assert last.name == full.name
-                assert _same_json(last.arguments, full.arguments) or _same_start(last.arguments, full.arguments), \
-                    (answer[:cut], last)
+                assert _same_json(last.arguments, full.arguments) or _same_start(last.arguments, full.arguments), (
+                    answer[:cut],
+                    last,
+                )
             if len(names) == 1:  # the only tool a forced answer can call is known from its first character
                 assert calls, answer[:cut]
             for pieces in ([answer[:cut]], [answer[: cut // 2], answer[cut // 2 : cut]]):
@@ -182,19 +244,22 @@ def _same_json(a: str, b: str) -> bool:
         return _compact(a) == _compact(b)
 
 
-@pytest.mark.parametrize(("template", "dialect"), [
-    ("meta-llama-Llama-3.1-8B-Instruct", "llama3_json"),
-    ("meta-llama-Llama-3.2-3B-Instruct", "llama3_json"),
-    ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "hermes"),
-    ("Qwen-Qwen2.5-7B-Instruct", "hermes"),
-    ("Qwen-Qwen3-0.6B", "hermes"),
-    ("mistralai-Mistral-Nemo-Instruct-2407", "mistral"),
-    ("Mistral-Small-3.2-24B-Instruct-2506", "mistral"),
-    ("microsoft-Phi-4-mini-instruct", "phi4_mini_json"),
-    ("google-gemma-2-2b-it", "hermes"),  # no convention of its own: tools described in the hermes dialect
-    ("google-gemma-3-it", "hermes"),
-    ("microsoft-Phi-3.5-mini-instruct", "hermes"),
-])
+@pytest.mark.parametrize(
+    ("template", "dialect"),
+    [
+        ("meta-llama-Llama-3.1-8B-Instruct", "llama3_json"),
+        ("meta-llama-Llama-3.2-3B-Instruct", "llama3_json"),
+        ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "hermes"),
+        ("Qwen-Qwen2.5-7B-Instruct", "hermes"),
+        ("Qwen-Qwen3-0.6B", "hermes"),
+        ("mistralai-Mistral-Nemo-Instruct-2407", "mistral"),
+        ("Mistral-Small-3.2-24B-Instruct-2506", "mistral"),
+        ("microsoft-Phi-4-mini-instruct", "phi4_mini_json"),
+        ("google-gemma-2-2b-it", "hermes"),  # no convention of its own: tools described in the hermes dialect
+        ("google-gemma-3-it", "hermes"),
+        ("microsoft-Phi-3.5-mini-instruct", "hermes"),
+    ],
+)
 def test_dialect_is_told_from_the_template(template: str, dialect: str) -> None:
     assert detect((TEMPLATES / f"{template}.jinja").read_text()) == dialect
 

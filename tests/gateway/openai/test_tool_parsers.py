@@ -91,7 +91,7 @@ def test_trusted_stream_sends_arguments_before_the_call_closes() -> None:
     # the closing brace may end the call: it is held back until the next text shows it does not
     events = streamer.feed('ris"}')
     assert "".join(e.arguments for e in events) == 'ris"'
-    events = streamer.feed('}\n</tool_call>')
+    events = streamer.feed("}\n</tool_call>")
     assert "".join(e.arguments for e in events) == "}"
     assert streamer.finish() == [] and streamer.calls == 1
 
@@ -134,8 +134,10 @@ def test_plain_text_streams_through_untouched() -> None:
     [
         '{"name": "get_time", "arguments": {"city": "Rome"}}',
         '```json\n{"name": "get_time", "arguments": {"city": "Rome"}}\n```',
-        ('[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
-         '{"name": "get_time", "arguments": {"city": "Rome"}}]'),
+        (
+            '[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+            '{"name": "get_time", "arguments": {"city": "Rome"}}]'
+        ),
     ],
 )
 def test_json_dialect(text: str) -> None:

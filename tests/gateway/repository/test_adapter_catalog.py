@@ -72,8 +72,10 @@ def test_adapter_files_must_be_in_the_models_folder_or_a_lora_dir(tmp_path: Path
     (tmp_path / "smol" / "adapters" / "escape").symlink_to(tmp_path / "elsewhere")
     catalog.load("sql", "adapters/sql")
     catalog.load("chat", str(tmp_path / "shared" / "chat"))
-    assert [a.path for a in engine.loaded] == [str(tmp_path / "smol" / "adapters" / "sql"),
-                                               str(tmp_path / "shared" / "chat")]
+    assert [a.path for a in engine.loaded] == [
+        str(tmp_path / "smol" / "adapters" / "sql"),
+        str(tmp_path / "shared" / "chat"),
+    ]
     for path in (str(tmp_path / "elsewhere"), "../elsewhere", "adapters/escape", "/etc"):
         with pytest.raises(InvalidRequestError, match="--lora-dir"):
             catalog.load("x", path)

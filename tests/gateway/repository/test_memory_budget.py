@@ -60,11 +60,14 @@ def test_llm_estimate_counts_dtype_and_the_kv_pool(tmp_path: Path) -> None:
     folder = tmp_path / "llm"
     (folder / "1").mkdir(parents=True)
     (folder / "1" / "model.safetensors").write_bytes(b"0" * 1000)
-    (folder / "1" / "config.json").write_text('{"torch_dtype": "bfloat16", "num_hidden_layers": 2, '
-                                              '"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64}')
+    (folder / "1" / "config.json").write_text(
+        '{"torch_dtype": "bfloat16", "num_hidden_layers": 2, '
+        '"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64}'
+    )
     model = ModelDir("llm", folder, folder / "config.yaml", (1,))
-    config = validate_model_config({"backend": "pytorch", "dtype": "float32", "kv_cache": {"max_tokens": 100}},
-                                   "c", "llm")
+    config = validate_model_config(
+        {"backend": "pytorch", "dtype": "float32", "kv_cache": {"max_tokens": 100}}, "c", "llm"
+    )
     per_token = 2 * 2 * 2 * 16 * 4  # keys and values x layers x kv heads x head dim x float32
     assert estimate_bytes(model, config) == 2000 + 100 * per_token  # bfloat16 file -> float32 weights
     remote = validate_model_config({"backend": "remote", "remote": {"upstreams": ["http://h:1"]}}, "c", "llm")
@@ -72,5 +75,9 @@ def test_llm_estimate_counts_dtype_and_the_kv_pool(tmp_path: Path) -> None:
 
 
 def test_bytes_read_as_people_write_them() -> None:
-    assert [fmt_bytes(n) for n in (512, 2048, 3 * 2**20, int(1.5 * 2**30))] == ["512 B", "2.0 KiB", "3.0 MiB",
-                                                                               "1.5 GiB"]
+    assert [fmt_bytes(n) for n in (512, 2048, 3 * 2**20, int(1.5 * 2**30))] == [
+        "512 B",
+        "2.0 KiB",
+        "3.0 MiB",
+        "1.5 GiB",
+    ]

@@ -12,19 +12,24 @@ import pytest
 from gateway.errors import ConfigError
 from gateway.repository.model_config import parse_model_config
 
-LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{n}: &{n} [{', '.join([f'*{p}'] * 10)}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True)
-) + "parameters: {laughs: *i}\n"
+LAUGHS = (
+    "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+    + "".join(f"{n}: &{n} [{', '.join([f'*{p}'] * 10)}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True))
+    + "parameters: {laughs: *i}\n"
+)
 
 
-@pytest.mark.parametrize(("text", "fault"), [
-    ("max_model_len: " + "9" * 5000 + "\n", "not valid YAML"),
-    ("parameters: {x: " + "[" * 5000 + "]" * 5000 + "}\n", "nested more than 64 deep"),
-    ("parameters: {x: " + "[" * 2000 + "\n", "nested more than 64 deep"),  # seconds in YAML's scanner
-    ("".join(f"{' ' * i}k{i}:\n" for i in range(200)), "nested more than 64 deep"),
-    (LAUGHS, "expand to more than"),
-    ("parameters: &p {self: *p}\n", "expand to more than"),
-])
+@pytest.mark.parametrize(
+    ("text", "fault"),
+    [
+        ("max_model_len: " + "9" * 5000 + "\n", "not valid YAML"),
+        ("parameters: {x: " + "[" * 5000 + "]" * 5000 + "}\n", "nested more than 64 deep"),
+        ("parameters: {x: " + "[" * 2000 + "\n", "nested more than 64 deep"),  # seconds in YAML's scanner
+        ("".join(f"{' ' * i}k{i}:\n" for i in range(200)), "nested more than 64 deep"),
+        (LAUGHS, "expand to more than"),
+        ("parameters: &p {self: *p}\n", "expand to more than"),
+    ],
+)
 def test_yaml_the_loader_cannot_hold_is_a_config_error(tmp_path: Path, text: str, fault: str) -> None:
     path = tmp_path / "m" / "config.yaml"
     path.parent.mkdir()

@@ -7,8 +7,7 @@ from gateway.repository.model_use import close_use, current_use, header_deadline
 
 def test_deadline_from_the_sdks_timeout_headers() -> None:
     assert header_deadline([(b"x-stainless-timeout", b"600")], now=10.0) == 610.0
-    assert header_deadline([(b"x-stainless-read-timeout", b"2.5"), (b"x-stainless-timeout", b"600")],
-                           now=0.0) == 2.5
+    assert header_deadline([(b"x-stainless-read-timeout", b"2.5"), (b"x-stainless-timeout", b"600")], now=0.0) == 2.5
     assert header_deadline([(b"x-request-timeout", b"5"), (b"x-stainless-read-timeout", b"9")], now=0.0) == 5.0
     for bad in (b"0", b"-3", b"soon", b"inf", b"nan"):
         assert header_deadline([(b"x-request-timeout", bad)], now=0.0) is None

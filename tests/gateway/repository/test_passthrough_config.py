@@ -32,14 +32,17 @@ def test_the_section_with_its_defaults(tmp_path: Path) -> None:
     assert config.openai.read_timeout_seconds == 600 and config.openai.max_connections == 64
 
 
-@pytest.mark.parametrize(("text", "says"), [
-    ("backend: openai\n", "needs an 'openai:' section"),
-    ("openai:\n  base_url: http://x:1/v1\n", "needs 'backend: openai'"),
-    ("backend: openai\nopenai:\n  base_url: llama:8080\n", "not an http(s) URL"),
-    ("backend: openai\nopenai:\n  base_url: http://x:1/v1\n  api_key_env: 'MY-KEY'\n", "environment variable name"),
-    ("backend: openai\nopenai:\n  base_url: http://x:1/v1\n  api_key_env: K\n  api_key_file: k.txt\n", "keep one"),
-    ("backend: openai\nopenai:\n  base_url: http://x:1/v1\n  timeout: 3\n", "remove it or check its spelling"),
-])
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("backend: openai\n", "needs an 'openai:' section"),
+        ("openai:\n  base_url: http://x:1/v1\n", "needs 'backend: openai'"),
+        ("backend: openai\nopenai:\n  base_url: llama:8080\n", "not an http(s) URL"),
+        ("backend: openai\nopenai:\n  base_url: http://x:1/v1\n  api_key_env: 'MY-KEY'\n", "environment variable name"),
+        ("backend: openai\nopenai:\n  base_url: http://x:1/v1\n  api_key_env: K\n  api_key_file: k.txt\n", "keep one"),
+        ("backend: openai\nopenai:\n  base_url: http://x:1/v1\n  timeout: 3\n", "remove it or check its spelling"),
+    ],
+)
 def test_errors_say_the_fix(tmp_path: Path, text: str, says: str) -> None:
     model, path = write(tmp_path, text)
     with pytest.raises(ConfigError, match="openai") as caught:
@@ -49,8 +52,9 @@ def test_errors_say_the_fix(tmp_path: Path, text: str, says: str) -> None:
 
 def _settings(tmp_path: Path, section: str) -> PassthroughSettings:
     # 127.0.0.1:9 (discard) answers nothing: the context-length probe fails fast and the model still builds
-    model, path = write(tmp_path, f"backend: openai\nmax_model_len: 4096\nopenai:\n  base_url: http://127.0.0.1:9\n"
-                                  f"{section}")
+    model, path = write(
+        tmp_path, f"backend: openai\nmax_model_len: 4096\nopenai:\n  base_url: http://127.0.0.1:9\n{section}"
+    )
     config = parse_model_config(path, model.name)
     assert isinstance(config, ModelConfig)
     scheduler = build_async_scheduler(model, config, tmp_path)

@@ -144,7 +144,14 @@ def test_dynamic_batching_config():
     assert db["priority_queue_policy"] == {1: {"timeout_action": "REJECT", "max_queue_size": 4}}
     assert cfg["version_policy"] == {"latest": {"num_versions": 2}}
     assert list(cfg) == [
-        "name", "platform", "max_batch_size", "input", "output", "instance_group", "dynamic_batching", "version_policy"
+        "name",
+        "platform",
+        "max_batch_size",
+        "input",
+        "output",
+        "instance_group",
+        "dynamic_batching",
+        "version_policy",
     ]
 
 

@@ -41,15 +41,29 @@ def repo_of(root: Path, *names: str, extra: str = "") -> Path:
     return root
 
 
-def control_of(repo: Path, clock: Clock, sizes: dict[str, int] | None = None, budget: int = 10**9,
-               mode: str = "on_demand", peaks: dict[str, int] | None = None, rss: Callable[[], int] = lambda: 0,
-               **kwargs) -> ModelControl:
+def control_of(
+    repo: Path,
+    clock: Clock,
+    sizes: dict[str, int] | None = None,
+    budget: int = 10**9,
+    mode: str = "on_demand",
+    peaks: dict[str, int] | None = None,
+    rss: Callable[[], int] = lambda: 0,
+    **kwargs,
+) -> ModelControl:
     """Model control whose memory is counted from `sizes` (bytes per folder), whose loads peak at `peaks` (bytes
     per folder, by format) and whose RSS reads `rss` (0)."""
     estimate: Callable = lambda model, config: (sizes or {}).get(model.name, 0)  # noqa: E731
     peak: Callable = lambda model, config: (peaks or {}).get(model.name, 0)  # noqa: E731
-    return ModelControl(repo, control_mode=mode, memory_budget=budget, keep_alive_s=60, drain_timeout_s=5,
-                        residency={"clock": clock, "rss": rss, "estimate": estimate, "peak": peak}, **kwargs)
+    return ModelControl(
+        repo,
+        control_mode=mode,
+        memory_budget=budget,
+        keep_alive_s=60,
+        drain_timeout_s=5,
+        residency={"clock": clock, "rss": rss, "estimate": estimate, "peak": peak},
+        **kwargs,
+    )
 
 
 @pytest.fixture
@@ -107,12 +121,13 @@ async def test_sixteen_first_requests_cause_one_load(tmp_path: Path, clock: Cloc
     assert await tag(control, "a") == "v1:a"
 
 
-async def test_a_failed_load_answers_every_waiter_with_its_reason(tmp_path: Path, clock: Clock,
-                                                                  started: list) -> None:
+async def test_a_failed_load_answers_every_waiter_with_its_reason(tmp_path: Path, clock: Clock, started: list) -> None:
     folder = write_tagger(tmp_path, "broken")
-    (folder / "1" / "model.py").write_text("class TritonPythonModel:\n    def initialize(self, args):\n"
-                                           "        raise RuntimeError('weights are corrupt')\n"
-                                           "    def execute(self, requests):\n        return []\n")
+    (folder / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n    def initialize(self, args):\n"
+        "        raise RuntimeError('weights are corrupt')\n"
+        "    def execute(self, requests):\n        return []\n"
+    )
     control = await start(control_of(tmp_path, clock), started)
     results = await asyncio.gather(*(control.models.acquire("broken") for _ in range(5)), return_exceptions=True)
     assert all(isinstance(r, ModelLoadFailedError) for r in results), results
@@ -122,8 +137,9 @@ async def test_a_failed_load_answers_every_waiter_with_its_reason(tmp_path: Path
     assert control.residency.stats.loads == {("broken", "failure"): 1}  # one attempt for the five
 
 
-async def test_unknown_names_are_404_and_other_modes_do_not_load_on_request(tmp_path: Path, clock: Clock,
-                                                                            started: list) -> None:
+async def test_unknown_names_are_404_and_other_modes_do_not_load_on_request(
+    tmp_path: Path, clock: Clock, started: list
+) -> None:
     control = await start(control_of(repo_of(tmp_path, "a"), clock), started)
     with pytest.raises(ModelNotFoundError):
         await control.models.acquire("nope")
@@ -164,8 +180,9 @@ async def test_lru_idle_model_is_evicted_to_make_room(tmp_path: Path, clock: Clo
 
 async def test_a_model_in_use_is_never_evicted(tmp_path: Path, clock: Clock, started: list) -> None:
     sizes = {"a": 100, "b": 100}
-    control = await start(control_of(repo_of(tmp_path, "a", "b"), clock, sizes, budget=150, load_timeout_s=2.0),
-                          started)
+    control = await start(
+        control_of(repo_of(tmp_path, "a", "b"), clock, sizes, budget=150, load_timeout_s=2.0), started
+    )
     use = open_use()  # a request that looked "a" up and has not finished its response
     try:
         await control.models.acquire("a")
@@ -192,8 +209,9 @@ async def test_a_load_waits_for_a_busy_model_to_finish(tmp_path: Path, clock: Cl
     assert (await asyncio.wait_for(waiter, 10)).name == "b"
 
 
-async def test_a_model_too_large_for_the_budget_is_refused_with_the_figures(tmp_path: Path, clock: Clock,
-                                                                            started: list) -> None:
+async def test_a_model_too_large_for_the_budget_is_refused_with_the_figures(
+    tmp_path: Path, clock: Clock, started: list
+) -> None:
     control = await start(control_of(repo_of(tmp_path, "huge"), clock, {"huge": 1000}, budget=500), started)
     with pytest.raises(ModelTooLargeError) as refused:
         await control.models.acquire("huge")
@@ -202,13 +220,18 @@ async def test_a_model_too_large_for_the_budget_is_refused_with_the_figures(tmp_
     assert row["state"] == "UNAVAILABLE" and "needed: 1000 bytes" in row["reason"]
 
 
-async def test_a_load_reserves_its_peak_then_counts_its_resident_bytes(tmp_path: Path, clock: Clock,
-                                                                       started: list) -> None:
+async def test_a_load_reserves_its_peak_then_counts_its_resident_bytes(
+    tmp_path: Path, clock: Clock, started: list
+) -> None:
     """b keeps 100 bytes but its load peaks at 300 (by format): a (100) is evicted for the reservation although
     both would fit once loaded; b's next load reserves the peak measured at its first (the RSS rose by 250)."""
     rss = [0]
-    control = await start(control_of(repo_of(tmp_path, "a", "b"), clock, {"a": 100, "b": 100}, budget=350,
-                                     peaks={"b": 300}, rss=lambda: rss[0]), started)
+    control = await start(
+        control_of(
+            repo_of(tmp_path, "a", "b"), clock, {"a": 100, "b": 100}, budget=350, peaks={"b": 300}, rss=lambda: rss[0]
+        ),
+        started,
+    )
     in_use: list[int] = []
     real = control._build
 
@@ -291,8 +314,7 @@ async def test_the_request_deadline_bounds_its_wait_for_a_load(tmp_path: Path, c
     assert (await control.models.acquire("a")).name == "a"  # the load went on for the next request
 
 
-async def test_startup_failures_are_reported_and_the_others_serve(tmp_path: Path, clock: Clock,
-                                                                  started: list) -> None:
+async def test_startup_failures_are_reported_and_the_others_serve(tmp_path: Path, clock: Clock, started: list) -> None:
     repo_of(tmp_path, "good")
     bad = write_tagger(tmp_path, "bad")
     (bad / "config.yaml").write_text((bad / "config.yaml").read_text() + "max_batch_sise: 3\n")

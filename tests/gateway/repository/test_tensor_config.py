@@ -84,7 +84,12 @@ def test_pbtxt_and_yaml_mean_the_same(tmp_path: Path) -> None:
 
 
 def test_sequence_and_ensemble_sections(tmp_path: Path) -> None:
-    seq = parse_model_config(write(tmp_path, "acc", "config.pbtxt", """
+    seq = parse_model_config(
+        write(
+            tmp_path,
+            "acc",
+            "config.pbtxt",
+            """
         backend: "python" max_batch_size: 4
         input { name: "IN" data_type: TYPE_INT32 dims: 1 }
         output { name: "OUT" data_type: TYPE_INT32 dims: 1 }
@@ -96,7 +101,10 @@ def test_sequence_and_ensemble_sections(tmp_path: Path) -> None:
           oldest { max_candidate_sequences: 4 }
           state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ]
                     initial_state { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "zero" } } ]
-        }"""), "acc")
+        }""",
+        ),
+        "acc",
+    )
     assert isinstance(seq, TensorModelConfig) and seq.sequence_batching is not None
     assert seq.sequence_batching.control_input[1].control[0].data_type == "UINT64"
     assert seq.sequence_batching.oldest is not None and seq.sequence_batching.state[0].initial_state[0].zero_data

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-MODEL_PY = '''
+MODEL_PY = """
 import time
 
 import numpy as np
@@ -31,7 +31,7 @@ class TritonPythonModel:
             time.sleep(self.delay)
         label = (VERSION + ":" + self.tag).encode()
         return [{{"Y": r["X"] * 2, "TAG": np.array([[label]] * len(r["X"]), dtype=object)}} for r in requests]
-'''
+"""
 
 CONFIG_YAML = """backend: python
 max_batch_size: {max_batch_size}
@@ -54,8 +54,16 @@ def atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_tagger(repo: Path, name: str = "tagger", *, tag: str = "a", code_version: str = "v1", delay: float = 0.0,
-                 config: bool = True, max_batch_size: int = 8) -> Path:
+def write_tagger(
+    repo: Path,
+    name: str = "tagger",
+    *,
+    tag: str = "a",
+    code_version: str = "v1",
+    delay: float = 0.0,
+    config: bool = True,
+    max_batch_size: int = 8,
+) -> Path:
     folder = repo / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
     atomic_write(folder / "1" / "model.py", MODEL_PY.format(code_version=code_version))

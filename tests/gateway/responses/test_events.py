@@ -30,25 +30,47 @@ async def _events(chunks: list[dict[str, Any]], fail: bool = False) -> list[dict
 
 
 async def test_text_then_call_in_order_with_sequence_numbers() -> None:
-    events = await _events([
-        _chunk({"role": "assistant", "content": ""}),
-        _chunk({"content": "Let me "}), _chunk({"content": "check."}),
-        _chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                                "function": {"name": "get_weather", "arguments": ""}}]}),
-        _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
-        _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
-        _chunk({}, "tool_calls"),
-        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}},
-    ])
+    events = await _events(
+        [
+            _chunk({"role": "assistant", "content": ""}),
+            _chunk({"content": "Let me "}),
+            _chunk({"content": "check."}),
+            _chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": ""},
+                        }
+                    ]
+                }
+            ),
+            _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
+            _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
+            _chunk({}, "tool_calls"),
+            {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}},
+        ]
+    )
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert [e["type"] for e in events] == [
-        "response.created", "response.in_progress",
-        "response.output_item.added", "response.content_part.added",
-        "response.output_text.delta", "response.output_text.delta",
-        "response.output_text.done", "response.content_part.done", "response.output_item.done",
-        "response.output_item.added", "response.function_call_arguments.delta",
-        "response.function_call_arguments.delta", "response.function_call_arguments.done",
-        "response.output_item.done", "response.completed"]
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     final = events[-1]["response"]
     message, call = final["output"]
     assert message["content"][0]["text"] == "Let me check." and message["status"] == "completed"

@@ -11,8 +11,13 @@ from gateway.responses.store import ResponseStore, StoredResponse
 
 
 def _record(resp_id: str) -> StoredResponse:
-    return StoredResponse({"id": resp_id, "object": "response", "output": []},
-                          [{"role": "user", "content": f"question {resp_id}"}], f"resp-{resp_id}", "m", "key-a")
+    return StoredResponse(
+        {"id": resp_id, "object": "response", "output": []},
+        [{"role": "user", "content": f"question {resp_id}"}],
+        f"resp-{resp_id}",
+        "m",
+        "key-a",
+    )
 
 
 async def test_round_trip_and_reopen(tmp_path: Path) -> None:
@@ -58,7 +63,8 @@ async def test_oldest_go_first_past_the_bound(tmp_path: Path) -> None:
 
 async def test_oldest_go_first_past_the_byte_bound(tmp_path: Path) -> None:
     one = len('{"id": "resp_0", "object": "response", "output": []}') + len(
-        '[{"role": "user", "content": "question resp_0"}]')
+        '[{"role": "user", "content": "question resp_0"}]'
+    )
     store = ResponseStore(tmp_path / "r.sqlite3", max_entries=100, ttl_seconds=1e9, max_bytes=2 * one)
     for i in range(4):
         store._put(_record(f"resp_{i}"), now=1000.0 + i)

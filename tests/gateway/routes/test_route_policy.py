@@ -26,8 +26,9 @@ def test_ordered_routes_try_their_targets_in_order() -> None:
 
 
 def test_weighted_routes_split_first_attempts_by_weight_and_fall_back_to_the_rest() -> None:
-    route = Route.model_validate({"strategy": "weighted",
-                                  "targets": [{"model": "a", "weight": 9}, {"model": "b", "weight": 1}]})
+    route = Route.model_validate(
+        {"strategy": "weighted", "targets": [{"model": "a", "weight": 9}, {"model": "b", "weight": 1}]}
+    )
     rng = random.Random(7)
     orders = [attempt_order(route, rng) for _ in range(10_000)]
     firsts = Counter(order[0] for order in orders)
@@ -35,17 +36,20 @@ def test_weighted_routes_split_first_attempts_by_weight_and_fall_back_to_the_res
     assert all(sorted(order) == ["a", "b"] for order in orders)  # every model is still a fallback
 
 
-@pytest.mark.parametrize(("error", "reason"), [
-    (UpstreamConnectionError("refused"), "connect"),
-    (GatewayTimeoutError("slow"), "timeout"),
-    (TimeoutError(), "timeout"),
-    (RateLimitError("busy"), "429"),
-    (ServiceUnavailableError("down"), "5xx"),
-    (BadGatewayError("upstream 500"), "5xx"),
-    (InvalidRequestError("bad field"), None),
-    (ModelNotFoundError("x"), None),
-    (ValueError("a bug"), None),
-])
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (UpstreamConnectionError("refused"), "connect"),
+        (GatewayTimeoutError("slow"), "timeout"),
+        (TimeoutError(), "timeout"),
+        (RateLimitError("busy"), "429"),
+        (ServiceUnavailableError("down"), "5xx"),
+        (BadGatewayError("upstream 500"), "5xx"),
+        (InvalidRequestError("bad field"), None),
+        (ModelNotFoundError("x"), None),
+        (ValueError("a bug"), None),
+    ],
+)
 def test_failure_reasons(error: BaseException, reason: str | None) -> None:
     assert failure_reason(error) == reason
 

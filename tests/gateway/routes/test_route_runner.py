@@ -104,8 +104,12 @@ async def test_only_the_listed_failures_fall_back() -> None:
 
 async def test_retries_back_off_exponentially_then_fall_back() -> None:
     waits: list[float] = []
-    spec = {"targets": ["a", "b"], "retries": 2, "retry_on": ["429"],
-            "backoff": {"initial_seconds": 0.1, "multiplier": 2, "max_seconds": 1, "jitter": 0}}
+    spec = {
+        "targets": ["a", "b"],
+        "retries": 2,
+        "retry_on": ["429"],
+        "backoff": {"initial_seconds": 0.1, "multiplier": 2, "max_seconds": 1, "jitter": 0},
+    }
     table = routes({"chat": spec}, waits)
     models = Models(a=[RateLimitError("busy")] * 3)
     result, headers = await run(table, "chat", models)

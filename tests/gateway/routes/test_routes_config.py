@@ -27,7 +27,9 @@ def test_aliases_and_lists_are_shorthands(tmp_path: Path) -> None:
 
 
 def test_a_full_route(tmp_path: Path) -> None:
-    route = _load(tmp_path, """\
+    route = _load(
+        tmp_path,
+        """\
 routes:
   canary:
     strategy: weighted
@@ -37,20 +39,24 @@ routes:
     retry_on: [429]
     backoff: {initial_seconds: 0.1, multiplier: 3, max_seconds: 1, jitter: 0}
     timeout_seconds: 5
-""").routes["canary"]
+""",
+    ).routes["canary"]
     assert [t.weight for t in route.targets] == [9, 1]
     assert route.backoff.multiplier == 3 and route.timeout_seconds == 5
 
 
-@pytest.mark.parametrize(("text", "says"), [
-    ("routes:\n  r: {targets: [a, a]}\n", "targets name a more than once"),
-    ("routes:\n  r: {targets: [{model: a, weight: 2}, b]}\n", "strategy: weighted"),
-    ("routes:\n  r: {targets: [a], fallback_on: [500]}\n", "routes.r.fallback_on.0"),
-    ("routes:\n  r: {targets: [a], retrys: 2}\n", "remove it or check its spelling"),
-    ("routes:\n  r: {targets: []}\n", "routes.r.targets"),
-    ("- a\n", "top level must be a mapping"),
-    ("routes: [\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("routes:\n  r: {targets: [a, a]}\n", "targets name a more than once"),
+        ("routes:\n  r: {targets: [{model: a, weight: 2}, b]}\n", "strategy: weighted"),
+        ("routes:\n  r: {targets: [a], fallback_on: [500]}\n", "routes.r.fallback_on.0"),
+        ("routes:\n  r: {targets: [a], retrys: 2}\n", "remove it or check its spelling"),
+        ("routes:\n  r: {targets: []}\n", "routes.r.targets"),
+        ("- a\n", "top level must be a mapping"),
+        ("routes: [\n", "not valid YAML"),
+    ],
+)
 def test_errors_say_the_fix(tmp_path: Path, text: str, says: str) -> None:
     with pytest.raises(ConfigError, match="routes") as caught:
         _load(tmp_path, text)

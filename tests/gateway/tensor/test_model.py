@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from gateway.errors import ConfigError, InvalidRequestError, NotFoundError
-from gateway.tensors import InputTensor, encode_binary_tensor
-from gateway.tensor.model import TensorModel
 from gateway.repository.layout import find_model_dir
 from gateway.repository.model_config import parse_model_config
+from gateway.tensor.model import TensorModel
+from gateway.tensors import InputTensor, encode_binary_tensor
 
 ROOT = Path(__file__).resolve().parents[3]
 
-RECORDER = '''
+RECORDER = """
 import numpy as np
 
 CALLS = []
@@ -29,7 +29,7 @@ class TritonPythonModel:
     def execute(self, requests):
         CALLS.extend({k: v.copy() for k, v in r.items()} for r in requests)
         return [{"OUT": r["IN"].astype(np.float32) * self.version} for r in requests]
-'''
+"""
 
 
 def make_model(root: Path, config: str, versions: tuple[int, ...] = (1,), name: str = "rec") -> TensorModel:
@@ -43,8 +43,10 @@ def make_model(root: Path, config: str, versions: tuple[int, ...] = (1,), name: 
     return TensorModel(model_dir, parse_model_config(model_dir.config_path, name))  # type: ignore[arg-type]
 
 
-BASE = 'backend: "python" max_batch_size: 4 input { name: "IN" data_type: TYPE_INT32 dims: [ 2 ] } ' \
-       'output { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] }'
+BASE = (
+    'backend: "python" max_batch_size: 4 input { name: "IN" data_type: TYPE_INT32 dims: [ 2 ] } '
+    'output { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] }'
+)
 
 
 def calls(model: TensorModel, version: int) -> list:
@@ -92,16 +94,22 @@ def test_warmup_runs_on_every_instance(tmp_path: Path) -> None:
 
 
 def test_warmup_failure_and_escaping_warmup_file_fail_the_load(tmp_path: Path) -> None:
-    bad = make_model(tmp_path, BASE + ' model_warmup { name: "w" batch_size: 1 inputs { key: "IN" value: '
-                                      '{ data_type: TYPE_INT32 dims: [ 2 ] input_data_file: "../../etc/passwd" } } }')
+    bad = make_model(
+        tmp_path,
+        BASE + ' model_warmup { name: "w" batch_size: 1 inputs { key: "IN" value: '
+        '{ data_type: TYPE_INT32 dims: [ 2 ] input_data_file: "../../etc/passwd" } } }',
+    )
     with pytest.raises(ConfigError, match="must exist inside"):
         bad.load()
     raising = tmp_path / "raising"
     (raising / "1").mkdir(parents=True)
-    (raising / "1" / "model.py").write_text("class TritonPythonModel:\n    def execute(self, requests):\n"
-                                            "        raise RuntimeError('broken')\n")
-    (raising / "config.pbtxt").write_text(BASE + ' model_warmup { name: "w" inputs { key: "IN" value: '
-                                                 '{ data_type: TYPE_INT32 dims: [ 2 ] random_data: true } } }')
+    (raising / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n    def execute(self, requests):\n        raise RuntimeError('broken')\n"
+    )
+    (raising / "config.pbtxt").write_text(
+        BASE + ' model_warmup { name: "w" inputs { key: "IN" value: '
+        "{ data_type: TYPE_INT32 dims: [ 2 ] random_data: true } } }"
+    )
     model_dir = find_model_dir(tmp_path, "raising")
     assert model_dir is not None
     with pytest.raises(ConfigError, match="model_warmup 'w' failed"):
@@ -109,10 +117,13 @@ def test_warmup_failure_and_escaping_warmup_file_fail_the_load(tmp_path: Path) -
 
 
 async def test_inference_checks_and_reshape(tmp_path: Path) -> None:
-    model = make_model(tmp_path, 'backend: "python" max_batch_size: 4 '
-                                 'input { name: "IN" data_type: TYPE_INT32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } '
-                                 'output { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } '
-                                 "dynamic_batching { }")
+    model = make_model(
+        tmp_path,
+        'backend: "python" max_batch_size: 4 '
+        'input { name: "IN" data_type: TYPE_INT32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } '
+        'output { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } '
+        "dynamic_batching { }",
+    )
     model.load()
     await model.start()
     try:

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from gateway.errors import ConfigError
-from gateway.tensor.model import TensorModel
 from gateway.repository.layout import find_model_dir
 from gateway.repository.model_config import parse_model_config
 from gateway.scheduler.tensor.rate_limiter import RateLimiter, ResourceLimit
+from gateway.tensor.model import TensorModel
 
 ROOT = Path(__file__).resolve().parents[3]
 LIMITER = ' rate_limiter { resources [ { name: "R" count: 2 }, { name: "G" global: true count: 1 } ] priority: 3 }'
@@ -29,8 +29,11 @@ def copy_with_limiter(tmp_path: Path, name: str) -> None:
     shutil.copytree(ROOT / "tests" / "kserve_repository" / name, tmp_path / name)
     path = tmp_path / name / "config.pbtxt"
     text = path.read_text()
-    path.write_text(text.replace("kind: KIND_CPU }", "kind: KIND_CPU" + LIMITER + " }") if "instance_group" in text
-                    else text + "\ninstance_group [ { count: 2 kind: KIND_CPU" + LIMITER + " } ]\n")
+    path.write_text(
+        text.replace("kind: KIND_CPU }", "kind: KIND_CPU" + LIMITER + " }")
+        if "instance_group" in text
+        else text + "\ninstance_group [ { count: 2 kind: KIND_CPU" + LIMITER + " } ]\n"
+    )
 
 
 async def test_dynamic_and_sequence_batchers_wait_on_their_gates(tmp_path: Path) -> None:
@@ -47,8 +50,10 @@ async def test_dynamic_and_sequence_batchers_wait_on_their_gates(tmp_path: Path)
     assert gates[0].needs == {("R", 0): 2, ("G", None): 1}
     assert {(n, d): a for n, d, a, _ in limiter.snapshot()} == {("G", None): 1, ("R", 0): 2}
     group = probe.config_json()["instance_group"][0]
-    assert group["rate_limiter"] == {"resources": [{"name": "R", "global": False, "count": 2},
-                                                   {"name": "G", "global": True, "count": 1}], "priority": 3}
+    assert group["rate_limiter"] == {
+        "resources": [{"name": "R", "global": False, "count": 2}, {"name": "G", "global": True, "count": 1}],
+        "priority": 3,
+    }
     await probe.start()
     await acc.start()
     try:

@@ -37,8 +37,13 @@ def _config(family: str, norm_topk_prob: bool = True):
     from transformers import MixtralConfig, Qwen3MoeConfig
 
     if family == "qwen3_moe":  # k = 4 of 8: the combination's order matters (not for k = 2)
-        return Qwen3MoeConfig(hidden_size=HIDDEN, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=4,
-                              norm_topk_prob=norm_topk_prob)
+        return Qwen3MoeConfig(
+            hidden_size=HIDDEN,
+            moe_intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=4,
+            norm_topk_prob=norm_topk_prob,
+        )
     return MixtralConfig(hidden_size=HIDDEN, intermediate_size=96, num_local_experts=6, num_experts_per_tok=2)
 
 
@@ -215,8 +220,9 @@ def test_a_step_reads_only_the_experts_its_rows_chose_once_each(tmp_path: Path) 
     config = _config("qwen3_moe")
     block = _ours(_reference(config), config, True, tmp_path)
     calls: list = []
-    block.experts = [(_Spy(g, calls, (e, "gate_up")), _Spy(d, calls, (e, "down")))
-                     for e, (g, d) in enumerate(block.experts)]
+    block.experts = [
+        (_Spy(g, calls, (e, "gate_up")), _Spy(d, calls, (e, "down"))) for e, (g, d) in enumerate(block.experts)
+    ]
     for rows in ROWS:
         x = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(rows + 7))
         chosen = block.route(x)[1]
@@ -240,16 +246,18 @@ def _quantized_experts(e: int, n: int, k: int, qtype: str, seed: int) -> ExpertB
 
 
 @pytest.mark.parametrize(("family", "qtype"), [("qwen3_moe", "Q8_0"), ("mixtral", "Q4_0")])
-def test_experts_from_gguf_blocks_match_transformers_on_their_weights(family: str, qtype: str,
-                                                                      tmp_path: Path) -> None:
+def test_experts_from_gguf_blocks_match_transformers_on_their_weights(family: str, qtype: str, tmp_path: Path) -> None:
     """Experts read from a 3-D GGUF tensor's blocks, per expert in place, against transformers' block holding the
     dequantized weights (what its GGUF loader makes of them: gate and up as the halves of gate_up_proj)."""
     config = _config(family)
     reference = _reference(config)
     e, two_i, h = reference.experts.gate_up_proj.shape
     i = two_i // 2
-    experts = LayerExperts(_quantized_experts(e, i, h, qtype, 1), _quantized_experts(e, i, h, qtype, 2),
-                           _quantized_experts(e, h, i, qtype, 3))
+    experts = LayerExperts(
+        _quantized_experts(e, i, h, qtype, 1),
+        _quantized_experts(e, i, h, qtype, 2),
+        _quantized_experts(e, h, i, qtype, 3),
+    )
     with torch.no_grad():  # the block is built while transformers' experts are zeros: it reads the blocks only
         reference.experts.gate_up_proj.zero_()
         reference.experts.down_proj.zero_()

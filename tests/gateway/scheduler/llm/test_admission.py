@@ -91,8 +91,15 @@ class ScriptedEngine(AsyncGenerateEngine):
                 if how == "truncate" and i == self.tokens - 1:
                     return
                 last = i == self.tokens - 1
-                yield GenerationOutput(rid, [1], "x", finished=last, finish_reason="length" if last else None,
-                                       prompt_tokens=1, completion_tokens=i + 1)
+                yield GenerationOutput(
+                    rid,
+                    [1],
+                    "x",
+                    finished=last,
+                    finish_reason="length" if last else None,
+                    prompt_tokens=1,
+                    completion_tokens=i + 1,
+                )
         finally:
             self.in_flight -= 1
             self.closed.append(rid)
@@ -145,8 +152,10 @@ async def test_waiting_requests_enter_by_priority_then_arrival() -> None:
     engine.gate = asyncio.Event()
     holder = asyncio.create_task(drain(scheduler, req("holder")))
     await until(lambda: engine.started == ["holder"])
-    tasks = [asyncio.create_task(drain(scheduler, req(rid, prio)))
-             for rid, prio in (("low", 5), ("high", -1), ("mid", 0), ("mid2", 0))]
+    tasks = [
+        asyncio.create_task(drain(scheduler, req(rid, prio)))
+        for rid, prio in (("low", 5), ("high", -1), ("mid", 0), ("mid2", 0))
+    ]
     await until(lambda: scheduler.stats().waiting == 4)
     engine.gate.set()
     await asyncio.gather(holder, *tasks)
@@ -213,8 +222,13 @@ async def test_a_request_cancelled_while_waiting_leaves_no_trace() -> None:
 
 async def test_engine_errors_become_gateway_errors() -> None:
     scheduler, engine = await started(SchedulerConfig())
-    engine.behaviour = {"bad": "value_error", "field": "refused", "down": "unavailable", "crash": "crash",
-                        "cut": "truncate"}
+    engine.behaviour = {
+        "bad": "value_error",
+        "field": "refused",
+        "down": "unavailable",
+        "crash": "crash",
+        "cut": "truncate",
+    }
     with pytest.raises(InvalidRequestError, match="prompt too long") as bad:
         await drain(scheduler, req("bad"))
     assert bad.value.param is None

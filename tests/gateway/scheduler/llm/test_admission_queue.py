@@ -34,10 +34,15 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return fake
 
 
-def req(rid: str, priority: int = 0, timeout: float | None = None, arrival: float | None = None
-        ) -> GenerationRequest:
-    return GenerationRequest(rid, [], SamplingParams(max_tokens=1), priority, queue_timeout=timeout,
-                             arrival_time=time.monotonic() if arrival is None else arrival)
+def req(rid: str, priority: int = 0, timeout: float | None = None, arrival: float | None = None) -> GenerationRequest:
+    return GenerationRequest(
+        rid,
+        [],
+        SamplingParams(max_tokens=1),
+        priority,
+        queue_timeout=timeout,
+        arrival_time=time.monotonic() if arrival is None else arrival,
+    )
 
 
 async def settle() -> None:
@@ -83,9 +88,14 @@ async def test_requests_beyond_the_slots_wait_and_a_release_admits_the_next() ->
 async def test_waiting_requests_enter_by_priority_then_arrival_and_the_starved_first(clock: Clock) -> None:
     queue = AdmissionQueue(SchedulerConfig(max_num_seqs=1, aging_seconds=30))
     await queue.acquire(req("holder", arrival=clock.now))
-    tasks = await queued(queue, req("old-low", 9, arrival=clock.now - 31), req("low", 5, arrival=clock.now),
-                         req("high", -1, arrival=clock.now), req("mid", 0, arrival=clock.now),
-                         req("mid2", 0, arrival=clock.now))
+    tasks = await queued(
+        queue,
+        req("old-low", 9, arrival=clock.now - 31),
+        req("low", 5, arrival=clock.now),
+        req("high", -1, arrival=clock.now),
+        req("mid", 0, arrival=clock.now),
+        req("mid2", 0, arrival=clock.now),
+    )
     assert await admitted_in_turn(queue, tasks) == ["old-low", "high", "mid", "mid2", "low"]
 
 

@@ -91,8 +91,9 @@ async def test_engine_failure_fails_only_that_step() -> None:
 
 async def test_idle_loop_expires_sessions() -> None:
     engine = CountingEngine(num_blocks=16, block_size=4)
-    batcher = ContinuousBatcher(engine, SchedulerConfig(max_num_batched_tokens=64),
-                                KVCacheConfig(session_ttl_seconds=0.2))
+    batcher = ContinuousBatcher(
+        engine, SchedulerConfig(max_num_batched_tokens=64), KVCacheConfig(session_ttl_seconds=0.2)
+    )
     await batcher.start()
     try:
         r = req("s1", "abcdefghijkl", max_tokens=1)
@@ -118,7 +119,9 @@ async def test_stop_ends_in_flight_streams_and_refuses_new_ones() -> None:
     await batcher.stop()
     ends = [out async for out in streams[0]][-1], await waiting
     assert [(o.request_id, o.finish_reason, o.error) for o in ends] == [
-        ("a", "abort", "the model was unloaded"), ("b", "abort", "the model was unloaded")]
+        ("a", "abort", "the model was unloaded"),
+        ("b", "abort", "the model was unloaded"),
+    ]
     assert not batcher.healthy and sorted(engine.released) == ["a", "b"]
     with pytest.raises(ServiceUnavailableError):
         await drain(batcher, req("late", "abc"))

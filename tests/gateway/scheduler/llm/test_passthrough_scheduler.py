@@ -62,13 +62,17 @@ class ScriptedUpstream(PassthroughEngine):
     async def request(self, endpoint: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         try:
             await self._enter(body)
-            return {"object": "chat.completion", "choices": [{"index": 0, "message": {"content": "hi"},
-                                                              "finish_reason": "stop"}], "usage": USAGE}
+            return {
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}],
+                "usage": USAGE,
+            }
         finally:
             self.in_flight -= 1
 
-    async def stream(self, endpoint: str, body: dict[str, Any], headers: dict[str, str]
-                     ) -> AsyncIterator[dict[str, Any]]:
+    async def stream(
+        self, endpoint: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> AsyncIterator[dict[str, Any]]:
         try:
             await self._enter(body)
             for i, piece in enumerate([chunk(), chunk("Hel"), chunk("lo"), chunk(finish="stop"), chunk(usage=USAGE)]):
@@ -167,19 +171,22 @@ async def test_a_stopped_model_refuses() -> None:
         await scheduler.call("chat/completions", {})
 
 
-@pytest.mark.parametrize(("error", "kind", "status"), [
-    (UpstreamError(400, "temperature: too high", param="temperature"), InvalidRequestError, 400),
-    (UpstreamError(422, "messages: field required"), InvalidRequestError, 400),
-    (UpstreamError(401, "invalid api key"), BadGatewayError, 502),
-    (UpstreamError(404, "model 'x' not found"), BadGatewayError, 502),
-    (UpstreamError(408, "request timeout"), GatewayTimeoutError, 504),
-    (UpstreamError(413, "too large"), PayloadTooLargeError, 413),
-    (UpstreamError(429, "slow down", retry_after=2), RateLimitError, 429),
-    (UpstreamError(500, "CUDA error"), BadGatewayError, 502),
-    (UpstreamError(503, "loading model"), ServiceUnavailableError, 503),
-    (UpstreamTimeoutError("no answer"), GatewayTimeoutError, 504),
-    (UpstreamUnreachableError("refused"), UpstreamConnectionError, 502),
-])
+@pytest.mark.parametrize(
+    ("error", "kind", "status"),
+    [
+        (UpstreamError(400, "temperature: too high", param="temperature"), InvalidRequestError, 400),
+        (UpstreamError(422, "messages: field required"), InvalidRequestError, 400),
+        (UpstreamError(401, "invalid api key"), BadGatewayError, 502),
+        (UpstreamError(404, "model 'x' not found"), BadGatewayError, 502),
+        (UpstreamError(408, "request timeout"), GatewayTimeoutError, 504),
+        (UpstreamError(413, "too large"), PayloadTooLargeError, 413),
+        (UpstreamError(429, "slow down", retry_after=2), RateLimitError, 429),
+        (UpstreamError(500, "CUDA error"), BadGatewayError, 502),
+        (UpstreamError(503, "loading model"), ServiceUnavailableError, 503),
+        (UpstreamTimeoutError("no answer"), GatewayTimeoutError, 504),
+        (UpstreamUnreachableError("refused"), UpstreamConnectionError, 502),
+    ],
+)
 def test_upstream_errors_map_onto_the_gateways(error: Exception, kind: type[SwitchyardError], status: int) -> None:
     mapped = gateway_error(error)
     assert type(mapped) is kind and mapped.status == status

@@ -16,8 +16,9 @@ from gateway.scheduler.llm.queue_policy import (
 
 
 def request(rid: str, priority: int = 0, timeout: float | None = None, arrival: float = 0.0) -> GenerationRequest:
-    return GenerationRequest(rid, [1, 2, 3], SamplingParams(max_tokens=4), priority, arrival_time=arrival,
-                             queue_timeout=timeout)
+    return GenerationRequest(
+        rid, [1, 2, 3], SamplingParams(max_tokens=4), priority, arrival_time=arrival, queue_timeout=timeout
+    )
 
 
 def busy_rate(per_second: float, seconds: float = 10.0) -> AdmissionRate:

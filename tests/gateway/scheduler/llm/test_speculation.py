@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
+from engines.pytorch.step_layout import is_decode
 from engines.types import EngineInfo, SamplingParams, SequenceStep, StepResult
 from gateway.kv_cache.manager import KVCacheManager
 from gateway.repository.engine_config import SpeculativeSection
 from gateway.scheduler.llm.ngram_draft import NgramIndex
 from tests.char_tokenizer import EOS
-from engines.pytorch.step_layout import is_decode
 from tests.gateway.scheduler.llm.test_step_scheduler import CountingEngine, req, run, scheduler, step, summary
 
 Rule = Callable[[Sequence[int]], int]
@@ -142,7 +142,7 @@ def test_rejected_tokens_are_rolled_back_and_never_cached() -> None:
 
 
 def test_blocks_that_held_only_rejected_tokens_are_given_back() -> None:
-    """"abcdeabc": the step after the prompt verifies [d | e a b c] (what followed "b c d" before), positions 8-12
+    """ "abcdeabc": the step after the prompt verifies [d | e a b c] (what followed "b c d" before), positions 8-12
     over four blocks of 4; counting accepts e and answers f. The next step computes f alone at position 10, in three
     blocks: the fourth, which held only rejected tokens, went back to the pool."""
     engine = VerifyingEngine(lambda context: context[-1] % 26 + 1)
@@ -187,12 +187,15 @@ def test_large_batches_and_unverifiable_requests_get_no_proposals() -> None:
         assert not any(s.num_draft_tokens for step in engine.steps for s in step), kw
 
 
-@pytest.mark.parametrize(("tokens", "expected"), [
-    ([1, 2, 3, 4, 1, 2], [3, 4, 1, 2]),  # "1 2" occurred before: what followed it
-    ([1, 2, 3, 1, 2, 9, 1, 2], [9, 1, 2]),  # the latest earlier occurrence wins; the proposal ends at the end
-    ([5, 6, 7, 8], []),  # nothing repeats
-    ([1, 2, 3, 9, 2, 3, 4, 1, 2, 3], [9, 2, 3, 4]),  # the longest n-gram first ("1 2 3", not "2 3")
-])
+@pytest.mark.parametrize(
+    ("tokens", "expected"),
+    [
+        ([1, 2, 3, 4, 1, 2], [3, 4, 1, 2]),  # "1 2" occurred before: what followed it
+        ([1, 2, 3, 1, 2, 9, 1, 2], [9, 1, 2]),  # the latest earlier occurrence wins; the proposal ends at the end
+        ([5, 6, 7, 8], []),  # nothing repeats
+        ([1, 2, 3, 9, 2, 3, 4, 1, 2, 3], [9, 2, 3, 4]),  # the longest n-gram first ("1 2 3", not "2 3")
+    ],
+)
 def test_ngram_proposals(tokens: list[int], expected: list[int]) -> None:
     index = NgramIndex(1, 3)
     assert index.propose(tokens, 4) == expected
@@ -219,8 +222,11 @@ def test_proposals_stay_within_the_engines_exact_decode_rows() -> None:
     sched = scheduler(engine, max_num_seqs=4, max_num_batched_tokens=32, speculative=SPEC)
     outs = run(sched, engine, *requests())
     assert {rid: (summary(o), [t for x in o for t in x.new_token_ids]) for rid, o in outs.items()} == plain
-    decode_rows = [sum(len(s.token_ids) for s in step if s.num_draft_tokens or len(s.token_ids) == 1)
-                   for step in engine.steps if any(s.num_draft_tokens for s in step)]
+    decode_rows = [
+        sum(len(s.token_ids) for s in step if s.num_draft_tokens or len(s.token_ids) == 1)
+        for step in engine.steps
+        if any(s.num_draft_tokens for s in step)
+    ]
     assert decode_rows and max(decode_rows) <= 7
     assert sched.stats().spec_drafts > 0
 
@@ -248,12 +254,16 @@ def test_admitted_decode_rows_count_against_the_exact_decode_rows() -> None:
         if not sched.has_unfinished():
             break
         outs += step(sched, engine)
-    verifying = [sum(len(s.token_ids) for s in st if is_decode(s)) for st in engine.steps
-                 if any(s.num_draft_tokens for s in st)]
+    verifying = [
+        sum(len(s.token_ids) for s in st if is_decode(s)) for st in engine.steps if any(s.num_draft_tokens for s in st)
+    ]
     assert verifying and max(verifying) <= 7
     assert sched.stats().kv_blocks_used == 0
     got = "".join(o.text for o in outs if o.request_id == "spec")
     plain_engine = VerifyingEngine()
-    plain = run(scheduler(plain_engine, max_num_seqs=8, max_num_batched_tokens=32),
-                plain_engine, req("spec", "abcdefghijklmnopqrstuvwxyzabcde", max_tokens=40))["spec"]
+    plain = run(
+        scheduler(plain_engine, max_num_seqs=8, max_num_batched_tokens=32),
+        plain_engine,
+        req("spec", "abcdefghijklmnopqrstuvwxyzabcde", max_tokens=40),
+    )["spec"]
     assert got == "".join(o.text for o in plain)

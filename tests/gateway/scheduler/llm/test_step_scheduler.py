@@ -65,8 +65,7 @@ def tiny_budget(**fields: object) -> SchedulerConfig:
 def scheduler(engine: CountingEngine, speculative: SpeculativeSection | None = None, **limits: object) -> StepScheduler:
     """A policy over `engine` with the model config's sections; `limits`: fields of `scheduler` and `kv_cache`."""
     kv = {k: limits.pop(k) for k in list(limits) if k in KVCacheConfig.model_fields}
-    return StepScheduler(engine.info, engine.tokenizer, tiny_budget(**limits),
-                         KVCacheConfig(**kv), speculative)  # type: ignore[arg-type]
+    return StepScheduler(engine.info, engine.tokenizer, tiny_budget(**limits), KVCacheConfig(**kv), speculative)  # type: ignore[arg-type]
 
 
 def step(sched: StepScheduler, engine: CountingEngine) -> list[GenerationOutput]:
@@ -224,7 +223,9 @@ def test_finish_all_ends_every_request_once() -> None:
     step(sched, engine)  # a runs, b waits
     outs = sched.finish_all("abort", error="the model was unloaded")
     assert [(o.request_id, o.finish_reason, o.error) for o in outs] == [
-        ("a", "abort", "the model was unloaded"), ("b", "abort", "the model was unloaded")]
+        ("a", "abort", "the model was unloaded"),
+        ("b", "abort", "the model was unloaded"),
+    ]
     assert not sched.has_unfinished() and sched.stats().kv_blocks_used == 0
 
 
@@ -336,8 +337,9 @@ def test_a_held_back_chunk_goes_on_when_the_waiting_request_cannot_be_admitted()
 
 def test_starving_request_is_admitted_ahead_of_higher_priority() -> None:
     engine = CountingEngine()
-    sched = scheduler(engine, max_num_seqs=1, max_num_batched_tokens=64, aging_seconds=1800,
-                      default_timeout_seconds=0)  # waits an hour: no queue timeout
+    sched = scheduler(
+        engine, max_num_seqs=1, max_num_batched_tokens=64, aging_seconds=1800, default_timeout_seconds=0
+    )  # waits an hour: no queue timeout
     low = req("low", "a", priority=9)
     sched.add(low)
     sched.add(req("high", "a", priority=-9))
@@ -364,8 +366,12 @@ def test_requests_sharing_a_prefill_are_admitted_together_once_it_is_committed()
     outs = run(sched, engine, *(req(f"r{i}", system + t, max_tokens=2) for i, t in enumerate(tails)))
     assert all(summary(o)[1] == "length" for o in outs.values())
     leader = next(s.seq_id for s in engine.steps[0])
-    committed = next(i for i, step in enumerate(engine.steps)
-                     for s in step if s.seq_id == leader and s.start_pos + len(s.token_ids) >= len(system))
+    committed = next(
+        i
+        for i, step in enumerate(engine.steps)
+        for s in step
+        if s.seq_id == leader and s.start_pos + len(s.token_ids) >= len(system)
+    )
     first_token = {s.seq_id: i for i, step in reversed(list(enumerate(engine.steps))) for s in step if s.sample}
     assert len(first_token) == 16
     late = {rid: step for rid, step in first_token.items() if step > committed + 2}
@@ -434,8 +440,13 @@ def test_a_row_that_fails_ends_alone_and_the_others_go_on() -> None:
     alone = {f"ok{i}": drain(sched, engine, req(f"solo{i}", "abcdefg"[i:], max_tokens=5)) for i in range(6)}
     grammar = req("bad-grammar", "abc", max_tokens=5)
     grammar.sampling.constraint = Exploding()  # type: ignore[assignment]
-    together = run(sched, engine, *(req(f"ok{i}", "abcdefg"[i:], max_tokens=5) for i in range(6)),
-                   req("bad-sampling", "abc", max_tokens=5), grammar)
+    together = run(
+        sched,
+        engine,
+        *(req(f"ok{i}", "abcdefg"[i:], max_tokens=5) for i in range(6)),
+        req("bad-sampling", "abc", max_tokens=5),
+        grammar,
+    )
     assert any({s.seq_id for s in step} >= set(together) for step in engine.steps), "the eight never shared a step"
     for rid, solo in alone.items():
         assert summary(together[rid]) == solo

@@ -17,8 +17,9 @@ def _under(adapter: AdapterRef | None, rid: str, prompt: str = PROMPT, max_token
 
 
 def _prefilled(engine: CountingEngine, seq_id: str) -> int:
-    return sum(len(s.token_ids) for step in engine.steps for s in step if s.seq_id == seq_id
-               and s.num_output_tokens == 0)
+    return sum(
+        len(s.token_ids) for step in engine.steps for s in step if s.seq_id == seq_id and s.num_output_tokens == 0
+    )
 
 
 def test_rows_carry_their_adapter_and_blocks_are_not_shared_across_adapters() -> None:
@@ -47,7 +48,10 @@ def test_mixed_batch_and_no_shared_prefill_across_adapters() -> None:
         sched.add(r)
     plan = sched.schedule()
     assert sorted((s.seq_id, s.adapter_id, len(s.token_ids)) for s in plan.steps) == [
-        ("b", 0, 17), ("c", 2, 17), ("s", 1, 17)]
+        ("b", 0, 17),
+        ("c", 2, 17),
+        ("s", 1, 17),
+    ]
 
 
 def test_a_session_under_another_adapter_does_not_read_the_pinned_blocks() -> None:

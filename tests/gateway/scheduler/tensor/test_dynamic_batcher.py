@@ -23,12 +23,21 @@ REPO = Path(__file__).resolve().parents[3] / "kserve_repository"
 
 def probe_backend(name: str = "batch_probe", max_batch_size: int = 32) -> PythonBackend:
     backend = PythonBackend()
-    backend.load(TensorModelSpec(
-        name=name, version=1, model_dir=str(REPO / name), version_dir=str(REPO / name / "1"),
-        max_batch_size=max_batch_size,
-        inputs=[TensorSpec("X", "INT64", [1]), TensorSpec("DELAY_MS", "INT32", [1], optional=True)],
-        outputs=[TensorSpec("Y", "INT64", [1]), TensorSpec("ROWS", "INT32", [1]), TensorSpec("REQUESTS", "INT32", [1])],
-    ))
+    backend.load(
+        TensorModelSpec(
+            name=name,
+            version=1,
+            model_dir=str(REPO / name),
+            version_dir=str(REPO / name / "1"),
+            max_batch_size=max_batch_size,
+            inputs=[TensorSpec("X", "INT64", [1]), TensorSpec("DELAY_MS", "INT32", [1], optional=True)],
+            outputs=[
+                TensorSpec("Y", "INT64", [1]),
+                TensorSpec("ROWS", "INT32", [1]),
+                TensorSpec("REQUESTS", "INT32", [1]),
+            ],
+        )
+    )
     return backend
 
 

@@ -6,6 +6,5 @@ class TritonPythonModel:
 
     def execute(self, requests):
         return [
-            {"OUTPUT0": r["INPUT0"] + r["INPUT1"] + self.offset, "OUTPUT1": r["INPUT0"] - r["INPUT1"]}
-            for r in requests
+            {"OUTPUT0": r["INPUT0"] + r["INPUT1"] + self.offset, "OUTPUT1": r["INPUT0"] - r["INPUT1"]} for r in requests
         ]

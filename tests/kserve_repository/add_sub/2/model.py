@@ -3,7 +3,4 @@
 
 class TritonPythonModel:
     def execute(self, requests):
-        return [
-            {"OUTPUT0": r["INPUT0"] + r["INPUT1"] + 100.0, "OUTPUT1": r["INPUT0"] - r["INPUT1"]}
-            for r in requests
-        ]
+        return [{"OUTPUT0": r["INPUT0"] + r["INPUT1"] + 100.0, "OUTPUT1": r["INPUT0"] - r["INPUT1"]} for r in requests]

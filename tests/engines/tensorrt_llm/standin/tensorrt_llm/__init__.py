@@ -100,7 +100,10 @@ class GenerationResult:
         await asyncio.sleep(self.llm.step_seconds)
         out = self.outputs[0]
         out._last_text_len, out._last_token_ids_len, out._last_logprobs_len = (
-            len(out.text), len(out.token_ids), len(out.logprobs))
+            len(out.text),
+            len(out.token_ids),
+            len(out.logprobs),
+        )
         if self.llm.fail_at is not None and len(out.token_ids) == self.llm.fail_at:
             raise self.llm.failure
         if self.aborted:
@@ -146,8 +149,14 @@ class GenerationResult:
 class LLM:
     instances: ClassVar[list[LLM]] = []
 
-    def __init__(self, model: str, tokenizer: str | None = None, reply: str = "The capital of France is Paris.",
-                 step_seconds: float = 0.0, **options: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        tokenizer: str | None = None,
+        reply: str = "The capital of France is Paris.",
+        step_seconds: float = 0.0,
+        **options: Any,
+    ) -> None:
         from transformers import AutoTokenizer
 
         self.model = model
@@ -166,8 +175,9 @@ class LLM:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
-    def generate_async(self, inputs: list[int], sampling_params: SamplingParams | None = None,
-                       streaming: bool = False) -> GenerationResult:
+    def generate_async(
+        self, inputs: list[int], sampling_params: SamplingParams | None = None, streaming: bool = False
+    ) -> GenerationResult:
         if not isinstance(inputs, list) or not all(isinstance(t, int) for t in inputs):
             raise TypeError("the stand-in takes prompt token ids")
         if not streaming:
