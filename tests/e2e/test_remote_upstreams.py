@@ -430,10 +430,13 @@ def test_failover_when_an_upstream_dies_mid_traffic_and_recovery(
     assert len(outcomes) == 4 and 1 <= len(failed) <= 3, outcomes
     assert all("upstream" in o and "retry" in o for o in failed), failed  # a clean error that says what to do
 
-    # New requests all go to the survivor and succeed; the gateway stays ready.
+    # New requests all go to the survivor and succeed; the gateway stays ready. The client's pooled connection sat
+    # idle through the streams, past uvicorn's keep-alive: it may be closed as it is reused, which a client
+    # retries (the SDK's default) without the request having reached the gateway.
     survivor_before = completions_served(upstreams[0])
+    after = client.with_options(max_retries=2)
     for i in range(4):
-        r = client.completions.create(model=REMOTE_MODEL, prompt=f"After the failure {i}:", max_tokens=2)
+        r = after.completions.create(model=REMOTE_MODEL, prompt=f"After the failure {i}:", max_tokens=2)
         assert r.choices[0].finish_reason == "length"
     assert served_since(upstreams[:1], [survivor_before], 4) == [4]
     assert httpx.get(f"{gateway.base_url}/health", timeout=5).status_code == 200
