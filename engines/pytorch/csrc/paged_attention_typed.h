@@ -183,7 +183,7 @@ static void SFX(span)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table, 
     const int64_t row = (int64_t)KVH * D;
     int lo[R];
     for (int r = 0; r < R; r++) lo[r] = t_lo ? t_lo[r] : t_begin;
-    const int first = lo[0] / BS * BS;  /* the first block any row sees */
+    const int first = (t_lo ? t_lo[0] : t_begin) / BS * BS;  /* the first block any row sees */
     for (int t0 = first; t0 < end; t0 += BS) {
         const CFX(T)* kb = kc + (int64_t)table[t0 / BS] * BS * row;
         /* the next block's keys (after the last, the values' first block), a share with every head */
