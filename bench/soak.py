@@ -629,6 +629,8 @@ def start_server(workdir: Path) -> tuple[subprocess.Popen[bytes], Server]:
         "*",
         "--responses-store",
         str(workdir / "r.sqlite3"),
+        "--files-dir",  # its own, so a test run beside the soak does not wait on the soak's files lock
+        str(workdir / "files"),
         "--log-level",
         "warning",
     ]
