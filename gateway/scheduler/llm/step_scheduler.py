@@ -8,10 +8,14 @@ for lack of KV space and the scheduler never waits on itself. A running sequence
 step to a waiting request of higher priority that can be admitted (a chat arriving while batch requests prefill).
 
 Shared prefixes: a request whose next uncached block a running prefill is computing (many chats with one system
-prompt, n>1 choices) is a *follower*: it waits until that prefill commits the block, then reuses it. Followers are
-admitted in the step after the commit, shortest uncached remainder first among equal priority, each remainder whole
-(one that fits a step is never split to fill the current step's leftover budget: its first token would come a step
-later all the same, and the step that carries the others' first tokens would carry its partial work too).
+prompt, n>1 choices) is a *follower*: it waits for that prefill, then reuses the block. Where the engine writes every
+prefill row's keys and values before any prefill row attends (`EngineInfo.prefill_reads_step_writes`), followers are
+admitted in the step that completes their prefix: they take the blocks its prefill chunks write (the leader's last
+chunk, or a leader admitted whole) and their tails ride beside it as prefill rows (a one-token tail would be a decode
+row, which attends before the prefill rows write: it waits a step). Otherwise they are admitted in the step after the
+commit. Followers go shortest uncached remainder first among equal priority, each remainder whole (one that fits a
+step is never split to fill the current step's leftover budget: its first token would come a step later all the
+same, and the step that carries the others' first tokens would carry its partial work too).
 
 With speculative decoding on (the config's `pytorch.speculative`), a decoding sequence's step may carry proposed tokens
 after its last one (speculation.py decides when, ngram_draft.py what); the engine verifies them in the same step,
