@@ -372,8 +372,8 @@ class StepScheduler:
         `written` by this step), the step's first tokens go to as many followers as its budget holds, and the p90
         time to first token is lowest. A request is a follower from the first step it finds a block it needs in
         flight (`computing`), so riders are ordered already in the step that completes their prefix."""
-        if written:
-            for seq in self._waiting:
+        if written:  # as far as a step could admit (the loop below finds the others when it reaches them)
+            for seq in self._waiting[: self._limits.max_num_seqs]:
                 if not seq.follower and seq.num_computed == 0 and self._needs_block_in_flight(seq, computing):
                     seq.follower = True
         slots = [i for i, s in enumerate(self._waiting) if s.follower and s.num_computed == 0]
