@@ -52,6 +52,9 @@ from gateway.scheduler.llm.speculation import SequenceSpeculation, verifiable
 
 log = logging.getLogger("switchyard.scheduler")
 
+# full blocks a step being planned completes, by digest: the block, and its tokens (checked as a cache hit is)
+Written = dict[bytes, tuple[int, tuple[int, ...]]]
+
 
 @dataclass
 class _Sequence:
@@ -281,7 +284,7 @@ class StepScheduler:
             break
         # Full blocks this step's prefill rows complete (digest -> block and its tokens): where the engine lets a
         # prefill row read what another writes in the same step, a follower takes them and rides along.
-        written: dict[bytes, tuple[int, tuple[int, ...]]] = {}
+        written: Written = {}
         if self._info.prefill_reads_step_writes:
             for seq, planned in scheduled:
                 self._note_writes(seq, planned, written)
@@ -364,9 +367,7 @@ class StepScheduler:
             self._fit_drafts(scheduled, limit)
         return scheduled
 
-    def _order_followers(
-        self, now: float, computing: set[bytes], written: dict[bytes, tuple[int, tuple[int, ...]]]
-    ) -> None:
+    def _order_followers(self, now: float, computing: set[bytes], written: Written) -> None:
         """Among waiting followers of equal admission priority, shortest uncached remainder first (in the queue
         positions those followers hold, so nobody else moves): once a shared prefix is complete (in the cache, or
         `written` by this step), the step's first tokens go to as many followers as its budget holds, and the p90
@@ -391,9 +392,7 @@ class StepScheduler:
         for i, seq in zip(slots, followers, strict=True):
             self._waiting[i] = seq
 
-    def _note_writes(
-        self, seq: _Sequence, step: SequenceStep, written: dict[bytes, tuple[int, tuple[int, ...]]]
-    ) -> None:
+    def _note_writes(self, seq: _Sequence, step: SequenceStep, written: Written) -> None:
         """Add to `written` the full blocks that `step`, if it is a prefill row (two or more new tokens, no
         proposals), completes: a block partly computed by an earlier chunk is complete once this step has written
         the rest of it; blocks completed before are committed, in the cache already."""
@@ -405,7 +404,7 @@ class StepScheduler:
         for i in range(step.start_pos // bs, end):
             written.setdefault(hashes[i], (step.block_table[i], tuple(seq.tokens[i * bs : (i + 1) * bs])))
 
-    def _written_run(self, seq: _Sequence, k: int, written: dict[bytes, tuple[int, tuple[int, ...]]]) -> list[int]:
+    def _written_run(self, seq: _Sequence, k: int, written: Written) -> list[int]:
         """The blocks of `written` that hold `seq`'s prompt blocks k, k + 1, ... (k: its first block not in the
         cache), as far as they go, each checked against its own tokens; at least one token is left to compute."""
         bs, blocks = self._kv.block_size, []
@@ -420,9 +419,7 @@ class StepScheduler:
             k += 1
         return blocks
 
-    def _ride(
-        self, seq: _Sequence, written: dict[bytes, tuple[int, tuple[int, ...]]], computing: set[bytes]
-    ) -> list[int]:
+    def _ride(self, seq: _Sequence, written: Written, computing: set[bytes]) -> list[int]:
         """The blocks a waiting follower takes to be admitted in this step: the shared blocks this step completes,
         when its prefix is then complete (none of its later blocks still in flight for a later chunk); else none."""
         if not written:
