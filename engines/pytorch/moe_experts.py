@@ -21,7 +21,6 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 

@@ -25,6 +25,12 @@ depend on the rest of the batch (on CPUs with a tile unit, as for the dense laye
 share its expert, `Linear`'s `prompt_from`). The router runs on `Linear` too: its logits are batch-independent
 (torch's F.linear is not), and within the kernel's last-bit difference from F.linear, so the same experts are
 chosen as transformers chooses except where two experts' probabilities are that close.
+
+In float32 on the kernels, everything after the router's projection is one C call instead (moe_experts.py,
+csrc/moe.c: the same routing, grouping, expert jobs and slot-order sum, with torch.topk's choice among ties), so
+that a decode step runs no torch op between its kernels and the step replay keeps it; this Python block is then
+what that call is checked against (tests/engines/pytorch/layers/test_moe.py), and what bfloat16 models and
+torch's projections run.
 """
 
 from __future__ import annotations

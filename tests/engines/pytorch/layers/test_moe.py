@@ -273,6 +273,35 @@ def test_the_fused_call_reads_only_the_experts_its_rows_chose(family: str, tmp_p
             assert len(unused) == len(block.experts) - config.num_experts_per_tok
 
 
+@pytest.mark.parametrize("build", ["native", "avx2"], indirect=True)
+def test_the_fused_routing_chooses_among_ties_as_torch_topk(build: str, tmp_path: Path) -> None:
+    """csrc/moe.c's top-k against torch.topk on probabilities full of ties (logits from a few levels), on both of
+    torch's algorithms (partial sort where k * 64 <= E, else nth_element and a sort): the same experts in the same
+    order; the weights within the last bits of the softmax's exp."""
+    from engines.pytorch.moe_experts import library
+
+    lib = library(tmp_path)
+    if lib is None:
+        pytest.skip("no C compiler here")
+    gen = torch.Generator().manual_seed(5)
+    for experts, k in [(4, 2), (6, 2), (8, 4), (60, 6), (64, 1), (128, 8), (128, 2), (256, 8), (200, 17)]:
+        for normalize in (True, False):
+            logits = torch.randint(0, 3, (64, experts), generator=gen).float() * 0.5
+            weights, chosen = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), k, dim=-1)
+            if normalize:
+                weights /= weights.sum(dim=-1, keepdim=True)
+            ours = torch.empty(64, k, dtype=torch.int32)
+            our_weights = torch.empty(64, k)
+            assert (
+                lib.moe_route_f32(
+                    logits.data_ptr(), experts, 64, experts, k, int(normalize), ours.data_ptr(), our_weights.data_ptr()
+                )
+                == 0
+            )
+            assert torch.equal(ours.long(), chosen), (experts, k)
+            torch.testing.assert_close(our_weights, weights, rtol=4e-6, atol=0)
+
+
 def _router_logits_choosing(block: SparseMoE, x: torch.Tensor, expert: int) -> torch.Tensor:
     """The router's logits for x with `expert` made every row's first choice."""
     logits = block.router(x).clone()
