@@ -140,6 +140,7 @@ def int8_available(cache_dir: Path | None) -> bool:
 
 _lib: ctypes.CDLL | None = None
 SHARE_MIN_ELEMENTWISE_ROWS = 128  # norms and activations of fewer rows take less than waking a helper
+HEAD_NORM_KERNEL_ROWS = 64  # per-head norms of steps up to this many rows: one kernel call a row (DenseOps)
 
 
 def _signatures() -> Signatures:
@@ -577,6 +578,28 @@ class DenseOps:
             m,
             h,
         )
+        return y
+
+    def rms_norm_heads(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """`module(x)` over each head of x [T, heads, D] (per-head q/k norms: Qwen3, Gemma 3): on the kernel one
+        call per row of up to HEAD_NORM_KERNEL_ROWS rows (a row's heads are D apart; rows are the projection's
+        stride apart), so that a decode step's q/k norms are kernel calls the step replay records; transformers'
+        module on larger steps (the kernel gives its bits either way)."""
+        t, heads, d = x.shape
+        if (
+            self._rms_kernel is None
+            or x.dtype != self._dtype
+            or module.weight.dtype != x.dtype
+            or t > HEAD_NORM_KERNEL_ROWS
+            or x.stride(2) != 1
+        ):
+            return module(x)
+        y = x.new_empty(t, heads, d)
+        w, eps = module.weight.data_ptr(), module.variance_epsilon
+        for i in range(t):  # looked up each call: the step replay's recorder wraps the library's functions
+            getattr(self._lib, self._rms_kernel)(
+                x[i].data_ptr(), x.stride(1), w, eps, y[i].data_ptr(), d, heads, d, None
+            )
         return y
 
     def act_mul(self, act: torch.nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
