@@ -35,7 +35,8 @@ log = logging.getLogger("switchyard.engines.pytorch")
 def _set_torch_threads(kernel_threads: int, budget_threads: int) -> int:
     """torch's intra-op threads: one where our kernels run the step on the budget's threads (torch's ops between
     them are small, and its OpenMP workers would spin on the cores our helpers need right after each op), else the
-    budget (torch's ops are the step). Process-wide, like the helper pool; returns the count set."""
+    budget (torch's ops are the step). Set here for the loading thread and as the default of fresh threads, and again
+    on the step thread before each step (engines/torch_threads.py: the count is per thread); returns the count set."""
     threads = 1 if kernel_threads else budget_threads
     torch.set_num_threads(threads)
     return threads
