@@ -256,3 +256,4 @@ class TensorModelSpec:
     instance_index: int = 0
     decoupled: bool = False
     config: dict[str, Any] = field(default_factory=dict)
+    cpu_threads: int | None = None  # torch threads for the instance's batches (None: the whole CPU budget)

@@ -29,6 +29,7 @@ from prometheus_client.utils import floatToGoString
 from engines.cpu_budget import cpu_budget
 from gateway.http_metrics import EndpointCounts
 from gateway.inference_stats import FAILURE_REASONS
+from gateway.repository.cpu_share_metrics import CpuShareCollector
 from gateway.repository.registry import ModelRegistry
 from gateway.request_metrics import Histogram
 from gateway.scheduler.llm.queue_policy import REJECTION_REASONS
@@ -368,6 +369,7 @@ def build_metrics_registry(
         TritonCollector(models),
         RateLimiterCollector(models, rate_limiter),
         CpuCollector(),
+        CpuShareCollector(models),
     ):
         registry.register(collector)
     if endpoints is not None:

@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 
 from engines.backends.batching import concat_requests, model_file, split_outputs
+from engines.cpu_budget import cpu_budget
 from engines.interface import TensorBackend
+from engines.torch_threads import TorchThreads
 from engines.types import TensorModelSpec
 
 
@@ -21,6 +23,7 @@ class TorchScriptBackend(TensorBackend):
     def __init__(self) -> None:
         self._module: Any = None
         self._spec: TensorModelSpec | None = None
+        self.threads = TorchThreads(1)
 
     def load(self, spec: TensorModelSpec) -> None:
         import torch
@@ -42,6 +45,7 @@ class TorchScriptBackend(TensorBackend):
                 f"'{spec.name}/{spec.version}/{default}' could not be loaded by torch: {str(exc)[:200]}"
             ) from None
         self._spec = spec
+        self.threads = TorchThreads(spec.cpu_threads or cpu_budget().threads)
 
     def execute(self, requests: list[dict[str, Any]]) -> list[Any]:
         import torch
@@ -49,6 +53,7 @@ class TorchScriptBackend(TensorBackend):
         assert self._spec is not None
         batch, sizes = concat_requests(self._spec, requests)
         args = [torch.from_numpy(np.ascontiguousarray(batch[t.name])) for t in self._spec.inputs if t.name in batch]
+        self.threads.enter()  # its share of the CPU, on this batch thread (engines/torch_threads.py)
         with torch.inference_mode():
             result = self._module(*args)
         tensors = list(result) if isinstance(result, (tuple, list)) else [result]

@@ -12,7 +12,8 @@ Parameters: `task` (embed | classify, default embed), `pooling` (mean | cls; def
 `1_Pooling/config.json`, else mean), `normalize` (true | false, default true: L2 normalisation as
 sentence-transformers' Normalize module), `max_length` (tokens per text; longer texts are truncated, as
 sentence-transformers does; default its `max_seq_length`, else the tokenizer's limit, at most 512), `dtype`
-(float32 | bfloat16). All rows of all requests in a batch go through one padded forward pass.
+(float32 | bfloat16). All rows of all requests in a batch go through one padded forward pass, on the model's share of
+the CPU (`cpu_threads`: torch threads set on the batch's thread, engines/torch_threads.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from engines.cpu_budget import cpu_budget
 from engines.interface import TensorBackend
+from engines.torch_threads import TorchThreads
 from engines.types import TensorModelSpec, TensorSpec
 
 
@@ -48,6 +51,7 @@ class TransformersBackend(TensorBackend):
         self._normalize = True
         self._max_length = 512
         self._described: dict[str, Any] = {}
+        self.threads = TorchThreads(1)
 
     def load(self, spec: TensorModelSpec) -> None:
         import torch
@@ -78,6 +82,7 @@ class TransformersBackend(TensorBackend):
         default_len = _read_json(folder / "sentence_bert_config.json").get("max_seq_length", limit)
         self._max_length = min(int(params.get("max_length", default_len)), limit)
         self._spec = spec
+        self.threads = TorchThreads(spec.cpu_threads or cpu_budget().threads)
         width = config.num_labels if self._task == "classify" else config.hidden_size
         out_name = "LOGITS" if self._task == "classify" else "EMBEDDING"
         self._described = {
@@ -151,6 +156,7 @@ class TransformersBackend(TensorBackend):
         import torch
 
         batch = self._tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt")
+        self.threads.enter()  # its share of the CPU, on this batch thread (engines/torch_threads.py)
         with torch.inference_mode():
             out = self._model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
             if self._task == "classify":

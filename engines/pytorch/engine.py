@@ -26,6 +26,7 @@ from engines.pytorch.models import check_supported
 from engines.pytorch.sampler import greedy_result, plain_greedy, sample
 from engines.pytorch.step_layout import row_order
 from engines.pytorch.weight_memory import float_weights, runner_weights
+from engines.torch_threads import TorchThreads
 from engines.types import AdapterRef, EngineInfo, SequenceStep, StepResult
 
 log = logging.getLogger("switchyard.engines.pytorch")
@@ -34,7 +35,8 @@ log = logging.getLogger("switchyard.engines.pytorch")
 def _set_torch_threads(kernel_threads: int, budget_threads: int) -> int:
     """torch's intra-op threads: one where our kernels run the step on the budget's threads (torch's ops between
     them are small, and its OpenMP workers would spin on the cores our helpers need right after each op), else the
-    budget (torch's ops are the step). Process-wide, like the helper pool; returns the count set."""
+    budget (torch's ops are the step). Set here for the loading thread and as the default of fresh threads, and again
+    on the step thread before each step (engines/torch_threads.py: the count is per thread); returns the count set."""
     threads = 1 if kernel_threads else budget_threads
     torch.set_num_threads(threads)
     return threads
@@ -110,6 +112,8 @@ class PyTorchEngine(StepEngine):
             kv_cache_dtype=None if kv_cache_dtype == "auto" else getattr(torch, kv_cache_dtype),
         )
         torch_threads = _set_torch_threads(self._runner.kernel_threads, budget.threads)
+        self.cpu_threads = budget.threads  # its share of the CPU (switchyard_model_cpu_threads)
+        self.torch_threads = TorchThreads(torch_threads)  # set again on the step thread (torch_threads.py)
         log.info(
             "native engine: CPU budget %d thread%s (%s): our kernels on %d, torch ops on %d",
             budget.threads,
@@ -182,6 +186,7 @@ class PyTorchEngine(StepEngine):
         return gen
 
     def execute(self, batch: Sequence[SequenceStep]) -> StepResult:
+        self.torch_threads.enter()  # this step thread's own count, whatever another model set as the default
         sampling_steps = [s for s in row_order(batch) if s.sample]  # the order of the runner's logits
         # A request with a seed reproduces whatever its batch: its step keeps decode rows off the tile unit, whose
         # bits differ from the register kernels' (only steps of more than 16 decode rows would use it; linear.py).

@@ -1,11 +1,17 @@
-"""What /api/tags, /api/show and /api/ps say of a served model, read from its weights' files without loading them.
+"""What /api/tags, /api/show and /api/ps say of a model, loaded or not, read from its weights' files without loading
+them.
 
 * A GGUF file: its header (engines/pytorch/gguf_file.py): `model_info` is its metadata as Ollama shows it (arrays
   such as the vocabulary as `[]`, as Ollama does without `verbose`), the family its architecture, the parameter count
   the sum of its tensors' sizes, the quantization its `general.file_type` (Q4_1, Q8_0, ...).
 * A Hugging Face folder: `config.json` (`model_type`, sizes, in the GGUF key names Ollama uses) and the safetensors
   headers (parameter count, dtype).
-* Anything else (a vLLM model named by its Hub id, a remote upstream, an ONNX file): what the loaded model knows.
+* Anything else (a vLLM model named by its Hub id, a remote upstream, an ONNX file): what the loaded model knows
+  (for a model not loaded: its config file's time).
+
+The chat template comes from the same files (the GGUF's `tokenizer.chat_template`, else the folder's
+`chat_template.jinja` or `tokenizer_config.json`), so a model that is not loaded shows its template and whether it
+reasons.
 
 `size` is the weights' bytes on disk; `digest` a SHA-256 of the model folder's fingerprint and the weights' names,
 sizes and modification times (not of their content: hashing gigabytes per listing would stall the server).
@@ -27,7 +33,7 @@ from typing import Any
 from gateway.errors import ConfigError
 from gateway.repository.layout import find_model_dir, folder_fingerprint, resolve_source
 from gateway.repository.loaded_model import LoadedLLM, LoadedModel
-from gateway.repository.model_config import ModelConfig
+from gateway.repository.model_config import AnyModelConfig, ModelConfig
 
 log = logging.getLogger("switchyard.ollama")
 
@@ -58,6 +64,7 @@ class Facts:
     digest: str = ""
     source: str = ""  # where the weights are, as the config says
     info: dict[str, Any] = field(default_factory=dict)  # model_info
+    chat_template: str = ""  # the files' chat template (GGUF metadata, tokenizer_config.json, chat_template.jinja)
 
 
 def parameter_size(count: int | None) -> str:
@@ -71,12 +78,11 @@ def parameter_size(count: int | None) -> str:
     return str(count)
 
 
-def _weights(root: Path, model: LoadedModel) -> tuple[Path, Path, str] | None:
+def _weights(root: Path, name: str, config: AnyModelConfig) -> tuple[Path, Path, str] | None:
     """(config file, weights file or folder, the source as configured), or None when they are not local files."""
-    folder = find_model_dir(root, model.folder) if model.folder else None
+    folder = find_model_dir(root, name) if name else None
     if folder is None:
         return None
-    config = model.config
     source = config.model.source
     if isinstance(config, ModelConfig) and config.backend == "remote":
         return None
@@ -115,6 +121,7 @@ def _gguf_facts(path: Path) -> dict[str, Any]:
         "parameter_count": count,
         "quantization": quantization,
         "info": dict(sorted(info.items())),
+        "chat_template": str(layout.fields.get("tokenizer.chat_template") or ""),
     }
 
 
@@ -145,7 +152,22 @@ def _hf_facts(files: list[Path]) -> dict[str, Any]:
         "parameter_count": count or None,
         "quantization": quantization,
         "info": info,
+        "chat_template": _hf_template(files),
     }
+
+
+def _hf_template(files: list[Path]) -> str:
+    """A Hugging Face folder's chat template: chat_template.jinja, else tokenizer_config.json's (named templates
+    joined, as chat_template.template_text does)."""
+    by_name = {f.name: f for f in sorted(files, key=lambda f: -len(f.parts))}  # the shallowest file of each name
+    if "chat_template.jinja" in by_name:
+        return by_name["chat_template.jinja"].read_text()
+    if "tokenizer_config.json" not in by_name:
+        return ""
+    template = json.loads(by_name["tokenizer_config.json"].read_text()).get("chat_template")
+    if isinstance(template, list):
+        return "\n".join(str(t.get("template", "")) for t in template if isinstance(t, dict))
+    return template if isinstance(template, str) else ""
 
 
 def _format_of(files: list[Path]) -> str:
@@ -184,28 +206,53 @@ def _read(config_file: Path, path: Path, source: str, stamp: tuple[Any, ...]) ->
         digest=digest,
         source=source,
         info=read.get("info", {}),
+        chat_template=read.get("chat_template", ""),
     )
 
 
 def read_facts(root: Path, model: LoadedModel) -> Facts:
-    """The model's facts (blocking: file system reads; call off the event loop)."""
+    """A loaded model's facts (blocking: file system reads; call off the event loop)."""
+    facts = _read_files(root, model.folder, model.config)
+    if facts is None:
+        return _served_facts(model)
+    if isinstance(model, LoadedLLM) and not facts.family:
+        facts = dataclasses.replace(facts, family=model.scheduler.info.model_type)
+    return facts
+
+
+def read_folder_facts(root: Path, folder: str, config: AnyModelConfig) -> Facts:
+    """The facts of a model that is not loaded, from its folder's files only (blocking)."""
+    facts = _read_files(root, folder, config)
+    if facts is not None:
+        return facts
+    modified = _config_time(root, folder)
+    return Facts(digest=hashlib.sha256(f"{folder}:{modified}".encode()).hexdigest(), modified=modified)
+
+
+def _config_time(root: Path, folder: str) -> float:
     try:
-        found = _weights(root, model)
+        found = find_model_dir(root, folder)
+        return found.config_path.stat().st_mtime if found is not None else 0.0
+    except (OSError, ValueError):
+        return 0.0
+
+
+def _read_files(root: Path, folder: str, config: AnyModelConfig) -> Facts | None:
+    """The facts the weights' files tell, or None when they are not local files or cannot be read."""
+    try:
+        found = _weights(root, folder, config)
         if found is None:
-            return _served_facts(model)
+            return None
         config_file, path, source = found
         files = _files(path)
         stamp = (
             folder_fingerprint(config_file.parent),
             *((str(f), f.stat().st_size, f.stat().st_mtime) for f in [config_file, *files]),
         )
-        facts = _read(config_file, path, source, stamp)
+        return _read(config_file, path, source, stamp)
     except (ConfigError, OSError, ValueError) as exc:
-        log.info("ollama: model '%s': weights not read (%s)", model.name, type(exc).__name__)
-        return _served_facts(model)
-    if isinstance(model, LoadedLLM) and not facts.family:
-        facts = dataclasses.replace(facts, family=model.scheduler.info.model_type)
-    return facts
+        log.info("ollama: model '%s': weights not read (%s)", folder, type(exc).__name__)
+        return None
 
 
 def _served_facts(model: LoadedModel) -> Facts:

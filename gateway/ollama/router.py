@@ -26,8 +26,9 @@ from gateway.ollama.catalog import ps_entry, show_body, tag_entry, thinks
 from gateway.ollama.convert import chat_request, generate_request
 from gateway.ollama.embed import embed_prompt, embed_texts, embedder
 from gateway.ollama.keep_alive import control_refusal, load_folder, parse_keep_alive, unload_after
-from gateway.ollama.lookup import LATEST, OllamaModelNotFoundError, acquire, find, served, text_model
-from gateway.ollama.model_facts import Facts, read_facts
+from gateway.ollama.listing import Listed, find_listed, listed_models
+from gateway.ollama.lookup import LATEST, OllamaModelNotFoundError, acquire, find, text_model
+from gateway.ollama.model_facts import Facts, read_facts, read_folder_facts
 from gateway.ollama.options import read_options
 from gateway.ollama.protocol import (
     ChatRequest,
@@ -70,12 +71,19 @@ def _principal(request: Request) -> Principal:
     return getattr(request.state, "principal", ANONYMOUS)
 
 
-async def _facts(request: Request, model: LoadedModel) -> Facts:
-    return await asyncio.to_thread(read_facts, _control(request).root, model)
+async def _facts(request: Request, item: Listed) -> Facts:
+    root = _control(request).root
+    if item.entry is not None:
+        return await asyncio.to_thread(read_facts, root, item.entry)
+    return await asyncio.to_thread(read_folder_facts, root, item.folder, item.config)
 
 
-def _served_models(request: Request) -> list[LoadedModel]:
-    return sorted((m for m in _registry(request).all_models() if served(m)), key=lambda m: m.name)
+def _listed(request: Request, name: str) -> Listed:
+    """The model `name` names, loaded or not (never loaded by this lookup); Ollama's 404 otherwise."""
+    item = find_listed(_control(request), name)
+    if item is None:
+        raise OllamaModelNotFoundError(name)
+    return item
 
 
 # ---------------------------------------------------------------------- server
@@ -97,16 +105,25 @@ async def version() -> dict[str, str]:
 
 @router.get("/api/tags")
 async def tags(request: Request) -> dict[str, Any]:
-    models = _served_models(request)
-    facts = await asyncio.gather(*(_facts(request, m) for m in models))
-    return {"models": [tag_entry(m, f) for m, f in zip(models, facts, strict=True)]}
+    """Every model a request may name, loaded or loading on request (Ollama's local models)."""
+    items = listed_models(_control(request))
+    facts = await asyncio.gather(*(_facts(request, item) for item in items))
+    return {"models": [tag_entry(item.name, f) for item, f in zip(items, facts, strict=True)]}
 
 
 @router.get("/api/ps")
 async def ps(request: Request) -> dict[str, Any]:
-    models = _served_models(request)
-    facts = await asyncio.gather(*(_facts(request, m) for m in models))
-    return {"models": [ps_entry(m, f) for m, f in zip(models, facts, strict=True)]}
+    """The loaded models, each with when it unloads if no request comes."""
+    items = [item for item in listed_models(_control(request)) if item.entry is not None]
+    facts = await asyncio.gather(*(_facts(request, item) for item in items))
+    residency = _control(request).residency
+    return {
+        "models": [
+            ps_entry(item.entry, f, residency.seconds_left(item.folder))
+            for item, f in zip(items, facts, strict=True)
+            if item.entry is not None
+        ]
+    }
 
 
 def _target(body: ModelRequest) -> str:
@@ -115,25 +132,18 @@ def _target(body: ModelRequest) -> str:
     return body.target
 
 
-async def _served_model(request: Request, name: str) -> LoadedModel:
-    model = await acquire(_registry(request), name)
-    if not served(model):
-        raise OllamaModelNotFoundError(name)
-    return model
-
-
 @router.post("/api/show")
 async def show(body: ModelRequest, request: Request) -> dict[str, Any]:
-    model = await _served_model(request, _target(body))
-    return show_body(model, await _facts(request, model))
+    """A model's details, from its config and files: a model that is not loaded stays so, as on Ollama."""
+    item = _listed(request, _target(body))
+    return show_body(item, await _facts(request, item))
 
 
 @router.post("/api/pull")
 async def pull(body: ModelRequest, request: Request) -> Response:
     """A model that is served is there already: success, as Ollama answers a pull of a model it has."""
     name = _target(body)
-    model = find(_registry(request), name)
-    if model is None or not served(model):
+    if find_listed(_control(request), name) is None:
         raise NotFoundError(
             f"model '{name[:256]}' not found, and it cannot be pulled: {REPOSITORY}; add it there", param="model"
         )
@@ -161,13 +171,13 @@ async def create(body: ModelRequest) -> Response:
 
 @router.delete("/api/delete")
 async def delete(body: ModelRequest, request: Request) -> Response:
-    await _served_model(request, _target(body))
+    _listed(request, _target(body))
     raise _not_here("delete (remove the model's folder from the repository, or unload it with the repository API)")
 
 
 @router.post("/api/copy")
 async def copy(body: CopyRequest, request: Request) -> Response:
-    await _served_model(request, body.source)
+    _listed(request, body.source)
     raise _not_here("copy (to serve a model under another name, set served_model_name in its config)")
 
 

@@ -67,17 +67,19 @@ def build_model(
     models: ModelRegistry,
     rate_limiter: RateLimiter | None = None,
     lora_dirs: tuple[Path, ...] = (),
+    cpu_threads: int | None = None,
 ) -> LoadedModel:
     """Load one model (blocking): an LLM's engine and scheduler (and its LoRA adapters), or a tensor model's backend
     instances behind their batcher (`models`: where an ensemble finds the models it calls; `rate_limiter`: the
-    server's, or None; `lora_dirs`: folders adapters may be loaded from besides the model's)."""
+    server's, or None; `lora_dirs`: folders adapters may be loaded from besides the model's; `cpu_threads`: a tensor
+    model's share of the CPU budget, cpu_plan.py; an LLM's is its `pytorch.gemm_threads`)."""
     started = time.monotonic()
     if isinstance(config, TensorModelConfig):
         from gateway.tensor.model import TensorModel
         from gateway.tensor.schedulers import scheduler_factory
 
         log.info("loading model '%s' (backend %s)", model.name, config.resolved_backend)
-        tensor = TensorModel(model, config, rate_limiter)
+        tensor = TensorModel(model, config, rate_limiter, cpu_threads)
         tensor.load(scheduler_factory(models.find_tensor))
         entry = LoadedTensorModel(
             name=model.name, config=config, tensor=tensor, folder=model.name, load_seconds=time.monotonic() - started

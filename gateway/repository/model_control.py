@@ -40,6 +40,7 @@ from gateway.errors import (
 )
 from gateway.heap import collect_retired
 from gateway.repository.builder import build_model
+from gateway.repository.cpu_plan import cpu_share
 from gateway.repository.layout import (
     ModelDir,
     find_model_dir,
@@ -213,8 +214,9 @@ class ModelControl:
         self.refresh_catalog()
 
     def _build(self, model: ModelDir, config: AnyModelConfig) -> LoadedModel:
-        """Load one model (blocking)."""
-        return build_model(model, config, self.cache_dir, self.models, self.rate_limiter, self.lora_dirs)
+        """Load one model (blocking), on its share of the CPU budget among the repository's models."""
+        share = cpu_share(scan_repository(self.root) if self.root.is_dir() else [], model.name, config)
+        return build_model(model, config, self.cache_dir, self.models, self.rate_limiter, self.lora_dirs, share)
 
     def load_all(self) -> list[LoadedModel]:
         """Load each startup model's weights and build its scheduler (blocking; call off the event loop).

@@ -535,6 +535,17 @@ class Residency:
 
     # ------------------------------------------------------------------ what the listings show
 
+    def seconds_left(self, folder: str) -> float | None:
+        """How long until the loaded `folder` unloads if no request comes: its keep-alive less its idle time (the
+        whole keep-alive while busy: its clock restarts when the last request lets it go); None: pinned, or not
+        tracked (never unloaded automatically)."""
+        r = self.resident.get(folder)
+        if r is None or r.pinned:
+            return None
+        if self.is_busy(r):
+            return r.keep_alive
+        return max(0.0, r.keep_alive - (self.clock() - r.last_used))
+
     def describe(self, folder: str) -> dict[str, Any]:
         """A folder's residency for /v1/models and the console: counted bytes, keep-alive and when it expires."""
         r = self.resident.get(folder)

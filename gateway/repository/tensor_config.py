@@ -382,6 +382,13 @@ class TensorModelConfig(_Strict, LifecycleFields):
     # Switchyard extensions.
     model: TensorSource = TensorSource()
     owned_by: str = "switchyard"
+    cpu_threads: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="Backends transformers and pytorch: the model's share of the CPU, the torch threads each "
+        "instance runs its batches on. Default: the CPU budget (docs/cpu.md#threads-per-model).",
+    )
 
     @model_validator(mode="before")
     @classmethod

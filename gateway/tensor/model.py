@@ -80,8 +80,16 @@ class TensorVersion:
 class TensorModel:
     """A tensor model as served: `versions` by number, metadata, config and validated inference."""
 
-    def __init__(self, model_dir: ModelDir, config: TensorModelConfig, limiter: RateLimiter | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: ModelDir,
+        config: TensorModelConfig,
+        limiter: RateLimiter | None = None,
+        cpu_threads: int | None = None,
+    ) -> None:
+        """`cpu_threads`: the model's share of the CPU budget (gateway/repository/cpu_plan.py), or None."""
         self.name = model_dir.name
+        self.cpu_threads = cpu_threads
         self.limiter = limiter  # the server's rate limiter (--rate-limit execution_count), or None
         self.dir = model_dir
         self.config = config
@@ -122,6 +130,7 @@ class TensorModel:
             instance_index=index,
             decoupled=self.config.decoupled,
             config=config_json(self.name, self.config, _specs(self.config.input), _specs(self.config.output)),
+            cpu_threads=self.cpu_threads,
         )
 
     def load(self, make_scheduler: Callable[[TensorModel, TensorVersion], Any] | None = None) -> None:

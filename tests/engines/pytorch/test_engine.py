@@ -7,6 +7,7 @@ import torch
 
 from engines.pytorch import linear
 from engines.pytorch.engine import PyTorchEngine
+from engines.torch_threads import TorchThreads
 from engines.types import EngineInfo, SamplingParams, SequenceStep
 
 
@@ -31,6 +32,7 @@ def _engine() -> tuple[PyTorchEngine, _Runner]:
     runner = _Runner()
     engine._runner, engine._argmax, engine._generators, engine._int8 = runner, None, {}, False
     engine._info = EngineInfo("fake", "float32", 64, 8, [0], 16, 64, 1)
+    engine.torch_threads = TorchThreads(torch.get_num_threads())
     return engine, runner
 
 

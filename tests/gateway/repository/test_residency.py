@@ -267,6 +267,8 @@ async def test_keep_alive_expiry_on_the_injected_clock(tmp_path: Path, clock: Cl
     use = open_use()
     await control.models.acquire("b")  # b is in use past its keep-alive: it stays
     clock.now += 59
+    left = control.residency.seconds_left
+    assert (left("a"), left("b"), left("pinned"), left("nope")) == (1.0, 60.0, None, None)  # busy: all of it
     assert await control.residency.expire_idle() == []
     clock.now += 2
     assert await control.residency.expire_idle() == ["a"]
