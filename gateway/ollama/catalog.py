@@ -13,11 +13,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from gateway.errors import InternalError
+from gateway.llm.template_support import template_text
 from gateway.ollama.lookup import embeds
 from gateway.ollama.model_facts import Facts, parameter_size
-from gateway.openai.chat_template import template_text
-from gateway.openai.reasoning import AUTO, reasoning_parser_for
 from gateway.repository.loaded_model import LoadedLLM, LoadedModel
 
 NEVER = timedelta(microseconds=(2**63 - 1) // 1000)  # Ollama's expiry for keep_alive < 0 (about 292 years)
@@ -29,12 +27,7 @@ def timestamp(seconds: float) -> str:
 
 def thinks(model: LoadedLLM) -> bool:
     """Whether the model's answers are split into reasoning and content (its reasoning parser)."""
-    setting = str((model.config.parameters or {}).get("reasoning_parser", AUTO))
-    try:
-        template = template_text(model.scheduler.tokenizer) if setting == AUTO else None
-        return reasoning_parser_for(setting, template) is not None
-    except InternalError:
-        return False
+    return model.parsers.reasoning is not None
 
 
 def capabilities(model: LoadedModel) -> list[str]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.openai.tool_parsers.base import args_object, json_objects
-from gateway.openai.tool_parsers.region import RegionParser
+from gateway.llm.tool_parsers.base import args_object, json_objects
+from gateway.llm.tool_parsers.region import RegionParser
 
 OPEN, CLOSE = "<|tool_call|>", "<|/tool_call|>"
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 
-from gateway.openai.tool_parsers.base import partial_suffix
+from gateway.llm.tool_parsers.base import partial_suffix
 
 MESSAGE = "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")

@@ -8,7 +8,7 @@ from abc import abstractmethod
 from typing import Any
 
 from gateway.llm.grammar_compiler import lark_json
-from gateway.openai.tool_parsers.base import (
+from gateway.llm.tool_parsers.base import (
     MAX_PARALLEL_CALLS,
     ParsedCall,
     StreamEvent,

@@ -9,14 +9,14 @@ import json
 import re
 from typing import Any
 
-from gateway.openai.tool_parsers.base import (
+from gateway.llm.tool_parsers.base import (
     ParsedCall,
     args_object,
     json_objects,
     partial_object_call,
     resolve_name,
 )
-from gateway.openai.tool_parsers.region import RegionParser
+from gateway.llm.tool_parsers.region import RegionParser
 
 MARKER = "[TOOL_CALLS]"
 _NAMED = re.compile(r"\s*([^\s\[\]{}]+)(?:\[CALL_ID\][A-Za-z0-9]*)?\[ARGS\]")

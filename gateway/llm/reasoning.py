@@ -2,11 +2,11 @@
 DeepSeek-R1 and its distills) or gpt-oss's `analysis` channel (harmony.py) becomes the message's `reasoning_content`
 (and vLLM's newer `reasoning`), the rest its `content`.
 
-A parser is chosen per model with `parameters.reasoning_parser`: `auto` (the default: `openai_gptoss` when the chat
-template writes harmony's `<|channel|>`, `qwen3` when it writes `<think>`, else none), `none`, `qwen3`,
-`deepseek_r1` or `openai_gptoss`. Whether the answer starts inside the reasoning is
-read from the prompt: DeepSeek-R1's template (and Qwen3's thinking-only ones) end the prompt with an open
-`<think>`, and the model then writes only the closing tag. `deepseek_r1` assumes that always, as vLLM's does. An
+A parser is chosen per model, once when it loads (gateway/llm/parsers.py), with `parameters.reasoning_parser`:
+`auto` (the default: `openai_gptoss` when the chat template writes harmony's `<|channel|>`, `qwen3` when it writes
+`<think>`, else none), `none`, `qwen3`, `deepseek_r1` or `openai_gptoss`. Whether the answer starts inside the
+reasoning is read from the prompt: DeepSeek-R1's template (and Qwen3's thinking-only ones) end the prompt with an
+open `<think>`, and the model then writes only the closing tag. `deepseek_r1` assumes that always, as vLLM's does. An
 answer cut before its `</think>` is all reasoning.
 """
 
@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from engines.interface import Tokenizer
 from gateway.errors import InternalError
-from gateway.openai.chat_template import template_text
-from gateway.openai.harmony import HarmonyStreamer
-from gateway.openai.tool_parsers.base import partial_suffix
+from gateway.llm.harmony import HarmonyStreamer
+from gateway.llm.tool_parsers.base import partial_suffix
 
 OPEN, CLOSE = "<think>", "</think>"
 AUTO, NONE = "auto", "none"
@@ -164,11 +163,11 @@ class Reasoning:
         return self.parser.streamer(self.starts_open)
 
 
-def reasoning_for(config: Any, tokenizer: Tokenizer, prompt: list[int], guided: bool) -> Reasoning | None:
-    """The model's reasoning parser (`parameters.reasoning_parser` of its config) for this prompt, unless the answer
-    is grammar-constrained (the grammar leaves no room to reason)."""
-    setting = str((getattr(config, "parameters", None) or {}).get("reasoning_parser", AUTO))
-    parser = reasoning_parser_for(setting, template_text(tokenizer) if setting == AUTO else None)
+def reasoning_for(
+    parser: ReasoningParser | None, tokenizer: Tokenizer, prompt: list[int], guided: bool
+) -> Reasoning | None:
+    """How this prompt's answers are split by the model's reasoning parser (`ModelParsers.reasoning`), unless the
+    answer is grammar-constrained (the grammar leaves no room to reason)."""
     if parser is None or guided:
         return None
     return Reasoning(parser, parser.starts_open(tokenizer.decode(prompt[-8:], skip_special_tokens=False)))

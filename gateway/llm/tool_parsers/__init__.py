@@ -1,7 +1,7 @@
 """Tool-call dialects: how a model family writes calls, read back into OpenAI `tool_calls` (whole and streamed).
 
 A dialect is chosen per model with `parameters.tool_parser` in its config, as vLLM's `--tool-call-parser`; `auto`
-(the default) picks it from the model's chat template (`detect`):
+(the default) picks it from the model's chat template (`detect`), once when the model loads (gateway/llm/parsers.py):
 
 * `hermes`: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` (Hermes, Qwen 2.5 / 3, and the dialect
   tools are described in for templates that ignore `tools`: SmolLM2, Gemma, Phi-3).
@@ -17,7 +17,8 @@ ignore `tools` / `tool_calls`, and gives the Lark grammar that forces its own fo
 
 from __future__ import annotations
 
-from gateway.openai.tool_parsers.base import (
+from gateway.errors import InternalError
+from gateway.llm.tool_parsers.base import (
     MAX_PARALLEL_CALLS,
     ParsedCall,
     StreamEvent,
@@ -27,10 +28,10 @@ from gateway.openai.tool_parsers.base import (
     content_of,
     new_call_id,
 )
-from gateway.openai.tool_parsers.hermes import HermesParser
-from gateway.openai.tool_parsers.json_calls import JsonParser, Llama3JsonParser
-from gateway.openai.tool_parsers.mistral import MistralParser
-from gateway.openai.tool_parsers.phi4_mini import Phi4MiniParser
+from gateway.llm.tool_parsers.hermes import HermesParser
+from gateway.llm.tool_parsers.json_calls import JsonParser, Llama3JsonParser
+from gateway.llm.tool_parsers.mistral import MistralParser
+from gateway.llm.tool_parsers.phi4_mini import Phi4MiniParser
 
 PARSERS: dict[str, ToolParser] = {
     p.name: p for p in (HermesParser(), Llama3JsonParser(), MistralParser(), Phi4MiniParser(), JsonParser())
@@ -58,6 +59,15 @@ def detect(chat_template: str | None) -> str:
     return FALLBACK
 
 
+def tool_parser_for(setting: str, chat_template: str | None) -> ToolParser:
+    """The model's dialect from `parameters.tool_parser` (`auto`: the one its chat template implies)."""
+    name = detect(chat_template) if setting == AUTO else setting
+    parser = PARSERS.get(name)
+    if parser is None:
+        raise InternalError(f"the model's tool parser is misconfigured; use one of {sorted([AUTO, *PARSERS])}")
+    return parser
+
+
 __all__ = [
     "AUTO",
     "MAX_PARALLEL_CALLS",
@@ -75,4 +85,5 @@ __all__ = [
     "content_of",
     "detect",
     "new_call_id",
+    "tool_parser_for",
 ]

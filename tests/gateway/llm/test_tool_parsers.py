@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from gateway.openai.tool_parsers import HermesParser, JsonParser, ToolCallDelta, content_of
+from gateway.llm.tool_parsers import HermesParser, JsonParser, ToolCallDelta, content_of
 
 NAMES = {"get_weather", "get_time"}
 HERMES = HermesParser()

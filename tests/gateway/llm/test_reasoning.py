@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from gateway.errors import InternalError
-from gateway.openai.reasoning import PARSERS, Split, reasoning_parser_for
+from gateway.llm.reasoning import PARSERS, Split, reasoning_parser_for
 
-TEMPLATES = Path(__file__).parent / "templates"
+TEMPLATES = Path(__file__).parents[1] / "openai" / "templates"  # the families' chat templates, shared
 QWEN3 = PARSERS["qwen3"]
 
 # (answer, whether the prompt opened <think>, reasoning, content)

@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from gateway.llm.grammar_compiler import lark_json
-from gateway.openai.tool_parsers.base import (
+from gateway.llm.tool_parsers.base import (
     MAX_PARALLEL_CALLS,
     ParsedCall,
     StreamEvent,
@@ -25,7 +25,7 @@ from gateway.openai.tool_parsers.base import (
     partial_object_call,
     tools_json_lines,
 )
-from gateway.openai.tool_parsers.region import RegionParser
+from gateway.llm.tool_parsers.region import RegionParser
 
 
 class JsonParser(ToolParser):

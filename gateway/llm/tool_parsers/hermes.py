@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from gateway.llm.grammar_compiler import lark_json
-from gateway.openai.tool_parsers.base import (
+from gateway.llm.tool_parsers.base import (
     MAX_PARALLEL_CALLS,
     ParsedCall,
     StreamEvent,
