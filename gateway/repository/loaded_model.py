@@ -14,10 +14,10 @@ from typing import ClassVar, Protocol
 
 from engines.interface import AsyncGenerateEngine
 from gateway.errors import NotFoundError
-from gateway.inference_stats import ModelStats
 from gateway.llm.grammar_compiler import GuidedDecoder
 from gateway.llm.parsers import ModelParsers, model_parsers
 from gateway.llm.template_support import TemplateSupport, template_support, template_text
+from gateway.observability.inference_stats import ModelStats
 from gateway.repository.model_config import AnyModelConfig, ModelConfig
 from gateway.repository.serving import InFlight, ServingScheduler
 from gateway.repository.tensor_config import TensorModelConfig

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.ids import random_hex
+from gateway.http.ids import random_hex
 
 MAX_PARALLEL_CALLS = 16
 

@@ -12,8 +12,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from engines.types import GenerationOutput, GenerationRequest, SamplingParams
-from gateway import tracing
-from gateway.request_metrics import LLMRequestStats
+from gateway.observability import tracing
+from gateway.observability.request_metrics import LLMRequestStats
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from gateway.ids import random_hex
+from gateway.http.ids import random_hex
 
 
 def test_random_hex_is_32_hex_digits_and_does_not_repeat() -> None:

@@ -4,7 +4,7 @@ Every LLM request (/v1 chat and completions, v2 generate and infer over HTTP and
 `LLMScheduler.generate`, whatever the engine (native, vLLM, TensorRT-LLM, remote), so wrapping that one stream
 (`LLMRequestStats.observe`) sees arrival, admission, each token and the finish for all of them. The scheduler adds
 one call, `scheduled`, when a request leaves its queue. Numbers are plain ints and floats touched only on the event
-loop (no locks); `gateway/metrics.py` reads them at scrape time. Triton's per-model counters go into the KServe
+loop (no locks); `metrics.py` reads them at scrape time. Triton's per-model counters go into the KServe
 `ModelStats`, so `/v2/models/{m}/stats` and the `nv_*` metrics agree for LLMs as they do for tensor models.
 
 Semantics follow vLLM: time to first token and end-to-end latency run from arrival; queue time from arrival to
@@ -25,10 +25,10 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from engines.types import GenerationOutput, GenerationRequest
-from gateway import tracing
-from gateway.inference_stats import ModelStats, failure_reason
 from gateway.keys import context as key_context
-from gateway.rate_limit import charge_tokens
+from gateway.keys.rate_limit import charge_tokens
+from gateway.observability import tracing
+from gateway.observability.inference_stats import ModelStats, failure_reason
 
 # vLLM's default buckets (vllm/v1/metrics/buckets.py), so dashboards built for vLLM read ours unchanged.
 TTFT_BUCKETS = (

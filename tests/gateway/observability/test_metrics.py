@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engines.cpu_budget import cpu_budget
 from gateway.errors import InternalError, RateLimitError, ServiceUnavailableError
-from gateway.inference_stats import ModelStats
-from gateway.metrics import build_metrics_registry, render
+from gateway.observability.inference_stats import ModelStats
+from gateway.observability.metrics import build_metrics_registry, render
 from gateway.repository.loaded_model import LoadedLLM, LoadedTensorModel
 from gateway.repository.registry import ModelRegistry
 from gateway.scheduler.llm.interface import SchedulerStats

@@ -2,7 +2,7 @@
 
 The endpoint is the route's template (`/v1/responses/{response_id}`), never the raw path, so ids in paths do not
 multiply the series; a request refused before routing (401, 413, 429) is matched against the routes here, and
-one that matches none counts as `unmatched`. Plain ints on the event loop; `gateway/metrics.py` reads them at
+one that matches none counts as `unmatched`. Plain ints on the event loop; `metrics.py` reads them at
 scrape time.
 """
 

@@ -17,11 +17,11 @@ from tests.conftest import DEFAULT_MODEL, free_port, smollm2_config
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'ray[serve]')")
 serve = pytest.importorskip("ray.serve")
 
-from gateway.ray_serve import REPLICA_HEADER, build_app, route_key  # noqa: E402
+from gateway.server.ray_serve import REPLICA_HEADER, build_app, route_key  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LLM_CONFIG = smollm2_config(2048, "pytorch:\n  gemm_threads: 1\n")
 
 

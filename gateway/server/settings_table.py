@@ -1,7 +1,8 @@
 """The table of server settings in docs/configuration.md, written from `ServerConfig`'s declarations.
 
-`python -m gateway.settings_table` rewrites the table between its two markers; tests/gateway/test_settings_table.py
-fails while the file differs from what this would write, so the docs cannot drift from the flags.
+`python -m gateway.server.settings_table` rewrites the table between its two markers;
+tests/gateway/server/test_settings_table.py fails while the file differs from what this would write, so the docs
+cannot drift from the flags.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from pathlib import Path
 
 from gateway.config import SETTINGS, Setting
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
-BEGIN = "<!-- settings table: written by `python -m gateway.settings_table` from gateway/config.py; do not edit -->"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+BEGIN = (
+    "<!-- settings table: written by `python -m gateway.server.settings_table` from gateway/config.py; do not edit -->"
+)
 END = "<!-- end of the settings table -->"
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import rate_limit
 from gateway.errors import RateLimitError
-from gateway.rate_limit import RateLimiter, bind_caller, charge_tokens
+from gateway.keys import rate_limit
+from gateway.keys.rate_limit import RateLimiter, bind_caller, charge_tokens
 
 
 class Clock:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.auth import ANONYMOUS, KeyStore, Role, canonical_path
 from gateway.errors import AuthenticationError, InvalidRequestError, PermissionDeniedError
+from gateway.keys.auth import ANONYMOUS, KeyStore, Role, canonical_path
 
 KEYS = KeyStore(api_keys=["sk-user-1", "sk-user-2"], admin_keys=["sk-admin"])
 

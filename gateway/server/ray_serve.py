@@ -1,7 +1,7 @@
 """Switchyard on Ray Serve: N replicas, each running its own `switchyard serve` (its own engine), behind an ingress
 that keeps a session (or a long shared prompt prefix) on one replica.
 
-    serve run gateway.ray_serve:build_app model_repository=/models min_replicas=1 max_replicas=4
+    serve run gateway.server.ray_serve:build_app model_repository=/models min_replicas=1 max_replicas=4
 
 Two deployments:
 
@@ -40,7 +40,7 @@ from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, R
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
 REPLICA_HEADER = "x-switchyard-replica"
 
@@ -96,7 +96,7 @@ class SessionAffinityRouter(FIFOMixin, RequestRouter):
 
 
 @serve.deployment(
-    request_router_config={"request_router_class": "gateway.ray_serve:SessionAffinityRouter"},
+    request_router_config={"request_router_class": "gateway.server.ray_serve:SessionAffinityRouter"},
     max_ongoing_requests=32,
     health_check_period_s=2,
     health_check_timeout_s=10,
@@ -197,7 +197,7 @@ class SwitchyardIngress:
 
 
 def build_app(args: dict[str, str]) -> serve.Application:
-    """`serve run gateway.ray_serve:build_app model_repository=... [replicas=N | min_replicas=.. max_replicas=..]
+    """`serve run gateway.server.ray_serve:build_app model_repository=... [replicas=N | min_replicas=.. max_replicas=..]
     [target_ongoing_requests=8] [threads=1] [prefix_chars=1024] [num_cpus=1]`."""
     repository = args.get("model_repository", "model_repository")
     if not Path(repository).is_dir():

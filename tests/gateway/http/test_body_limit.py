@@ -8,7 +8,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from gateway.body_limit import BodyLimitMiddleware
+from gateway.http.body_limit import BodyLimitMiddleware
 
 
 async def _size(request: Request) -> JSONResponse:

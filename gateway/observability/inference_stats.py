@@ -3,7 +3,7 @@
 Durations are nanoseconds. A request's queue time runs from arrival to the start of its batch; its compute
 time is its batch's backend call (Triton attributes the whole batch time to each request of the batch).
 Failures also count by Triton's reason (REJECTED, CANCELED, BACKEND, OTHER) for `nv_inference_request_failure`.
-Recorded on the event loop only; `gateway/metrics.py` exports the same numbers as Triton's `nv_*` metrics.
+Recorded on the event loop only; `gateway/observability/metrics.py` exports the same numbers as Triton's `nv_*` metrics.
 """
 
 from __future__ import annotations

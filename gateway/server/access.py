@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.auth import ANONYMOUS, KeyStore, Principal, Role, canonical_path
-from gateway.body_limit import send_error
 from gateway.errors import ANTHROPIC_PATHS, AuthenticationError, ServiceUnavailableError, SwitchyardError
+from gateway.http.body_limit import send_error
 from gateway.keys import context as key_context
+from gateway.keys.auth import ANONYMOUS, KeyStore, Principal, Role, canonical_path
 from gateway.keys.context import KeyAccount
+from gateway.keys.rate_limit import RateLimiter, bind_caller
 from gateway.keys.service import KeyService
-from gateway.lifecycle import Lifecycle
-from gateway.rate_limit import RateLimiter, bind_caller
+from gateway.server.lifecycle import Lifecycle
 
 
 class AccessControl:

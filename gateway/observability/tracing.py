@@ -7,7 +7,7 @@ client's span, with the phases as child spans: `queue` (arrival to admission), `
 token) and `decode` (first token to the finish); the upstream then gets our span as its parent. Attributes follow
 OpenTelemetry's GenAI conventions (`gen_ai.usage.input_tokens`, ...) plus vLLM's latency names.
 
-The spans are recorded where the request metrics are (`gateway/request_metrics.py`, the one place that sees every
+The spans are recorded where the request metrics are (`request_metrics.py`, the one place that sees every
 engine's arrival, admission, tokens and finish) and exported in batches over OTLP/HTTP by the SDK
 (`pip install 'switchyard[tracing]'`).
 """

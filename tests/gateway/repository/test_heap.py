@@ -5,7 +5,7 @@ import weakref
 
 import pytest
 
-from gateway.heap import collect_retired, freeze_loaded
+from gateway.repository.heap import collect_retired, freeze_loaded
 
 
 @pytest.fixture(autouse=True)

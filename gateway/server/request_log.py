@@ -17,7 +17,7 @@ from contextvars import ContextVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.ids import random_hex
+from gateway.http.ids import random_hex
 
 _REQUEST_ID: ContextVar[str | None] = ContextVar("switchyard_request_id", default=None)
 _VALID_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")

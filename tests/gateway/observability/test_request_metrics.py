@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from engines.types import GenerationOutput, GenerationRequest, SamplingParams
-from gateway import request_metrics
 from gateway.errors import InternalError, RateLimitError
+from gateway.observability import request_metrics
+from gateway.observability.request_metrics import Histogram, LLMRequestStats
 from gateway.repository.model_config import SchedulerConfig
-from gateway.request_metrics import Histogram, LLMRequestStats
 from gateway.scheduler.llm.admission import AdmissionScheduler
 from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
 from tests.gateway.scheduler.llm.test_admission import ScriptedEngine, drain, until

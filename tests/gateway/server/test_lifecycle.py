@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.lifecycle import Lifecycle
+from gateway.server.lifecycle import Lifecycle
 
 
 async def test_drain_waits_for_in_flight_requests() -> None:

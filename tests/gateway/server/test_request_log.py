@@ -11,7 +11,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from gateway.request_log import JsonFormatter, RequestIdFilter, RequestIdMiddleware, current_request_id
+from gateway.server.request_log import JsonFormatter, RequestIdFilter, RequestIdMiddleware, current_request_id
 
 
 def _app() -> RequestIdMiddleware:

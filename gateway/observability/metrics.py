@@ -1,6 +1,6 @@
 """Prometheus exposition: one `CollectorRegistry` per app, every number read at scrape time.
 
-Nothing here is updated per request: schedulers, batchers and `gateway/request_metrics.py` keep plain numbers on
+Nothing here is updated per request: schedulers, batchers and `request_metrics.py` keep plain numbers on
 the event loop and these collectors read them when Prometheus scrapes, so several apps in one process never share
 state (no default registry) and the hot path takes no lock.
 
@@ -27,10 +27,10 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from engines.cpu_budget import cpu_budget
-from gateway.http_metrics import EndpointCounts
-from gateway.inference_stats import FAILURE_REASONS
+from gateway.observability.http_metrics import EndpointCounts
+from gateway.observability.inference_stats import FAILURE_REASONS
+from gateway.observability.request_metrics import Histogram
 from gateway.repository.registry import ModelRegistry
-from gateway.request_metrics import Histogram
 from gateway.scheduler.llm.queue_policy import REJECTION_REASONS
 from gateway.scheduler.tensor.rate_limiter import RateLimiter
 
@@ -341,7 +341,7 @@ class CpuCollector(Collector):
 
 
 class EndpointCollector(Collector):
-    """HTTP requests by endpoint, method and status (gateway/http_metrics.py)."""
+    """HTTP requests by endpoint, method and status (gateway/observability/http_metrics.py)."""
 
     def __init__(self, counts: EndpointCounts) -> None:
         self._counts = counts
