@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.llm.reasoning import ReasoningParser, reasoning_parser_for
-from gateway.llm.tool_parsers import ToolParser, tool_parser_for
-
-AUTO = "auto"
+from gateway.llm.tool_parsers import AUTO, ToolParser, tool_parser_for
 
 
 @dataclass(frozen=True)
