@@ -485,7 +485,7 @@ def kserve_input(doc: dict[str, Any], blobs: list[bytes], header: int | None = -
 def _kserve_seeds(cache: Path) -> list[bytes]:
     import numpy as np
 
-    from gateway.tensors import encode_binary_tensor
+    from gateway.tensor.tensors import encode_binary_tensor
 
     floats = encode_binary_tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
     words = encode_binary_tensor(np.array([b"hello", b"", b"\xff\x00"], dtype=object), "BYTES")
@@ -565,7 +565,7 @@ def run_kserve_body(data: bytes, work: Path) -> None:
 def targets() -> dict[str, Target]:
     from engines.interface import ModelFileError, UnsupportedModelError
     from gateway.errors import ConfigError
-    from gateway.tensors import TensorCodecError
+    from gateway.tensor.tensors import TensorCodecError
 
     def gguf_seeds(cache: Path) -> list[bytes]:
         return [_cached_seed(cache, "small.gguf", small_gguf), _cached_seed(cache, "tiny-llama.gguf", tiny_llama_gguf)]

@@ -16,15 +16,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, start_http
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engines.cpu_budget import cpu_budget
-from gateway import __version__, tracing
-from gateway.access import AccessControl, AccessMiddleware
+from gateway import __version__
 from gateway.anthropic.router import router as anthropic_router
-from gateway.auth import KeyStore
 from gateway.batch.files_router import MULTIPART_OVERHEAD
 from gateway.batch.files_router import router as files_router
 from gateway.batch.router import router as batches_router
 from gateway.batch.service import open_service as open_batch_api
-from gateway.body_limit import BodyLimitMiddleware
 from gateway.config import ServerConfig, build_rate_limiter
 from gateway.errors import (
     InternalError,
@@ -35,27 +32,29 @@ from gateway.errors import (
     SwitchyardError,
     error_body,
 )
-from gateway.heap import freeze_loaded
-from gateway.http_metrics import EndpointCountMiddleware, EndpointCounts
+from gateway.http.body_limit import BodyLimitMiddleware
 from gateway.keys.admin import router as keys_admin_router
+from gateway.keys.auth import KeyStore
 from gateway.keys.metrics import KeyUsageCollector
+from gateway.keys.rate_limit import RateLimiter
 from gateway.keys.service import KeyService, open_key_service
 from gateway.kserve.data_plane import DataPlane
 from gateway.kserve.http import router as kserve_router
-from gateway.lifecycle import Lifecycle
-from gateway.metrics import build_metrics_registry, render
+from gateway.observability import tracing
+from gateway.observability.http_metrics import EndpointCountMiddleware, EndpointCounts
+from gateway.observability.metrics import build_metrics_registry, render
+from gateway.observability.tracing import TraceContextMiddleware
 from gateway.ollama.router import root_router as ollama_root_router
 from gateway.ollama.router import router as ollama_router
 from gateway.openai.embeddings import router as embeddings_router
 from gateway.openai.lora_admin import router as lora_admin_router
 from gateway.openai.router import router as openai_router
 from gateway.openai.sessions import router as sessions_router
-from gateway.rate_limit import RateLimiter
+from gateway.repository.heap import freeze_loaded
 from gateway.repository.model_control import ModelControl
 from gateway.repository.model_use import ModelUseMiddleware
 from gateway.repository.registry import ModelRegistry
 from gateway.repository.residency_metrics import ResidencyCollector
-from gateway.request_log import RequestIdMiddleware
 from gateway.rerank.router import router as rerank_router
 from gateway.responses.router import router as responses_router
 from gateway.responses.service import open_service as open_responses
@@ -63,7 +62,9 @@ from gateway.routes.config import load_routes
 from gateway.routes.headers import RouteHeadersMiddleware
 from gateway.routes.metrics import RouteCollector
 from gateway.routes.runner import Routes
-from gateway.tracing import TraceContextMiddleware
+from gateway.server.access import AccessControl, AccessMiddleware
+from gateway.server.lifecycle import Lifecycle
+from gateway.server.request_log import RequestIdMiddleware
 
 log = logging.getLogger("switchyard")
 

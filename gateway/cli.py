@@ -107,8 +107,8 @@ def serve(config: ServerConfig) -> None:
     import uvicorn
 
     from gateway.app import build_model_control, create_app
-    from gateway.http_limits import BoundedHeadHttpToolsProtocol  # huge request heads: 431
-    from gateway.lifecycle import DrainingServer
+    from gateway.server.http_limits import BoundedHeadHttpToolsProtocol  # huge request heads: 431
+    from gateway.server.lifecycle import DrainingServer
 
     control = build_model_control(config)
     control.prepare()
@@ -131,7 +131,7 @@ def serve(config: ServerConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from gateway.request_log import setup_logging
+    from gateway.server.request_log import setup_logging
 
     try:
         sources, values = read_settings(args, os.environ)

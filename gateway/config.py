@@ -3,7 +3,7 @@
 Each field of `ServerConfig` is one setting: its type, default and checks, one help text, and (through `setting()`)
 how it is given on the command line and in the environment. The flag is `--` + the name with dashes and the
 environment variable `SWITCHYARD_` + the name in capitals unless the field says otherwise; `gateway/cli.py` builds
-the `switchyard serve` parser from these declarations, and `gateway/settings_table.py` writes the table of
+the `switchyard serve` parser from these declarations, and `gateway/server/settings_table.py` writes the table of
 docs/configuration.md from them. Adding a setting is adding a field here.
 """
 

@@ -136,6 +136,16 @@ def test_every_package_of_the_gateway_has_a_row() -> None:
     )
 
 
+def test_every_module_at_the_gateway_root_has_a_row() -> None:
+    """gateway/'s root holds only what the table names (the app, the CLI, config, errors): a new module goes into the
+    package it serves, or gets a row of its own."""
+    roots = {f"gateway.{p.stem}" for p in (ROOT / "gateway").glob("*.py") if p.stem != "__init__"}
+    named = {m for _, modules, _ in LAYERS for m in modules}
+    assert not roots - named, (
+        f"move these into the package they serve (or add them to the table): {sorted(roots - named)}"
+    )
+
+
 def test_engines_import_nothing_of_the_gateway() -> None:
     wrong = [(m, t) for m, t in _edges() if _in(m, "engines") and _in(t, "gateway")]
     assert not wrong, f"engines/ must not import gateway/ (move the shared piece into engines/): {wrong}"
@@ -149,7 +159,7 @@ def test_frontends_never_import_each_other() -> None:
     ]
     assert not wrong, (
         "a frontend imports another; move what both need below them (gateway/http/, "
-        f"gateway/tensors.py, or a module of its own): {wrong}"
+        f"gateway/tensor/tensors.py, or a module of its own): {wrong}"
     )
 
 

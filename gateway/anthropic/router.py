@@ -19,12 +19,12 @@ from gateway.anthropic.protocol import CountTokensRequest, MessagesRequest
 from gateway.errors import InvalidRequestError
 from gateway.http.body_depth import NestingAwareRoute
 from gateway.http.disconnect import cancel_on_disconnect
+from gateway.http.ids import random_hex
 from gateway.http.request_timeout import request_timeout
 from gateway.http.unknown_fields import log_unknown
-from gateway.ids import random_hex
 from gateway.openai.chat import chat_completion, chat_prompt
 from gateway.repository.registry import LoadedLLM
-from gateway.request_log import current_request_id
+from gateway.server.request_log import current_request_id
 
 router = APIRouter(route_class=NestingAwareRoute)
 

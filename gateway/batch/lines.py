@@ -22,8 +22,8 @@ import orjson
 from pydantic import ValidationError
 
 from gateway.errors import InternalError, InvalidRequestError, SwitchyardError
+from gateway.http.ids import random_hex
 from gateway.http.request_timeout import MAX_TIMEOUT_S
-from gateway.ids import random_hex
 from gateway.openai.chat import chat_completion
 from gateway.openai.completions import completion
 from gateway.openai.embeddings import EmbeddingRequest, embeddings_body

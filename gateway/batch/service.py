@@ -18,7 +18,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 from starlette.requests import Request
 
-from gateway.auth import ANONYMOUS
 from gateway.batch.database import Database
 from gateway.batch.files import FileStore, check_ttl
 from gateway.batch.input_file import ENDPOINTS
@@ -28,6 +27,7 @@ from gateway.batch.runner import BatchRunner, Run
 from gateway.batch.states import check_cancellable
 from gateway.batch.store import BatchStore
 from gateway.errors import ConfigError, InvalidRequestError, NotFoundError, ServiceUnavailableError
+from gateway.keys.auth import ANONYMOUS
 from gateway.repository.registry import ModelRegistry
 
 log = logging.getLogger("switchyard.batch")

@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gateway.observability.request_metrics import Histogram
 from gateway.repository.loaded_model import LoadedTensorModel
 from gateway.repository.registry import ModelRegistry
-from gateway.request_metrics import Histogram
 
 
 def _buckets(histogram: Histogram) -> dict[str, Any]:

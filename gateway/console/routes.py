@@ -15,9 +15,9 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 
-from gateway.auth import KeyStore
 from gateway.console import live_stats, overview
 from gateway.keys import context as key_context
+from gateway.keys.auth import KeyStore
 
 STATIC = Path(__file__).resolve().parent / "static"
 

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from gateway.http.body_depth import has_lone_surrogate
-from gateway.tensors import (
+from gateway.tensor.tensors import (
     DATATYPES,
     InputTensor,
     OutputTensor,

@@ -21,7 +21,7 @@ from gateway.repository.lifecycle_config import parse_duration
 from gateway.repository.loaded_model import LoadedLLM, LoadedModel, LoadedTensorModel
 from gateway.repository.model_control import ModelControl
 from gateway.repository.registry import ModelRegistry
-from gateway.tensors import InputTensor, OutputTensor
+from gateway.tensor.tensors import InputTensor, OutputTensor
 
 EXTENSIONS = [
     "binary_tensor_data",

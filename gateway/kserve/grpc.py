@@ -20,7 +20,6 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from gateway.access import AccessControl
 from gateway.errors import ConfigError, SwitchyardError
 from gateway.kserve.codec import (
     InputTensor,
@@ -35,6 +34,7 @@ from gateway.kserve.grpc_access import AccessInterceptor
 from gateway.kserve.proto import kserve_inference_pb2 as pb
 from gateway.kserve.proto import kserve_inference_pb2_grpc as pb_grpc
 from gateway.repository.model_use import close_use, open_use
+from gateway.server.access import AccessControl
 
 log = logging.getLogger("switchyard.grpc")
 

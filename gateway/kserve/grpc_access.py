@@ -14,9 +14,9 @@ from typing import Any
 
 import grpc
 
-from gateway.access import AccessControl
 from gateway.errors import SwitchyardError
 from gateway.keys import context as key_context
+from gateway.server.access import AccessControl
 
 _STATUS = {
     401: grpc.StatusCode.UNAUTHENTICATED,

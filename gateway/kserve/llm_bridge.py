@@ -18,7 +18,7 @@ import numpy as np
 
 from engines.types import GenerationRequest, SamplingParams
 from gateway.errors import InternalError, InvalidRequestError, ServiceUnavailableError
-from gateway.ids import random_hex
+from gateway.http.ids import random_hex
 from gateway.keys import context as key_context
 from gateway.kserve.codec import InputTensor
 from gateway.repository.loaded_model import LoadedLLM

@@ -59,3 +59,12 @@ def template_support(tokenizer: Tokenizer) -> TemplateSupport:
         tool_results=_renders_probe(tokenizer, history, [_PROBE_TOOL], False, _PROBE_RESULT),
         system=_renders_probe(tokenizer, [{"role": "system", "content": _PROBE_NAME}, user], None, True),
     )
+
+
+def template_text(tokenizer: Tokenizer) -> str | None:
+    """The chat template's source (the GGUF's `tokenizer.chat_template` or the folder's), for telling the family's
+    tool-call and reasoning dialects; None when the tokenizer does not show it. Named templates are joined."""
+    template = getattr(getattr(tokenizer, "hf", None), "chat_template", None)
+    if isinstance(template, dict):
+        return "\n".join(str(t) for t in template.values())
+    return template if isinstance(template, str) else None

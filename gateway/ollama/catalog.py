@@ -16,11 +16,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gateway.errors import InternalError
+from gateway.llm.reasoning import AUTO, reasoning_parser_for
+from gateway.llm.template_support import template_text
 from gateway.ollama.listing import Listed, config_embeds
 from gateway.ollama.lookup import embeds
 from gateway.ollama.model_facts import Facts, parameter_size
-from gateway.openai.chat_template import template_text
-from gateway.openai.reasoning import AUTO, reasoning_parser_for
 from gateway.repository.loaded_model import LoadedLLM, LoadedModel
 from gateway.repository.model_config import ModelConfig
 
@@ -33,12 +33,7 @@ def timestamp(seconds: float) -> str:
 
 def thinks(model: LoadedLLM) -> bool:
     """Whether the model's answers are split into reasoning and content (its reasoning parser)."""
-    setting = str((model.config.parameters or {}).get("reasoning_parser", AUTO))
-    try:
-        template = template_text(model.scheduler.tokenizer) if setting == AUTO else None
-        return reasoning_parser_for(setting, template) is not None
-    except InternalError:
-        return False
+    return model.parsers.reasoning is not None
 
 
 def _reasons(config: ModelConfig, template: str) -> bool:

@@ -25,8 +25,8 @@ import logging
 import math
 import re
 
-from gateway.auth import Principal
 from gateway.errors import InvalidRequestError, SwitchyardError
+from gateway.keys.auth import Principal
 from gateway.repository.layout import is_valid_model_name
 from gateway.repository.loaded_model import LoadedModel
 from gateway.repository.model_control import ModelControl

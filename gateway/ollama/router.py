@@ -16,12 +16,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.background import BackgroundTask
 
-from gateway.auth import ANONYMOUS, Principal
 from gateway.errors import InvalidRequestError, NotFoundError, PermissionDeniedError
 from gateway.http.body_depth import NestingAwareRoute
 from gateway.http.disconnect import cancel_on_disconnect
 from gateway.http.ndjson import MEDIA_TYPE, NDJSONResponse, ndjson_line
 from gateway.http.unknown_fields import log_unknown
+from gateway.keys.auth import ANONYMOUS, Principal
 from gateway.ollama.catalog import ps_entry, show_body, tag_entry, thinks
 from gateway.ollama.convert import chat_request, generate_request
 from gateway.ollama.embed import embed_prompt, embed_texts, embedder

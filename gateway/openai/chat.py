@@ -1,8 +1,9 @@
 """POST /v1/chat/completions: messages -> the model's chat template -> generation -> OpenAI's shapes.
 
-Tools (tools.py, tool_parsers/) and `response_format` (guided.py) shape both ends: they add to the prompt and
-constrain sampling, and the answer is read back into `message.tool_calls` or streamed as tool-call deltas. A model
-that reasons (reasoning.py) has its reasoning split off first, into `reasoning_content` / `reasoning`.
+Tools (tools.py, gateway/llm/tool_parsers/) and `response_format` (guided.py) shape both ends: they add to the
+prompt and constrain sampling, and the answer is read back into `message.tool_calls` or streamed as tool-call
+deltas. A model that reasons (gateway/llm/reasoning.py) has its reasoning split off first, into
+`reasoning_content` / `reasoning`.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.llm.reasoning import Reasoning, reasoning_for
+from gateway.llm.tool_parsers import ToolCallDelta, new_call_id
 from gateway.openai.chat_template import render_chat
 from gateway.openai.fanout import Choice, merged_stream, primed
 from gateway.openai.guided import request_guidance
 from gateway.openai.passthrough import forward
 from gateway.openai.protocol import ChatCompletionRequest
-from gateway.openai.reasoning import Reasoning, reasoning_for
 from gateway.openai.results import (
     CollectedChoice,
     UsageTally,
@@ -27,8 +29,7 @@ from gateway.openai.results import (
     usage,
 )
 from gateway.openai.sampling import refuse_unfittable_text, resolve_max_tokens, to_sampling_params
-from gateway.openai.tool_parsers import ToolCallDelta, new_call_id
-from gateway.openai.tools import ToolPlan, parser_for, plan_tools, tool_guidance
+from gateway.openai.tools import ToolPlan, plan_tools, tool_guidance
 from gateway.repository.registry import LoadedLLM
 
 
@@ -70,7 +71,7 @@ async def chat_prompt(req: ChatCompletionRequest, model: LoadedLLM) -> tuple[lis
     """The prompt's token ids (chat template, tools, past calls) and the request's checked tool plan."""
     plan = plan_tools(req, model)
     # The dialect is also needed to write past calls into the prompt when the template cannot.
-    parser = plan.parser or (parser_for(model) if any(m.tool_calls for m in req.messages) else None)
+    parser = plan.parser or (model.parsers.tool if any(m.tool_calls for m in req.messages) else None)
     text = sum(
         len(m.content) if isinstance(m.content, str) else sum(len(p.text or "") for p in m.content or [])
         for m in req.messages
@@ -102,7 +103,7 @@ async def chat_completion(
     if guidance is None:
         guidance = await request_guidance(req, model)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    reasoning = reasoning_for(model.config, scheduler.tokenizer, prompt, guidance is not None)
+    reasoning = reasoning_for(model.parsers.reasoning, scheduler.tokenizer, prompt, guidance is not None)
     if (plan.active and plan.parser is not None and plan.parser.needs_special_tokens) or (
         reasoning is not None and reasoning.parser.needs_special_tokens
     ):

@@ -19,8 +19,8 @@ import jinja2
 from engines.interface import Tokenizer
 from gateway.errors import InvalidRequestError
 from gateway.llm.template_support import TemplateSupport, template_support
+from gateway.llm.tool_parsers import ToolParser
 from gateway.openai.protocol import ChatMessage
-from gateway.openai.tool_parsers import ToolParser
 
 RESERVED_KWARGS = (
     "messages",
@@ -42,15 +42,6 @@ RESERVED_KWARGS = (
     "tokenizer_kwargs",
     "processor_kwargs",
 )
-
-
-def template_text(tokenizer: Tokenizer) -> str | None:
-    """The chat template's source (the GGUF's `tokenizer.chat_template` or the folder's), for telling the family's
-    tool-call and reasoning dialects; None when the tokenizer does not show it. Named templates are joined."""
-    template = getattr(getattr(tokenizer, "hf", None), "chat_template", None)
-    if isinstance(template, dict):
-        return "\n".join(str(t) for t in template.values())
-    return template if isinstance(template, str) else None
 
 
 def _text(i: int, msg: ChatMessage) -> str | None:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from engines.types import GenerationOutput, GenerationRequest, SamplingParams
-from gateway.ids import random_hex
+from gateway.http.ids import random_hex
 from gateway.keys import context as key_context
 from gateway.openai.results import check_output
 from gateway.scheduler.llm.interface import LLMScheduler

@@ -1,5 +1,5 @@
 """vLLM's LoRA admin calls: `POST /v1/load_lora_adapter` {lora_name, lora_path} and `POST /v1/unload_lora_adapter`
-{lora_name}, behind the admin key (gateway/auth.py). Success answers in vLLM's words, as plain text; failures are
+{lora_name}, behind the admin key (gateway/keys/auth.py). Success answers in vLLM's words, as plain text; failures are
 OpenAI-shaped errors. Which model an adapter goes on: `model` (ours; vLLM serves one base model), else the base
 named in `<model>:<adapter>`, else the one loaded model that serves adapters."""
 
@@ -17,7 +17,7 @@ from gateway.repository.adapter_model import LoadedAdapter
 from gateway.repository.registry import LoadedLLM, ModelRegistry
 
 router = APIRouter()
-PATHS = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")  # admin routes (gateway/auth.py)
+PATHS = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")  # admin routes (gateway/keys/auth.py)
 
 
 class LoadLoRAAdapterRequest(BaseModel):

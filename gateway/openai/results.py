@@ -10,7 +10,7 @@ from typing import Any
 from engines.interface import Tokenizer
 from engines.types import GenerationOutput, TokenLogprob
 from gateway.errors import InternalError, ServiceUnavailableError
-from gateway.ids import random_hex
+from gateway.http.ids import random_hex
 
 
 def new_id(prefix: str) -> str:

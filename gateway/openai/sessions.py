@@ -18,8 +18,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from gateway.auth import ANONYMOUS, Principal
 from gateway.errors import InvalidRequestError, NotFoundError
+from gateway.keys.auth import ANONYMOUS, Principal
 
 router = APIRouter()
 

@@ -18,7 +18,6 @@ from gateway.errors import InvalidRequestError
 from gateway.http.body_depth import NestingAwareRoute
 from gateway.openai.chat_template import render_chat
 from gateway.openai.protocol import ChatMessage, ToolDefinition, _Lenient
-from gateway.openai.tools import parser_for
 from gateway.repository.registry import LoadedLLM, ModelRegistry
 
 MAX_TOKENS_IN = 1_000_000
@@ -60,7 +59,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     tokenizer = model.scheduler.tokenizer
     if body.messages is not None:
         tools = [t.model_dump(exclude_none=True) for t in body.tools or []] or None
-        parser = parser_for(model) if tools or any(m.tool_calls for m in body.messages) else None
+        parser = model.parsers.tool if tools or any(m.tool_calls for m in body.messages) else None
         tokens = await render_chat(
             tokenizer,
             body.messages,

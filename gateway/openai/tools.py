@@ -1,41 +1,25 @@
-"""Tool calling for chat: checks `tools`/`tool_choice`, picks the model's dialect, and builds the constraint.
+"""Tool calling for chat: checks `tools`/`tool_choice`, takes the model's dialect (`LoadedLLM.parsers`), and builds
+the constraint.
 
 `tool_choice`:
 * `none`  -- tools are left out of the prompt and the answer is plain text;
-* `auto`  -- tools go into the prompt and the answer is parsed with the model's dialect (tool_parsers/);
+* `auto`  -- tools go into the prompt and the answer is parsed with the model's dialect (gateway/llm/tool_parsers/);
 * `required` / a named function -- the answer is grammar-constrained to the dialect's call format, with the
   arguments constrained to the tool's JSON Schema, so the calls always parse and validate.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from engines.types import GuidedSpec
-from gateway.errors import InternalError, InvalidRequestError
+from gateway.errors import InvalidRequestError
 from gateway.llm.grammar_compiler import check_json_schema
-from gateway.openai.chat_template import template_text
+from gateway.llm.tool_parsers import ToolParser
 from gateway.openai.guided import Guidance
 from gateway.openai.protocol import ChatCompletionRequest, NamedToolChoice
-from gateway.openai.tool_parsers import AUTO, PARSERS, ToolParser, detect
 from gateway.repository.registry import LoadedLLM
-
-log = logging.getLogger("switchyard.openai")
-
-
-def parser_for(model: LoadedLLM) -> ToolParser:
-    """`parameters.tool_parser` of the model's config, or (`auto`, the default) the one its chat template implies."""
-    name = str(model.config.parameters.get("tool_parser", AUTO))
-    if name == AUTO:
-        name = detect(template_text(model.scheduler.tokenizer))
-    parser = PARSERS.get(name)
-    if parser is None:
-        choices = sorted([AUTO, *PARSERS])
-        log.error("model '%s': parameters.tool_parser '%s' is unknown (use one of %s)", model.name, name, choices)
-        raise InternalError(f"the model's tool parser is misconfigured; use one of {choices}")
-    return parser
 
 
 @dataclass
@@ -98,7 +82,7 @@ def plan_tools(req: ChatCompletionRequest, model: LoadedLLM) -> ToolPlan:
     else:
         return ToolPlan("none")
     if plan.active:
-        plan.parser = parser_for(model)
+        plan.parser = model.parsers.tool
     return plan
 
 

@@ -17,6 +17,7 @@ from engines.interface import Tokenizer
 from engines.types import AdapterRef, EngineInfo, GenerationOutput, GenerationRequest
 from gateway.errors import ModelNotFoundError
 from gateway.llm.grammar_compiler import GuidedDecoder
+from gateway.llm.parsers import ModelParsers
 from gateway.llm.template_support import TemplateSupport
 from gateway.repository.loaded_model import LoadedLLM
 from gateway.repository.serving import InFlight, ServingScheduler
@@ -112,6 +113,10 @@ class LoadedAdapter(LoadedLLM):
     @property
     def template_support(self) -> TemplateSupport:
         return self.parent.template_support  # the base model's template
+
+    @property
+    def parsers(self) -> ModelParsers:
+        return self.parent.parsers  # the base model's config and template
 
     @property
     def grammar(self) -> GuidedDecoder:

@@ -115,6 +115,7 @@ def build_model(
         name=name, config=config, scheduler=scheduler, folder=model.name, load_seconds=time.monotonic() - started
     )
     engine = llm.engine
+    _ = llm.parsers  # the tool-call and reasoning parsers, chosen once (a misconfigured one fails the load)
     if scheduler.passthrough is None:  # probe the chat template here, off the event loop (an upstream renders its own)
         _ = llm.template_support
     if config.backend in LORA_BACKENDS and isinstance(engine, AdapterHost):

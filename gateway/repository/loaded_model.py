@@ -14,9 +14,10 @@ from typing import ClassVar, Protocol
 
 from engines.interface import AsyncGenerateEngine
 from gateway.errors import NotFoundError
-from gateway.inference_stats import ModelStats
 from gateway.llm.grammar_compiler import GuidedDecoder
-from gateway.llm.template_support import TemplateSupport, template_support
+from gateway.llm.parsers import ModelParsers, model_parsers
+from gateway.llm.template_support import TemplateSupport, template_support, template_text
+from gateway.observability.inference_stats import ModelStats
 from gateway.repository.model_config import AnyModelConfig, ModelConfig
 from gateway.repository.serving import InFlight, ServingScheduler
 from gateway.repository.tensor_config import TensorModelConfig
@@ -100,7 +101,8 @@ class AdapterViews(Protocol):
 @dataclass(kw_only=True)
 class LoadedLLM(LoadedModel):
     """An LLM: an engine behind its scheduler (for /v1 and v2 generate), and what serving it needs beside them,
-    built once per model and held here: its chat template's support, its grammar compiler, its capabilities."""
+    built once per model and held here: its chat template's support, its tool-call and reasoning parsers, its grammar
+    compiler, its capabilities."""
 
     kind: ClassVar[str] = "llm"
     config: ModelConfig
@@ -122,6 +124,12 @@ class LoadedLLM(LoadedModel):
         """What the chat template renders itself (tools, calls, results, a system turn): probed on first use; the
         builder asks once, off the event loop."""
         return template_support(self.scheduler.tokenizer)
+
+    @functools.cached_property
+    def parsers(self) -> ModelParsers:
+        """Its tool-call dialect and reasoning parser (config, else chat template): chosen on first use; the builder
+        asks once, when the model loads."""
+        return model_parsers(self.config.parameters, template_text(self.scheduler.tokenizer))
 
     @functools.cached_property
     def grammar(self) -> GuidedDecoder:

@@ -28,7 +28,7 @@ from gateway.repository.pbtxt import PbtxtError, parse_pbtxt
 from gateway.repository.tensor_config import TensorModelConfig, is_tensor_config
 
 DTYPES = ("float32", "bfloat16", "float16")
-# The names `parameters.tool_parser` and `parameters.reasoning_parser` take (gateway/openai/tool_parsers/ and
+# The names `parameters.tool_parser` and `parameters.reasoning_parser` take (gateway/llm/tool_parsers/ and
 # reasoning.py hold the parsers; a test keeps these lists equal to theirs): checked when the config is read, so a
 # typo fails the load with the choices, not every request with a 500.
 TOOL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "phi4_mini_json", "json")

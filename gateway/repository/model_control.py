@@ -38,9 +38,9 @@ from gateway.errors import (
     ServiceUnavailableError,
     SwitchyardError,
 )
-from gateway.heap import collect_retired
 from gateway.repository.builder import build_model
 from gateway.repository.cpu_plan import cpu_share
+from gateway.repository.heap import collect_retired
 from gateway.repository.layout import (
     ModelDir,
     find_model_dir,

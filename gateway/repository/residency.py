@@ -39,6 +39,7 @@ from gateway.errors import (
     ServiceUnavailableError,
     SwitchyardError,
 )
+from gateway.observability.request_metrics import Histogram
 from gateway.repository.layout import ModelDir
 from gateway.repository.lifecycle_config import describe_keep_alive
 from gateway.repository.load_peak import PeakWatch, load_peak_bytes, reservation
@@ -47,7 +48,6 @@ from gateway.repository.memory_budget import estimate_bytes, fmt_bytes, process_
 from gateway.repository.model_config import AnyModelConfig
 from gateway.repository.model_use import ModelUse, current_use
 from gateway.repository.registry import ModelRegistry
-from gateway.request_metrics import Histogram
 
 log = logging.getLogger("switchyard.repository")
 

@@ -16,8 +16,8 @@ from typing import Any
 from engines.interface import Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest
 from gateway.errors import ServiceUnavailableError
-from gateway.lifecycle import InFlightCount
 from gateway.scheduler.llm.interface import LLMEngine, LLMScheduler, Passthrough, SchedulerStats
+from gateway.server.lifecycle import InFlightCount
 
 
 class InFlight(InFlightCount):

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gateway.errors import InvalidRequestError, SwitchyardError
-from gateway.ids import random_hex
+from gateway.http.ids import random_hex
 from gateway.openai.protocol import ChatCompletionRequest
 from gateway.responses.protocol import (
     FunctionCallItem,

@@ -11,12 +11,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway.auth import ANONYMOUS
 from gateway.errors import InvalidRequestError
 from gateway.http.body_depth import NestingAwareRoute
 from gateway.http.disconnect import cancel_on_disconnect
 from gateway.http.request_timeout import request_timeout
 from gateway.http.unknown_fields import log_unknown
+from gateway.keys.auth import ANONYMOUS
 from gateway.responses.events import events_response
 from gateway.responses.protocol import MAX_ID, ResponsesRequest
 from gateway.responses.service import ResponsesService

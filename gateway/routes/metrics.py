@@ -1,4 +1,4 @@
-"""The routes' Prometheus metrics, read from `RouteStats` at scrape time (gateway/metrics.py's way)."""
+"""The routes' Prometheus metrics, read from `RouteStats` at scrape time (gateway/observability/metrics.py's way)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import numpy as np
 from gateway.errors import InvalidRequestError
 from gateway.repository.loaded_model import LoadedModel, LoadedTensorModel
 from gateway.tensor.model import TensorModel
-from gateway.tensors import InputTensor
+from gateway.tensor.tensors import InputTensor
 
 
 def can_embed(tensor: TensorModel) -> bool:

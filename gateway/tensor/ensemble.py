@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gateway.errors import ConfigError, InternalError, ServiceUnavailableError
-from gateway.inference_stats import failure_reason
-from gateway.tensors import InputTensor, datatype_of
+from gateway.observability.inference_stats import failure_reason
+from gateway.tensor.tensors import InputTensor, datatype_of
 
 if TYPE_CHECKING:
     from gateway.tensor.model import TensorModel

@@ -19,15 +19,15 @@ from engines.backends import create_backend
 from engines.interface import TensorBackend
 from engines.types import TensorModelSpec, TensorSpec
 from gateway.errors import ConfigError, InternalError, InvalidRequestError, NotFoundError
-from gateway.inference_stats import ModelStats
+from gateway.observability.inference_stats import ModelStats
 from gateway.repository.layout import ModelDir, resolve_source
 from gateway.repository.serving import InFlight
 from gateway.repository.tensor_config import DynamicBatching, InstanceGroup, TensorModelConfig
 from gateway.scheduler.tensor.dynamic_batcher import BatchingPolicy, DynamicBatcher, QueueRules
 from gateway.scheduler.tensor.rate_limiter import InstanceGate, RateLimiter
+from gateway.tensor.tensors import DATATYPES, InputTensor, OutputTensor, TensorCodecError, decode_binary_tensor
 from gateway.tensor.triton_config import config_json
 from gateway.tensor.validation import finish_outputs, prepare_inputs
-from gateway.tensors import DATATYPES, InputTensor, OutputTensor, TensorCodecError, decode_binary_tensor
 
 log = logging.getLogger("switchyard.tensor")
 

@@ -17,7 +17,7 @@ import numpy as np
 from engines.types import TensorSpec
 from gateway.errors import InternalError, InvalidRequestError
 from gateway.repository.tensor_config import TensorModelConfig
-from gateway.tensors import DATATYPES, InputTensor, OutputTensor
+from gateway.tensor.tensors import DATATYPES, InputTensor, OutputTensor
 
 log = logging.getLogger("switchyard.tensor")
 

@@ -160,7 +160,7 @@ def test_secrets_are_not_echoed() -> None:
 
 
 def test_main_exits_2_with_the_message(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr("gateway.request_log.setup_logging", lambda *a, **k: None)
+    monkeypatch.setattr("gateway.server.request_log.setup_logging", lambda *a, **k: None)
     monkeypatch.setenv("SWITCHYARD_GRPC_PORT", "-1")
     with caplog.at_level(logging.ERROR):
         assert main(["serve"]) == 2

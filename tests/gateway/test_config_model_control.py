@@ -78,7 +78,7 @@ def test_wrong_combinations_say_how_to_fix_them(values: dict, message: str) -> N
 @pytest.fixture(autouse=True)
 def _keep_logging(monkeypatch: pytest.MonkeyPatch) -> None:
     """main() would reconfigure the test process's logging."""
-    monkeypatch.setattr("gateway.request_log.setup_logging", lambda *a, **k: None)
+    monkeypatch.setattr("gateway.server.request_log.setup_logging", lambda *a, **k: None)
 
 
 def test_cli_exits_2_with_the_message(caplog: pytest.LogCaptureFixture, tmp_path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from engines.interface import AsyncGenerateEngine, PassthroughEngine, StepEngine, Tokenizer
 from engines.types import EngineInfo, GenerationOutput, GenerationRequest
-from gateway.request_metrics import LLMRequestStats
+from gateway.observability.request_metrics import LLMRequestStats
 
 #: The engines an LLM scheduler drives: stepped by the gateway, batching internally, or an upstream used as it is.
 LLMEngine = StepEngine | AsyncGenerateEngine | PassthroughEngine

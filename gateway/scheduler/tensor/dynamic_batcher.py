@@ -32,7 +32,7 @@ import numpy as np
 
 from engines.interface import TensorBackend
 from gateway.errors import InternalError, InvalidRequestError, RateLimitError, ServiceUnavailableError, SwitchyardError
-from gateway.inference_stats import ModelStats
+from gateway.observability.inference_stats import ModelStats
 from gateway.scheduler.tensor.rate_limiter import InstanceGate
 
 log = logging.getLogger("switchyard.batcher")

@@ -1,7 +1,7 @@
 """Triton's rate limiter (`--rate-limit execution_count`): model instances of every tensor model share named
 resources, and an instance executes a batch only while it holds the resources its `instance_group[].rate_limiter`
 lists; a busy model thus cannot starve the others of, say, memory or cores. (Not the per-key request limits of
-`gateway/rate_limit.py`.)
+`gateway/keys/rate_limit.py`.)
 
 * Resources are global (`global: true`: one pool for the server) or per device (each device has its own pool; an
   instance draws on its device's pool; every instance runs on the CPU here, device 0). A resource's amount is

@@ -26,9 +26,9 @@ import numpy as np
 
 from engines.interface import TensorBackend
 from gateway.errors import InvalidRequestError
-from gateway.inference_stats import ModelStats
+from gateway.observability.inference_stats import ModelStats
 from gateway.scheduler.tensor.dynamic_batcher import BatchingPolicy, DynamicBatcher
-from gateway.tensors import DATATYPES
+from gateway.tensor.tensors import DATATYPES
 
 log = logging.getLogger("switchyard.sequence")
 

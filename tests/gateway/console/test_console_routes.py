@@ -11,11 +11,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.auth import KeyStore, Role
 from gateway.cli import load_config
 from gateway.config import build_config
 from gateway.console import overview
 from gateway.console.routes import STATIC
+from gateway.keys.auth import KeyStore, Role
 from tests.conftest import DEFAULT_MODEL, ROOT
 
 KEY = "sk-console-test"

@@ -8,8 +8,8 @@ from typing import Any
 import grpc
 import pytest
 
+from gateway.keys.rate_limit import RateLimiter
 from gateway.kserve.grpc_access import _admitted, peer_address
-from gateway.rate_limit import RateLimiter
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gateway.auth import ANONYMOUS, Principal
 from gateway.errors import InvalidRequestError
+from gateway.keys.auth import ANONYMOUS, Principal
 from gateway.ollama.keep_alive import FOREVER, control_refusal, parse_keep_alive
 
 

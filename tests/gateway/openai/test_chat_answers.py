@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 
 from engines.types import GenerationOutput
+from gateway.llm.reasoning import PARSERS as REASONING
+from gateway.llm.reasoning import Reasoning
+from gateway.llm.tool_parsers import PARSERS
 from gateway.openai.chat import _chunks, _message
 from gateway.openai.protocol import ChatCompletionRequest
-from gateway.openai.reasoning import PARSERS as REASONING
-from gateway.openai.reasoning import Reasoning
 from gateway.openai.results import CollectedChoice
-from gateway.openai.tool_parsers import PARSERS
 from gateway.openai.tools import ToolPlan
 
 TIME = {

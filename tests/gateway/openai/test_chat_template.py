@@ -9,9 +9,9 @@ from transformers import AutoTokenizer
 
 from engines.hf_tokenizer import HFTokenizer
 from gateway.errors import InvalidRequestError
+from gateway.llm.tool_parsers import HermesParser
 from gateway.openai.chat_template import render_chat, template_support
 from gateway.openai.protocol import ChatMessage
-from gateway.openai.tool_parsers import HermesParser
 
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}}
 TOOLS = [

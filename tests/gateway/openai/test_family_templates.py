@@ -13,10 +13,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from engines.hf_tokenizer import HFTokenizer
-from gateway.openai.chat_template import TemplateSupport, render_chat, template_support, template_text
+from gateway.llm.reasoning import reasoning_parser_for
+from gateway.llm.template_support import template_text
+from gateway.llm.tool_parsers import PARSERS, detect
+from gateway.openai.chat_template import TemplateSupport, render_chat, template_support
 from gateway.openai.protocol import ChatMessage
-from gateway.openai.reasoning import reasoning_parser_for
-from gateway.openai.tool_parsers import PARSERS, detect
 
 TEMPLATES = Path(__file__).parent / "templates"
 CALL_ID = "call_0123456789abcdef01234567"

@@ -13,7 +13,7 @@ import pytest
 
 from engines.types import GuidedSpec
 from gateway.llm.grammar_compiler import GuidedDecoder
-from gateway.openai.tool_parsers import PARSERS, ToolCallDelta, ToolParser, content_of, detect
+from gateway.llm.tool_parsers import PARSERS, ToolCallDelta, ToolParser, content_of, detect
 from tests.gateway.openai.conftest import EOS
 from tests.gateway.openai.test_guided import VOCAB, random_walk
 

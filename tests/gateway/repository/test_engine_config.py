@@ -151,7 +151,7 @@ def test_vllm_backend_without_vllm_says_how_to_install(tmp_path: Path) -> None:
 
 
 def test_the_parser_names_a_config_takes_are_the_parsers_that_exist() -> None:
-    from gateway.openai import reasoning, tool_parsers
+    from gateway.llm import reasoning, tool_parsers
     from gateway.repository.model_config import REASONING_PARSERS, TOOL_PARSERS
 
     assert set(TOOL_PARSERS) == {tool_parsers.AUTO, *tool_parsers.PARSERS}

@@ -82,6 +82,6 @@ def tagger_request(x: float = 1.0) -> dict:
 
 
 def x_input(x: float = 1.0):
-    from gateway.tensors import InputTensor
+    from gateway.tensor.tensors import InputTensor
 
     return InputTensor("X", "FP32", np.array([[x]], dtype=np.float32))

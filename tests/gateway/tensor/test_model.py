@@ -12,7 +12,7 @@ from gateway.errors import ConfigError, InvalidRequestError, NotFoundError
 from gateway.repository.layout import find_model_dir
 from gateway.repository.model_config import parse_model_config
 from gateway.tensor.model import TensorModel
-from gateway.tensors import InputTensor, encode_binary_tensor
+from gateway.tensor.tensors import InputTensor, encode_binary_tensor
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -1,0 +1,208 @@
+"""Hermes / Qwen 2.5 / Qwen 3 calls: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, several in a
+row for parallel calls (Hermes, Qwen 2.5/3 and many fine-tunes write them so; it is also the dialect the tools are
+described in for templates that ignore `tools`)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from gateway.llm.grammar_compiler import lark_json
+from gateway.llm.tool_parsers.base import (
+    MAX_PARALLEL_CALLS,
+    ParsedCall,
+    StreamEvent,
+    ToolCallDelta,
+    ToolParser,
+    ToolStreamer,
+    args_object,
+    call_from_object,
+    call_schema,
+    json_objects,
+    loads,
+    new_call_id,
+    partial_object_call,
+    partial_suffix,
+    tools_json_lines,
+)
+
+
+class HermesParser(ToolParser):
+    """Whitespace touching a call is not content: text is split around calls and trimmed at the cuts."""
+
+    name = "hermes"
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+    _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
+
+    def parse(self, text: str, names: set[str]) -> tuple[str | None, list[ParsedCall]]:
+        calls: list[ParsedCall] = []
+        rest, pos = [], 0
+        for m in self._BLOCK.finditer(text):
+            call = call_from_object(loads(m.group(1).strip()), names)
+            if call is None:
+                continue
+            before = text[pos : m.start()].rstrip()
+            rest.append(before.lstrip() if calls else before)
+            pos = m.end()
+            calls.append(call)
+        if not calls:
+            return text, []
+        rest.append(text[pos:].strip())
+        return "".join(rest) or None, calls
+
+    def parse_forced(self, text: str, names: set[str]) -> list[ParsedCall]:
+        calls = []
+        for m in self._BLOCK.finditer(text):
+            found, rest = json_objects(m.group(1), separators="")
+            call = call_from_object(found[0][0], names) if found else partial_object_call(m.group(1)[rest:], names)
+            if call is not None:
+                calls.append(call)
+        if not calls and self.OPEN.startswith(text.strip()):  # cut inside the opening tag
+            call = partial_object_call("", names)
+            calls = [call] if call is not None else []
+        return calls
+
+    def streamer(self, names: set[str], trusted: bool, max_calls: int) -> ToolStreamer:
+        return _HermesStreamer(self, names, trusted, max_calls)
+
+    def system_prompt(self, tools: list[dict[str, Any]]) -> str:
+        return (
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+            f"{tools_json_lines(tools)}\n</tools>\n\n"
+            "For each function call, return a json object with function name and arguments within "
+            "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+        )
+
+    def render_calls(self, calls: list[dict[str, Any]]) -> str:
+        return "\n".join(
+            f"{self.OPEN}\n"
+            + json.dumps({"name": c["name"], "arguments": args_object(c["arguments"])}, ensure_ascii=False)
+            + f"\n{self.CLOSE}"
+            for c in calls
+        )
+
+    def grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
+        start = f'start: call ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else "start: call"
+        return f'{start}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\nbody: {lark_json(call_schema(tools))}\n'
+
+
+class _HermesStreamer(ToolStreamer):
+    _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:')
+
+    def __init__(self, parser: HermesParser, names: set[str], trusted: bool, max_calls: int) -> None:
+        self._parser = parser
+        self._names = names
+        self._trusted = trusted
+        self._max_calls = max_calls
+        self._buf = ""
+        self._in_call = False
+        self._after_call = False  # text right after a call: its leading whitespace is dropped
+        self._space = ""  # whitespace held back before an opening tag
+        self._header_sent = False
+        self._args_start = -1  # where the streamed arguments begin in the buffer; -1 until they start
+        self._sent = 0  # characters of the arguments already streamed
+        self.calls = 0
+
+    def feed(self, text: str) -> list[StreamEvent]:
+        self._buf += text
+        out: list[StreamEvent] = []
+        open_, close = self._parser.OPEN, self._parser.CLOSE
+        while True:
+            if not self._in_call:
+                if self._after_call:
+                    self._buf = self._buf.lstrip()
+                    self._after_call = not self._buf
+                at = self._buf.find(open_)
+                if at == -1:
+                    # Hold back a possible start of "<tool_call>" and trailing whitespace (dropped if a call follows).
+                    keep = partial_suffix(self._buf, open_)
+                    release = self._buf[: len(self._buf) - keep].rstrip()
+                    if release:
+                        out.append(release)
+                        self._buf = self._buf[len(release) :]
+                    return out
+                before = self._buf[:at].rstrip()
+                if before:
+                    out.append(before)
+                self._space = self._buf[len(before) : at]  # given back if this turns out not to be a call
+                self._buf = self._buf[at + len(open_) :]
+                self._in_call, self._header_sent, self._args_start, self._sent = True, False, -1, 0
+                continue
+            end = self._buf.find(close)
+            if self._trusted and self.calls < self._max_calls:
+                out += self._stream_arguments(end)
+            if end == -1:
+                return out
+            body, self._buf = self._buf[:end], self._buf[end + len(close) :]
+            calls_before = self.calls
+            out += self._close(body)
+            self._in_call, self._after_call = False, self.calls > calls_before
+
+    def _stream_arguments(self, end: int) -> list[StreamEvent]:
+        out: list[StreamEvent] = []
+        if not self._header_sent:
+            m = self._HEADER.match(self._buf)
+            if m is None:
+                return out
+            self._header_sent = True
+            self._header_end = m.end()
+            out.append(ToolCallDelta(self.calls, new_call_id(), json.loads(f'"{m.group(1)}"')))
+        if self._args_start == -1:
+            head = self._buf[self._header_end : None if end == -1 else end]
+            if not head.strip():
+                return out
+            self._args_start = self._header_end + len(head) - len(head.lstrip())
+        if end == -1:
+            region = self._buf[self._args_start :]
+            last = region.rfind("}")
+            # The object's own closing brace (and what follows it) may be the end of the call: hold it back.
+            safe = last if last != -1 and self._parser.CLOSE.startswith(region[last + 1 :].lstrip()) else len(region)
+            if safe > self._sent:
+                out.append(ToolCallDelta(self.calls, arguments=region[self._sent : safe]))
+                self._sent = safe
+        return out
+
+    def _close(self, body: str) -> list[StreamEvent]:
+        if self._header_sent:
+            args = body[self._args_start :].rstrip() if self._args_start != -1 else ""
+            args = args[:-1] if args.endswith("}") else args  # the call object's closing brace
+            index, self.calls = self.calls, self.calls + 1
+            return [ToolCallDelta(index, arguments=args[self._sent :])] if len(args) > self._sent else []
+        call = call_from_object(loads(body.strip()), self._names)
+        if call is None:
+            return [self._space + self._parser.OPEN + body + self._parser.CLOSE]
+        if self.calls >= self._max_calls:
+            return []
+        index, self.calls = self.calls, self.calls + 1
+        return [ToolCallDelta(index, new_call_id(), call.name), ToolCallDelta(index, arguments=call.arguments)]
+
+    def finish(self) -> list[StreamEvent]:
+        rest, self._buf = self._buf, ""
+        if not self._in_call:
+            if self._trusted:  # a forced answer cut inside "<tool_call>" (or after its last call): no text
+                return self._cut_call("") if not self.calls and rest.strip() else []
+            rest = rest.rstrip() if self.calls else rest
+            return [rest] if rest else []
+        if self._header_sent:  # cut off inside a streamed call (max_tokens): send what there is
+            args = rest[self._args_start :] if self._args_start != -1 else ""
+            whole, _ = json_objects(args, separators="")
+            args = whole[0][1] if whole else args  # the arguments ended, their call or its tag did not
+            self.calls += 1
+            return [ToolCallDelta(self.calls - 1, arguments=args[self._sent :])] if len(args) > self._sent else []
+        if call_from_object(loads(rest.strip()), self._names) is not None:  # stopped before its closing tag
+            return self._close(rest)
+        if self._trusted:
+            return self._cut_call(rest) if self.calls < self._max_calls else []
+        return [self._space + self._parser.OPEN + rest]
+
+    def _cut_call(self, body: str) -> list[StreamEvent]:
+        """A forced call cut before its name was whole: the tool it can only be, with what its arguments began."""
+        call = partial_object_call(body, self._names)
+        if call is None:
+            return []
+        index, self.calls = self.calls, self.calls + 1
+        out: list[StreamEvent] = [ToolCallDelta(index, new_call_id(), call.name)]
+        return out + [ToolCallDelta(index, arguments=call.arguments)] if call.arguments else out
