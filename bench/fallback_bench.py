@@ -212,14 +212,16 @@ def report(results: list[Result], kill_at: float) -> dict:
         "after": [r for r in results if r.started >= kill_at],
     }
     summary: dict = {"requests": len(results)}
-    print(f"\n{'phase':16} {'requests':>8} {OK:>6} {FAILED_EARLY:>21} {FAILED_STREAMING:>23} {'by a':>6} {'by b':>6}")
+    print(
+        f"\n{'phase':16} {'requests':>8} {OK:>6} {FAILED_EARLY:>21} {FAILED_STREAMING:>23} {'ok by a':>8} {'by b':>6}"
+    )
     for phase, rows in phases.items():
         outcomes = Counter(r.outcome for r in rows)
         served = Counter(r.served for r in rows if r.outcome == OK)
         summary[phase] = {"outcomes": dict(outcomes), "served_ok": {str(k): v for k, v in served.items()}}
         print(
             f"{phase:16} {len(rows):8} {outcomes[OK]:6} {outcomes[FAILED_EARLY]:21} {outcomes[FAILED_STREAMING]:23} "
-            f"{served['a']:6} {served['b']:6}"
+            f"{served['a']:8} {served['b']:6}"
         )
     fell_back = Counter(r.fallbacks for r in results if r.fallbacks)
     summary["fallback_headers"] = dict(fell_back)
