@@ -51,6 +51,7 @@ BOOTSTRAP = (
     "import sys\n"
     "from engines.pytorch import native\n"
     f"native.CFLAGS.extend({FLAGS!r})\n"
+    "native.BUILD_TIMEOUT = None\n"
     "import pytest\n"
     "sys.exit(pytest.main(sys.argv[1:]))\n"
 )

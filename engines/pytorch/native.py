@@ -34,6 +34,8 @@ log = logging.getLogger("switchyard.engines.pytorch")
 # no implicit FMA contraction (elementwise code must round like torch); kernels use FMA through intrinsics.
 # -Wall -Wextra: the sources build without a warning (tested with -Werror on every instruction set they have paths
 # for); a warning here does not stop the build, so a newer compiler's new warning does not turn the kernels off.
+# seconds one library may take to build (a sanitized gemm.c takes minutes on a busy 2-core box: ASan runs lift it)
+BUILD_TIMEOUT: float | None = 300
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=gnu11", "-Wall", "-Wextra"]
 CSRC = Path(__file__).resolve().parent / "csrc"
 _loaded: dict[str, ctypes.CDLL | None] = {}
@@ -91,7 +93,7 @@ def _build(name: str, source_dir: Path, cache_dir: Path) -> Path | None:
             check=False,
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=BUILD_TIMEOUT,
         )
         if proc.returncode != 0:
             log.warning("C kernel %s did not build (%s); using the torch path", name, proc.stderr[-500:])
