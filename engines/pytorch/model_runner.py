@@ -84,6 +84,12 @@ class _Step:
     def norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
         return self._runner.dense.rms_norm(norm, x)
 
+    def norm_add(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self._runner.dense.rms_norm_add(norm, x, residual)
+
+    def norm_heads(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        return self._runner.dense.rms_norm_heads(norm, x)
+
     def attend(self, attention: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return self._runner._attend(attention, q, k, v, self)
 
@@ -440,11 +446,13 @@ class PagedModelRunner:
         def dense(h: torch.Tensor) -> torch.Tensor:
             return self._dense(h, tables, lay)
 
-        if self._replay is None or not replayable or not self._replayable(lay) or len(tables) != 1:
+        if self._replay is None or not replayable or not self._replayable(lay):
             return dense(hidden), None
         rows = lay.num_decode
-        cos, sin = next(iter(tables.values()))
-        inputs = {"cos": cos, "sin": sin, "tables": lay.decode.tables, "ctx_lens": lay.decode.ctx_lens}
+        inputs = {"tables": lay.decode.tables, "ctx_lens": lay.decode.ctx_lens}
+        for kind, (cos, sin) in tables.items():  # one rotary table, or one a layer type (Gemma 3)
+            suffix = "" if len(tables) == 1 else f":{kind}"
+            inputs[f"cos{suffix}"], inputs[f"sin{suffix}"] = cos, sin
         max_blocks = lay.decode.tables.shape[1]
         state = self._replay.plan_state(rows)
         if state == "replayed":
@@ -482,5 +490,7 @@ class PagedModelRunner:
         else:
             decode = lay.num_decode if rows is None else int((rows < lay.num_decode).sum())
             logits = self.lm_head(x, prompt_from=decode)
+        if self.model.final_softcap is not None:
+            logits = self.dense.softcap(logits, self.model.final_softcap)
         hook = self.model.logits_hook
         return (logits if hook is None else hook(logits)).float()

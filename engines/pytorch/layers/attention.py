@@ -26,6 +26,14 @@ class StepContext(Protocol):
         """`norm(x)` for rows x [T, H], on the norm kernel where it runs."""
         ...
 
+    def norm_add(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """`residual + norm(x)` (a block's output norm and the residual add after it), on one kernel where it runs."""
+        ...
+
+    def norm_heads(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        """`norm` of each head of x [T, heads, D] (per-head q/k norms), on the norm kernel where it runs."""
+        ...
+
     def attend(self, attention: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Rotate q [T, H, D] and k [T, KVH, D], write k and v to the layer's cache slots, attend: [T, H * D]."""
         ...
@@ -67,7 +75,7 @@ class Attention:
             q, k = step.norm(self.q_norm, q), step.norm(self.k_norm, k)
         q, k, v = q.view(t, h, d), k.view(t, kvh, d), v.view(t, kvh, d)
         if self.q_norm is not None and not self.norm_whole_projection:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = step.norm_heads(self.q_norm, q), step.norm_heads(self.k_norm, k)
         return self.o(step.attend(self, q, k, v), residual, prompt_from=nd)
 
 
