@@ -535,9 +535,10 @@ def _is_gelu_tanh(act: torch.nn.Module) -> bool:
     # transformers' ACT2FN["gelu_pytorch_tanh"] (Gemma's hidden_activation): F.gelu(approximate="tanh"), unless built
     # with its Python formula
     inner = getattr(act, "act", None)
-    return type(act).__name__ in ("GELUTanh", "PytorchGELUTanh") and getattr(inner, "keywords", {}).get(
-        "approximate"
-    ) == "tanh"
+    return (
+        type(act).__name__ in ("GELUTanh", "PytorchGELUTanh")
+        and getattr(inner, "keywords", {}).get("approximate") == "tanh"
+    )
 
 
 class DenseOps:
@@ -635,11 +636,7 @@ class DenseOps:
     def act_mul(self, act: torch.nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
         """act(gate) * up for gate_up = [gate | up] along the last dimension."""
         kernel = (
-            self._silu_kernel
-            if _is_silu(act)
-            else "gelu_tanh_mul_f32"
-            if self._f32 and _is_gelu_tanh(act)
-            else None
+            self._silu_kernel if _is_silu(act) else "gelu_tanh_mul_f32" if self._f32 and _is_gelu_tanh(act) else None
         )
         if kernel is None or gate_up.dtype != self._dtype or gate_up.stride(-1) != 1:
             gate, up = gate_up.chunk(2, dim=-1)
