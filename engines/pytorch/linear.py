@@ -542,11 +542,12 @@ def _is_gelu_tanh(act: torch.nn.Module) -> bool:
 
 
 class DenseOps:
-    """RMSNorm and SiLU-and-multiply of the dense layers: C kernels when the GEMM kernel is in use (rows shared with
-    the helper threads on steps of SHARE_MIN_ELEMENTWISE_ROWS or more), else what transformers computes
-    (`module(x)`, `act(gate) * up`). The RMSNorm kernels give transformers' bits in float32 and bfloat16 (torch's
-    order for the mean's sum), and so does bfloat16 SiLU-and-multiply (torch's exp_u20); float32 SiLU uses our exp
-    (within a few ulp: torch's float32 SiLU takes another exp)."""
+    """RMSNorm and SiLU-and-multiply of the dense layers (and, in float32, Gemma-like layers' RMSNorm with the
+    residual add, per-head RMSNorm, GELU-tanh-and-multiply and the logit soft-cap): C kernels when the GEMM kernel
+    is in use (rows shared with the helper threads on steps of SHARE_MIN_ELEMENTWISE_ROWS or more), else what
+    transformers computes (`module(x)`, `act(gate) * up`). The RMSNorm kernels give transformers' bits in float32
+    and bfloat16 (torch's order for the mean's sum), and so does bfloat16 SiLU-and-multiply (torch's exp_u20);
+    float32 SiLU uses our exp and GELU-tanh and the soft-cap our tanh (within a few ulp of torch's)."""
 
     def __init__(
         self, fast: bool, dtype: torch.dtype, cache_dir: Path | None, helpers: HelperThreads | None = None

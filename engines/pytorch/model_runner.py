@@ -439,9 +439,9 @@ class PagedModelRunner:
     ) -> tuple[torch.Tensor, list[int] | None]:
         """The layers and logits of a step's embeddings: replayed in one C call where the step allows (and then
         with the greedy tokens when asked), else from Python. A model whose layers run torch ops between the
-        kernels (q/k norms, multipliers, a logit soft-cap) records no plan (step_replay.py refuses it); a step
-        with LoRA adapter rows (`replayable` false) runs from Python, which adds their updates (lora.py), and
-        neither records nor replays: the plans of its row count stay the base model's."""
+        kernels (Granite's multipliers, a bfloat16 model's Gemma norms) records no plan (step_replay.py refuses
+        it); a step with LoRA adapter rows (`replayable` false) runs from Python, which adds their updates
+        (lora.py), and neither records nor replays: the plans of its row count stay the base model's."""
 
         def dense(h: torch.Tensor) -> torch.Tensor:
             return self._dense(h, tables, lay)

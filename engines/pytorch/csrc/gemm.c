@@ -1,7 +1,8 @@
 /* Projections of the native engine (engines/pytorch/linear.py): the packed float32 / bfloat16 GEMM, its variants
    on GGUF blocks (gemm_blocks.h; float16 / bfloat16 panels of float32 models) and AMX, the fused gate-up-SiLU job,
-   and the dense layers' elementwise kernels (RMSNorm, SiLU-and-multiply), with their `*_par` entry points on the
-   helper-thread pool. Built by native.py. */
+   and the dense layers' elementwise kernels (RMSNorm, SiLU-and-multiply; for Gemma-like layers RMSNorm with the
+   residual add, per-head RMSNorm, GELU-tanh-and-multiply and the logit soft-cap), with their `*_par` entry points
+   on the helper-thread pool. Built by native.py. */
 #include "gemm_common.h"
 #include "type_suffix.h"
 

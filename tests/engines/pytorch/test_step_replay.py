@@ -18,6 +18,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
@@ -127,6 +129,11 @@ def test_sliding_window_steps_replay(tmp_path: Path) -> None:
 def test_per_head_qk_norms_replay(tmp_path: Path) -> None:
     """qwen3's per-head q/k norms run on the norm kernel (one call for every head of every row): its steps replay."""
     _replays_with_python_bits(tmp_path, *_pair(lambda: Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=16))))
+
+
+def test_block_output_norms_replay(tmp_path: Path) -> None:
+    """OLMo 2's norms of each block's output with the residual add after them are one kernel: its steps replay."""
+    _replays_with_python_bits(tmp_path, *_pair(lambda: Olmo2ForCausalLM(Olmo2Config(**SHAPE))))
 
 
 GEMMA = dict(SHAPE, head_dim=16, sliding_window=8, hidden_activation="gelu_pytorch_tanh")
