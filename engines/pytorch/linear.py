@@ -140,6 +140,7 @@ def int8_available(cache_dir: Path | None) -> bool:
 
 _lib: ctypes.CDLL | None = None
 SHARE_MIN_ELEMENTWISE_ROWS = 128  # norms and activations of fewer rows take less than waking a helper
+HEAD_NORM_KERNEL_ROWS = 64  # per-head norms of steps up to this many rows: one kernel call a row (DenseOps)
 
 
 def _signatures() -> Signatures:
@@ -617,14 +618,32 @@ class DenseOps:
         return y
 
     def rms_norm_heads(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """norm(x) of each head of x [T, heads, D] (per-head q/k norms), the heads of a row D apart."""
+        """`module(x)` over each head of x [T, heads, D] (per-head q/k norms: Qwen3, Gemma 3; a row's heads are D
+        apart, rows the projection's stride apart), so that a decode step's q/k norms are kernel calls the step
+        replay records: in float32 one call for every head of every row (`rms_norm_heads_f32`); in bfloat16 one
+        call per row of up to HEAD_NORM_KERNEL_ROWS rows, transformers' module on larger steps (the kernels give
+        its bits either way)."""
         t, heads, d = x.shape
-        if not self._f32 or x.dtype != torch.float32 or module.weight.dtype != x.dtype or x.stride()[1:] != (d, 1):
+        if self._f32 and x.dtype == torch.float32 and module.weight.dtype == x.dtype and x.stride()[1:] == (d, 1):
+            y = x.new_empty(t, heads, d)
+            w, eps = module.weight.data_ptr(), module.variance_epsilon
+            self._run("rms_norm_heads_f32", t * heads, x.data_ptr(), x.stride(0), w, eps, y.data_ptr(), heads * d,
+                      t, heads, d)  # fmt: skip
+            return y
+        if (
+            self._rms_kernel is None
+            or x.dtype != self._dtype
+            or module.weight.dtype != x.dtype
+            or t > HEAD_NORM_KERNEL_ROWS
+            or x.stride(2) != 1
+        ):
             return module(x)
         y = x.new_empty(t, heads, d)
         w, eps = module.weight.data_ptr(), module.variance_epsilon
-        self._run("rms_norm_heads_f32", t * heads, x.data_ptr(), x.stride(0), w, eps, y.data_ptr(), heads * d,
-                  t, heads, d)  # fmt: skip
+        for i in range(t):  # looked up each call: the step replay's recorder wraps the library's functions
+            getattr(self._lib, self._rms_kernel)(
+                x[i].data_ptr(), x.stride(1), w, eps, y[i].data_ptr(), d, heads, d, None
+            )
         return y
 
     def softcap(self, x: torch.Tensor, cap: float) -> torch.Tensor:

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from engines.interface import StepInputError, UnsupportedModelError
-from engines.pytorch import host_memory, lora, step_replay
+from engines.pytorch import host_memory, lora, moe_experts, step_replay
 from engines.pytorch import linear as linear_module
 from engines.pytorch import paged_attention as attention_module
 from engines.pytorch.exact_forward import ExactForward
@@ -87,7 +87,7 @@ class _Step:
     def norm_add(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self._runner.dense.rms_norm_add(norm, x, residual)
 
-    def norm_heads(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    def head_norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
         return self._runner.dense.rms_norm_heads(norm, x)
 
     def attend(self, attention: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -214,10 +214,15 @@ class PagedModelRunner:
             return None
         projections = [self.lm_head, *self.model.projections()]
         holders = [*projections, *(p._linear for p in projections if getattr(p, "_linear", None) is not None)]
+        libs, signatures = [gemm, attention], [linear_module._SIGNATURES, attention_module._SIGNATURES]
+        fused = [f for f in (getattr(layer.mlp, "fused", None) for layer in self.model.layers) if f is not None]
+        if fused:  # MoE blocks in one C call each (moe_experts.py): recorded like the projections
+            libs.append(fused[0].library)
+            signatures.append(moe_experts.SIGNATURES)
         replay = StepReplay(
             cache_dir,
-            [gemm, attention],
-            [linear_module._SIGNATURES, attention_module._SIGNATURES],
+            libs,
+            signatures,
             holders,
             [getattr(attention, f"paged_decode_{s}") for s in attention_module.SUFFIXES.values()],
             [self],

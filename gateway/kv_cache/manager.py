@@ -96,6 +96,20 @@ class KVCacheManager:
         self.prefix_stats.hit_tokens += cached
         return cached
 
+    def share(self, seq_id: str, blocks: list[int]) -> int:
+        """Append `blocks` after an admitted sequence's cached prefix, taking a reference to each: full blocks of its
+        prefix that another sequence's prefill writes in the step being planned (a follower admitted in the step
+        that completes a shared prefix). They count as committed here: their writer registers them in the cache
+        when that step is done. Returns the tokens they hold."""
+        alloc = self._allocs[seq_id]
+        for block in blocks:
+            self.pool.touch(block)
+        alloc.block_table.extend(blocks)
+        alloc.num_committed = len(alloc.block_table)
+        shared = len(blocks) * self.block_size
+        self.prefix_stats.hit_tokens += shared
+        return shared
+
     def _blocks_needed(self, seq_id: str, num_tokens: int) -> int:
         have = len(self._allocs[seq_id].block_table) if seq_id in self._allocs else 0
         return max(0, -(-num_tokens // self.block_size) - have)

@@ -30,8 +30,9 @@ class StepContext(Protocol):
         """`residual + norm(x)` (a block's output norm and the residual add after it), on one kernel where it runs."""
         ...
 
-    def norm_heads(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
-        """`norm` of each head of x [T, heads, D] (per-head q/k norms), on the norm kernel where it runs."""
+    def head_norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        """`norm(x)` over each head of x [T, heads, D] (a view of the qkv projection's rows), on the norm kernel
+        where it runs."""
         ...
 
     def attend(self, attention: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -75,7 +76,7 @@ class Attention:
             q, k = step.norm(self.q_norm, q), step.norm(self.k_norm, k)
         q, k, v = q.view(t, h, d), k.view(t, kvh, d), v.view(t, kvh, d)
         if self.q_norm is not None and not self.norm_whole_projection:
-            q, k = step.norm_heads(self.q_norm, q), step.norm_heads(self.k_norm, k)
+            q, k = step.head_norm(self.q_norm, q), step.head_norm(self.k_norm, k)
         return self.o(step.attend(self, q, k, v), residual, prompt_from=nd)
 
 

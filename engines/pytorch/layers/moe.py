@@ -25,6 +25,12 @@ depend on the rest of the batch (on CPUs with a tile unit, as for the dense laye
 share its expert, `Linear`'s `prompt_from`). The router runs on `Linear` too: its logits are batch-independent
 (torch's F.linear is not), and within the kernel's last-bit difference from F.linear, so the same experts are
 chosen as transformers chooses except where two experts' probabilities are that close.
+
+In float32 on the kernels, everything after the router's projection is one C call instead (moe_experts.py,
+csrc/moe.c: the same routing, grouping, expert jobs and slot-order sum, with torch.topk's choice among ties), so
+that a decode step runs no torch op between its kernels and the step replay keeps it; this Python block is then
+what that call is checked against (tests/engines/pytorch/layers/test_moe.py), and what bfloat16 models and
+torch's projections run.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from engines.pytorch.expert_blocks import LayerExperts
 from engines.pytorch.gguf_blocks import WeightBlocks
 from engines.pytorch.layers.projections import Kernels
 from engines.pytorch.linear import GatedActivation, Linear
+from engines.pytorch.moe_experts import FusedExperts
 
 
 @dataclass(frozen=True)
@@ -65,10 +72,17 @@ class SparseMoE:
     """A sparse MoE block over the engine's projections (see the module's docstring): `block(x)` is transformers'
     block's output for the rows x [T, H]."""
 
-    def __init__(self, router: Linear, experts: Sequence[tuple[GatedActivation, Linear]], routing: Routing) -> None:
+    def __init__(
+        self,
+        router: Linear,
+        experts: Sequence[tuple[GatedActivation, Linear]],
+        routing: Routing,
+        fused: FusedExperts | None = None,
+    ) -> None:
+        """`fused`: the same block after the router in one C call (moe_experts.py), which float32 steps then take."""
         if not 0 < routing.top_k <= len(experts):
             raise ValueError(f"{routing.top_k} experts a token of {len(experts)}: the config is inconsistent")
-        self.router, self.experts, self.routing = router, list(experts), routing
+        self.router, self.experts, self.routing, self.fused = router, list(experts), routing, fused
 
     @classmethod
     def build(
@@ -113,7 +127,10 @@ class SparseMoE:
                         kernels.linear(down[e]),
                     )
                 )
-        return cls(router, made, Routing.of(config))
+        routing = Routing.of(config)
+        hidden = int(config.hidden_size)
+        fused = FusedExperts.build(router, made, routing.top_k, routing.normalize, hidden, cache_dir) if fast else None
+        return cls(router, made, routing, fused)
 
     def projections(self) -> list[Linear | GatedActivation]:
         """Every projection of the block (the router's and the experts'), for what the runner asks of them all
@@ -122,8 +139,10 @@ class SparseMoE:
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's top-k expert weights and experts ([T, k] each, highest probability first), as transformers'
-        router computes them from the router's logits."""
+        router computes them from the router's logits (in float32 with `fused`: as its C call routes)."""
         logits = self.router(x)
+        if self.fused is not None and logits.dtype == torch.float32:
+            return self.fused.route(logits, self.routing.normalize)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, chosen = torch.topk(probs, self.routing.top_k, dim=-1)
         if self.routing.normalize:
@@ -137,6 +156,8 @@ class SparseMoE:
     ) -> torch.Tensor:
         """The block's output for rows x [T, H] (+ `residual`, added after, as the decoder layer adds it);
         `prompt_from`: where the step's prompt rows start (they follow its decode rows), as for `Linear`."""
+        if self.fused is not None and x.dtype == torch.float32:
+            return self.fused(x, self.router(x), residual, prompt_from)
         t, k = x.shape[0], self.routing.top_k
         weights, chosen = self.route(x)
         pairs = chosen.reshape(-1)  # the (row, slot) pairs, row by row

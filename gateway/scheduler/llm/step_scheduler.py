@@ -8,10 +8,14 @@ for lack of KV space and the scheduler never waits on itself. A running sequence
 step to a waiting request of higher priority that can be admitted (a chat arriving while batch requests prefill).
 
 Shared prefixes: a request whose next uncached block a running prefill is computing (many chats with one system
-prompt, n>1 choices) is a *follower*: it waits until that prefill commits the block, then reuses it. Followers are
-admitted in the step after the commit, shortest uncached remainder first among equal priority, each remainder whole
-(one that fits a step is never split to fill the current step's leftover budget: its first token would come a step
-later all the same, and the step that carries the others' first tokens would carry its partial work too).
+prompt, n>1 choices) is a *follower*: it waits for that prefill, then reuses the block. Where the engine writes every
+prefill row's keys and values before any prefill row attends (`EngineInfo.prefill_reads_step_writes`), followers are
+admitted in the step that completes their prefix: they take the blocks its prefill chunks write (the leader's last
+chunk, or a leader admitted whole) and their tails ride beside it as prefill rows (a one-token tail would be a decode
+row, which attends before the prefill rows write: it waits a step). Otherwise they are admitted in the step after the
+commit. Followers go shortest uncached remainder first among equal priority, each remainder whole (one that fits a
+step is never split to fill the current step's leftover budget: its first token would come a step later all the
+same, and the step that carries the others' first tokens would carry its partial work too).
 
 With speculative decoding on (the config's `pytorch.speculative`), a decoding sequence's step may carry proposed tokens
 after its last one (speculation.py decides when, ngram_draft.py what); the engine verifies them in the same step,
@@ -47,6 +51,9 @@ from gateway.scheduler.llm.queue_policy import REJECTED, QueuePolicy, retry_afte
 from gateway.scheduler.llm.speculation import SequenceSpeculation, verifiable
 
 log = logging.getLogger("switchyard.scheduler")
+
+# full blocks a step being planned completes, by digest: the block, and its tokens (checked as a cache hit is)
+Written = dict[bytes, tuple[int, tuple[int, ...]]]
 
 
 @dataclass
@@ -275,12 +282,19 @@ class StepScheduler:
                 i += 1
                 continue
             break
-        self._waiting.sort(key=lambda s: self._queue.sort_key(s.request, s.order, now))
-        self._order_followers(now)
+        # Full blocks this step's prefill rows complete (digest -> block and its tokens): where the engine lets a
+        # prefill row read what another writes in the same step, a follower takes them and rides along.
+        written: Written = {}
+        if self._info.prefill_reads_step_writes:
+            for seq, planned in scheduled:
+                self._note_writes(seq, planned, written)
         # Requests whose next uncached block is being prefilled right now (n>1 choices, one system prompt for many
-        # chats) wait until that prefill commits it, then find it in the cache instead of computing it again; all
-        # of them in the step after the commit, as the budget allows.
+        # chats) find it in the cache instead of computing it again: in the step that completes it (its blocks
+        # taken from the writer, their tails as prefill rows beside its chunk) where the engine allows, else in the
+        # step after the commit; as the budget allows.
         computing = self._blocks_in_flight()
+        self._waiting.sort(key=lambda s: self._queue.sort_key(s.request, s.order, now))
+        self._order_followers(now, computing, written)
         chunked, admitted = self._limits.enable_chunked_prefill, False
         i = 0
         while (
@@ -289,18 +303,31 @@ class StepScheduler:
             and len(self._running) < self._limits.max_num_seqs
         ):
             seq = self._waiting[i]
+            riding: list[int] = []
             if seq.num_computed == 0:
                 if computing and self._needs_block_in_flight(seq, computing):
                     seq.follower = True
-                    i += 1
-                    continue
+                    riding = self._ride(seq, written, computing)
+                    if not riding:
+                        i += 1
+                        continue
                 seq.num_computed = self._kv.admit(seq.seq_id, seq.tokens, seq.block_hashes, seq.root)
+                if riding:
+                    seq.num_computed += self._kv.share(seq.seq_id, riding)
                 if seq.request.session_id:
                     self._sessions.touch(seq.request.session_id)
                 if not seq.processor.num_tokens:
                     seq.cached_tokens = seq.num_computed
             n = len(seq.tokens) - seq.num_computed
-            if chunked and seq.follower and admitted and budget < n <= self._limits.max_num_batched_tokens:
+            whole = n <= self._limits.max_num_batched_tokens
+            # a rider's rows must be prefill rows (a one-token step is a decode row, which attends before the
+            # step's prefill rows write); its remainder, too, whole when it fits a step
+            if riding and (min(n, budget) < 2 or (budget < n and (whole or not chunked))):
+                self._kv.free(seq.seq_id)  # it takes the blocks from the cache in the next step
+                seq.num_computed = 0
+                i += 1
+                continue
+            if chunked and seq.follower and admitted and budget < n and whole:
                 self._kv.free(seq.seq_id)  # a follower's remainder is not split: whole in the next step
                 seq.num_computed = 0
                 i += 1
@@ -324,6 +351,8 @@ class StepScheduler:
                     budget -= n
                     admitted = True
                     computing.update(self._uncomputed_blocks(seq))
+                    if self._info.prefill_reads_step_writes:
+                        self._note_writes(seq, scheduled[-1][1], written)
                     continue
             self._kv.free(seq.seq_id)  # drop prefix-cache references taken by admit; retry next step
             seq.num_computed = 0
@@ -338,10 +367,16 @@ class StepScheduler:
             self._fit_drafts(scheduled, limit)
         return scheduled
 
-    def _order_followers(self, now: float) -> None:
+    def _order_followers(self, now: float, computing: set[bytes], written: Written) -> None:
         """Among waiting followers of equal admission priority, shortest uncached remainder first (in the queue
-        positions those followers hold, so nobody else moves): after a shared prefix commits, the step's first tokens
-        go to as many followers as its budget holds, and the p90 time to first token is lowest."""
+        positions those followers hold, so nobody else moves): once a shared prefix is complete (in the cache, or
+        `written` by this step), the step's first tokens go to as many followers as its budget holds, and the p90
+        time to first token is lowest. A request is a follower from the first step it finds a block it needs in
+        flight (`computing`), so riders are ordered already in the step that completes their prefix."""
+        if written:  # as far as a step could admit (the loop below finds the others when it reaches them)
+            for seq in self._waiting[: self._limits.max_num_seqs]:
+                if not seq.follower and seq.num_computed == 0 and self._needs_block_in_flight(seq, computing):
+                    seq.follower = True
         slots = [i for i, s in enumerate(self._waiting) if s.follower and s.num_computed == 0]
         if len(slots) < 2:
             return
@@ -349,12 +384,52 @@ class StepScheduler:
 
         def key(seq: _Sequence) -> tuple[bool, float, int, int]:
             delayed, priority, _ = self._queue.sort_key(seq.request, seq.order, now)
-            cached = self._kv.num_cached_blocks(seq.tokens, seq.block_hashes, seq.root) * bs
+            k = self._kv.num_cached_blocks(seq.tokens, seq.block_hashes, seq.root)
+            cached = (k + len(self._written_run(seq, k, written))) * bs
             return delayed, priority, len(seq.tokens) - cached, seq.order
 
         followers = sorted((self._waiting[i] for i in slots), key=key)
         for i, seq in zip(slots, followers, strict=True):
             self._waiting[i] = seq
+
+    def _note_writes(self, seq: _Sequence, step: SequenceStep, written: Written) -> None:
+        """Add to `written` the full blocks that `step`, if it is a prefill row (two or more new tokens, no
+        proposals), completes: a block partly computed by an earlier chunk is complete once this step has written
+        the rest of it; blocks completed before are committed, in the cache already."""
+        if not self._kv.enable_prefix_caching or len(step.token_ids) < 2 or step.num_draft_tokens:
+            return
+        bs = self._kv.block_size
+        end = (step.start_pos + len(step.token_ids)) // bs
+        hashes = self._kv.hashes(seq.tokens, seq.block_hashes, end, seq.root)
+        for i in range(step.start_pos // bs, end):
+            written.setdefault(hashes[i], (step.block_table[i], tuple(seq.tokens[i * bs : (i + 1) * bs])))
+
+    def _written_run(self, seq: _Sequence, k: int, written: Written) -> list[int]:
+        """The blocks of `written` that hold `seq`'s prompt blocks k, k + 1, ... (k: its first block not in the
+        cache), as far as they go, each checked against its own tokens; at least one token is left to compute."""
+        bs, blocks = self._kv.block_size, []
+        last = (len(seq.tokens) - 1) // bs
+        self._kv.hashes(seq.tokens, seq.block_hashes, last, seq.root)
+        while (
+            k < last
+            and (hit := written.get(seq.block_hashes[k]))
+            and hit[1] == tuple(seq.tokens[k * bs : (k + 1) * bs])
+        ):
+            blocks.append(hit[0])
+            k += 1
+        return blocks
+
+    def _ride(self, seq: _Sequence, written: Written, computing: set[bytes]) -> list[int]:
+        """The blocks a waiting follower takes to be admitted in this step: the shared blocks this step completes,
+        when its prefix is then complete (none of its later blocks still in flight for a later chunk); else none."""
+        if not written:
+            return []
+        k = self._kv.num_cached_blocks(seq.tokens, seq.block_hashes, seq.root)
+        blocks = self._written_run(seq, k, written)
+        j = k + len(blocks)
+        if blocks and j < (len(seq.tokens) - 1) // self._kv.block_size and seq.block_hashes[j] in computing:
+            return []
+        return blocks
 
     def _fit_drafts(self, scheduled: list[tuple[_Sequence, SequenceStep]], limit: int) -> None:
         """Shorten proposals, latest-scheduled first, until the step's decode rows fit `limit`. An admission whose

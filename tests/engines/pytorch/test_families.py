@@ -118,3 +118,9 @@ def test_family_greedy_equals_transformers_float32(family: str, path: str, monke
                 break  # a tie: the rest follows another token
             assert abs(logprobs[step] - ref_logprobs[step]) <= LOGPROB_TOLERANCE, (family, path, step)
     print(f"{family} [{path}]: smallest top-two margins {sorted(margins)[:3]}")
+    replay = engine._runner._replay
+    if family in MOE and replay is not None:
+        # the MoE block is one C call (moe_experts.py): decode steps are kernel calls only, and the replay's
+        # second-step check (its logits equal to the Python forward's, bit for bit) keeps them replaying
+        states = {rows: replay.plan_state(rows) for rows in range(1, 5)}
+        assert "off" not in states.values() and "replayed" in states.values(), states

@@ -141,6 +141,30 @@ def test_rms_norm_kernel_gives_transformers_bits(dtype: torch.dtype, tmp_path: P
         assert torch.equal(alone.rms_norm(norm, x), ref) and torch.equal(shared.rms_norm(norm, x), ref)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_per_head_rms_norm_on_the_kernel_gives_transformers_bits(dtype: torch.dtype, tmp_path: Path) -> None:
+    """q/k norms over each head of a view of the qkv projection (Qwen3's, Gemma 3's with its 1 + w scale): one
+    kernel call a row on decode-sized steps, transformers' module beyond; its bits either way."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from engines.pytorch.layers.norms import RMSNorm
+
+    ops = DenseOps(True, dtype, tmp_path)
+    if not ops.uses_kernel:
+        pytest.skip("no C compiler or no AVX2/FMA here")
+    gen = torch.Generator().manual_seed(23)
+    for d in (32, 128, 256):
+        for module, unit_offset in ((Qwen3RMSNorm(d, eps=1e-6), False), (Gemma3RMSNorm(d, eps=1e-6), True)):
+            with torch.no_grad():
+                module.weight.copy_(torch.randn(d, generator=gen) * 0.3)
+            norm = RMSNorm(module.to(dtype), unit_offset)
+            for rows in (1, 7, linear.HEAD_NORM_KERNEL_ROWS + 1):
+                qkv = torch.randn(rows, 20 * d, generator=gen).to(dtype)
+                q = qkv[:, : 16 * d].view(rows, 16, d)
+                assert torch.equal(ops.rms_norm_heads(norm, q), module(q)), (d, type(module).__name__, rows)
+
+
 def test_bfloat16_silu_mul_kernel_gives_transformers_bits(tmp_path: Path) -> None:
     """act(gate) * up in bfloat16 as torch computes it (its exp_u20 in the vector loop, libm's expf in the tail),
     alone and shared: every bfloat16 value as the gate (NaN, infinities and values past exp's range included; an

@@ -48,6 +48,26 @@ def test_manager_shares_prefix_blocks_between_sequences() -> None:
     assert kv.pool.num_used == 0 and kv.pool.num_cached == 2
 
 
+def test_shared_blocks_of_a_step_in_flight_are_referenced_and_registered_by_their_writer() -> None:
+    """A follower takes blocks its leader writes in the step being planned (not in the cache yet): it holds a
+    reference to each, never registers them itself, and they outlive the leader; the leader's commit caches them."""
+    kv = KVCacheManager(num_blocks=8, block_size=2)
+    lead, follow = [1, 2, 3, 4, 5], [1, 2, 3, 4, 9, 9]
+    kv.admit("a", lead)
+    kv.allocate("a", 5)
+    assert kv.admit("b", follow) == 0 and kv.share("b", kv.block_table("a")[:2]) == 4
+    kv.allocate("b", 6)
+    assert kv.block_table("b")[:2] == kv.block_table("a")[:2] and kv.pool.num_used == 4
+    kv.commit("b", follow, 6)  # b's own block only: the shared ones are its writer's to offer
+    assert kv.pool.num_cached == 1
+    kv.commit("a", lead, 5)
+    assert kv.num_cached_blocks([1, 2, 3, 4, 0]) == 2
+    kv.free("a")
+    assert kv.pool.num_used == 3  # b still holds the two it took
+    kv.free("b")
+    assert kv.pool.num_used == 0 and kv.prefix_stats.hit_tokens == 4
+
+
 def test_manager_allocate_is_all_or_nothing() -> None:
     kv = KVCacheManager(num_blocks=2, block_size=4)
     assert kv.allocate("a", 12) is None

@@ -143,6 +143,7 @@ def build(request, monkeypatch: pytest.MonkeyPatch):
     if request.param == "avx2":
         monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, "-mno-avx512f"])
         monkeypatch.delitem(native._loaded, "gemm", raising=False)
+        monkeypatch.delitem(native._loaded, "moe", raising=False)
         monkeypatch.setattr(linear, "_lib", None)
     elif request.param == "no-tile-unit":
         monkeypatch.setattr(linear, "TILE_UNIT", False)
@@ -217,8 +218,10 @@ class _Spy:
 
 
 def test_a_step_reads_only_the_experts_its_rows_chose_once_each(tmp_path: Path) -> None:
+    """The Python block's grouping (the fused C call's: the next test)."""
     config = _config("qwen3_moe")
     block = _ours(_reference(config), config, True, tmp_path)
+    block.fused = None
     calls: list = []
     block.experts = [
         (_Spy(g, calls, (e, "gate_up")), _Spy(d, calls, (e, "down"))) for e, (g, d) in enumerate(block.experts)
@@ -233,6 +236,77 @@ def test_a_step_reads_only_the_experts_its_rows_chose_once_each(tmp_path: Path) 
         assert calls == [((e, part), rows_of[e]) for e in used for part in ("gate_up", "down")]
         if rows == 1:
             assert len(used) == config.num_experts_per_tok < config.num_experts
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_the_fused_call_reads_only_the_experts_its_rows_chose(family: str, tmp_path: Path) -> None:
+    """The fused block (moe_experts.py) runs as the Python one (the same experts; outputs within the last bits of
+    the softmax's exp), and touches no expert its rows did not choose: those experts' table entries are made
+    invalid, which the kernel refuses when it reaches one."""
+    from engines.pytorch.moe_experts import P_WORDS, T_HEADER
+
+    config = _config(family)
+    block = _ours(_reference(config), config, True, tmp_path)
+    _kernel_or_skip(block)
+    assert block.fused is not None
+    table = block.fused.table
+    for rows in ROWS:
+        x = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(rows + 7))
+        chosen = block.route(x)[1]
+        fused = block(x)
+        python = SparseMoE(block.router, block.experts, block.routing)
+        assert torch.equal(python.route(x)[1], chosen)
+        torch.testing.assert_close(fused, python(x), atol=1e-6, rtol=0)
+        saved = table.clone()
+        unused = [e for e in range(len(block.experts)) if e not in set(chosen.flatten().tolist())]
+        for e in unused:
+            table[T_HEADER + 2 * P_WORDS * e] = table[T_HEADER + 2 * P_WORDS * e + P_WORDS] = 99
+        try:
+            assert torch.equal(block(x), fused)
+            if unused:
+                x_all = x.clone()
+                with pytest.raises(RuntimeError, match="refused"):
+                    block.fused(x_all, _router_logits_choosing(block, x_all, unused[0]), None, None)
+        finally:
+            table.copy_(saved)
+        if rows == 1:
+            assert len(unused) == len(block.experts) - config.num_experts_per_tok
+
+
+@pytest.mark.parametrize("build", ["native", "avx2"], indirect=True)
+def test_the_fused_routing_chooses_among_ties_as_torch_topk(build: str, tmp_path: Path) -> None:
+    """csrc/moe.c's top-k against torch.topk on probabilities full of ties (logits from a few levels), on both of
+    torch's algorithms (partial sort where k * 64 <= E, else nth_element and a sort): the same experts in the same
+    order; the weights within the last bits of the softmax's exp."""
+    from engines.pytorch.moe_experts import library
+
+    lib = library(tmp_path)
+    if lib is None:
+        pytest.skip("no C compiler here")
+    gen = torch.Generator().manual_seed(5)
+    for experts, k in [(4, 2), (6, 2), (8, 4), (60, 6), (64, 1), (128, 8), (128, 2), (256, 8), (200, 17)]:
+        for normalize in (True, False):
+            logits = torch.randint(0, 3, (64, experts), generator=gen).float() * 0.5
+            weights, chosen = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), k, dim=-1)
+            if normalize:
+                weights /= weights.sum(dim=-1, keepdim=True)
+            ours = torch.empty(64, k, dtype=torch.int32)
+            our_weights = torch.empty(64, k)
+            assert (
+                lib.moe_route_f32(
+                    logits.data_ptr(), experts, 64, experts, k, int(normalize), ours.data_ptr(), our_weights.data_ptr()
+                )
+                == 0
+            )
+            assert torch.equal(ours.long(), chosen), (experts, k)
+            torch.testing.assert_close(our_weights, weights, rtol=4e-6, atol=0)
+
+
+def _router_logits_choosing(block: SparseMoE, x: torch.Tensor, expert: int) -> torch.Tensor:
+    """The router's logits for x with `expert` made every row's first choice."""
+    logits = block.router(x).clone()
+    logits[:, expert] = logits.max() + 10
+    return logits
 
 
 def _quantized_experts(e: int, n: int, k: int, qtype: str, seed: int) -> ExpertBlocks:

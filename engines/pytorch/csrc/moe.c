@@ -1,0 +1,367 @@
+/* A sparse mixture-of-experts block in one call (engines/pytorch/layers/moe.py, `FusedExperts`): routing from the
+   router's logits, the chosen experts' projections grouped by expert, and the weighted sum added to the residual.
+   Nothing of it is left to torch, so a decode step of an MoE model is kernel calls only and the step replay
+   (step_replay.py) records it as one call whose data-dependent work (which experts, which rows) happens inside.
+
+   Routing, as transformers' Qwen3-MoE and Mixtral routers compute it: softmax of the logits in float32, top-k of the
+   probabilities with torch.topk's choice among ties (below), the k weights divided by their sum where the family
+   normalises. The experts run on csrc/gemm.c's kernels (their addresses are in the table Python builds): the fused
+   gate-up-SiLU job, then the down projection, each over the rows that chose the expert (ascending; the step's
+   decode rows before its prompt rows, with gemm.c's modes as linear.py's `_Packed.row_parts` picks them). Experts
+   no row chose are not read. Each (row, slot) output times its weight is summed in slot order in float32 (mul then
+   add: the product rounded first, as transformers multiplies then sums), then added to the residual.
+
+   Vector paths (AVX-512, AVX2) and a scalar one; the combination gives the same bits on each, the softmax's exp is
+   simd_exp.h's on the vector paths and libm's expf on the scalar one (within 2 ulp of each other). */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#include "simd_exp.h"
+#endif
+#if defined(__AVX512F__)
+EXP16_AVX512
+#elif defined(__AVX2__) && defined(__FMA__)
+EXP8_AVX2
+#endif
+
+/* The table (int64 words): a header, then per expert two projections (gate-up, down) of P_WORDS each. */
+enum { T_EXPERTS, T_TOP_K, T_NORMALIZE, T_SILU, T_F32, T_F32_PAR, T_BLOCKS, T_HEADER = 8 };
+enum { P_KIND, P_W, P_SEGS, P_PTRS, P_NSEG, P_NB, P_TILE_UNIT, P_WORDS = 8 };
+/* P_KIND: how gemm.c reads the projection's weight */
+enum { K_SILU_PANELS, K_SILU_BLOCKS, K_F32, K_F32_PAR, K_BLOCKS };
+enum { F_PINNED = 1, F_INT8 = 2 };            /* flags: linear.decode_rows_pinned, linear.activations_int8 */
+enum { TILE_MODE = 1, INT8_MODE = 2 };        /* gemm_blocks_par's `amx` (linear.py) */
+enum { TILE_UNIT_MIN_ROWS = 16, TILE_UNIT_FEW_ROWS = 64, FEW_PANELS = 4, CHUNK_PANELS = 16, ROW_TILE = 192 };
+#define MOE_MAX_EXPERTS 1024
+#define MOE_MAX_TOP_K 17 /* torch sorts the first k - 1 by insertion up to 16 of them (below) */
+
+typedef int (*silu_fn)(const float*, int64_t, const float*, const int*, const int64_t*, int, float*, int64_t, int,
+                       int, int, int, int, int);
+typedef void (*f32_fn)(const float*, int64_t, const float*, const float*, const float*, int64_t, float*, int64_t,
+                       int, int, int);
+typedef void (*f32_par_fn)(const float*, int64_t, const float*, const float*, const float*, int64_t, float*,
+                           int64_t, int, int, int, int, int);
+typedef int (*blocks_fn)(const float*, int64_t, const int*, const int64_t*, int, const float*, const float*,
+                         int64_t, float*, int64_t, int, int, int, int, int, int);
+
+int moe_max_experts(void) { return MOE_MAX_EXPERTS; }
+int moe_max_top_k(void) { return MOE_MAX_TOP_K; }
+
+/* ------------------------------------------------------------------------------------------------ routing */
+
+/* torch.topk(largest, sorted) on CPU orders (value, index) pairs with libstdc++'s algorithms and a comparator on
+   the values alone, so among equal values the order is theirs: std::partial_sort where k * 64 <= n, else
+   std::nth_element at k - 1 and std::sort of the first k - 1. The same steps here, on the same comparator, give
+   the same experts for tied probabilities (a zero router, experts with equal router rows). */
+typedef struct { float v; int i; } pair;
+static inline int before(pair a, pair b) { return (isnan(a.v) && !isnan(b.v)) || a.v > b.v; }
+static inline void swap_pair(pair* a, pair* b) { pair t = *a; *a = *b; *b = t; }
+
+static void insertion_sort(pair* first, pair* last) {
+    if (first == last) return;
+    for (pair* i = first + 1; i != last; i++) {
+        pair val = *i;
+        if (before(val, *first)) {
+            memmove(first + 1, first, (size_t)(i - first) * sizeof(pair));
+            *first = val;
+        } else {
+            pair* hole = i;
+            pair* next = i - 1;
+            while (before(val, *next)) *hole = *next, hole = next, next--;
+            *hole = val;
+        }
+    }
+}
+
+static void push_heap(pair* first, int64_t hole, int64_t top, pair val) {
+    int64_t parent = (hole - 1) / 2;
+    while (hole > top && before(first[parent], val)) first[hole] = first[parent], hole = parent, parent = (hole - 1) / 2;
+    first[hole] = val;
+}
+
+static void adjust_heap(pair* first, int64_t hole, int64_t len, pair val) {
+    const int64_t top = hole;
+    int64_t child = hole;
+    while (child < (len - 1) / 2) {
+        child = 2 * (child + 1);
+        if (before(first[child], first[child - 1])) child--;
+        first[hole] = first[child];
+        hole = child;
+    }
+    if ((len & 1) == 0 && child == (len - 2) / 2) {
+        child = 2 * (child + 1);
+        first[hole] = first[child - 1];
+        hole = child - 1;
+    }
+    push_heap(first, hole, top, val);
+}
+
+static void make_heap(pair* first, pair* last) {
+    const int64_t len = last - first;
+    if (len < 2) return;
+    for (int64_t parent = (len - 2) / 2;; parent--) {
+        adjust_heap(first, parent, len, first[parent]);
+        if (parent == 0) return;
+    }
+}
+
+static inline void pop_heap(pair* first, pair* last, pair* result) {
+    pair val = *result;
+    *result = *first;
+    adjust_heap(first, 0, last - first, val);
+}
+
+static void heap_select(pair* first, pair* middle, pair* last) {
+    make_heap(first, middle);
+    for (pair* i = middle; i < last; i++)
+        if (before(*i, *first)) pop_heap(first, middle, i);
+}
+
+static void move_median_to_first(pair* result, pair* a, pair* b, pair* c) {
+    if (before(*a, *b)) {
+        if (before(*b, *c)) swap_pair(result, b);
+        else if (before(*a, *c)) swap_pair(result, c);
+        else swap_pair(result, a);
+    } else if (before(*a, *c)) swap_pair(result, a);
+    else if (before(*b, *c)) swap_pair(result, c);
+    else swap_pair(result, b);
+}
+
+static pair* unguarded_partition(pair* first, pair* last, pair* pivot) {
+    for (;;) {
+        while (before(*first, *pivot)) first++;
+        last--;
+        while (before(*pivot, *last)) last--;
+        if (!(first < last)) return first;
+        swap_pair(first, last);
+        first++;
+    }
+}
+
+static void nth_element(pair* first, pair* nth, pair* last) {
+    if (first == last || nth == last) return;
+    int depth = 0;
+    for (int64_t n = last - first; n > 1; n >>= 1) depth++;
+    depth *= 2;  /* std::__lg(n) * 2 */
+    while (last - first > 3) {
+        if (depth == 0) {
+            heap_select(first, nth + 1, last);
+            swap_pair(first, nth);
+            return;
+        }
+        depth--;
+        pair* mid = first + (last - first) / 2;
+        move_median_to_first(first, first + 1, mid, last - 1);
+        pair* cut = unguarded_partition(first + 1, last, first);
+        if (cut <= nth) first = cut;
+        else last = cut;
+    }
+    insertion_sort(first, last);
+}
+
+/* The top k of q[0 .. n) as torch.topk(largest=True, sorted=True) orders them (k <= MOE_MAX_TOP_K). */
+static void top_k(pair* q, int n, int k) {
+    if ((int64_t)k * 64 <= n) {
+        heap_select(q, q + k, q + n);
+        for (pair* last = q + k; last - q > 1;) {  /* std::sort_heap */
+            last--;
+            pop_heap(q, last, last);
+        }
+    } else {
+        nth_element(q, q + k - 1, q + n);
+        insertion_sort(q, q + k - 1);  /* std::sort of k - 1 <= 16 elements */
+    }
+}
+
+/* softmax(logits[0 .. n)) into p: exp(l - max) / sum, the sum in index order. */
+static void softmax(const float* logits, int n, float* p) {
+    float max = -INFINITY;
+    for (int e = 0; e < n; e++) max = logits[e] > max ? logits[e] : max;
+#if defined(__AVX512F__)
+    float in[MOE_MAX_EXPERTS + 16];
+    const int padded = (n + 15) / 16 * 16;
+    memcpy(in, logits, (size_t)n * sizeof(float));
+    for (int e = n; e < padded; e++) in[e] = max;  /* every value through the same vector exp: ties stay ties */
+    for (int e = 0; e < padded; e += 16)
+        _mm512_storeu_ps(p + e, exp16(_mm512_sub_ps(_mm512_loadu_ps(in + e), _mm512_set1_ps(max))));
+#elif defined(__AVX2__) && defined(__FMA__)
+    float in[MOE_MAX_EXPERTS + 8];
+    const int padded = (n + 7) / 8 * 8;
+    memcpy(in, logits, (size_t)n * sizeof(float));
+    for (int e = n; e < padded; e++) in[e] = max;
+    for (int e = 0; e < padded; e += 8)
+        _mm256_storeu_ps(p + e, exp8(_mm256_sub_ps(_mm256_loadu_ps(in + e), _mm256_set1_ps(max))));
+#else
+    for (int e = 0; e < n; e++) p[e] = expf(logits[e] - max);
+#endif
+    float sum = 0.0f;
+    for (int e = 0; e < n; e++) sum += p[e];
+    const float inv = 1.0f / sum;
+    for (int e = 0; e < n; e++) p[e] *= inv;
+}
+
+/* Each row's k experts (highest probability first) and their weights, from the router's logits [M, E] (ld apart).
+   A NaN among a row's logits makes its probabilities NaN, ordered as torch orders them: the step's logits come out
+   NaN and the sampler reports them. */
+static void route(const float* logits, int64_t ldl, int m, int n, int k, int normalize, int32_t* chosen,
+                 float* weights) {
+    float p[MOE_MAX_EXPERTS + 16];
+    pair q[MOE_MAX_EXPERTS];
+    for (int r = 0; r < m; r++) {
+        softmax(logits + r * ldl, n, p);
+        for (int e = 0; e < n; e++) q[e].v = p[e], q[e].i = e;
+        top_k(q, n, k);
+        float sum = 0.0f;
+        for (int s = 0; s < k; s++) sum += q[s].v;
+        for (int s = 0; s < k; s++) {
+            chosen[r * k + s] = q[s].i;
+            weights[r * k + s] = normalize ? q[s].v / sum : q[s].v;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ experts */
+
+static inline int chunk_of(int mode, int m) {
+    return mode == TILE_MODE && m <= TILE_UNIT_FEW_ROWS ? FEW_PANELS : CHUNK_PANELS;
+}
+
+/* One projection of an expert over m rows of x (the first `decode` of them decode rows) into y; 0, -1 (a
+   kernel's scratch could not be allocated) or -2 (an unknown kind). */
+static int project(const int64_t* table, const int64_t* p, const float* x, int64_t ldx, float* y, int64_t ldy, int m,
+                   int decode, int k, int flags) {
+    const int nb = (int)p[P_NB];
+    const float* w = (const float*)p[P_W];
+    const int* segs = (const int*)p[P_SEGS];
+    const int64_t* ptrs = (const int64_t*)p[P_PTRS];
+    const int nseg = (int)p[P_NSEG];
+    switch ((int)p[P_KIND]) {
+        case K_F32:
+            ((f32_fn)table[T_F32])(x, ldx, w, 0, 0, 0, y, ldy, m, nb, k);
+            return 0;
+        case K_F32_PAR:
+            ((f32_par_fn)table[T_F32_PAR])(x, ldx, w, 0, 0, 0, y, ldy, m, nb, k, CHUNK_PANELS,
+                                           m < ROW_TILE ? m : ROW_TILE);
+            return 0;
+        case K_SILU_PANELS:
+            return ((silu_fn)table[T_SILU])(x, ldx, w, 0, 0, 0, y, ldy, m, nb, k, CHUNK_PANELS,
+                                            m < ROW_TILE ? m : ROW_TILE, 0);
+        case K_SILU_BLOCKS: case K_BLOCKS: break;
+        default: return -2;
+    }
+    /* GGUF blocks: decode rows and prompt rows in the modes `_Packed.row_parts` gives them */
+    const int tile = (int)p[P_TILE_UNIT], other = flags & F_INT8 ? INT8_MODE : 0;
+    const int modes[2] = {tile && decode > TILE_UNIT_MIN_ROWS && !(flags & F_PINNED) && !other ? TILE_MODE : other,
+                          tile ? TILE_MODE : other};
+    int parts[2][3] = {{0, m, modes[0]}, {m, m, 0}};
+    if (modes[0] != modes[1]) parts[0][1] = decode, parts[1][0] = decode, parts[1][2] = modes[1];
+    for (int i = 0; i < 2; i++) {
+        const int a = parts[i][0], e = parts[i][1], mode = parts[i][2], rows = e - a;
+        if (rows <= 0) continue;
+        const int mchunk = rows < ROW_TILE ? rows : ROW_TILE;
+        const int rc = (int)p[P_KIND] == K_SILU_BLOCKS
+                           ? ((silu_fn)table[T_SILU])(x + a * ldx, ldx, 0, segs, ptrs, nseg, y + a * ldy, ldy, rows,
+                                                      nb, k, chunk_of(mode, rows), mchunk, mode)
+                           : ((blocks_fn)table[T_BLOCKS])(x + a * ldx, ldx, segs, ptrs, nseg, 0, 0, 0, y + a * ldy,
+                                                          ldy, rows, nb, k, chunk_of(mode, rows), mchunk, mode);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* out[r] = residual[r] + sum over slots s of ys[at[r k + s]] * weights[r k + s], in slot order (residual NULL:
+   the sum alone). */
+static void combine(const float* ys, int64_t ldy, const int32_t* at, const float* weights, const float* residual,
+                    int64_t ldr, float* out, int64_t ldo, int m, int k, int h) {
+    for (int r = 0; r < m; r++) {
+        const float* w = weights + r * k;
+        const int32_t* a = at + r * k;
+        float* o = out + r * ldo;
+        const float* res = residual ? residual + r * ldr : 0;
+        int c = 0;
+#if defined(__AVX512F__)
+        for (; c + 16 <= h; c += 16) {
+            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(ys + a[0] * ldy + c), _mm512_set1_ps(w[0]));
+            for (int s = 1; s < k; s++)
+                acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(ys + a[s] * ldy + c), _mm512_set1_ps(w[s])));
+            if (res) acc = _mm512_add_ps(_mm512_loadu_ps(res + c), acc);
+            _mm512_storeu_ps(o + c, acc);
+        }
+#endif
+#if defined(__AVX2__)
+        for (; c + 8 <= h; c += 8) {
+            __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(ys + a[0] * ldy + c), _mm256_set1_ps(w[0]));
+            for (int s = 1; s < k; s++)
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(ys + a[s] * ldy + c), _mm256_set1_ps(w[s])));
+            if (res) acc = _mm256_add_ps(_mm256_loadu_ps(res + c), acc);
+            _mm256_storeu_ps(o + c, acc);
+        }
+#endif
+        for (; c < h; c++) {
+            float acc = ys[a[0] * ldy + c] * w[0];
+            for (int s = 1; s < k; s++) acc += ys[a[s] * ldy + c] * w[s];
+            o[c] = res ? res[c] + acc : acc;
+        }
+    }
+}
+
+/* The routing alone (for tests and for steps that want the experts): chosen [M, k] int32, weights [M, k]. */
+int moe_route_f32(const float* logits, int64_t ldl, int m, int n, int k, int normalize, int32_t* chosen,
+                  float* weights) {
+    if (n > MOE_MAX_EXPERTS || k > MOE_MAX_TOP_K || k > n || k < 1) return -2;
+    route(logits, ldl, m, n, k, normalize, chosen, weights);
+    return 0;
+}
+
+/* The block for rows x [M, H]: out = residual + sum of the chosen experts' outputs times their weights.
+   logits: the router's [M, E]; table: see above; the experts' width I, the gate-up output's row stride ldg and
+   the down output's ldd (their panels' columns); prompt_from: the first prompt row (M: none).
+   Scratch (float): xs [M k, H], gs [M k, ldg], ys [M k, ldd], weights [M k]; iscratch (int32): chosen [M k],
+   rows [M k] (the (row, slot) pairs grouped by expert), at [M k] (each pair's place among them), counts [E + 1].
+   Returns 0, -1 (a kernel's scratch could not be allocated) or -2 (a table the kernel cannot run: too many
+   experts, or a chosen expert of an unknown kind). */
+int moe_experts_f32(const float* logits, int64_t ldl, const float* x, int64_t ldx, const float* residual,
+                    int64_t ldr, float* out, int64_t ldo, int m, int h, int width, const int64_t* table,
+                    float* scratch, int32_t* iscratch, int64_t ldg, int64_t ldd, int prompt_from, int flags) {
+    const int n = (int)table[T_EXPERTS], k = (int)table[T_TOP_K];
+    if (n > MOE_MAX_EXPERTS || k > MOE_MAX_TOP_K || k > n || k < 1) return -2;
+    const int64_t pairs = (int64_t)m * k;
+    float* xs = scratch;
+    float* gs = xs + pairs * h;
+    float* ys = gs + pairs * ldg;
+    float* weights = ys + pairs * ldd;
+    int32_t* chosen = iscratch;
+    int32_t* rows = chosen + pairs;
+    int32_t* at = rows + pairs;
+    int32_t* counts = at + pairs;
+    route(logits, ldl, m, n, k, (int)table[T_NORMALIZE], chosen, weights);
+    /* group the pairs by expert (a counting sort: rows ascending within an expert) */
+    memset(counts, 0, (size_t)(n + 1) * sizeof(int32_t));
+    for (int64_t i = 0; i < pairs; i++) counts[chosen[i] + 1]++;
+    for (int e = 0; e < n; e++) counts[e + 1] += counts[e];
+    for (int64_t i = 0; i < pairs; i++) {
+        const int32_t place = counts[chosen[i]]++;
+        rows[place] = (int32_t)(i / k);
+        at[i] = place;
+    }
+    /* counts[e] is now the end of expert e's pairs, counts[e - 1] (0 for e = 0) their start */
+    for (int e = 0, start = 0; e < n; start = counts[e], e++) {
+        const int count = counts[e] - start;
+        if (!count) continue;
+        int decode = 0;
+        for (int i = start; i < counts[e]; i++) {
+            if (rows[i] < prompt_from) decode++;
+            memcpy(xs + (int64_t)i * h, x + rows[i] * ldx, (size_t)h * sizeof(float));
+        }
+        const int64_t* gate_up = table + T_HEADER + (int64_t)e * 2 * P_WORDS;
+        int rc = project(table, gate_up, xs + (int64_t)start * h, h, gs + start * ldg, ldg, count, decode, h, flags);
+        if (!rc)
+            rc = project(table, gate_up + P_WORDS, gs + start * ldg, ldg, ys + start * ldd, ldd, count, decode, width,
+                         flags);
+        if (rc) return rc == -2 ? -2 : -1;
+    }
+    combine(ys, ldd, at, weights, residual, ldr, out, ldo, m, k, h);
+    return 0;
+}
