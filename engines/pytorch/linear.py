@@ -151,6 +151,9 @@ def _signatures() -> Signatures:
     tiles = [i32, i32]  # chunk, mchunk
     silu = [p, i64, p, i64, i32, i32]  # gu, ldg, y, ldy, M, I
     rms = [p, i64, p, f32, p, i64, i32, i32]  # x, ldx, w, eps, y, ldy, M, H
+    rms_add = [p, i64, p, f32, p, i64, p, i64, i32, i32]  # x, ldx, w, eps, r, ldr, y, ldy, M, H
+    rms_heads = [p, i64, p, f32, p, i64, i32, i32, i32]  # x, ldx, w, eps, y, ldy, M, heads, D
+    softcap = [p, i64, f32, i32, i32]  # x (in place), ldx, cap, M, N
     return {
         "set_pool": (None, [p]),
         "gemm_f32": (None, gemm_f32),
@@ -173,6 +176,14 @@ def _signatures() -> Signatures:
         "rms_norm_f32_par": (None, rms),
         "rms_norm_bf16": (None, [*rms, p]),
         "rms_norm_bf16_par": (None, rms),
+        "rms_norm_add_f32": (None, [*rms_add, p]),
+        "rms_norm_add_f32_par": (None, rms_add),
+        "rms_norm_heads_f32": (None, [*rms_heads, p]),
+        "rms_norm_heads_f32_par": (None, rms_heads),
+        "gelu_tanh_mul_f32": (None, [*silu, p]),
+        "gelu_tanh_mul_f32_par": (None, silu),
+        "softcap_f32": (None, [*softcap, p]),
+        "softcap_f32_par": (None, softcap),
     }
 
 
@@ -521,12 +532,23 @@ def _is_silu(act: torch.nn.Module) -> bool:
     return isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
 
 
+def _is_gelu_tanh(act: torch.nn.Module) -> bool:
+    # transformers' ACT2FN["gelu_pytorch_tanh"] (Gemma's hidden_activation): F.gelu(approximate="tanh"), unless built
+    # with its Python formula
+    inner = getattr(act, "act", None)
+    return (
+        type(act).__name__ in ("GELUTanh", "PytorchGELUTanh")
+        and getattr(inner, "keywords", {}).get("approximate") == "tanh"
+    )
+
+
 class DenseOps:
-    """RMSNorm and SiLU-and-multiply of the dense layers: C kernels when the GEMM kernel is in use (rows shared with
-    the helper threads on steps of SHARE_MIN_ELEMENTWISE_ROWS or more), else what transformers computes
-    (`module(x)`, `act(gate) * up`). The RMSNorm kernels give transformers' bits in float32 and bfloat16 (torch's
-    order for the mean's sum), and so does bfloat16 SiLU-and-multiply (torch's exp_u20); float32 SiLU uses our exp
-    (within a few ulp: torch's float32 SiLU takes another exp)."""
+    """RMSNorm and SiLU-and-multiply of the dense layers (and, in float32, Gemma-like layers' RMSNorm with the
+    residual add, per-head RMSNorm, GELU-tanh-and-multiply and the logit soft-cap): C kernels when the GEMM kernel
+    is in use (rows shared with the helper threads on steps of SHARE_MIN_ELEMENTWISE_ROWS or more), else what
+    transformers computes (`module(x)`, `act(gate) * up`). The RMSNorm kernels give transformers' bits in float32
+    and bfloat16 (torch's order for the mean's sum), and so does bfloat16 SiLU-and-multiply (torch's exp_u20);
+    float32 SiLU uses our exp and GELU-tanh and the soft-cap our tanh (within a few ulp of torch's)."""
 
     def __init__(
         self, fast: bool, dtype: torch.dtype, cache_dir: Path | None, helpers: HelperThreads | None = None
@@ -543,6 +565,8 @@ class DenseOps:
             if f32
             else ("silu_mul_bf16" if lib.exact_silu_bf16() == 1 else None)
         )  # bfloat16: only where it gives torch's bits
+        # float32 only: GELU-tanh and the kernels of Gemma-like layers (within a few ulp of torch's tanh, like SiLU)
+        self._f32 = lib is not None and f32
         self._share = helpers is not None and lib is not None
         if self._share:
             helpers.attach(lib)
@@ -580,12 +604,32 @@ class DenseOps:
         )
         return y
 
+    def rms_norm_add(self, module: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + norm(x): a block's output norm and the residual add after it, one kernel in float32."""
+        if not self._f32 or x.dtype != torch.float32 or module.weight.dtype != x.dtype or residual.stride(-1) != 1:
+            return residual + self.rms_norm(module, x)
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        m, h = x.shape
+        y = x.new_empty(m, h)
+        w, eps = module.weight.data_ptr(), module.variance_epsilon
+        self._run("rms_norm_add_f32", m, x.data_ptr(), x.stride(0), w, eps, residual.data_ptr(), residual.stride(0),
+                  y.data_ptr(), h, m, h)  # fmt: skip
+        return y
+
     def rms_norm_heads(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """`module(x)` over each head of x [T, heads, D] (per-head q/k norms: Qwen3, Gemma 3): on the kernel one
-        call per row of up to HEAD_NORM_KERNEL_ROWS rows (a row's heads are D apart; rows are the projection's
-        stride apart), so that a decode step's q/k norms are kernel calls the step replay records; transformers'
-        module on larger steps (the kernel gives its bits either way)."""
+        """`module(x)` over each head of x [T, heads, D] (per-head q/k norms: Qwen3, Gemma 3; a row's heads are D
+        apart, rows the projection's stride apart), so that a decode step's q/k norms are kernel calls the step
+        replay records: in float32 one call for every head of every row (`rms_norm_heads_f32`); in bfloat16 one
+        call per row of up to HEAD_NORM_KERNEL_ROWS rows, transformers' module on larger steps (the kernels give
+        its bits either way)."""
         t, heads, d = x.shape
+        if self._f32 and x.dtype == torch.float32 and module.weight.dtype == x.dtype and x.stride()[1:] == (d, 1):
+            y = x.new_empty(t, heads, d)
+            w, eps = module.weight.data_ptr(), module.variance_epsilon
+            self._run("rms_norm_heads_f32", t * heads, x.data_ptr(), x.stride(0), w, eps, y.data_ptr(), heads * d,
+                      t, heads, d)  # fmt: skip
+            return y
         if (
             self._rms_kernel is None
             or x.dtype != self._dtype
@@ -602,14 +646,24 @@ class DenseOps:
             )
         return y
 
+    def softcap(self, x: torch.Tensor, cap: float) -> torch.Tensor:
+        """tanh(x / cap) * cap (a final logit soft-cap), in place where the kernel runs."""
+        if not self._f32 or x.dtype != torch.float32 or x.dim() != 2 or x.stride(-1) != 1:
+            return torch.tanh(x / cap) * cap
+        self._run("softcap_f32", x.shape[0], x.data_ptr(), x.stride(0), cap, x.shape[0], x.shape[1])
+        return x
+
     def act_mul(self, act: torch.nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
         """act(gate) * up for gate_up = [gate | up] along the last dimension."""
-        if self._silu_kernel is None or gate_up.dtype != self._dtype or not _is_silu(act) or gate_up.stride(-1) != 1:
+        kernel = (
+            self._silu_kernel if _is_silu(act) else "gelu_tanh_mul_f32" if self._f32 and _is_gelu_tanh(act) else None
+        )
+        if kernel is None or gate_up.dtype != self._dtype or gate_up.stride(-1) != 1:
             gate, up = gate_up.chunk(2, dim=-1)
             return act(gate) * up
         m, i2 = gate_up.shape
         y = gate_up.new_empty(m, i2 // 2)
-        self._run(self._silu_kernel, m, gate_up.data_ptr(), gate_up.stride(0), y.data_ptr(), i2 // 2, m, i2 // 2)
+        self._run(kernel, m, gate_up.data_ptr(), gate_up.stride(0), y.data_ptr(), i2 // 2, m, i2 // 2)
         return y
 
 

@@ -84,6 +84,9 @@ class _Step:
     def norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
         return self._runner.dense.rms_norm(norm, x)
 
+    def norm_add(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self._runner.dense.rms_norm_add(norm, x, residual)
+
     def head_norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
         return self._runner.dense.rms_norm_heads(norm, x)
 
@@ -441,18 +444,20 @@ class PagedModelRunner:
     ) -> tuple[torch.Tensor, list[int] | None]:
         """The layers and logits of a step's embeddings: replayed in one C call where the step allows (and then
         with the greedy tokens when asked), else from Python. A model whose layers run torch ops between the
-        kernels (q/k norms, multipliers, a logit soft-cap) records no plan (step_replay.py refuses it); a step
-        with LoRA adapter rows (`replayable` false) runs from Python, which adds their updates (lora.py), and
-        neither records nor replays: the plans of its row count stay the base model's."""
+        kernels (Granite's multipliers, a bfloat16 model's Gemma norms) records no plan (step_replay.py refuses
+        it); a step with LoRA adapter rows (`replayable` false) runs from Python, which adds their updates
+        (lora.py), and neither records nor replays: the plans of its row count stay the base model's."""
 
         def dense(h: torch.Tensor) -> torch.Tensor:
             return self._dense(h, tables, lay)
 
-        if self._replay is None or not replayable or not self._replayable(lay) or len(tables) != 1:
+        if self._replay is None or not replayable or not self._replayable(lay):
             return dense(hidden), None
         rows = lay.num_decode
-        cos, sin = next(iter(tables.values()))
-        inputs = {"cos": cos, "sin": sin, "tables": lay.decode.tables, "ctx_lens": lay.decode.ctx_lens}
+        inputs = {"tables": lay.decode.tables, "ctx_lens": lay.decode.ctx_lens}
+        for kind, (cos, sin) in tables.items():  # one rotary table, or one a layer type (Gemma 3)
+            suffix = "" if len(tables) == 1 else f":{kind}"
+            inputs[f"cos{suffix}"], inputs[f"sin{suffix}"] = cos, sin
         max_blocks = lay.decode.tables.shape[1]
         state = self._replay.plan_state(rows)
         if state == "replayed":
@@ -490,5 +495,7 @@ class PagedModelRunner:
         else:
             decode = lay.num_decode if rows is None else int((rows < lay.num_decode).sum())
             logits = self.lm_head(x, prompt_from=decode)
+        if self.model.final_softcap is not None:
+            logits = self.dense.softcap(logits, self.model.final_softcap)
         hook = self.model.logits_hook
         return (logits if hook is None else hook(logits)).float()

@@ -59,8 +59,10 @@ WORDS = W_FLOATS + FLOATS // 2
 ENABLED = True  # read when a runner is built; benchmarks and tests turn it off to compare
 MAX_PLANS = 64  # row counts with a plan (decode and verification steps of 1 .. max_num_seqs (k + 1) rows)
 # The decode attention's per-step arguments (paged_attention.py's `decode` signature): cos, sin, tables,
-# max_blocks, ctx_lens.
+# max_blocks, ctx_lens. A model with a rotary table per layer type (Gemma 3) passes each table's as "cos<name>" and
+# "sin<name>": each attention call gets the pair it was recorded with.
 ATTENTION_STEP_ARGS = {"cos": 6, "sin": 7, "tables": 10, "max_blocks": 11, "ctx_lens": 12}
+_ROTARY = ("cos", "sin")
 # torch ops a replayable forward may run between its kernels: allocations and views, no arithmetic.
 _ALLOCATING = {"aten::empty.memory_format", "aten::new_empty", "aten::empty_strided", "aten::new_empty_strided"}
 _VIEWING = {
@@ -257,6 +259,7 @@ class _Plan:
         self.logits_offset = 0  # elements
         self.logits_patch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # rows, columns, byte offsets
         self.attention_rows: np.ndarray = np.zeros(0, dtype=np.int64)
+        self.attention_rotary: dict[str, np.ndarray] = {}  # a rotary table's name suffix -> the calls using it
         self.calls = 0
         self.validated = False
 
@@ -398,6 +401,7 @@ class StepReplay:
         words = np.zeros((len(calls), WORDS), dtype=np.int64)
         resets: list[tuple[int, int, int]] = []
         patch_rows, patch_cols, patch_offsets, attention_rows = [], [], [], []
+        rotary_rows: dict[str, list[int]] = {}
         step_ptrs = {name: t.data_ptr() for name, t in step_inputs.items()}
         lasting = _long_lived(self._owners)
         starts = [lo for lo, _ in lasting]
@@ -414,8 +418,21 @@ class StepReplay:
             if fn in self._attention:
                 attention_rows.append(i)
                 for name, pos in ATTENTION_STEP_ARGS.items():
-                    if name in step_ptrs and ints[pos] != step_ptrs[name]:
+                    if name in step_ptrs and name not in _ROTARY and ints[pos] != step_ptrs[name]:
                         raise _Unreplayable(f"the decode attention's argument {pos} is not the step's {name}")
+                suffix = next(
+                    (
+                        n[3:]
+                        for n, p in step_ptrs.items()
+                        if n.startswith("cos")
+                        and p == ints[ATTENTION_STEP_ARGS["cos"]]
+                        and step_ptrs.get(f"sin{n[3:]}") == ints[ATTENTION_STEP_ARGS["sin"]]
+                    ),
+                    None,
+                )
+                if suffix is None:
+                    raise _Unreplayable("the decode attention's cos and sin are not a rotary table of the step")
+                rotary_rows.setdefault(suffix, []).append(i)
             pointers = [
                 t not in (ctypes.c_float, ctypes.c_int, ctypes.c_int64)
                 for t in call.fn.argtypes
@@ -450,6 +467,7 @@ class StepReplay:
         plan.resets = np.array(resets or [(0, 0, 0)], dtype=np.int64)
         plan.calls = len(calls)
         plan.attention_rows = np.array(attention_rows, dtype=np.int64)
+        plan.attention_rotary = {n: np.array(r, dtype=np.int64) for n, r in rotary_rows.items()}
         plan.logits_patch = (
             np.array(patch_rows, dtype=np.int64),
             np.array(patch_cols, dtype=np.int64),
@@ -509,7 +527,11 @@ class StepReplay:
         rows_a = plan.attention_rows
         if len(rows_a):
             for name, pos in ATTENTION_STEP_ARGS.items():
-                words[rows_a, W_INTS + pos] = max_blocks if name == "max_blocks" else step_inputs[name].data_ptr()
+                if name not in _ROTARY:
+                    words[rows_a, W_INTS + pos] = max_blocks if name == "max_blocks" else step_inputs[name].data_ptr()
+            for suffix, rows_r in plan.attention_rotary.items():
+                for name in _ROTARY:
+                    words[rows_r, W_INTS + ATTENTION_STEP_ARGS[name]] = step_inputs[name + suffix].data_ptr()
         storage = torch.empty(plan.logits_numel, dtype=torch.float32)
         prow, pcol, poff = plan.logits_patch
         words[prow, pcol] = storage.data_ptr() + poff

@@ -1,7 +1,8 @@
 /* Projections of the native engine (engines/pytorch/linear.py): the packed float32 / bfloat16 GEMM, its variants
    on GGUF blocks (gemm_blocks.h; float16 / bfloat16 panels of float32 models) and AMX, the fused gate-up-SiLU job,
-   and the dense layers' elementwise kernels (RMSNorm, SiLU-and-multiply), with their `*_par` entry points on the
-   helper-thread pool. Built by native.py. */
+   and the dense layers' elementwise kernels (RMSNorm, SiLU-and-multiply; for Gemma-like layers RMSNorm with the
+   residual add, per-head RMSNorm, GELU-tanh-and-multiply and the logit soft-cap), with their `*_par` entry points
+   on the helper-thread pool. Built by native.py. */
 #include "gemm_common.h"
 #include "type_suffix.h"
 
@@ -225,6 +226,95 @@ void rms_norm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, float eps,
         const float r = 1.0f / sqrtf(torch_sum_squares(xm, H, 1) / (float)H + eps);
         for (int i = 0; i < H; i++)
             ym[i] = f32_to_bf16(bf16_to_f32(w[i]) * bf16_to_f32(f32_to_bf16(bf16_to_f32(xm[i]) * r)));
+    }
+}
+
+/* y = r + w * (x * (1 / sqrt(mean(x * x) + eps))): a block's output norm and the residual add after it (Gemma 2 and
+   3's sandwich norms, OLMo 2's), each op rounded as transformers' norm and the following `+` round it. */
+void rms_norm_add_f32(const float* x, int64_t ldx, const float* w, float eps, const float* r, int64_t ldr, float* y,
+                      int64_t ldy, int M, int H, int* next) {
+    for (int m0, m1, done = 0; next_rows(next, M, &m0, &m1, &done);)
+    for (int m = m0; m < m1; m++) {
+        const float* xm = x + m * ldx;
+        const float* rm = r + m * ldr;
+        float* ym = y + m * ldy;
+        const float s = 1.0f / sqrtf(torch_sum_squares(xm, H, 0) / (float)H + eps);
+        for (int i = 0; i < H; i++) ym[i] = rm[i] + w[i] * (xm[i] * s);
+    }
+}
+
+/* rms_norm_f32 of every head of every row: x [M][heads][D] with rows ldx apart and heads D apart (q or k, a view of
+   the fused qkv projection's output), y likewise with rows ldy apart. Qwen3 and Gemma 3's per-head q/k norms. */
+void rms_norm_heads_f32(const float* x, int64_t ldx, const float* w, float eps, float* y, int64_t ldy, int M,
+                        int heads, int D, int* next) {
+    for (int m0, m1, done = 0; next_rows(next, M * heads, &m0, &m1, &done);)
+    for (int m = m0; m < m1; m++) {
+        const float* xm = x + (int64_t)(m / heads) * ldx + (int64_t)(m % heads) * D;
+        float* ym = y + (int64_t)(m / heads) * ldy + (int64_t)(m % heads) * D;
+        const float s = 1.0f / sqrtf(torch_sum_squares(xm, D, 0) / (float)D + eps);
+        for (int i = 0; i < D; i++) ym[i] = w[i] * (xm[i] * s);
+    }
+}
+
+/* tanh over 8 floats, as paged attention's softcap1 computes it lane by lane: near 0 (|x| < 0.125, where 1 - e loses
+   digits) its odd series to x^7, else (1 - e) / (1 + e) with e = exp(-2|x|); within a few ulp of tanhf. */
+static inline __m256 tanh8(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 a = _mm256_andnot_ps(sign, x), a2 = _mm256_mul_ps(a, a);
+    __m256 p = _mm256_add_ps(_mm256_set1_ps(0.133333333f), _mm256_mul_ps(a2, _mm256_set1_ps(-0.053968254f)));
+    p = _mm256_add_ps(_mm256_set1_ps(-0.333333333f), _mm256_mul_ps(a2, p));
+    const __m256 series = _mm256_mul_ps(a, _mm256_add_ps(one, _mm256_mul_ps(a2, p)));
+    const __m256 e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), a));
+    const __m256 big = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+    const __m256 t = _mm256_blendv_ps(big, series, _mm256_cmp_ps(a, _mm256_set1_ps(0.125f), _CMP_LT_OQ));
+    return _mm256_or_ps(t, _mm256_and_ps(x, sign));
+}
+
+/* x = tanh(x / cap) * cap in place, over N floats of M rows ldx apart: transformers' `final_logit_softcapping`
+   (Gemma 2's logits), each op rounded as its three torch ops round them. */
+static inline __m256 softcap8(__m256 v, float cap) {
+    const __m256 c = _mm256_set1_ps(cap);
+    return _mm256_mul_ps(tanh8(_mm256_div_ps(v, c)), c);
+}
+void softcap_f32(float* x, int64_t ldx, float cap, int M, int N, int* next) {
+    for (int m0, m1, done = 0; next_rows(next, M, &m0, &m1, &done);)
+    for (int m = m0; m < m1; m++) {
+        float* xm = x + m * ldx;
+        int i = 0;
+        for (; i + 8 <= N; i += 8) _mm256_storeu_ps(xm + i, softcap8(_mm256_loadu_ps(xm + i), cap));
+        if (i < N) {  /* the tail through a padded vector: every element gets the same value wherever it is */
+            float t[8] = {0};
+            for (int k = i; k < N; k++) t[k - i] = xm[k];
+            _mm256_storeu_ps(t, softcap8(_mm256_loadu_ps(t), cap));
+            for (int k = i; k < N; k++) xm[k] = t[k - i];
+        }
+    }
+}
+
+/* y = gelu_tanh(g) * u with gelu_tanh(g) = 0.5 * g * (1 + tanh(sqrt(2 / pi) * (g + 0.044715 * g^3))) in torch's
+   order of ops (its `gelu(approximate="tanh")`; GELU-tanh gated MLPs: Gemma). tanh is tanh8's, within a few ulp. */
+static inline __m256 gelu_tanh_mul8(__m256 g, __m256 u) {
+    const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+    const __m256 inner = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                                       _mm256_add_ps(g, _mm256_mul_ps(_mm256_set1_ps(0.044715f), cube)));
+    const __m256 gelu = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), g),
+                                      _mm256_add_ps(_mm256_set1_ps(1.0f), tanh8(inner)));
+    return _mm256_mul_ps(gelu, u);
+}
+void gelu_tanh_mul_f32(const float* gu, int64_t ldg, float* y, int64_t ldy, int M, int I, int* next) {
+    for (int m0, m1, done = 0; next_rows(next, M, &m0, &m1, &done);)
+    for (int m = m0; m < m1; m++) {
+        const float *g = gu + m * ldg, *u = g + I;
+        float* ym = y + m * ldy;
+        int i = 0;
+        for (; i + 8 <= I; i += 8)
+            _mm256_storeu_ps(ym + i, gelu_tanh_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+        if (i < I) {  /* the tail through padded vectors, as softcap_f32's */
+            float tg[8] = {0}, tu[8] = {0};
+            for (int k = i; k < I; k++) tg[k - i] = g[k], tu[k - i] = u[k];
+            _mm256_storeu_ps(tg, gelu_tanh_mul8(_mm256_loadu_ps(tg), _mm256_loadu_ps(tu)));
+            for (int k = i; k < I; k++) ym[k] = tg[k - i];
+        }
     }
 }
 
@@ -765,4 +855,41 @@ void rms_norm_bf16_par(const uint16_t* x, int64_t ldx, const uint16_t* w, float 
                        int H) {
     rows_job j = {x, w, y, ldx, ldy, eps, M, H, 0};
     POOL_RUN(rms_bf16_task, &j);
+}
+
+/* The same jobs for the kernels of the Gemma-like layers (their extra operands in `r` / `ldr` / `heads`). */
+typedef struct { const void *x, *w, *r; void* y; int64_t ldx, ldy, ldr; float eps; int M, N, heads, next; } rows2_job;
+static void rms_add_task(void* p) {
+    rows2_job* j = (rows2_job*)p;
+    rms_norm_add_f32(j->x, j->ldx, j->w, j->eps, j->r, j->ldr, j->y, j->ldy, j->M, j->N, &j->next);
+}
+static void rms_heads_task(void* p) {
+    rows2_job* j = (rows2_job*)p;
+    rms_norm_heads_f32(j->x, j->ldx, j->w, j->eps, j->y, j->ldy, j->M, j->heads, j->N, &j->next);
+}
+static void gelu_task(void* p) {
+    rows2_job* j = (rows2_job*)p;
+    gelu_tanh_mul_f32(j->x, j->ldx, j->y, j->ldy, j->M, j->N, &j->next);
+}
+static void softcap_task(void* p) {
+    rows2_job* j = (rows2_job*)p;
+    softcap_f32(j->y, j->ldy, j->eps, j->M, j->N, &j->next);
+}
+void rms_norm_add_f32_par(const float* x, int64_t ldx, const float* w, float eps, const float* r, int64_t ldr,
+                          float* y, int64_t ldy, int M, int H) {
+    rows2_job j = {.x = x, .w = w, .r = r, .y = y, .ldx = ldx, .ldy = ldy, .ldr = ldr, .eps = eps, .M = M, .N = H};
+    POOL_RUN(rms_add_task, &j);
+}
+void rms_norm_heads_f32_par(const float* x, int64_t ldx, const float* w, float eps, float* y, int64_t ldy, int M,
+                            int heads, int D) {
+    rows2_job j = {.x = x, .w = w, .y = y, .ldx = ldx, .ldy = ldy, .eps = eps, .M = M, .N = D, .heads = heads};
+    POOL_RUN(rms_heads_task, &j);
+}
+void gelu_tanh_mul_f32_par(const float* gu, int64_t ldg, float* y, int64_t ldy, int M, int I) {
+    rows2_job j = {.x = gu, .y = y, .ldx = ldg, .ldy = ldy, .M = M, .N = I};
+    POOL_RUN(gelu_task, &j);
+}
+void softcap_f32_par(float* x, int64_t ldx, float cap, int M, int N) {
+    rows2_job j = {.y = x, .ldy = ldx, .eps = cap, .M = M, .N = N};
+    POOL_RUN(softcap_task, &j);
 }

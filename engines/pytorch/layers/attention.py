@@ -26,6 +26,10 @@ class StepContext(Protocol):
         """`norm(x)` for rows x [T, H], on the norm kernel where it runs."""
         ...
 
+    def norm_add(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """`residual + norm(x)` (a block's output norm and the residual add after it), on one kernel where it runs."""
+        ...
+
     def head_norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
         """`norm(x)` over each head of x [T, heads, D] (a view of the qkv projection's rows), on the norm kernel
         where it runs."""

@@ -43,6 +43,8 @@ class DecoderLayer:
         self, residual: torch.Tensor, out: torch.Tensor, out_norm: RMSNorm | None, step: StepContext
     ) -> torch.Tensor:
         if out_norm is not None:
+            if self.residual_multiplier is None:
+                return step.norm_add(out_norm, out, residual)
             out = step.norm(out_norm, out)
         return residual + (out if self.residual_multiplier is None else out * self.residual_multiplier)
 
@@ -68,7 +70,8 @@ class DecoderModel:
     norm: RMSNorm  # the final norm
     rotary: Rotary
     embed_scale: Callable[[torch.Tensor], torch.Tensor] | None = None  # embeddings -> what layer 0 reads
-    logits_hook: Callable[[torch.Tensor], torch.Tensor] | None = None  # lm_head's output -> logits
+    final_softcap: float | None = None  # lm_head's output -> tanh(x / cap) * cap (Gemma 2's final_logit_softcapping)
+    logits_hook: Callable[[torch.Tensor], torch.Tensor] | None = None  # (capped) lm_head's output -> logits
     # the layout transformers' layers are read from; `match_transformers` (exact_forward.py) runs Llama-shaped
     # models only: plain attention and the Llama norm placement
     llama_shaped: bool = True

@@ -54,14 +54,11 @@ def build(hf_model: Any, blocks: dict[str, WeightBlocks] | None, kernels: Kernel
     def embed_scale(x: torch.Tensor) -> torch.Tensor:  # sqrt(hidden) in the rows' dtype, rounded as transformers does
         return x * (torch.tensor(scale).to(x.dtype) if gemma3 else torch.tensor(scale, dtype=x.dtype))
 
-    def softcap(logits: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(logits / cap) * cap
-
     return DecoderModel(
         layers,
         RMSNorm(hf_model.model.norm, unit_offset=True),
         rotary,
         embed_scale=embed_scale,
-        logits_hook=softcap if cap is not None else None,
+        final_softcap=cap,
         llama_shaped=False,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from engines.interface import StepInputError
 from engines.pytorch import linear, native
 from engines.pytorch.gguf_blocks import GGUFBlocks
+from engines.pytorch.layers.norms import RMSNorm
 from engines.pytorch.linear import CHUNK_PANELS, ROW_TILE, DenseOps, GatedActivation, Linear
 from engines.pytorch.native import HelperThreads
 from tests.random_gguf_blocks import make_blocks
@@ -387,3 +389,56 @@ def test_decode_rows_stay_on_the_register_kernels_when_asked() -> None:
         thread.join()
         assert elsewhere == [[(0, 24, 1)]]
     assert packed.row_parts(24, None) == [(0, 24, 1)]
+
+
+@pytest.mark.parametrize(
+    "build",
+    ["default", pytest.param("avx2", marks=pytest.mark.slow)],  # avx2: compiles gemm.c again (seconds)
+)
+def test_gemma_layer_kernels(build: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernels that keep Gemma-like layers on C (step_replay.py replays only kernels): a block's output norm with
+    the residual add, and per-head q/k norms of the qkv projection's view, give transformers' bits; the final logit
+    soft-cap and GELU-tanh-and-multiply are within a few ulp of torch's tanh; alone and shared with a helper thread
+    the same bits; rows with and without a tail of vectors; in this CPU's build and the AVX2 one."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    if build == "avx2":
+        monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, "-mno-avx512f"])
+        monkeypatch.delitem(native._loaded, "gemm", raising=False)
+        monkeypatch.setattr(linear, "_lib", None)
+    gen = torch.Generator().manual_seed(29)
+    alone = DenseOps(True, torch.float32, tmp_path)
+    shared = DenseOps(True, torch.float32, tmp_path, HelperThreads(2, tmp_path))
+    if not alone.uses_kernel:
+        pytest.skip("no C compiler or no AVX2/FMA here")
+    for h in (576, 100):
+        hf = Gemma3RMSNorm(h, eps=1e-6)
+        with torch.no_grad():
+            hf.weight.copy_(torch.randn(h, generator=gen))
+        norm = RMSNorm(hf, unit_offset=True)
+        x, residual = torch.randn(300, h, generator=gen) * 3, torch.randn(300, h, generator=gen)
+        ref = residual + hf(x)
+        assert torch.equal(alone.rms_norm_add(norm, x, residual), ref)
+        assert torch.equal(shared.rms_norm_add(norm, x, residual), ref)
+    for d, module in ((16, Qwen3RMSNorm(16, eps=1e-6)), (72, Gemma3RMSNorm(72, eps=1e-6))):
+        with torch.no_grad():
+            module.weight.copy_(torch.randn(d, generator=gen))
+        norm = RMSNorm(module, unit_offset=isinstance(module, Gemma3RMSNorm))
+        qkv = torch.randn(50, 8 * d, generator=gen) * 2
+        q = qkv[:, : 4 * d].view(50, 4, d)  # rows 8 * d apart, heads d apart
+        ref = module(q)
+        assert torch.equal(alone.rms_norm_heads(norm, q), ref) and torch.equal(shared.rms_norm_heads(norm, q), ref)
+    logits = torch.cat([torch.randn(200, 1003, generator=gen) * 40, torch.linspace(-1, 1, 1003)[None] * 4])
+    ref = torch.tanh(logits / 30.0) * 30.0
+    capped = [ops.softcap(logits.clone(), 30.0) for ops in (alone, shared)]
+    assert torch.equal(capped[0], capped[1])
+    torch.testing.assert_close(capped[0], ref, atol=3e-6, rtol=2e-6)
+    gelu = torch.nn.GELU(approximate="tanh")
+    act = type("GELUTanh", (torch.nn.Module,), {"forward": lambda self, v: gelu(v)})()
+    act.act = functools.partial(F.gelu, approximate="tanh")
+    gate_up = torch.randn(300, 2 * 1003, generator=gen) * 3
+    ref = F.gelu(gate_up[:, :1003], approximate="tanh") * gate_up[:, 1003:]
+    out = alone.act_mul(act, gate_up)
+    assert torch.equal(out, shared.act_mul(act, gate_up))
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)

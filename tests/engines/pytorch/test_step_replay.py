@@ -12,10 +12,14 @@ import torch
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
@@ -99,42 +103,56 @@ def test_greedy_tokens_come_with_the_replayed_step_only_when_every_logit_is_fini
     assert tokens is None and not bool(torch.isfinite(logits).all())
 
 
-def test_per_head_q_k_norms_run_on_the_norm_kernel_and_replay(tmp_path: Path) -> None:
-    """qwen3's per-head q/k norms are RMSNorm kernel calls on decode steps (linear.DenseOps.rms_norm_heads): its
-    decode steps replay, with the Python forward's bits. (Steps with torch ops between the kernels: Gemma 2's,
-    below.)"""
+def _pair(make) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """Two copies of one random-weight model (each runner takes its model's weights over)."""
     torch.manual_seed(0)
-    qwen3 = Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=16)).float().eval()
-    reference = Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=16)).float().eval()
-    reference.load_state_dict(qwen3.state_dict())
-    runner = _runner(tmp_path, replay=True, model=qwen3)
-    got, tokens = _decode(runner, 2, 6)
-    assert runner._replay.plan_state(2) == "replayed"
-    expected, expected_tokens = _decode(_runner(tmp_path, replay=False, model=reference), 2, 6)
+    model, reference = make().float().eval(), make().float().eval()
+    reference.load_state_dict(model.state_dict())
+    return model, reference
+
+
+def _replays_with_python_bits(tmp_path: Path, model, reference, batch: int = 2, steps: int = 6) -> None:
+    python, replayed = _runner(tmp_path, replay=False, model=reference), _runner(tmp_path, replay=True, model=model)
+    expected, expected_tokens = _decode(python, batch, steps)
+    got, tokens = _decode(replayed, batch, steps)
+    assert replayed._replay.plan_state(batch) == "replayed"  # recorded at the first step, checked at the second
     assert tokens == expected_tokens
     for a, b in zip(got, expected, strict=True):
         assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
-def test_sliding_window_steps_replay_and_soft_capped_logits_stay_on_python(tmp_path: Path) -> None:
-    """Mistral's sliding window runs on the decode kernel, so its steps replay with the Python forward's bits;
-    Gemma 2's windows and capped scores do too, but the residual add after each block's second norm (and the final
-    logit soft-cap) are torch ops: its steps stay on Python."""
-    torch.manual_seed(0)
-    mistral = MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=8)).float().eval()
-    reference = MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=8)).float().eval()
-    reference.load_state_dict(mistral.state_dict())
-    python, replayed = _runner(tmp_path, replay=False, model=reference), _runner(tmp_path, replay=True, model=mistral)
-    expected, expected_tokens = _decode(python, 2, 6)
-    got, tokens = _decode(replayed, 2, 6)
-    assert replayed._replay.plan_state(2) == "replayed"
-    assert tokens == expected_tokens
-    for a, b in zip(got, expected, strict=True):
-        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
-    gemma = Gemma2ForCausalLM(Gemma2Config(**SHAPE, head_dim=16, sliding_window=8)).float().eval()
-    runner = _runner(tmp_path, replay=True, model=gemma)
-    _decode(runner, 2, 3)
-    assert runner._replay.plan_state(2) == "off"
+def test_sliding_window_steps_replay(tmp_path: Path) -> None:
+    """Mistral's sliding window runs on the decode kernel, so its steps replay with the Python forward's bits."""
+    _replays_with_python_bits(tmp_path, *_pair(lambda: MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=8))))
+
+
+def test_per_head_qk_norms_replay(tmp_path: Path) -> None:
+    """qwen3's per-head q/k norms run on the norm kernel (one call for every head of every row): its steps replay."""
+    _replays_with_python_bits(tmp_path, *_pair(lambda: Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=16))))
+
+
+def test_block_output_norms_replay(tmp_path: Path) -> None:
+    """OLMo 2's norms of each block's output with the residual add after them are one kernel: its steps replay."""
+    _replays_with_python_bits(tmp_path, *_pair(lambda: Olmo2ForCausalLM(Olmo2Config(**SHAPE))))
+
+
+GEMMA = dict(SHAPE, head_dim=16, sliding_window=8, hidden_activation="gelu_pytorch_tanh")
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_gemma2_steps_replay(tmp_path: Path, batch: int) -> None:
+    """Gemma 2: sandwich norms (the output norm and the residual add in one kernel), GELU-tanh, windows and capped
+    scores on the decode kernel, the final logit soft-cap on its kernel: no torch op between the kernels."""
+    config = lambda: Gemma2Config(**GEMMA, final_logit_softcapping=3.0, attn_logit_softcapping=5.0)  # noqa: E731
+    _replays_with_python_bits(tmp_path, *_pair(lambda: Gemma2ForCausalLM(config())), batch=batch)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_gemma3_steps_replay(tmp_path: Path, batch: int) -> None:
+    """Gemma 3: per-head q/k norms, and a rotary table per layer type (local and global RoPE), each attention call
+    patched with its own table's cos and sin every step."""
+    config = lambda: Gemma3TextConfig(**GEMMA, layer_types=["sliding_attention", "full_attention"])  # noqa: E731
+    _replays_with_python_bits(tmp_path, *_pair(lambda: Gemma3ForCausalLM(config())), batch=batch)
 
 
 def test_a_call_pointing_to_memory_of_one_call_leaves_the_steps_on_python(
