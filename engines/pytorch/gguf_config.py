@@ -46,6 +46,9 @@ MLP_BIAS = re.compile(r"blk\.\d+\.ffn_(gate|up|down)\.bias")
 TRANSFORMERS_ARCH = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}
 
 
+MAX_HEAD_DIM = 4096  # values in one attention head: far above any model's
+
+
 def gguf_config(gguf: Path) -> Any:
     """transformers' config of `gguf` (AutoConfig's), completed from the file (see the module's docstring).
     Raises ModelFileError for a file transformers cannot make a config of, naming the file and the fix."""
@@ -137,10 +140,11 @@ def _check_sizes(layout: GGUFLayout, config: Any) -> None:
             f"{REFETCH}"
         )
     head_dim = getattr(config, "head_dim", None)
-    if head_dim is not None and (type(head_dim) is not int or not 0 < head_dim <= config.hidden_size):
+    # a head may be wider than hidden_size / heads, even than hidden_size (Qwen3's small shapes): bound it by what
+    # any model uses (256 for Gemma, 576 for MLA) with room, so a forged size cannot size a huge rotary table
+    if head_dim is not None and (type(head_dim) is not int or not 0 < head_dim <= MAX_HEAD_DIM):
         raise ModelFileError(
-            f"{name}: a head of {head_dim!r} values in a model {config.hidden_size} wide (from its "
-            f"{arch}.* metadata); {REFETCH}"
+            f"{name}: a head of {head_dim!r} values (from its {arch}.* metadata; at most {MAX_HEAD_DIM}); {REFETCH}"
         )
     heads, kv_heads = (
         config.num_attention_heads,
