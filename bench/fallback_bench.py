@@ -46,9 +46,8 @@ from bench.llamacpp_bench import (  # noqa: E402
     MODEL,
     PARAGRAPHS,
     Started,
-    _port,
-    _start,
     _stop,
+    serve_repository,
     shipped_gguf,
     start_llama_server,
     start_switchyard,
@@ -89,28 +88,7 @@ def start_gateway(a: Started, b: Started, work: Path, slots: int) -> Started:
         )
     routes = work / "gateway" / "routes.yaml"
     routes.write_text(f"routes:\n  {ROUTE}: [a, b]\n")
-    port = _port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "serve",
-        "--model-repository",
-        str(repo),
-        "--routes",
-        str(routes),
-        "--host",
-        "127.0.0.1",
-        "--http-port",
-        str(port),
-        "--metrics-port",
-        "0",
-        "--grpc-port",
-        "0",
-        "--log-level",
-        "warning",
-    ]
-    return _start(cmd, f"http://127.0.0.1:{port}/health", work / "gateway" / "server.log", ROOT)
+    return serve_repository(repo, work / "gateway" / "server.log", "--routes", str(routes))
 
 
 def kill_tree(proc: psutil.Process) -> None:

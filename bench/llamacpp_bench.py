@@ -250,25 +250,16 @@ def start_switchyard(
         f"scheduler: {{max_num_seqs: {max_num_seqs}}}\nkv_cache: {{max_tokens: 8192, dtype: {kv_dtype}}}\n"
         f"pytorch: {{gemm_threads: {threads}, int8_activations: {str(int8).lower()}}}\n"
     )
+    return serve_repository(folder.parent, log)
+
+
+def serve_repository(repository: Path, log: Path, *extra: str) -> Started:
+    """`python -m gateway serve` over `repository` on a free HTTP port (no gRPC or metrics port), `extra` flags
+    appended; ready once /health answers."""
     port = _port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "serve",
-        "--model-repository",
-        str(folder.parent),
-        "--host",
-        "127.0.0.1",
-        "--http-port",
-        str(port),
-        "--metrics-port",
-        "0",
-        "--grpc-port",
-        "0",
-        "--log-level",
-        "warning",
-    ]
+    cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(repository), *extra]
+    cmd += ["--host", "127.0.0.1", "--http-port", str(port), "--metrics-port", "0", "--grpc-port", "0"]
+    cmd += ["--log-level", "warning"]
     return _start(cmd, f"http://127.0.0.1:{port}/health", log, ROOT)
 
 

@@ -28,11 +28,10 @@ from bench.llamacpp_bench import (  # noqa: E402
     PARAGRAPHS,
     Round,
     Started,
-    _port,
-    _start,
     _stop,
     llama_server_body,
     run_http,
+    serve_repository,
     shipped_gguf,
     start_llama_server,
     summarize,
@@ -50,26 +49,7 @@ def start_gateway(upstream: Started, workdir: Path, log: Path, max_num_seqs: int
         f"backend: openai\nmax_model_len: 2048\nscheduler: {{max_num_seqs: {max_num_seqs}}}\n"
         f"openai:\n  base_url: {upstream.url}/v1\n  model: {MODEL}\n"
     )
-    port = _port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "serve",
-        "--model-repository",
-        str(folder.parent),
-        "--host",
-        "127.0.0.1",
-        "--http-port",
-        str(port),
-        "--metrics-port",
-        "0",
-        "--grpc-port",
-        "0",
-        "--log-level",
-        "warning",
-    ]
-    return _start(cmd, f"http://127.0.0.1:{port}/health", log, ROOT)
+    return serve_repository(folder.parent, log)
 
 
 def prompts(count: int, round_: int, level: int) -> list[str]:
