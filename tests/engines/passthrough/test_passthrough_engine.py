@@ -1,7 +1,7 @@
 """The passthrough engine against upstreams that behave as llama.cpp's server can: one closes each kept-alive
 connection after answering without saying so, one resets it while the next request is written (that request,
-which the pool sends on the dead connection, is sent again on a new one instead of failing with a 502); one leaves Nagle's algorithm on (a stream's first chunk
-must not wait for a delayed ACK)."""
+which the pool sends on the dead connection, is sent again on a new one instead of failing with a 502); one
+leaves Nagle's algorithm on (a stream's first chunk must not wait for a delayed ACK)."""
 
 from __future__ import annotations
 
