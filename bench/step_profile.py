@@ -158,7 +158,16 @@ KERNELS = {
     "gemm": ["gemm_blocks_par", "gemm_silu_f32_par", "gemm_f32_par", "gemm_f32", "rms_norm_f32", "rms_norm_f32_par"],
     "attention": ["paged_decode_f32"],
     "argmax": ["argmax_rows_f32"],
+    "moe": ["moe_experts_f32"],
 }
+
+
+def _mlp_parts(layer) -> tuple[tuple[object, str], ...]:
+    """The timed parts of a layer's feed-forward: a dense MLP's two projections, or a whole MoE block (its router,
+    routing and chosen experts: layers/moe.py) as one part, "moe"."""
+    if hasattr(layer.mlp, "gate_up_act"):
+        return ((layer.mlp, "gate_up_act"), (layer.mlp, "down"))
+    return ((layer, "mlp"),)
 
 
 class Instrument:
@@ -170,14 +179,11 @@ class Instrument:
         self._undo: list[tuple[object, str, object]] = []
         runner = engine._runner
         t = self.timers
-        for layer in runner.layers:  # models/decoder.py: the attention's projections, the MLP's
-            for owner, name in (
-                (layer.attn, "qkv"),
-                (layer.attn, "o"),
-                (layer.mlp, "gate_up_act"),
-                (layer.mlp, "down"),
-            ):
-                self._set(owner, name, TimedCall(t, name, getattr(owner, name)))
+        moe_lib = None
+        for layer in runner.layers:  # models/decoder.py: the attention's projections, the MLP's (or the MoE block)
+            for owner, name in ((layer.attn, "qkv"), (layer.attn, "o"), *_mlp_parts(layer)):
+                self._set(owner, name, TimedCall(t, "moe" if name == "mlp" else name, getattr(owner, name)))
+            moe_lib = moe_lib or getattr(getattr(layer.mlp, "fused", None), "library", None)
         self._set(runner, "lm_head", TimedCall(t, "lm_head", runner.lm_head))
         final = runner.norm
 
@@ -193,6 +199,7 @@ class Instrument:
             "gemm": linear._lib,
             "attention": runner.attention._lib,
             "argmax": getattr(getattr(engine._argmax, "__self__", None), "_lib", None),
+            "moe": moe_lib,
         }
         for lib_name, names in KERNELS.items():
             lib = libs[lib_name]
@@ -244,9 +251,16 @@ def part_bytes(engine: PyTorchEngine, context: int) -> tuple[dict[str, float], d
         return w.numel() * w.element_size()
 
     engine_bytes: dict[str, float] = collections.Counter()
+    share = 1.0  # of an MoE layer's experts a token reads on average
     for layer in runner.layers:
-        for owner, name in ((layer.attn, "qkv"), (layer.attn, "o"), (layer.mlp, "gate_up_act"), (layer.mlp, "down")):
-            engine_bytes[name] += held(getattr(owner, name))
+        if not hasattr(layer.mlp, "gate_up_act"):  # MoE: the router, and top_k of the experts on average
+            moe = layer.mlp
+            experts = sum(held(p) for pair in moe.experts for p in pair)
+            engine_bytes["moe"] += held(moe.router) + experts * moe.routing.top_k / len(moe.experts)
+            share = moe.routing.top_k / len(moe.experts)
+        for owner, name in ((layer.attn, "qkv"), (layer.attn, "o"), *_mlp_parts(layer)):
+            if name != "mlp":
+                engine_bytes[name] += held(getattr(owner, name))
         engine_bytes["norms"] += 2 * runner.hidden_size * 4
     engine_bytes["lm_head"] = held(runner.lm_head)
     engine_bytes["final norm"] = runner.hidden_size * 4
@@ -266,6 +280,10 @@ def part_bytes(engine: PyTorchEngine, context: int) -> tuple[dict[str, float], d
         "ffn_gate": "gate_up_act",
         "ffn_up": "gate_up_act",
         "ffn_down": "down",
+        "ffn_gate_inp": "moe",
+        "ffn_gate_exps": "moe",
+        "ffn_up_exps": "moe",
+        "ffn_down_exps": "moe",
         "token_embd": "lm_head",
         "output": "lm_head",
         "attn_norm": "norms",
@@ -276,7 +294,7 @@ def part_bytes(engine: PyTorchEngine, context: int) -> tuple[dict[str, float], d
     for tensor in GGUFReader(GGUF).tensors:
         key = tensor.name.split(".")[-2] if tensor.name.startswith("blk.") else tensor.name.split(".")[0]
         if key in parts and not (key == "token_embd" and "output" in names):
-            file_bytes[parts[key]] += int(tensor.n_bytes)
+            file_bytes[parts[key]] += int(tensor.n_bytes) * (share if key.endswith("_exps") else 1)
             names.add(key)
     file_bytes["attention"] = engine_bytes["attention"]
     file_bytes["sampling"] = engine_bytes["sampling"]
@@ -291,6 +309,7 @@ def profile_engine(args: argparse.Namespace, bandwidth: float) -> float:
         kv_cache_tokens=(max_len // BLOCK + 2) * BLOCK,
         block_size=BLOCK,
         gemm_threads=args.threads,
+        int8_activations=args.int8_activations,
     )
     runner = engine._runner
     print(
@@ -363,6 +382,7 @@ def profile_engine(args: argparse.Namespace, bandwidth: float) -> float:
         "o",
         "gate_up_act",
         "down",
+        "moe",
         "final norm",
         "lm_head",
         "sampling",
@@ -609,6 +629,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=128, help="prompt tokens before the timed decode steps")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--perf", action="store_true", help="perf record the uninstrumented steps")
+    parser.add_argument("--int8-activations", action="store_true", help="the engine's int8 activations on GGUF blocks")
     parser.add_argument("--server", action="store_true", help="c=1 through the real server too")
     parser.add_argument("--server-requests", type=int, default=3)
     parser.add_argument("--server-tokens", type=int, default=128)

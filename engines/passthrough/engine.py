@@ -160,13 +160,18 @@ class OpenAIUpstream(PassthroughEngine):
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """POST to the upstream. A kept-alive connection the upstream closed while idle (llama.cpp's server closes
         one after each streamed answer without saying so) fails as it is used, before anything is answered: the
-        request is sent once more, on a new connection."""
+        request is sent once more, on a new connection. So is one whose connection is reset while the request is being
+        written (the upstream closed it with data unread)."""
         if self._client is None or self._fresh is None:
             raise UpstreamUnreachableError("the upstream's connection pool is not open (the model is not started)")
         url, data, headers = f"{self._root}/{endpoint}", orjson.dumps(body), {**headers, **self._headers}
         try:
             resp = await self._client.post(url, data=data, headers=headers)
-        except aiohttp.ServerDisconnectedError:
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if isinstance(exc, aiohttp.ClientConnectorError):  # no connection at all: nothing to retry
+                raise
+            # closed while idle (ServerDisconnectedError) or reset while the request was being written (OSError:
+            # "Can not write request body"): nothing was answered, so the request is sent once more
             resp = await self._fresh.post(url, data=data, headers=headers)
         async with resp:
             _ack_at_once(resp)

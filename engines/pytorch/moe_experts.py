@@ -42,7 +42,7 @@ SIGNATURES: Signatures = {
     ),
 }
 # the table's layout (csrc/moe.c)
-T_HEADER, P_WORDS = 8, 8
+T_GROUPED, T_HEADER, P_WORDS = 7, 8, 8
 K_SILU_PANELS, K_SILU_BLOCKS, K_F32, K_F32_PAR, K_BLOCKS = range(5)
 F_PINNED, F_INT8 = 1, 2
 
@@ -112,7 +112,7 @@ class FusedExperts:
             _address(gemm, "gemm_f32"),
             _address(gemm, "gemm_f32_par"),
             _address(gemm, "gemm_blocks_par"),
-            0,
+            _address(gemm, "gemm_grouped_par"),
         ]
         widths, ldgs, ldds = set(), set(), set()
         for gate_up, down in experts:

@@ -17,6 +17,7 @@
 #undef TYPE_SUFFIX
 #include "gemm_blocks.h"
 #include "gemm_blocks_int8.h"
+#include "gemm_grouped.h"
 /* y += bias, then y += residual, each rounded once: what `F.linear` and a following `+` compute. */
 static void epilogue_f32(const float* bias, const float* residual, int64_t ldr, float* y, int64_t ldy, int M, int NB) {
     if (bias || residual)
@@ -366,14 +367,19 @@ typedef struct {
 static inline int tile_count(const gemm_job* j) {
     return (j->NB + j->chunk - 1) / j->chunk * ((j->M + j->mchunk - 1) / j->mchunk);
 }
-/* The next tile from the job's counter: panels n0..n0+nb-1, rows m0..m0+mc-1 (row blocks fastest). 0: none left. */
-static inline int next_tile(gemm_job* j, int* n0, int* m0, int* nb, int* mc) {
-    const int t = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED), row_tiles = (j->M + j->mchunk - 1) / j->mchunk;
-    if (t >= tile_count(j)) return 0;
+/* Tile t of the job: panels n0..n0+nb-1, rows m0..m0+mc-1 (row blocks fastest). */
+static inline void tile_at(const gemm_job* j, int t, int* n0, int* m0, int* nb, int* mc) {
+    const int row_tiles = (j->M + j->mchunk - 1) / j->mchunk;
     *n0 = t / row_tiles * j->chunk;
     *m0 = t % row_tiles * j->mchunk;
     *nb = j->NB - *n0 < j->chunk ? j->NB - *n0 : j->chunk;
     *mc = j->M - *m0 < j->mchunk ? j->M - *m0 : j->mchunk;
+}
+/* The next tile from the job's counter (tile_at). 0: none left. */
+static inline int next_tile(gemm_job* j, int* n0, int* m0, int* nb, int* mc) {
+    const int t = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+    if (t >= tile_count(j)) return 0;
+    tile_at(j, t, n0, m0, nb, mc);
     return 1;
 }
 
@@ -820,6 +826,13 @@ void blocks_rows(const int* segs, const int64_t* ptrs, int nseg, int K, const in
    NB panels, NB even; or GGUF blocks in that order, as for gemm_blocks_par): each tile of `chunk` panels (even) x
    `mchunk` rows is computed into the thread's scratch and activated from there, so the [M, NB * 16] product of gate
    and up never goes to memory and back. The same bits as gemm_f32 then silu_mul_f32. Returns 0, or -1 when no thread could allocate its scratch. */
+/* A tile's gate and up panels (in turn, `ldt` floats a row) activated into the job's y. */
+static inline void silu_tile(const gemm_job* j, const float* tile, int64_t ldt, int m0, int n0, int mc, int nb) {
+    for (int r = 0; r < mc; r++)
+        for (int q = 0; q < nb / 2; q++)
+            silu_mul_row(tile + r * ldt + q * 32, tile + r * ldt + q * 32 + 16,
+                         j->y + (m0 + r) * j->ldy + (int64_t)(n0 / 2 + q) * 16, 16);
+}
 static void gemm_silu_task(void* p) {
     gemm_job* j = (gemm_job*)p;
     const int64_t ldt = (int64_t)j->chunk * 16;
@@ -831,10 +844,7 @@ static void gemm_silu_task(void* p) {
             blocks_tile(j, m0, n0, tile, ldt, mc, nb);
         else
             gemm_core_f32(x, j->ldx, (const float*)j->wp + (int64_t)n0 * j->K * 16, tile, ldt, mc, nb, j->K);
-        for (int r = 0; r < mc; r++)
-            for (int q = 0; q < nb / 2; q++)
-                silu_mul_row(tile + r * ldt + q * 32, tile + r * ldt + q * 32 + 16,
-                             j->y + (m0 + r) * j->ldy + (int64_t)(n0 / 2 + q) * 16, 16);
+        silu_tile(j, tile, ldt, m0, n0, mc, nb);
     }
     free(tile);
 }
@@ -846,6 +856,72 @@ int gemm_silu_f32_par(const float* x, int64_t ldx, const float* wp, const int* s
     if (tile_prepare(&j) != 0) return -1;
     POOL_RUN(gemm_silu_task, &j);
     return j.failed || __atomic_load_n(&j.next, __ATOMIC_RELAXED) < tile_count(&j) ? -1 : 0;  /* tiles no thread took */
+}
+
+/* Several projections of one shape (NB panels of K) in one job: rows [start, end) of x through part p's weight
+   into the same rows of y; with silu, the fused gate-up-SiLU job's panels and activation (y NB / 2 * 16 wide). An
+   MoE block's chosen experts: one hand-off and one join for all of them instead of one per expert, and every
+   expert's tiles handed out from one counter, so the thread that finishes first does not wait out a whole tile of
+   each expert at its join. A part's rows are computed exactly as gemm_blocks_par / gemm_silu_f32_par compute them
+   (same tiles, same kernels; x quantized once for all the parts with amx 2, each row as alone). amx: 0 or 2 (the
+   tile unit's split of x is by 16-row blocks, which the parts' rows need not start on: -2). Returns 0, -1 (a
+   scratch could not be allocated) or -2. */
+typedef struct { gemm_job* parts; const int* first; int nparts, tiles, silu, ldt, mchunk, next; } grouped_job;
+static void grouped_task(void* p) {
+    grouped_job* g = (grouped_job*)p;
+    float* tile = 0;
+    if (g->silu && !(tile = (float*)malloc(sizeof(float) * (size_t)g->ldt * (size_t)g->mchunk))) return;
+    for (int t; (t = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED)) < g->tiles;) {
+        int lo = 0, hi = g->nparts - 1;  /* the last part whose first tile is at or before t */
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (g->first[mid] <= t) lo = mid;
+            else hi = mid - 1;
+        }
+        gemm_job* j = g->parts + lo;
+        int n0, m0, nb, mc;
+        tile_at(j, t - g->first[lo], &n0, &m0, &nb, &mc);
+        if (g->silu) {
+            blocks_tile(j, m0, n0, tile, g->ldt, mc, nb);
+            silu_tile(j, tile, g->ldt, m0, n0, mc, nb);
+        } else
+            blocks_tile(j, m0, n0, j->y + m0 * j->ldy + (int64_t)n0 * 16, j->ldy, mc, nb);
+    }
+    free(tile);
+}
+int gemm_grouped_par(const float* x, int64_t ldx, float* y, int64_t ldy, const grouped_part* parts, int nparts,
+                     int NB, int K, int chunk, int mchunk, int amx, int silu) {
+    if (amx == 1) return -2;
+    if (nparts <= 0) return 0;
+    gemm_job all = {.x = x, .ldx = ldx, .M = 0, .K = K, .amx = amx};
+    for (int p = 0; p < nparts; p++) all.M = parts[p].end > all.M ? parts[p].end : all.M;
+    if (tile_prepare(&all) != 0) return -1;
+    gemm_job* jobs = (gemm_job*)calloc((size_t)nparts, sizeof(gemm_job));
+    int* first = (int*)malloc(sizeof(int) * (size_t)nparts);
+    if (!jobs || !first) {
+        free(jobs);
+        free(first);
+        return -1;
+    }
+    grouped_job g = {.parts = jobs, .first = first, .nparts = nparts, .silu = silu, .ldt = chunk * 16, .mchunk = 1};
+    for (int p = 0; p < nparts; p++) {
+        const int a = parts[p].start, rows = parts[p].end - a;
+        gemm_job* j = jobs + p;
+        j->x = x + a * ldx, j->ldx = ldx, j->y = y + a * ldy, j->ldy = ldy, j->M = rows, j->NB = NB, j->K = K;
+        j->chunk = chunk, j->mchunk = rows < mchunk ? rows : mchunk;
+        j->segs = parts[p].segs, j->seg_ptr = parts[p].ptrs, j->nseg = parts[p].nseg, j->amx = amx;
+        if (all.x8q) j->x8q = all.x8q + (int64_t)a * K, j->x8d = all.x8d + (int64_t)a * (K / 32),
+                     j->x8s = all.x8s + (int64_t)a * (K / 16);
+        first[p] = g.tiles;
+        g.tiles += rows > 0 ? tile_count(j) : 0;
+        g.mchunk = j->mchunk > g.mchunk ? j->mchunk : g.mchunk;
+    }
+    POOL_RUN(grouped_task, &g);
+    int failed = __atomic_load_n(&g.next, __ATOMIC_RELAXED) < g.tiles;  /* tiles no thread took */
+    for (int p = 0; p < nparts; p++) failed |= jobs[p].failed;
+    free(jobs);
+    free(first);
+    return failed ? -1 : 0;
 }
 
 typedef struct { const void *x, *w; void* y; int64_t ldx, ldy; float eps; int M, N, next; } rows_job;

@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "gemm_grouped.h"
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #include "simd_exp.h"
@@ -27,7 +28,7 @@ EXP8_AVX2
 #endif
 
 /* The table (int64 words): a header, then per expert two projections (gate-up, down) of P_WORDS each. */
-enum { T_EXPERTS, T_TOP_K, T_NORMALIZE, T_SILU, T_F32, T_F32_PAR, T_BLOCKS, T_HEADER = 8 };
+enum { T_EXPERTS, T_TOP_K, T_NORMALIZE, T_SILU, T_F32, T_F32_PAR, T_BLOCKS, T_GROUPED, T_HEADER = 8 };
 enum { P_KIND, P_W, P_SEGS, P_PTRS, P_NSEG, P_NB, P_TILE_UNIT, P_WORDS = 8 };
 /* P_KIND: how gemm.c reads the projection's weight */
 enum { K_SILU_PANELS, K_SILU_BLOCKS, K_F32, K_F32_PAR, K_BLOCKS };
@@ -45,6 +46,8 @@ typedef void (*f32_par_fn)(const float*, int64_t, const float*, const float*, co
                            int64_t, int, int, int, int, int);
 typedef int (*blocks_fn)(const float*, int64_t, const int*, const int64_t*, int, const float*, const float*,
                          int64_t, float*, int64_t, int, int, int, int, int, int);
+typedef int (*grouped_fn)(const float*, int64_t, float*, int64_t, const grouped_part*, int, int, int, int, int, int,
+                          int);
 
 int moe_max_experts(void) { return MOE_MAX_EXPERTS; }
 int moe_max_top_k(void) { return MOE_MAX_TOP_K; }
@@ -271,6 +274,34 @@ static int project(const int64_t* table, const int64_t* p, const float* x, int64
     return 0;
 }
 
+/* The mode every row of an expert's projection runs in (project's modes), or -1 where its rows would not all run
+   in one mode off the tile unit, or its weight is not GGUF blocks: then the experts run one by one. */
+static int one_mode(const int64_t* p, int count, int decode, int flags) {
+    if (p[P_KIND] != K_SILU_BLOCKS && p[P_KIND] != K_BLOCKS) return -1;
+    const int other = flags & F_INT8 ? INT8_MODE : 0;
+    if (!p[P_TILE_UNIT]) return other;
+    return decode == count && !(decode > TILE_UNIT_MIN_ROWS && !(flags & F_PINNED) && !other) ? other : -1;
+}
+
+/* Every chosen expert's gate-up in one job, then every down projection in another (gemm.c's gemm_grouped_par),
+   rather than two jobs an expert: parts[0 .. n) are the chosen experts' row ranges, `experts` their numbers. */
+static int project_grouped(const int64_t* table, grouped_part* parts, const int32_t* experts, int n, float* xs,
+                           int h, float* gs, int64_t ldg, float* ys, int64_t ldd, int width, int mode) {
+    const grouped_fn grouped = (grouped_fn)table[T_GROUPED];
+    int nb = 0;
+    for (int proj = 0; proj < 2; proj++) {
+        for (int i = 0; i < n; i++) {
+            const int64_t* p = table + T_HEADER + (int64_t)experts[i] * 2 * P_WORDS + proj * P_WORDS;
+            parts[i].segs = (const int*)p[P_SEGS], parts[i].ptrs = (const int64_t*)p[P_PTRS];
+            parts[i].nseg = (int)p[P_NSEG], nb = (int)p[P_NB];
+        }
+        const int rc = proj == 0 ? grouped(xs, h, gs, ldg, parts, n, nb, h, CHUNK_PANELS, ROW_TILE, mode, 1)
+                                 : grouped(gs, ldg, ys, ldd, parts, n, nb, width, CHUNK_PANELS, ROW_TILE, mode, 0);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 /* out[r] = residual[r] + sum over slots s of ys[at[r k + s]] * weights[r k + s], in slot order (residual NULL:
    the sum alone). */
 static void combine(const float* ys, int64_t ldy, const int32_t* at, const float* weights, const float* residual,
@@ -346,7 +377,12 @@ int moe_experts_f32(const float* logits, int64_t ldl, const float* x, int64_t ld
         rows[place] = (int32_t)(i / k);
         at[i] = place;
     }
-    /* counts[e] is now the end of expert e's pairs, counts[e - 1] (0 for e = 0) their start */
+    /* counts[e] is now the end of expert e's pairs, counts[e - 1] (0 for e = 0) their start. The chosen experts
+       (ascending) and their row ranges, their rows of x gathered into xs; one grouped job a projection where every
+       chosen expert's rows run in one mode off the tile unit, else two jobs an expert. */
+    grouped_part parts[MOE_MAX_EXPERTS];
+    int32_t experts[MOE_MAX_EXPERTS];
+    int used = 0, mode = table[T_GROUPED] ? -2 : -1;
     for (int e = 0, start = 0; e < n; start = counts[e], e++) {
         const int count = counts[e] - start;
         if (!count) continue;
@@ -356,12 +392,26 @@ int moe_experts_f32(const float* logits, int64_t ldl, const float* x, int64_t ld
             memcpy(xs + (int64_t)i * h, x + rows[i] * ldx, (size_t)h * sizeof(float));
         }
         const int64_t* gate_up = table + T_HEADER + (int64_t)e * 2 * P_WORDS;
-        int rc = project(table, gate_up, xs + (int64_t)start * h, h, gs + start * ldg, ldg, count, decode, h, flags);
-        if (!rc)
-            rc = project(table, gate_up + P_WORDS, gs + start * ldg, ldg, ys + start * ldd, ldd, count, decode, width,
-                         flags);
-        if (rc) return rc == -2 ? -2 : -1;
+        const int g = one_mode(gate_up, count, decode, flags), d = one_mode(gate_up + P_WORDS, count, decode, flags);
+        if (mode != -1) mode = g >= 0 && g == d && (mode == -2 || mode == g) ? g : -1;
+        parts[used].start = start, parts[used].end = counts[e], experts[used++] = e;
     }
+    if (mode >= 0) {
+        const int rc = project_grouped(table, parts, experts, used, xs, h, gs, ldg, ys, ldd, width, mode);
+        if (rc) return rc == -2 ? -2 : -1;
+    } else
+        for (int i = 0; i < used; i++) {
+            const int start = parts[i].start, count = parts[i].end - start;
+            int decode = 0;
+            for (int r = start; r < parts[i].end; r++) decode += rows[r] < prompt_from;
+            const int64_t* gate_up = table + T_HEADER + (int64_t)experts[i] * 2 * P_WORDS;
+            int rc = project(table, gate_up, xs + (int64_t)start * h, h, gs + start * ldg, ldg, count, decode, h,
+                             flags);
+            if (!rc)
+                rc = project(table, gate_up + P_WORDS, gs + start * ldg, ldg, ys + start * ldd, ldd, count, decode,
+                             width, flags);
+            if (rc) return rc == -2 ? -2 : -1;
+        }
     combine(ys, ldd, at, weights, residual, ldr, out, ldo, m, k, h);
     return 0;
 }

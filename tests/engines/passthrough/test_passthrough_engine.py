@@ -1,7 +1,7 @@
 """The passthrough engine against upstreams that behave as llama.cpp's server can: one closes each kept-alive
-connection after answering without saying so (the next request, which the pool sends on that dead connection, is
-sent again on a new one instead of failing with a 502); one leaves Nagle's algorithm on (a stream's first chunk
-must not wait for a delayed ACK)."""
+connection after answering without saying so, one resets it while the next request is written (that request,
+which the pool sends on the dead connection, is sent again on a new one instead of failing with a 502); one
+leaves Nagle's algorithm on (a stream's first chunk must not wait for a delayed ACK)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import asyncio
 import json
 import socket
 import statistics
+import struct
 import time
 
 import pytest
@@ -58,6 +59,52 @@ async def test_a_connection_the_upstream_closed_is_retried_on_a_new_one() -> Non
         server.close()
         await server.wait_closed()
     assert len(answered) == 4  # each answered once, three of them on a second try
+
+
+async def _resetting_upstream() -> tuple[asyncio.Server, list[int]]:
+    """An upstream that answers the first request of a connection and resets the connection (RST: closed with the
+    rest of the next request unread) once the next request's head arrives on it, so the client fails while still
+    writing that request's body. Returns the server and the requests it answered."""
+    answered: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+        await reader.readexactly(length)
+        answered.append(1)
+        body = json.dumps(ANSWER).encode()
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        await writer.drain()
+        await reader.readuntil(b"\r\n\r\n")  # the next request's head; its body is still coming
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        writer.transport.abort()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0), answered
+
+
+@pytest.mark.asyncio
+async def test_a_connection_reset_while_the_request_is_written_is_retried_on_a_new_one() -> None:
+    """What llama.cpp's server did under the passthrough bench at c=8: the pooled connection failed while the
+    gateway wrote the request (aiohttp's ClientOSError: a reset, or "Can not write request body"), which was
+    answered 502 before the fix."""
+    server, answered = await _resetting_upstream()
+    port = server.sockets[0].getsockname()[1]
+    engine = build_passthrough_engine(PassthroughSettings(f"http://127.0.0.1:{port}/v1", "m"), max_model_len=64)
+    await engine.start()
+    prompt = "x" * (8 << 20)  # larger than the socket buffers: the body is still being written when the reset comes
+    try:
+        for _ in range(3):
+            answer = await engine.request("completions", {"model": "m", "prompt": prompt}, {})
+            assert answer["choices"][0]["text"] == "hi"
+    finally:
+        await engine.shutdown()
+        server.close()
+        await server.wait_closed()
+    assert len(answered) == 3
 
 
 async def _nagle_upstream() -> asyncio.Server:

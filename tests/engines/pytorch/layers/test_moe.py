@@ -349,6 +349,43 @@ def test_experts_from_gguf_blocks_match_transformers_on_their_weights(family: st
         torch.testing.assert_close(block(x), expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("build", ["native", "avx2"], indirect=True)
+@pytest.mark.parametrize(("family", "qtype"), [("qwen3_moe", "Q8_0"), ("mixtral", "Q4_0")])
+def test_experts_grouped_in_one_job_give_the_bits_of_one_job_each(
+    family: str, qtype: str, build: str, tmp_path: Path
+) -> None:
+    """On GGUF blocks the chosen experts' projections run as two grouped jobs (gemm.c's gemm_grouped_par) rather
+    than two an expert; each row gets the bits the per-expert jobs give it (the table's grouped entry cleared),
+    with float32 and with int8 activations, decode rows and prompt rows."""
+    from engines.pytorch.moe_experts import T_GROUPED
+
+    config = _config(family)
+    reference = _reference(config)
+    e, two_i, h = reference.experts.gate_up_proj.shape
+    i = two_i // 2
+    experts = LayerExperts(
+        _quantized_experts(e, i, h, qtype, 1),
+        _quantized_experts(e, i, h, qtype, 2),
+        _quantized_experts(e, h, i, qtype, 3),
+    )
+    block = _ours(reference, config, True, tmp_path, experts_blocks=experts)
+    _kernel_or_skip(block)
+    assert block.fused is not None and block.fused.table[T_GROUPED] != 0
+    table = block.fused.table
+    for rows in (*ROWS, 40):
+        x = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(rows + 11))
+        for int8 in (False, True):
+            with linear.int8_activations(int8):
+                grouped = block(x, prompt_from=rows // 2)
+                saved = int(table[T_GROUPED])
+                table[T_GROUPED] = 0
+                try:
+                    alone = block(x, prompt_from=rows // 2)
+                finally:
+                    table[T_GROUPED] = saved
+            assert torch.equal(grouped, alone), (rows, int8)
+
+
 def test_residual_is_added_after_the_block(tmp_path: Path) -> None:
     config = _config("mixtral")
     block = _ours(_reference(config), config, True, tmp_path)
