@@ -153,7 +153,8 @@ def _signatures() -> Signatures:
     rms = [p, i64, p, f32, p, i64, i32, i32]  # x, ldx, w, eps, y, ldy, M, H
     rms_add = [p, i64, p, f32, p, i64, p, i64, i32, i32]  # x, ldx, w, eps, r, ldr, y, ldy, M, H
     rms_heads = [p, i64, p, f32, p, i64, i32, i32, i32]  # x, ldx, w, eps, y, ldy, M, heads, D
-    softcap = [p, i64, f32, i32, i32]  # x (in place), ldx, cap, M, N
+    softcap = [p, i64, f32, i32, i32]  # x (in place), ldx, cap, M, N (div_f32: the divisor for cap)
+    scale_add = [p, i64, f32, p, i64, p, i64, i32, i32]  # x, ldx, s, r, ldr, y, ldy, M, N
     return {
         "set_pool": (None, [p]),
         "gemm_f32": (None, gemm_f32),
@@ -184,6 +185,10 @@ def _signatures() -> Signatures:
         "gelu_tanh_mul_f32_par": (None, silu),
         "softcap_f32": (None, [*softcap, p]),
         "softcap_f32_par": (None, softcap),
+        "scale_add_f32": (None, [*scale_add, p]),
+        "scale_add_f32_par": (None, scale_add),
+        "div_f32": (None, [*softcap, p]),
+        "div_f32_par": (None, softcap),
     }
 
 
@@ -544,11 +549,12 @@ def _is_gelu_tanh(act: torch.nn.Module) -> bool:
 
 class DenseOps:
     """RMSNorm and SiLU-and-multiply of the dense layers (and, in float32, Gemma-like layers' RMSNorm with the
-    residual add, per-head RMSNorm, GELU-tanh-and-multiply and the logit soft-cap): C kernels when the GEMM kernel
-    is in use (rows shared with the helper threads on steps of SHARE_MIN_ELEMENTWISE_ROWS or more), else what
-    transformers computes (`module(x)`, `act(gate) * up`). The RMSNorm kernels give transformers' bits in float32
-    and bfloat16 (torch's order for the mean's sum), and so does bfloat16 SiLU-and-multiply (torch's exp_u20);
-    float32 SiLU uses our exp and GELU-tanh and the soft-cap our tanh (within a few ulp of torch's)."""
+    residual add, per-head RMSNorm, GELU-tanh-and-multiply and the logit soft-cap; Granite's scaled residual add and
+    logit division): C kernels when the GEMM kernel is in use (rows shared with the helper threads on steps of
+    SHARE_MIN_ELEMENTWISE_ROWS or more), else what transformers computes (`module(x)`, `act(gate) * up`). The
+    RMSNorm kernels give transformers' bits in float32 and bfloat16 (torch's order for the mean's sum), and so do
+    bfloat16 SiLU-and-multiply (torch's exp_u20) and Granite's multipliers; float32 SiLU uses our exp and GELU-tanh
+    and the soft-cap our tanh (within a few ulp of torch's)."""
 
     def __init__(
         self, fast: bool, dtype: torch.dtype, cache_dir: Path | None, helpers: HelperThreads | None = None
@@ -651,6 +657,25 @@ class DenseOps:
         if not self._f32 or x.dtype != torch.float32 or x.dim() != 2 or x.stride(-1) != 1:
             return torch.tanh(x / cap) * cap
         self._run("softcap_f32", x.shape[0], x.data_ptr(), x.stride(0), cap, x.shape[0], x.shape[1])
+        return x
+
+    def scale_add(self, x: torch.Tensor, scale: float, residual: torch.Tensor) -> torch.Tensor:
+        """residual + x * scale (a block's output times Granite's residual multiplier, then the residual add), one
+        kernel in float32 with torch's bits (the product rounded first)."""
+        kernel = self._f32 and x.dtype == residual.dtype == torch.float32 and x.dim() == 2
+        if not kernel or x.stride(-1) != 1 or residual.stride(-1) != 1:
+            return residual + x * scale
+        m, n = x.shape
+        y = x.new_empty(m, n)
+        self._run("scale_add_f32", m, x.data_ptr(), x.stride(0), scale, residual.data_ptr(), residual.stride(0),
+                  y.data_ptr(), n, m, n)  # fmt: skip
+        return y
+
+    def divide(self, x: torch.Tensor, divisor: float) -> torch.Tensor:
+        """x / divisor (Granite's `logits_scaling`), a true division as torch's; in place where the kernel runs."""
+        if not self._f32 or x.dtype != torch.float32 or x.dim() != 2 or x.stride(-1) != 1:
+            return x / divisor
+        self._run("div_f32", x.shape[0], x.data_ptr(), x.stride(0), divisor, x.shape[0], x.shape[1])
         return x
 
     def act_mul(self, act: torch.nn.Module, gate_up: torch.Tensor) -> torch.Tensor:

@@ -87,6 +87,9 @@ class _Step:
     def norm_add(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self._runner.dense.rms_norm_add(norm, x, residual)
 
+    def scale_add(self, x: torch.Tensor, scale: float, residual: torch.Tensor) -> torch.Tensor:
+        return self._runner.dense.scale_add(x, scale, residual)
+
     def head_norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
         return self._runner.dense.rms_norm_heads(norm, x)
 
@@ -444,7 +447,7 @@ class PagedModelRunner:
     ) -> tuple[torch.Tensor, list[int] | None]:
         """The layers and logits of a step's embeddings: replayed in one C call where the step allows (and then
         with the greedy tokens when asked), else from Python. A model whose layers run torch ops between the
-        kernels (Granite's multipliers, a bfloat16 model's Gemma norms) records no plan (step_replay.py refuses
+        kernels (a bfloat16 model's Gemma norms or Granite multipliers) records no plan (step_replay.py refuses
         it); a step with LoRA adapter rows (`replayable` false) runs from Python, which adds their updates
         (lora.py), and neither records nor replays: the plans of its row count stay the base model's."""
 
@@ -497,5 +500,6 @@ class PagedModelRunner:
             logits = self.lm_head(x, prompt_from=decode)
         if self.model.final_softcap is not None:
             logits = self.dense.softcap(logits, self.model.final_softcap)
-        hook = self.model.logits_hook
-        return (logits if hook is None else hook(logits)).float()
+        if self.model.logits_divisor is not None:
+            logits = self.dense.divide(logits, self.model.logits_divisor)
+        return logits.float()

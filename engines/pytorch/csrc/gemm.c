@@ -1,8 +1,8 @@
 /* Projections of the native engine (engines/pytorch/linear.py): the packed float32 / bfloat16 GEMM, its variants
    on GGUF blocks (gemm_blocks.h; float16 / bfloat16 panels of float32 models) and AMX, the fused gate-up-SiLU job,
    and the dense layers' elementwise kernels (RMSNorm, SiLU-and-multiply; for Gemma-like layers RMSNorm with the
-   residual add, per-head RMSNorm, GELU-tanh-and-multiply and the logit soft-cap), with their `*_par` entry points
-   on the helper-thread pool. Built by native.py. */
+   residual add, per-head RMSNorm, GELU-tanh-and-multiply and the logit soft-cap; for Granite the scaled residual add
+   and the logits' division), with their `*_par` entry points on the helper-thread pool. Built by native.py. */
 #include "gemm_common.h"
 #include "type_suffix.h"
 
@@ -316,6 +316,29 @@ void gelu_tanh_mul_f32(const float* gu, int64_t ldg, float* y, int64_t ldy, int 
             _mm256_storeu_ps(tg, gelu_tanh_mul8(_mm256_loadu_ps(tg), _mm256_loadu_ps(tu)));
             for (int k = i; k < I; k++) ym[k] = tg[k - i];
         }
+    }
+}
+
+/* y = r + x * s: a block's output times a multiplier, then the residual add (Granite's `residual_multiplier`), the
+   product rounded first, as transformers' `residual + out * multiplier`. Plain C: whichever vectors the compiler
+   picks (AVX-512, AVX2, SSE), each op rounds as one float32 op, so every build gives torch's bits. */
+void scale_add_f32(const float* x, int64_t ldx, float s, const float* r, int64_t ldr, float* y, int64_t ldy, int M,
+                   int N, int* next) {
+    for (int m0, m1, done = 0; next_rows(next, M, &m0, &m1, &done);)
+    for (int m = m0; m < m1; m++) {
+        const float *xm = x + m * ldx, *rm = r + m * ldr;
+        float* ym = y + m * ldy;
+        for (int i = 0; i < N; i++) ym[i] = rm[i] + xm[i] * s;
+    }
+}
+
+/* x = x / d in place (Granite's `logits_scaling`): a true division, as torch's `logits / scaling` (not times 1 / d,
+   which rounds differently where d is not a power of two). Plain C, the same bits on every build. */
+void div_f32(float* x, int64_t ldx, float d, int M, int N, int* next) {
+    for (int m0, m1, done = 0; next_rows(next, M, &m0, &m1, &done);)
+    for (int m = m0; m < m1; m++) {
+        float* xm = x + m * ldx;
+        for (int i = 0; i < N; i++) xm[i] = xm[i] / d;
     }
 }
 
@@ -933,7 +956,8 @@ void rms_norm_bf16_par(const uint16_t* x, int64_t ldx, const uint16_t* w, float 
     POOL_RUN(rms_bf16_task, &j);
 }
 
-/* The same jobs for the kernels of the Gemma-like layers (their extra operands in `r` / `ldr` / `heads`). */
+/* The same jobs for the kernels of the Gemma-like layers and Granite's multipliers (their extra operands in `r` /
+   `ldr` / `heads`, a scalar operand in `eps`). */
 typedef struct { const void *x, *w, *r; void* y; int64_t ldx, ldy, ldr; float eps; int M, N, heads, next; } rows2_job;
 static void rms_add_task(void* p) {
     rows2_job* j = (rows2_job*)p;
@@ -968,4 +992,21 @@ void gelu_tanh_mul_f32_par(const float* gu, int64_t ldg, float* y, int64_t ldy, 
 void softcap_f32_par(float* x, int64_t ldx, float cap, int M, int N) {
     rows2_job j = {.y = x, .ldy = ldx, .eps = cap, .M = M, .N = N};
     POOL_RUN(softcap_task, &j);
+}
+static void scale_add_task(void* p) {
+    rows2_job* j = (rows2_job*)p;
+    scale_add_f32(j->x, j->ldx, j->eps, j->r, j->ldr, j->y, j->ldy, j->M, j->N, &j->next);
+}
+static void div_task(void* p) {
+    rows2_job* j = (rows2_job*)p;
+    div_f32(j->y, j->ldy, j->eps, j->M, j->N, &j->next);
+}
+void scale_add_f32_par(const float* x, int64_t ldx, float s, const float* r, int64_t ldr, float* y, int64_t ldy,
+                       int M, int N) {
+    rows2_job j = {.x = x, .r = r, .y = y, .ldx = ldx, .ldy = ldy, .ldr = ldr, .eps = s, .M = M, .N = N};
+    POOL_RUN(scale_add_task, &j);
+}
+void div_f32_par(float* x, int64_t ldx, float d, int M, int N) {
+    rows2_job j = {.y = x, .ldy = ldx, .eps = d, .M = M, .N = N};
+    POOL_RUN(div_task, &j);
 }

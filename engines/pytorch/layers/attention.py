@@ -30,6 +30,11 @@ class StepContext(Protocol):
         """`residual + norm(x)` (a block's output norm and the residual add after it), on one kernel where it runs."""
         ...
 
+    def scale_add(self, x: torch.Tensor, scale: float, residual: torch.Tensor) -> torch.Tensor:
+        """`residual + x * scale` (a block's output times a residual multiplier, then the residual add), on one
+        kernel where it runs."""
+        ...
+
     def head_norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
         """`norm(x)` over each head of x [T, heads, D] (a view of the qkv projection's rows), on the norm kernel
         where it runs."""

@@ -1,5 +1,6 @@
 """The shared decoder: layers of attention and MLP blocks around a residual stream, with the hooks families differ
-in (where the norms sit, residual and embedding multipliers, logit scaling and soft-capping). A family file
+in (where the norms sit, residual and embedding multipliers, logit scaling and soft-capping), each a C kernel
+where the kernels run, so that a decode step is kernel calls only and replays (step_replay.py). A family file
 (models/*.py) builds a `DecoderModel` from transformers' model of a checkpoint; the runner (model_runner.py) owns
 the KV cache, the step's layout and the step replay, and runs the model's layers.
 """
@@ -23,10 +24,10 @@ from engines.pytorch.layers.rotary import Rotary
 @dataclass
 class DecoderLayer:
     """x -> x + [attn_out_norm](attn([input_norm](x))) -> x + [mlp_out_norm](mlp([post_norm](x))), each added
-    output times `residual_multiplier` where the family has one. `post_norm` is transformers' Llama
-    `post_attention_layernorm` (after the attention's residual add, before the MLP). Llama: input_norm and
-    post_norm; Gemma 2 and 3: all four ("sandwich"); OLMo 2: only the norms of the blocks' outputs. Without an
-    output norm or multiplier the residual add is the projection's own (one kernel)."""
+    output times `residual_multiplier` where the family has one (Granite: one kernel with the add). `post_norm` is
+    transformers' Llama `post_attention_layernorm` (after the attention's residual add, before the MLP). Llama:
+    input_norm and post_norm; Gemma 2 and 3: all four ("sandwich"); OLMo 2: only the norms of the blocks' outputs.
+    Without an output norm or multiplier the residual add is the projection's own (one kernel)."""
 
     attn: Attention
     mlp: MLP
@@ -42,11 +43,12 @@ class DecoderLayer:
     def _add(
         self, residual: torch.Tensor, out: torch.Tensor, out_norm: RMSNorm | None, step: StepContext
     ) -> torch.Tensor:
+        multiplier = self.residual_multiplier
         if out_norm is not None:
-            if self.residual_multiplier is None:
+            if multiplier is None:
                 return step.norm_add(out_norm, out, residual)
             out = step.norm(out_norm, out)
-        return residual + (out if self.residual_multiplier is None else out * self.residual_multiplier)
+        return residual + out if multiplier is None else step.scale_add(out, multiplier, residual)
 
     def __call__(self, hidden: torch.Tensor, step: StepContext) -> torch.Tensor:
         nd = step.num_decode
@@ -71,7 +73,7 @@ class DecoderModel:
     rotary: Rotary
     embed_scale: Callable[[torch.Tensor], torch.Tensor] | None = None  # embeddings -> what layer 0 reads
     final_softcap: float | None = None  # lm_head's output -> tanh(x / cap) * cap (Gemma 2's final_logit_softcapping)
-    logits_hook: Callable[[torch.Tensor], torch.Tensor] | None = None  # (capped) lm_head's output -> logits
+    logits_divisor: float | None = None  # (capped) lm_head's output -> x / divisor (Granite's logits_scaling)
     # the layout transformers' layers are read from; `match_transformers` (exact_forward.py) runs Llama-shaped
     # models only: plain attention and the Llama norm placement
     llama_shaped: bool = True

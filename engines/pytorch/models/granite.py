@@ -1,6 +1,7 @@
 """Granite: Llama's layer with multipliers -- the embeddings times `embedding_multiplier`, each block's output
 times `residual_multiplier` before its residual add, scores times `attention_multiplier` (the attention's scaling),
-the logits divided by `logits_scaling`."""
+the logits divided by `logits_scaling`. The residual multiplier (with its add) and the logits' division are kernels
+(linear.DenseOps), so float32 decode steps replay (step_replay.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def build(hf_model: Any, blocks: dict[str, WeightBlocks] | None, kernels: Kernel
         layers,
         RMSNorm(hf_model.model.norm),
         Rotary(hf_model.model.rotary_emb, config),
-        embed_scale=lambda x: x * embedding,
-        logits_hook=lambda x: x / logits,
+        embed_scale=lambda x: x * embedding,  # before the replayed part of a step (model_runner.py)
+        logits_divisor=logits,
         llama_shaped=False,
     )

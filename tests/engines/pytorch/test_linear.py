@@ -442,3 +442,34 @@ def test_gemma_layer_kernels(build: str, tmp_path: Path, monkeypatch: pytest.Mon
     out = alone.act_mul(act, gate_up)
     assert torch.equal(out, shared.act_mul(act, gate_up))
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "build",
+    ["default", pytest.param("avx2", marks=pytest.mark.slow)],  # avx2: compiles gemm.c again (seconds)
+)
+def test_granite_multiplier_kernels(build: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Granite's residual multiplier with the residual add after it, and its logits' division, give torch's bits
+    (`residual + out * multiplier`: the product rounded first; `logits / scaling`: a true division, which a divisor
+    that is not a power of two tells from a multiplication by its reciprocal); alone and shared with a helper thread,
+    rows with and without a tail of vectors, in this CPU's build and the AVX2 one."""
+    if build == "avx2":
+        monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, "-mno-avx512f"])
+        monkeypatch.delitem(native._loaded, "gemm", raising=False)
+        monkeypatch.setattr(linear, "_lib", None)
+    gen = torch.Generator().manual_seed(31)
+    alone = DenseOps(True, torch.float32, tmp_path)
+    shared = DenseOps(True, torch.float32, tmp_path, HelperThreads(2, tmp_path))
+    if not alone.uses_kernel:
+        pytest.skip("no C compiler or no AVX2/FMA here")
+    for h in (576, 100):
+        out, residual = torch.randn(300, h, generator=gen) * 3, torch.randn(300, h, generator=gen)
+        ref = residual + out * 0.22
+        assert not torch.equal(ref, (residual.double() + out.double() * 0.22).float())  # one rounding differs
+        assert torch.equal(alone.scale_add(out, 0.22, residual), ref)
+        assert torch.equal(shared.scale_add(out, 0.22, residual), ref)
+    logits = torch.randn(200, 1003, generator=gen) * 40
+    ref = logits / 7.3
+    assert not torch.equal(ref, logits * (1 / 7.3))
+    for ops in (alone, shared):
+        assert torch.equal(ops.divide(logits.clone(), 7.3), ref)

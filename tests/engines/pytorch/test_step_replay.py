@@ -14,6 +14,8 @@ from transformers import (
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    GraniteConfig,
+    GraniteForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -134,6 +136,17 @@ def test_per_head_qk_norms_replay(tmp_path: Path) -> None:
 def test_block_output_norms_replay(tmp_path: Path) -> None:
     """OLMo 2's norms of each block's output with the residual add after them are one kernel: its steps replay."""
     _replays_with_python_bits(tmp_path, *_pair(lambda: Olmo2ForCausalLM(Olmo2Config(**SHAPE))))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_granite_steps_replay(tmp_path: Path, batch: int) -> None:
+    """Granite: each block's output times the residual multiplier with the residual add after it is one kernel, the
+    logits' division another, the attention multiplier the decode kernel's scale: no torch op between the kernels
+    (the embedding multiplier is applied before the replayed part)."""
+    config = lambda: GraniteConfig(  # noqa: E731
+        **SHAPE, embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=7.3
+    )
+    _replays_with_python_bits(tmp_path, *_pair(lambda: GraniteForCausalLM(config())), batch=batch)
 
 
 GEMMA = dict(SHAPE, head_dim=16, sliding_window=8, hidden_activation="gelu_pytorch_tanh")
