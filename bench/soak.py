@@ -29,6 +29,7 @@ import random
 import re
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -100,6 +101,7 @@ class Sample:
     threads: int
     heap_mib: float  # resident outside the anonymous mappings of LARGE_MAPPING and more (see `sample`)
     large_mib: float  # mapped in those mappings: a model copy's KV pool that outlived its reload shows here
+    arenas: int | None = None  # glibc malloc arenas, the main one included (`malloc_arenas`); None: not readable
 
 
 @dataclass
@@ -153,8 +155,8 @@ class SoakReport:
             lines.append(
                 f"  after warm-up -> end: RSS {first.rss_mib:.0f} -> {last.rss_mib:.0f} MiB (outside the KV "
                 f"pools and weights {first.heap_mib:.0f} -> {last.heap_mib:.0f}), fds {first.fds} "
-                f"-> {last.fds}, threads {first.threads} -> {last.threads}; growth "
-                + ", ".join(f"{k} {v:+.1%}" for k, v in self.growth().items())
+                f"-> {last.fds}, threads {first.threads} -> {last.threads}, malloc arenas {first.arenas} -> "
+                f"{last.arenas}; growth " + ", ".join(f"{k} {v:+.1%}" for k, v in self.growth().items())
             )
         lines.append(f"  KV blocks in use: {self.kv_blocks[0]:g} idle before, {self.kv_blocks[1]:g} at the end")
         lines.append(
@@ -185,6 +187,7 @@ def sample(pid: int, at: float) -> Sample:
         int(status["Threads"]),
         (rss_kib - resident_kib) / 1024,
         mapped_kib / 1024,
+        malloc_arenas(pid),
     )
 
 
@@ -201,6 +204,31 @@ def large_mappings(pid: int) -> tuple[int, int]:
         elif large and head[0] == "Rss:":
             resident += int(head[1])
     return mapped, resident
+
+
+ARENA_HEAP = 64 << 20  # a glibc thread arena's heaps: mappings of this size, aligned to it
+
+
+def malloc_arenas(pid: int) -> int | None:
+    """glibc's malloc arenas in `pid`, its main arena included (`--malloc-arenas` caps them), or None where its
+    memory cannot be read (another user's process, no /proc). Each other arena lives in heaps of ARENA_HEAP bytes
+    aligned to that size, whose first bytes are glibc's `heap_info`: the arena's address, then the previous heap
+    of the same arena; an arena's first heap has no previous one and holds the arena right after that header."""
+    arenas = 1
+    try:
+        with open(f"/proc/{pid}/mem", "rb") as mem:
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                head = line.split()
+                start, end = (int(x, 16) for x in head[0].split("-"))
+                if len(head) != 5 or head[1] != "rw-p" or end - start >= LARGE_MAPPING:
+                    continue  # a heap is anonymous and at most ARENA_HEAP (merged full heaps aside)
+                for at in range(-(-start // ARENA_HEAP) * ARENA_HEAP, end, ARENA_HEAP):
+                    mem.seek(at)
+                    arena, previous = struct.unpack("<QQ", mem.read(16))
+                    arenas += at < arena < at + 64 and previous == 0
+    except OSError:
+        return None
+    return arenas
 
 
 def scrape(base_url: str) -> tuple[dict[str, int], int, float]:
@@ -663,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"{found.at / 60:5.1f} min: RSS {found.rss_mib:.0f} MiB (outside the large mappings "
                         f"{found.heap_mib:.0f}), fds {found.fds}, "
-                        f"threads {found.threads}",
+                        f"threads {found.threads}, malloc arenas {found.arenas}",
                         flush=True,
                     )
 
