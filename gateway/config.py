@@ -352,7 +352,7 @@ class ServerConfig(BaseModel):
     malloc_arenas: int = setting(
         2,
         "malloc arenas the server's threads share (glibc only; 0 = glibc's default, 8 per core): each keeps the "
-        "most its threads ever held, so more of them grow the memory outside the models; MALLOC_ARENA_MAX in "
+        "most its threads ever held, so more of them hold more memory outside the models; MALLOC_ARENA_MAX in "
         "the environment wins over the default",
         ge=0,
         le=1024,

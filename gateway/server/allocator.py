@@ -3,10 +3,10 @@
 glibc gives each thread that allocates an arena of its own, up to 8 per core, and an arena keeps what it once held:
 the native engine sets a trim threshold of 1 GiB so that a step's buffers are reused rather than faulted in again
 (engines/pytorch/host_memory.py), and an arena's heap is only handed back past that. The server's threads (the
-event loop's executor, the engines' step threads, tokenizers, gRPC, the HTTP workers) take turns on whichever arena
-they were given, so every arena grows to the most any of its threads ever held at once, and the memory outside the
-models rose for an hour of mixed traffic (docs/reliability.md, "Soak"). Python allocates under its global lock, so
-more arenas buy a Python server little; two is what Python and Ruby servers commonly set (`MALLOC_ARENA_MAX=2`).
+event loop's executor, the engines' step threads, tokenizers, gRPC, the HTTP workers) had 16 arenas on 2 cores from
+startup on; capped at 2, a 10-minute soak held about 27 MiB less free memory in them at the same speed of growth
+(docs/reliability.md, "Soak"). Python allocates under its global lock, so more arenas buy a Python server little;
+two is what Python and Ruby servers commonly set (`MALLOC_ARENA_MAX=2`).
 Elsewhere (musl, macOS) there are no such arenas and the setting does nothing.
 """
 
