@@ -9,7 +9,7 @@ after) the LLM is reloaded through the repository API. Reported, and checked:
   client's own disconnects), and the two that must stay 0: `unexpected` (any other status, a 5xx, a wrong body, a
   connection error) and `lost` (no answer within `REQUEST_TIMEOUT`, or a background response never done);
 - the server's RSS, open file descriptors and threads every second: growth after warm-up (the first third of the
-  run, or until 2 s after the first reload is done) at most `GROWTH` (5%);
+  run, or until `SETTLE` s after the first reload is done, at most two thirds in) at most `GROWTH` (5%);
 - the LLM's KV blocks back to their idle count once the traffic stops and the sessions are deleted;
 - the server's counters equal to the client's: `switchyard_http_requests_total` by status against every HTTP
   request the client made, `nv_inference_request_success` of the KServe model against its HTTP and gRPC
@@ -29,6 +29,7 @@ import random
 import re
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,9 @@ LARGE_MAPPING = 256 << 20  # the engine's KV pools and packed weights: mappings 
 GROWING = ("rss_mib", "heap_mib", "large_mib", "fds", "threads")  # reported
 CHECKED = ("heap_mib", "large_mib", "fds", "threads")  # held to GROWTH
 REQUEST_TIMEOUT = 120.0
+# After a reload the old copy's memory is handed back (malloc_trim) and traffic faults the new copy's working
+# memory in over its first minute: a baseline taken before that reads the refill as growth.
+SETTLE = 60.0
 DOCUMENTED = (429, 503)  # refusals a client is told to retry (Retry-After)
 DONE = ("completed", "incomplete")  # a response's ends that are answers (incomplete: cut by max_output_tokens)
 MAX_TOKENS = 8
@@ -100,6 +104,7 @@ class Sample:
     threads: int
     heap_mib: float  # resident outside the anonymous mappings of LARGE_MAPPING and more (see `sample`)
     large_mib: float  # mapped in those mappings: a model copy's KV pool that outlived its reload shows here
+    arenas: int | None = None  # glibc malloc arenas, the main one included (`malloc_arenas`); None: not readable
 
 
 @dataclass
@@ -153,8 +158,8 @@ class SoakReport:
             lines.append(
                 f"  after warm-up -> end: RSS {first.rss_mib:.0f} -> {last.rss_mib:.0f} MiB (outside the KV "
                 f"pools and weights {first.heap_mib:.0f} -> {last.heap_mib:.0f}), fds {first.fds} "
-                f"-> {last.fds}, threads {first.threads} -> {last.threads}; growth "
-                + ", ".join(f"{k} {v:+.1%}" for k, v in self.growth().items())
+                f"-> {last.fds}, threads {first.threads} -> {last.threads}, malloc arenas {first.arenas} -> "
+                f"{last.arenas}; growth " + ", ".join(f"{k} {v:+.1%}" for k, v in self.growth().items())
             )
         lines.append(f"  KV blocks in use: {self.kv_blocks[0]:g} idle before, {self.kv_blocks[1]:g} at the end")
         lines.append(
@@ -185,6 +190,7 @@ def sample(pid: int, at: float) -> Sample:
         int(status["Threads"]),
         (rss_kib - resident_kib) / 1024,
         mapped_kib / 1024,
+        malloc_arenas(pid),
     )
 
 
@@ -201,6 +207,31 @@ def large_mappings(pid: int) -> tuple[int, int]:
         elif large and head[0] == "Rss:":
             resident += int(head[1])
     return mapped, resident
+
+
+ARENA_HEAP = 64 << 20  # a glibc thread arena's heaps: mappings of this size, aligned to it
+
+
+def malloc_arenas(pid: int) -> int | None:
+    """glibc's malloc arenas in `pid`, its main arena included (`--malloc-arenas` caps them), or None where its
+    memory cannot be read (another user's process, no /proc). Each other arena lives in heaps of ARENA_HEAP bytes
+    aligned to that size, whose first bytes are glibc's `heap_info`: the arena's address, then the previous heap
+    of the same arena; an arena's first heap has no previous one and holds the arena right after that header."""
+    arenas = 1
+    try:
+        with open(f"/proc/{pid}/mem", "rb") as mem:
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                head = line.split()
+                start, end = (int(x, 16) for x in head[0].split("-"))
+                if len(head) != 5 or head[1] != "rw-p" or end - start >= LARGE_MAPPING:
+                    continue  # a heap is anonymous and at most ARENA_HEAP (merged full heaps aside)
+                for at in range(-(-start // ARENA_HEAP) * ARENA_HEAP, end, ARENA_HEAP):
+                    mem.seek(at)
+                    arena, previous = struct.unpack("<QQ", mem.read(16))
+                    arenas += at < arena < at + 64 and previous == 0
+    except OSError:
+        return None
+    return arenas
 
 
 def scrape(base_url: str) -> tuple[dict[str, int], int, float]:
@@ -535,7 +566,7 @@ def soak(
 ) -> SoakReport:
     """Drive the mix at `server` for `seconds` from `clients` threads; reload the LLM at a third of the run (and
     every `reload_every` seconds after); return the report (`problems()` says what broke). Warm-up ends a third
-    into the run, or 2 s after the first reload is done if that is later."""
+    into the run, or `SETTLE` s after the first reload is done (at most two thirds in) if that is later."""
     tally = Tally()
     report = SoakReport()
     http_before, infers_before, _ = scrape(server.base_url)
@@ -569,7 +600,7 @@ def soak(
         if thread.is_alive():
             tally.outcome("client", "lost", "a client thread still waits on its request")
     report.seconds = time.monotonic() - started
-    report.warmup_end = max(seconds / 3, reloaded[0] + 2 if reloaded else 0.0)
+    report.warmup_end = max(seconds / 3, min(reloaded[0] + SETTLE, seconds * 2 / 3) if reloaded else 0.0)
     report.kv_blocks = (report.kv_blocks[0], _idle_blocks(server.base_url))
     report.samples.append(sample(server.pid, time.monotonic() - started))
     http_after, infers_after, _ = scrape(server.base_url)
@@ -663,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"{found.at / 60:5.1f} min: RSS {found.rss_mib:.0f} MiB (outside the large mappings "
                         f"{found.heap_mib:.0f}), fds {found.fds}, "
-                        f"threads {found.threads}",
+                        f"threads {found.threads}, malloc arenas {found.arenas}",
                         flush=True,
                     )
 

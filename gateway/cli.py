@@ -14,6 +14,7 @@ from typing import Any
 from gateway import __version__
 from gateway.config import SETTINGS, ServerConfig, Setting, build_config
 from gateway.errors import ConfigError
+from gateway.server.allocator import cap_arenas
 
 ENV_NOTE = (
     "Every flag can also be set by its environment variable (shown with it); a flag given on the command "
@@ -141,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("switchyard").error("configuration error: %s", exc)
         return 2
     setup_logging(config.log_level, config.log_format)
+    cap_arenas(config.malloc_arenas, given="malloc_arenas" in config.model_fields_set)  # before any thread starts
     try:
         serve(config)
     except ConfigError as exc:

@@ -349,6 +349,16 @@ class ServerConfig(BaseModel):
         default_text="none",
         doc="routes.md",
     )
+    malloc_arenas: int = setting(
+        2,
+        "malloc arenas the server's threads share (glibc only; 0 = glibc's default, 8 per core): each keeps the "
+        "most its threads ever held, so more of them hold more memory outside the models; MALLOC_ARENA_MAX in "
+        "the environment wins over the default",
+        ge=0,
+        le=1024,
+        metavar="N",
+        doc="reliability.md#soak",
+    )
 
     @field_validator("log_level", "log_format", "model_control_mode", "rate_limit", mode="before")
     @classmethod

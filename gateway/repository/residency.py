@@ -44,7 +44,7 @@ from gateway.repository.layout import ModelDir
 from gateway.repository.lifecycle_config import describe_keep_alive
 from gateway.repository.load_peak import PeakWatch, load_peak_bytes, reservation
 from gateway.repository.loaded_model import LoadedModel, LoadedTensorModel
-from gateway.repository.memory_budget import estimate_bytes, fmt_bytes, process_rss, reported_bytes, trim_heap
+from gateway.repository.memory_budget import estimate_bytes, fmt_bytes, process_rss, reported_bytes
 from gateway.repository.model_config import AnyModelConfig
 from gateway.repository.model_use import ModelUse, current_use
 from gateway.repository.registry import ModelRegistry
@@ -349,8 +349,7 @@ class Residency:
         ResidencyStats.count(self.stats.evictions, folder, reason)
         task = self.control.unload_locked(folder, reason)
         if task is not None:
-            await asyncio.shield(task)
-        trim_heap()
+            await asyncio.shield(task)  # its stop collects and trims the heap (heap.collect_retired)
 
     # ------------------------------------------------------------------ requests
 

@@ -6,6 +6,7 @@ KServe pipeline; explicit model control with an admin key):
 - the soak: 40 seconds of bench/soak.py's mixed traffic with a reload of the LLM in it loses no request,
   answers none with an unexpected status, grows no resource after warm-up, leaves the KV pool idle, and the
   server's counters equal the client's;
+- the server's threads share two malloc arenas (--malloc-arenas' default), not one each;
 - reloads free the copy they replace: after three reloads of the LLM loaded at startup, the server maps one KV
   pool, not four (the startup copy was once held for the server's life, and every later copy through it).
 """
@@ -21,7 +22,7 @@ import httpx
 import pytest
 
 from bench.gguf_files import shipped_gguf
-from bench.soak import LLM, Server, large_mappings, soak, soak_repository
+from bench.soak import LLM, Server, large_mappings, malloc_arenas, soak, soak_repository
 from engines.pytorch.gguf_file import read_layout
 from tests.conftest import ADMIN_HEADERS, ADMIN_KEY, ServerProcess, free_port
 
@@ -149,6 +150,14 @@ def test_soak(served: tuple[ServerProcess, Path]) -> None:
     assert all(report.outcomes.get(kind, {}).get("ok") for kind in ("chat_n", "embeddings", "kserve_grpc")), (
         report.summary()
     )
+
+
+def test_the_servers_threads_share_two_malloc_arenas(served: tuple[ServerProcess, Path]) -> None:
+    """--malloc-arenas' default, counted after the soak's traffic (every kind of thread has allocated by then):
+    uncapped, glibc gives each allocating thread its own arena, up to 8 per core (16 on 2 cores, from startup on:
+    docs/reliability.md)."""
+    proc, _ = served
+    assert malloc_arenas(proc.proc.pid) == 2
 
 
 def test_reloads_free_the_copies_they_replace(served: tuple[ServerProcess, Path]) -> None:
