@@ -35,8 +35,9 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gateway_server import serve, stop  # noqa: E402
 from bench.loadgen import random_prompts, run_load, sse_chunks  # noqa: E402
-from bench.serve_bench import SHIPPED_CONFIG, _port, _wait_ready, stop  # noqa: E402
+from bench.serve_bench import SHIPPED_CONFIG  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 QUESTIONS = [
@@ -53,30 +54,10 @@ def start(workdir: Path, batch_concurrency: int) -> tuple[subprocess.Popen, str]
     repo = workdir / "repo" / MODEL
     repo.mkdir(parents=True)
     repo.joinpath("config.yaml").write_text(SHIPPED_CONFIG.read_text())
-    port = _port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "serve",
-        "--model-repository",
-        str(repo.parent),
-        "--http-port",
-        str(port),
-        "--metrics-port",
-        "0",
-        "--grpc-port",
-        "0",
-        "--log-level",
-        "warning",
-        "--files-dir",
-        str(workdir / "files"),
-        "--batch-max-concurrency",
-        str(batch_concurrency),
-    ]
-    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1])
-    _wait_ready(f"http://127.0.0.1:{port}/health", proc)
-    return proc, f"http://127.0.0.1:{port}"
+    server = serve(
+        repo.parent, "--files-dir", str(workdir / "files"), "--batch-max-concurrency", str(batch_concurrency)
+    )
+    return server.proc, server.url
 
 
 async def chat_ttft(session: aiohttp.ClientSession, question: str, output_len: int) -> float:

@@ -23,7 +23,6 @@ import asyncio
 import concurrent.futures
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.gateway_server import free_port, stop, wait_ready  # noqa: E402
 from bench.loadgen import random_prompts, run_load  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
@@ -56,15 +56,9 @@ CHROMIUM_FLAGS = [
 ]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def server() -> Iterator[str]:
-    port = _port()
+    port = free_port()
     log = open(Path(tempfile.gettempdir()) / f"console-overhead-{port}.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(
         [
@@ -87,20 +81,10 @@ def server() -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}; see {log.name}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_ready(url + "/health", proc, Path(log.name))
         yield url
     finally:
-        proc.terminate()
-        proc.wait(60)
+        stop(proc)
         log.close()
 
 

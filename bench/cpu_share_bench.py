@@ -27,8 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import gateway_server  # noqa: E402
 from bench.embeddings_bench import load  # noqa: E402
-from bench.serve_bench import _port, _wait_ready, stop  # noqa: E402
+from bench.gateway_server import stop  # noqa: E402
 from engines.cpu_budget import cpu_budget  # noqa: E402
 
 EMBED = "all-minilm-l6-v2"
@@ -48,14 +49,8 @@ def serve(repo: Path, embed_threads: int | None, llm_threads: int | None) -> tup
         (repo / LLM).mkdir()
         share = f"pytorch:\n  gemm_threads: {llm_threads}\n" if llm_threads else ""
         (repo / LLM / "config.yaml").write_text(LLM_CONFIG + share)
-    port = _port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--model-repository", str(repo), "--http-port", str(port)]
-        + ["--grpc-port", "0", "--metrics-port", "0", "--log-level", "warning"],
-        cwd=ROOT,
-    )
-    _wait_ready(f"http://127.0.0.1:{port}/health", proc)
-    return proc, f"http://127.0.0.1:{port}"
+    server = gateway_server.serve(repo)
+    return server.proc, server.url
 
 
 async def busy_llm(url: str, chats: int, stop_event: asyncio.Event) -> tuple[int, float]:

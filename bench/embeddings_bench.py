@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.serve_bench import _port, _wait_ready, stop  # noqa: E402
+from bench.gateway_server import serve, stop  # noqa: E402
 
 SOURCE = (ROOT / "model_repository" / "all-minilm-l6-v2" / "config.yaml").read_text()
 TEXTS = [f"Sentence number {i} about trains, switchyards and the freight they carry." for i in range(1024)]
@@ -37,28 +37,8 @@ def start(repo: Path, batched: bool) -> tuple[subprocess.Popen, str]:
         )
     )
     (folder / "config.yaml").write_text(config)
-    port = _port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway",
-            "serve",
-            "--model-repository",
-            str(folder.parent),
-            "--http-port",
-            str(port),
-            "--grpc-port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-    )
-    _wait_ready(f"http://127.0.0.1:{port}/health", proc)
-    return proc, f"http://127.0.0.1:{port}"
+    server = serve(folder.parent)
+    return server.proc, server.url
 
 
 async def load(url: str, requests: int, concurrency: int) -> tuple[float, list[float]]:

@@ -42,12 +42,10 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.gateway_server import Started, serve, stop  # noqa: E402
 from bench.llamacpp_bench import (  # noqa: E402
     MODEL,
     PARAGRAPHS,
-    Started,
-    _stop,
-    serve_repository,
     shipped_gguf,
     start_llama_server,
     start_switchyard,
@@ -88,7 +86,7 @@ def start_gateway(a: Started, b: Started, work: Path, slots: int) -> Started:
         )
     routes = work / "gateway" / "routes.yaml"
     routes.write_text(f"routes:\n  {ROUTE}: [a, b]\n")
-    return serve_repository(repo, work / "gateway" / "server.log", "--routes", str(routes))
+    return serve(repo, "--routes", str(routes), log=work / "gateway" / "server.log", timeout=1800)
 
 
 def kill_tree(proc: psutil.Process) -> None:
@@ -252,10 +250,10 @@ def main() -> None:
                 results, kill_at = asyncio.run(drive(args, gateway.url, upstreams[0]))
                 metrics = route_metrics(gateway.url)
             finally:
-                _stop(gateway.proc)
+                stop(gateway.proc)
         finally:
             for upstream in upstreams:
-                _stop(upstream.proc)
+                stop(upstream.proc)
     summary = report(results, kill_at)
     print("route metrics:\n  " + "\n  ".join(metrics))
     verdict = "met" if summary["failed_not_streaming"] == 0 else "MISSED"

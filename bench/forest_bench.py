@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.serve_bench import _port, _wait_ready, stop  # noqa: E402
+from bench.gateway_server import serve, stop  # noqa: E402
 
 FEATURES = 32
 
@@ -55,28 +55,8 @@ def start(repo: Path, model_file: Path, batched: bool, threads: int) -> tuple[su
         f'  {{ key: "cpu_nthread" value: {{ string_value: "{threads}" }} }} ]\n'
         + ("dynamic_batching { max_queue_delay_microseconds: 1000 }\n" if batched else "")
     )
-    port = _port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway",
-            "serve",
-            "--model-repository",
-            str(folder.parent),
-            "--http-port",
-            str(port),
-            "--grpc-port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-    )
-    _wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", proc)
-    return proc, f"http://127.0.0.1:{port}"
+    server = serve(folder.parent, health="/v2/health/ready")
+    return server.proc, server.url
 
 
 async def load(url: str, rows: np.ndarray, requests: int, concurrency: int) -> tuple[float, list[float]]:

@@ -36,8 +36,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gateway_server import serve, stop  # noqa: E402
 from bench.loadgen import random_prompts, run_load  # noqa: E402
-from bench.serve_bench import GGUF, KV_GIB, LEVELS, MODEL, _port, _wait_ready, measure, start_vllm, stop  # noqa: E402
+from bench.serve_bench import GGUF, KV_GIB, LEVELS, MODEL, measure, start_vllm  # noqa: E402
 from engines.pytorch.loader import resolve_hf_folder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,35 +51,9 @@ def start_switchyard(
     repo = workdir / name
     (repo / MODEL).mkdir(parents=True, exist_ok=True)
     (repo / MODEL / "config.yaml").write_text(config)
-    port = _port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_GIB), "HF_HUB_OFFLINE": "1"}
-    cmd = [
-        python,
-        "-m",
-        "gateway",
-        "serve",
-        "--model-repository",
-        str(repo),
-        "--host",
-        "127.0.0.1",
-        "--http-port",
-        str(port),
-        "--metrics-port",
-        "0",
-        "--grpc-port",
-        "0",
-        "--log-level",
-        "warning",
-    ]
-    log = open(workdir / f"{name}.log", "w")  # noqa: SIM115 - lives with the process
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        _wait_ready(f"http://127.0.0.1:{port}/health", proc, start_timeout)
-    except RuntimeError:
-        stop(proc)
-        print((workdir / f"{name}.log").read_text()[-3000:], file=sys.stderr)
-        raise
-    return proc, f"http://127.0.0.1:{port}"
+    server = serve(repo, log=workdir / f"{name}.log", env=env, python=python, timeout=start_timeout)
+    return server.proc, server.url
 
 
 def vllm_config(enforce_eager: bool) -> str:

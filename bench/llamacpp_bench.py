@@ -51,7 +51,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,13 +60,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import httpx
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bandwidth_floor import Bandwidth, decode_bytes, last_level_cache_bytes  # noqa: E402
+from bench.gateway_server import Started, free_port, serve, start_process, stop, tree_rss  # noqa: E402
 from bench.llamacpp_env import (  # noqa: E402
     DEFAULT_VENV,
     MISSING,
@@ -171,58 +170,6 @@ class Sample:
     prompt_tokens: int | None = None
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Started:
-    """A server once ready: its process, URL, seconds from start to ready and peak RSS (bytes, process tree)
-    meanwhile."""
-
-    proc: subprocess.Popen
-    url: str
-    ready_s: float
-    load_peak_rss: int
-
-
-def tree_rss(proc: psutil.Process) -> int:
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            total += p.memory_info().rss
-    return total
-
-
-def _start(cmd: list[str], health: str, log: Path, cwd: Path, timeout: float = 1800) -> Started:
-    """Start `cmd` and wait until GET `health` answers 200, sampling the process tree's RSS every 0.1 s."""
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    watched, peak = psutil.Process(proc.pid), 0
-    deadline = start + timeout
-    while time.monotonic() < deadline:
-        peak = max(peak, tree_rss(watched))
-        if proc.poll() is not None:
-            raise RuntimeError(f"{cmd[:3]} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(health, timeout=1).status_code == 200:
-                return Started(proc, health.rsplit("/", 1)[0], time.monotonic() - start, max(peak, tree_rss(watched)))
-        time.sleep(0.1)
-    _stop(proc)
-    raise RuntimeError(f"{cmd[:3]} did not become ready:\n{log.read_text()[-3000:]}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 def start_switchyard(
     gguf: Path,
     threads: int,
@@ -250,23 +197,13 @@ def start_switchyard(
         f"scheduler: {{max_num_seqs: {max_num_seqs}}}\nkv_cache: {{max_tokens: 8192, dtype: {kv_dtype}}}\n"
         f"pytorch: {{gemm_threads: {threads}, int8_activations: {str(int8).lower()}}}\n"
     )
-    return serve_repository(folder.parent, log)
-
-
-def serve_repository(repository: Path, log: Path, *extra: str) -> Started:
-    """`python -m gateway serve` over `repository` on a free HTTP port (no gRPC or metrics port), `extra` flags
-    appended; ready once /health answers."""
-    port = _port()
-    cmd = [sys.executable, "-m", "gateway", "serve", "--model-repository", str(repository), *extra]
-    cmd += ["--host", "127.0.0.1", "--http-port", str(port), "--metrics-port", "0", "--grpc-port", "0"]
-    cmd += ["--log-level", "warning"]
-    return _start(cmd, f"http://127.0.0.1:{port}/health", log, ROOT)
+    return serve(folder.parent, log=log, timeout=1800)
 
 
 def start_llama_server(binary: Path, gguf: Path, threads: int, parallel: int, log: Path) -> Started:
     """llama.cpp's own server with `parallel` slots of 2048 tokens each (continuous batching), its host prompt
     cache off (the prompts never repeat; the cache would only add resident memory)."""
-    port = _port()
+    port = free_port()
     cmd = [
         str(binary),
         "--model",
@@ -289,12 +226,12 @@ def start_llama_server(binary: Path, gguf: Path, threads: int, parallel: int, lo
         "--port",
         str(port),
     ]
-    return _start(cmd, f"http://127.0.0.1:{port}/health", log, Path(tempfile.gettempdir()))
+    return start_process(cmd, f"http://127.0.0.1:{port}/health", log, Path(tempfile.gettempdir()), timeout=1800)
 
 
 def start_llama_cpp_python_server(python: Path, gguf: Path, threads: int, log: Path) -> Started:
     """llama-cpp-python's OpenAI-compatible server (a Python wrapper of the same library, not the anchor)."""
-    port = _port()
+    port = free_port()
     cmd = [
         str(python),
         "-m",
@@ -314,7 +251,7 @@ def start_llama_cpp_python_server(python: Path, gguf: Path, threads: int, log: P
         "--port",
         str(port),
     ]
-    return _start(cmd, f"http://127.0.0.1:{port}/v1/models", log, Path(tempfile.gettempdir()))
+    return start_process(cmd, f"http://127.0.0.1:{port}/v1/models", log, Path(tempfile.gettempdir()), timeout=1800)
 
 
 class InProcess:
@@ -350,7 +287,7 @@ class InProcess:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
-        _stop(self.proc)
+        stop(self.proc)
         self._log.close()
 
 
@@ -686,7 +623,7 @@ def main() -> None:
         ours = start_switchyard(
             gguf, args.threads, logs, logs / "switchyard.log", args.kv_cache_dtype, max_num_seqs=max(levels)
         )
-        stack.callback(_stop, ours.proc)
+        stack.callback(stop, ours.proc)
         ours8 = None
         if args.int8_activations:
             print("starting Switchyard with int8 activations", flush=True)
@@ -699,7 +636,7 @@ def main() -> None:
                 max_num_seqs=max(levels),
                 int8=True,
             )
-            stack.callback(_stop, ours8.proc)
+            stack.callback(stop, ours8.proc)
         for c in levels:
             print(f"starting llama-server --parallel {c}", flush=True)
             anchor = start_llama_server(server, gguf, args.threads, c, logs / f"llama-server-{c}.log")
@@ -730,7 +667,7 @@ def main() -> None:
                     tree_rss(psutil.Process(anchor.proc.pid)),
                 )
             finally:
-                _stop(anchor.proc)
+                stop(anchor.proc)
         memory[OURS] = (ours.ready_s, ours.load_peak_rss, tree_rss(psutil.Process(ours.proc.pid)))
         if ours8 is not None:
             memory[OURS_INT8] = (ours8.ready_s, ours8.load_peak_rss, tree_rss(psutil.Process(ours8.proc.pid)))
@@ -740,7 +677,7 @@ def main() -> None:
             inproc = InProcess(llama_python, gguf, args.threads, logs / "inprocess.log")
             stack.callback(inproc.close)
             wrapper = start_llama_cpp_python_server(llama_python, gguf, args.threads, logs / "wrapper.log")
-            stack.callback(_stop, wrapper.proc)
+            stack.callback(stop, wrapper.proc)
 
             def inproc_round(texts: list[str]) -> Round:
                 start = time.perf_counter()

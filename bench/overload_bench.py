@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import random
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,8 +34,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gateway_server import serve, stop  # noqa: E402
 from bench.loadgen import random_prompts, sse_chunks  # noqa: E402
-from bench.serve_bench import _port, _wait_ready, stop  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -215,28 +214,8 @@ def main() -> None:
     proc = None
     url = args.url
     if url is None:
-        port = _port()
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway",
-                "serve",
-                "--model-repository",
-                str(ROOT / "model_repository"),
-                "--host",
-                "127.0.0.1",
-                "--http-port",
-                str(port),
-                "--grpc-port",
-                "0",
-                "--log-level",
-                "warning",
-            ],
-            cwd=ROOT,
-        )
-        url = f"http://127.0.0.1:{port}"
-        _wait_ready(f"{url}/health", proc)
+        server = serve(ROOT / "model_repository")
+        proc, url = server.proc, server.url
     try:
         print(json.dumps(asyncio.run(run(args, url)), indent=2))
     finally:

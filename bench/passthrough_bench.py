@@ -23,15 +23,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.gateway_server import Started, serve, stop  # noqa: E402
 from bench.llamacpp_bench import (  # noqa: E402
     MODEL,
     PARAGRAPHS,
     Round,
-    Started,
-    _stop,
     llama_server_body,
     run_http,
-    serve_repository,
     shipped_gguf,
     start_llama_server,
     summarize,
@@ -49,7 +47,7 @@ def start_gateway(upstream: Started, workdir: Path, log: Path, max_num_seqs: int
         f"backend: openai\nmax_model_len: 2048\nscheduler: {{max_num_seqs: {max_num_seqs}}}\n"
         f"openai:\n  base_url: {upstream.url}/v1\n  model: {MODEL}\n"
     )
-    return serve_repository(folder.parent, log)
+    return serve(folder.parent, log=log, timeout=1800)
 
 
 def prompts(count: int, round_: int, level: int) -> list[str]:
@@ -120,9 +118,9 @@ def main() -> None:
                         upstream.url, gateway.url, level, args.rounds, args.prompts, args.output_len
                     )
             finally:
-                _stop(gateway.proc)
+                stop(gateway.proc)
         finally:
-            _stop(upstream.proc)
+            stop(upstream.proc)
     print(f"{'level':6} {'arm':24} {'tok/s':>8} {'TTFT p50 ms':>12}")
     for level, arms in results.items():
         for arm in (DIRECT, GATEWAY):

@@ -36,10 +36,11 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gateway_server import free_port, stop, wait_ready  # noqa: E402
 from bench.gateway_tax import cpu_seconds, start_switchyard  # noqa: E402
 from bench.loadgen import sse_chunks  # noqa: E402
 from bench.relay_overhead import start_upstream  # noqa: E402
-from bench.serve_bench import MODEL, _port, _wait_ready, stop  # noqa: E402
+from bench.serve_bench import MODEL  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 8
 
@@ -97,9 +98,9 @@ def serve_httplib_like(port: int) -> None:
 
 
 def start_httplib_like() -> tuple[subprocess.Popen, str]:
-    port = _port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, __file__, "--serve-httplib", str(port)])
-    _wait_ready(f"http://127.0.0.1:{port}/v1/models", proc)
+    wait_ready(f"http://127.0.0.1:{port}/v1/models", proc)
     return proc, f"http://127.0.0.1:{port}"
 
 

@@ -45,8 +45,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gateway_server import stop  # noqa: E402
 from bench.loadgen import random_prompts  # noqa: E402
-from bench.serve_bench import GGUF, MODEL, start_switchyard, start_vllm, stop  # noqa: E402
+from bench.serve_bench import GGUF, MODEL, start_switchyard, start_vllm  # noqa: E402
 from engines.pytorch.loader import resolve_hf_folder  # noqa: E402
 
 

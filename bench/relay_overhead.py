@@ -20,9 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gateway_server import free_port, stop, wait_ready  # noqa: E402
 from bench.gateway_tax import cpu_seconds, remote_config, start_switchyard  # noqa: E402
 from bench.loadgen import random_prompts, run_load  # noqa: E402
-from bench.serve_bench import MODEL, _port, _wait_ready, stop  # noqa: E402
+from bench.serve_bench import MODEL  # noqa: E402
 
 
 def serve_upstream(port: int, delay: float) -> None:
@@ -57,9 +58,9 @@ def serve_upstream(port: int, delay: float) -> None:
 
 
 def start_upstream(delay: float) -> tuple[subprocess.Popen, str]:
-    port = _port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(port), "--delay", str(delay)])
-    _wait_ready(f"http://127.0.0.1:{port}/health", proc)
+    wait_ready(f"http://127.0.0.1:{port}/health", proc)
     return proc, f"http://127.0.0.1:{port}"
 
 

@@ -37,36 +37,17 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gateway_server import serve, stop  # noqa: E402
 from bench.loadgen import random_prompts  # noqa: E402
-from bench.serve_bench import GGUF, MODEL, _port, _wait_ready, stop  # noqa: E402
+from bench.serve_bench import GGUF, MODEL  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GATEWAY_MODEL = "routed"
 
 
 def _serve(repo: Path, cpu: int | None) -> tuple[subprocess.Popen, str]:
-    port = _port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "serve",
-        "--model-repository",
-        str(repo),
-        "--http-port",
-        str(port),
-        "--metrics-port",
-        "0",
-        "--grpc-port",
-        "0",
-        "--log-level",
-        "warning",
-    ]
-    if cpu is not None:
-        cmd = ["taskset", "-c", str(cpu), *cmd]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT)
-    _wait_ready(f"http://127.0.0.1:{port}/health", proc)
-    return proc, f"http://127.0.0.1:{port}"
+    server = serve(repo, prefix=("taskset", "-c", str(cpu)) if cpu is not None else ())
+    return server.proc, server.url
 
 
 def start_upstream(workdir: Path, cpu: int, kv_tokens: int) -> tuple[subprocess.Popen, str]:

@@ -39,23 +39,21 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Self
 
-import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml
 
+from bench.gateway_server import free_port, serve, start_process, stop  # noqa: E402
 from bench.loadgen import random_prompts, run_load  # noqa: E402
 from engines.pytorch.loader import resolve_hf_folder  # noqa: E402
 
@@ -80,26 +78,6 @@ def usable_cpus() -> list[int]:
         return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return list(range(os.cpu_count() or 1))
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise RuntimeError("server did not become ready")
 
 
 def kv_bytes_per_token(dtype: str) -> int:
@@ -143,26 +121,8 @@ def start_switchyard(
         f"kv_cache: {json.dumps({'max_tokens': kv_tokens, **(kv_options or {})})}\n"
         f"pytorch: {{match_transformers: {match_transformers}, gemm_threads: {gemm_threads or 'null'}}}\n"
     )
-    port = _port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "serve",
-        "--model-repository",
-        str(repo.parent),
-        "--http-port",
-        str(port),
-        "--metrics-port",
-        "0",
-        "--grpc-port",
-        "0",
-        "--log-level",
-        "warning",
-    ]
-    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1])
-    _wait_ready(f"http://127.0.0.1:{port}/health", proc)
-    return proc, f"http://127.0.0.1:{port}"
+    server = serve(repo.parent)
+    return server.proc, server.url
 
 
 def start_vllm(
@@ -170,7 +130,7 @@ def start_vllm(
 ) -> tuple[subprocess.Popen, str]:
     """vLLM's OpenAI server with the shipped scheduler limits; `all_cpus`: its OpenMP threads on every usable CPU,
     none reserved for its other processes (its default on 2 CPUs keeps one for them)."""
-    port = _port()
+    port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_GIB), "HF_HUB_OFFLINE": "1"}
     if all_cpus:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
@@ -199,10 +159,9 @@ def start_vllm(
         "--disable-log-stats",
         *extra,
     ]
-    log = open(Path(tempfile.gettempdir()) / f"vllm-bench-{port}.log", "w")  # noqa: SIM115 - lives with the process
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
-    _wait_ready(f"http://127.0.0.1:{port}/health", proc)
-    return proc, f"http://127.0.0.1:{port}"
+    log = Path(tempfile.gettempdir()) / f"vllm-bench-{port}.log"
+    server = start_process(cmd, f"http://127.0.0.1:{port}/health", log, Path(tempfile.gettempdir()), env)
+    return server.proc, server.url
 
 
 def rss_mib(pid: int) -> float:
@@ -291,14 +250,6 @@ def measure(
             out[concurrency]["kv_touched_mib"] = touched if touched is not None else float("nan")  # "-" in the table
         print(f"  c={concurrency}: {out[concurrency]['output_tok_s']:.1f} tok/s", flush=True)
     return out
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def main() -> None:

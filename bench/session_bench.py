@@ -30,7 +30,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.serve_bench import MODEL, start_switchyard, stop  # noqa: E402
+from bench.gateway_server import stop  # noqa: E402
+from bench.serve_bench import MODEL, start_switchyard  # noqa: E402
 
 HISTORY = " ".join(f"Fact {i}: the number {i} squared is {i * i}." for i in range(90))  # ~1.5k tokens
 FILLER = HISTORY[::-1][:2000]  # ~1k tokens that share no prefix with the history

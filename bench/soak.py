@@ -633,25 +633,14 @@ ADMIN_KEY = "soak-admin-key-0123456789"
 
 def start_server(workdir: Path) -> tuple[subprocess.Popen[bytes], Server]:
     """A server over `soak_repository`, in explicit model control with an admin key (the reload's)."""
-    from bench.serve_bench import _port, _wait_ready, stop
+    from bench.gateway_server import free_port, serve
 
     repo = soak_repository(workdir / "repo")
     key_file = workdir / "admin-key"
     key_file.write_text(ADMIN_KEY + "\n")
-    port, grpc_port = _port(), _port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "serve",
-        "--model-repository",
-        str(repo),
-        "--http-port",
-        str(port),
-        "--grpc-port",
-        str(grpc_port),
-        "--metrics-port",
-        "0",
+    grpc_port = free_port()
+    server = serve(
+        repo,
         "--admin-key-file",
         str(key_file),
         "--model-control-mode",
@@ -662,16 +651,9 @@ def start_server(workdir: Path) -> tuple[subprocess.Popen[bytes], Server]:
         str(workdir / "r.sqlite3"),
         "--files-dir",  # its own, so a test run beside the soak does not wait on the soak's files lock
         str(workdir / "files"),
-        "--log-level",
-        "warning",
-    ]
-    proc = subprocess.Popen(cmd, cwd=ROOT)
-    try:
-        _wait_ready(f"http://127.0.0.1:{port}/health", proc)
-    except BaseException:
-        stop(proc)
-        raise
-    return proc, Server(f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}", ADMIN_KEY, proc.pid)
+        grpc_port=grpc_port,
+    )
+    return server.proc, Server(server.url, f"127.0.0.1:{grpc_port}", ADMIN_KEY, server.proc.pid)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -681,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reload-every", type=float, default=10.0, help="minutes between reloads after the first")
     parser.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
-    from bench.serve_bench import stop
+    from bench.gateway_server import stop
 
     with tempfile.TemporaryDirectory(prefix="switchyard-soak-") as tmp:
         proc, server = start_server(Path(tmp))

