@@ -67,6 +67,7 @@ QUANTIZED = (
     ("qwen3_wide", "Q4_K_M"),
     ("qwen3_wide", "F32"),
     ("qwen3_moe", "Q8_0"),
+    ("qwen3_moe", "MXFP4_MOE"),  # MXFP4 experts (not a kernel type): dequantized to float32 as transformers does
 )
 # files whose experts the kernels read as blocks (the wide ones 256 wide, for K blocks)
 EXPERT_BLOCKS = (("qwen3_moe", "Q8_0"), ("mixtral", "Q8_0"), ("qwen3_moe_wide", "Q4_K_M"), ("mixtral_wide", "Q4_K_M"))
