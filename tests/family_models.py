@@ -168,6 +168,30 @@ FAMILIES: dict[str, Family] = {
         {**_SHAPE, "num_local_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": False},
         moe=True,
     ),
+    # attention sinks, biased q/k/v/o, sliding and full layers in turn, YaRN (its original length passed by the
+    # longest prompt), a biased router and experts with the clamped SwiGLU
+    "gpt_oss": Family(
+        "GptOssConfig",
+        {
+            **_SHAPE,
+            "head_dim": 32,
+            "intermediate_size": 32,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": 12,
+            "tie_word_embeddings": False,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 8.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 64,
+            },
+        },
+        moe=True,
+    ),
 }
 DENSE = tuple(name for name, f in FAMILIES.items() if not f.moe)
 MOE = tuple(name for name, f in FAMILIES.items() if f.moe)

@@ -44,6 +44,14 @@ ATTENTION_BIAS = re.compile(r"blk\.\d+\.attn_(q|k|v|output)\.bias")
 MLP_BIAS = re.compile(r"blk\.\d+\.ffn_(gate|up|down)\.bias")
 # llama.cpp's names of architectures transformers' GGUF loader lists under its own (it renames them as it reads)
 TRANSFORMERS_ARCH = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}
+# architectures whose files the native engine does not serve, though transformers' loader lists them: why, for the
+# error. gpt-oss: llama.cpp writes its experts as stacked gate, up and down tensors with biases (`ffn_*_exps`),
+# which transformers' GGUF loader does not map (it expects `ffn_*_projs`) and the engine's expert reader does not
+# take yet; the released files hold them as MXFP4 blocks, a type the kernels do not read
+UNSERVED_ARCH = {
+    "gpt-oss": "llama.cpp's gpt-oss experts (stacked `ffn_*_exps` tensors with biases) are not read by the native "
+    "engine's GGUF loader yet"
+}
 
 
 MAX_HEAD_DIM = 4096  # values in one attention head: far above any model's
@@ -57,6 +65,13 @@ def gguf_config(gguf: Path) -> Any:
 
     layout = read_layout(gguf)
     arch = layout.architecture
+    if arch in UNSERVED_ARCH:
+        mxfp4 = any(t.type_name == "MXFP4" for t in layout.tensors.values())
+        held = "; this file's experts are MXFP4 blocks, a type the engine's kernels do not read" if mxfp4 else ""
+        raise ModelFileError(
+            f"{gguf.name}: architecture '{arch}' is not served from a GGUF file: {UNSERVED_ARCH[arch]}{held}; "
+            f"serve the model's HF folder instead (the native engine serves {arch} from it), or use backend: vllm"
+        )
     if TRANSFORMERS_ARCH.get(arch, arch) not in GGUF_SUPPORTED_ARCHITECTURES:
         raise ModelFileError(
             f"{gguf.name}: architecture '{arch or '(none)'}' is not one transformers' GGUF loader reads (the "

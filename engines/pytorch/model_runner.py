@@ -367,10 +367,10 @@ class PagedModelRunner:
     ) -> torch.Tensor:
         """A layer's attention of the step's rows (StepContext.attend): plain causal attention on the paged kernels
         (decode rows, then prefill rows), a sliding window and soft-capped scores included; without the kernels,
-        those two in torch ops (attend_torch)."""
+        those two in torch ops (attend_torch), as attention sinks (gpt-oss) always are."""
         i, lay = attention.layer_idx, step.lay
         cos, sin = step.tables[attention.rope]
-        if not attention.plain and not self.attention.uses_kernel:
+        if attention.sinks is not None or (not attention.plain and not self.attention.uses_kernel):
             slots, sequences = step.sequence_rows()
             return attend_torch(attention, q, k, v, cos, sin, self.k_cache[i], self.v_cache[i], slots, sequences)
         t, nd = q.shape[0], lay.num_decode

@@ -2,7 +2,8 @@
 
 q/k/v come from one fused projection; optional q/k norms (per head: Qwen3, Gemma 3; over the whole projection:
 OLMo 2) run before the rotation. Attention itself is the runner's (`StepContext.attend`): the paged C kernels, a
-sliding window and soft-capped scores included; `attend_torch` (transformers' eager rule) where the kernels are off.
+sliding window and soft-capped scores included; `attend_torch` (transformers' eager rule) where the kernels are off,
+and for attention sinks (gpt-oss), which the kernels do not take.
 """
 
 from __future__ import annotations
@@ -62,11 +63,14 @@ class Attention:
     sliding_window: int | None = None  # a query at p sees keys at p - window < position <= p (transformers' rule)
     softcap: float | None = None  # scores -> tanh(scores / cap) * cap (Gemma 2)
     rope: str | None = None  # the rotary table's layer type (rotary.Tables)
+    # gpt-oss: a learned logit per head [H] in each query's softmax denominator (a "sink" no value belongs to)
+    sinks: torch.Tensor | None = None
 
     @property
     def plain(self) -> bool:
-        """Plain causal attention over the whole context (no window, no soft-cap): what match_transformers takes."""
-        return self.sliding_window is None and self.softcap is None
+        """Plain causal attention over the whole context (no window, soft-cap or sinks): what match_transformers
+        takes."""
+        return self.sliding_window is None and self.softcap is None and self.sinks is None
 
     def projections(self) -> list[Any]:
         return [self.qkv, self.o]
@@ -108,7 +112,9 @@ def attend_torch(
     sequences: list[SequenceRows],
 ) -> torch.Tensor:
     """Eager attention as transformers computes it (scores, soft-cap, mask, float32 softmax, weighted values), one
-    sequence at a time over its cache, with the layer's sliding window: [T, H * D]."""
+    sequence at a time over its cache, with the layer's sliding window: [T, H * D]. With sinks, each head's sink
+    logit joins its row's scores in the softmax (after the row's largest logit is subtracted, as transformers'
+    gpt-oss does) and its probability is dropped: the row's weights then sum to less than one."""
     h, kvh, d = attention.num_heads, attention.num_kv_heads, attention.head_dim
     q, k = rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None])
     write_cache(k_cache, slots, k)
@@ -130,6 +136,12 @@ def attend_torch(
         if attention.sliding_window is not None:
             allowed &= k_pos > q_pos - attention.sliding_window
         scores = scores.masked_fill(~allowed, float("-inf"))
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        if attention.sinks is None:
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        else:
+            sink = attention.sinks.to(scores.dtype)[:, None, None].expand(h, seq.count, 1)
+            combined = torch.cat((scores, sink), dim=-1)
+            combined = combined - combined.max(dim=-1, keepdim=True).values
+            probs = torch.softmax(combined, dim=-1, dtype=torch.float32)[..., :-1].to(q.dtype)
         out[seq.first : seq.first + seq.count] = torch.matmul(probs, values).transpose(0, 1).reshape(seq.count, h * d)
     return out

@@ -1,10 +1,12 @@
-"""The sparse mixture-of-experts block (Qwen3-MoE, Mixtral): what transformers' `Qwen3MoeSparseMoeBlock` and
-`MixtralSparseMoeBlock` compute, on the engine's projections.
+"""The sparse mixture-of-experts block (Qwen3-MoE, Mixtral, gpt-oss): what transformers' `Qwen3MoeSparseMoeBlock`,
+`MixtralSparseMoeBlock` and `GptOssMLP` compute, on the engine's projections.
 
 Routing, as transformers' routers do it: router logits `x @ router.T` (in the model's dtype), softmax in float32,
 `torch.topk` (so ties between experts are broken as transformers breaks them: the same op on the same values), the
 top-k weights divided by their sum where the family normalises (Mixtral always; Qwen3-MoE with `norm_topk_prob`),
-then cast back to the model's dtype (Qwen3-MoE) or kept in float32 (Mixtral).
+then cast back to the model's dtype (Qwen3-MoE) or kept in float32 (Mixtral). gpt-oss's router has a bias and takes
+the top-k of the logits, then a softmax over those k (`Routing.softmax_of_top`); its experts are biased projections
+around a clamped SwiGLU (swiglu.py), built by models/gpt_oss.py, and run in this Python block (no fused C call).
 
 Experts: each is a gated MLP, `down(act(x @ gate.T) * (x @ up.T))`, held as its own `GatedActivation` and `Linear`
 (linear.py): the packed GEMM kernel on float32 or bfloat16 weights, or on the expert's GGUF blocks, which are a view
@@ -44,6 +46,7 @@ import torch
 from engines.pytorch.expert_blocks import LayerExperts
 from engines.pytorch.gguf_blocks import WeightBlocks
 from engines.pytorch.layers.projections import Kernels
+from engines.pytorch.layers.swiglu import ClampedSwiGLU
 from engines.pytorch.linear import GatedActivation, Linear
 from engines.pytorch.moe_experts import FusedExperts
 
@@ -57,6 +60,8 @@ class Routing:
     top_k: int
     normalize: bool
     model_dtype_weights: bool
+    # gpt-oss: the top-k of the logits themselves, then a softmax over those k (in the logits' dtype)
+    softmax_of_top: bool = False
 
     @classmethod
     def of(cls, config: Any) -> Routing:
@@ -65,7 +70,9 @@ class Routing:
             return cls(config.num_experts_per_tok, bool(config.norm_topk_prob), True)
         if config.model_type == "mixtral":
             return cls(config.num_experts_per_tok, True, False)
-        raise ValueError(f"no sparse MoE routing for model type '{config.model_type}' (qwen3_moe, mixtral)")
+        if config.model_type == "gpt_oss":
+            return cls(config.num_experts_per_tok, False, True, softmax_of_top=True)
+        raise ValueError(f"no sparse MoE routing for model type '{config.model_type}' (qwen3_moe, mixtral, gpt_oss)")
 
 
 class SparseMoE:
@@ -75,7 +82,7 @@ class SparseMoE:
     def __init__(
         self,
         router: Linear,
-        experts: Sequence[tuple[GatedActivation, Linear]],
+        experts: Sequence[tuple[GatedActivation | ClampedSwiGLU, Linear]],
         routing: Routing,
         fused: FusedExperts | None = None,
     ) -> None:
@@ -132,7 +139,7 @@ class SparseMoE:
         fused = FusedExperts.build(router, made, routing.top_k, routing.normalize, hidden, cache_dir) if fast else None
         return cls(router, made, routing, fused)
 
-    def projections(self) -> list[Linear | GatedActivation]:
+    def projections(self) -> list[Linear | GatedActivation | ClampedSwiGLU]:
         """Every projection of the block (the router's and the experts'), for what the runner asks of them all
         (layers/mlp.py's `MLP`: the step replay's recorder, `on_tile_unit`)."""
         return [self.router, *(p for pair in self.experts for p in pair)]
@@ -143,6 +150,9 @@ class SparseMoE:
         logits = self.router(x)
         if self.fused is not None and logits.dtype == torch.float32:
             return self.fused.route(logits, self.routing.normalize)
+        if self.routing.softmax_of_top:
+            top, chosen = torch.topk(logits, self.routing.top_k, dim=-1)
+            return torch.softmax(top, dim=-1, dtype=top.dtype), chosen
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, chosen = torch.topk(probs, self.routing.top_k, dim=-1)
         if self.routing.normalize:

@@ -10,7 +10,7 @@ from typing import Any
 
 from engines.interface import UnsupportedModelError
 
-_MODULES = ("llama", "granite", "phi3", "olmo2", "gemma", "moe")
+_MODULES = ("llama", "granite", "phi3", "olmo2", "gemma", "moe", "gpt_oss")
 NAMES = {"gemma3_text": "gemma3"}  # model types as users know them, where transformers' differs
 
 

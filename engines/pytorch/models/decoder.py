@@ -108,7 +108,7 @@ def attention(
     softcap: float | None = None,
     rope: str | None = None,
 ) -> Attention:
-    """Layer i's attention block from transformers' layer (its q/k/v, o, q/k norms, scaling, window)."""
+    """Layer i's attention block from transformers' layer (its q/k/v, o, q/k norms, scaling, window, sinks)."""
     attn = hf_layer.self_attn
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -128,6 +128,7 @@ def attention(
         sliding_window=config.sliding_window if sliding else None,
         softcap=softcap,
         rope=rope,
+        sinks=sinks.detach() if (sinks := getattr(attn, "sinks", None)) is not None else None,
     )
 
 

@@ -13,6 +13,8 @@ file (llama.cpp writes Mixtral as a `llama`: transformers makes a dense Llama wi
 reference is transformers' Mixtral of the folder's config holding transformers' own reading of the file's attention,
 norms and embeddings and gguf-py's dequantization of its router and experts.
 
+gpt-oss files (F32, and MXFP4_MOE with MXFP4 experts) are refused with an error that names why and the fix.
+
 Folders come from tests/family_models.py; files from bench/gguf_convert.py (the converter from the pinned
 llama-cpp-python sdist, fetched once; quantized by llama.cpp in its environment). Without either the tests skip
 and say why. Mistral's sliding window is not in its GGUF file (llama.cpp's converter writes a Mistral as a llama and
@@ -65,6 +67,7 @@ QUANTIZED = (
     ("qwen3_wide", "Q4_K_M"),
     ("qwen3_wide", "F32"),
     ("qwen3_moe", "Q8_0"),
+    ("qwen3_moe", "MXFP4_MOE"),  # MXFP4 experts (not a kernel type): dequantized to float32 as transformers does
 )
 # files whose experts the kernels read as blocks (the wide ones 256 wide, for K blocks)
 EXPERT_BLOCKS = (("qwen3_moe", "Q8_0"), ("mixtral", "Q8_0"), ("qwen3_moe_wide", "Q4_K_M"), ("mixtral_wide", "Q4_K_M"))
@@ -272,3 +275,15 @@ def test_an_architecture_transformers_cannot_read_is_refused_clearly(family: str
     _folder, gguf = _gguf(family, "F32")
     with pytest.raises(ModelFileError, match=f"architecture '{family}' is not one transformers' GGUF loader reads"):
         PyTorchEngine(gguf, dtype="float32", kv_cache_tokens=256, block_size=16)
+
+
+@pytest.mark.parametrize("kind", ["F32", "MXFP4_MOE"])
+def test_a_gpt_oss_file_is_refused_clearly(kind: str) -> None:
+    """llama.cpp's converter writes gpt-oss (`gpt-oss`: stacked expert tensors with biases, attention sinks) and
+    its quantizer gives MXFP4_MOE files MXFP4 experts, as the released files have; the engine serves gpt-oss from
+    its HF folder only, and says so before any weight loads (naming MXFP4 where the experts are in it)."""
+    _folder, gguf = _gguf("gpt_oss", kind)
+    mxfp4 = "this file's experts are MXFP4 blocks" if kind == "MXFP4_MOE" else "HF folder"
+    with pytest.raises(ModelFileError, match="architecture 'gpt-oss' is not served from a GGUF file") as err:
+        PyTorchEngine(gguf, dtype="float32", kv_cache_tokens=256, block_size=16)
+    assert mxfp4 in str(err.value) and "HF folder" in str(err.value)

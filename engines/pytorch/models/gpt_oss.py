@@ -1,0 +1,73 @@
+"""gpt-oss: Llama's pre-norm layer with biased q/k/v/o projections, attention sinks (a learned logit per head in the
+softmax's denominator), sliding-window attention on alternate layers (`layer_types`), YaRN rotary scaling, and a
+sparse MoE block (layers/moe.py's `SparseMoE`) whose router has a bias and softmaxes its top-k logits and whose
+experts are biased projections around a clamped SwiGLU (layers/swiglu.py).
+
+Attention with sinks runs in torch ops (layers/attention.py's `attend_torch`; the paged C kernels do not take
+sinks), and so do the experts' clamps, so decode steps are not replayed (step_replay.py refuses them). GGUF files
+of gpt-oss (llama.cpp's MXFP4 expert blocks) are refused by the loader."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engines.pytorch.gguf_blocks import WeightBlocks
+from engines.pytorch.layers.mlp import MLP
+from engines.pytorch.layers.moe import Routing, SparseMoE
+from engines.pytorch.layers.norms import RMSNorm
+from engines.pytorch.layers.projections import Kernels
+from engines.pytorch.layers.rotary import Rotary
+from engines.pytorch.layers.swiglu import ClampedSwiGLU
+from engines.pytorch.models.decoder import DecoderModel
+from engines.pytorch.models.llama import llama_layers
+
+MODEL_TYPES = ("gpt_oss",)
+
+
+class _FullWidthTables:
+    """transformers' gpt-oss rotary module gives cos and sin once per frequency ([.., D / 2]) and rotates a head's
+    halves (x[:D/2], x[D/2:]) by them; the engine's tables repeat them over both halves ([.., D]): the same
+    rotation, the same bits."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+        self.rope_type = module.rope_type
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self._module(x, position_ids)
+        return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+
+
+def _moe(block: Any, config: Any, kernels: Kernels) -> SparseMoE:
+    """transformers' `GptOssMLP`: `router` (weight, bias) and `experts`: `gate_up_proj` [E, H, 2 I] (gate and up
+    interleaved along the last dimension) with its bias [E, 2 I], `down_proj` [E, I, H] with its bias [E, H]."""
+    router, experts = block.router, block.experts
+    if experts.gate_up_proj.is_meta or router.weight.is_meta:
+        raise ValueError("gpt-oss experts held as GGUF blocks are not supported by the native engine")
+    gate_up, gate_up_bias = experts.gate_up_proj.detach(), experts.gate_up_proj_bias.detach()
+    down, down_bias = experts.down_proj.detach(), experts.down_proj_bias.detach()
+    made = []
+    for e in range(gate_up.shape[0]):
+        weight = gate_up[e].t()  # [2 I, H], rows gate, up, gate, up ...
+        halves = torch.cat((weight[0::2], weight[1::2])).contiguous()
+        bias = torch.cat((gate_up_bias[e, 0::2], gate_up_bias[e, 1::2])).contiguous()
+        made.append(
+            (
+                ClampedSwiGLU(kernels.linear(halves, bias), experts.alpha, experts.limit),
+                kernels.linear(down[e].t().contiguous(), down_bias[e].contiguous()),
+            )
+        )
+    return SparseMoE(kernels.linear(router.weight.detach(), router.bias.detach()), made, Routing.of(config))
+
+
+def build(hf_model: Any, blocks: dict[str, WeightBlocks] | None, kernels: Kernels, packed: Any) -> DecoderModel:
+    config = hf_model.config
+
+    def mlp(hf_layer: Any, own: dict[str, WeightBlocks], kernels: Kernels) -> MLP:
+        return _moe(hf_layer.mlp, config, kernels)
+
+    layers = llama_layers(hf_model, blocks, kernels, packed, mlp=mlp)
+    rotary = Rotary(_FullWidthTables(hf_model.model.rotary_emb), config)
+    return DecoderModel(layers, RMSNorm(hf_model.model.norm), rotary, llama_shaped=False)
