@@ -11,7 +11,7 @@ models rotating through a memory budget that holds only some of them (docs/model
   0.2 s) never above the budget, 0 failed requests, and every eviction the least recently used model's (each
   phase's evictions, seen in /v1/models, against the phases' order; counted by switchyard_model_evictions_total).
 
-    python bench/on_demand_bench.py [--parts cold,burst,rotate] [--minutes 10] [--budget 1600MiB] [--clients 4]
+    python bench/on_demand_bench.py [--parts cold,burst,rotate] [--minutes 10] [--budget 2400MiB] [--clients 4]
 
 Prints each part's figures and whether its target holds; exits 1 when one does not.
 """
@@ -199,7 +199,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default="cold,burst,rotate", help="comma-separated: cold, burst, rotate")
     parser.add_argument("--minutes", type=float, default=10.0, help="rotate: how long")
-    parser.add_argument("--budget", default="1600MiB", help="rotate: --memory-budget (less than the four models need)")
+    parser.add_argument("--budget", default="2400MiB", help="rotate: --memory-budget (less than the four models need)")
     parser.add_argument("--clients", type=int, default=4, help="rotate: concurrent client threads")
     parser.add_argument("--phase-secs", type=float, default=10.0, help="rotate: seconds on each model")
     args = parser.parse_args()
