@@ -19,24 +19,27 @@ from engines.passthrough.engine import OpenAIUpstream, PassthroughSettings, buil
 ANSWER = {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}]}
 
 
+async def _answer_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Read one request and answer it with ANSWER, keeping the connection alive."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+    await reader.readexactly(length)
+    body = json.dumps(ANSWER).encode()
+    writer.write(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    await writer.drain()
+
+
 async def _closing_upstream() -> tuple[asyncio.Server, list[int]]:
     """An HTTP/1.1 server that answers one request a connection with keep-alive headers, and closes the connection
     when the next request arrives on it, unanswered. Returns the server and the requests it answered."""
     answered: list[int] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(
-            int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
-        )
-        await reader.readexactly(length)
+        await _answer_one(reader, writer)
         answered.append(1)
-        body = json.dumps(ANSWER).encode()
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
-            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-        )
-        await writer.drain()
         await reader.read(1)  # the client pooled the connection and sends the next request on it: it dies now
         writer.close()
 
@@ -68,16 +71,8 @@ async def _resetting_upstream() -> tuple[asyncio.Server, list[int]]:
     answered: list[int] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
-        await reader.readexactly(length)
+        await _answer_one(reader, writer)
         answered.append(1)
-        body = json.dumps(ANSWER).encode()
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
-            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-        )
-        await writer.drain()
         await reader.readuntil(b"\r\n\r\n")  # the next request's head; its body is still coming
         sock = writer.get_extra_info("socket")
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset

@@ -319,19 +319,24 @@ def _quantized_experts(e: int, n: int, k: int, qtype: str, seed: int) -> ExpertB
     return ExpertBlocks(qtype, torch.from_numpy(raw.reshape(e, n, -1).copy()))
 
 
+def _layer_experts(reference, qtype: str) -> LayerExperts:
+    """Random experts of transformers' block's shapes as GGUF blocks of `qtype`."""
+    e, two_i, h = reference.experts.gate_up_proj.shape
+    i = two_i // 2
+    return LayerExperts(
+        _quantized_experts(e, i, h, qtype, 1),
+        _quantized_experts(e, i, h, qtype, 2),
+        _quantized_experts(e, h, i, qtype, 3),
+    )
+
+
 @pytest.mark.parametrize(("family", "qtype"), [("qwen3_moe", "Q8_0"), ("mixtral", "Q4_0")])
 def test_experts_from_gguf_blocks_match_transformers_on_their_weights(family: str, qtype: str, tmp_path: Path) -> None:
     """Experts read from a 3-D GGUF tensor's blocks, per expert in place, against transformers' block holding the
     dequantized weights (what its GGUF loader makes of them: gate and up as the halves of gate_up_proj)."""
     config = _config(family)
     reference = _reference(config)
-    e, two_i, h = reference.experts.gate_up_proj.shape
-    i = two_i // 2
-    experts = LayerExperts(
-        _quantized_experts(e, i, h, qtype, 1),
-        _quantized_experts(e, i, h, qtype, 2),
-        _quantized_experts(e, h, i, qtype, 3),
-    )
+    experts = _layer_experts(reference, qtype)
     with torch.no_grad():  # the block is built while transformers' experts are zeros: it reads the blocks only
         reference.experts.gate_up_proj.zero_()
         reference.experts.down_proj.zero_()
@@ -361,13 +366,7 @@ def test_experts_grouped_in_one_job_give_the_bits_of_one_job_each(
 
     config = _config(family)
     reference = _reference(config)
-    e, two_i, h = reference.experts.gate_up_proj.shape
-    i = two_i // 2
-    experts = LayerExperts(
-        _quantized_experts(e, i, h, qtype, 1),
-        _quantized_experts(e, i, h, qtype, 2),
-        _quantized_experts(e, h, i, qtype, 3),
-    )
+    experts = _layer_experts(reference, qtype)
     block = _ours(reference, config, True, tmp_path, experts_blocks=experts)
     _kernel_or_skip(block)
     assert block.fused is not None and block.fused.table[T_GROUPED] != 0
