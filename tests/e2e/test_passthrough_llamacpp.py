@@ -16,14 +16,8 @@ import jsonschema
 import openai
 import pytest
 
-from bench.llamacpp_bench import (
-    MODEL,
-    Started,
-    _stop,
-    shipped_gguf,
-    start_llama_cpp_python_server,
-    start_llama_server,
-)
+from bench.gateway_server import Started, stop
+from bench.llamacpp_bench import MODEL, shipped_gguf, start_llama_cpp_python_server, start_llama_server
 from bench.llamacpp_env import find_llama_python, find_llama_server
 from tests.conftest import ServerProcess
 from tests.e2e.weather_tools import ASK, TIME, WEATHER
@@ -63,7 +57,7 @@ def upstream(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     try:
         yield Upstream(request.param, started.url.removesuffix("/v1"))  # llama-cpp-python's is read off /v1/models
     finally:
-        _stop(started.proc)
+        stop(started.proc)
 
 
 @pytest.fixture(scope="module")
