@@ -27,6 +27,16 @@ from typing import Any
 
 # bump when the way folders are made changes, so that folders made the old way are not used
 MAKER_VERSION = 3
+# gpt-oss's YaRN rotary as the released models set it, its original context shrunk to the tiny model's
+GPT_OSS_YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 150000.0,
+    "factor": 8.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 64,
+}
 SEED = 1234
 
 _ROPE_LLAMA3 = {
@@ -180,15 +190,7 @@ FAMILIES: dict[str, Family] = {
             "num_experts_per_tok": 2,
             "sliding_window": 12,
             "tie_word_embeddings": False,
-            "rope_parameters": {
-                "rope_type": "yarn",
-                "rope_theta": 150000.0,
-                "factor": 8.0,
-                "beta_fast": 32.0,
-                "beta_slow": 1.0,
-                "truncate": False,
-                "original_max_position_embeddings": 64,
-            },
+            "rope_parameters": dict(GPT_OSS_YARN),
         },
         moe=True,
     ),

@@ -15,6 +15,7 @@ from engines.pytorch.layers.rotary import fold_sin
 from engines.pytorch.linear import DenseOps
 from engines.pytorch.models.gpt_oss import _FullWidthTables, _moe
 from engines.pytorch.paged_attention import rotate
+from tests.family_models import GPT_OSS_YARN
 
 HIDDEN = 64
 
@@ -38,15 +39,7 @@ def _config():
         head_dim=32,
         num_hidden_layers=2,
         max_position_embeddings=256,
-        rope_parameters={
-            "rope_type": "yarn",
-            "rope_theta": 150000.0,
-            "factor": 8.0,
-            "beta_fast": 32.0,
-            "beta_slow": 1.0,
-            "truncate": False,
-            "original_max_position_embeddings": 64,
-        },
+        rope_parameters=dict(GPT_OSS_YARN),
     )
 
 
