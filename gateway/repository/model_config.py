@@ -77,6 +77,16 @@ class SchedulerConfig(_Strict):
     aging_seconds: float = Field(
         30.0, gt=0, description="A request waiting longer than this is admitted ahead of every priority."
     )
+    priority_grace_seconds: float = Field(
+        0.03,
+        ge=0,
+        le=1,
+        description="Native engine: for this long after a request finishes, requests of lower priority (a Batch "
+        "API batch) sit out the steps, and the engine idles rather than run only them, so the finished request's "
+        "client, whose next request often comes at once, finds short steps. 0: no grace (lower priorities still "
+        "yield to a request being admitted or prefilled). At most 1 s; the lower priorities lose up to this much "
+        "per finished request of higher priority, and aging_seconds still bounds their wait.",
+    )
 
 
 class KVCacheConfig(_Strict):

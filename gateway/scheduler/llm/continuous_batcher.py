@@ -136,8 +136,13 @@ class ContinuousBatcher(LLMScheduler):
         if not plan.scheduled:
             self._flush()
             if self._policy.has_unfinished():
-                # Nothing fits right now (blocks are held by sequences being aborted); back off instead of spinning.
-                await asyncio.sleep(0.01)
+                # Nothing fits right now (blocks are held by sequences being aborted), or lower priorities are held
+                # back for an expected arrival: wait for that long, or until a request arrives or leaves.
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), timeout=plan.idle_seconds or 0.01)
+                except TimeoutError:
+                    pass
                 return
             self._wakeup.clear()
             try:

@@ -4,8 +4,15 @@ Every step: running sequences get their next tokens first (one for a decode, a c
 then waiting sequences are admitted in (priority, arrival) order while the token budget, the sequence cap and
 the KV pool allow. When the pool runs dry, the most recently admitted running sequence is preempted: its blocks
 are freed and it is recomputed later from its prompt plus what it already generated. Requests are never failed
-for lack of KV space and the scheduler never waits on itself. A running sequence's next prompt chunk yields its
-step to a waiting request of higher priority that can be admitted (a chat arriving while batch requests prefill).
+for lack of KV space and the scheduler never waits on itself.
+
+Lower priorities yield (a chat beside a Batch API batch): in a step that admits or prefills a request, running
+sequences of lower priority sit the step out (decode rows too) and waiting ones of lower priority are not admitted, so
+the higher request's prefill step is as short as without them; if it cannot be scheduled after all (no KV room) they
+go on. For `scheduler.priority_grace_seconds` after a request finishes, lower priorities sit out as well, and the
+engine idles rather than run only them: the client of a finished request often sends its next one at once (the next
+turn, an agent's next call), and it would otherwise wait for a step full of lower-priority rows. A starving request
+(aging) never yields.
 
 Shared prefixes: a request whose next uncached block a running prefill is computing (many chats with one system
 prompt, n>1 choices) is a *follower*: it waits for that prefill, then reuses the block. Where the engine writes every
@@ -90,6 +97,9 @@ class StepPlan:
 
     scheduled: list[tuple[_Sequence, SequenceStep]] = field(default_factory=list)
     finished: list[GenerationOutput] = field(default_factory=list)
+    # with nothing scheduled: how long the driver may idle before planning again unless a request arrives (lower
+    # priorities held back for an expected arrival); 0: try again shortly
+    idle_seconds: float = 0.0
 
     @property
     def steps(self) -> list[SequenceStep]:
@@ -137,6 +147,8 @@ class StepScheduler:
                 "one-token steps compute (the native engine needs its C kernels: pytorch.fast_kernels)"
             )
         self._outputs: list[GenerationOutput] = []  # gathered by the call in progress, handed back when it returns
+        self._finished_at: dict[int, float] = {}  # priority -> when a request of it last finished (grace window)
+        self._idle_until = 0.0  # set by _schedule when lower priorities are held back and nothing else runs
 
     def stats(self) -> SchedulerStats:
         self._stats.running = len(self._running)
@@ -205,9 +217,11 @@ class StepScheduler:
         self._expire_waiting()
         self._sessions.expire()
         admitted = self._admissions
+        self._idle_until = 0.0
         scheduled = self._schedule() if self.has_unfinished() else []
-        self._queue.rate.update(time.monotonic(), len(self._waiting), self._admissions - admitted)
-        return StepPlan(scheduled, self._take_outputs())
+        now = time.monotonic()
+        self._queue.rate.update(now, len(self._waiting), self._admissions - admitted)
+        return StepPlan(scheduled, self._take_outputs(), max(0.0, self._idle_until - now))
 
     def update(self, plan: StepPlan, result: StepResult) -> list[GenerationOutput]:
         """Apply the engine's result for `plan`: commit the computed tokens, append the sampled ones, and return each
@@ -244,26 +258,22 @@ class StepScheduler:
         now = time.monotonic()
         aging = self._limits.aging_seconds
         running = sorted(self._running, key=lambda s: s.sort_key(now, aging))
+        # Lower priorities yield (module docstring): to the best priority that waits and could be admitted, that
+        # prefills, or that finished within the grace window (`anticipated`); a starving request counts as the highest.
+        lead, anticipated = self._lead_priority(now, aging)
+        deferred = [s for s in running if lead is not None and s.sort_key(now, aging)[0] > lead]
+        active = [s for s in running if s not in deferred]
         spec = self._spec
-        speculate = spec is not None and len(running) <= spec.disable_by_batch_size
-        # proposals stay within the decode rows whose logits the engine computes as one-token steps do (running
-        # sequences here; admissions that are decode rows shorten them after: _fit_drafts)
+        speculate = spec is not None and len(active) <= spec.disable_by_batch_size
+        # proposals stay within the decode rows whose logits the engine computes as one-token steps do (the running
+        # sequences that take this step here; admissions that are decode rows shorten them after: _fit_drafts)
         limit = self._info.max_exact_decode_rows
-        spare_rows = limit - len(running) if limit else budget
-        # A prompt chunk of a running sequence waits a step when a request of higher priority waits for admission
-        # and could be admitted: the chat that arrives while batch requests prefill gets its first token a step
-        # sooner (decodes are never held back; a starving request counts as the highest priority).
-        urgent = (
-            min(s.sort_key(now, aging)[0] for s in self._waiting)
-            if self._waiting and len(self._running) < self._limits.max_num_seqs
-            else None
-        )
-        deferred: list[_Sequence] = []
+        spare_rows = limit - len(active) if limit else budget
+        served = False  # whether the step admits or prefills a sequence the others yield to
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            if urgent is not None and len(seq.tokens) - seq.num_computed > 1 and seq.sort_key(now, aging)[0] > urgent:
-                deferred.append(seq)
+            if seq in deferred:
                 i += 1
                 continue
             n = min(len(seq.tokens) - seq.num_computed, budget)
@@ -279,6 +289,7 @@ class StepScheduler:
             else:
                 scheduled.append((seq, self._step(seq, n, drafts)))
                 budget -= n + len(drafts)
+                served = served or n > 1
                 i += 1
                 continue
             break
@@ -303,6 +314,9 @@ class StepScheduler:
             and len(self._running) < self._limits.max_num_seqs
         ):
             seq = self._waiting[i]
+            if lead is not None and seq.sort_key(now, aging)[0] > lead:
+                i += 1
+                continue
             riding: list[int] = []
             if seq.num_computed == 0:
                 if computing and self._needs_block_in_flight(seq, computing):
@@ -349,7 +363,7 @@ class StepScheduler:
                     self._queue.forget(seq.seq_id)
                     scheduled.append((seq, self._step(seq, n)))
                     budget -= n
-                    admitted = True
+                    admitted = served = True
                     computing.update(self._uncomputed_blocks(seq))
                     if self._info.prefill_reads_step_writes:
                         self._note_writes(seq, scheduled[-1][1], written)
@@ -357,7 +371,9 @@ class StepScheduler:
             self._kv.free(seq.seq_id)  # drop prefix-cache references taken by admit; retry next step
             seq.num_computed = 0
             break
-        if not admitted:  # nobody could be admitted after all (no KV room): the held-back chunks go on
+        if anticipated and not scheduled:  # only lower priorities left: idle a moment for the expected arrival
+            self._idle_until = anticipated
+        elif not served and not anticipated:  # nobody they yield to could be scheduled (no KV room): they go on
             for seq in deferred:
                 n = min(len(seq.tokens) - seq.num_computed, budget)
                 if n > 0 and seq in self._running and self._kv.allocate(seq.seq_id, seq.num_computed + n) is not None:
@@ -366,6 +382,21 @@ class StepScheduler:
         if limit:
             self._fit_drafts(scheduled, limit)
         return scheduled
+
+    def _lead_priority(self, now: float, aging: float) -> tuple[float | None, float]:
+        """The priority lower ones yield to this step (None: no one yields), and the end of the grace window that
+        holds them back when one does (0: none; they yield only to a request this step admits or prefills)."""
+        keys = [s.sort_key(now, aging)[0] for s in self._running if len(s.tokens) - s.num_computed > 1]
+        if self._waiting and len(self._running) < self._limits.max_num_seqs:
+            keys.append(min(s.sort_key(now, aging)[0] for s in self._waiting))
+        grace = self._limits.priority_grace_seconds
+        for priority, at in list(self._finished_at.items()):
+            if now - at >= grace:
+                del self._finished_at[priority]
+        recent = min(self._finished_at, default=None)
+        if recent is not None and (not keys or recent < min(keys)):
+            return recent, self._finished_at[recent] + grace
+        return (min(keys) if keys else None), 0.0
 
     def _order_followers(self, now: float, computing: set[bytes], written: Written) -> None:
         """Among waiting followers of equal admission priority, shortest uncached remainder first (in the queue
@@ -554,6 +585,8 @@ class StepScheduler:
             )
             self._outputs.append(out)
             if reason is not None:
+                if self._limits.priority_grace_seconds > 0:
+                    self._finished_at[seq.request.priority] = time.monotonic()
                 self._release(seq)
 
     def _verified(self, seq: _Sequence, step: SequenceStep, accepted: int) -> None:

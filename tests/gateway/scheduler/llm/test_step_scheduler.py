@@ -69,11 +69,13 @@ def scheduler(engine: CountingEngine, speculative: SpeculativeSection | None = N
 
 
 def step(sched: StepScheduler, engine: CountingEngine) -> list[GenerationOutput]:
-    """One iteration, as the driver runs it: plan, compute on the fake engine, apply."""
+    """One iteration, as the driver runs it: plan, compute on the fake engine, apply (or idle as the plan says)."""
     plan = sched.schedule()
     outs = list(plan.finished)
     if plan.scheduled:
         outs += sched.update(plan, engine.execute(plan.steps))
+    else:
+        time.sleep(plan.idle_seconds)
     return outs
 
 
