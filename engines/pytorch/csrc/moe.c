@@ -231,6 +231,16 @@ static inline int chunk_of(int mode, int m) {
     return mode == TILE_MODE && m <= TILE_UNIT_FEW_ROWS ? FEW_PANELS : CHUNK_PANELS;
 }
 
+/* The modes gemm.c runs a GGUF-blocks projection's decode rows (modes[0]) and prompt rows (modes[1]) in, as
+   linear.py's `_Packed.row_parts` picks them: prompt rows on the tile unit where the weight is laid out for it,
+   decode rows there only when more than TILE_UNIT_MIN_ROWS of them, unpinned, take float32 activations; the rest
+   in int8 or float32 as the flags say. */
+static void row_modes(const int64_t* p, int decode, int flags, int modes[2]) {
+    const int tile = (int)p[P_TILE_UNIT], other = flags & F_INT8 ? INT8_MODE : 0;
+    modes[0] = tile && decode > TILE_UNIT_MIN_ROWS && !(flags & F_PINNED) && !other ? TILE_MODE : other;
+    modes[1] = tile ? TILE_MODE : other;
+}
+
 /* One projection of an expert over m rows of x (the first `decode` of them decode rows) into y; 0, -1 (a
    kernel's scratch could not be allocated) or -2 (an unknown kind). */
 static int project(const int64_t* table, const int64_t* p, const float* x, int64_t ldx, float* y, int64_t ldy, int m,
@@ -254,10 +264,9 @@ static int project(const int64_t* table, const int64_t* p, const float* x, int64
         case K_SILU_BLOCKS: case K_BLOCKS: break;
         default: return -2;
     }
-    /* GGUF blocks: decode rows and prompt rows in the modes `_Packed.row_parts` gives them */
-    const int tile = (int)p[P_TILE_UNIT], other = flags & F_INT8 ? INT8_MODE : 0;
-    const int modes[2] = {tile && decode > TILE_UNIT_MIN_ROWS && !(flags & F_PINNED) && !other ? TILE_MODE : other,
-                          tile ? TILE_MODE : other};
+    /* GGUF blocks: decode rows and prompt rows in their modes */
+    int modes[2];
+    row_modes(p, decode, flags, modes);
     int parts[2][3] = {{0, m, modes[0]}, {m, m, 0}};
     if (modes[0] != modes[1]) parts[0][1] = decode, parts[1][0] = decode, parts[1][2] = modes[1];
     for (int i = 0; i < 2; i++) {
@@ -278,9 +287,10 @@ static int project(const int64_t* table, const int64_t* p, const float* x, int64
    in one mode off the tile unit, or its weight is not GGUF blocks: then the experts run one by one. */
 static int one_mode(const int64_t* p, int count, int decode, int flags) {
     if (p[P_KIND] != K_SILU_BLOCKS && p[P_KIND] != K_BLOCKS) return -1;
-    const int other = flags & F_INT8 ? INT8_MODE : 0;
-    if (!p[P_TILE_UNIT]) return other;
-    return decode == count && !(decode > TILE_UNIT_MIN_ROWS && !(flags & F_PINNED) && !other) ? other : -1;
+    int modes[2];
+    row_modes(p, decode, flags, modes);
+    const int mode = decode == count ? modes[0] : decode == 0 || modes[0] == modes[1] ? modes[1] : -1;
+    return mode == TILE_MODE ? -1 : mode;
 }
 
 /* Every chosen expert's gate-up in one job, then every down projection in another (gemm.c's gemm_grouped_par),
