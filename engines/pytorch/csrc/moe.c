@@ -391,7 +391,7 @@ int moe_experts_f32(const float* logits, int64_t ldl, const float* x, int64_t ld
        (ascending) and their row ranges, their rows of x gathered into xs; one grouped job a projection where every
        chosen expert's rows run in one mode off the tile unit, else two jobs an expert. */
     grouped_part parts[MOE_MAX_EXPERTS];
-    int32_t experts[MOE_MAX_EXPERTS];
+    int32_t experts[MOE_MAX_EXPERTS], decodes[MOE_MAX_EXPERTS];  /* decodes: each chosen expert's decode rows */
     int used = 0, mode = table[T_GROUPED] ? -2 : -1;
     for (int e = 0, start = 0; e < n; start = counts[e], e++) {
         const int count = counts[e] - start;
@@ -404,16 +404,14 @@ int moe_experts_f32(const float* logits, int64_t ldl, const float* x, int64_t ld
         const int64_t* gate_up = table + T_HEADER + (int64_t)e * 2 * P_WORDS;
         const int g = one_mode(gate_up, count, decode, flags), d = one_mode(gate_up + P_WORDS, count, decode, flags);
         if (mode != -1) mode = g >= 0 && g == d && (mode == -2 || mode == g) ? g : -1;
-        parts[used].start = start, parts[used].end = counts[e], experts[used++] = e;
+        parts[used].start = start, parts[used].end = counts[e], decodes[used] = decode, experts[used++] = e;
     }
     if (mode >= 0) {
         const int rc = project_grouped(table, parts, experts, used, xs, h, gs, ldg, ys, ldd, width, mode);
         if (rc) return rc == -2 ? -2 : -1;
     } else
         for (int i = 0; i < used; i++) {
-            const int start = parts[i].start, count = parts[i].end - start;
-            int decode = 0;
-            for (int r = start; r < parts[i].end; r++) decode += rows[r] < prompt_from;
+            const int start = parts[i].start, count = parts[i].end - start, decode = decodes[i];
             const int64_t* gate_up = table + T_HEADER + (int64_t)experts[i] * 2 * P_WORDS;
             int rc = project(table, gate_up, xs + (int64_t)start * h, h, gs + start * ldg, ldg, count, decode, h,
                              flags);
