@@ -51,6 +51,8 @@ typedef int (*grouped_fn)(const float*, int64_t, float*, int64_t, const grouped_
 
 int moe_max_experts(void) { return MOE_MAX_EXPERTS; }
 int moe_max_top_k(void) { return MOE_MAX_TOP_K; }
+/* n experts, k chosen a row: what route takes */
+static inline int routable(int n, int k) { return n <= MOE_MAX_EXPERTS && k <= MOE_MAX_TOP_K && k <= n && k >= 1; }
 
 /* ------------------------------------------------------------------------------------------------ routing */
 
@@ -227,8 +229,23 @@ static void route(const float* logits, int64_t ldl, int m, int n, int k, int nor
 
 /* ------------------------------------------------------------------------------------------------ experts */
 
+/* Expert e's two projections in the table: gate-up, then down P_WORDS on. */
+static inline const int64_t* expert_words(const int64_t* table, int e) {
+    return table + T_HEADER + (int64_t)e * 2 * P_WORDS;
+}
+
 static inline int chunk_of(int mode, int m) {
     return mode == TILE_MODE && m <= TILE_UNIT_FEW_ROWS ? FEW_PANELS : CHUNK_PANELS;
+}
+
+/* The modes gemm.c runs a GGUF-blocks projection's decode rows (modes[0]) and prompt rows (modes[1]) in, as
+   linear.py's `_Packed.row_parts` picks them: prompt rows on the tile unit where the weight is laid out for it,
+   decode rows there too only when there are more than TILE_UNIT_MIN_ROWS of them, they are not pinned and the
+   activations are float32; other rows in int8 or float32 as the flags say. */
+static void row_modes(const int64_t* p, int decode, int flags, int modes[2]) {
+    const int tile = (int)p[P_TILE_UNIT], other = flags & F_INT8 ? INT8_MODE : 0;
+    modes[0] = tile && decode > TILE_UNIT_MIN_ROWS && !(flags & F_PINNED) && !other ? TILE_MODE : other;
+    modes[1] = tile ? TILE_MODE : other;
 }
 
 /* One projection of an expert over m rows of x (the first `decode` of them decode rows) into y; 0, -1 (a
@@ -254,14 +271,12 @@ static int project(const int64_t* table, const int64_t* p, const float* x, int64
         case K_SILU_BLOCKS: case K_BLOCKS: break;
         default: return -2;
     }
-    /* GGUF blocks: decode rows and prompt rows in the modes `_Packed.row_parts` gives them */
-    const int tile = (int)p[P_TILE_UNIT], other = flags & F_INT8 ? INT8_MODE : 0;
-    const int modes[2] = {tile && decode > TILE_UNIT_MIN_ROWS && !(flags & F_PINNED) && !other ? TILE_MODE : other,
-                          tile ? TILE_MODE : other};
-    int parts[2][3] = {{0, m, modes[0]}, {m, m, 0}};
-    if (modes[0] != modes[1]) parts[0][1] = decode, parts[1][0] = decode, parts[1][2] = modes[1];
+    /* GGUF blocks: decode rows and prompt rows in their modes */
+    int modes[2];
+    row_modes(p, decode, flags, modes);
+    const int split = modes[0] == modes[1] ? m : decode;  /* one job where the modes agree */
     for (int i = 0; i < 2; i++) {
-        const int a = parts[i][0], e = parts[i][1], mode = parts[i][2], rows = e - a;
+        const int a = i ? split : 0, rows = i ? m - split : split, mode = modes[i];
         if (rows <= 0) continue;
         const int mchunk = rows < ROW_TILE ? rows : ROW_TILE;
         const int rc = (int)p[P_KIND] == K_SILU_BLOCKS
@@ -278,9 +293,10 @@ static int project(const int64_t* table, const int64_t* p, const float* x, int64
    in one mode off the tile unit, or its weight is not GGUF blocks: then the experts run one by one. */
 static int one_mode(const int64_t* p, int count, int decode, int flags) {
     if (p[P_KIND] != K_SILU_BLOCKS && p[P_KIND] != K_BLOCKS) return -1;
-    const int other = flags & F_INT8 ? INT8_MODE : 0;
-    if (!p[P_TILE_UNIT]) return other;
-    return decode == count && !(decode > TILE_UNIT_MIN_ROWS && !(flags & F_PINNED) && !other) ? other : -1;
+    int modes[2];
+    row_modes(p, decode, flags, modes);
+    const int mode = decode == count ? modes[0] : decode == 0 || modes[0] == modes[1] ? modes[1] : -1;
+    return mode == TILE_MODE ? -1 : mode;
 }
 
 /* Every chosen expert's gate-up in one job, then every down projection in another (gemm.c's gemm_grouped_par),
@@ -291,7 +307,7 @@ static int project_grouped(const int64_t* table, grouped_part* parts, const int3
     int nb = 0;
     for (int proj = 0; proj < 2; proj++) {
         for (int i = 0; i < n; i++) {
-            const int64_t* p = table + T_HEADER + (int64_t)experts[i] * 2 * P_WORDS + proj * P_WORDS;
+            const int64_t* p = expert_words(table, experts[i]) + proj * P_WORDS;
             parts[i].segs = (const int*)p[P_SEGS], parts[i].ptrs = (const int64_t*)p[P_PTRS];
             parts[i].nseg = (int)p[P_NSEG], nb = (int)p[P_NB];
         }
@@ -341,7 +357,7 @@ static void combine(const float* ys, int64_t ldy, const int32_t* at, const float
 /* The routing alone (for tests and for steps that want the experts): chosen [M, k] int32, weights [M, k]. */
 int moe_route_f32(const float* logits, int64_t ldl, int m, int n, int k, int normalize, int32_t* chosen,
                   float* weights) {
-    if (n > MOE_MAX_EXPERTS || k > MOE_MAX_TOP_K || k > n || k < 1) return -2;
+    if (!routable(n, k)) return -2;
     route(logits, ldl, m, n, k, normalize, chosen, weights);
     return 0;
 }
@@ -357,7 +373,7 @@ int moe_experts_f32(const float* logits, int64_t ldl, const float* x, int64_t ld
                     int64_t ldr, float* out, int64_t ldo, int m, int h, int width, const int64_t* table,
                     float* scratch, int32_t* iscratch, int64_t ldg, int64_t ldd, int prompt_from, int flags) {
     const int n = (int)table[T_EXPERTS], k = (int)table[T_TOP_K];
-    if (n > MOE_MAX_EXPERTS || k > MOE_MAX_TOP_K || k > n || k < 1) return -2;
+    if (!routable(n, k)) return -2;
     const int64_t pairs = (int64_t)m * k;
     float* xs = scratch;
     float* gs = xs + pairs * h;
@@ -381,7 +397,7 @@ int moe_experts_f32(const float* logits, int64_t ldl, const float* x, int64_t ld
        (ascending) and their row ranges, their rows of x gathered into xs; one grouped job a projection where every
        chosen expert's rows run in one mode off the tile unit, else two jobs an expert. */
     grouped_part parts[MOE_MAX_EXPERTS];
-    int32_t experts[MOE_MAX_EXPERTS];
+    int32_t experts[MOE_MAX_EXPERTS], decodes[MOE_MAX_EXPERTS];  /* decodes: each chosen expert's decode rows */
     int used = 0, mode = table[T_GROUPED] ? -2 : -1;
     for (int e = 0, start = 0; e < n; start = counts[e], e++) {
         const int count = counts[e] - start;
@@ -391,27 +407,24 @@ int moe_experts_f32(const float* logits, int64_t ldl, const float* x, int64_t ld
             if (rows[i] < prompt_from) decode++;
             memcpy(xs + (int64_t)i * h, x + rows[i] * ldx, (size_t)h * sizeof(float));
         }
-        const int64_t* gate_up = table + T_HEADER + (int64_t)e * 2 * P_WORDS;
+        const int64_t* gate_up = expert_words(table, e);
         const int g = one_mode(gate_up, count, decode, flags), d = one_mode(gate_up + P_WORDS, count, decode, flags);
         if (mode != -1) mode = g >= 0 && g == d && (mode == -2 || mode == g) ? g : -1;
-        parts[used].start = start, parts[used].end = counts[e], experts[used++] = e;
+        parts[used].start = start, parts[used].end = counts[e], decodes[used] = decode, experts[used++] = e;
     }
-    if (mode >= 0) {
-        const int rc = project_grouped(table, parts, experts, used, xs, h, gs, ldg, ys, ldd, width, mode);
-        if (rc) return rc == -2 ? -2 : -1;
-    } else
-        for (int i = 0; i < used; i++) {
-            const int start = parts[i].start, count = parts[i].end - start;
-            int decode = 0;
-            for (int r = start; r < parts[i].end; r++) decode += rows[r] < prompt_from;
-            const int64_t* gate_up = table + T_HEADER + (int64_t)experts[i] * 2 * P_WORDS;
-            int rc = project(table, gate_up, xs + (int64_t)start * h, h, gs + start * ldg, ldg, count, decode, h,
-                             flags);
+    int rc = 0;
+    if (mode >= 0)
+        rc = project_grouped(table, parts, experts, used, xs, h, gs, ldg, ys, ldd, width, mode);
+    else
+        for (int i = 0; i < used && !rc; i++) {
+            const int start = parts[i].start, count = parts[i].end - start, decode = decodes[i];
+            const int64_t* gate_up = expert_words(table, experts[i]);
+            rc = project(table, gate_up, xs + (int64_t)start * h, h, gs + start * ldg, ldg, count, decode, h, flags);
             if (!rc)
                 rc = project(table, gate_up + P_WORDS, gs + start * ldg, ldg, ys + start * ldd, ldd, count, decode,
                              width, flags);
-            if (rc) return rc == -2 ? -2 : -1;
         }
+    if (rc) return rc == -2 ? -2 : -1;
     combine(ys, ldd, at, weights, residual, ldr, out, ldo, m, k, h);
     return 0;
 }
