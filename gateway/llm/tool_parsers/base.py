@@ -103,6 +103,26 @@ def json_objects(text: str, pos: int = 0, separators: str = "[,;]") -> tuple[lis
         pos = end
 
 
+def close_outside_strings(text: str, marker: str, pos: int = 0) -> int:
+    """Where `marker` first occurs in `text` from `pos` outside a JSON string literal, or -1 (a call's closing tag
+    written inside an argument's value is part of the value, not the end of the call)."""
+    in_string = escaped = False
+    for i in range(pos, len(text)):
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif text.startswith(marker, i):
+            return i
+    return -1
+
+
 def resolve_name(prefix: str, names: set[str], complete: bool) -> str | None:
     """The tool a cut call names: the name itself, or the only tool whose name starts with what was written."""
     if complete:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from gateway.llm.grammar_compiler import lark_json
@@ -19,6 +20,7 @@ from gateway.llm.tool_parsers.base import (
     args_object,
     call_from_object,
     call_schema,
+    close_outside_strings,
     json_objects,
     loads,
     new_call_id,
@@ -33,18 +35,33 @@ class HermesParser(ToolParser):
 
     name = "hermes"
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
-    _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
+
+    def blocks(self, text: str) -> Iterator[tuple[int, str, int]]:
+        """Each `<tool_call>` block: where it starts, its body, and where it ends (the text's end if unclosed).
+
+        The closing tag is looked for outside JSON strings only: an argument may itself contain "</tool_call>"
+        (grammar-forced calls allow any string), and a cut there would leave arguments that are not JSON.
+        """
+        pos = 0
+        while (at := text.find(self.OPEN, pos)) != -1:
+            body = at + len(self.OPEN)
+            end = close_outside_strings(text, self.CLOSE, body)
+            if end == -1:
+                yield at, text[body:], len(text)
+                return
+            yield at, text[body:end], end + len(self.CLOSE)
+            pos = end + len(self.CLOSE)
 
     def parse(self, text: str, names: set[str]) -> tuple[str | None, list[ParsedCall]]:
         calls: list[ParsedCall] = []
         rest, pos = [], 0
-        for m in self._BLOCK.finditer(text):
-            call = call_from_object(loads(m.group(1).strip()), names)
+        for start, body, end in self.blocks(text):
+            call = call_from_object(loads(body.strip()), names)
             if call is None:
                 continue
-            before = text[pos : m.start()].rstrip()
+            before = text[pos:start].rstrip()
             rest.append(before.lstrip() if calls else before)
-            pos = m.end()
+            pos = end
             calls.append(call)
         if not calls:
             return text, []
@@ -53,9 +70,9 @@ class HermesParser(ToolParser):
 
     def parse_forced(self, text: str, names: set[str]) -> list[ParsedCall]:
         calls = []
-        for m in self._BLOCK.finditer(text):
-            found, rest = json_objects(m.group(1), separators="")
-            call = call_from_object(found[0][0], names) if found else partial_object_call(m.group(1)[rest:], names)
+        for _, body, _ in self.blocks(text):
+            found, rest = json_objects(body, separators="")
+            call = call_from_object(found[0][0], names) if found else partial_object_call(body[rest:], names)
             if call is not None:
                 calls.append(call)
         if not calls and self.OPEN.startswith(text.strip()):  # cut inside the opening tag
@@ -131,7 +148,7 @@ class _HermesStreamer(ToolStreamer):
                 self._buf = self._buf[at + len(open_) :]
                 self._in_call, self._header_sent, self._args_start, self._sent = True, False, -1, 0
                 continue
-            end = self._buf.find(close)
+            end = close_outside_strings(self._buf, close)
             if self._trusted and self.calls < self._max_calls:
                 out += self._stream_arguments(end)
             if end == -1:

@@ -160,3 +160,28 @@ def test_prompts_and_rendering_name_the_tools() -> None:
         written = parser.render_calls([{"name": "get_time", "arguments": '{"city": "Rome"}'}])
         content, calls = parser.parse(written, NAMES)
         assert content is None and json.loads(calls[0].arguments) == {"city": "Rome"}
+
+
+# A forced call whose argument value itself holds the closing tag (the call grammar allows any string there, and a
+# small model that wants to end the call writes it): found in a soak, where the call was cut at the tag inside the
+# string and came back with `{"city": "Paris` as its arguments and finish_reason "tool_calls".
+TAG_IN_STRING = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris</tool_call>\\"x"}}\n</tool_call>'
+    '\n<tool_call>\n{"name": "get_time", "arguments": {"city": "Rome"}}\n</tool_call>'
+)
+TAG_IN_STRING_CALLS = [("get_weather", {"city": 'Paris</tool_call>"x'}), ("get_time", {"city": "Rome"})]
+
+
+def test_closing_tag_inside_an_argument_string_is_part_of_the_value() -> None:
+    forced = HERMES.parse_forced(TAG_IN_STRING, NAMES)
+    assert [(c.name, json.loads(c.arguments)) for c in forced] == TAG_IN_STRING_CALLS
+    content, calls = HERMES.parse(TAG_IN_STRING, NAMES)
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == TAG_IN_STRING_CALLS
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+@pytest.mark.parametrize("seed", range(20))
+def test_stream_with_closing_tag_inside_an_argument_string(trusted: bool, seed: int) -> None:
+    events = _stream(HERMES, TAG_IN_STRING, trusted, random.Random(seed))
+    assert content_of(events) == ""
+    assert _calls_from_deltas(events) == TAG_IN_STRING_CALLS
