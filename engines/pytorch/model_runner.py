@@ -350,7 +350,18 @@ class PagedModelRunner:
         k_cache, v_cache = self.k_cache[attention.layer_idx], self.v_cache[attention.layer_idx]
         if lay.prefill is not None:  # the kernel rotates q and k and writes k and v itself
             return self.attention.prefill(
-                q, k, v, cos, sin, k_cache, v_cache, lay.prefill, scale, attention.sliding_window, attention.softcap
+                q,
+                k,
+                v,
+                cos,
+                sin,
+                k_cache,
+                v_cache,
+                lay.prefill,
+                scale,
+                attention.sliding_window,
+                attention.softcap,
+                attention.sinks,
             )
         q, k = rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None])
         write_cache(k_cache, lay.slots, k)
@@ -366,11 +377,11 @@ class PagedModelRunner:
         self, attention: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: _Step
     ) -> torch.Tensor:
         """A layer's attention of the step's rows (StepContext.attend): plain causal attention on the paged kernels
-        (decode rows, then prefill rows), a sliding window and soft-capped scores included; without the kernels,
-        those two in torch ops (attend_torch), as attention sinks (gpt-oss) always are."""
+        (decode rows, then prefill rows), a sliding window, soft-capped scores and attention sinks (gpt-oss)
+        included; without the kernels, those three in torch ops (attend_torch)."""
         i, lay = attention.layer_idx, step.lay
         cos, sin = step.tables[attention.rope]
-        if attention.sinks is not None or (not attention.plain and not self.attention.uses_kernel):
+        if not attention.plain and not self.attention.uses_kernel:
             slots, sequences = step.sequence_rows()
             return attend_torch(attention, q, k, v, cos, sin, self.k_cache[i], self.v_cache[i], slots, sequences)
         t, nd = q.shape[0], lay.num_decode
@@ -389,6 +400,7 @@ class PagedModelRunner:
                     attention.scaling,
                     attention.sliding_window,
                     attention.softcap,
+                    attention.sinks,
                 )
             )
         if nd < t:

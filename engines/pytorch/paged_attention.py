@@ -50,8 +50,9 @@ def _signatures() -> Signatures:
     """csrc/paged_attention.c's entry points, one set per pair of types (activations, cache): SUFFIXES."""
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     f32 = ctypes.c_float
-    decode = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, i32, i32, i32, i32, i32, f32, i32, f32]  # + window, cap
-    prefill = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, p, i32, i32, i32, i32, i32, f32, i32, f32, i32, i32]
+    # + window, cap, sinks
+    decode = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, i32, i32, i32, i32, i32, f32, i32, f32, p]
+    prefill = [p, i64, p, i64, p, i64, p, p, p, p, p, i32, p, p, p, i32, i32, i32, i32, i32, f32, i32, f32, p, i32, i32]
     table: Signatures = {"set_pool": (None, [p])}
     for sfx in SUFFIXES.values():
         table[f"paged_decode_{sfx}"] = (i32, [*decode, i32])  # + share
@@ -115,13 +116,16 @@ class PagedAttention:
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Rotate q [B, H, D] and k [B, KVH, D] (rows may be strided views) by cos/sin [B, D] (`sin` with
         rotate_half's sign folded in, see `rotate`), write k and v [B, KVH, D] to their cache slots and attend.
         Caches: [slots, KVH, D]. `window`: a query at p sees keys at p - window < position <= p (transformers'
-        sliding window); `softcap`: scores -> tanh(scores / cap) * cap (Gemma 2). Returns [B, H * D]."""
+        sliding window); `softcap`: scores -> tanh(scores / cap) * cap (Gemma 2); `sinks`: [H] contiguous float32 logits
+        that join each head's softmax denominator with no value (gpt-oss; kept alive by the caller: a replayed step
+        reads it again). Returns [B, H * D]."""
         b, h, d = q.shape
-        special = window is not None or softcap is not None
+        special = window is not None or softcap is not None or sinks is not None
         if self._lib is not None and special:  # no torch fallback computes these: the kernel's layout
             q, k, v = (x if x.stride(2) == 1 and x.stride(1) == d else x.contiguous() for x in (q, k, v))
             cos, sin = cos.contiguous(), sin.contiguous()
@@ -156,6 +160,7 @@ class PagedAttention:
                 scale,
                 window or 0,
                 softcap or 0.0,
+                _sinks_ptr(sinks, h),
                 int(self._share),
             )
             rc = getattr(self._lib, f"paged_decode_{self._sfx}")(*args)
@@ -163,7 +168,7 @@ class PagedAttention:
                 raise MemoryError("paged attention kernel could not allocate its score buffer")
             return out
         if special:
-            raise RuntimeError("a sliding window or soft-capped scores need the C kernel")
+            raise RuntimeError("a sliding window, soft-capped scores or attention sinks need the C kernel")
         return self._torch(
             rotate(q, cos[:, None], sin[:, None]),
             rotate(k, cos[:, None], sin[:, None]),
@@ -187,11 +192,13 @@ class PagedAttention:
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """A prefill chunk: rotate q [R, H, D] and k [R, KVH, D] by cos/sin [R, D] (as `decode`; None when they
         are rotated already), write k and v to their cache slots, then causal attention of every row over its
-        sequence's cache (within `window`, scores soft-capped by `softcap`, as `decode`): [R, H * D]. Needs the
-        kernel (`uses_kernel`); without it the runner gathers and uses SDPA (plain layers) or attend_torch."""
+        sequence's cache (within `window`, scores soft-capped by `softcap`, with `sinks`, as `decode`): [R, H * D].
+        Needs the kernel (`uses_kernel`); without it the runner gathers and uses SDPA (plain layers) or
+        attend_torch."""
         if self._lib is None:
             raise RuntimeError("prefill attention needs the C kernel")
         r, h, d = q.shape
@@ -223,6 +230,7 @@ class PagedAttention:
             scale,
             window or 0,
             softcap or 0.0,
+            _sinks_ptr(sinks, h),
             rows.max_ctx,
             int(self._share and r >= SHARE_MIN_ROWS),
         )
@@ -249,6 +257,15 @@ class PagedAttention:
         # the query heads that share a KV head act as `group` query rows of that head: no GQA expansion
         out = F.scaled_dot_product_attention(q.reshape(b, kvh, group, d), keys, values, attn_mask=mask, scale=scale)
         return out.reshape(b, h * d)
+
+
+def _sinks_ptr(sinks: torch.Tensor | None, heads: int) -> int | None:
+    """The kernels' sinks argument: NULL for none, else the address of [heads] contiguous float32 logits."""
+    if sinks is None:
+        return None
+    if sinks.dtype != torch.float32 or not sinks.is_contiguous() or sinks.shape != (heads,):
+        raise ValueError(f"attention sinks must be {heads} contiguous float32 logits, got {tuple(sinks.shape)}")
+    return sinks.data_ptr()
 
 
 def write_cache(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:

@@ -209,6 +209,16 @@ static inline int window_start(int pos, int window) {
     return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
 }
 
+/* The factor that turns a head's summed weighted values (m: its scores' maximum, l: the sum of exp(score - m)) into
+   its output: 1 / l; with an attention sink (gpt-oss: a learned logit per head in the softmax's denominator that no
+   value belongs to; sinks NULL: none) the softmax runs over [scores, sink] and the sink's probability is dropped:
+   a / (l * a + exp(sink - M)), M = max(m, sink), a = exp(m - M). */
+static inline float out_scale(float m, float l, const float* sinks, int h) {
+    if (!sinks) return 1.0f / l;
+    const float s = sinks[h], top = s > m ? s : m, a = exp_neg(m - top);
+    return a / (l * a + exp_neg(s - top));
+}
+
 /* Rounding of one elementwise op's result to the storage type, as torch does after each op. */
 static inline float round_f32(float v) { return v; }
 static inline float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }

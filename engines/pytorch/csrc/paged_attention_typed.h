@@ -87,8 +87,8 @@ static inline void SFX(values4)(float* acc, const float* alpha, const float* p, 
    soft-capped (softcap1) when softcap > 0. qrot: the tile's rotated queries [n][H][64]; scratch: tile64_scratch
    floats. out: [n, H, 64]. */
 static void SFX(tile64)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table, int p0, int n, SFX(T)* out,
-                       int H, int KVH, int BS, float scale, int window, float softcap, const float* qrot,
-                       float* scratch) {
+                       int H, int KVH, int BS, float scale, int window, float softcap, const float* sinks,
+                       const float* qrot, float* scratch) {
     const int G = H / KVH, QR = n * G, QRP = (int)tile64_qrp(n, G), last = p0 + n - 1;
     const int64_t row = (int64_t)KVH * 64;
     float *qt = scratch, *acc = qt + (size_t)QRP * 64, *pb = acc + (size_t)QRP * 64, *m = pb + (size_t)QRP * TILE_KEYS;
@@ -158,7 +158,7 @@ static void SFX(tile64)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table
             }
         }
         for (int qi = 0; qi < QR; qi++) {
-            const float inv = 1.0f / l[qi];
+            const float inv = out_scale(m[qi], l[qi], sinks, g * G + qi % G);
             SFX(T)* o = out + ((int64_t)(qi / G) * H + g * G + qi % G) * 64;
             for (int d = 0; d < 64; d++) SFX(store1)(o + d, acc[(int64_t)qi * 64 + d] * inv);
         }
@@ -276,15 +276,15 @@ static void SFX(span)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table, 
 /* One query row of a sequence: all its heads over cached positions 0 .. ctx - 1 (from window_start(ctx - 1, window)
    on) into out. qf: its H * D rotated queries (scaled here); scores: H * ctx floats; acc: H * D floats. */
 static void SFX(sequence)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table, int ctx, SFX(T)* out, int H,
-                         int KVH, int D, int BS, float scale, int window, float softcap, float* qf, float* scores,
-                         float* acc) {
+                         int KVH, int D, int BS, float scale, int window, float softcap, const float* sinks,
+                         float* qf, float* scores, float* acc) {
     float mh[H], lh[H];
     float *m = mh, *l = lh;
     const int lo = window_start(ctx - 1, window);
     for (int i = 0; i < H * D; i++) qf[i] *= scale;
     SFX(span)(kc, vc, table, lo / BS * BS, &ctx, &lo, 1, H, KVH, D, BS, softcap, qf, scores, &acc, &m, &l);
     for (int h = 0; h < H; h++) {
-        const float inv = 1.0f / l[h];
+        const float inv = out_scale(m[h], l[h], sinks, h);
         for (int j = 0; j < D; j++) SFX(store1)(out + h * D + j, acc[h * D + j] * inv);
     }
 }
@@ -342,7 +342,7 @@ static void SFX(decode_write)(const SFX(T)* k_new, int64_t k_stride, const SFX(T
 typedef struct {
     const SFX(T)* q; int64_t q_stride; const SFX(T) *cos, *sin; float scale;
     const CFX(T) *kc, *vc; const int32_t *tables, *ctx_lens; SFX(T)* out;
-    int max_blocks, B, H, KVH, D, BS, window; float softcap; int span;
+    int max_blocks, B, H, KVH, D, BS, window; float softcap; const float* sinks; int span;
     float* qf;     /* [B][H][D]: every row's rotated, scaled queries */
     int* first;    /* [B + 1]: row b's spans' partial results are parts first[b] .. first[b + 1] - 1 */
     int* lspan;    /* [B]: row b's first span (that of its window's first position; 0 without a window) */
@@ -411,7 +411,7 @@ static void SFX(decode_merge)(const SFX(decode_job)* j, int b) {
             l += w * part[H * D + H + h];
             for (int d = 0; d < D; d++) o[d] += w * part[h * D + d];
         }
-        const float inv = 1.0f / l;
+        const float inv = out_scale(top, l, j->sinks, h);
         for (int d = 0; d < D; d++) SFX(store1)(j->out + ((int64_t)b * H + h) * D + d, o[d] * inv);
     }
 }
@@ -479,16 +479,18 @@ static void SFX(decode_task)(void* p) { SFX(decode_spans)((SFX(decode_job)*)p); 
    keys of the rows before it. Then row b's query attends over its cached positions 0 .. ctx_lens[b] - 1.
    caches: [slots, KVH, D] of one layer; tables: [B, max_blocks]; out: [B, H, D] contiguous. H is a multiple of
    KVH, D is even. window > 0: row b sees only positions after ctx_lens[b] - 1 - window (a sliding window);
-   softcap > 0: scores -> tanh(score / softcap) * softcap. `share`: the spans go to the helper-thread pool, else all
+   softcap > 0: scores -> tanh(score / softcap) * softcap; sinks: [H] float32 logits in each head's softmax
+   denominator with no value (out_scale; NULL: none). `share`: the spans go to the helper-thread pool, else all
    on this thread. Returns 0, or -1 without memory. */
 int SFX(paged_decode)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_new,
                      int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, CFX(T)* kc, CFX(T)* vc,
                      const int32_t* tables, int max_blocks, const int32_t* ctx_lens, SFX(T)* out,
-                     int B, int H, int KVH, int D, int BS, float scale, int window, float softcap, int share) {
+                     int B, int H, int KVH, int D, int BS, float scale, int window, float softcap,
+                     const float* sinks, int share) {
     /* every row's key and value first: a few hundred floats a row, on this thread */
     SFX(decode_write)(k_new, k_stride, v_new, v_stride, cos, sin, kc, vc, tables, max_blocks, ctx_lens, B, KVH, D, BS);
     SFX(decode_job) j = {q, q_stride, cos, sin, scale, kc, vc, tables, ctx_lens, out, max_blocks, B, H, KVH, D, BS,
-                         window, softcap, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+                         window, softcap, sinks, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     if (SFX(decode_prepare)(&j) != 0) {
         SFX(decode_free)(&j);
         return -1;
@@ -520,11 +522,11 @@ void SFX(prefill_write)(const SFX(T)* k_new, int64_t k_stride, const SFX(T)* v_n
    sequence row_seq[r] and attends to the cached positions 0..row_pos[r]: causal. Rows are taken one at a time
    from *next (an atomic counter starting at 0), so several threads share the chunk. max_ctx: the largest row_pos +
    1. out: [R, H, D] contiguous. window > 0: a row sees only the positions after row_pos[r] - window; softcap > 0:
-   soft-capped scores (as paged_decode). Returns 0, or -1 without memory. */
+   soft-capped scores, sinks (as paged_decode). Returns 0, or -1 without memory. */
 int SFX(paged_prefill)(const SFX(T)* q, int64_t q_stride, const SFX(T)* cos, const SFX(T)* sin, const CFX(T)* kc,
                       const CFX(T)* vc, const int32_t* tables, int max_blocks, const int32_t* row_seq,
                       const int32_t* row_pos, SFX(T)* out, int R, int H, int KVH, int D, int BS, float scale,
-                      int window, float softcap, int max_ctx, int* next) {
+                      int window, float softcap, const float* sinks, int max_ctx, int* next) {
     size_t need = (size_t)H * ((size_t)max_ctx + 2 * (size_t)D);
 #if ZVEC
     const size_t tile_need = (size_t)PREFILL_TILE * H * 64 + tile64_scratch(PREFILL_TILE, H / KVH);
@@ -544,7 +546,7 @@ int SFX(paged_prefill)(const SFX(T)* q, int64_t q_stride, const SFX(T)* cos, con
                     SFX(rope_heads)(q + i * q_stride, cos ? cos + (int64_t)i * D : 0, sin ? sin + (int64_t)i * D : 0,
                                    H, D, buf + (size_t)(i - r) * H * D);
                 SFX(tile64)(kc, vc, table, row_pos[r], e - r, out + (int64_t)r * H * D, H, KVH, BS, scale, window,
-                           softcap, buf, buf + (size_t)(e - r) * H * D);
+                           softcap, sinks, buf, buf + (size_t)(e - r) * H * D);
                 continue;
             }
 #endif
@@ -552,7 +554,7 @@ int SFX(paged_prefill)(const SFX(T)* q, int64_t q_stride, const SFX(T)* cos, con
                 SFX(rope_heads)(q + i * q_stride, cos ? cos + (int64_t)i * D : 0, sin ? sin + (int64_t)i * D : 0, H, D,
                                buf);
                 SFX(sequence)(kc, vc, table, row_pos[i] + 1, out + (int64_t)i * H * D, H, KVH, D, BS, scale, window,
-                             softcap, buf, buf + (size_t)H * D, buf + (size_t)H * (D + max_ctx));
+                             softcap, sinks, buf, buf + (size_t)H * D, buf + (size_t)H * (D + max_ctx));
             }
         }
     }
@@ -563,7 +565,7 @@ int SFX(paged_prefill)(const SFX(T)* q, int64_t q_stride, const SFX(T)* cos, con
 typedef struct {
     const SFX(T) *q, *k_new, *v_new, *cos, *sin; CFX(T) *kc, *vc; SFX(T)* out; const int32_t *tables, *row_seq, *row_pos;
     int64_t q_stride, k_stride, v_stride; int max_blocks, R, H, KVH, D, BS; float scale; int window; float softcap;
-    int max_ctx, next_write, next, rc;
+    const float* sinks; int max_ctx, next_write, next, rc;
 } SFX(prefill_job);
 static void SFX(prefill_write_task)(void* p) {
     SFX(prefill_job)* j = (SFX(prefill_job)*)p;
@@ -574,7 +576,7 @@ static void SFX(prefill_task)(void* p) {
     SFX(prefill_job)* j = (SFX(prefill_job)*)p;
     if (SFX(paged_prefill)(j->q, j->q_stride, j->cos, j->sin, j->kc, j->vc, j->tables, j->max_blocks, j->row_seq,
                           j->row_pos, j->out, j->R, j->H, j->KVH, j->D, j->BS, j->scale, j->window, j->softcap,
-                          j->max_ctx, &j->next) != 0)
+                          j->sinks, j->max_ctx, &j->next) != 0)
         __atomic_store_n(&j->rc, -1, __ATOMIC_RELAXED);
 }
 /* A prefill chunk's rows: prefill_write, then paged_prefill (every row may read keys another row wrote), each
@@ -583,9 +585,9 @@ int SFX(paged_prefill_run)(const SFX(T)* q, int64_t q_stride, const SFX(T)* k_ne
                           int64_t v_stride, const SFX(T)* cos, const SFX(T)* sin, CFX(T)* kc, CFX(T)* vc,
                           const int32_t* tables, int max_blocks, const int32_t* row_seq, const int32_t* row_pos,
                           SFX(T)* out, int R, int H, int KVH, int D, int BS, float scale, int window, float softcap,
-                          int max_ctx, int share) {
+                          const float* sinks, int max_ctx, int share) {
     SFX(prefill_job) j = {q, k_new, v_new, cos, sin, kc, vc, out, tables, row_seq, row_pos, q_stride, k_stride,
-                         v_stride, max_blocks, R, H, KVH, D, BS, scale, window, softcap, max_ctx, 0, 0, 0};
+                         v_stride, max_blocks, R, H, KVH, D, BS, scale, window, softcap, sinks, max_ctx, 0, 0, 0};
     if (share) {
         POOL_RUN(SFX(prefill_write_task), &j);
         POOL_RUN(SFX(prefill_task), &j);

@@ -2,8 +2,8 @@
 
 q/k/v come from one fused projection; optional q/k norms (per head: Qwen3, Gemma 3; over the whole projection:
 OLMo 2) run before the rotation. Attention itself is the runner's (`StepContext.attend`): the paged C kernels, a
-sliding window and soft-capped scores included; `attend_torch` (transformers' eager rule) where the kernels are off,
-and for attention sinks (gpt-oss), which the kernels do not take.
+sliding window, soft-capped scores and attention sinks (gpt-oss) included; `attend_torch` (transformers' eager rule)
+where the kernels are off.
 """
 
 from __future__ import annotations

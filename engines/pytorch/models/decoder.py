@@ -128,7 +128,8 @@ def attention(
         sliding_window=config.sliding_window if sliding else None,
         softcap=softcap,
         rope=rope,
-        sinks=sinks.detach() if (sinks := getattr(attn, "sinks", None)) is not None else None,
+        # float32 for the kernels (exact from bfloat16; attend_torch casts them back to the scores' dtype)
+        sinks=sinks.detach().float().contiguous() if (sinks := getattr(attn, "sinks", None)) is not None else None,
     )
 
 

@@ -3,8 +3,9 @@ softmax's denominator), sliding-window attention on alternate layers (`layer_typ
 sparse MoE block (layers/moe.py's `SparseMoE`) whose router has a bias and softmaxes its top-k logits and whose
 experts are biased projections around a clamped SwiGLU (layers/swiglu.py).
 
-Attention with sinks runs in torch ops (layers/attention.py's `attend_torch`; the paged C kernels do not take
-sinks), and so do the experts' clamps, so decode steps are not replayed (step_replay.py refuses them). GGUF files
+Attention with sinks runs on the paged C kernels (paged_attention.py; `attend_torch` without them); the MoE
+block's router top-k and the experts' clamps run in torch ops, so decode steps are not replayed (step_replay.py
+refuses them). GGUF files
 of gpt-oss (llama.cpp's MXFP4 expert blocks) are refused by the loader."""
 
 from __future__ import annotations

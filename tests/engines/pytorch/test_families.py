@@ -33,7 +33,8 @@ PROMPTS = [
 ]
 KERNEL_PATHS = ("default", "avx2", "no_tile_unit", "torch")
 REPLAYED = (*MOE, "granite")  # families whose decode steps are checked to replay on the kernel paths
-# families whose decode steps run torch ops between the kernels (gpt-oss: attention sinks), which the replay refuses
+# families whose decode steps run torch ops between the kernels, which the replay refuses (gpt-oss: its MoE block's
+# router top-k and clamped experts; its attention, sinks included, is on the C kernels)
 NOT_REPLAYED = ("gpt_oss",)
 # transformers' reference attention: its default (SDPA) leaves out Gemma 2's soft-capping of the scores
 REFERENCE_ATTENTION = "eager"

@@ -26,7 +26,9 @@ def _tolerance(dtype: torch.dtype, cache_dtype: torch.dtype) -> float:
     return 3e-2 if torch.bfloat16 in (dtype, cache_dtype) else 2e-5
 
 
-def _attention(head_dim: int, window: int | None, softcap: float | None) -> Attention:
+def _attention(
+    head_dim: int, window: int | None, softcap: float | None, sinks: torch.Tensor | None = None
+) -> Attention:
     return Attention(
         layer_idx=0,
         qkv=None,
@@ -37,6 +39,7 @@ def _attention(head_dim: int, window: int | None, softcap: float | None) -> Atte
         scaling=head_dim**-0.5,
         sliding_window=window,
         softcap=softcap,
+        sinks=sinks,
     )
 
 
@@ -111,6 +114,7 @@ def check_decode(
     head_dim: int,
     tmp_path: Path,
     seed: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """One-token rows of contexts 1 .. 300 (several spans), and a verification step's consecutive rows of one
     sequence, as the reference."""
@@ -121,7 +125,7 @@ def check_decode(
     ends = [c for c in contexts] + [251 + i for i in range(5)]
     row_tables = tables[:-1] + [tables[-1]] * 5
     x = _inputs(len(ends), head_dim, num_blocks, dtype, cache_dtype, seed)
-    attention = _attention(head_dim, window, softcap)
+    attention = _attention(head_dim, window, softcap, sinks)
     want, want_k, want_v = _reference(
         attention, x["q"], x["k"], x["v"], x["cos"], x["sin"], x["k_cache"], x["v_cache"], tables, lengths
     )
@@ -139,6 +143,7 @@ def check_decode(
         attention.scaling,
         window,
         softcap,
+        sinks,
     )
     tol = _tolerance(dtype, cache_dtype)
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
@@ -155,6 +160,7 @@ def check_prefill(
     head_dim: int,
     tmp_path: Path,
     seed: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Prefill chunks: a whole prompt of 70 rows, a chunk continuing a sequence at 100 (its window reaching into
     the cache before it), a one-row chunk and a chunk of 37 rows starting mid-block, as the reference."""
@@ -163,7 +169,7 @@ def check_prefill(
     tables, num_blocks = _sequences(rnd, lengths)
     rows = sum(n for _, n in lengths)
     x = _inputs(rows, head_dim, num_blocks, dtype, cache_dtype, seed + 1)
-    attention = _attention(head_dim, window, softcap)
+    attention = _attention(head_dim, window, softcap, sinks)
     want, _, _ = _reference(
         attention, x["q"], x["k"], x["v"], x["cos"], x["sin"], x["k_cache"], x["v_cache"], tables, lengths
     )
@@ -181,6 +187,7 @@ def check_prefill(
         attention.scaling,
         window,
         softcap,
+        sinks,
     )
     tol = _tolerance(dtype, cache_dtype)
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
