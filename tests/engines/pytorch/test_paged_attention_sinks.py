@@ -15,9 +15,19 @@ from engines.pytorch.paged_attention import DecodeTables, PagedAttention
 
 # large and small logits: a sink that dominates some heads' softmax, one that hardly counts, negative ones
 SINKS = torch.tensor([3.0, -2.0, 0.5, 8.0, -20.0, 1.5, 0.0, -0.7])
-BUILDS = [(), ("-mno-avx512f",), ("-mno-avx2", "-mno-fma")]
-BUILD_IDS = ["native", "avx2", "scalar"]
+# another target's build compiles the C library again: slow lane, as in the window test
+BUILDS = [
+    pytest.param((), id="native"),
+    pytest.param(("-mno-avx512f",), id="avx2", marks=pytest.mark.slow),
+    pytest.param(("-mno-avx2", "-mno-fma"), id="scalar", marks=pytest.mark.slow),
+]
 TYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16)]
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One kernel cache for the module: each target's build is compiled once, not once a test."""
+    return tmp_path_factory.mktemp("kernels")
 
 
 def _force(flags: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -27,7 +37,7 @@ def _force(flags: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delitem(native._loaded, "paged_attention", raising=False)
 
 
-@pytest.mark.parametrize("flags", BUILDS, ids=BUILD_IDS)
+@pytest.mark.parametrize("flags", BUILDS)
 @pytest.mark.parametrize("window", [None, 5, 40, 130])
 @pytest.mark.parametrize(("dtype", "cache_dtype"), TYPES, ids=["f32", "bf16", "f32_kvbf16"])
 @pytest.mark.parametrize("head_dim", [64, 40])  # 64: the AVX-512 prefill tile and the 8-key dot; 40: generic loops
@@ -37,25 +47,25 @@ def test_sinks_in_decode_and_prefill_are_the_eager_rule(
     dtype: torch.dtype,
     cache_dtype: torch.dtype,
     head_dim: int,
-    tmp_path: Path,
+    kernels: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert len(SINKS) == HEADS
     _force(flags, monkeypatch)
-    check_decode(window, None, dtype, cache_dtype, head_dim, tmp_path, sinks=SINKS)
-    check_prefill(window, None, dtype, cache_dtype, head_dim, tmp_path, sinks=SINKS)
+    check_decode(window, None, dtype, cache_dtype, head_dim, kernels, sinks=SINKS)
+    check_prefill(window, None, dtype, cache_dtype, head_dim, kernels, sinks=SINKS)
 
 
-@pytest.mark.parametrize("flags", BUILDS, ids=BUILD_IDS)
+@pytest.mark.parametrize("flags", BUILDS)
 def test_the_sink_scales_the_output_and_adds_no_value(
-    flags: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    flags: tuple[str, ...], kernels: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With one cached position the softmax over [score, sink] gives that position 1 / (1 + exp(sink - score)): the
     output is exactly that share of its value row. An ignored sink gives the whole value; a sink added to the
     outputs (or given a value) gives something else again."""
     _force(flags, monkeypatch)
     d = 64
-    kernel = PagedAttention(HEADS, KV_HEADS, d, 16, torch.float32, tmp_path)
+    kernel = PagedAttention(HEADS, KV_HEADS, d, 16, torch.float32, kernels)
     if not kernel.uses_kernel:
         pytest.skip("no C compiler here: the engine runs these layers in torch ops")
     gen = torch.Generator().manual_seed(5)
