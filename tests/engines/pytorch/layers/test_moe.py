@@ -137,6 +137,10 @@ def test_bfloat16_kernels_match_transformers(family: str, tmp_path: Path) -> Non
         torch.testing.assert_close(block(x), expected, atol=2e-2, rtol=2e-2)  # one bfloat16 rounding apart at most
 
 
+# the AVX2 build compiles the C libraries again for another target: slow lane (docs/testing.md)
+AVX2 = pytest.param("avx2", marks=pytest.mark.slow)
+
+
 @pytest.fixture
 def build(request, monkeypatch: pytest.MonkeyPatch):
     """Force a kernel path as the linear tests do: the library rebuilt without AVX-512, or the tile unit off."""
@@ -150,7 +154,7 @@ def build(request, monkeypatch: pytest.MonkeyPatch):
     return request.param  # monkeypatch puts this CPU's build back
 
 
-@pytest.mark.parametrize("build", ["native", "avx2", "no-tile-unit"], indirect=True)
+@pytest.mark.parametrize("build", ["native", AVX2, "no-tile-unit"], indirect=True)
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 def test_a_rows_output_does_not_depend_on_the_batch(family: str, build: str, tmp_path: Path) -> None:
     """Each row of a 17-row step (decode rows then prompt rows) alone, as a decode row, gives the bits it got in
@@ -273,7 +277,7 @@ def test_the_fused_call_reads_only_the_experts_its_rows_chose(family: str, tmp_p
             assert len(unused) == len(block.experts) - config.num_experts_per_tok
 
 
-@pytest.mark.parametrize("build", ["native", "avx2"], indirect=True)
+@pytest.mark.parametrize("build", ["native", AVX2], indirect=True)
 def test_the_fused_routing_chooses_among_ties_as_torch_topk(build: str, tmp_path: Path) -> None:
     """csrc/moe.c's top-k against torch.topk on probabilities full of ties (logits from a few levels), on both of
     torch's algorithms (partial sort where k * 64 <= E, else nth_element and a sort): the same experts in the same
@@ -354,7 +358,7 @@ def test_experts_from_gguf_blocks_match_transformers_on_their_weights(family: st
         torch.testing.assert_close(block(x), expected, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("build", ["native", "avx2"], indirect=True)
+@pytest.mark.parametrize("build", ["native", AVX2], indirect=True)
 @pytest.mark.parametrize(("family", "qtype"), [("qwen3_moe", "Q8_0"), ("mixtral", "Q4_0")])
 def test_experts_grouped_in_one_job_give_the_bits_of_one_job_each(
     family: str, qtype: str, build: str, tmp_path: Path
