@@ -48,6 +48,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
         "*",
     )
     proc.grpc_port = grpc_port  # type: ignore[attr-defined]
+    # one copy's large mappings (its KV pool), read before any test reloads: a copy an earlier test's reload
+    # retired may still be draining when a later test starts
+    proc.one_copy = large_mappings(proc.proc.pid)[0]  # type: ignore[attr-defined]
     try:
         yield proc, repo
     finally:
@@ -163,7 +166,7 @@ def test_the_servers_threads_share_two_malloc_arenas(served: tuple[ServerProcess
 def test_reloads_free_the_copies_they_replace(served: tuple[ServerProcess, Path]) -> None:
     proc, _ = served
     pid = proc.proc.pid
-    one_copy = large_mappings(pid)[0]
+    one_copy = proc.one_copy  # type: ignore[attr-defined]
     assert one_copy > 0  # the KV pool is a mapping of its own
     for _ in range(3):
         r = httpx.post(f"{proc.base_url}/v2/repository/models/{LLM}/load", headers=ADMIN_HEADERS, timeout=600)
