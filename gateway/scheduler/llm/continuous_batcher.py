@@ -135,18 +135,13 @@ class ContinuousBatcher(LLMScheduler):
         self._deliver(plan.finished)
         if not plan.scheduled:
             self._flush()
-            if self._policy.has_unfinished():
-                # Nothing fits right now (blocks are held by sequences being aborted), or lower priorities are held
-                # back for an expected arrival: wait for that long, or until a request arrives or leaves.
-                self._wakeup.clear()
-                try:
-                    await asyncio.wait_for(self._wakeup.wait(), timeout=plan.idle_seconds or 0.01)
-                except TimeoutError:
-                    pass
-                return
+            # Nothing fits right now (blocks are held by sequences being aborted), or lower priorities are held back
+            # for an expected arrival: wait that long; idle: a second (idle sessions expire once a second). A request
+            # that arrives or leaves wakes it at once.
+            timeout = (plan.idle_seconds or 0.01) if self._policy.has_unfinished() else 1.0
             self._wakeup.clear()
             try:
-                await asyncio.wait_for(self._wakeup.wait(), timeout=1.0)  # and expire idle sessions once a second
+                await asyncio.wait_for(self._wakeup.wait(), timeout=timeout)
             except TimeoutError:
                 pass
             return
