@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from engines.gguf_cache import cache_key, publish
+from engines.gguf_cache import cache_entry, publish
 from engines.interface import ModelFileError
 from engines.pytorch.expert_blocks import ExpertBlocks, expert_parameters
 from engines.pytorch.gguf_config import gguf_config
@@ -41,8 +41,9 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "switchyard"
 
 
-def _gguf_key(gguf: Path) -> str:
-    return f"{cache_key(gguf)}-{GGUF_READ_VERSION}"
+def _cached(gguf: Path, cache_dir: Path | None) -> Path:
+    """Where what is read from `gguf` is cached: this path, plus `.config`, plus the weights' suffix."""
+    return cache_entry((cache_dir or default_cache_dir()) / "gguf", gguf, f"-{GGUF_READ_VERSION}")
 
 
 def _gguf_tokenizer(gguf: Path) -> Any:
@@ -127,7 +128,7 @@ def resolve_hf_folder(source: Path, gguf_file: str | None = None, cache_dir: Pat
     """Return an HF folder for `source`: the folder itself, or the cached conversion of a GGUF file."""
     gguf = source / gguf_file if gguf_file else source
     if gguf.is_file() and gguf.suffix == ".gguf":
-        target = (cache_dir or default_cache_dir()) / "gguf" / _gguf_key(gguf)
+        target = _cached(gguf, cache_dir)
         if not (target / "config.json").exists():
             _convert_gguf(gguf, target)
         return target
@@ -162,7 +163,7 @@ def load_gguf_blocks(gguf: Path, cache_dir: Path | None = None) -> tuple[Any, An
 
     from engines.pytorch.gguf_weights import read_weights
 
-    cached = (cache_dir or default_cache_dir()) / "gguf" / _gguf_key(gguf)  # + .config, + the weights' suffix
+    cached = _cached(gguf, cache_dir)
     config, tokenizer = _gguf_config_and_tokenizer(gguf, cached.with_name(f"{cached.name}.config"))
     check_supported(config.model_type, getattr(config, "architectures", None))  # before any weight is read
     # parameters on the meta device; buffers (rotary tables, Gemma's embedding scale) are computed at build, not

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from engines.gguf_cache import cache_key, publish
+from engines.gguf_cache import cache_entry, publish
 from engines.hf_tokenizer import HFTokenizer
 
 log = logging.getLogger("switchyard.engines.remote")
@@ -21,7 +21,7 @@ def load_tokenizer(source: Path, cache_dir: Path) -> HFTokenizer:
     from transformers import AutoTokenizer
 
     if source.is_file() and source.suffix == ".gguf":
-        target = cache_dir / "tokenizers" / cache_key(source)
+        target = cache_entry(cache_dir / "tokenizers", source)
         if not (target / "tokenizer_config.json").exists():
             log.info("reading the tokenizer out of %s (first start only; cached)", source.name)
             tok = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
