@@ -58,7 +58,7 @@ def cache_entry(folder: Path, gguf: Path, suffix: str = "") -> Path:
     """The path of `gguf`'s entry in the cache `folder` (its key plus `suffix`; the caller adds its own extensions),
     recorded as made of `gguf`, after removing the folder's stale entries (see the module's docstring)."""
     key = cache_key(gguf) + suffix
-    stat, path = gguf.stat(), str(gguf.resolve())
+    stat, path = gguf.stat(), str(gguf.absolute())  # not resolved: two links to one file are two entries
     made_of = {"path": path, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     _remove_stale(folder, key, path)
     record = folder / f"{key}{SOURCE_SUFFIX}"
