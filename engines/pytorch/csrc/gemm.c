@@ -61,6 +61,7 @@ void gemm_bf16w(const float* x, int64_t ldx, const uint16_t* wp, const uint16_t*
 
 #include "simd_exp.h"
 EXP8_AVX2
+TANH8_AVX2
 
 /* Rows of an elementwise kernel: all of them, or (next != NULL) chunks of ROW_CHUNK taken from the atomic counter
    *next, so helper threads can share a large step. Loops `for (int m0, m1; next_rows(...);) for (m = m0; m < m1...`. */
@@ -255,20 +256,6 @@ void rms_norm_heads_f32(const float* x, int64_t ldx, const float* w, float eps, 
         const float s = 1.0f / sqrtf(torch_sum_squares(xm, D, 0) / (float)D + eps);
         for (int i = 0; i < D; i++) ym[i] = w[i] * (xm[i] * s);
     }
-}
-
-/* tanh over 8 floats, as paged attention's softcap1 computes it lane by lane: near 0 (|x| < 0.125, where 1 - e loses
-   digits) its odd series to x^7, else (1 - e) / (1 + e) with e = exp(-2|x|); within a few ulp of tanhf. */
-static inline __m256 tanh8(__m256 x) {
-    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
-    const __m256 a = _mm256_andnot_ps(sign, x), a2 = _mm256_mul_ps(a, a);
-    __m256 p = _mm256_add_ps(_mm256_set1_ps(0.133333333f), _mm256_mul_ps(a2, _mm256_set1_ps(-0.053968254f)));
-    p = _mm256_add_ps(_mm256_set1_ps(-0.333333333f), _mm256_mul_ps(a2, p));
-    const __m256 series = _mm256_mul_ps(a, _mm256_add_ps(one, _mm256_mul_ps(a2, p)));
-    const __m256 e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), a));
-    const __m256 big = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
-    const __m256 t = _mm256_blendv_ps(big, series, _mm256_cmp_ps(a, _mm256_set1_ps(0.125f), _CMP_LT_OQ));
-    return _mm256_or_ps(t, _mm256_and_ps(x, sign));
 }
 
 /* x = tanh(x / cap) * cap in place, over N floats of M rows ldx apart: transformers' `final_logit_softcapping`

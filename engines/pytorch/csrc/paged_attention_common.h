@@ -41,6 +41,7 @@ static inline float exp_neg(float x) {
 }
 #if VEC
 EXP8_AVX2
+TANH8_AVX2
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -65,6 +66,7 @@ static inline __m512 loadz_bf16(const uint16_t* p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
 EXP16_AVX512
+TANH16_AVX512
 #define TILE_KEYS 16
 /* The largest position among query rows start..end-1 (ascending up to QR, padding after: -1). */
 static inline int last_pos(const int32_t* pos, int start, int end, int QR) {
@@ -186,7 +188,8 @@ static inline void prefetch_part(const void* p, int64_t bytes, int i, int n) {
 
 /* Gemma 2's soft-capped score tanh(s / cap) * cap (transformers' `attn_logit_softcapping`): tanh from exp_neg as
    (1 - e) / (1 + e), e = exp(-2|x|), and near 0 (where 1 - e loses digits) its odd series to x^7, within a few ulp
-   of tanhf either way. Scores s[0 .. n - 1], in place; cap <= 0: none. */
+   of tanhf either way. The scalar build's; the vector builds take simd_exp.h's tanh8 / tanh16, the same operations
+   lane by lane over the vector exp. */
 static inline float softcap1(float s, float cap) {
     const float x = s / cap, a = __builtin_fabsf(x);
     float t;
@@ -199,9 +202,30 @@ static inline float softcap1(float s, float cap) {
     }
     return (x < 0.0f ? -t : t) * cap;
 }
+/* Scores s[0 .. n - 1] soft-capped in place (cap <= 0: none): decode rows' spans and the AVX-512 prefill tile's
+   score rows. The vector builds run the tail through a masked or padded vector, so a score's value does not depend
+   on where it sits in s: both builds and both paths give every score the same bits (the scalar build: softcap1's). */
 static inline void softcap_all(float* s, int n, float cap) {
-    if (cap > 0.0f)
-        for (int t = 0; t < n; t++) s[t] = softcap1(s[t], cap);
+    if (cap <= 0.0f) return;
+    int t = 0;
+#if ZVEC
+    const __m512 zc = _mm512_set1_ps(cap);
+    for (; t < n; t += 16) {
+        const __mmask16 k = n - t >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - t)) - 1u);
+        const __m512 x = _mm512_div_ps(_mm512_maskz_loadu_ps(k, s + t), zc);
+        _mm512_mask_storeu_ps(s + t, k, _mm512_mul_ps(tanh16(x), zc));
+    }
+#elif VEC
+    const __m256 vc = _mm256_set1_ps(cap);
+    for (; t < n; t += 8) {
+        float pad[8] = {0};  /* the tail: a padded copy */
+        float* x = n - t >= 8 ? s + t : pad;
+        if (x == pad) memcpy(pad, s + t, sizeof(float) * (size_t)(n - t));
+        _mm256_storeu_ps(x, _mm256_mul_ps(tanh8(_mm256_div_ps(_mm256_loadu_ps(x), vc)), vc));
+        if (x == pad) memcpy(s + t, pad, sizeof(float) * (size_t)(n - t));
+    }
+#endif
+    for (; t < n; t++) s[t] = softcap1(s[t], cap);
 }
 /* The first position a query at `pos` sees under a sliding window (transformers' rule: p - window < k <= p);
    window <= 0: none, position 0. */

@@ -84,7 +84,7 @@ static inline void SFX(values4)(float* acc, const float* alpha, const float* p, 
    taken 16 at a time; a row's keys beyond its own position are masked to exactly 0, so a row's bits depend only on
    its position and the cache, not on the tile it is in. Under a sliding window (window > 0) a row's keys before
    window_start are masked the same way, and the pass begins at the block of the first row's window; scores are
-   soft-capped (softcap1) when softcap > 0. qrot: the tile's rotated queries [n][H][64]; scratch: tile64_scratch
+   soft-capped (softcap_all) when softcap > 0. qrot: the tile's rotated queries [n][H][64]; scratch: tile64_scratch
    floats. out: [n, H, 64]. */
 static void SFX(tile64)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table, int p0, int n, SFX(T)* out,
                        int H, int KVH, int BS, float scale, int window, float softcap, const float* sinks,
@@ -171,7 +171,7 @@ static void SFX(tile64)(const CFX(T)* kc, const CFX(T)* vc, const int32_t* table
    head's maximum m[r][h], the weights p = exp(score - m), their sum l[r][h] and acc[r][h] = the sum of p times the
    value rows, not yet divided by l. Row r sees positions from t_lo[r] on (its sliding window; t_lo NULL: all from
    t_begin; t_lo ascending, each >= t_begin): blocks wholly before t_lo[0] are not read, and a row that sees no
-   position gets m = -3e38, l = 0, acc = 0. Scores are soft-capped (softcap1) when softcap > 0. The cache is
+   position gets m = -3e38, l = 0, acc = 0. Scores are soft-capped (softcap_all) when softcap > 0. The cache is
    walked block by block, once for the scores and once for the values, and each block's rows (all KV heads,
    contiguous) are used for every row and head before moving on, so the block is read from memory once. A row's
    arithmetic is the same whichever rows are computed with it. qf: [R][H][D] scaled queries; scores: R * H * (t_end[R - 1] - t_begin) floats; acc[r]: H * D floats, m[r] and

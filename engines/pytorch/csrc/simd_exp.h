@@ -1,6 +1,7 @@
-/* One vectorised exp for every kernel (SiLU in the dense layers, softmax in attention), written once for both
-   vector widths: exp8 (AVX2 + FMA, 8 floats) and exp16 (AVX-512, 16 floats) do the same operations, so every lane
-   gets the same value from either. A source defines them where it writes EXP8_AVX2 / EXP16_AVX512. */
+/* One vectorised exp for every kernel (SiLU in the dense layers, softmax in attention), and the tanh built on it
+   (GELU-tanh, the logit soft-caps), written once for both vector widths: exp8 / tanh8 (AVX2 + FMA, 8 floats) and
+   exp16 / tanh16 (AVX-512, 16 floats) do the same operations, so every lane gets the same value from either. A source
+   defines them where it writes EXP8_AVX2 / EXP16_AVX512, then TANH8_AVX2 / TANH16_AVX512. */
 #ifndef SWITCHYARD_SIMD_EXP_H
 #define SWITCHYARD_SIMD_EXP_H
 
@@ -29,5 +30,28 @@
 
 #define EXP8_AVX2 SIMD_EXP(exp8, __m256, __m256i, _mm256_, 256, _mm256_round_ps)
 #define EXP16_AVX512 SIMD_EXP(exp16, __m512, __m512i, _mm512_, 512, _mm512_roundscale_ps)
+
+/* tanh(x) from the exp above, the operations of paged attention's scalar softcap1 lane by lane (no FMA): near 0
+   (|x| < 0.125, where 1 - e loses digits) its odd series to x^7, else (1 - e) / (1 + e) with e = exp(-2|x|); within
+   a few ulp of tanhf. `lt_blend(a, b, lo, hi)`: lo where a < b, else hi (a blend on AVX2, a mask on AVX-512). */
+#define SIMD_TANH(name, exp, v, mm, bits, lt_blend)                                                               \
+    static inline v name(v x) {                                                                                    \
+        const v sign = mm##set1_ps(-0.0f), one = mm##set1_ps(1.0f);                                                \
+        const v a = mm##castsi##bits##_ps(                                                                         \
+            mm##andnot_si##bits(mm##castps_si##bits(sign), mm##castps_si##bits(x)));                               \
+        const v a2 = mm##mul_ps(a, a);                                                                             \
+        v p = mm##add_ps(mm##set1_ps(0.133333333f), mm##mul_ps(a2, mm##set1_ps(-0.053968254f)));                   \
+        p = mm##add_ps(mm##set1_ps(-0.333333333f), mm##mul_ps(a2, p));                                             \
+        const v series = mm##mul_ps(a, mm##add_ps(one, mm##mul_ps(a2, p)));                                        \
+        const v e = exp(mm##mul_ps(mm##set1_ps(-2.0f), a));                                                        \
+        const v big = mm##div_ps(mm##sub_ps(one, e), mm##add_ps(one, e));                                          \
+        const v t = lt_blend(a, mm##set1_ps(0.125f), series, big);                                                 \
+        return mm##castsi##bits##_ps(mm##or_si##bits(                                                              \
+            mm##castps_si##bits(t), mm##and_si##bits(mm##castps_si##bits(x), mm##castps_si##bits(sign))));        \
+    }
+#define SIMD_LT_BLEND8(a, b, lo, hi) _mm256_blendv_ps(hi, lo, _mm256_cmp_ps(a, b, _CMP_LT_OQ))
+#define SIMD_LT_BLEND16(a, b, lo, hi) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), hi, lo)
+#define TANH8_AVX2 SIMD_TANH(tanh8, exp8, __m256, _mm256_, 256, SIMD_LT_BLEND8)
+#define TANH16_AVX512 SIMD_TANH(tanh16, exp16, __m512, _mm512_, 512, SIMD_LT_BLEND16)
 
 #endif

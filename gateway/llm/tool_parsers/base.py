@@ -106,21 +106,45 @@ def json_objects(text: str, pos: int = 0, separators: str = "[,;]") -> tuple[lis
 def close_outside_strings(text: str, marker: str, pos: int = 0) -> int:
     """Where `marker` first occurs in `text` from `pos` outside a JSON string literal, or -1 (a call's closing tag
     written inside an argument's value is part of the value, not the end of the call)."""
-    in_string = escaped = False
-    for i in range(pos, len(text)):
-        ch = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
+    return CloseOutsideStrings(marker, pos).find(text)
+
+
+class CloseOutsideStrings:
+    """`close_outside_strings` over a text that only grows (a streamed call's buffer): each `find` goes on from
+    where the last one stopped, with the JSON string and escape state it had there, so a call of n characters fed
+    in any number of pieces is scanned in O(n) in all, not O(n) a piece."""
+
+    def __init__(self, marker: str, pos: int = 0) -> None:
+        self.marker = marker
+        self.pos = pos  # the first character not yet scanned past (the marker's, once found)
+        self.in_string = self.escaped = False
+        self.examined = 0  # characters looked at over every `find`, looked at again included: the work done
+
+    def find(self, text: str) -> int:
+        """Where the marker is in `text` (the text of the last call, perhaps with more appended), or -1 yet."""
+        marker, n = self.marker, len(text)
+        i = start = self.pos
+        in_string, escaped, found = self.in_string, self.escaped, -1
+        while i < n:
+            ch = text[i]
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif ch == "\\":
+                    escaped = True
+                elif ch == '"':
+                    in_string = False
             elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif text.startswith(marker, i):
-            return i
-    return -1
+                in_string = True
+            elif text.startswith(marker, i):
+                found = i
+                break
+            elif n - i < len(marker) and marker.startswith(text[i:]):
+                break  # the marker may begin here: this character is looked at again when more text has come
+            i += 1
+        self.examined += i - start + (i < n)
+        self.pos, self.in_string, self.escaped = i, in_string, escaped
+        return found
 
 
 def resolve_name(prefix: str, names: set[str], complete: bool) -> str | None:

@@ -12,6 +12,7 @@ from typing import Any
 from gateway.llm.grammar_compiler import lark_json
 from gateway.llm.tool_parsers.base import (
     MAX_PARALLEL_CALLS,
+    CloseOutsideStrings,
     ParsedCall,
     StreamEvent,
     ToolCallDelta,
@@ -121,6 +122,8 @@ class _HermesStreamer(ToolStreamer):
         self._header_sent = False
         self._args_start = -1  # where the streamed arguments begin in the buffer; -1 until they start
         self._sent = 0  # characters of the arguments already streamed
+        self._close_scan = CloseOutsideStrings(parser.CLOSE)  # the open call's closing tag, looked for as text comes
+        self._args_end = _ArgumentsEnd(parser.CLOSE)  # both made anew for each call
         self.calls = 0
 
     def feed(self, text: str) -> list[StreamEvent]:
@@ -147,8 +150,9 @@ class _HermesStreamer(ToolStreamer):
                 self._space = self._buf[len(before) : at]  # given back if this turns out not to be a call
                 self._buf = self._buf[at + len(open_) :]
                 self._in_call, self._header_sent, self._args_start, self._sent = True, False, -1, 0
+                self._close_scan, self._args_end = CloseOutsideStrings(close), _ArgumentsEnd(close)
                 continue
-            end = close_outside_strings(self._buf, close)
+            end = self._close_scan.find(self._buf)
             if self._trusted and self.calls < self._max_calls:
                 out += self._stream_arguments(end)
             if end == -1:
@@ -173,12 +177,10 @@ class _HermesStreamer(ToolStreamer):
                 return out
             self._args_start = self._header_end + len(head) - len(head.lstrip())
         if end == -1:
-            region = self._buf[self._args_start :]
-            last = region.rfind("}")
-            # The object's own closing brace (and what follows it) may be the end of the call: hold it back.
-            safe = last if last != -1 and self._parser.CLOSE.startswith(region[last + 1 :].lstrip()) else len(region)
+            safe = self._args_end.sendable(self._buf, self._args_start) - self._args_start
             if safe > self._sent:
-                out.append(ToolCallDelta(self.calls, arguments=region[self._sent : safe]))
+                start = self._args_start
+                out.append(ToolCallDelta(self.calls, arguments=self._buf[start + self._sent : start + safe]))
                 self._sent = safe
         return out
 
@@ -223,3 +225,33 @@ class _HermesStreamer(ToolStreamer):
         index, self.calls = self.calls, self.calls + 1
         out: list[StreamEvent] = [ToolCallDelta(index, new_call_id(), call.name)]
         return out + [ToolCallDelta(index, arguments=call.arguments)] if call.arguments else out
+
+
+class _ArgumentsEnd:
+    """How far a streamed call's arguments may be sent while its closing tag has not come: up to the last "}" when
+    only whitespace and a start of the tag follow it (the object's own closing brace, which may end the call: held
+    back until the next text shows it does not), else all of them. Each call looks at the text added since the last
+    one only (the last brace and the first character after it that is not whitespace are remembered), so a long
+    call streamed in small pieces costs its length, not its length a piece."""
+
+    def __init__(self, close: str) -> None:
+        self._close = close
+        self._seen = 0  # the buffer's length at the last call
+        self._brace = -1  # the last "}" at or after the arguments' start
+        self._after = -1  # the first character after it that is not whitespace; -1: none yet
+
+    def sendable(self, buf: str, args_start: int) -> int:
+        """The end (an index in `buf`, which only grows between calls) of the arguments that may be sent."""
+        new = max(self._seen, args_start)
+        self._seen = len(buf)
+        brace = buf.rfind("}", new)
+        if brace != -1:
+            self._brace, self._after, new = brace, -1, brace + 1
+        if self._brace == -1:
+            return len(buf)
+        if self._after == -1:
+            self._after = next((i for i in range(new, len(buf)) if not buf[i].isspace()), -1)
+            if self._after == -1:
+                return self._brace  # only whitespace after it yet
+        held = len(buf) - self._after <= len(self._close) and self._close.startswith(buf[self._after :])
+        return self._brace if held else len(buf)

@@ -1,6 +1,7 @@
 """Sliding-window and soft-capped attention on the paged C kernels against transformers' eager rule in torch ops
 (`layers/attention.py` `attend_torch`): decode rows and prefill rows, across block and span boundaries, windows
-smaller than a block and larger than the sequence, every pair of types and the other builds (AVX2, scalar)."""
+smaller than a block and larger than the sequence, caps across tanh's whole range, every pair of types and the other
+builds (AVX2, scalar)."""
 
 from __future__ import annotations
 
@@ -221,6 +222,17 @@ def test_windowed_and_capped_prefill_is_the_eager_rule(
     check_prefill(window, softcap, dtype, cache_dtype, head_dim, tmp_path)
 
 
+# Gemma 2's own cap (scores / cap near 0: tanh's series) and one every score saturates at (most past exp's clamp at
+# |scores / cap| > 43.5): with head size 64 the prompt rows run through the AVX-512 tile's vector soft-cap
+@pytest.mark.parametrize("softcap", [50.0, 0.05])
+@pytest.mark.parametrize(("dtype", "cache_dtype"), TYPES, ids=["f32", "bf16", "f32_kvbf16"])
+def test_capped_rows_over_tanhs_whole_range_are_the_eager_rule(
+    softcap: float, dtype: torch.dtype, cache_dtype: torch.dtype, tmp_path: Path
+) -> None:
+    check_prefill(None, softcap, dtype, cache_dtype, 64, tmp_path)
+    check_decode(None, softcap, dtype, cache_dtype, 64, tmp_path)
+
+
 def test_a_window_past_the_context_gives_the_bits_of_no_window(tmp_path: Path) -> None:
     """A window no row reaches the end of is plain causal attention: the same bits as the kernel without one."""
     rnd = random.Random(3)
@@ -302,7 +314,7 @@ def test_the_other_builds_window_and_cap_as_the_reference(
     monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, *flags])
     monkeypatch.delitem(native._loaded, "paged_attention", raising=False)
     try:
-        for window, softcap in [(5, None), (130, None), (24, 3.0)]:
+        for window, softcap in [(5, None), (130, None), (24, 3.0), (None, 50.0), (None, 0.05)]:
             for dtype, cache_dtype in TYPES:
                 check_decode(window, softcap, dtype, cache_dtype, 64, tmp_path)
                 check_prefill(window, softcap, dtype, cache_dtype, 64, tmp_path)

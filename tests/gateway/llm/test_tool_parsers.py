@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from gateway.llm.tool_parsers import HermesParser, JsonParser, ToolCallDelta, content_of
+from gateway.llm.tool_parsers import HermesParser, JsonParser, ToolCallDelta, content_of, hermes
+from gateway.llm.tool_parsers.base import CloseOutsideStrings
 
 NAMES = {"get_weather", "get_time"}
 HERMES = HermesParser()
@@ -185,3 +186,33 @@ def test_stream_with_closing_tag_inside_an_argument_string(trusted: bool, seed: 
     events = _stream(HERMES, TAG_IN_STRING, trusted, random.Random(seed))
     assert content_of(events) == ""
     assert _calls_from_deltas(events) == TAG_IN_STRING_CALLS
+
+
+def test_a_long_call_streamed_a_character_at_a_time_is_scanned_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 20 KB call fed one character at a time comes out as the whole answer's parse, and the look-out for its
+    closing tag goes on from where it stopped (strings and escapes remembered across pieces) instead of reading the
+    call again from its start on every piece: the characters looked at stay within the text's length."""
+    scans: list[CloseOutsideStrings] = []
+
+    class Counted(CloseOutsideStrings):
+        def __init__(self, marker: str, pos: int = 0) -> None:
+            super().__init__(marker, pos)
+            scans.append(self)
+
+    monkeypatch.setattr(hermes, "CloseOutsideStrings", Counted)
+    # strings holding the closing tag, escaped quotes and braces, nested objects: 20 KB of arguments
+    args = {"notes": [f'line {i}: "</tool_call>" {{x}} \\ end' for i in range(500)], "where": {"a": [1, {"b": 2}]}}
+    raw = json.dumps(args)
+    assert len(raw) > 20_000
+    text = f'<tool_call>\n{{"name": "get_weather", "arguments": {raw}}}\n</tool_call>'
+    content, calls = HERMES.parse(text, NAMES)
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", args)]
+    for trusted in (True, False):
+        scans.clear()
+        streamer = HERMES.streamer(NAMES, trusted, 99)
+        events = [e for ch in text for e in streamer.feed(ch)] + streamer.finish()
+        assert content_of(events) == "" and _calls_from_deltas(events) == [("get_weather", args)]
+        if trusted:  # the arguments stream as the model wrote them
+            assert "".join(e.arguments for e in events if isinstance(e, ToolCallDelta)) == raw
+        # every character once, the closing tag's first looked at again while the rest of the tag comes
+        assert sum(s.examined for s in scans) <= len(text) + len(HermesParser.CLOSE)
