@@ -16,6 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.kernel_prebuild import KernelPrebuild
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -78,6 +80,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _is_slow_path(item.path) or SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+_kernels = KernelPrebuild()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not session.config.option.collectonly:
+        _kernels.start(session.config.args, session.config.invocation_params.dir)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _kernels.load(item.path)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _kernels.finish()
 
 
 def smollm2_config(kv_max_tokens: int, extra: str = "") -> str:

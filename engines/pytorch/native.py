@@ -69,10 +69,11 @@ def _build(name: str, source_dir: Path, cache_dir: Path) -> Path | None:
     except (OSError, subprocess.SubprocessError):
         return None
     sources = _sources(name, source_dir)
+    flags = list(CFLAGS)  # read once: the key and the command take the same flags (tests change CFLAGS at times)
     digest = hashlib.sha256()
     for part in (
         *(f"{file}\0".encode() + text for file, text in sources.items()),
-        " ".join(CFLAGS).encode(),
+        " ".join(flags).encode(),
         version.encode(),
         _cpu_identity().encode(),
     ):
@@ -89,7 +90,7 @@ def _build(name: str, source_dir: Path, cache_dir: Path) -> Path | None:
             (Path(tmp) / file).write_bytes(text)
         out = Path(tmp) / f"{name}.so"
         proc = subprocess.run(
-            [cc, *CFLAGS, "-o", str(out), str(Path(tmp) / f"{name}.c")],
+            [cc, *flags, "-o", str(out), str(Path(tmp) / f"{name}.c")],
             check=False,
             capture_output=True,
             text=True,

@@ -13,16 +13,19 @@ from engines.pytorch.native import POOL_SIGNATURES, HelperThreads, load_library
 TASK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
-def _participants(helpers: HelperThreads | None, lib: ctypes.CDLL) -> int:
+def _participants(helpers: HelperThreads | None, lib: ctypes.CDLL, enough: int | None = None) -> int:
     """Threads that ran one job (posted after `helpers.enter()`; None: with the thread's width as it is): each stays
-    in it long enough for every helper allowed in to join."""
+    in it long enough for every helper allowed in to join (0.2 s), or until `enough` threads have joined (a test
+    that needs at least that many need not wait out the rest)."""
     seen: set[int] = set()
-    guard = threading.Lock()
+    joined = threading.Condition()
 
     def task(_: int | None) -> None:
-        with guard:
+        with joined:
             seen.add(threading.get_ident())
-        time.sleep(0.2)  # releases the GIL: the helpers' calls into Python run meanwhile
+            joined.notify_all()
+            # waiting releases the GIL: the helpers' calls into Python run meanwhile
+            joined.wait_for(lambda: enough is not None and len(seen) >= enough, timeout=0.2)
 
     callback = TASK(task)
     if helpers is not None:
@@ -37,7 +40,7 @@ def test_a_job_takes_at_most_its_engines_helpers(tmp_path: Path) -> None:
     lib = load_library("pool", tmp_path, POOL_SIGNATURES)  # the library both share (already built and loaded)
     assert lib is not None
     assert max(_participants(narrow, lib) for _ in range(3)) <= 2  # the caller and one helper
-    assert max(_participants(wide, lib) for _ in range(3)) > 2  # the left-out helpers come back when wanted
+    assert max(_participants(wide, lib, enough=3) for _ in range(3)) > 2  # the left-out helpers come back when wanted
     assert max(_participants(narrow, lib) for _ in range(3)) <= 2
 
 
@@ -54,7 +57,7 @@ def test_a_thread_that_never_set_its_width_runs_its_jobs_alone(tmp_path: Path) -
     thread.start()
     thread.join()
     assert counts == [1, 1, 1]
-    assert max(_participants(helpers, lib) for _ in range(3)) > 1  # the engine's own thread still gets its helpers
+    assert max(_participants(helpers, lib, enough=2) for _ in range(3)) > 1  # the engine's thread gets its helpers
 
 
 def test_a_narrow_job_never_takes_helpers_left_over_from_a_wide_one(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from gateway.repository.loaded_model import LoadedLLM, LoadedTensorModel
 from gateway.repository.registry import ModelRegistry
 from gateway.scheduler.llm.interface import SchedulerStats
 from gateway.scheduler.tensor.dynamic_batcher import BatchingPolicy, DynamicBatcher, QueueRules
-from tests.gateway.scheduler.tensor.test_dynamic_batcher import _Failing, request, started
+from tests.gateway.scheduler.tensor.test_dynamic_batcher import _Failing, request, started_held, until
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -172,10 +172,10 @@ def test_each_app_has_its_own_registry() -> None:
 
 async def test_dynamic_batcher_counts_failures_by_triton_reason() -> None:
     rules = QueueRules(timeout_action="REJECT", default_timeout_s=0.15, allow_timeout_override=True, max_queue_size=2)
-    batcher = await started(BatchingPolicy(max_batch_size=1, dynamic=True, queue_rules={0: rules}))
+    batcher, held = await started_held(BatchingPolicy(max_batch_size=1, dynamic=True, queue_rules={0: rules}))
     try:
-        running = asyncio.create_task(batcher.infer(request(0, 400), timeout_us=2_000_000))
-        await asyncio.sleep(0.05)
+        running = asyncio.create_task(batcher.infer(request(0), timeout_us=2_000_000))
+        await until(held.busy.is_set)  # in the backend until released
         expiring = asyncio.create_task(batcher.infer(request(1)))  # times out in the queue: REJECTED
         cancelled = asyncio.create_task(batcher.infer(request(2), timeout_us=2_000_000))
         await asyncio.sleep(0.01)
@@ -184,10 +184,12 @@ async def test_dynamic_batcher_counts_failures_by_triton_reason() -> None:
         cancelled.cancel()  # the client goes away while queued: CANCELED
         with pytest.raises(ServiceUnavailableError, match="timed out"):
             await expiring
+        held.release.set()
         await running
         assert batcher.stats.fail_reasons == {"REJECTED": 2, "CANCELED": 1}
         assert batcher.stats.fail.count == 3 and batcher.stats.success.count == 1
     finally:
+        held.release.set()
         await batcher.stop()
 
     failing = DynamicBatcher("failing", [_Failing()], BatchingPolicy(max_batch_size=4))  # type: ignore[list-item]

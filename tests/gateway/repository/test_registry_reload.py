@@ -28,9 +28,11 @@ async def infer_tag(model: LoadedModel) -> str:
 
 
 @pytest.fixture
-async def registry(tmp_path: Path) -> AsyncIterator[ModelControl]:
+async def registry(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[ModelControl]:
+    """The tagger, serving; its batches take 0.3 s (so requests are in flight), or the seconds a test passes as
+    the fixture's parameter."""
     repo = tmp_path / "repo"
-    write_tagger(repo, "tagger", tag="a", delay=0.3)
+    write_tagger(repo, "tagger", tag="a", delay=getattr(request, "param", 0.3))
     reg = ModelControl(repo, control_mode="explicit", load_models=["*"], drain_timeout_s=10)
     reg.prepare()
     for model in reg.load_all():
@@ -66,6 +68,7 @@ async def test_reload_under_load_drops_nothing(registry: ModelControl) -> None:
     assert await infer_tag(old) == "v1:b"
 
 
+@pytest.mark.parametrize("registry", [0.0], indirect=True, ids=["batches-at-once"])  # nothing in flight here
 async def test_failed_reload_keeps_the_old_copy_serving(registry: ModelControl) -> None:
     old = registry.models.get("tagger")
     (registry.root / "tagger" / "config.yaml").write_text("backend: python\nmax_batch_size: -3\n")
@@ -129,10 +132,10 @@ async def test_drain_timeout_stops_a_stuck_copy(tmp_path: Path) -> None:
 
 
 class FakeLLM(LLMScheduler):
-    """Streams `tokens` outputs, one per `gap` seconds."""
+    """Streams `tokens` outputs, one per `gap` seconds; with a `gate`, not before the test opens it."""
 
-    def __init__(self, label: str, tokens: int = 3, gap: float = 0.05) -> None:
-        self.label, self.tokens, self.gap = label, tokens, gap
+    def __init__(self, label: str, tokens: int = 3, gap: float = 0.05, gate: asyncio.Event | None = None) -> None:
+        self.label, self.tokens, self.gap, self.gate = label, tokens, gap, gate
         self.stopped = False
         self.fake_engine = object()
 
@@ -156,6 +159,8 @@ class FakeLLM(LLMScheduler):
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         assert not self.stopped, "generate on a stopped scheduler"
+        if self.gate is not None:
+            await self.gate.wait()
         for i in range(self.tokens):
             await asyncio.sleep(self.gap)
             yield GenerationOutput(request_id=self.label, new_token_ids=[i], text="", finished=i == self.tokens - 1)
@@ -170,7 +175,8 @@ async def collect(scheduler: LLMScheduler) -> list[str]:
 
 
 async def test_llm_copies_hand_over_the_same_way() -> None:
-    old_inner, new_inner = FakeLLM("old", gap=0.3), FakeLLM("new", gap=0.01)
+    finish_old = asyncio.Event()  # the old copy's stream runs until the handover has been checked
+    old_inner, new_inner = FakeLLM("old", gap=0.01, gate=finish_old), FakeLLM("new", gap=0.01)
     old = LoadedLLM(name="m", config=None, scheduler=ServingScheduler(old_inner, "m"))  # type: ignore[arg-type]
     new = LoadedLLM(name="m", config=None, scheduler=ServingScheduler(new_inner, "m"))  # type: ignore[arg-type]
     assert old.engine is old_inner.fake_engine and old.scheduler.stats().running == 1  # the inner's
@@ -182,6 +188,7 @@ async def test_llm_copies_hand_over_the_same_way() -> None:
     await asyncio.sleep(0.01)
     assert await collect(old.scheduler) == ["new"] * 3  # a late caller is forwarded to the successor
     assert not old_inner.stopped
+    finish_old.set()
     assert await running == ["old"] * 3  # the running stream finished on the old copy
     await asyncio.wait_for(retiring, 2)
     assert old_inner.stopped and not new_inner.stopped

@@ -5,6 +5,7 @@ use, keep-alive expiry on an injected clock, deadlines, and startup failures tha
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -95,16 +96,17 @@ async def tag(control: ModelControl, name: str) -> str:
     return next(o for o in outputs if o.name == "TAG").array[0, 0].decode()
 
 
-def count_builds(control: ModelControl, delay: float = 0.0) -> list[str]:
-    """Record each build (a load's blocking part), made slower by `delay` seconds so requests pile up."""
+def count_builds(control: ModelControl, delay: float = 0.0, gate: threading.Event | None = None) -> list[str]:
+    """Record each build (a load's blocking part), made slower by `delay` seconds so requests pile up, or held
+    until the test sets `gate`."""
     builds: list[str] = []
     real = control._build
 
     def build(model, config):  # noqa: ANN001, ANN202
         builds.append(model.name)
-        import time
-
         time.sleep(delay)
+        if gate is not None:
+            gate.wait(timeout=30)
         return real(model, config)
 
     control._build = build  # type: ignore[method-assign]
@@ -181,17 +183,18 @@ async def test_lru_idle_model_is_evicted_to_make_room(tmp_path: Path, clock: Clo
 async def test_a_model_in_use_is_never_evicted(tmp_path: Path, clock: Clock, started: list) -> None:
     sizes = {"a": 100, "b": 100}
     control = await start(
-        control_of(repo_of(tmp_path, "a", "b"), clock, sizes, budget=150, load_timeout_s=2.0), started
+        control_of(repo_of(tmp_path, "a", "b"), clock, sizes, budget=150, load_timeout_s=0.5), started
     )
     use = open_use()  # a request that looked "a" up and has not finished its response
     try:
         await control.models.acquire("a")
         with pytest.raises(ServiceUnavailableError) as refused:
-            await control.models.acquire("b")
+            await control.models.acquire("b")  # waits out the load timeout: a stays busy all along
         assert refused.value.status == 503 and "busy or pinned (a)" in refused.value.message
         assert "a" in control.residency.resident
     finally:
         close_use(use)
+    control.residency.load_timeout_s = 60.0  # the load below has all the time it needs on a busy machine
     waiter = asyncio.create_task(tag(control, "b"))  # now a is idle: evicted for b
     assert await waiter == "v1:b"
     assert sorted(control.residency.resident) == ["b"]
@@ -203,7 +206,9 @@ async def test_a_load_waits_for_a_busy_model_to_finish(tmp_path: Path, clock: Cl
     use = open_use()
     await control.models.acquire("a")
     waiter = asyncio.create_task(control.models.acquire("b"))
-    await asyncio.sleep(0.5)
+    async with asyncio.timeout(10):
+        while "b" not in control.residency._no_room and not waiter.done():  # b's load tried and found no room
+            await asyncio.sleep(0.01)
     assert not waiter.done()  # held by the request using a
     close_use(use)
     assert (await asyncio.wait_for(waiter, 10)).name == "b"
@@ -226,20 +231,29 @@ async def test_a_load_reserves_its_peak_then_counts_its_resident_bytes(
     """b keeps 100 bytes but its load peaks at 300 (by format): a (100) is evicted for the reservation although
     both would fit once loaded; b's next load reserves the peak measured at its first (the RSS rose by 250)."""
     rss = [0]
+    watched = threading.Event()  # the load's peak watch has read the risen RSS
+
+    def read_rss() -> int:
+        if rss[0] and threading.current_thread().name == "load-peak":
+            watched.set()
+        return rss[0]
+
     control = await start(
         control_of(
-            repo_of(tmp_path, "a", "b"), clock, {"a": 100, "b": 100}, budget=350, peaks={"b": 300}, rss=lambda: rss[0]
+            repo_of(tmp_path, "a", "b"), clock, {"a": 100, "b": 100}, budget=350, peaks={"b": 300}, rss=read_rss
         ),
         started,
     )
     in_use: list[int] = []
     real = control._build
 
-    def build(model, config):  # noqa: ANN001, ANN202 - a load whose RSS rises for a while
+    def build(model, config):  # noqa: ANN001, ANN202 - b's load: its RSS rises until the watch has seen it
         in_use.append(control.residency.used_bytes())
-        rss[0] = 250 if model.name == "b" else 0
-        time.sleep(0.2)
-        rss[0] = 0
+        if model.name == "b":
+            watched.clear()
+            rss[0] = 250
+            assert watched.wait(timeout=30), "the peak watch never read the RSS"
+            rss[0] = 0
         return real(model, config)
 
     control._build = build  # type: ignore[method-assign]
@@ -302,16 +316,16 @@ async def test_a_request_keep_alive_replaces_the_model_s(tmp_path: Path, clock: 
 
 
 async def test_the_request_deadline_bounds_its_wait_for_a_load(tmp_path: Path, clock: Clock, started: list) -> None:
-    import time
-
     control = await start(control_of(repo_of(tmp_path, "a"), clock), started)
-    count_builds(control, delay=1.0)
+    loaded = threading.Event()
+    count_builds(control, gate=loaded)  # the load lasts until the request has given up
     use = open_use(time.monotonic() + 0.2)
     try:
         with pytest.raises(ModelLoadTimeoutError) as late:
             await control.models.acquire("a")
     finally:
         close_use(use)
+        loaded.set()
     assert late.value.status == 504 and "request's timeout" in late.value.message
     assert (await control.models.acquire("a")).name == "a"  # the load went on for the next request
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,6 +17,7 @@ from engines.types import EngineInfo, GenerationOutput, GenerationRequest, Sampl
 from gateway.errors import RateLimitError
 from gateway.repository.engine_config import SpeculativeSection
 from gateway.repository.model_config import KVCacheConfig, SchedulerConfig
+from gateway.scheduler.llm import step_scheduler
 from gateway.scheduler.llm.step_scheduler import StepScheduler
 from tests.char_tokenizer import EOS, CharTokenizer
 
@@ -488,15 +490,16 @@ def test_a_preempted_sequence_is_never_timed_out_and_delay_keeps_the_late_one() 
     assert sched.stats().rejected == {}
 
 
-def test_an_arrival_that_cannot_start_in_time_is_refused_at_once() -> None:
+def test_an_arrival_that_cannot_start_in_time_is_refused_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = 1000.0  # the scheduler's clock, moved by hand: 1.2 s of steps without waiting them out
+    monkeypatch.setattr(step_scheduler, "time", SimpleNamespace(monotonic=lambda: now))
     engine = CountingEngine()
     sched = scheduler(engine, max_num_seqs=1, max_num_batched_tokens=64)
     for i in range(40):  # a backlog drained at one admission per step: the scheduler learns the rate
         sched.add(req(f"w{i}", "a", max_tokens=1))
-    start = time.monotonic()
-    while time.monotonic() - start < 1.2:
+    for _ in range(24):  # a step every 50 ms
         step(sched, engine)
-        time.sleep(0.05)
+        now += 0.05
     assert sched.stats().waiting > 10
     wait = sched.stats().expected_wait_seconds
     assert wait > 0.5

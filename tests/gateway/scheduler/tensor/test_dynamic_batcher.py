@@ -7,7 +7,9 @@ after sleeping DELAY_MS, so each test can see exactly how requests were grouped.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +54,38 @@ async def started(policy: BatchingPolicy, instances: int = 1) -> DynamicBatcher:
     batcher = DynamicBatcher("batch_probe", [probe_backend() for _ in range(instances)], policy)
     await batcher.start()
     return batcher
+
+
+class FirstBatchHeld:
+    """batch_probe, except that its first batch stays in the backend until the test opens `release`: the instance
+    is busy for exactly as long as the test needs, however loaded the machine."""
+
+    def __init__(self) -> None:
+        self.backend = probe_backend()
+        self.busy = threading.Event()  # the first batch is in the backend
+        self.release = threading.Event()
+
+    def execute(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        if not self.busy.is_set():
+            self.busy.set()
+            self.release.wait(timeout=30)
+        return self.backend.execute(requests)
+
+    def unload(self) -> None:
+        self.backend.unload()
+
+
+async def started_held(policy: BatchingPolicy) -> tuple[DynamicBatcher, FirstBatchHeld]:
+    held = FirstBatchHeld()
+    batcher = DynamicBatcher("batch_probe", [held], policy)  # type: ignore[list-item]
+    await batcher.start()
+    return batcher, held
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(10):
+        while not condition():
+            await asyncio.sleep(0.005)
 
 
 DYNAMIC = BatchingPolicy(max_batch_size=32, dynamic=True, max_queue_delay_s=0.2)
@@ -132,7 +166,7 @@ async def test_instances_run_concurrently() -> None:
 
 async def test_higher_priority_goes_first() -> None:
     policy = BatchingPolicy(max_batch_size=32, priority_levels=2, default_priority=2)
-    batcher = await started(policy)
+    batcher, held = await started_held(policy)
     order: list[str] = []
 
     async def tracked(label: str, priority: int | None) -> None:
@@ -140,57 +174,67 @@ async def test_higher_priority_goes_first() -> None:
         order.append(label)
 
     try:
-        blocker = asyncio.create_task(batcher.infer(request(0, 300)))
-        await asyncio.sleep(0.05)  # the instance is now busy
+        blocker = asyncio.create_task(batcher.infer(request(0)))
+        await until(held.busy.is_set)  # the instance is now busy
         tasks = [asyncio.create_task(tracked("low-1", None)), asyncio.create_task(tracked("low-2", 2))]
-        await asyncio.sleep(0.01)
+        await until(lambda: batcher.queued == 2)
         tasks.append(asyncio.create_task(tracked("high", 1)))
+        await until(lambda: batcher.queued == 3)
+        held.release.set()
         await asyncio.gather(blocker, *tasks)
         assert order == ["high", "low-1", "low-2"]
         with pytest.raises(InvalidRequestError, match="priority"):
             await batcher.infer(request(0), priority=3)
     finally:
+        held.release.set()
         await batcher.stop()
 
 
 async def test_full_queue_is_refused_at_once() -> None:
     policy = BatchingPolicy(max_batch_size=1, dynamic=True, queue_rules={0: QueueRules(max_queue_size=2)})
-    batcher = await started(policy)
+    batcher, held = await started_held(policy)
     try:
-        running = asyncio.create_task(batcher.infer(request(0, 300)))
-        await asyncio.sleep(0.05)
+        running = asyncio.create_task(batcher.infer(request(0)))
+        await until(held.busy.is_set)
         queued = [asyncio.create_task(batcher.infer(request(i))) for i in (1, 2)]
-        await asyncio.sleep(0.01)
+        await until(lambda: batcher.queued == 2)
         start = time.monotonic()
         with pytest.raises(RateLimitError, match="queue is full") as refused:
             await batcher.infer(request(3))
         assert time.monotonic() - start < 0.1 and refused.value.status == 429
         assert refused.value.headers["Retry-After"]
+        held.release.set()
         assert [r["Y"].item() for r in await asyncio.gather(*queued)] == [10, 20]
         await running
     finally:
+        held.release.set()
         await batcher.stop()
 
 
 async def test_queue_timeout_reject_and_override() -> None:
     rules = QueueRules(timeout_action="REJECT", default_timeout_s=0.1, allow_timeout_override=True)
-    batcher = await started(BatchingPolicy(max_batch_size=1, dynamic=True, queue_rules={0: rules}))
+    batcher, held = await started_held(BatchingPolicy(max_batch_size=1, dynamic=True, queue_rules={0: rules}))
     try:
-        running = asyncio.create_task(batcher.infer(request(0, 400)))
-        await asyncio.sleep(0.05)
+        running = asyncio.create_task(batcher.infer(request(0)))
+        await until(held.busy.is_set)
         with pytest.raises(ServiceUnavailableError, match="timed out"):
             await batcher.infer(request(1))
-        patient = await batcher.infer(request(2), timeout_us=2_000_000)  # the request's own, longer timeout
-        assert patient["Y"].item() == 20
+        # the request's own, longer timeout: still queued 0.2 s on (twice the default), then served
+        patient = asyncio.create_task(batcher.infer(request(2), timeout_us=10_000_000))
+        await asyncio.sleep(0.2)
+        assert batcher.queued == 1
+        held.release.set()
+        assert (await patient)["Y"].item() == 20
         await running
         assert batcher.stats.fail.count == 1
     finally:
+        held.release.set()
         await batcher.stop()
 
 
 async def test_queue_timeout_delay_moves_behind_others() -> None:
     rules = QueueRules(timeout_action="DELAY", default_timeout_s=0.1, allow_timeout_override=True)
-    batcher = await started(BatchingPolicy(max_batch_size=1, dynamic=True, queue_rules={0: rules}))
+    batcher, held = await started_held(BatchingPolicy(max_batch_size=1, dynamic=True, queue_rules={0: rules}))
     order: list[int] = []
 
     async def tracked(x: int, timeout_us: int | None = None) -> None:
@@ -198,14 +242,17 @@ async def test_queue_timeout_delay_moves_behind_others() -> None:
         order.append(x)
 
     try:
-        running = asyncio.create_task(batcher.infer(request(0, 1000)))
-        await asyncio.sleep(0.05)
+        running = asyncio.create_task(batcher.infer(request(0)))
+        await until(held.busy.is_set)
         first = asyncio.create_task(tracked(1))  # will time out while queued and be delayed
         await asyncio.sleep(0.25)
         second = asyncio.create_task(tracked(2, 10_000_000))  # arrives after 1 expired; does not expire itself
+        await until(lambda: batcher.queued == 2)
+        held.release.set()
         await asyncio.gather(running, first, second)
         assert order == [2, 1]
     finally:
+        held.release.set()
         await batcher.stop()
 
 
@@ -226,19 +273,21 @@ async def test_preserve_ordering_across_instances() -> None:
 
 
 async def test_cancelled_request_leaves_the_queue() -> None:
-    batcher = await started(BatchingPolicy(max_batch_size=1, dynamic=True))
+    batcher, held = await started_held(BatchingPolicy(max_batch_size=1, dynamic=True))
     try:
-        running = asyncio.create_task(batcher.infer(request(0, 300)))
-        await asyncio.sleep(0.05)
+        running = asyncio.create_task(batcher.infer(request(0)))
+        await until(held.busy.is_set)
         doomed = asyncio.create_task(batcher.infer(request(1)))
         await asyncio.sleep(0.01)
         assert batcher.queued == 1
         doomed.cancel()
         await asyncio.gather(doomed, return_exceptions=True)
         assert batcher.queued == 0
+        held.release.set()
         await running
         assert batcher.stats.inference_count == 1  # the cancelled request never ran
     finally:
+        held.release.set()
         await batcher.stop()
 
 
@@ -272,12 +321,16 @@ async def test_backend_failure_fails_only_that_batch() -> None:
 
 
 async def test_stop_fails_queued_requests_cleanly() -> None:
-    batcher = await started(BatchingPolicy(max_batch_size=1, dynamic=True))
-    running = asyncio.create_task(batcher.infer(request(0, 300)))
-    await asyncio.sleep(0.05)
+    batcher, held = await started_held(BatchingPolicy(max_batch_size=1, dynamic=True))
+    running = asyncio.create_task(batcher.infer(request(0)))
+    await until(held.busy.is_set)
     queued = asyncio.create_task(batcher.infer(request(1)))
     await asyncio.sleep(0.01)
-    await batcher.stop()
+    stopping = asyncio.create_task(batcher.stop())
+    await until(queued.done)  # failed at once, while the batch in the backend still runs
+    assert not running.done()
+    held.release.set()
+    await stopping
     assert (await running)["Y"].item() == 0  # in flight: finished
     with pytest.raises(ServiceUnavailableError):
         await queued
