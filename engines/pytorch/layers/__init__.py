@@ -6,5 +6,6 @@
 - `attention.py`: a decoder's attention block over the paged KV cache (C kernels, or torch ops for sliding windows
   and soft-capping), and the `StepContext` a layer sees of the step;
 - `mlp.py`: the MLP slot (`MLP`) and the gated dense MLP that fills it (SiLU, GELU-tanh);
-- `moe.py`: the sparse mixture-of-experts block that fills it for Qwen3-MoE and Mixtral (router, experts).
+- `moe.py`: the sparse mixture-of-experts block that fills it for Qwen3-MoE, Mixtral and gpt-oss (router, experts);
+- `swiglu.py`: gpt-oss's clamped SwiGLU.
 """

@@ -6,7 +6,7 @@ Routing, as transformers' routers do it: router logits `x @ router.T` (in the mo
 top-k weights divided by their sum where the family normalises (Mixtral always; Qwen3-MoE with `norm_topk_prob`),
 then cast back to the model's dtype (Qwen3-MoE) or kept in float32 (Mixtral). gpt-oss's router has a bias and takes
 the top-k of the logits, then a softmax over those k (`Routing.softmax_of_top`); its experts are biased projections
-around a clamped SwiGLU (swiglu.py), built by models/gpt_oss.py, and run in this Python block (no fused C call).
+around a clamped SwiGLU (swiglu.py), built by models/gpt_oss.py.
 
 Experts: each is a gated MLP, `down(act(x @ gate.T) * (x @ up.T))`, held as its own `GatedActivation` and `Linear`
 (linear.py): the packed GEMM kernel on float32 or bfloat16 weights, or on the expert's GGUF blocks, which are a view
@@ -134,10 +134,24 @@ class SparseMoE:
                         kernels.linear(down[e]),
                     )
                 )
-        routing = Routing.of(config)
-        hidden = int(config.hidden_size)
-        fused = FusedExperts.build(router, made, routing.top_k, routing.normalize, hidden, cache_dir) if fast else None
-        return cls(router, made, routing, fused)
+        return cls.over(router, made, Routing.of(config), int(config.hidden_size), kernels)
+
+    @classmethod
+    def over(
+        cls,
+        router: Linear,
+        experts: Sequence[tuple[GatedActivation | ClampedSwiGLU, Linear]],
+        routing: Routing,
+        hidden: int,
+        kernels: Kernels,
+    ) -> SparseMoE:
+        """The block over these projections, with its fused C call where they are all on the float32 kernels."""
+        fused = None
+        if kernels.fast:
+            fused = FusedExperts.build(
+                router, experts, routing.top_k, routing.normalize, hidden, kernels.cache_dir, routing.softmax_of_top
+            )
+        return cls(router, experts, routing, fused)
 
     def projections(self) -> list[Linear | GatedActivation | ClampedSwiGLU]:
         """Every projection of the block (the router's and the experts'), for what the runner asks of them all
@@ -149,7 +163,7 @@ class SparseMoE:
         router computes them from the router's logits (in float32 with `fused`: as its C call routes)."""
         logits = self.router(x)
         if self.fused is not None and logits.dtype == torch.float32:
-            return self.fused.route(logits, self.routing.normalize)
+            return self.fused.route(logits)
         if self.routing.softmax_of_top:
             top, chosen = torch.topk(logits, self.routing.top_k, dim=-1)
             return torch.softmax(top, dim=-1, dtype=top.dtype), chosen

@@ -3,8 +3,10 @@
 transformers' `GptOssExperts._apply_gate`: gate clamped from above at `limit`, up clamped to [-limit, limit], then
 `(up + 1) * (gate * sigmoid(alpha * gate))` (alpha 1.702, limit 7.0 in the released models). The checkpoint holds
 gate and up interleaved along the output (`gate_up_proj[..., 0::2]` is gate); the projection here holds them
-de-interleaved, [gate | up], so the activation reads two halves. The clamps and the sigmoid are torch ops after the
-projection's kernel (the step replay therefore refuses a model with this activation: step_replay.py)."""
+de-interleaved, [gate | up], so the activation reads two halves. Here the clamps and the sigmoid are torch ops after
+the projection's kernel: what bfloat16 models and torch's projections run, and what the MoE block's fused C call
+(moe_experts.py, csrc/moe.c's clamped_swiglu: the same ops in C, its exp within a few ulp of torch's) is checked
+against."""
 
 from __future__ import annotations
 

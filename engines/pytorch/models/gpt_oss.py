@@ -3,10 +3,11 @@ softmax's denominator), sliding-window attention on alternate layers (`layer_typ
 sparse MoE block (layers/moe.py's `SparseMoE`) whose router has a bias and softmaxes its top-k logits and whose
 experts are biased projections around a clamped SwiGLU (layers/swiglu.py).
 
-Attention with sinks runs on the paged C kernels (paged_attention.py; `attend_torch` without them); the MoE
-block's router top-k and the experts' clamps run in torch ops, so decode steps are not replayed (step_replay.py
-refuses them). GGUF files
-of gpt-oss (llama.cpp's MXFP4 expert blocks) are refused by the loader."""
+Attention with sinks runs on the paged C kernels (paged_attention.py; `attend_torch` without them); in float32 on
+the kernels the MoE block after its router is one C call (moe_experts.py: the top-k-then-softmax routing, the
+experts' biases and the clamped SwiGLU in csrc/moe.c), so decode steps are kernel calls only and the step replay
+records them like Qwen3-MoE's. GGUF files of gpt-oss (llama.cpp's MXFP4 expert blocks) are refused by the
+loader."""
 
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ def _moe(block: Any, config: Any, kernels: Kernels) -> SparseMoE:
                 kernels.linear(down[e].t().contiguous(), down_bias[e].contiguous()),
             )
         )
-    return SparseMoE(kernels.linear(router.weight.detach(), router.bias.detach()), made, Routing.of(config))
+    router_linear = kernels.linear(router.weight.detach(), router.bias.detach())
+    return SparseMoE.over(router_linear, made, Routing.of(config), int(config.hidden_size), kernels)
 
 
 def build(hf_model: Any, blocks: dict[str, WeightBlocks] | None, kernels: Kernels, packed: Any) -> DecoderModel:

@@ -32,10 +32,7 @@ PROMPTS = [
     "Summarize the plot of Romeo and Juliet, with its main characters and places. " * 6,
 ]
 KERNEL_PATHS = ("default", "avx2", "no_tile_unit", "torch")
-REPLAYED = (*MOE, "granite")  # families whose decode steps are checked to replay on the kernel paths
-# families whose decode steps run torch ops between the kernels, which the replay refuses (gpt-oss: its MoE block's
-# router top-k and clamped experts; its attention, sinks included, is on the C kernels)
-NOT_REPLAYED = ("gpt_oss",)
+REPLAYED = (*MOE, "granite")  # families whose decode steps are checked to replay on the kernel paths (gpt-oss too)
 # transformers' reference attention: its default (SDPA) leaves out Gemma 2's soft-capping of the scores
 REFERENCE_ATTENTION = "eager"
 
@@ -123,11 +120,9 @@ def test_family_greedy_equals_transformers_float32(family: str, path: str, monke
             assert abs(logprobs[step] - ref_logprobs[step]) <= LOGPROB_TOLERANCE, (family, path, step)
     print(f"{family} [{path}]: smallest top-two margins {sorted(margins)[:3]}")
     replay = engine._runner._replay
-    if family in NOT_REPLAYED:
-        assert replay is None or "replayed" not in {replay.plan_state(rows) for rows in range(1, 5)}
-    elif family in REPLAYED and replay is not None:
-        # the MoE block is one C call (moe_experts.py), Granite's multipliers kernels (linear.DenseOps): decode
-        # steps are kernel calls only, and the replay's second-step check (its logits equal to the Python
-        # forward's, bit for bit) keeps them replaying
+    if family in REPLAYED and replay is not None:
+        # the MoE block is one C call (moe_experts.py; gpt-oss's biased experts and clamped SwiGLU included),
+        # Granite's multipliers kernels (linear.DenseOps): decode steps are kernel calls only, and the replay's
+        # second-step check (its logits equal to the Python forward's, bit for bit) keeps them replaying
         states = {rows: replay.plan_state(rows) for rows in range(1, 5)}
         assert "off" not in states.values() and "replayed" in states.values(), states

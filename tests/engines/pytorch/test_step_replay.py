@@ -14,6 +14,8 @@ from transformers import (
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
     GraniteConfig,
     GraniteForCausalLM,
     LlamaConfig,
@@ -29,6 +31,7 @@ from transformers import (
 from engines.pytorch import linear, step_replay
 from engines.pytorch.model_runner import PagedModelRunner
 from engines.types import SamplingParams, SequenceStep
+from tests.family_models import GPT_OSS_YARN
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=32)
 SHAPE = dict(
@@ -166,6 +169,22 @@ def test_gemma3_steps_replay(tmp_path: Path, batch: int) -> None:
     patched with its own table's cos and sin every step."""
     config = lambda: Gemma3TextConfig(**GEMMA, layer_types=["sliding_attention", "full_attention"])  # noqa: E731
     _replays_with_python_bits(tmp_path, *_pair(lambda: Gemma3ForCausalLM(config())), batch=batch)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_gpt_oss_steps_replay(tmp_path: Path, batch: int) -> None:
+    """gpt-oss: attention sinks, biased q/k/v/o and sliding layers on the kernels, and its MoE block after the router
+    (top-k-then-softmax routing, biased experts, the clamped SwiGLU) one C call (moe_experts.py): no torch op
+    between the kernels, so its decode steps replay with the Python forward's bits."""
+    config = lambda: GptOssConfig(  # noqa: E731
+        **SHAPE,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=8,
+        rope_parameters=dict(GPT_OSS_YARN),
+    )
+    _replays_with_python_bits(tmp_path, *_pair(lambda: GptOssForCausalLM(config())), batch=batch)
 
 
 def test_a_call_pointing_to_memory_of_one_call_leaves_the_steps_on_python(

@@ -279,31 +279,38 @@ def test_the_fused_call_reads_only_the_experts_its_rows_chose(family: str, tmp_p
 
 @pytest.mark.parametrize("build", ["native", AVX2], indirect=True)
 def test_the_fused_routing_chooses_among_ties_as_torch_topk(build: str, tmp_path: Path) -> None:
-    """csrc/moe.c's top-k against torch.topk on probabilities full of ties (logits from a few levels), on both of
-    torch's algorithms (partial sort where k * 64 <= E, else nth_element and a sort): the same experts in the same
-    order; the weights within the last bits of the softmax's exp."""
-    from engines.pytorch.moe_experts import library
+    """csrc/moe.c's top-k against torch.topk on probabilities (or, gpt-oss's rule, logits) full of ties (logits
+    from a few levels), on both of torch's algorithms (partial sort where k * 64 <= E, else nth_element and a sort):
+    the same experts in the same order; the weights within the last bits of the softmax's exp. Each rule: softmax
+    then top-k (Mixtral, Qwen3-MoE), with the k weights normalised, and top-k then a softmax of those k (gpt-oss)."""
+    from engines.pytorch.moe_experts import R_SOFTMAX_TOP, R_SOFTMAX_TOP_NORMALIZE, R_TOP_SOFTMAX, library
 
     lib = library(tmp_path)
     if lib is None:
         pytest.skip("no C compiler here")
     gen = torch.Generator().manual_seed(5)
     for experts, k in [(4, 2), (6, 2), (8, 4), (60, 6), (64, 1), (128, 8), (128, 2), (256, 8), (200, 17)]:
-        for normalize in (True, False):
+        for rule in (R_SOFTMAX_TOP, R_SOFTMAX_TOP_NORMALIZE, R_TOP_SOFTMAX):
             logits = torch.randint(0, 3, (64, experts), generator=gen).float() * 0.5
-            weights, chosen = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), k, dim=-1)
-            if normalize:
-                weights /= weights.sum(dim=-1, keepdim=True)
+            if rule == R_TOP_SOFTMAX:  # transformers' GptOssTopKRouter; half the rows without ties (other weights)
+                logits += torch.randn(logits.shape, generator=gen) * (torch.rand(64, 1, generator=gen) < 0.5)
+                top, chosen = torch.topk(logits, k, dim=-1)
+                weights = torch.softmax(top, dim=-1, dtype=top.dtype)
+            else:
+                weights, chosen = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), k, dim=-1)
+                if rule == R_SOFTMAX_TOP_NORMALIZE:
+                    weights /= weights.sum(dim=-1, keepdim=True)
             ours = torch.empty(64, k, dtype=torch.int32)
             our_weights = torch.empty(64, k)
             assert (
                 lib.moe_route_f32(
-                    logits.data_ptr(), experts, 64, experts, k, int(normalize), ours.data_ptr(), our_weights.data_ptr()
+                    logits.data_ptr(), experts, 64, experts, k, rule, ours.data_ptr(), our_weights.data_ptr()
                 )
                 == 0
             )
-            assert torch.equal(ours.long(), chosen), (experts, k)
+            assert torch.equal(ours.long(), chosen), (experts, k, rule)
             torch.testing.assert_close(our_weights, weights, rtol=4e-6, atol=0)
+    assert lib.moe_route_f32(logits.data_ptr(), 4, 1, 4, 2, 3, ours.data_ptr(), our_weights.data_ptr()) == -2
 
 
 def _router_logits_choosing(block: SparseMoE, x: torch.Tensor, expert: int) -> torch.Tensor:
