@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from engines.interface import StepInputError, UnsupportedModelError
-from engines.pytorch import host_memory, lora, moe_experts, step_replay
+from engines.pytorch import host_memory, lora, lora_kernel, moe_experts, step_replay
 from engines.pytorch import linear as linear_module
 from engines.pytorch import paged_attention as attention_module
 from engines.pytorch.exact_forward import ExactForward
@@ -203,6 +203,8 @@ class PagedModelRunner:
         )
         self._replay = self._step_replay(kernel_cache_dir) if fast_kernels and not match_transformers else None
         self.adapters: dict[int, LoRAWeights] = {}  # LoRA adapters by id (lora.py)
+        self._kernel_cache_dir = kernel_cache_dir
+        self._lora_slots: lora_kernel.Slots | None = None  # with the LoRA C kernel: the adapters' slots
         log.info(
             "native engine: projections: %s (%d threads), attention: %s",
             self.lm_head.kind,
@@ -238,27 +240,48 @@ class PagedModelRunner:
             raise UnsupportedModelError(
                 "LoRA adapters are not applied with pytorch.match_transformers; turn it off to serve adapters"
             )
-        lora.install(self.model)  # before the adapter is visible: a step that sees it has the wrapped projections
-        lora.prepare(self.model, weights)
+        if self._lora_slots is None and self.fast_kernels and self.dtype == torch.float32:
+            lib = lora_kernel.library(self._kernel_cache_dir, self._helpers)
+            self._lora_slots = lora_kernel.Slots(lib) if lib is not None else None
+        slots = self._lora_slots
+        # before the adapter is visible: a step that sees it has the wrapped projections and the adapter's slot
+        lora.install(self.model, slots)
+        lora.prepare(self.model, weights, kernel=slots is not None)
+        if slots is not None:
+            slots.add(adapter_id, weights, lora.wrapped(self.model))
         self.adapters[adapter_id] = weights
 
     def remove_adapter(self, adapter_id: int) -> None:
-        self.adapters.pop(adapter_id, None)
+        if self.adapters.pop(adapter_id, None) is not None and self._lora_slots is not None:
+            self._lora_slots.release(adapter_id)
 
-    def _adapter_groups(self, lay: StepLayout) -> list[lora.RowGroup] | None:
-        """The step's rows by the adapter they run under (lora.py), or None where every row is the base model's."""
+    def _adapter_groups(self, lay: StepLayout) -> lora.StepAdapters | None:
+        """The step's rows by the adapter they run under (lora.py), and with the C kernel each row's slot; None where
+        every row is the base model's."""
+        slots = self._lora_slots
+        if slots is not None:
+            slots.recycle(lora.wrapped(self.model))  # no step reads the slots of adapters removed before this one
         if not self.adapters:
             return None
+        adapters = dict(self.adapters)  # this step's: another thread may add or remove one meanwhile
         spans: dict[int, list[tuple[int, int]]] = {}
+        row_slots: list[int] = []
         row = 0
         for seq in lay.steps:
             n = len(seq.token_ids)
             if seq.adapter_id:
-                if seq.adapter_id not in self.adapters:
+                if seq.adapter_id not in adapters:
                     raise StepInputError(f"LoRA adapter {seq.adapter_id} of {seq.seq_id} is not loaded")
                 spans.setdefault(seq.adapter_id, []).append((row, row + n))
+            if slots is not None:
+                row_slots += [slots.of(seq.adapter_id) if seq.adapter_id else -1] * n
             row += n
-        return lora.row_groups(spans, self.adapters) if spans else None
+        if not spans:
+            return None
+        step = lora.StepAdapters(lora.row_groups(spans, adapters))
+        if slots is not None:
+            step.slots, step.lib = torch.tensor(row_slots, dtype=torch.int32), slots.lib
+        return step
 
     @property
     def kernel_threads(self) -> int:
