@@ -113,20 +113,20 @@ def test_gate_up_panels_are_read_in_their_layout(tmp_path: Path) -> None:
 
 
 def test_a_removed_adapters_slot_is_reused_only_after_the_next_steps_start(tmp_path: Path) -> None:
-    lib, slots, projection, _ = _case(tmp_path)
+    _, slots, projection, _ = _case(tmp_path)
     slot = slots.of(2)
     entry = projection.table[slot].clone()
     slots.release(2)
     assert slots.of(2) == slot and torch.equal(projection.table[slot], entry)  # a running step still reads it
     slots.recycle([projection])
     assert not projection.table[slot].any()
-    slots.add(9, _Adapter(KernelUpdate.of(_pairs([(3, 0, 100)], 9))), [projection])
+    update = KernelUpdate.of(_pairs([(3, 0, 100)], 9))
+    slots.add(9, _Adapter(update), [projection])
     assert slots.of(9) == slot
-    for i in range(10, 20):  # past the first capacity: the table grows, entries kept
+    for i in range(10, 20):  # past the first capacity: the table grows, the entries kept
         slots.add(i, _Adapter(None), [projection])
-    assert projection.table.shape[0] > lora_kernel.FIRST_CAPACITY and torch.equal(
-        projection.table[slots.of(9)][:3], torch.tensor([projection.table[slots.of(9)][0].item(), 3, 1])
-    )
+    assert projection.table.shape[0] > lora_kernel.FIRST_CAPACITY
+    assert projection.table[slots.of(9)].tolist() == update.words()
 
 
 # slow lane: compiles the library again for another target
