@@ -36,6 +36,8 @@ SIGNATURES: Signatures = {
     "lora_apply_f32": (_i32, [_p, _i64, _p, _i64, _i32, _p, _i64, _p, _i64, _i32, _i32, _i32, _p, _p, _i32]),
     "set_pool": (None, [_p]),
 }
+# the per-step input of lora_apply_f32 a replayed plan patches (step_replay.py): each row's slot
+STEP_ARGS = {"lora_apply_f32": {"lora_slots": 12}}
 S_A, S_RANK, S_PARTS, S_PART0, MAX_PARTS, SLOT_WORDS = 0, 1, 2, 3, 4, 32
 P_WORDS = 6
 FIRST_CAPACITY = 8
@@ -88,6 +90,8 @@ class Slots:
         # removed adapters' (id, slot): a step that began before the removal still reads them; free from the next
         self._released: list[tuple[int, int]] = []
         self._capacity = FIRST_CAPACITY
+        self.generation = 0  # bumped when the tables grow (replayed plans point to them)
+        self._retired: list[torch.Tensor] = []  # tables replaced by larger ones: a running step may still read them
 
     def table(self) -> torch.Tensor:
         """A new projection's empty table."""
@@ -106,7 +110,9 @@ class Slots:
                     for projection in projections:
                         grown = self.table()
                         grown[: projection.table.shape[0]] = projection.table
+                        self._retired.append(projection.table)
                         projection.table = grown
+                    self.generation += 1
             for projection in projections:
                 update = adapter.slots.get((projection.layer, projection.name))
                 if isinstance(update, KernelUpdate):
