@@ -18,8 +18,8 @@ In a float32 model with the C kernels, the updates of every group run as one C c
 kernel each row's slot (`StepAdapters.slots`), -1 for the base model's rows; gate/up's update reads the fused job's
 raw product in its panel order. The torch ops above remain for the other models (bfloat16, torch's projections).
 
-Steps that carry adapter rows run from Python, never from the step replay (model_runner.py): a replayed plan holds
-the base model's kernel calls only.
+With the C kernel, decode steps that carry adapter rows are recorded and replayed too (model_runner.py,
+step_replay.py: plans of their own, each row's slot a per-step input); on the torch path they run from Python.
 """
 
 from __future__ import annotations

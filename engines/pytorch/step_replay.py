@@ -19,6 +19,10 @@ list to `replay_run` (csrc/step_replay.c), which calls the same functions with t
 order: the same bits. The second step of M rows checks that: it runs both the Python forward and the replay (the
 attention's cache writes are the same values twice) and keeps the replay only if the logits are equal bit for bit.
 
+Decode steps with LoRA adapter rows have plans of their own (`_key`): the LoRA kernel's calls (csrc/lora.c, added
+with `add_library`) read each row's adapter slot from a per-step input, patched at every replay like the attention's
+block tables (`step_args`).
+
 Greedy rows take their tokens right after, from the logits just written (still in cache): one pass that is both the
 argmax and the check that every logit is finite (csrc/argmax.c `argmax_rows_finite_f32`), so the sampler does not
 read the logits again; a verification step's proposals are accepted from those argmaxes (sampler.accept_greedy).
