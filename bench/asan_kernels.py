@@ -28,8 +28,9 @@ UNSUPPORTED = 77
 # Python and torch are not built with ASan: leaks are theirs (not checked); an error stops the run with ASAN_EXIT
 ASAN_OPTIONS = f"detect_leaks=0:halt_on_error=1:exitcode={ASAN_EXIT}:detect_stack_use_after_return=0"
 KERNEL_TESTS = "tests/engines/pytorch"
-SUBSET = [  # one test file per kernel library: argmax, paged attention, the GEMM's block types, step replay, moe
+SUBSET = [  # one test file per kernel library: argmax, paged attention, the GEMM's block types, step replay, moe, lora
     f"{KERNEL_TESTS}/test_argmax.py",
+    f"{KERNEL_TESTS}/test_lora_kernel.py",
     f"{KERNEL_TESTS}/test_paged_attention.py",
     f"{KERNEL_TESTS}/test_gguf_blocks_kernels.py",
     f"{KERNEL_TESTS}/test_kernel_steps_fuzz.py",

@@ -818,8 +818,18 @@ class GatedActivation:
     def gate_up(self, x: torch.Tensor, prompt_from: int | None = None) -> torch.Tensor:
         """[x @ gate.T | x @ up.T] before the activation ([M, 2 x out_features]), each output the same FMA chain as
         in the fused job: what a LoRA update is added to before `activate` (lora.py)."""
+        y, panels = self.gate_up_panels(x, prompt_from)
+        if not panels:
+            return y
+        m, n = y.shape[0], self.out_features
+        parts = y.view(m, self._nb // 2, 2, 16).transpose(1, 2).reshape(m, 2, self._nb // 2 * 16)
+        return torch.cat((parts[:, 0, :n], parts[:, 1, :n]), dim=1)
+
+    def gate_up_panels(self, x: torch.Tensor, prompt_from: int | None = None) -> tuple[torch.Tensor, bool]:
+        """`gate_up`'s product as the kernel writes it, and whether that is gate and up 16-column panels in turn
+        ([M, 2 x panels x 16], the fused job's layout: the LoRA kernel reads it so) rather than [gate | up]."""
         if self._linear is not None:
-            return self._linear(x, prompt_from=prompt_from)
+            return self._linear(x, prompt_from=prompt_from), False
         if x.stride(-1) != 1:
             x = x.contiguous()
         m, k = x.shape
@@ -844,9 +854,7 @@ class GatedActivation:
             )
         else:
             b.gemm(self._lib, x, y, nb2, prompt_from)
-        n = self.out_features
-        parts = y.view(m, nb2 // 2, 2, 16).transpose(1, 2).reshape(m, 2, nb2 // 2 * 16)
-        return torch.cat((parts[:, 0, :n], parts[:, 1, :n]), dim=1)
+        return y, True
 
     def activate(self, gate_up: torch.Tensor) -> torch.Tensor:
         """act(gate) * up of `gate_up`'s halves (`gate_up`'s output, maybe updated)."""

@@ -13,8 +13,13 @@ The projections are wrapped once, when the first adapter is loaded (`install`): 
 keeps its plain projections. The runner names the step's groups for the thread that computes it (`step_groups`);
 outside such a step a wrapper calls its projection as it is.
 
-Steps that carry adapter rows run from Python, never from the step replay (model_runner.py): a replayed plan holds
-the base model's kernel calls only, and the updates are torch ops, which the replay refuses to record.
+In a float32 model with the C kernels, the updates of every group run as one C call per projection instead
+(lora_kernel.py, csrc/lora.c): each adapter holds a slot in every projection's slot table, and the step hands the
+kernel each row's slot (`StepAdapters.slots`), -1 for the base model's rows; gate/up's update reads the fused job's
+raw product in its panel order. The torch ops above remain for the other models (bfloat16, torch's projections).
+
+With the C kernel, decode steps that carry adapter rows are recorded and replayed too (model_runner.py,
+step_replay.py: plans of their own, each row's slot a per-step input); on the torch path they run from Python.
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from engines.pytorch import lora_kernel
 from engines.pytorch.layers.mlp import GatedMLP
+from engines.pytorch.lora_kernel import KernelUpdate
 from engines.pytorch.lora_weights import LoRAWeights, SlotUpdate
 
-_step = threading.local()  # .groups: the adapter row groups of the step the calling thread computes
+_step = threading.local()  # .adapters: the StepAdapters of the step the calling thread computes
 
 
 @dataclass
@@ -54,15 +61,26 @@ def row_groups(spans: dict[int, list[tuple[int, int]]], adapters: dict[int, LoRA
     return groups
 
 
+@dataclass
+class StepAdapters:
+    """A step's adapter rows: their groups (the torch path; they also keep the adapters' tensors alive through the
+    step), and with the C kernel each row's slot (int32, -1 for a row of the base model) and the kernel library."""
+
+    groups: list[RowGroup]
+    slots: torch.Tensor | None = None
+    lib: Any = None
+
+
 @contextlib.contextmanager
-def step_groups(groups: list[RowGroup] | None) -> Iterator[None]:
-    """Within it, the calling thread's projections add the updates of `groups` (None: none)."""
-    saved = getattr(_step, "groups", None)
-    _step.groups = groups
+def step_groups(step: StepAdapters | list[RowGroup] | None) -> Iterator[None]:
+    """Within it, the calling thread's projections add the updates of `step`'s rows (None: none; a list: groups on
+    the torch path)."""
+    saved = getattr(_step, "adapters", None)
+    _step.adapters = StepAdapters(step) if isinstance(step, list) else step
     try:
         yield
     finally:
-        _step.groups = saved
+        _step.adapters = saved
 
 
 class _Updated:
@@ -71,17 +89,22 @@ class _Updated:
 
     def __init__(self, base: Any, layer: int, name: str, parts: Sequence[tuple[str, int, int]]) -> None:
         self.base, self.layer, self.name, self.parts = base, layer, name, tuple(parts)
+        self.table: torch.Tensor | None = None  # the slot table, with the C kernel (lora_kernel.py)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("base", "layer", "name", "parts"):
+        if name in ("base", "layer", "name", "parts", "table"):
             raise AttributeError(name)
         return getattr(self.base, name)
 
-    def prepare(self, adapter: LoRAWeights) -> None:
-        """`adapter`'s update of this projection as one `SlotUpdate` (none where it updates no part of it)."""
+    def prepare(self, adapter: LoRAWeights, kernel: bool = False) -> None:
+        """`adapter`'s update of this projection as one `SlotUpdate`, or with `kernel` as a `KernelUpdate` (none where
+        it updates no part of it)."""
         pairs = adapter.layers[self.layer]
         present = [(pairs[m], start, end) for m, start, end in self.parts if m in pairs]
         if not present:
+            return
+        if kernel:
+            adapter.slots[(self.layer, self.name)] = KernelUpdate.of(present)
             return
         first = present[0][0]
         width = max(end for _, _, end in self.parts)
@@ -100,7 +123,7 @@ class _Updated:
     def _add(self, y: torch.Tensor, x: torch.Tensor, groups: list[RowGroup]) -> torch.Tensor:
         for group in groups:
             update = group.adapter.slots.get((self.layer, self.name))
-            if update is None:
+            if not isinstance(update, SlotUpdate):
                 continue
             # PEFT's lora_B(lora_A(x)) * scaling, every part of a fused projection at once
             delta = F.linear(F.linear(x[group.rows], update.a), update.b) * update.scale
@@ -117,10 +140,14 @@ class LoRALinear(_Updated):
     def __call__(
         self, x: torch.Tensor, residual: torch.Tensor | None = None, prompt_from: int | None = None
     ) -> torch.Tensor:
-        groups = getattr(_step, "groups", None)
-        if not groups:
+        step = getattr(_step, "adapters", None)
+        if step is None or not step.groups:
             return self.base(x, residual, prompt_from=prompt_from)
-        y = self._add(self.base(x, prompt_from=prompt_from), x, groups)
+        y = self.base(x, prompt_from=prompt_from)
+        table = self.table  # read once: an adapter added meanwhile may replace it with a larger copy
+        if step.slots is not None and table is not None:  # every group in one call, the residual add after
+            return lora_kernel.apply(step.lib, table, x, y, step.slots, residual)
+        y = self._add(y, x, step.groups)
         return y if residual is None else residual + y  # the projection's residual add, after the update
 
 
@@ -128,10 +155,15 @@ class LoRAGated(_Updated):
     """A `GatedActivation` with adapter updates of gate and up, added before the activation."""
 
     def __call__(self, x: torch.Tensor, prompt_from: int | None = None) -> torch.Tensor:
-        groups = getattr(_step, "groups", None)
-        if not groups:
+        step = getattr(_step, "adapters", None)
+        if step is None or not step.groups:
             return self.base(x, prompt_from=prompt_from)
-        return self.base.activate(self._add(self.base.gate_up(x, prompt_from=prompt_from), x, groups))
+        table = self.table
+        if step.slots is not None and table is not None:
+            y, panels = self.base.gate_up_panels(x, prompt_from=prompt_from)
+            width = self.base.out_features if panels else 0
+            return self.base.activate(lora_kernel.apply(step.lib, table, x, y, step.slots, None, width))
+        return self.base.activate(self._add(self.base.gate_up(x, prompt_from=prompt_from), x, step.groups))
 
 
 def projection_shapes(model: Any) -> list[dict[str, tuple[int, int]]]:
@@ -163,7 +195,8 @@ def projection_shapes(model: Any) -> list[dict[str, tuple[int, int]]]:
     return shapes
 
 
-def _wrapped(model: Any) -> list[_Updated]:
+def wrapped(model: Any) -> list[_Updated]:
+    """The model's projections that adapters update (after `install`)."""
     return [
         p
         for layer in model.layers
@@ -177,15 +210,17 @@ def _wrapped(model: Any) -> list[_Updated]:
     ]
 
 
-def prepare(model: Any, adapter: LoRAWeights) -> None:
-    """`adapter.slots`: its update of each of the model's (wrapped) projections; then its per-module pairs go."""
-    for projection in _wrapped(model):
-        projection.prepare(adapter)
+def prepare(model: Any, adapter: LoRAWeights, kernel: bool = False) -> None:
+    """`adapter.slots`: its update of each of the model's (wrapped) projections (`kernel`: in the C kernel's form);
+    then its per-module pairs go."""
+    for projection in wrapped(model):
+        projection.prepare(adapter, kernel)
     adapter.layers = [{} for _ in adapter.layers]
 
 
-def install(model: Any) -> None:
-    """Wrap every projection of a `DecoderModel` that adapters update (once; the model's own calls stay the same)."""
+def install(model: Any, slots: lora_kernel.Slots | None = None) -> None:
+    """Wrap every projection of a `DecoderModel` that adapters update (once; the model's own calls stay the same),
+    with a slot table each where the updates run on the C kernel (`slots`)."""
     for i, layer in enumerate(model.layers):
         attn = layer.attn
         if isinstance(attn.qkv, LoRALinear):
@@ -206,3 +241,7 @@ def install(model: Any) -> None:
                 mlp.gate_up_act, i, "gate_up", (("gate_proj", 0, n), ("up_proj", n, 2 * n), ("gate_up_proj", 0, 2 * n))
             )
             mlp.down = LoRALinear(mlp.down, i, "down", (("down_proj", 0, hidden),))
+    if slots is not None:
+        for projection in wrapped(model):
+            if projection.table is None:
+                projection.table = slots.table()

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from engines.interface import StepInputError, UnsupportedModelError
-from engines.pytorch import host_memory, lora, moe_experts, step_replay
+from engines.pytorch import host_memory, lora, lora_kernel, moe_experts, step_replay
 from engines.pytorch import linear as linear_module
 from engines.pytorch import paged_attention as attention_module
 from engines.pytorch.exact_forward import ExactForward
@@ -203,6 +203,9 @@ class PagedModelRunner:
         )
         self._replay = self._step_replay(kernel_cache_dir) if fast_kernels and not match_transformers else None
         self.adapters: dict[int, LoRAWeights] = {}  # LoRA adapters by id (lora.py)
+        self._kernel_cache_dir = kernel_cache_dir
+        self._lora_slots: lora_kernel.Slots | None = None  # with the LoRA C kernel: the adapters' slots
+        self._lora_generation = 0  # the slot tables' generation the plans with adapter rows were recorded with
         log.info(
             "native engine: projections: %s (%d threads), attention: %s",
             self.lm_head.kind,
@@ -238,27 +241,53 @@ class PagedModelRunner:
             raise UnsupportedModelError(
                 "LoRA adapters are not applied with pytorch.match_transformers; turn it off to serve adapters"
             )
-        lora.install(self.model)  # before the adapter is visible: a step that sees it has the wrapped projections
-        lora.prepare(self.model, weights)
+        if self._lora_slots is None and self.fast_kernels and self.dtype == torch.float32:
+            lib = lora_kernel.library(self._kernel_cache_dir, self._helpers)
+            if lib is not None and self._replay is not None:  # decode steps with adapter rows replay too
+                self._replay.add_library(lib, lora_kernel.SIGNATURES, lora_kernel.STEP_ARGS)
+            self._lora_slots = lora_kernel.Slots(lib) if lib is not None else None
+        slots = self._lora_slots
+        # before the adapter is visible: a step that sees it has the wrapped projections and the adapter's slot
+        lora.install(self.model, slots)
+        lora.prepare(self.model, weights, kernel=slots is not None)
+        if slots is not None:
+            slots.add(adapter_id, weights, lora.wrapped(self.model))
         self.adapters[adapter_id] = weights
 
     def remove_adapter(self, adapter_id: int) -> None:
-        self.adapters.pop(adapter_id, None)
+        if self.adapters.pop(adapter_id, None) is not None and self._lora_slots is not None:
+            self._lora_slots.release(adapter_id)
 
-    def _adapter_groups(self, lay: StepLayout) -> list[lora.RowGroup] | None:
-        """The step's rows by the adapter they run under (lora.py), or None where every row is the base model's."""
+    def _adapter_groups(self, lay: StepLayout) -> lora.StepAdapters | None:
+        """The step's rows by the adapter they run under (lora.py), and with the C kernel each row's slot; None where
+        every row is the base model's."""
+        slots = self._lora_slots
+        if slots is not None:
+            if slots.generation != self._lora_generation and self._replay is not None:
+                self._replay.drop(adapters=True)  # the slot tables grew: the plans with adapter rows point to the old
+            self._lora_generation = slots.generation
+            slots.recycle(lora.wrapped(self.model))  # no step reads the slots of adapters removed before this one
         if not self.adapters:
             return None
+        adapters = dict(self.adapters)  # this step's: another thread may add or remove one meanwhile
         spans: dict[int, list[tuple[int, int]]] = {}
+        row_slots: list[int] = []
         row = 0
         for seq in lay.steps:
             n = len(seq.token_ids)
             if seq.adapter_id:
-                if seq.adapter_id not in self.adapters:
+                if seq.adapter_id not in adapters:
                     raise StepInputError(f"LoRA adapter {seq.adapter_id} of {seq.seq_id} is not loaded")
                 spans.setdefault(seq.adapter_id, []).append((row, row + n))
+            if slots is not None:
+                row_slots += [slots.of(seq.adapter_id) if seq.adapter_id else -1] * n
             row += n
-        return lora.row_groups(spans, self.adapters) if spans else None
+        if not spans:
+            return None
+        step = lora.StepAdapters(lora.row_groups(spans, adapters))
+        if slots is not None:
+            step.slots, step.lib = torch.tensor(row_slots, dtype=torch.int32), slots.lib
+        return step
 
     @property
     def kernel_threads(self) -> int:
@@ -447,40 +476,49 @@ class PagedModelRunner:
         hidden, tables = self._embed(lay)
         with lora.step_groups(groups):
             if helpers is None:
-                return self._layers(lay, hidden, tables, greedy, groups is None)
+                return self._layers(lay, hidden, tables, greedy, groups)
             helpers.wake()  # the kernels follow: helpers spin between them, then sleep until the next step
             try:
-                return self._layers(lay, hidden, tables, greedy, groups is None)
+                return self._layers(lay, hidden, tables, greedy, groups)
             finally:
                 helpers.rest()
 
     def _layers(
-        self, lay: StepLayout, hidden: torch.Tensor, tables: Tables, greedy: bool, replayable: bool = True
+        self,
+        lay: StepLayout,
+        hidden: torch.Tensor,
+        tables: Tables,
+        greedy: bool,
+        adapters: lora.StepAdapters | None = None,
     ) -> tuple[torch.Tensor, list[int] | None]:
         """The layers and logits of a step's embeddings: replayed in one C call where the step allows (and then
         with the greedy tokens when asked), else from Python. A model whose layers run torch ops between the
         kernels (a bfloat16 model's Gemma norms or Granite multipliers) records no plan (step_replay.py refuses
-        it); a step with LoRA adapter rows (`replayable` false) runs from Python, which adds their updates
-        (lora.py), and neither records nor replays: the plans of its row count stay the base model's."""
+        it). A step with LoRA adapter rows (`adapters`) has plans of its own, each row's slot a per-step input,
+        where the updates are the C kernel's (lora_kernel.py); on the torch path it runs from Python and neither
+        records nor replays."""
 
         def dense(h: torch.Tensor) -> torch.Tensor:
             return self._dense(h, tables, lay)
 
-        if self._replay is None or not replayable or not self._replayable(lay):
+        kernel_updates = adapters is None or adapters.slots is not None
+        if self._replay is None or not kernel_updates or not self._replayable(lay):
             return dense(hidden), None
-        rows = lay.num_decode
+        rows, with_adapters = lay.num_decode, adapters is not None
         inputs = {"tables": lay.decode.tables, "ctx_lens": lay.decode.ctx_lens}
+        if adapters is not None and adapters.slots is not None:
+            inputs["lora_slots"] = adapters.slots
         for kind, (cos, sin) in tables.items():  # one rotary table, or one a layer type (Gemma 3)
             suffix = "" if len(tables) == 1 else f":{kind}"
             inputs[f"cos{suffix}"], inputs[f"sin{suffix}"] = cos, sin
         max_blocks = lay.decode.tables.shape[1]
-        state = self._replay.plan_state(rows)
+        state = self._replay.plan_state(rows, with_adapters)
         if state == "replayed":
-            return self._replay.run(rows, hidden, inputs, max_blocks, greedy)
+            return self._replay.run(rows, hidden, inputs, max_blocks, greedy, with_adapters)
         if state == "none":
-            return self._replay.record(rows, dense, hidden, inputs), None
+            return self._replay.record(rows, dense, hidden, inputs, with_adapters), None
         if state == "recorded":
-            return self._replay.validate(rows, dense, hidden, inputs, max_blocks), None
+            return self._replay.validate(rows, dense, hidden, inputs, max_blocks, with_adapters), None
         return dense(hidden), None
 
     def _replayable(self, lay: StepLayout) -> bool:

@@ -19,6 +19,10 @@ list to `replay_run` (csrc/step_replay.c), which calls the same functions with t
 order: the same bits. The second step of M rows checks that: it runs both the Python forward and the replay (the
 attention's cache writes are the same values twice) and keeps the replay only if the logits are equal bit for bit.
 
+Decode steps with LoRA adapter rows have plans of their own (`_key`): the LoRA kernel's calls (csrc/lora.c, added
+with `add_library`) read each row's adapter slot from a per-step input, patched at every replay like the attention's
+block tables (`step_args`).
+
 Greedy rows take their tokens right after, from the logits just written (still in cache): one pass that is both the
 argmax and the check that every logit is finite (csrc/argmax.c `argmax_rows_finite_f32`), so the sampler does not
 read the logits again; a verification step's proposals are accepted from those argmaxes (sampler.accept_greedy).
@@ -260,14 +264,16 @@ class _Plan:
         self.logits_patch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # rows, columns, byte offsets
         self.attention_rows: np.ndarray = np.zeros(0, dtype=np.int64)
         self.attention_rotary: dict[str, np.ndarray] = {}  # a rotary table's name suffix -> the calls using it
+        self.step_args: list[tuple[str, np.ndarray, np.ndarray]] = []  # other per-step inputs: (name, calls, words)
         self.calls = 0
         self.validated = False
 
 
-def _key(rows: int) -> tuple[int, bool]:
-    """A plan's key: the step's rows, and whether the calling thread's step keeps its decode rows off the tile unit
-    (linear.decode_rows_on_registers), which changes the projections' calls."""
-    return rows, decode_rows_pinned()
+def _key(rows: int, adapters: bool) -> tuple[int, bool, bool]:
+    """A plan's key: the step's rows, whether the calling thread's step keeps its decode rows off the tile unit
+    (linear.decode_rows_on_registers), which changes the projections' calls, and whether the step has LoRA adapter
+    rows (their updates are more calls: lora_kernel.py)."""
+    return rows, decode_rows_pinned(), adapters
 
 
 class StepReplay:
@@ -295,18 +301,35 @@ class StepReplay:
         self._argmax = load_library("argmax", cache_dir, argmax_module._SIGNATURES)
         self._libs, self._signatures, self._holders, self._owners = libs, signatures, holders, owners
         self._attention = {ctypes.cast(f, ctypes.c_void_p).value for f in attention_fns}
-        self._plans: dict[tuple[int, bool], _Plan | None] = {}  # by _key
+        self._plans: dict[tuple[int, bool, bool], _Plan | None] = {}  # by _key
+        self._step_args: dict[int, dict[str, int]] = {}  # function address -> {per-step input: argument position}
         self._greedy_out = torch.empty(0, dtype=torch.int64)
 
     @property
     def enabled(self) -> bool:
         return self._lib is not None
 
-    def plan_state(self, rows: int) -> str:
-        """'none' (not recorded yet), 'recorded', 'replayed' or 'off' (not replayable) for steps of `rows` rows."""
-        if _key(rows) not in self._plans:
+    def add_library(self, lib: ctypes.CDLL, signatures: Signatures, step_args: dict[str, dict[str, int]]) -> None:
+        """Record calls into `lib` too (before any step calls it); `step_args`: per function, the arguments that are
+        per-step inputs (by name in the step's inputs, patched at each replay like the attention's tables)."""
+        if lib in self._libs:
+            return
+        for name, args in step_args.items():
+            self._step_args[ctypes.cast(lib[name], ctypes.c_void_p).value or 0] = args
+        self._signatures.append(signatures)
+        self._libs.append(lib)
+
+    def drop(self, adapters: bool) -> None:
+        """Forget the plans of steps with (or without) adapter rows: what they point to moved."""
+        for key in [k for k in self._plans if k[2] == adapters]:
+            del self._plans[key]
+
+    def plan_state(self, rows: int, adapters: bool = False) -> str:
+        """'none' (not recorded yet), 'recorded', 'replayed' or 'off' (not replayable) for steps of `rows` rows
+        (with adapter rows: `adapters`)."""
+        if _key(rows, adapters) not in self._plans:
             return "none"
-        plan = self._plans[_key(rows)]
+        plan = self._plans[_key(rows, adapters)]
         return "off" if plan is None else "replayed" if plan.validated else "recorded"
 
     # ------------------------------------------------------------------ recording
@@ -317,6 +340,7 @@ class StepReplay:
         forward: Callable[[torch.Tensor], torch.Tensor],
         hidden: torch.Tensor,
         step_inputs: dict[str, torch.Tensor],
+        adapters: bool = False,
     ) -> torch.Tensor:
         """Run `forward(hidden)` (the Python layers and logits) while recording a plan for steps of `rows` rows."""
         recorder = _Recorder(self._libs, self._signatures, self._holders)
@@ -329,17 +353,19 @@ class StepReplay:
             failure = str(exc)
             logits = None
         if logits is None:  # the forward stopped at an op that computes: run it again, unwatched
-            self._off(rows, failure)
+            self._off(rows, adapters, failure)
             return forward(hidden)
         try:
-            self._plans[_key(rows)] = self._build(recorder.calls, watch.allocated, hidden, logits, step_inputs)
+            self._plans[_key(rows, adapters)] = self._build(
+                recorder.calls, watch.allocated, hidden, logits, step_inputs
+            )
         except _Unreplayable as exc:
-            self._off(rows, str(exc))
+            self._off(rows, adapters, str(exc))
         return logits
 
-    def _off(self, rows: int, why: str | None) -> None:
+    def _off(self, rows: int, adapters: bool, why: str | None) -> None:
         if len(self._plans) < MAX_PLANS:
-            self._plans[_key(rows)] = None
+            self._plans[_key(rows, adapters)] = None
         log.info("native engine: decode steps of %d rows run from Python (%s)", rows, why)
 
     def _build(
@@ -402,6 +428,7 @@ class StepReplay:
         resets: list[tuple[int, int, int]] = []
         patch_rows, patch_cols, patch_offsets, attention_rows = [], [], [], []
         rotary_rows: dict[str, list[int]] = {}
+        step_arg_calls: dict[str, tuple[list[int], list[int]]] = {}  # name -> (calls, words)
         step_ptrs = {name: t.data_ptr() for name, t in step_inputs.items()}
         lasting = _long_lived(self._owners)
         starts = [lo for lo, _ in lasting]
@@ -443,6 +470,12 @@ class StepReplay:
                 if fn in self._attention
                 else set()
             )
+            for name, pos in self._step_args.get(fn, {}).items():
+                if name not in step_ptrs or ints[pos] != step_ptrs[name]:
+                    raise _Unreplayable(f"{call.fn.__name__}'s argument {pos} is not the step's {name}")
+                step_arg_calls.setdefault(name, ([], []))[0].append(i)
+                step_arg_calls[name][1].append(W_INTS + pos)
+                steps_args.add(pos)
             for j, a in enumerate(ints):
                 r = region_of(a)
                 if r is None and pointers[j] and a and j not in steps_args and not lasts(a):
@@ -468,6 +501,9 @@ class StepReplay:
         plan.calls = len(calls)
         plan.attention_rows = np.array(attention_rows, dtype=np.int64)
         plan.attention_rotary = {n: np.array(r, dtype=np.int64) for n, r in rotary_rows.items()}
+        plan.step_args = [
+            (n, np.array(c, dtype=np.int64), np.array(w, dtype=np.int64)) for n, (c, w) in step_arg_calls.items()
+        ]
         plan.logits_patch = (
             np.array(patch_rows, dtype=np.int64),
             np.array(patch_cols, dtype=np.int64),
@@ -483,11 +519,17 @@ class StepReplay:
     # ------------------------------------------------------------------ replaying
 
     def run(
-        self, rows: int, hidden: torch.Tensor, step_inputs: dict[str, torch.Tensor], max_blocks: int, greedy: bool
+        self,
+        rows: int,
+        hidden: torch.Tensor,
+        step_inputs: dict[str, torch.Tensor],
+        max_blocks: int,
+        greedy: bool,
+        adapters: bool = False,
     ) -> tuple[torch.Tensor, list[int] | None] | None:
         """The logits of a step of `rows` rows (and with `greedy`, each row's argmax when all logits are finite),
         or None when steps of that many rows have no validated plan."""
-        plan = self._plans.get(_key(rows))
+        plan = self._plans.get(_key(rows, adapters))
         if plan is None or not plan.validated:
             return None
         return self._replay(plan, hidden, step_inputs, max_blocks, greedy)
@@ -499,10 +541,11 @@ class StepReplay:
         hidden: torch.Tensor,
         step_inputs: dict[str, torch.Tensor],
         max_blocks: int,
+        adapters: bool = False,
     ) -> torch.Tensor | None:
         """For a recorded plan not yet checked: the Python forward's logits, after checking that the replay gives the
         same bits (else the plan is dropped). None when there is no plan to check."""
-        plan = self._plans.get(_key(rows))
+        plan = self._plans.get(_key(rows, adapters))
         if plan is None or plan.validated:
             return None
         expected = reference(hidden)
@@ -511,7 +554,7 @@ class StepReplay:
             plan.validated = True
             log.info("native engine: decode steps of %d rows replay %d kernel calls in one C call", rows, plan.calls)
         else:
-            self._plans[_key(rows)] = None
+            self._plans[_key(rows, adapters)] = None
             log.warning(
                 "native engine: the replayed step of %d rows differs from the Python forward; "
                 "those steps run from Python",
@@ -532,6 +575,8 @@ class StepReplay:
             for suffix, rows_r in plan.attention_rotary.items():
                 for name in _ROTARY:
                     words[rows_r, W_INTS + ATTENTION_STEP_ARGS[name]] = step_inputs[name + suffix].data_ptr()
+        for name, calls, columns in plan.step_args:
+            words[calls, columns] = step_inputs[name].data_ptr()
         storage = torch.empty(plan.logits_numel, dtype=torch.float32)
         prow, pcol, poff = plan.logits_patch
         words[prow, pcol] = storage.data_ptr() + poff

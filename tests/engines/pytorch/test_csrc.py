@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from engines.pytorch import argmax, linear, moe_experts, native, paged_attention, step_replay
+from engines.pytorch import argmax, linear, lora_kernel, moe_experts, native, paged_attention, step_replay
 from engines.pytorch.native import CFLAGS, CSRC
 
 CC = shutil.which("cc") or shutil.which("gcc")
@@ -28,11 +28,12 @@ TABLES = {
     "pool": native.POOL_SIGNATURES,
     "step_replay": step_replay._SIGNATURES,
     "moe": moe_experts.SIGNATURES,
+    "lora": lora_kernel.SIGNATURES,
 }
 # The forced paths: AVX2 only (no AVX-512), AVX-512 without the tile unit, AMX; and no AVX2 at all for the libraries
 # that have a scalar path (linear.py uses gemm only where the CPU has AVX2 and FMA).
 MARCHES = {
-    "x86-64": ("paged_attention", "argmax", "pool", "step_replay", "moe"),
+    "x86-64": ("paged_attention", "argmax", "pool", "step_replay", "moe", "lora"),
     "haswell": tuple(TABLES),
     "skylake-avx512": tuple(TABLES),
     "sapphirerapids": tuple(TABLES),

@@ -140,6 +140,8 @@ async def _generate(
 
 def test_adapters_and_base_batched_answer_as_peft(made: Any, engine: PyTorchEngine) -> None:
     folders, expected, prompts, _ = made
+    if engine._runner.dense.uses_kernel:  # float32 on the C kernels: the updates are csrc/lora.c's
+        assert engine._runner._lora_slots is not None
     refs = {None: None, **{name: AdapterRef(name, i, str(folders[name])) for i, name in enumerate(ADAPTERS, 1)}}
     jobs = [(f"{name or 'base'}-{i}", ids, ref) for i, ids in enumerate(prompts) for name, ref in refs.items()]
     # a small token budget: prompts prefilled in chunks beside the other rows' decodes, every step mixed
@@ -153,7 +155,8 @@ def test_adapters_and_base_batched_answer_as_peft(made: Any, engine: PyTorchEngi
 
 def test_decode_steps_with_adapter_rows_are_not_replayed_as_the_base_models(made: Any, engine: PyTorchEngine) -> None:
     """One sequence at a time: the base model's one-row decode steps record and then replay a plan; the adapter's
-    one-row steps run from Python with their updates, and leave the plan replaying for the base model."""
+    one-row steps have a plan of their own (their updates the LoRA kernel's calls, each row's slot a per-step
+    input), replayed with PEFT's answer, and leave the base model's plan replaying."""
     folders, expected, prompts, _ = made
     replay = engine._runner._replay
     one = SchedulerConfig(max_num_seqs=1)
@@ -164,6 +167,9 @@ def test_decode_steps_with_adapter_rows_are_not_replayed_as_the_base_models(made
     assert asyncio.run(_generate(engine, [("a", prompts[0], adapter)], one))["a"] == expected["all"]["unmerged"][0]
     if replay is not None:
         assert replay.plan_state(1) == "replayed"
+        assert replay.plan_state(1, adapters=True) == ("replayed" if engine._runner._lora_slots else "none")
+    rs = AdapterRef("rs", 2, str(folders["rs"]))  # another adapter's rows on the same plan: its slot, its answer
+    assert asyncio.run(_generate(engine, [("r", prompts[1], rs)], one))["r"] == expected["rs"]["unmerged"][1]
 
 
 def test_gguf_lora_file_from_llama_cpps_converter(made: Any, engine: PyTorchEngine, tmp_path: Path) -> None:
