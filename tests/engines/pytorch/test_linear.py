@@ -11,10 +11,13 @@ import torch
 import torch.nn.functional as F
 
 from engines.interface import StepInputError
-from engines.pytorch import linear, native
+from engines.pytorch import dense_ops, gemm_library, kernel_modes, native, packed_blocks
+from engines.pytorch.dense_ops import DenseOps
+from engines.pytorch.gated_activation import GatedActivation
 from engines.pytorch.gguf_blocks import GGUFBlocks
+from engines.pytorch.kernel_modes import CHUNK_PANELS, ROW_TILE
 from engines.pytorch.layers.norms import RMSNorm
-from engines.pytorch.linear import CHUNK_PANELS, ROW_TILE, DenseOps, GatedActivation, Linear
+from engines.pytorch.linear import Linear
 from engines.pytorch.native import HelperThreads
 from tests.random_gguf_blocks import make_blocks
 
@@ -67,7 +70,7 @@ def test_without_fast_kernels_is_f_linear(tmp_path: Path) -> None:
 @pytest.mark.parametrize("tile_unit", [True, False])
 def test_bfloat16_weights_match_f_linear(tile_unit: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Both kernels for bfloat16 weights (the tile unit's, where there is one, and the registers')."""
-    monkeypatch.setattr(linear, "TILE_UNIT", tile_unit)
+    monkeypatch.setattr(kernel_modes, "TILE_UNIT", tile_unit)
     gen = torch.Generator().manual_seed(1)
     weight = (torch.randn(80, 96, generator=gen) * 0.05).bfloat16()
     bias = torch.randn(80, generator=gen).bfloat16()
@@ -159,7 +162,7 @@ def test_per_head_rms_norm_on_the_kernel_gives_transformers_bits(dtype: torch.dt
             with torch.no_grad():
                 module.weight.copy_(torch.randn(d, generator=gen) * 0.3)
             norm = RMSNorm(module.to(dtype), unit_offset)
-            for rows in (1, 7, linear.HEAD_NORM_KERNEL_ROWS + 1):
+            for rows in (1, 7, dense_ops.HEAD_NORM_KERNEL_ROWS + 1):
                 qkv = torch.randn(rows, 20 * d, generator=gen).to(dtype)
                 q = qkv[:, : 16 * d].view(rows, 16, d)
                 assert torch.equal(ops.rms_norm_heads(norm, q), module(q)), (d, type(module).__name__, rows)
@@ -207,13 +210,13 @@ def test_fused_gate_up_silu_gives_the_bits_of_the_two_steps(threads: int, tmp_pa
 
 
 def test_decode_rows_go_to_the_tile_unit_only_in_large_steps_prompt_rows_always() -> None:
-    packed = linear._Packed([(1, 2, torch.zeros(1, 320, dtype=torch.uint8))], 32, tile_unit=True)
-    big = linear.TILE_UNIT_MIN_ROWS + 1
+    packed = packed_blocks._Packed([(1, 2, torch.zeros(1, 320, dtype=torch.uint8))], 32, tile_unit=True)
+    big = kernel_modes.TILE_UNIT_MIN_ROWS + 1
     assert packed.row_parts(40, 5) == [(0, 5, 0), (5, 40, 1)]  # a few decode rows, then prompt rows
     assert packed.row_parts(40, None) == [(0, 40, 1)] and packed.row_parts(big + 3, big) == [(0, big + 3, 1)]
     assert packed.row_parts(10, None) == [(0, 10, 0)] and packed.row_parts(10, 10) == [(0, 10, 0)]
     assert packed.row_parts(12, 0) == [(0, 12, 1)]  # a prefill alone
-    off = linear._Packed([(1, 2, torch.zeros(1, 320, dtype=torch.uint8))], 32, tile_unit=False)
+    off = packed_blocks._Packed([(1, 2, torch.zeros(1, 320, dtype=torch.uint8))], 32, tile_unit=False)
     assert off.row_parts(40, 5) == [(0, 40, 0)]
 
 
@@ -227,7 +230,7 @@ def _max_error(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: t
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("qtype", linear.TILE_UNIT_TYPES)
+@pytest.mark.parametrize("qtype", kernel_modes.TILE_UNIT_TYPES)
 def test_tile_unit_takes_large_steps_and_their_rows_do_not_depend_on_the_batch(
     qtype: str, threads: int, tmp_path: Path
 ) -> None:
@@ -243,7 +246,7 @@ def test_tile_unit_takes_large_steps_and_their_rows_do_not_depend_on_the_batch(
     plain, packed = Linear(weight, bias, True, tmp_path, helpers), Linear(weight, bias, True, tmp_path, helpers, blocks)
     if not _tile_unit(packed):
         pytest.skip("no AMX here (or no C compiler)")
-    small = linear.TILE_UNIT_MIN_ROWS
+    small = kernel_modes.TILE_UNIT_MIN_ROWS
     x_all, res_all = torch.randn(ROW_TILE + 21, 256, generator=gen), torch.randn(ROW_TILE + 21, 216, generator=gen)
     full = packed(x_all)
     for m in (small + 1, 32, 40, ROW_TILE + 21):
@@ -285,7 +288,7 @@ def test_bfloat16_tile_unit_gives_torchs_bits_and_rows_do_not_depend_on_the_batc
         weight = (torch.randn(n, k, generator=gen) * 0.05).bfloat16()
         bias = torch.randn(n, generator=gen).bfloat16() if with_bias else None
         probe = Linear(weight, None, True, tmp_path, helpers)
-        if probe._amx != linear.BF16_TILES:
+        if probe._amx != kernel_modes.BF16_TILES:
             pytest.skip("no AMX here (or no C compiler)")
         for m, row in ((1, 0), (17, 16), (32, 5)):
             x, w = _amplified(torch.randn(m, k, generator=gen).bfloat16(), weight, row, bias)
@@ -352,7 +355,7 @@ def test_weight_rows_in_the_other_builds(
         pytest.skip("no C compiler or no AVX2/FMA here")
     monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, *flags])
     monkeypatch.delitem(native._loaded, "gemm", raising=False)
-    monkeypatch.setattr(linear, "_lib", None)
+    monkeypatch.setattr(gemm_library, "_lib", None)
     mixed = GGUFBlocks.cat([make_blocks(t, 32, 512, i) for i, t in enumerate(("Q4_1", "Q5_0", "Q6_K", "F16"))])
     lin = Linear(None, None, True, tmp_path, blocks=mixed)
     assert torch.equal(lin.weight_rows(torch.arange(128).flip(0)), mixed.dequantize().flip(0))
@@ -376,11 +379,11 @@ def test_decode_rows_stay_on_the_register_kernels_when_asked() -> None:
     than 16 decode rows there, except inside `decode_rows_on_registers` (a step with a seeded request), where every
     decode row keeps the register kernels' bits whatever the batch; prompt rows use the tile unit either way, and
     another thread's steps are not affected."""
-    packed = linear._Packed([], 64, tile_unit=True)
+    packed = packed_blocks._Packed([], 64, tile_unit=True)
     assert packed.row_parts(24, None) == [(0, 24, 1)]
     assert packed.row_parts(40, 24) == [(0, 40, 1)]
     assert packed.row_parts(8, None) == [(0, 8, 0)]
-    with linear.decode_rows_on_registers():
+    with kernel_modes.decode_rows_on_registers():
         assert packed.row_parts(24, None) == [(0, 24, 0)]
         assert packed.row_parts(40, 24) == [(0, 24, 0), (24, 40, 1)]
         elsewhere: list[list[tuple[int, int, int]]] = []
@@ -406,7 +409,7 @@ def test_gemma_layer_kernels(build: str, tmp_path: Path, monkeypatch: pytest.Mon
     if build == "avx2":
         monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, "-mno-avx512f"])
         monkeypatch.delitem(native._loaded, "gemm", raising=False)
-        monkeypatch.setattr(linear, "_lib", None)
+        monkeypatch.setattr(gemm_library, "_lib", None)
     gen = torch.Generator().manual_seed(29)
     alone = DenseOps(True, torch.float32, tmp_path)
     shared = DenseOps(True, torch.float32, tmp_path, HelperThreads(2, tmp_path))
@@ -456,7 +459,7 @@ def test_granite_multiplier_kernels(build: str, tmp_path: Path, monkeypatch: pyt
     if build == "avx2":
         monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, "-mno-avx512f"])
         monkeypatch.delitem(native._loaded, "gemm", raising=False)
-        monkeypatch.setattr(linear, "_lib", None)
+        monkeypatch.setattr(gemm_library, "_lib", None)
     gen = torch.Generator().manual_seed(31)
     alone = DenseOps(True, torch.float32, tmp_path)
     shared = DenseOps(True, torch.float32, tmp_path, HelperThreads(2, tmp_path))
