@@ -122,7 +122,7 @@ def test_family_greedy_equals_transformers_float32(family: str, path: str, monke
     replay = engine._runner._replay
     if family in REPLAYED and replay is not None:
         # the MoE block is one C call (moe_experts.py; gpt-oss's biased experts and clamped SwiGLU included),
-        # Granite's multipliers kernels (linear.DenseOps): decode steps are kernel calls only, and the replay's
+        # Granite's multipliers kernels (dense_ops.DenseOps): decode steps are kernel calls only, and the replay's
         # second-step check (its logits equal to the Python forward's, bit for bit) keeps them replaying
         states = {rows: replay.plan_state(rows) for rows in range(1, 5)}
         assert "off" not in states.values() and "replayed" in states.values(), states
