@@ -38,6 +38,8 @@ SUBSET = [  # one test file per kernel library: argmax, paged attention, the GEM
 FULL = [
     *SUBSET,
     f"{KERNEL_TESTS}/test_linear.py",
+    f"{KERNEL_TESTS}/test_dense_ops.py",
+    f"{KERNEL_TESTS}/test_gated_activation.py",
     f"{KERNEL_TESTS}/test_step_replay.py",
     f"{KERNEL_TESTS}/test_native.py",
     f"{KERNEL_TESTS}/test_cpu_budget_kernels.py",

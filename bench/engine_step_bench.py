@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engines.pytorch.engine as engine_module  # noqa: E402
 from bench.gguf_files import quantized  # noqa: E402
-from engines.pytorch import linear, step_replay  # noqa: E402
+from engines.pytorch import kernel_modes, step_replay  # noqa: E402
 from engines.pytorch.engine import PyTorchEngine  # noqa: E402
 from engines.pytorch.model_runner import PagedModelRunner  # noqa: E402
 from engines.types import SamplingParams, SequenceStep  # noqa: E402
@@ -151,7 +151,7 @@ def main() -> None:
         t0 = time.perf_counter()
         runner_file = kwargs.pop("runner_file", None)
         step_replay.ENABLED = kwargs.pop("step_replay", True)  # step_replay=false: decode steps from Python
-        linear.TILE_UNIT = kwargs.pop("tile_unit", True)  # tile_unit=false: GGUF blocks on the FMA kernels (AMX CPUs)
+        kernel_modes.TILE_UNIT = kwargs.pop("tile_unit", True)  # tile_unit=false: GGUF blocks on FMA kernels (AMX CPUs)
         if runner_file:  # e.g. an older model_runner.py (git show REV:engines/pytorch/model_runner.py > FILE)
             spec = importlib.util.spec_from_file_location(f"runner_{name}", runner_file)
             module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)

@@ -34,9 +34,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engines.pytorch import linear  # noqa: E402
+from engines.pytorch import kernel_modes  # noqa: E402
+from engines.pytorch.dense_ops import DenseOps  # noqa: E402
+from engines.pytorch.gated_activation import GatedActivation  # noqa: E402
 from engines.pytorch.gguf_blocks import TYPES, GGUFBlocks  # noqa: E402
-from engines.pytorch.linear import DenseOps, GatedActivation, Linear  # noqa: E402
+from engines.pytorch.linear import Linear  # noqa: E402
 from engines.pytorch.native import HelperThreads  # noqa: E402
 
 HIDDEN, INTERMEDIATE, QKV = 576, 1536, 960
@@ -98,7 +100,7 @@ def main() -> None:
     cache = Path(tempfile.mkdtemp(prefix="gguf-kernel-bench-"))
     helpers = HelperThreads(args.threads - 1, cache) if args.threads > 1 else None
     dense = DenseOps(True, torch.float32, cache, helpers)
-    linear.TILE_UNIT = False  # the register kernels on every CPU and step (the tile unit: Q4_0/Q4_1/Q8_0)
+    kernel_modes.TILE_UNIT = False  # the register kernels on every CPU and step (the tile unit: Q4_0/Q4_1/Q8_0)
     rng = np.random.default_rng(0)
     print(f"{args.threads} kernel threads; ratio = float32 ms / blocks ms (above 1: blocks faster)")
     print(f"{args.layers} layers per set")

@@ -55,7 +55,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engines.pytorch.engine as engine_module  # noqa: E402
-from engines.pytorch import linear  # noqa: E402
+from engines.pytorch import gemm_library  # noqa: E402
 from engines.pytorch.engine import PyTorchEngine  # noqa: E402
 from engines.types import SamplingParams, SequenceStep  # noqa: E402
 
@@ -196,7 +196,7 @@ class Instrument:
         self._set(runner, "_layout", timed(t, "step layout", runner._layout))
         self._set(engine_module, "sample", timed(t, "sampling", engine_module.sample))
         libs = {
-            "gemm": linear._lib,
+            "gemm": gemm_library._lib,
             "attention": runner.attention._lib,
             "argmax": getattr(getattr(engine._argmax, "__self__", None), "_lib", None),
             "moe": moe_lib,

@@ -58,9 +58,9 @@ class KernelPrebuild:
             return
         self._thread.join()
         self._loaded = True
-        from engines.pytorch import linear, native, paged_attention
+        from engines.pytorch import gemm_library, native, paged_attention
 
-        native.load_library("gemm", self.cache_dir, linear._SIGNATURES)
+        native.load_library("gemm", self.cache_dir, gemm_library._SIGNATURES)
         native.load_library("paged_attention", self.cache_dir, paged_attention._SIGNATURES)
 
     def finish(self) -> None:

@@ -16,7 +16,7 @@ from engines.hf_tokenizer import HFTokenizer
 from engines.interface import ModelFileError, StepEngine, Tokenizer
 from engines.pytorch import host_memory
 from engines.pytorch.argmax import Argmax
-from engines.pytorch.linear import decode_rows_on_registers, int8_activations, int8_available
+from engines.pytorch.kernel_modes import decode_rows_on_registers, int8_activations, int8_available
 from engines.pytorch.loader import default_cache_dir, load_gguf_blocks, load_hf, resolve_hf_folder
 from engines.pytorch.lora import projection_shapes
 from engines.pytorch.lora_weights import read_adapter
@@ -78,7 +78,7 @@ class PyTorchEngine(StepEngine):
         transformers' generate does, bit for bit (exact_forward.py; needs whole prompts and no prefix caching).
         `kv_cache_dtype`: "auto" (the model's dtype) or "bfloat16" (under float32: half the cache's bytes, float32
         arithmetic). `int8_activations`: projections on a GGUF file's blocks take 8-bit activations
-        (linear.int8_activations), where this CPU's kernels have them."""
+        (kernel_modes.int8_activations), where this CPU's kernels have them."""
         budget = cpu_budget().with_override(gemm_threads, "pytorch.gemm_threads")
         host_memory.return_freed_memory()  # while loading (keep_freed_memory once loaded: host_memory.py)
         num_blocks = max(1, kv_cache_tokens // block_size)
@@ -189,7 +189,7 @@ class PyTorchEngine(StepEngine):
         self.torch_threads.enter()  # this step thread's own count, whatever another model set as the default
         sampling_steps = [s for s in row_order(batch) if s.sample]  # the order of the runner's logits
         # A request with a seed reproduces whatever its batch: its step keeps decode rows off the tile unit, whose
-        # bits differ from the register kernels' (only steps of more than 16 decode rows would use it; linear.py).
+        # bits differ from the register kernels' (only steps of more than 16 decode rows would use it; kernel_modes.py).
         with decode_rows_on_registers(any(s.sampling.seed is not None for s in batch)), int8_activations(self._int8):
             if self._argmax is not None and sampling_steps and all(plain_greedy(s) for s in sampling_steps):
                 # the runner may take each row's greedy token on the way (a replayed step: step_replay.py)

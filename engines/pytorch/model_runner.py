@@ -32,16 +32,16 @@ import torch
 import torch.nn.functional as F
 
 from engines.interface import StepInputError, UnsupportedModelError
-from engines.pytorch import host_memory, lora, lora_kernel, moe_experts, step_replay
-from engines.pytorch import linear as linear_module
+from engines.pytorch import gemm_library, host_memory, kernel_modes, lora, lora_kernel, moe_experts, step_replay
 from engines.pytorch import paged_attention as attention_module
+from engines.pytorch.dense_ops import DenseOps
 from engines.pytorch.exact_forward import ExactForward
 from engines.pytorch.gguf_blocks import WeightBlocks
 from engines.pytorch.layers.attention import Attention, SequenceRows, attend_torch
 from engines.pytorch.layers.norms import RMSNorm
 from engines.pytorch.layers.projections import Kernels, weight
 from engines.pytorch.layers.rotary import Tables
-from engines.pytorch.linear import DenseOps, Linear
+from engines.pytorch.linear import Linear
 from engines.pytorch.lora_weights import LoRAWeights
 from engines.pytorch.models import build_model, check_supported
 from engines.pytorch.native import HelperThreads
@@ -215,12 +215,12 @@ class PagedModelRunner:
 
     def _step_replay(self, cache_dir: Path | None) -> StepReplay | None:
         """Decode steps in one C call (step_replay.py), where the projections and the attention are C kernels."""
-        gemm, attention = linear_module._lib, self.attention._lib
+        gemm, attention = gemm_library._lib, self.attention._lib
         if not step_replay.ENABLED or gemm is None or attention is None or self.lm_head.kind != "kernel":
             return None
         projections = [self.lm_head, *self.model.projections()]
         holders = [*projections, *(p._linear for p in projections if getattr(p, "_linear", None) is not None)]
-        libs, signatures = [gemm, attention], [linear_module._SIGNATURES, attention_module._SIGNATURES]
+        libs, signatures = [gemm, attention], [gemm_library._SIGNATURES, attention_module._SIGNATURES]
         fused = [f for f in (getattr(layer.mlp, "fused", None) for layer in self.model.layers) if f is not None]
         if fused:  # MoE blocks in one C call each (moe_experts.py): recorded like the projections
             libs.append(fused[0].library)
@@ -299,10 +299,10 @@ class PagedModelRunner:
 
     @property
     def tile_unit_decode_rows(self) -> int:
-        """Decode rows past which a step's projections run them on the tile unit (linear.TILE_UNIT_MIN_ROWS), with
+        """Decode rows past which a step's projections run them on the tile unit (kernel_modes.TILE_UNIT_MIN_ROWS), with
         other bits than fewer rows get; 0 when no projection reads GGUF blocks on a tile unit."""
         projections = [self.lm_head, *self.model.projections()]
-        return linear_module.TILE_UNIT_MIN_ROWS if any(p.on_tile_unit for p in projections) else 0
+        return kernel_modes.TILE_UNIT_MIN_ROWS if any(p.on_tile_unit for p in projections) else 0
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -26,9 +26,11 @@ from pathlib import Path
 
 import torch
 
-from engines.pytorch import linear
+from engines.pytorch import gemm_library
+from engines.pytorch.gated_activation import GatedActivation
+from engines.pytorch.kernel_modes import activations_int8, decode_rows_pinned
 from engines.pytorch.layers.swiglu import ClampedSwiGLU
-from engines.pytorch.linear import GatedActivation, Linear
+from engines.pytorch.linear import Linear
 from engines.pytorch.native import Signatures, load_library
 
 _p, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -123,7 +125,7 @@ class FusedExperts:
         is not on the float32 kernels, the experts' activations differ (or their clamps), or the kernel does not
         take this many experts. `softmax_of_top`: gpt-oss's routing (the softmax of the top-k logits;
         `normalize` is then not read)."""
-        gemm = linear._lib
+        gemm = gemm_library._lib
         lib = library(cache_dir) if gemm is not None and router.kind == "kernel" and not router._amx else None
         if lib is None:
             return None
@@ -191,7 +193,7 @@ class FusedExperts:
         out = x.new_empty(t, h)
         scratch = x.new_empty(pairs * (h + self._ldg + self._ldd + 1))
         iscratch = torch.empty(3 * pairs + self.experts + 1, dtype=torch.int32)
-        flags = (F_PINNED if linear.decode_rows_pinned() else 0) | (F_INT8 if linear.activations_int8() else 0)
+        flags = (F_PINNED if decode_rows_pinned() else 0) | (F_INT8 if activations_int8() else 0)
         rc = self.library.moe_experts_f32(
             logits.data_ptr(),
             logits.stride(0),

@@ -46,7 +46,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engines.pytorch import argmax as argmax_module
-from engines.pytorch.linear import decode_rows_pinned
+from engines.pytorch.kernel_modes import decode_rows_pinned
 from engines.pytorch.native import Signatures, load_library
 
 log = logging.getLogger("switchyard.engines.pytorch")
@@ -271,7 +271,7 @@ class _Plan:
 
 def _key(rows: int, adapters: bool) -> tuple[int, bool, bool]:
     """A plan's key: the step's rows, whether the calling thread's step keeps its decode rows off the tile unit
-    (linear.decode_rows_on_registers), which changes the projections' calls, and whether the step has LoRA adapter
+    (kernel_modes.decode_rows_on_registers), which changes the projections' calls, and whether the step has LoRA adapter
     rows (their updates are more calls: lora_kernel.py)."""
     return rows, decode_rows_pinned(), adapters
 

@@ -93,7 +93,7 @@ static inline void silu_mul_row(const float* g, const float* u, float* y, int n)
 /* bfloat16 SiLU-and-multiply as transformers gets it from torch: silu(g) = g / (1 + exp(-g)) in float32 with torch's
    vectorized exp_u20 (its AVX-512 algorithm: a degree-5 polynomial after range reduction, 2^n applied as 2^(n-1) * 2),
    rounded to bfloat16, then times u, rounded again. torch runs its vector loop 64 elements at a time and the rest
-   through the scalar op, with libm's expf: so do we. Checked bit for bit in tests/engines/pytorch/test_linear.py. */
+   through the scalar op, with libm's expf: so do we. Checked bit for bit in tests/engines/pytorch/test_dense_ops.py. */
 #ifdef __AVX512F__
 static inline __m512 exp_u20_16(__m512 x) {
     const __m512 lo = _mm512_castsi512_ps(_mm512_set1_epi32(0xc2aeac50));  /* log(FLT_MIN) */
@@ -162,7 +162,7 @@ void silu_mul_f32(const float* gu, int64_t ldg, float* y, int64_t ldy, int M, in
 /* The sum of x[0..H) squared in torch's order for a float32 row (SumKernel's cascade sum, which transformers'
    RMSNorm mean runs): 8-float vectors, 4 interleaved accumulators flushed up a level every 16 steps of 4 vectors,
    then the vectors left over, the 4 accumulators, the scalar tail and the 8 lanes in turn. Checked bit for bit
-   against torch in tests/engines/pytorch/test_linear.py. x: H floats, or (bf16) H bfloat16 read as float32. */
+   against torch in tests/engines/pytorch/test_dense_ops.py. x: H floats, or (bf16) H bfloat16 read as float32. */
 static inline __m256 load8(const void* x, int64_t i, int bf16) {
     if (!bf16) return _mm256_loadu_ps((const float*)x + i);
     const __m128i h = _mm_loadu_si128((const __m128i*)((const uint16_t*)x + i));

@@ -8,8 +8,8 @@
    The projection's slot table (int64 words, SLOT_WORDS a slot) holds, per slot, its adapter's stacked A [R, K]
    (every part's A, fused projections: q/k/v, gate/up) and up to MAX_PARTS parts: output columns [start, end), the
    part's rank offset into A and rank, its B transposed ([r, end - start], contiguous) and its scale. `panels`: y is
-   gate_up's raw product, gate and up in 16-column panels in turn (linear.py `GatedActivation.gate_up_panels`), and
-   out the plain [gate | up] layout, N = 2 x intermediate.
+   gate_up's raw product, gate and up in 16-column panels in turn (gated_activation.py
+   `GatedActivation.gate_up_panels`), and out the plain [gate | up] layout, N = 2 x intermediate.
 
    Vector paths (AVX-512, AVX2 with FMA) and a scalar one; each row is computed by one thread, so results do not
    depend on how rows are shared among the helper threads (pool.c) on steps of SHARE_ROWS rows or more. */

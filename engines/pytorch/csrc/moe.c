@@ -8,11 +8,11 @@
    normalises; or gpt-oss's top-k of the logits themselves, then a softmax over those k. Top-k with torch.topk's
    choice among ties (below). The experts run on csrc/gemm.c's kernels (their addresses are in the table Python
    builds), over the rows that chose the expert (ascending; the step's decode rows before its prompt rows, with
-   gemm.c's modes as linear.py's `_Packed.row_parts` picks them), by the table's T_ACT: the fused gate-up-SiLU job,
-   or (gpt-oss) the biased gate-up projection, the clamped SwiGLU (below) on its output in place, then the
-   (biased) down projection. Experts no row chose are not read. Each (row, slot) output times its weight is summed
-   in slot order in float32 (mul then add: the product rounded first, as transformers multiplies then sums), then
-   added to the residual.
+   gemm.c's modes as packed_blocks.py's `_Packed.row_parts` picks them), by the table's T_ACT: the fused gate-up-SiLU
+   job, or (gpt-oss) the biased gate-up projection, the clamped SwiGLU (below) on its output in place, then the
+   (biased) down projection. Experts no row chose are not read. Each (row, slot) output times its weight is summed in
+   slot order in float32 (mul then add: the product rounded first, as transformers multiplies then sums), then added
+   to the residual.
 
    Vector paths (AVX-512, AVX2) and a scalar one; the combination gives the same bits on each, the exp of the
    softmax and of the clamped SwiGLU's sigmoid is simd_exp.h's on the vector paths and libm's expf on the scalar
@@ -43,8 +43,8 @@ enum { R_SOFTMAX_TOP, R_SOFTMAX_TOP_NORMALIZE, R_TOP_SOFTMAX };
 enum { A_SILU, A_CLAMPED_SWIGLU };
 /* P_KIND: how gemm.c reads the projection's weight */
 enum { K_SILU_PANELS, K_SILU_BLOCKS, K_F32, K_F32_PAR, K_BLOCKS };
-enum { F_PINNED = 1, F_INT8 = 2 };            /* flags: linear.decode_rows_pinned, linear.activations_int8 */
-enum { TILE_MODE = 1, INT8_MODE = 2 };        /* gemm_blocks_par's `amx` (linear.py) */
+enum { F_PINNED = 1, F_INT8 = 2 };            /* flags: kernel_modes.decode_rows_pinned, .activations_int8 */
+enum { TILE_MODE = 1, INT8_MODE = 2 };        /* gemm_blocks_par's `amx` (kernel_modes.py) */
 enum { TILE_UNIT_MIN_ROWS = 16, TILE_UNIT_FEW_ROWS = 64, FEW_PANELS = 4, CHUNK_PANELS = 16, ROW_TILE = 192 };
 #define MOE_MAX_EXPERTS 1024
 #define MOE_MAX_TOP_K 17 /* torch sorts the first k - 1 by insertion up to 16 of them (below) */
@@ -329,7 +329,7 @@ static inline int chunk_of(int mode, int m) {
 }
 
 /* The modes gemm.c runs a GGUF-blocks projection's decode rows (modes[0]) and prompt rows (modes[1]) in, as
-   linear.py's `_Packed.row_parts` picks them: prompt rows on the tile unit where the weight is laid out for it,
+   packed_blocks.py's `_Packed.row_parts` picks them: prompt rows on the tile unit where the weight is laid out for it,
    decode rows there too only when there are more than TILE_UNIT_MIN_ROWS of them, they are not pinned and the
    activations are float32; other rows in int8 or float32 as the flags say. */
 static void row_modes(const int64_t* p, int decode, int flags, int modes[2]) {

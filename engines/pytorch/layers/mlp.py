@@ -12,7 +12,8 @@ from typing import Any, Protocol
 
 import torch
 
-from engines.pytorch.linear import GatedActivation, Linear
+from engines.pytorch.gated_activation import GatedActivation
+from engines.pytorch.linear import Linear
 
 
 class MLP(Protocol):

@@ -9,11 +9,11 @@ the top-k of the logits, then a softmax over those k (`Routing.softmax_of_top`);
 around a clamped SwiGLU (swiglu.py), built by models/gpt_oss.py.
 
 Experts: each is a gated MLP, `down(act(x @ gate.T) * (x @ up.T))`, held as its own `GatedActivation` and `Linear`
-(linear.py): the packed GEMM kernel on float32 or bfloat16 weights, or on the expert's GGUF blocks, which are a view
-of the layer's 3-D expert tensor (expert_blocks.py) and are repacked as any GGUF weight is. A step's rows are grouped
-by expert: each expert its rows chose runs once, over those rows (ascending, so a step's decode rows come first, as
-`prompt_from` wants), and experts no row chose are not read at all -- a one-row decode step reads k experts' weights
-of the E.
+(gated_activation.py, linear.py): the packed GEMM kernel on float32 or bfloat16 weights, or on the expert's GGUF
+blocks, which are a view of the layer's 3-D expert tensor (expert_blocks.py) and are repacked as any GGUF weight is.
+A step's rows are grouped by expert: each expert its rows chose runs once, over those rows (ascending, so a step's
+decode rows come first, as `prompt_from` wants), and experts no row chose are not read at all -- a one-row decode
+step reads k experts' weights of the E.
 
 Combination, in a fixed order: expert `e`'s output for a row is multiplied by the row's weight for `e` (the product in
 the promoted dtype of the two, as transformers multiplies) and stored at the row's top-k slot; then each row's k
@@ -44,10 +44,11 @@ from typing import Any
 import torch
 
 from engines.pytorch.expert_blocks import LayerExperts
+from engines.pytorch.gated_activation import GatedActivation
 from engines.pytorch.gguf_blocks import WeightBlocks
 from engines.pytorch.layers.projections import Kernels
 from engines.pytorch.layers.swiglu import ClampedSwiGLU
-from engines.pytorch.linear import GatedActivation, Linear
+from engines.pytorch.linear import Linear
 from engines.pytorch.moe_experts import FusedExperts
 
 

@@ -1,6 +1,6 @@
 """RMSNorm as a decoder layer holds it.
 
-The C kernel (linear.DenseOps.rms_norm) computes x * rsqrt(mean(x^2) + eps) * w with transformers' order of sums,
+The C kernel (dense_ops.DenseOps.rms_norm) computes x * rsqrt(mean(x^2) + eps) * w with transformers' order of sums,
 so any RMSNorm whose scale is w (Llama's and most others') or 1 + w (Gemma's, with 1 + w computed once here in the
 weight's dtype as Gemma computes it in float32) runs on it with transformers' bits. Where the kernel does not run
 (torch ops, another dtype), `__call__` is transformers' own module: the same bits as the model's forward.

@@ -11,8 +11,10 @@ from typing import Any
 
 import torch
 
+from engines.pytorch.dense_ops import DenseOps
+from engines.pytorch.gated_activation import GatedActivation
 from engines.pytorch.gguf_blocks import GGUFBlocks, WeightBlocks
-from engines.pytorch.linear import DenseOps, GatedActivation, Linear
+from engines.pytorch.linear import Linear
 from engines.pytorch.native import HelperThreads
 
 
@@ -72,7 +74,7 @@ def qkv_projection(attn: Any, blocks: dict[str, WeightBlocks], kernels: Kernels)
 
 
 def gate_up_activation(mlp: Any, act: Any, blocks: dict[str, WeightBlocks], kernels: Kernels) -> GatedActivation:
-    """act(x @ gate.T) * (x @ up.T) as one job (linear.GatedActivation)."""
+    """act(x @ gate.T) * (x @ up.T) as one job (gated_activation.GatedActivation)."""
     if hasattr(mlp, "gate_up_proj"):  # fused in the checkpoint: [gate | up] along the output rows
         fused = mlp.gate_up_proj
         if fused.bias is not None:

@@ -1,7 +1,7 @@
 """Granite: Llama's layer with multipliers -- the embeddings times `embedding_multiplier`, each block's output
 times `residual_multiplier` before its residual add, scores times `attention_multiplier` (the attention's scaling),
 the logits divided by `logits_scaling`. The residual multiplier (with its add) and the logits' division are kernels
-(linear.DenseOps), so float32 decode steps replay (step_replay.py)."""
+(dense_ops.DenseOps), so float32 decode steps replay (step_replay.py)."""
 
 from __future__ import annotations
 

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from engines.pytorch import argmax, linear, lora_kernel, moe_experts, native, paged_attention, step_replay
+from engines.pytorch import argmax, gemm_library, lora_kernel, moe_experts, native, paged_attention, step_replay
 from engines.pytorch.native import CFLAGS, CSRC
 
 CC = shutil.which("cc") or shutil.which("gcc")
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler")
 
 TABLES = {
-    "gemm": linear._SIGNATURES,
+    "gemm": gemm_library._SIGNATURES,
     "paged_attention": paged_attention._SIGNATURES,
     "argmax": argmax._SIGNATURES,
     "pool": native.POOL_SIGNATURES,

@@ -1,11 +1,11 @@
 """The native engine's step (engines/pytorch/engine.py): a step that carries a request with a seed keeps its decode
-rows off the tile unit (linear.decode_rows_on_registers), so that request's tokens do not depend on its batch."""
+rows off the tile unit (kernel_modes.decode_rows_on_registers), so that request's tokens do not depend on its batch."""
 
 from __future__ import annotations
 
 import torch
 
-from engines.pytorch import linear
+from engines.pytorch import kernel_modes
 from engines.pytorch.engine import PyTorchEngine
 from engines.torch_threads import TorchThreads
 from engines.types import EngineInfo, SamplingParams, SequenceStep
@@ -20,8 +20,8 @@ class _Runner:
         self.int8: list[bool] = []
 
     def forward(self, batch: list[SequenceStep]) -> torch.Tensor:
-        self.pinned.append(linear.decode_rows_pinned())
-        self.int8.append(linear.activations_int8())
+        self.pinned.append(kernel_modes.decode_rows_pinned())
+        self.int8.append(kernel_modes.activations_int8())
         logits = torch.zeros(len(batch), 8)
         logits[:, 3] = 1.0
         return logits
@@ -50,7 +50,7 @@ def test_a_step_with_a_seeded_request_keeps_decode_rows_off_the_tile_unit() -> N
     engine.execute(_rows(24, seeded=17))
     engine.execute(_rows(3, seeded=0))
     assert runner.pinned == [False, True, True]
-    assert not linear.decode_rows_pinned()  # only for the step
+    assert not kernel_modes.decode_rows_pinned()  # only for the step
 
 
 def test_an_engine_with_int8_activations_steps_in_that_arithmetic() -> None:
@@ -59,4 +59,4 @@ def test_an_engine_with_int8_activations_steps_in_that_arithmetic() -> None:
     engine._int8 = True
     engine.execute(_rows(2, seeded=None))
     assert runner.int8 == [False, True]
-    assert not linear.activations_int8()  # only for the step
+    assert not kernel_modes.activations_int8()  # only for the step

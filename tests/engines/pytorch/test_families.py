@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engines.pytorch import linear, native
+from engines.pytorch import gemm_library, kernel_modes, native
 from engines.pytorch.engine import PyTorchEngine
 from engines.types import GenerationRequest, SamplingParams
 from gateway.repository.model_config import SchedulerConfig
@@ -73,11 +73,11 @@ def _reference(name: str) -> tuple[Path, list[list[int]], list[tuple[list[int], 
 def _force(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernel build a CPU without AVX-512 gets (AVX2), or this CPU's without its tile unit (no AMX)."""
     if path in ("avx2", "no_tile_unit"):
-        monkeypatch.setattr(linear, "TILE_UNIT", False)
+        monkeypatch.setattr(kernel_modes, "TILE_UNIT", False)
     if path == "avx2":
         monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, "-mno-avx512f"])
         monkeypatch.setattr(native, "_loaded", {})
-        monkeypatch.setattr(linear, "_lib", None)
+        monkeypatch.setattr(gemm_library, "_lib", None)
 
 
 async def _generate(engine: PyTorchEngine, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
@@ -122,7 +122,7 @@ def test_family_greedy_equals_transformers_float32(family: str, path: str, monke
     replay = engine._runner._replay
     if family in REPLAYED and replay is not None:
         # the MoE block is one C call (moe_experts.py; gpt-oss's biased experts and clamped SwiGLU included),
-        # Granite's multipliers kernels (linear.DenseOps): decode steps are kernel calls only, and the replay's
+        # Granite's multipliers kernels (dense_ops.DenseOps): decode steps are kernel calls only, and the replay's
         # second-step check (its logits equal to the Python forward's, bit for bit) keeps them replaying
         states = {rows: replay.plan_state(rows) for rows in range(1, 5)}
         assert "off" not in states.values() and "replayed" in states.values(), states

@@ -1,8 +1,8 @@
-"""The int8 kernels (csrc/gemm_blocks_int8.h, `linear.int8_activations`): with activations that 8 bits hold exactly
-they give the float64 product up to float32 rounding, for every type they read and at any number of rows, alone and
-with a helper thread; on other activations the error is the rounding of x to 8 bits; a row's result does not depend
-on its batch; the types they do not read (Q8_0, 16-bit) keep the float32 kernels' bits; and the builds without VNNI
-(the same integer sums from vpmaddubsw) agrees; builds without VBMI and GFNI have no int8 kernels
+"""The int8 kernels (csrc/gemm_blocks_int8.h, `kernel_modes.int8_activations`): with activations that 8 bits hold
+exactly they give the float64 product up to float32 rounding, for every type they read and at any number of rows,
+alone and with a helper thread; on other activations the error is the rounding of x to 8 bits; a row's result does
+not depend on its batch; the types they do not read (Q8_0, 16-bit) keep the float32 kernels' bits; and the builds
+without VNNI (the same integer sums from vpmaddubsw) agrees; builds without VBMI and GFNI have no int8 kernels
 (test_gguf_blocks_kernels.py checks that int8_activations changes nothing there)."""
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from engines.pytorch import linear, native
+from engines.pytorch import gemm_library, kernel_modes, native
+from engines.pytorch.dense_ops import DenseOps
+from engines.pytorch.gated_activation import GatedActivation
 from engines.pytorch.gguf_blocks import TYPES, GGUFBlocks
-from engines.pytorch.linear import DenseOps, GatedActivation, Linear, int8_activations, int8_available
+from engines.pytorch.kernel_modes import int8_activations, int8_available
+from engines.pytorch.linear import Linear
 from engines.pytorch.native import HelperThreads
 from tests.random_gguf_blocks import make_blocks
 
@@ -25,7 +28,7 @@ ROWS = (1, 3, 4, 5, 9, 17)
 @pytest.fixture(autouse=True)
 def _register_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Off the tile unit (its prompt rows would take it on AMX CPUs); skipped where this build has no int8 kernels."""
-    monkeypatch.setattr(linear, "TILE_UNIT", False)
+    monkeypatch.setattr(kernel_modes, "TILE_UNIT", False)
     if not int8_available(tmp_path):
         pytest.skip("no int8 kernels in this CPU's build (they need AVX-512 with VBMI and GFNI)")
 
@@ -132,7 +135,7 @@ def test_the_build_without_vnni(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         int8_here = {q: {m: lin(x) for m, x in xs.items()} for q, lin in here.items()}
     monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, "-mno-avx512vnni"])
     monkeypatch.delitem(native._loaded, "gemm", raising=False)
-    monkeypatch.setattr(linear, "_lib", None)
+    monkeypatch.setattr(gemm_library, "_lib", None)
     assert int8_available(tmp_path)
     for b in cases:
         other = Linear(None, None, True, tmp_path, None, b)

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engines.pytorch import linear, native
+from engines.pytorch import gemm_library, kernel_modes, native
+from engines.pytorch.dense_ops import DenseOps
+from engines.pytorch.gated_activation import GatedActivation
 from engines.pytorch.gguf_blocks import TYPES, GGUFBlocks
-from engines.pytorch.linear import DenseOps, GatedActivation, Linear
+from engines.pytorch.linear import Linear
 from engines.pytorch.native import HelperThreads
 from tests.random_gguf_blocks import K_QUANTS, make_blocks
 
@@ -22,7 +24,7 @@ ROWS = (1, 3, 16, 17, 32, 200)
 @pytest.fixture(autouse=True)
 def _register_kernels(monkeypatch: pytest.MonkeyPatch):
     """One torch thread (as the engine runs) and the register kernels also on CPUs with the tile unit."""
-    monkeypatch.setattr(linear, "TILE_UNIT", False)
+    monkeypatch.setattr(kernel_modes, "TILE_UNIT", False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -127,13 +129,13 @@ def test_the_other_builds_give_the_same_bits(
     expected = {b.qtype: {m: native_plain[b.qtype](x) for m, x in xs.items()} for b in cases}
     monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, *flags])
     monkeypatch.delitem(native._loaded, "gemm", raising=False)
-    monkeypatch.setattr(linear, "_lib", None)
-    assert not linear.int8_available(tmp_path)
+    monkeypatch.setattr(gemm_library, "_lib", None)
+    assert not kernel_modes.int8_available(tmp_path)
     for b in cases:
         other = Linear(None, None, True, tmp_path, _helpers(2, tmp_path), b)
         assert other.kind == "kernel"
         for m, x in xs.items():
             assert torch.equal(other(x), expected[b.qtype][m]), (b.qtype, m)
-            with linear.int8_activations():
+            with kernel_modes.int8_activations():
                 assert torch.equal(other(x), expected[b.qtype][m]), (b.qtype, m)
     monkeypatch.delitem(native._loaded, "gemm")

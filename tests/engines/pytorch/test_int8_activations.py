@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engines.pytorch.engine import PyTorchEngine
-from engines.pytorch.linear import int8_activations, int8_available
+from engines.pytorch.kernel_modes import int8_activations, int8_available
 from engines.pytorch.loader import default_cache_dir
 from engines.types import SamplingParams, SequenceStep
 

@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engines.pytorch import linear
+from engines.pytorch import kernel_modes
 from engines.pytorch.gguf_blocks import TYPES
 from engines.pytorch.linear import Linear
 from engines.pytorch.paged_attention import DecodeTables, PagedAttention
@@ -106,7 +106,7 @@ def test_gemm_over_blocks_on_random_steps(
     bias: bool,
     seed: int,
 ) -> None:
-    monkeypatch.setattr(linear, "TILE_UNIT", False)
+    monkeypatch.setattr(kernel_modes, "TILE_UNIT", False)
     k = TYPES[qtype].record_k * records * (1 if TYPES[qtype].record_k > 1 else 32)
     blocks = make_blocks(qtype, n, k, seed=seed)
     gen = torch.Generator().manual_seed(seed)

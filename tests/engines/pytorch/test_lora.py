@@ -10,7 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engines.pytorch.linear import DenseOps, GatedActivation, Linear
+from engines.pytorch.dense_ops import DenseOps
+from engines.pytorch.gated_activation import GatedActivation
+from engines.pytorch.linear import Linear
 from engines.pytorch.lora import LoRAGated, LoRALinear, RowGroup, _Updated, row_groups, step_groups
 from engines.pytorch.lora_weights import LoRAPair, LoRAWeights
 from tests.random_gguf_blocks import make_blocks

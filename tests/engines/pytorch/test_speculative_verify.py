@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engines.pytorch import linear
+from engines.pytorch import kernel_modes
 from engines.pytorch.engine import PyTorchEngine
 from engines.pytorch.sampler import sample
 from engines.types import SamplingParams, SequenceStep
@@ -44,7 +44,7 @@ def test_verification_logits_equal_one_token_decodes_bit_for_bit(engine: PyTorch
     assert engine.info.exact_verification
     runner = engine._runner
     # on a CPU with AMX, more decode rows than this go through the tile unit: the scheduler keeps proposals within it
-    assert engine.info.max_exact_decode_rows == (linear.TILE_UNIT_MIN_ROWS if runner.lm_head.on_tile_unit else 0)
+    assert engine.info.max_exact_decode_rows == (kernel_modes.TILE_UNIT_MIN_ROWS if runner.lm_head.on_tile_unit else 0)
     ids = engine.tokenizer.encode("The quick brown fox jumps over the lazy dog. The quick brown fox")
     n = len(ids)
     # a proposal that crosses a block boundary (positions n .. n + 5, block size 16)

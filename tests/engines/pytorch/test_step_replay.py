@@ -28,7 +28,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from engines.pytorch import linear, step_replay
+from engines.pytorch import kernel_modes, step_replay
 from engines.pytorch.model_runner import PagedModelRunner
 from engines.types import SamplingParams, SequenceStep
 from tests.family_models import GPT_OSS_YARN
@@ -314,7 +314,7 @@ def test_steps_that_keep_decode_rows_on_registers_have_plans_of_their_own(tmp_pa
     runner = _runner(tmp_path, replay=True)
     _decode(runner, batch=3, steps=3)
     assert runner._replay.plan_state(3) == "replayed"
-    with linear.decode_rows_on_registers():
+    with kernel_modes.decode_rows_on_registers():
         assert runner._replay.plan_state(3) == "none"
         _decode(runner, batch=3, steps=3)
         assert runner._replay.plan_state(3) == "replayed"

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from engines.pytorch import linear, native
+from engines.pytorch import gemm_library, kernel_modes, native
+from engines.pytorch.dense_ops import DenseOps
 from engines.pytorch.expert_blocks import ExpertBlocks, LayerExperts
 from engines.pytorch.layers.moe import Routing, SparseMoE
 from engines.pytorch.layers.projections import Kernels
-from engines.pytorch.linear import DenseOps
 
 HIDDEN = 64
 ROWS = (1, 3, 17)  # a decode step, a few decode rows, a prefill-sized step
@@ -148,9 +148,9 @@ def build(request, monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, "-mno-avx512f"])
         monkeypatch.delitem(native._loaded, "gemm", raising=False)
         monkeypatch.delitem(native._loaded, "moe", raising=False)
-        monkeypatch.setattr(linear, "_lib", None)
+        monkeypatch.setattr(gemm_library, "_lib", None)
     elif request.param == "no-tile-unit":
-        monkeypatch.setattr(linear, "TILE_UNIT", False)
+        monkeypatch.setattr(kernel_modes, "TILE_UNIT", False)
     return request.param  # monkeypatch puts this CPU's build back
 
 
@@ -385,7 +385,7 @@ def test_experts_grouped_in_one_job_give_the_bits_of_one_job_each(
     for rows in (*ROWS, 40):
         x = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(rows + 11))
         for int8 in (False, True):
-            with linear.int8_activations(int8):
+            with kernel_modes.int8_activations(int8):
                 grouped = block(x, prompt_from=rows // 2)
                 saved = int(table[T_GROUPED])
                 table[T_GROUPED] = 0

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engines.pytorch import linear, native
+from engines.pytorch import gemm_library, native
+from engines.pytorch.dense_ops import DenseOps
 from engines.pytorch.layers.moe import SparseMoE
 from engines.pytorch.layers.projections import Kernels
 from engines.pytorch.layers.rotary import fold_sin
-from engines.pytorch.linear import DenseOps
 from engines.pytorch.models.gpt_oss import _FullWidthTables, _moe
 from engines.pytorch.paged_attention import rotate
 from tests.family_models import GPT_OSS_YARN
@@ -82,14 +82,14 @@ def build(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     """csrc/moe.c built for a CPU without AVX-512 (gemm.c too), or without AVX2 (moe.c's scalar loops; its
     projections stay on this CPU's gemm.c, which needs AVX2). monkeypatch puts this CPU's builds back."""
     if request.param == "scalar":
-        linear._load(tmp_path)  # gemm.c as this CPU's build, before the flags change
+        gemm_library._load(tmp_path)  # gemm.c as this CPU's build, before the flags change
     if request.param != "native":
         flags = ["-mno-avx512f"] if request.param == "avx2" else ["-mno-avx2", "-mno-fma"]
         monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, *flags])
         keep = () if request.param == "avx2" else ("gemm",)
         monkeypatch.setattr(native, "_loaded", {k: v for k, v in native._loaded.items() if k in keep})
         if request.param == "avx2":
-            monkeypatch.setattr(linear, "_lib", None)
+            monkeypatch.setattr(gemm_library, "_lib", None)
     return request.param
 
 
