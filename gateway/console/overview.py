@@ -105,7 +105,7 @@ def _state(row: dict[str, str]) -> tuple[str, str]:
 def models(control: ModelControl) -> list[dict[str, Any]]:
     """One entry per model folder (its versions merged), in folder order; a failed load's reason with it."""
     loaded = {m.folder: m for m in control.models.all_models()}
-    on_request = control.on_request_models()
+    on_request = control.catalog.on_request_models()
     rows: dict[str, dict[str, Any]] = {}
     for row in control.states.index():
         name = row["name"]

@@ -57,7 +57,7 @@ def listed_models(control: ModelControl) -> list[Listed]:
     loaded = [m for m in control.models.all_models() if served(m)]
     items = {m.name: _loaded(m) for m in loaded}
     folders = {m.folder for m in control.models.all_models()}
-    for folder, config in control.on_request_models().items():
+    for folder, config in control.catalog.on_request_models().items():
         name = _served_name(folder, config)
         if folder not in folders and name not in items and listable(config):
             items[name] = Listed(name, folder, config)
@@ -71,8 +71,8 @@ def find_listed(control: ModelControl, name: str) -> Listed | None:
     if model is not None:
         return _loaded(model) if served(model) else None
     for candidate in dict.fromkeys((name, name.removesuffix(LATEST))):
-        folder = control.requestable(candidate)
-        config = control.on_request_models().get(folder or "")
+        folder = control.catalog.requestable(candidate)
+        config = control.catalog.on_request_models().get(folder or "")
         if folder is not None and config is not None and listable(config):
             return Listed(_served_name(folder, config), folder, config)
     return None

@@ -116,10 +116,10 @@ async def ps(request: Request) -> dict[str, Any]:
     """The loaded models, each with when it unloads if no request comes."""
     items = [item for item in listed_models(_control(request)) if item.entry is not None]
     facts = await asyncio.gather(*(_facts(request, item) for item in items))
-    residency = _control(request).residency
+    expiry = _control(request).residency.expiry
     return {
         "models": [
-            ps_entry(item.entry, f, residency.seconds_left(item.folder))
+            ps_entry(item.entry, f, expiry.seconds_left(item.folder))
             for item, f in zip(items, facts, strict=True)
             if item.entry is not None
         ]
@@ -191,9 +191,9 @@ async def _load_or_unload(request: Request, name: str, keep: float | None, shape
     control, principal, registry = _control(request), _principal(request), _registry(request)
     model = find(registry, name)
     if keep == 0:
-        if model is None and control.requestable(name.removesuffix(LATEST)) is None:
+        if model is None and control.catalog.requestable(name.removesuffix(LATEST)) is None:
             raise OllamaModelNotFoundError(name)
-        if model is not None and control.loads_on_request(model.folder):
+        if model is not None and control.catalog.loads_on_request(model.folder):
             await acquire(registry, name, keep)  # held until this answer is sent, then idle past keep-alive 0
         elif model is not None:
             refusal = control_refusal(control, principal)
@@ -216,7 +216,7 @@ async def _load_or_unload(request: Request, name: str, keep: float | None, shape
 def _unload_task(request: Request, model: LoadedModel, keep: float | None) -> BackgroundTask | None:
     """keep_alive 0: unload the model once the answer is sent (keep_alive.py says when that is allowed); a model
     that loads on request is unloaded by the residency manager once the request lets it go."""
-    if keep != 0 or _control(request).loads_on_request(model.folder):
+    if keep != 0 or _control(request).catalog.loads_on_request(model.folder):
         return None
     return BackgroundTask(unload_after, _control(request), model, _principal(request))
 

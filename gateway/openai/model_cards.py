@@ -67,7 +67,7 @@ def model_cards(control: ModelControl) -> list[dict[str, Any]]:
     cards = [loaded_card(m) for m in control.models.all_models()]
     loaded = {m.folder for m in control.models.all_models()}
     taken = {card["id"] for card in cards}
-    for folder, config in sorted(control.on_request_models().items()):
+    for folder, config in sorted(control.catalog.on_request_models().items()):
         if folder not in loaded and _served_name(folder, config) not in taken:
             cards.append(_unloaded_card(control, folder, config))
     return cards
@@ -78,8 +78,8 @@ def model_card(control: ModelControl, name: str) -> dict[str, Any]:
     loaded = control.models.find(name)
     if loaded is not None:
         return loaded_card(loaded)
-    folder = control.requestable(name)
-    config = control.on_request_models().get(folder or "")
+    folder = control.catalog.requestable(name)
+    config = control.catalog.on_request_models().get(folder or "")
     if folder is None or config is None:
         raise ModelNotFoundError(name)
     return _unloaded_card(control, folder, config)

@@ -11,14 +11,14 @@ Triton's model control modes (`--model-control-mode`):
   repository API loads and unloads too. `residency.py` decides when; this class does the loads and unloads.
 
 In every mode a model whose config says `load: on_request` loads on its first request, and `load: on_startup`
-loads at startup (`lifecycle_config.py`). A model that fails to load at startup is reported (its state and reason
-in the repository index) and the others serve, unless `--exit-on-error` asks to stop.
+loads at startup; which folders those are, and their configs, is the catalog's (`repository_catalog.py`). A model
+that fails to load at startup is reported (its state and reason in the repository index) and the others serve,
+unless `--exit-on-error` asks to stop.
 
 A reload builds and starts the new copy while the old one serves, swaps them, and stops the old copy only once
-its in-flight requests have finished (see `serving.py`); a failed reload leaves the old copy serving. A failed load
-keeps its reason in the folder's state (`model_states.py`), which the load API's error, the repository index and
-the console show. Names that arrive over the network are checked before the file system is touched (see
-`layout.find_model_dir`).
+its in-flight requests have finished (`retirement.py`, `serving.py`); a failed reload leaves the old copy serving.
+A failed load keeps its reason in the folder's state (`model_states.py`), which the load API's error, the
+repository index and the console show.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from gateway.errors import (
     ConfigError,
@@ -40,22 +40,16 @@ from gateway.errors import (
 )
 from gateway.repository.builder import build_model
 from gateway.repository.cpu_plan import cpu_share
-from gateway.repository.heap import collect_retired
-from gateway.repository.layout import (
-    ModelDir,
-    find_model_dir,
-    folder_fingerprint,
-    is_valid_model_name,
-    resolve_source,
-    scan_repository,
-)
-from gateway.repository.lifecycle_config import FOREVER
+from gateway.repository.layout import ModelDir, folder_fingerprint, is_valid_model_name, resolve_source, scan_repository
 from gateway.repository.loaded_model import LoadedModel
 from gateway.repository.memory_budget import default_budget
-from gateway.repository.model_config import AnyModelConfig, ModelConfig, parse_model_config, validate_model_config
+from gateway.repository.model_config import AnyModelConfig, ModelConfig, parse_model_config
 from gateway.repository.model_states import ModelStates
 from gateway.repository.registry import ModelRegistry
-from gateway.repository.residency import ModelTooLargeError, Residency
+from gateway.repository.repository_catalog import ControlMode, RepositoryCatalog
+from gateway.repository.residency import Residency
+from gateway.repository.resident_memory import ModelTooLargeError
+from gateway.repository.retirement import Retirement, stop_quietly
 from gateway.repository.tensor_config import TensorModelConfig
 
 if TYPE_CHECKING:
@@ -64,11 +58,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("switchyard.repository")
 
-ControlMode = Literal["none", "explicit", "poll", "on_demand"]
 #: Triton's words when the repository API is off (its tools and scripts look for them).
 CONTROL_DISABLED = "explicit model load / unload is not allowed if polling is enabled"
 DRAIN_TIMEOUT_S = 30.0
-CATALOG_RESCAN_S = 2.0  # a request for an unknown name rescans the repository at most this often
 
 
 class ModelControlDisabledError(ServiceUnavailableError):
@@ -106,9 +98,15 @@ class ModelControl:
         self.rate_limiter = rate_limiter  # the server's --rate-limit, given to every tensor model it loads
         self.cache_dir = cache_dir
         self.control_mode = control_mode
-        self.load_models = list(load_models)  # explicit mode: loaded at startup; ["*"] = all
         self._parsed: list[tuple[ModelDir, AnyModelConfig]] | None = None
         self.states = ModelStates(root, self.models)  # each folder's state, and the repository index
+        self.catalog = RepositoryCatalog(  # which folders load when, and their configs
+            root,
+            control_mode=control_mode,
+            load_models=load_models,
+            default_keep_alive=keep_alive_s,
+            public=self.states.public,
+        )
         self._fingerprints: dict[str, str] = {}  # folder name -> its files when its last load began (polling)
         self.retiring = Retirement(drain_timeout_s, self._retired)  # old copies finishing their requests
         self._watcher: RepositoryWatcher | None = None  # poll mode
@@ -120,66 +118,11 @@ class ModelControl:
             self.budget_source = limit.source
         else:
             self.budget_source = "--memory-budget"
-        self.residency = Residency(
-            self,
-            budget=memory_budget,
-            default_keep_alive=keep_alive_s,
-            load_timeout_s=load_timeout_s,
-            **(residency or {}),
-        )
-        self.models.residency = self.residency  # requests for models not loaded wait for their load
-        self._catalog: dict[str, str] = {}  # served name -> folder, of the models a request loads
-        self._catalog_configs: dict[str, AnyModelConfig] = {}  # folder -> config, of those models
-        self._catalog_scanned = float("-inf")
+        self.residency = Residency(self, budget=memory_budget, load_timeout_s=load_timeout_s, **(residency or {}))
+        self.models.on_demand = self.residency.on_demand  # requests for models not loaded wait for their load
         self.lora_dirs = tuple(lora_dirs)  # --lora-dir: where LoRA adapters may be loaded from (adapter_catalog.py)
 
     # ------------------------------------------------------------------ startup
-
-    def _startup_models(self) -> list[ModelDir]:
-        """The model folders to load at startup, as the control mode says."""
-        if not self.root.is_dir():
-            raise ConfigError(f"model repository '{self.root}' is not a directory; pass --model-repository DIR.")
-        if self.control_mode == "explicit" and self.load_models != ["*"]:
-            found = []
-            for name in self.load_models:
-                try:
-                    model = find_model_dir(self.root, name)
-                except ValueError as exc:
-                    raise ConfigError(f"--load-model: {exc}.") from None
-                if model is None:
-                    raise ConfigError(
-                        f"--load-model {name}: the repository '{self.root}' has no model folder '{name}' "
-                        "with a config file; model names are folder names."
-                    )
-                found.append(model)
-            return found
-        found = scan_repository(self.root)
-        if not found and self.control_mode == "none":
-            raise ConfigError(
-                f"model repository '{self.root}' holds no model (no <model>/config.yaml found); add one, "
-                "or start with --model-control-mode=poll or explicit to add models later."
-            )
-        if not found:
-            log.warning("model repository '%s' holds no model yet", self.root)
-        return found
-
-    def on_request(self, config: AnyModelConfig) -> bool:
-        """Whether a request for this model loads it (on_demand mode, or the model's `load: on_request`)."""
-        return self.control_mode == "on_demand" or config.load == "on_request"
-
-    def _loads_at_startup(self, config: AnyModelConfig) -> bool:
-        if config.load is not None:
-            return config.load == "on_startup"
-        return self.control_mode != "on_demand"
-
-    def keep_alive_for(self, config: AnyModelConfig, override: float | None = None) -> float:
-        """A loaded model's keep-alive: a load's own, its config's, the server's for models loaded on request;
-        models that Triton's modes load stay loaded (FOREVER)."""
-        if override is not None:
-            return override
-        if config.keep_alive is not None:
-            return config.keep_alive
-        return self.residency.default_keep_alive if self.on_request(config) else FOREVER
 
     def _startup_failed(self, name: str, step: str, exc: BaseException) -> None:
         """A model failed at startup: stop the server (--exit-on-error) or record why and serve the others."""
@@ -196,12 +139,12 @@ class ModelControl:
         serving (a model with a bad config is reported and left out, or stops the server with --exit-on-error).
         In explicit mode without --load-model nothing loads at startup; models that load on request are listed."""
         parsed = []
-        named = self.control_mode == "explicit" and self.load_models != ["*"]
-        for model in self._startup_models():
+        named = self.catalog.named_at_startup()
+        for model in self.catalog.startup_models():
             self._fingerprints[model.name] = folder_fingerprint(model.path)
             try:
                 config = parse_model_config(model.config_path, model.name)
-                if not named and not self._loads_at_startup(config):
+                if not named and not self.catalog.loads_at_startup(config):
                     continue  # loads on its first request
                 local = config.backend == "pytorch" if isinstance(config, ModelConfig) else bool(config.model.source)
                 if local:  # weights in the folder or a package: checked before anything loads
@@ -211,7 +154,7 @@ class ModelControl:
                 continue
             parsed.append((model, config))
         self._parsed = parsed
-        self.refresh_catalog()
+        self.catalog.refresh()
 
     def _build(self, model: ModelDir, config: AnyModelConfig) -> LoadedModel:
         """Load one model (blocking), on its share of the CPU budget among the repository's models."""
@@ -229,20 +172,21 @@ class ModelControl:
             self._parsed, key=lambda mc: isinstance(mc[1], TensorModelConfig) and mc[1].resolved_backend == "ensemble"
         )
         loaded = []
+        memory = self.residency.memory
         for model, config in ordered:
             try:
-                needed = self.residency.estimate(model, config)
-                reserved = self.residency.reserve_for(model, config, needed)
-                self.residency.fits_beside(model.name, reserved)
-                rss_before, started = self.residency.rss(), time.monotonic()
-                with self.residency.loading(model.name, reserved):
+                needed = memory.estimate(model, config)
+                reserved = memory.reserve_for(model, config, needed)
+                memory.fits_beside(model.name, reserved)
+                rss_before, started = memory.rss(), time.monotonic()
+                with memory.loading(model.name, reserved):
                     entry = self._build(model, config)
             except Exception as exc:
                 self._startup_failed(model.name, "load", exc)
                 continue
             self.models.publish(entry)
             self.states.set(model.name, "READY")
-            self.residency.track(entry, self.keep_alive_for(config), needed, rss_before, time.monotonic() - started)
+            memory.track(entry, self.catalog.keep_alive_for(config), needed, rss_before, time.monotonic() - started)
             loaded.append(entry)
         return loaded
 
@@ -256,7 +200,7 @@ class ModelControl:
             except Exception as exc:
                 await stop_quietly(entry)
                 self.models.withdraw(entry)
-                self.residency.forget(entry.folder, "failed")
+                self.residency.memory.forget(entry.folder, "failed")
                 self._startup_failed(entry.folder, "start", exc)
                 continue
             started.append(entry)
@@ -265,13 +209,10 @@ class ModelControl:
 
     # ------------------------------------------------------------------ repository API (event loop)
 
-    def _locked(self) -> asyncio.Lock:
-        self._lock = self._lock or asyncio.Lock()
-        return self._lock
-
     def lock(self) -> asyncio.Lock:
         """The lock every load and unload runs under (the residency manager's loads and evictions take it too)."""
-        return self._locked()
+        self._lock = self._lock or asyncio.Lock()
+        return self._lock
 
     def _check_control(self) -> None:
         if self.control_mode in ("explicit", "on_demand"):
@@ -283,17 +224,6 @@ class ModelControl:
         )
         raise ModelControlDisabledError(f"{CONTROL_DISABLED} (model control mode is '{self.control_mode}'; {how})")
 
-    def _find(self, name: str) -> ModelDir:
-        try:
-            model = find_model_dir(self.root, name)
-        except ValueError as exc:
-            raise InvalidRequestError(str(exc)) from None
-        except ConfigError as exc:
-            raise InvalidRequestError(self.states.public(str(exc))) from None
-        if model is None:
-            raise NotFoundError(f"no model named '{name}' in the model repository")
-        return model
-
     async def load(
         self, name: str, config_override: dict[str, Any] | None = None, keep_alive: float | None = None
     ) -> LoadedModel:
@@ -301,36 +231,17 @@ class ModelControl:
         old copy. `keep_alive`: this copy's (-1 pins it); else its config's, or for a model that loads on request
         the server's --keep-alive, counted from this load (docs/model-management.md)."""
         self._check_control()
-        async with self._locked():
+        async with self.lock():
             return await self._load_folder(name, config_override, keep_alive=keep_alive, trigger="admin")
 
     async def unload(self, name: str) -> None:
         """Unload a model by folder name (explicit mode); returns once its in-flight requests have finished."""
         self._check_control()
-        async with self._locked():
-            self._find(name)
+        async with self.lock():
+            self.catalog.find(name)
             task = self._unload_folder(name, "admin")
         if task is not None:
             await asyncio.shield(task)  # the unload completes even if the caller goes away
-
-    def _config(self, model: ModelDir, override: dict[str, Any] | None) -> AnyModelConfig:
-        """The folder's config, or a load request's override of it (which may not touch the weights' location)."""
-        config = parse_model_config(model.config_path, model.name)
-        if override is None:
-            return config
-        if "model" in override:
-            raise ConfigError("a load request's config may not set 'model' (weights location); edit the file")
-        weights = config.model
-        on_disk = config.parameters.get("allow_pickle") if isinstance(config, TensorModelConfig) else None
-        config = validate_model_config(
-            override, f"{model.name}: load request config", model.name, tensor=model.config_path.suffix == ".pbtxt"
-        )
-        if isinstance(config, TensorModelConfig) and config.parameters.get("allow_pickle") != on_disk:
-            raise ConfigError(
-                "a load request's config may not change parameter 'allow_pickle' (loading a "
-                "pickle runs code): set it in the model's config file"
-            )
-        return config.model_copy(update={"model": weights}) if type(weights) is type(config.model) else config
 
     async def load_locked(self, name: str, trigger: str) -> LoadedModel:
         """Load a folder for the residency manager (which holds the lock)."""
@@ -345,15 +256,16 @@ class ModelControl:
         trigger: str = "admin",
     ) -> LoadedModel:
         """Build and start a new copy while the old one (if any) serves, then swap them (call under the lock). A
-        folder not loaded yet first gets its room in the memory budget (idle models evicted, `residency.py`)."""
-        model = self._find(name)
+        folder not loaded yet first gets its room in the memory budget (idle models evicted, `resident_memory.py`)."""
+        model = self.catalog.find(name)
         if not fingerprint:
             fingerprint = await asyncio.to_thread(folder_fingerprint, model.path)
         self._fingerprints[name] = fingerprint
         old = self.models.in_folder(name)
+        memory = self.residency.memory
         needed = reserved = 0
         try:
-            config = self._config(model, config_override)
+            config = self.catalog.read_config(model, config_override)
             served = (config.served_model_name if isinstance(config, ModelConfig) else None) or name
             other = self.models.find(served)
             if other is not None and other.folder != name:
@@ -362,20 +274,20 @@ class ModelControl:
                     f"'{other.folder}'; choose another served_model_name."
                 )
             if old is None:
-                needed = await asyncio.to_thread(self.residency.estimate, model, config)
-                reserved = await asyncio.to_thread(self.residency.reserve_for, model, config, needed)
+                needed = await asyncio.to_thread(memory.estimate, model, config)
+                reserved = await asyncio.to_thread(memory.reserve_for, model, config, needed)
         except Exception as exc:
             raise self._failed(name, old, "load", exc) from None
         if old is None:
             try:
-                await self.residency.make_room(name, reserved)
+                await memory.make_room(name, reserved)
             except ModelTooLargeError as exc:
-                self.residency.load_failed(name)
+                memory.load_failed(name)
                 self.states.set(name, "UNAVAILABLE", exc.message)
                 log.error("model '%s' failed to load: %s", name, exc.message)
                 raise
-        rss_before, started = self.residency.rss(), time.monotonic()
-        with self.residency.loading(name, reserved):  # the build and the engine's start (its KV pool, workers)
+        rss_before, started = memory.rss(), time.monotonic()
+        with memory.loading(name, reserved):  # the build and the engine's start (its KV pool, workers)
             try:
                 if old is None:
                     self.states.set(name, "LOADING")
@@ -391,9 +303,8 @@ class ModelControl:
                 raise self._failed(name, old, "start", exc) from None
         self.models.publish(entry, replaces=old)  # the swap: new requests reach the new copy from here on
         self.states.set(name, "READY")
-        self.residency.track(
-            entry, self.keep_alive_for(config, keep_alive), needed, rss_before, time.monotonic() - started
-        )
+        keep = self.catalog.keep_alive_for(config, keep_alive)
+        memory.track(entry, keep, needed, rss_before, time.monotonic() - started)
         if old is not None:
             log.info(
                 "model '%s' reloaded; the previous copy stops once its %d request(s) in flight finish",
@@ -402,7 +313,7 @@ class ModelControl:
             )
             self.retiring.retire(old, entry)
         else:
-            await self.residency.settle(name)
+            await memory.settle(name)
         return entry
 
     def _failed(self, name: str, old: LoadedModel | None, step: str, exc: BaseException) -> SwitchyardError:
@@ -413,7 +324,7 @@ class ModelControl:
         else:
             log.error("model '%s' failed to %s", name, step, exc_info=exc)
         reason = self.states.failed(name, old is not None, exc)
-        self.residency.load_failed(name)
+        self.residency.memory.load_failed(name)
         error = InvalidRequestError if isinstance(exc, ConfigError) else InternalError
         return error(f"failed to {step} '{name}': {reason}")
 
@@ -429,7 +340,7 @@ class ModelControl:
                 self.states.set(name, "UNAVAILABLE", "unloaded")
             return None
         self.models.withdraw(entry)
-        self.residency.forget(name, reason)
+        self.residency.memory.forget(name, reason)
         self.states.set(name, "UNLOADING")
         log.info("unloading model '%s' (%d request(s) in flight)", name, entry.in_flight)
         return self.retiring.retire(entry, None)
@@ -448,17 +359,17 @@ class ModelControl:
     async def apply_changes(self, changed: Mapping[str, str], removed: Iterable[str]) -> None:
         """The watcher's findings: unload removed folders, (re)load changed ones (ensembles last). Failures are
         logged and shown by the repository index; a model whose reload fails keeps serving its old copy."""
-        async with self._locked():
+        async with self.lock():
             for name in removed:
                 self._fingerprints.pop(name, None)
                 self._unload_folder(name, "poll")
-            self.refresh_catalog()
-            for name in sorted(changed, key=lambda folder: _is_ensemble(self.root, folder)):
-                if self.models.in_folder(name) is None and name in self._catalog_configs:
+            self.catalog.refresh()
+            for name in sorted(changed, key=self.catalog.is_ensemble):
+                if self.models.in_folder(name) is None and self.catalog.loads_on_request(name):
                     self._fingerprints[name] = changed[name]  # loads on its first request
                     continue
                 try:
-                    self._find(name)
+                    self.catalog.find(name)
                 except (InvalidRequestError, NotFoundError) as exc:
                     self._fingerprints[name] = changed[name]
                     if is_valid_model_name(name):
@@ -486,111 +397,3 @@ class ModelControl:
             self._watcher = None
         await self.residency.stop()
         await self.retiring.close()
-
-    # ------------------------------------------------------------------ models that load on request
-
-    def refresh_catalog(self) -> None:
-        """Re-read which served names load on request, and from which folder (blocking: parses the configs)."""
-        catalog: dict[str, str] = {}
-        configs: dict[str, AnyModelConfig] = {}
-        if self.root.is_dir():
-            for model in scan_repository(self.root):
-                try:
-                    config = parse_model_config(model.config_path, model.name)
-                except ConfigError:
-                    continue  # its state says why once something tries to load it
-                if self.on_request(config):
-                    served = (config.served_model_name if isinstance(config, ModelConfig) else None) or model.name
-                    catalog.setdefault(served, model.name)
-                    configs[model.name] = config
-        self._catalog, self._catalog_configs = catalog, configs
-        self._catalog_scanned = time.monotonic()
-
-    def requestable(self, name: str) -> str | None:
-        """The folder a request for the served name `name` loads, or None (no such model, or it does not load on
-        request). An unknown name rescans the repository, at most every CATALOG_RESCAN_S."""
-        folder = self._catalog.get(name)
-        if folder is None and time.monotonic() - self._catalog_scanned > CATALOG_RESCAN_S:
-            try:
-                self.refresh_catalog()
-            except (ConfigError, OSError):
-                return None
-            folder = self._catalog.get(name)
-        return folder
-
-    def loads_on_request(self, folder: str) -> bool:
-        """Whether the model folder loads on request (as last scanned): its keep-alive may be set by requests."""
-        return folder in self._catalog_configs
-
-    def on_request_models(self) -> dict[str, AnyModelConfig]:
-        """Folder -> config of every model that loads on request (as last scanned)."""
-        return dict(self._catalog_configs)
-
-    def ensemble_steps(self, folder: str) -> list[str]:
-        """The models an ensemble folder calls ([] for any other model)."""
-        config = self._catalog_configs.get(folder)
-        if isinstance(config, TensorModelConfig) and config.ensemble_scheduling is not None:
-            return [step.model_name for step in config.ensemble_scheduling.step]
-        return []
-
-
-class Retirement:
-    """Copies taken out of service (replaced by a reload, or unloaded): each finishes its requests in the background
-    (at most `drain_timeout_s`), then stops; `on_stopped(old, successor)` is called once it has."""
-
-    def __init__(
-        self, drain_timeout_s: float, on_stopped: Callable[[LoadedModel, LoadedModel | None], None] | None = None
-    ) -> None:
-        self.drain_timeout_s = drain_timeout_s
-        self.on_stopped = on_stopped
-        self.tasks: set[asyncio.Task[None]] = set()
-
-    def retire(self, old: LoadedModel, successor: LoadedModel | None) -> asyncio.Task[None]:
-        task = asyncio.create_task(self.drain_and_stop(old, successor), name=f"retire-{old.name}")
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        # Collected once the task's frame, the last holder of the old copy, is gone: collected from inside it, the
-        # copy survived, was frozen again with the survivors and was never freed (a whole model a reload).
-        task.add_done_callback(lambda _: collect_retired())
-        return task
-
-    async def drain_and_stop(self, old: LoadedModel, successor: LoadedModel | None) -> None:
-        old.retire(successor)
-        try:
-            if old.in_flight:
-                await asyncio.wait_for(old.wait_idle(), self.drain_timeout_s)
-        except TimeoutError:
-            log.warning(
-                "model '%s': %d request(s) still running after %gs of draining; stopping them",
-                old.name,
-                old.in_flight,
-                self.drain_timeout_s,
-            )
-        finally:
-            await stop_quietly(old)
-            if self.on_stopped is not None:
-                self.on_stopped(old, successor)
-
-    async def close(self) -> None:
-        """Shutdown: give the copies still draining their time, then cancel what is left."""
-        if self.tasks:
-            await asyncio.wait(set(self.tasks), timeout=self.drain_timeout_s)
-            for task in list(self.tasks):
-                task.cancel()
-            await asyncio.gather(*self.tasks, return_exceptions=True)
-
-
-async def stop_quietly(entry: LoadedModel) -> None:
-    try:
-        await entry.stop()
-    except Exception:
-        log.exception("model '%s' did not stop cleanly", entry.name)
-
-
-def _is_ensemble(root: Path, name: str) -> bool:
-    try:
-        model = find_model_dir(root, name)
-        config = parse_model_config(model.config_path, name) if model is not None else None
-    except (ConfigError, ValueError, OSError):
-        return False
-    return isinstance(config, TensorModelConfig) and config.resolved_backend == "ensemble"

@@ -2,8 +2,8 @@
 
 Why: a model loaded on demand must not be evicted between the moment a request looks it up and the moment its
 engine starts counting the request (tokenizing, rendering the prompt and queueing come in between), nor while its
-stream is still being sent. `ModelUseMiddleware` opens a `ModelUse` for every HTTP request; the residency manager
-(`residency.py`) adds a hold on each model the request looks up, and the middleware lets them all go once the
+stream is still being sent. `ModelUseMiddleware` opens a `ModelUse` for every HTTP request; the on-demand loader
+(`on_demand.py`) adds a hold on each model the request looks up, and the middleware lets them all go once the
 response is complete. The gRPC server opens one per call with the call's deadline.
 
 The deadline bounds how long a request waits for its model to load: the client's own timeout where it says it

@@ -23,7 +23,7 @@ class ModelRegistry:
 
     def __init__(self) -> None:
         self._models: dict[str, LoadedModel] = {}
-        self.residency: Any = None  # residency.Residency: loads models on request (set by model control)
+        self.on_demand: Any = None  # on_demand.OnDemandLoader: loads models on request (set by model control)
 
     # ------------------------------------------------------------------ lookups (frontends)
 
@@ -70,12 +70,12 @@ class ModelRegistry:
     async def acquire(self, name: str, keep_alive: float | None = None) -> LoadedModel:
         """The model serving `name` for a request (what every inference route calls): a model of the repository
         that loads on request is loaded first while the request waits, and the request holds it (no eviction)
-        until its response is sent (`residency.py`); 404 as `get` otherwise (a named key's model check included,
+        until its response is sent (`on_demand.py`); 404 as `get` otherwise (a named key's model check included,
         before any load). `keep_alive`: the request's own."""
-        if self.residency is None:
+        if self.on_demand is None:
             return self.get(name)
         key_context.check_model(name)
-        return await self.residency.acquire(name, keep_alive)
+        return await self.on_demand.acquire(name, keep_alive)
 
     async def acquire_llm(self, name: str, keep_alive: float | None = None) -> LoadedLLM:
         """`acquire` for a model that generates text; 400 for a model of another kind."""

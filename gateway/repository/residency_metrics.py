@@ -1,5 +1,6 @@
 """/metrics for the model lifecycle: loads, unloads and evictions by reason, load time, resident bytes per model and
-the memory budget (read at scrape time from `residency.ResidencyStats`; labels are model folder names)."""
+the memory budget (counted in `ResidencyStats` by `resident_memory.py` and read at scrape time; labels are model
+folder names)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,38 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from gateway.observability.request_metrics import Histogram
+
+LOAD_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class ResidencyStats:
+    """Counters for /metrics, as plain numbers read at scrape time."""
+
+    def __init__(self) -> None:
+        self.loads: dict[tuple[str, str], int] = {}  # (model folder, success|failure) -> count
+        self.unloads: dict[tuple[str, str], int] = {}  # (folder, reason: idle|memory|admin|poll|failed) -> count
+        self.evictions: dict[tuple[str, str], int] = {}  # (folder, reason: idle|memory) -> count
+        self.load_seconds: dict[str, Histogram] = {}  # folder -> histogram of successful loads' durations
+
+    @staticmethod
+    def count(table: dict[tuple[str, str], int], folder: str, label: str) -> None:
+        table[(folder, label)] = table.get((folder, label), 0) + 1
+
+    def loaded(self, folder: str, seconds: float) -> None:
+        self.count(self.loads, folder, "success")
+        self.load_seconds.setdefault(folder, Histogram(LOAD_SECONDS_BUCKETS)).observe(seconds)
+
 
 class ResidencyCollector(Collector):
-    """switchyard_model_* metrics of `control.residency` (a ModelControl)."""
+    """switchyard_model_* metrics of `control.residency.memory` (a ModelControl's `ResidentMemory`)."""
 
     def __init__(self, control: Any) -> None:
         self._control = control
 
     def collect(self) -> Iterator[Metric]:
-        residency = self._control.residency
-        stats = residency.stats
+        memory = self._control.residency.memory
+        stats = memory.stats
         loads = CounterMetricFamily(
             "switchyard_model_loads", "Model loads, by result (success, failure).", labels=["model", "result"]
         )
@@ -54,14 +77,14 @@ class ResidencyCollector(Collector):
             "loaded model (the engine's figure, else the estimate or RSS growth).",
             labels=["model"],
         )
-        for model, r in sorted(residency.resident.items()):
+        for model, r in sorted(memory.resident.items()):
             resident.add_metric([model], r.bytes)
         yield from (loads, unloads, evictions, seconds, resident)
         yield GaugeMetricFamily(
-            "switchyard_memory_budget_bytes", "The memory budget (--memory-budget).", value=residency.budget
+            "switchyard_memory_budget_bytes", "The memory budget (--memory-budget).", value=memory.budget
         )
         yield GaugeMetricFamily(
             "switchyard_memory_used_bytes",
             "Memory in use as the budget counts it: the larger of the server's RSS and its models' counted bytes.",
-            value=residency.used_bytes(),
+            value=memory.used_bytes(),
         )

@@ -1,4 +1,5 @@
-"""Model control modes in the registry (Triton's none / explicit / poll) and hostile names on load/unload."""
+"""Model control modes in the registry (Triton's none / explicit / poll), hostile names on load/unload, startup
+failures that no longer stop the server, and the load API's keep_alive."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import pytest
 
 from gateway.errors import ConfigError, InvalidRequestError, ModelNotFoundError
 from gateway.repository.model_control import CONTROL_DISABLED, ModelControl, ModelControlDisabledError
+from tests.gateway.repository.residency_harness import Clock, control_of, repo_of
+from tests.gateway.repository.residency_harness import start as start_control
 from tests.gateway.repository.tiny_models import write_tagger, x_input
 
 
@@ -165,3 +168,30 @@ async def test_hostile_names_are_400_before_the_file_system(repo: Path, name: st
         assert refused.value.status == 400 and "not a valid model name" in refused.value.message
     assert touched == []  # refused before any path was built from the name
     assert registry.models.all_models() == []
+
+
+async def test_startup_failures_are_reported_and_the_others_serve(tmp_path: Path, clock: Clock, started: list) -> None:
+    repo_of(tmp_path, "good")
+    bad = write_tagger(tmp_path, "bad")
+    (bad / "config.yaml").write_text((bad / "config.yaml").read_text() + "max_batch_sise: 3\n")
+    control = await start_control(control_of(tmp_path, clock, mode="none"), started)
+    assert [m.name for m in control.models.all_models()] == ["good"]
+    row = next(r for r in control.states.index() if r["name"] == "bad")
+    assert row["state"] == "UNAVAILABLE" and "max_batch_sise" in row["reason"]
+    strict = control_of(tmp_path, clock, mode="none", exit_on_error=True)
+    with pytest.raises(ConfigError, match=r"(?s)model 'bad' failed to load: .*max_batch_sise.*--exit-on-error"):
+        strict.prepare()
+
+
+async def test_the_load_api_takes_a_keep_alive(tmp_path: Path, clock: Clock, started: list) -> None:
+    from gateway.errors import InvalidRequestError
+    from gateway.kserve.data_plane import DataPlane
+
+    control = await start_control(control_of(repo_of(tmp_path, "a"), clock), started)
+    plane = DataPlane(control.models, control)
+    await plane.load("a", {"keep_alive": -1})
+    assert control.residency.memory.resident["a"].pinned
+    await plane.load("a", {"keep_alive": "2m"})  # a reload: its keep-alive from now on
+    assert control.residency.memory.resident["a"].keep_alive == 120
+    with pytest.raises(InvalidRequestError, match="parameter 'keep_alive': 'later' is not a duration"):
+        await plane.load("a", {"keep_alive": "later"})
