@@ -16,13 +16,7 @@ from engines.pytorch.dense_ops import DenseOps
 from engines.pytorch.layers.norms import RMSNorm
 from engines.pytorch.native import HelperThreads
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the kernel is single-threaded; the engine uses it with one torch thread
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

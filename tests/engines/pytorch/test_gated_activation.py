@@ -16,13 +16,7 @@ from engines.pytorch.linear import Linear
 from engines.pytorch.native import HelperThreads
 from tests.random_gguf_blocks import make_blocks
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the kernel is single-threaded; the engine uses it with one torch thread
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _tile_unit(lin: Linear | GatedActivation) -> bool:
