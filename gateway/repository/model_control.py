@@ -113,11 +113,7 @@ class ModelControl:
         self._lock: asyncio.Lock | None = None
         self.exit_on_error = exit_on_error
         if memory_budget is None:
-            limit = default_budget()
-            memory_budget = limit.bytes
-            self.budget_source = limit.source
-        else:
-            self.budget_source = "--memory-budget"
+            memory_budget = default_budget().bytes
         self.residency = Residency(self, budget=memory_budget, load_timeout_s=load_timeout_s, **(residency or {}))
         self.models.on_demand = self.residency.on_demand  # requests for models not loaded wait for their load
         self.lora_dirs = tuple(lora_dirs)  # --lora-dir: where LoRA adapters may be loaded from (adapter_catalog.py)
