@@ -47,18 +47,29 @@ def converted(folder: Path, kind: str = "F32", cache_dir: Path | None = None) ->
     if target.is_file():
         return target
     if kind in CONVERTER_TYPES:
-        _convert(folder, target, kind, cache_dir)
+        convert_folder(folder, target, kind, cache_dir)
         return target
     source = converted(folder, "F32", cache_dir)  # quantized from full precision, as llama.cpp's docs do
     return quantize(source, target, kind, threads=min(2, os.cpu_count() or 1))
 
 
-def _convert(folder: Path, target: Path, kind: str, cache_dir: Path | None) -> None:
+def _converter(cache_dir: Path | None) -> tuple[Path, dict[str, str]]:
+    """The converter's source folder and the environment to run it in: this Python with the sdist's gguf-py and
+    the converter's own packages (sentencepiece) first on its path."""
     from bench.llamacpp_env import converter_packages, converter_source
 
     source = converter_source(cache_dir)
     path = [str(source / "gguf-py"), str(converter_packages(cache_dir))]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    return source, {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(path + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+    }
+
+
+def convert_folder(folder: Path, target: Path, kind: str, cache_dir: Path | None = None) -> None:
+    """llama.cpp's convert_hf_to_gguf.py of the HF folder `folder` to `target` in type `kind` (F32, F16, BF16),
+    written beside it first and renamed when whole."""
+    source, env = _converter(cache_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
     run = subprocess.run(
@@ -88,11 +99,7 @@ def _convert(folder: Path, target: Path, kind: str, cache_dir: Path | None) -> N
 def convert_lora(adapter: Path, base: Path, target: Path, cache_dir: Path | None = None) -> Path:
     """A PEFT LoRA adapter folder as a GGUF LoRA file (F32), written by llama.cpp's `convert_lora_to_gguf.py` against
     the HF folder `base` (only its config is read). Raises bench.llamacpp_env.ConverterUnavailable without the sdist."""
-    from bench.llamacpp_env import converter_packages, converter_source
-
-    source = converter_source(cache_dir)
-    path = [str(source / "gguf-py"), str(converter_packages(cache_dir))]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    source, env = _converter(cache_dir)
     run = subprocess.run(
         [
             sys.executable,

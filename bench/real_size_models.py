@@ -25,8 +25,8 @@ Each model is made once, in steps whose results are kept in `--cache-dir` (defau
      `conversion/` package and `gguf-py`; bench/llamacpp_env.py fetches it), run with this Python, to a BF16 GGUF;
   3. llama.cpp's quantizer (`llama_model_quantize` in the llama.cpp environment, bench/llamacpp_env.py) to
      Q4_K_M; the BF16 GGUF is then deleted (`--keep-bf16` keeps it).
-Needs `sentencepiece` in this Python (the converter imports it for every Llama) and disk for the HF folder plus
-the BF16 file (2 bytes a weight each) while a model is made.
+The converter runs as bench/gguf_convert.py runs it (the sentencepiece it imports for every Llama is installed for
+it on first use). Needs disk for the HF folder plus the BF16 file (2 bytes a weight each) while a model is made.
 
     python bench/real_size_models.py [NAME ...] [--moe-layers 12] [--cache-dir DIR] [--keep-bf16]
 """
@@ -38,7 +38,6 @@ import json
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -47,7 +46,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.llamacpp_env import llama_cpp_source, quantize  # noqa: E402
+from bench.gguf_convert import convert_folder  # noqa: E402
+from bench.llamacpp_env import quantize  # noqa: E402
 
 # bump when the way a model is made changes, so that files made the old way are not used
 MAKER_VERSION = 1
@@ -253,39 +253,10 @@ def write_hf_folder(config: dict, folder: Path) -> Path:
     return folder
 
 
-def convert(hf_folder: Path, target: Path, outtype: str = "bf16") -> Path:
-    """llama.cpp's convert_hf_to_gguf.py of `hf_folder` to `target`, run with this Python and the sdist's gguf-py."""
-    if target.is_file():
-        return target
-    source = llama_cpp_source()
-    partial = target.with_name(target.name + ".partial")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source / "gguf-py"), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(source / "convert_hf_to_gguf.py"),
-            str(hf_folder),
-            "--outfile",
-            str(partial),
-            "--outtype",
-            outtype,
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    if run.returncode != 0:
-        partial.unlink(missing_ok=True)
-        hint = (
-            "; install sentencepiece (pip install sentencepiece): the converter imports it for every Llama"
-            if "sentencepiece" in run.stderr
-            else ""
-        )
-        raise RuntimeError(
-            f"convert_hf_to_gguf.py failed on {hf_folder} (exit {run.returncode}){hint}:\n{run.stderr[-3000:]}"
-        )
-    partial.replace(target)
+def convert(hf_folder: Path, target: Path, outtype: str = "BF16") -> Path:
+    """llama.cpp's convert_hf_to_gguf.py of `hf_folder` to `target` (bench/gguf_convert.py runs it)."""
+    if not target.is_file():
+        convert_folder(hf_folder, target, outtype)
     return target
 
 
