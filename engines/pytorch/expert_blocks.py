@@ -14,6 +14,11 @@ How llama.cpp's converter (convert_hf_to_gguf.py, gguf-py) writes them, for Qwen
 - the router `blk.N.ffn_gate_inp.weight` ([E, H]) in F32 (the converter and llama-quantize keep it so);
 - metadata `{arch}.expert_count` (E), `{arch}.expert_used_count` (k, experts a token) and, for qwen3moe,
   `{arch}.expert_feed_forward_length` (I; a Mixtral file's I is its `feed_forward_length`).
+gpt-oss (`gpt-oss`, conversion/gpt_oss.py) has the same three tensors and the router, each with a bias:
+`blk.N.ffn_{gate,up}_exps.bias` [E, I], `blk.N.ffn_down_exps.bias` [E, H], `blk.N.ffn_gate_inp.bias` [E]. Its
+checkpoint holds `gate_up_proj` [E, H, 2 I] with gate and up interleaved along the last dimension (gate the even
+columns) and `down_proj` [E, I, H]: the converter transposes them and takes gate's and up's rows (and biases) apart,
+so the file's layout is the one above; the released checkpoints' MXFP4 experts are repacked as GGUF MXFP4 blocks.
 
 transformers' GGUF loader (5.19) reads qwen3moe files: `expert_count` -> `num_experts`, `expert_used_count` ->
 `num_experts_per_tok`, `norm_topk_prob` set True (llama.cpp's qwen3moe graph normalises; the config class's default
@@ -21,7 +26,13 @@ is False); `expert_feed_forward_length` is not mapped (`moe_intermediate_size` s
 unless the file's shapes agree with it, so the engine takes I from the tensors' shapes); its tensor processor
 dequantizes each 3-D tensor to float32 and writes gate and up into the two halves of `mlp.experts.gate_up_proj`,
 down as `mlp.experts.down_proj`. It does not read Mixtral files as Mixtral: their `llama` architecture gives a
-dense Llama config with no experts, so a Mixtral GGUF needs the expert metadata read here.
+dense Llama config with no experts, so a Mixtral GGUF needs the expert metadata read here. Its gpt-oss tensor
+processor expects other tensor names (`ffn_*_projs`) than llama.cpp writes.
+
+transformers' experts modules say how they hold a layer's experts (`use_experts_implementation`'s attributes):
+`is_concatenated` (gate and up as the two halves of `gate_up_proj`'s 2 I outputs; gpt-oss: interleaved),
+`is_transposed` (gpt-oss: [E, H, 2 I] and [E, I, H]), and biases where it has `gate_up_proj_bias` /
+`down_proj_bias`. `expert_shapes` and `transformers_experts` go between the file's layout and the module's by them.
 """
 
 from __future__ import annotations
@@ -39,7 +50,9 @@ from engines.pytorch.gguf_blocks import TYPES, GGUFBlocks
 
 CHECK_EXPERT_ROWS = 16  # rows of each checked expert compared with gguf-py's dequantization as the file is read
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-EXPERT_NAME = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
+EXPERT_NAME = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.(weight|bias)")
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")  # a layer's expert weights by module name (expert_block_path's)
+EXPERTS = ".mlp.experts"  # a layer's experts module, in module paths
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,13 @@ class LayerExperts(NamedTuple):
     gate: ExpertBlocks
     up: ExpertBlocks
     down: ExpertBlocks
+
+    @classmethod
+    def held(cls, own: dict[str, Any]) -> LayerExperts | None:
+        """A layer's experts from its blocks by module name (models/decoder.py's `layer_blocks`) where all three
+        are held as blocks; else None (transformers' float parameters hold them)."""
+        parts = [own.get(name) for name in PROJECTIONS]
+        return cls(*parts) if all(isinstance(p, ExpertBlocks) for p in parts) else None
 
 
 class ExpertCounts(NamedTuple):
@@ -181,9 +201,62 @@ def layer_experts(
 
 def expert_block_path(tensor_name: str) -> str | None:
     """Where a layer's expert blocks are kept among a file's blocks by module path (models/moe.py reads them there):
-    `blk.3.ffn_up_exps.weight` -> `model.layers.3.mlp.experts.up_proj`; None for any other tensor."""
+    `blk.3.ffn_up_exps.weight` -> `model.layers.3.mlp.experts.up_proj`, and its bias (gpt-oss) ->
+    `model.layers.3.mlp.experts.up_proj.bias`; None for any other tensor."""
     found = EXPERT_NAME.fullmatch(tensor_name)
-    return None if found is None else f"model.layers.{found[1]}.mlp.experts.{found[2]}_proj"
+    if found is None:
+        return None
+    path = f"model.layers.{found[1]}{EXPERTS}.{found[2]}_proj"
+    return path if found[3] == "weight" else f"{path}.bias"
+
+
+def experts_module_part(path: str) -> tuple[str, str]:
+    """An expert_block_path split into its experts module's path and the part:
+    `model.layers.3.mlp.experts.up_proj.bias` -> (`model.layers.3.mlp.experts`, `up_proj.bias`)."""
+    head, _, part = path.partition(f"{EXPERTS}.")
+    return f"{head}{EXPERTS}", part
+
+
+def _layout(module: Any) -> tuple[bool, bool]:
+    """(is_concatenated, is_transposed) of transformers' experts module (its defaults where it lacks them)."""
+    return bool(getattr(module, "is_concatenated", True)), bool(getattr(module, "is_transposed", False))
+
+
+def expert_shapes(module: Any) -> dict[str, tuple[int, ...]]:
+    """The shape the file holds each expert tensor of a layer in, by part (experts_module_part's; biases only where
+    the module has them), from transformers' experts module of the layer (its parameters' shapes: on the meta device
+    too): gate and up [E, I, H], down [E, H, I], their biases [E, I], [E, I], [E, H]."""
+    _concatenated, transposed = _layout(module)
+    e, rows, columns = module.gate_up_proj.shape
+    h, i = (rows, columns // 2) if transposed else (columns, rows // 2)
+    shapes: dict[str, tuple[int, ...]] = {"gate_proj": (e, i, h), "up_proj": (e, i, h), "down_proj": (e, h, i)}
+    if getattr(module, "gate_up_proj_bias", None) is not None:
+        shapes.update({"gate_proj.bias": (e, i), "up_proj.bias": (e, i)})
+    if getattr(module, "down_proj_bias", None) is not None:
+        shapes["down_proj.bias"] = (e, h)
+    return shapes
+
+
+def transformers_experts(module: Any, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' parameters of a layer's experts module (`gate_up_proj`, `down_proj`, and from biases
+    `gate_up_proj_bias`, `down_proj_bias`) from the file's float32 tensors `parts` (by part and in the shapes
+    expert_shapes gives), laid out as the module holds them: gate and up as the two halves of the 2 I outputs, or
+    interleaved (gate first) where it is not `is_concatenated`; the weights transposed where it `is_transposed`.
+    A parameter is made only where all its parts are given."""
+    concatenated, transposed = _layout(module)
+    out: dict[str, torch.Tensor] = {}
+    for suffix, name in (("", "gate_up_proj"), (".bias", "gate_up_proj_bias")):
+        gate, up = parts.get(f"gate_proj{suffix}"), parts.get(f"up_proj{suffix}")
+        if gate is None or up is None:
+            continue
+        joined = torch.cat((gate, up), dim=1) if concatenated else torch.stack((gate, up), dim=2).flatten(1, 2)
+        out[name] = joined.transpose(1, 2).contiguous() if transposed and not suffix else joined
+    down, down_bias = parts.get("down_proj"), parts.get("down_proj.bias")
+    if down is not None:
+        out["down_proj"] = down.transpose(1, 2).contiguous() if transposed else down
+    if down_bias is not None:
+        out["down_proj_bias"] = down_bias
+    return out
 
 
 def expert_parameters(block_paths: Iterable[str]) -> set[str]:

@@ -14,7 +14,9 @@ engine serves, that list loses:
 - Gemma 2 / 3's query scale (`query_pre_attn_scalar`): not in the file; llama.cpp takes the head size, or hidden /
   heads for the 27B models (known by their layer count), where transformers' config class defaults to 256;
 - bias presence: a llama, mistral or qwen3 file with q/k/v/o or MLP biases (`attention_bias`, `mlp_bias`), which
-  transformers would build without them and whose bias tensors it would drop without a word.
+  transformers would build without them and whose bias tensors it would drop without a word;
+- gpt-oss's config as a whole: transformers lists the architecture but cannot make its config of the file (its YaRN
+  keys are misread), so it is made here of the `gpt-oss.*` metadata (`_gpt_oss_config`).
 Rope theta, norm epsilon and tied embeddings (no `output.weight`) transformers reads itself. A Mistral's sliding
 window is not in the file at all: llama.cpp's converter writes Mistral as a llama and drops it (so llama.cpp itself
 attends over the whole context).
@@ -25,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,15 +46,14 @@ GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # how llama.cpp tells the 27B m
 ATTENTION_BIAS = re.compile(r"blk\.\d+\.attn_(q|k|v|output)\.bias")
 MLP_BIAS = re.compile(r"blk\.\d+\.ffn_(gate|up|down)\.bias")
 # llama.cpp's names of architectures transformers' GGUF loader lists under its own (it renames them as it reads)
-TRANSFORMERS_ARCH = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}
-# architectures whose files the native engine does not serve, though transformers' loader lists them: why, for the
-# error. gpt-oss: llama.cpp writes its experts as stacked gate, up and down tensors with biases (`ffn_*_exps`),
-# which transformers' GGUF loader does not map (it expects `ffn_*_projs`) and the engine's expert reader does not
-# take yet; the released files hold them as MXFP4 blocks, a type the kernels do not read
-UNSERVED_ARCH = {
-    "gpt-oss": "llama.cpp's gpt-oss experts (stacked `ffn_*_exps` tensors with biases) are not read by the native "
-    "engine's GGUF loader yet"
-}
+TRANSFORMERS_ARCH = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "gpt-oss": "gpt_oss"}
+GPT_OSS = "gpt-oss"
+# llama.cpp's openai-moe model: without `attention.sliding_window_pattern`, layer i slides where i % 2 < 2 - 1 (the
+# first, the third ...), as GptOssConfig's default layer_types have it
+GPT_OSS_SWA_PATTERN = 2
+GPT_OSS_ROPE_BASE = 10000.0  # llama.cpp's rope.freq_base where a file has none (the converter always writes it)
+# YaRN's optional keys (`<arch>.rope.scaling.*`) and transformers' rope_parameters names for them
+YARN_KEYS = (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow"), ("yarn_attn_factor", "attention_factor"))
 
 
 MAX_HEAD_DIM = 4096  # values in one attention head: far above any model's
@@ -65,13 +67,6 @@ def gguf_config(gguf: Path) -> Any:
 
     layout = read_layout(gguf)
     arch = layout.architecture
-    if arch in UNSERVED_ARCH:
-        mxfp4 = any(t.type_name == "MXFP4" for t in layout.tensors.values())
-        held = "; this file's experts are MXFP4 blocks, a type the engine's kernels do not read" if mxfp4 else ""
-        raise ModelFileError(
-            f"{gguf.name}: architecture '{arch}' is not served from a GGUF file: {UNSERVED_ARCH[arch]}{held}; "
-            f"serve the model's HF folder instead (the native engine serves {arch} from it), or use backend: vllm"
-        )
     if TRANSFORMERS_ARCH.get(arch, arch) not in GGUF_SUPPORTED_ARCHITECTURES:
         raise ModelFileError(
             f"{gguf.name}: architecture '{arch or '(none)'}' is not one transformers' GGUF loader reads (the "
@@ -80,7 +75,12 @@ def gguf_config(gguf: Path) -> Any:
             f"backend: vllm"
         )
     try:
-        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        if arch == GPT_OSS:
+            config = _gpt_oss_config(layout)
+        else:
+            config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except ModelFileError:
+        raise
     except Exception as exc:  # noqa: BLE001 - its metadata, read by transformers, may raise anything (a 0 heads)
         raise ModelFileError(
             f"{gguf.name}: transformers cannot make a config of it ({type(exc).__name__}: "
@@ -140,13 +140,7 @@ def _check_sizes(layout: GGUFLayout, config: Any) -> None:
             raise ModelFileError(
                 f"{name}: {size} is {value!r} (from its {arch}.* metadata), not a whole number of at least 1; {REFETCH}"
             )
-    layers = {int(m.group(1)) for t in layout.tensors if (m := LAYER.match(t))}
-    if config.num_hidden_layers > len(layers):
-        raise ModelFileError(
-            f"{name}: its metadata's {config.num_hidden_layers} layers ({arch}.block_count) are more "
-            f"than the file has tensors of {len(layers)}: the metadata and the tensors disagree; "
-            f"{REFETCH}"
-        )
+    _check_layers(layout, config.num_hidden_layers)
     embedding = layout.tensors.get("token_embd.weight")
     if embedding is not None and len(embedding.shape) == 2 and embedding.shape[1] != config.hidden_size:
         raise ModelFileError(
@@ -177,6 +171,100 @@ def _check_sizes(layout: GGUFLayout, config: Any) -> None:
             f"{name}: its metadata's {experts} experts ({arch}.expert_count) are more than its "
             f"expert tensors hold ({held}); {REFETCH}"
         )
+
+
+def _check_layers(layout: GGUFLayout, layers: int) -> None:
+    """The metadata's `layers` (block_count) are no more than the file has tensors of."""
+    held = {int(m.group(1)) for t in layout.tensors if (m := LAYER.match(t))}
+    if layers > len(held):
+        raise ModelFileError(
+            f"{layout.path.name}: its metadata's {layers} layers ({layout.architecture}.block_count) are more "
+            f"than the file has tensors of {len(held)}: the metadata and the tensors disagree; {REFETCH}"
+        )
+
+
+def _gpt_oss_config(layout: GGUFLayout) -> Any:
+    """gpt-oss's config of its `gpt-oss.*` metadata, as llama.cpp's converter writes it (conversion/gpt_oss.py and
+    its base class's keys) and llama.cpp reads it (src/models/openai-moe.cpp). transformers' GGUF loader lists the
+    architecture but makes no config of it: it reads the YaRN keys' field headers as their values and fails (a
+    TypeError; its AutoTokenizer too, which makes that config first). What the file does not hold is the family's
+    own: the clamped SwiGLU's alpha and limit (GptOssConfig's defaults, 1.702 and 7.0, llama.cpp's constants), and
+    which layers slide: every other one from the first (llama.cpp's pattern of 2, GptOssConfig's default), or as a
+    whole-number `attention.sliding_window_pattern` says. A ModelFileError names a key llama.cpp needs that the
+    file lacks, or one the engine does not read."""
+    from transformers import GptOssConfig
+
+    name, field = layout.path.name, layout.field
+
+    def needed(key: str) -> Any:
+        value = field(key)
+        if value is None:
+            raise ModelFileError(
+                f"{name}: its metadata has no {GPT_OSS}.{key}, which llama.cpp's converter writes and llama.cpp "
+                f"needs; {REFETCH}"
+            )
+        return value
+
+    layers, hidden, heads = needed("block_count"), needed("embedding_length"), needed("attention.head_count")
+    if type(layers) is int:  # before the config makes a layer type per layer
+        _check_layers(layout, layers)
+    pattern = field("attention.sliding_window_pattern", GPT_OSS_SWA_PATTERN)
+    if f"{GPT_OSS}.attention.sliding_window_pattern" in layout.array_lengths or type(pattern) is not int or pattern < 0:
+        raise ModelFileError(
+            f"{name}: its {GPT_OSS}.attention.sliding_window_pattern is not a whole number of layers (a list of "
+            "layers is not read from GGUF files by the native engine); serve the model's HF folder instead, or use "
+            "backend: vllm"
+        )
+    embedding = layout.tensors.get("token_embd.weight")
+    if embedding is None or len(embedding.shape) != 2:
+        raise ModelFileError(f"{name}: it has no 2-D token_embd.weight, the model's embedding; {REFETCH}")
+    slides = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
+    return GptOssConfig(
+        vocab_size=embedding.shape[0],
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=field("attention.head_count_kv", heads),
+        head_dim=field("attention.key_length") or hidden // heads,
+        intermediate_size=field("expert_feed_forward_length") or needed("feed_forward_length"),
+        num_local_experts=needed("expert_count"),
+        num_experts_per_tok=needed("expert_used_count"),
+        sliding_window=needed("attention.sliding_window"),
+        layer_types=["sliding_attention" if s else "full_attention" for s in slides],
+        max_position_embeddings=needed("context_length"),
+        rms_norm_eps=float(needed("attention.layer_norm_rms_epsilon")),
+        rope_parameters=_gpt_oss_rope(layout, needed),
+        tie_word_embeddings="output.weight" not in layout.tensors,
+        architectures=["GptOssForCausalLM"],
+    )
+
+
+def _gpt_oss_rope(layout: GGUFLayout, needed: Callable[[str], Any]) -> dict[str, Any]:
+    """gpt-oss's rope_parameters: the file's base and YaRN (factor, original context, betas and attention factor
+    where written) under transformers' names, and `truncate: false`, as gpt-oss's own configs have it: the rotary
+    tables are transformers' for the original folder (llama.cpp's own YaRN floors and ceils the blended range of
+    frequencies, transformers' `truncate: true`)."""
+    rope: dict[str, Any] = {"rope_theta": float(layout.field("rope.freq_base", GPT_OSS_ROPE_BASE))}
+    kind = layout.field("rope.scaling.type")
+    if kind in (None, "none"):
+        return {"rope_type": "default", **rope}
+    if kind != "yarn" or layout.field("rope.scaling.yarn_ext_factor", 1.0) != 1.0:
+        raise ModelFileError(
+            f"{layout.path.name}: its RoPE scaling ({GPT_OSS}.rope.scaling.type '{kind}', yarn_ext_factor "
+            f"{layout.field('rope.scaling.yarn_ext_factor')}) is not gpt-oss's YaRN, the only scaling the native "
+            "engine reads from a gpt-oss GGUF file; serve the model's HF folder instead, or use backend: vllm"
+        )
+    rope.update(
+        rope_type="yarn",
+        factor=float(needed("rope.scaling.factor")),
+        original_max_position_embeddings=int(needed("rope.scaling.original_context_length")),
+        truncate=False,
+    )
+    for key, ours in YARN_KEYS:
+        value = layout.field(f"rope.scaling.{key}")
+        if value is not None:
+            rope[ours] = float(value)
+    return rope
 
 
 def _head_size(layout: GGUFLayout, config: Any) -> dict[str, Any]:
@@ -221,7 +309,8 @@ def _linear_rope(layout: GGUFLayout, config: Any) -> dict[str, Any]:
     """Linear RoPE scaling from the metadata; on a config with rope parameters per layer type (Gemma 3) it is the
     global layers', as llama.cpp applies it (the sliding layers keep `rope.freq_base_swa`, unscaled)."""
     kind = layout.field("rope.scaling.type")
-    if kind in (None, "none"):
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if kind in (None, "none") or rope.get("rope_type") == kind:  # none, or read already (gpt-oss's YaRN)
         return {}
     factor = layout.field("rope.scaling.factor")
     if kind != "linear" or not factor:
@@ -230,7 +319,6 @@ def _linear_rope(layout: GGUFLayout, config: Any) -> dict[str, Any]:
             "not read from GGUF files by the native engine (linear and Llama 3's are); serve the "
             "model's HF folder instead, or use backend: vllm"
         )
-    rope = dict(getattr(config, "rope_parameters", None) or {})
     scaled = {"rope_type": "linear", "factor": float(factor)}
     if "full_attention" in rope:
         rope["full_attention"] = {**rope["full_attention"], **scaled}

@@ -24,7 +24,17 @@ import torch
 
 from engines.interface import ModelFileError
 from engines.pytorch import host_memory
-from engines.pytorch.expert_blocks import ExpertBlocks, blocks_of, expert_block_path, expert_tensor
+from engines.pytorch.expert_blocks import (
+    EXPERTS,
+    PROJECTIONS,
+    ExpertBlocks,
+    blocks_of,
+    expert_block_path,
+    expert_shapes,
+    expert_tensor,
+    experts_module_part,
+    transformers_experts,
+)
 from engines.pytorch.gguf_blocks import TYPES, GGUFBlocks, WeightBlocks
 from engines.pytorch.gguf_file import open_reader
 
@@ -104,8 +114,12 @@ def _hf_names(model: Any, architecture: str) -> dict[str, str] | None:
     for hf_name in model.state_dict(keep_vars=True):
         stem, _, suffix = hf_name.rpartition(".")
         gguf_name = table.get_name(stem) if suffix in ("weight", "bias") else table.get_name(hf_name)
-        if gguf_name is not None:
-            names[f"{gguf_name}.{suffix}" if suffix in ("weight", "bias") else gguf_name] = hf_name
+        if gguf_name is None:
+            continue
+        if suffix in ("weight", "bias"):
+            names[f"{gguf_name}.{suffix}"] = hf_name
+        else:  # a bare parameter: llama.cpp's converter names its tensor `.weight` (gpt-oss's `sinks`)
+            names[gguf_name] = names[f"{gguf_name}.weight"] = hf_name
     return names
 
 
@@ -135,52 +149,64 @@ def _check_shape(gguf: Path, tensor: Any, param: str, expected: torch.Size | Non
         )
 
 
-def _expert_shape(gguf: Path, tensor: Any, path: str, params: dict[str, torch.Tensor]) -> None:
-    """A layer's expert tensor (`path`: expert_block_path's) has the shape the config gives the experts: gate and up
-    [E, I, H] each (transformers' `gate_up_proj` is [E, 2 I, H]), down [E, H, I] (its `down_proj`)."""
-    stem, _, part = path.rpartition(".")
-    param = f"{stem}.{'down_proj' if part == 'down_proj' else 'gate_up_proj'}"
-    expected = params.get(param)
-    if expected is None:
+def _expert_shape(gguf: Path, tensor: Any, path: str, modules: dict[str, Any]) -> None:
+    """A layer's expert tensor (`path`: expert_block_path's) has the shape the config gives it: as the file holds
+    the parameters of transformers' experts module of the layer (expert_blocks.expert_shapes: gate and up [E, I, H],
+    down [E, H, I]; gpt-oss's biases [E, I], [E, I], [E, H]). One the module has no place for is _unplaced."""
+    stem, part = experts_module_part(path)
+    module = modules.get(stem)
+    want = expert_shapes(module).get(part) if hasattr(module, "gate_up_proj") else None
+    if want is None:
         _unplaced(gguf, tensor.name)
         return
-    e, n, k = expected.shape
-    want = (e, n, k) if part == "down_proj" else (e, n // 2, k)
     shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
     if shape != want:
+        dims = "experts, rows, columns" if len(want) == 3 else "experts, values"
         raise ModelFileError(
-            f"{gguf.name}: tensor {tensor.name} is {list(shape)} (experts, rows, columns) but the file's metadata "
-            f"(expert count, widths) makes it {list(want)}: the metadata and the tensors disagree; download or "
-            f"convert the file again"
+            f"{gguf.name}: tensor {tensor.name} is {list(shape)} ({dims}) but the file's metadata (expert count, "
+            f"widths) makes it {list(want)}: the metadata and the tensors disagree; download or convert the file again"
         )
 
 
-def _float_experts(gguf: Path, blocks: dict[str, Any], found: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    """transformers' expert parameters of the float expert tensors `found` (by expert_block_path): a layer's gate
-    and up [E, I, H] as the two halves of its `gate_up_proj` [E, 2 I, H], down as `down_proj`, as its GGUF loader
-    writes them. A layer's experts are all blocks or all float (models/moe.py): where some of a layer's are float,
-    its block ones are taken out of `blocks` and dequantized too."""
-    stems = {path.rpartition(".")[0] for path in found}
-    for stem in {path.rpartition(".")[0] for path in blocks if ".mlp.experts." in path}:
-        if stem not in stems and not all(f"{stem}.{p}" in blocks for p in ("gate_proj", "up_proj", "down_proj")):
+def _float_experts(
+    gguf: Path, blocks: dict[str, Any], found: dict[str, np.ndarray], modules: dict[str, Any]
+) -> dict[str, torch.Tensor]:
+    """transformers' expert parameters of the float expert tensors `found` (by expert_block_path: weights, and
+    gpt-oss's biases), laid out as each layer's experts module in `modules` holds them
+    (expert_blocks.transformers_experts: Qwen3-MoE's and Mixtral's gate and up as the two halves of `gate_up_proj`
+    [E, 2 I, H], gpt-oss's interleaved in [E, H, 2 I]). A layer's expert weights are all blocks or all float
+    (models/moe.py, models/gpt_oss.py): where some of a layer's are float, its block ones are taken out of `blocks`
+    and dequantized too. Biases are float in any case."""
+    by_module: dict[str, dict[str, torch.Tensor]] = {}
+    for path, values in found.items():
+        stem, part = experts_module_part(path)
+        by_module.setdefault(stem, {})[part] = torch.as_tensor(np.array(values, dtype=np.float32))
+    float_weights = {stem for stem, parts in by_module.items() if any(p in parts for p in PROJECTIONS)}
+    for stem in {experts_module_part(path)[0] for path in blocks if f"{EXPERTS}." in path}:
+        if stem not in float_weights and not all(f"{stem}.{p}" in blocks for p in PROJECTIONS):
             raise ModelFileError(
                 f"{gguf.name}: {stem} lacks some of its gate, up and down expert tensors; the "
                 "file is incomplete: download or convert it again"
             )
-    tensors = {}
-    for stem in stems:
-        parts = {}
-        for part in ("gate_proj", "up_proj", "down_proj"):
+    tensors: dict[str, torch.Tensor] = {}
+    for stem, parts in by_module.items():
+        for part in PROJECTIONS if stem in float_weights else ():
             held = blocks.pop(f"{stem}.{part}", None)
-            parts[part] = held.dequantize() if held is not None else found.get(f"{stem}.{part}")
-            if parts[part] is None:
+            if held is not None:
+                parts[part] = held.dequantize()
+            elif part not in parts:
                 raise ModelFileError(
                     f"{gguf.name}: {stem} has no {part} expert tensor beside its others; the file "
                     "is incomplete: download or convert it again"
                 )
-            parts[part] = torch.as_tensor(np.array(parts[part], dtype=np.float32))
-        tensors[f"{stem}.gate_up_proj"] = torch.cat([parts["gate_proj"], parts["up_proj"]], dim=1)
-        tensors[f"{stem}.down_proj"] = parts["down_proj"]
+        if ("gate_proj.bias" in parts) != ("up_proj.bias" in parts):
+            missing = "up_proj.bias" if "gate_proj.bias" in parts else "gate_proj.bias"
+            raise ModelFileError(
+                f"{gguf.name}: {stem} has no {missing} expert tensor beside its others; the file "
+                "is incomplete: download or convert it again"
+            )
+        made = transformers_experts(modules.get(stem), parts)
+        tensors.update({f"{stem}.{name}": value for name, value in made.items()})
     return tensors
 
 
@@ -188,7 +214,7 @@ def _from_file(gguf: Path, model: Any) -> GGUFWeights:
     """Read every tensor of `gguf` that `model` (transformers' model of the file, its weights may be on the meta
     device) has: as blocks where it is a 2-D weight of a Linear or Embedding the kernels can read, or a layer's 3-D
     expert tensor of such a type (expert_blocks.py: `ExpertBlocks` under `mlp.experts.{gate,up,down}_proj`), else
-    float32."""
+    float32 (float experts and gpt-oss's expert biases as the parameters of transformers' experts module)."""
     from gguf import dequantize
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, read_field
 
@@ -206,8 +232,9 @@ def _from_file(gguf: Path, model: Any) -> GGUFWeights:
     for tensor in reader.tensors:
         experts_path = expert_block_path(tensor.name)
         if experts_path is not None:  # a layer's experts: blocks per expert where the kernels read the type
-            _expert_shape(gguf, tensor, experts_path, params)
-            found_experts = expert_tensor(tensor, gguf.name)  # a view of the reader's mapping
+            _expert_shape(gguf, tensor, experts_path, modules)
+            is_weight = not experts_path.endswith(".bias")
+            found_experts = expert_tensor(tensor, gguf.name) if is_weight else None  # a view of the reader's mapping
             if found_experts is not None:
                 blocks[experts_path] = found_experts
             else:
@@ -236,7 +263,7 @@ def _from_file(gguf: Path, model: Any) -> GGUFWeights:
             weights=weights, name=tensor.name, tensor_key_mapping=names, parsed_parameters={}
         ).weights
         tensors[param] = torch.from_numpy(np.copy(weights)).to(torch.float32)
-    tensors.update(_float_experts(gguf, blocks, float_experts))
+    tensors.update(_float_experts(gguf, blocks, float_experts, modules))
     if (
         getattr(model.config, "tie_word_embeddings", False)
         and "lm_head" not in blocks

@@ -22,7 +22,7 @@ import torch
 
 from engines.gguf_cache import cache_entry, publish
 from engines.interface import ModelFileError
-from engines.pytorch.expert_blocks import ExpertBlocks, expert_parameters
+from engines.pytorch.expert_blocks import ExpertBlocks, expert_parameters, experts_module_part, transformers_experts
 from engines.pytorch.gguf_config import gguf_config
 from engines.pytorch.gguf_weights import GGUFWeights
 from engines.pytorch.models import check_supported
@@ -33,6 +33,10 @@ WEIGHTS_CACHE = "weights-1.safetensors"  # gguf_weights.read_weights's cache fil
 # bump when what is read from a GGUF file changes (gguf_config.py), so that folders cached the old way are not used
 GGUF_READ_VERSION = 5
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# families whose GGUF weights transformers' GGUF loader cannot load, read here instead: Mixtral (written as a dense
+# `llama`), gpt-oss (its tensor processor expects other expert tensor names, and leaves the sinks out)
+NOT_LOADED_BY_TRANSFORMERS = ("mixtral", "gpt_oss")
+CONFIG_NOT_MADE_BY_TRANSFORMERS = ("gpt_oss",)  # transformers misreads its YaRN keys (gguf_config.py)
 
 
 def default_cache_dir() -> Path:
@@ -46,11 +50,16 @@ def _cached(gguf: Path, cache_dir: Path | None) -> Path:
     return cache_entry((cache_dir or default_cache_dir()) / "gguf", gguf, f"-{GGUF_READ_VERSION}")
 
 
-def _gguf_tokenizer(gguf: Path) -> Any:
-    from transformers import AutoTokenizer
+def _gguf_tokenizer(gguf: Path, model_type: str) -> Any:
+    """The file's tokenizer (its tokenizer.* metadata: vocabulary, merges, special tokens, chat template) as
+    transformers makes it. AutoTokenizer makes the file's config first, to choose the tokenizer's class; where it
+    cannot (gpt-oss: gguf_config.py makes that config) the tokenizers backend, the class of gpt-oss's own tokenizer,
+    reads the file alone."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    make = PreTrainedTokenizerFast if model_type in CONFIG_NOT_MADE_BY_TRANSFORMERS else AutoTokenizer
     try:
-        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        return make.from_pretrained(gguf.parent, gguf_file=gguf.name)
     except Exception as exc:  # noqa: BLE001 - the file's vocabulary, read by transformers and tokenizers, may raise
         # anything: an IndexError for a special token id past the vocabulary, tokenizers' bare Exception for a merge
         # of tokens it does not hold
@@ -67,8 +76,8 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     log.info("converting %s to safetensors (first start only; cached in %s)", gguf.name, target.parent)
     config = gguf_config(gguf)
     check_supported(config.model_type, getattr(config, "architectures", None))
-    tokenizer = _gguf_tokenizer(gguf)
-    if config.model_type == "mixtral":  # transformers' GGUF loader has no Mixtral: its experts are read here
+    tokenizer = _gguf_tokenizer(gguf, config.model_type)
+    if config.model_type in NOT_LOADED_BY_TRANSFORMERS:
         model = _dequantized_model(gguf, config)
     else:
         model = AutoModelForCausalLM.from_pretrained(
@@ -93,14 +102,16 @@ def _dequantized_model(gguf: Path, config: Any) -> Any:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     weights = read_weights(gguf, model)
     found = dict(weights.tensors)
+    experts: dict[str, dict[str, torch.Tensor]] = {}  # block experts by experts module, then part
     for path, blocks in weights.blocks.items():
         if isinstance(blocks, ExpertBlocks):
-            found[path] = blocks.dequantize()
+            stem, part = experts_module_part(path)
+            experts.setdefault(stem, {})[part] = blocks.dequantize()
         else:
             found[f"{path}.weight"] = blocks.dequantize()
-    for path in [p for p in found if p.endswith(".experts.gate_proj")]:
-        stem = path.removesuffix(".gate_proj")
-        found[f"{stem}.gate_up_proj"] = torch.cat([found.pop(path), found.pop(f"{stem}.up_proj")], dim=1)
+    for stem, parts in experts.items():
+        made = transformers_experts(model.get_submodule(stem), parts)
+        found.update({f"{stem}.{name}": value for name, value in made.items()})
     _fill(model, gguf, found)
     return model
 
@@ -143,7 +154,8 @@ def _gguf_config_and_tokenizer(gguf: Path, target: Path) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoTokenizer
 
     if not (target / "config.json").exists():
-        config, tokenizer = gguf_config(gguf), _gguf_tokenizer(gguf)
+        config = gguf_config(gguf)
+        tokenizer = _gguf_tokenizer(gguf, config.model_type)
         try:
             publish(target, (config, tokenizer), "config.json")
         except OSError as exc:

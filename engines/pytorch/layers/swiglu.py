@@ -37,6 +37,11 @@ class ClampedSwiGLU:
         """As `Linear.blocks_nbytes`."""
         return self._linear.blocks_nbytes
 
+    @property
+    def weight(self) -> torch.Tensor | None:
+        """As `Linear.weight` (None where the projection holds GGUF blocks only)."""
+        return self._linear.weight
+
     def __call__(self, x: torch.Tensor, prompt_from: int | None = None) -> torch.Tensor:
         """The activation of rows x [T, H]: [T, intermediate]; `prompt_from` as for `Linear`."""
         gate, up = self._linear(x, prompt_from=prompt_from).chunk(2, dim=-1)

@@ -6,8 +6,9 @@ experts are biased projections around a clamped SwiGLU (layers/swiglu.py).
 Attention with sinks runs on the paged C kernels (paged_attention.py; `attend_torch` without them); in float32 on
 the kernels the MoE block after its router is one C call (moe_experts.py: the top-k-then-softmax routing, the
 experts' biases and the clamped SwiGLU in csrc/moe.c), so decode steps are kernel calls only and the step replay
-records them like Qwen3-MoE's. GGUF files of gpt-oss (llama.cpp's MXFP4 expert blocks) are refused by the
-loader."""
+records them like Qwen3-MoE's. From a GGUF file the experts of a type the kernels read are the file's blocks
+(expert_blocks.py: gate and up rows apart, as llama.cpp's converter writes them), their biases transformers'
+parameters."""
 
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ from typing import Any
 
 import torch
 
-from engines.pytorch.gguf_blocks import WeightBlocks
+from engines.pytorch.expert_blocks import LayerExperts
+from engines.pytorch.gguf_blocks import GGUFBlocks, WeightBlocks
 from engines.pytorch.layers.mlp import MLP
 from engines.pytorch.layers.moe import Routing, SparseMoE
 from engines.pytorch.layers.norms import RMSNorm
 from engines.pytorch.layers.projections import Kernels
 from engines.pytorch.layers.rotary import Rotary
 from engines.pytorch.layers.swiglu import ClampedSwiGLU
+from engines.pytorch.linear import Linear
 from engines.pytorch.models.decoder import DecoderModel
 from engines.pytorch.models.llama import llama_layers
 
@@ -42,25 +45,29 @@ class _FullWidthTables:
         return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
 
 
-def _moe(block: Any, config: Any, kernels: Kernels) -> SparseMoE:
-    """transformers' `GptOssMLP`: `router` (weight, bias) and `experts`: `gate_up_proj` [E, H, 2 I] (gate and up
-    interleaved along the last dimension) with its bias [E, 2 I], `down_proj` [E, I, H] with its bias [E, H]."""
+def _expert(experts: Any, e: int, held: LayerExperts | None, kernels: Kernels) -> tuple[Linear, Linear]:
+    """Expert e's [gate | up] and down projections with their biases: from the GGUF blocks `held`, or from
+    transformers' `gate_up_proj` [E, H, 2 I] (gate and up interleaved along the last dimension) and `down_proj`
+    [E, I, H]. The biases are transformers' (`gate_up_proj_bias` [E, 2 I], interleaved too; `down_proj_bias`)."""
+    gate_up_bias = experts.gate_up_proj_bias[e].detach()
+    bias = torch.cat((gate_up_bias[0::2], gate_up_bias[1::2])).contiguous()
+    down_bias = experts.down_proj_bias[e].detach().contiguous()
+    if held is not None:
+        gate_up = GGUFBlocks.cat([held.gate.expert(e), held.up.expert(e)])
+        return kernels.linear(None, bias, gate_up), kernels.linear(None, down_bias, held.down.expert(e))
+    weight = experts.gate_up_proj[e].detach().t()  # [2 I, H], rows gate, up, gate, up ...
+    halves = torch.cat((weight[0::2], weight[1::2])).contiguous()
+    down = experts.down_proj[e].detach().t().contiguous()
+    return kernels.linear(halves, bias), kernels.linear(down, down_bias)
+
+
+def _moe(block: Any, config: Any, kernels: Kernels, held: LayerExperts | None = None) -> SparseMoE:
+    """transformers' `GptOssMLP`: `router` (weight, bias) and `experts` (their weights there or `held` as blocks)."""
     router, experts = block.router, block.experts
-    if experts.gate_up_proj.is_meta or router.weight.is_meta:
-        raise ValueError("gpt-oss experts held as GGUF blocks are not supported by the native engine")
-    gate_up, gate_up_bias = experts.gate_up_proj.detach(), experts.gate_up_proj_bias.detach()
-    down, down_bias = experts.down_proj.detach(), experts.down_proj_bias.detach()
     made = []
-    for e in range(gate_up.shape[0]):
-        weight = gate_up[e].t()  # [2 I, H], rows gate, up, gate, up ...
-        halves = torch.cat((weight[0::2], weight[1::2])).contiguous()
-        bias = torch.cat((gate_up_bias[e, 0::2], gate_up_bias[e, 1::2])).contiguous()
-        made.append(
-            (
-                ClampedSwiGLU(kernels.linear(halves, bias), experts.alpha, experts.limit),
-                kernels.linear(down[e].t().contiguous(), down_bias[e].contiguous()),
-            )
-        )
+    for e in range(int(config.num_local_experts)):
+        gate_up, down = _expert(experts, e, held, kernels)
+        made.append((ClampedSwiGLU(gate_up, experts.alpha, experts.limit), down))
     router_linear = kernels.linear(router.weight.detach(), router.bias.detach())
     return SparseMoE.over(router_linear, made, Routing.of(config), int(config.hidden_size), kernels)
 
@@ -69,7 +76,7 @@ def build(hf_model: Any, blocks: dict[str, WeightBlocks] | None, kernels: Kernel
     config = hf_model.config
 
     def mlp(hf_layer: Any, own: dict[str, WeightBlocks], kernels: Kernels) -> MLP:
-        return _moe(hf_layer.mlp, config, kernels)
+        return _moe(hf_layer.mlp, config, kernels, LayerExperts.held(own))
 
     layers = llama_layers(hf_model, blocks, kernels, packed, mlp=mlp)
     rotary = Rotary(_FullWidthTables(hf_model.model.rotary_emb), config)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engines.pytorch.expert_blocks import ExpertBlocks, LayerExperts
+from engines.pytorch.expert_blocks import LayerExperts
 from engines.pytorch.gguf_blocks import WeightBlocks
 from engines.pytorch.layers.mlp import MLP
 from engines.pytorch.layers.moe import SparseMoE
@@ -22,15 +22,10 @@ from engines.pytorch.models.llama import llama_layers
 MODEL_TYPES = ("qwen3_moe", "mixtral")
 
 
-def _experts_blocks(own: dict[str, Any]) -> LayerExperts | None:
-    parts = [own.get(name) for name in ("gate_proj", "up_proj", "down_proj")]
-    return LayerExperts(*parts) if all(isinstance(p, ExpertBlocks) for p in parts) else None
-
-
 def _mlp(hf_layer: Any, config: Any, own: dict[str, Any], kernels: Kernels) -> MLP:
     """The layer's sparse block, or its dense MLP (a Qwen3-MoE layer in `mlp_only_layers`)."""
     if hasattr(hf_layer.mlp, "experts"):
-        return SparseMoE.build(hf_layer.mlp, config, kernels, _experts_blocks(own), own.get("gate"))
+        return SparseMoE.build(hf_layer.mlp, config, kernels, LayerExperts.held(own), own.get("gate"))
     return gated_mlp(hf_layer, own, kernels)
 
 

@@ -155,18 +155,33 @@ def test_types_the_kernels_do_not_read_are_left_to_transformers(tmp_path: Path) 
 
 
 def test_where_a_loader_keeps_expert_blocks_and_what_they_stand_for() -> None:
-    from engines.pytorch.expert_blocks import ExpertBlocks, blocks_of, expert_block_path, expert_parameters
+    from engines.pytorch.expert_blocks import (
+        ExpertBlocks,
+        LayerExperts,
+        blocks_of,
+        expert_block_path,
+        expert_parameters,
+        experts_module_part,
+    )
     from engines.pytorch.gguf_blocks import GGUFBlocks
 
     assert expert_block_path("blk.12.ffn_up_exps.weight") == "model.layers.12.mlp.experts.up_proj"
     assert expert_block_path("blk.1.ffn_gate_inp.weight") is None and expert_block_path("blk.1.ffn_up.weight") is None
+    bias = expert_block_path("blk.3.ffn_down_exps.bias")  # gpt-oss's
+    assert experts_module_part(bias) == ("model.layers.3.mlp.experts", "down_proj.bias")
     paths = [expert_block_path(f"blk.3.ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
-    assert expert_parameters([*paths, "model.layers.3.mlp.gate_proj"]) == {
+    assert experts_module_part(paths[0]) == ("model.layers.3.mlp.experts", "gate_proj")
+    assert expert_parameters([*paths, bias, "model.layers.3.mlp.gate_proj"]) == {
         "model.layers.3.mlp.experts.gate_up_proj",
         "model.layers.3.mlp.experts.down_proj",
     }
-    assert isinstance(blocks_of("Q8_0", torch.zeros(2, 3, 34, dtype=torch.uint8)), ExpertBlocks)
+    experts = blocks_of("Q8_0", torch.zeros(2, 3, 34, dtype=torch.uint8))
+    assert isinstance(experts, ExpertBlocks)
     assert isinstance(blocks_of("Q8_0", torch.zeros(3, 34, dtype=torch.uint8)), GGUFBlocks)
+    own = {"gate_proj": experts, "up_proj": experts, "down_proj": experts, "gate": None}  # layer_blocks' keys
+    held = LayerExperts.held(own)
+    assert held is not None and all(part is experts for part in held)
+    assert LayerExperts.held({**own, "down_proj": GGUFBlocks("Q8_0", torch.zeros(3, 34, dtype=torch.uint8))}) is None
 
 
 def test_moe_config_completes_what_transformers_gguf_loader_leaves_out() -> None:

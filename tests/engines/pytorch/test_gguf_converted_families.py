@@ -13,7 +13,11 @@ file (llama.cpp writes Mixtral as a `llama`: transformers makes a dense Llama wi
 reference is transformers' Mixtral of the folder's config holding transformers' own reading of the file's attention,
 norms and embeddings and gguf-py's dequantization of its router and experts.
 
-gpt-oss files (F32, and MXFP4_MOE with MXFP4 experts) are refused with an error that names why and the fix.
+gpt-oss (`gpt-oss`: a config the engine makes of its metadata, experts stacked with biases, attention sinks): F32,
+MXFP4_MOE (MXFP4 experts, dequantized at load, and Q8_0 attention: the released files' types) and Q8_0 files (every
+expert from the file's blocks) answer as transformers' gpt-oss of the folder's config holding gguf-py's reading of
+every tensor of the file put back where the converter took it from, logprobs within 1e-4, decode steps replayed;
+for the F32 file that model is the folder's own.
 
 Folders come from tests/family_models.py; files from bench/gguf_convert.py (the converter from the pinned
 llama-cpp-python sdist, fetched once; quantized by llama.cpp in its environment). Without either the tests skip
@@ -31,12 +35,13 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from bench.gguf_convert import converted
 from bench.llamacpp_env import ConverterUnavailable, LlamaCppUnavailable
 from engines.interface import ModelFileError
 from engines.pytorch.engine import PyTorchEngine
+from engines.pytorch.gguf_blocks import TYPES
 from engines.pytorch.loader import resolve_hf_folder
 from engines.types import GenerationRequest, SamplingParams
 from gateway.repository.model_config import SchedulerConfig
@@ -96,7 +101,19 @@ PER_FAMILY_KEYS = {
         "mlp_only_layers",
     ),
     "mixtral": ("model_type", "num_local_experts", "num_experts_per_tok"),
+    "gpt_oss": (
+        "model_type",
+        "num_local_experts",
+        "num_experts_per_tok",
+        "sliding_window",
+        "layer_types",
+        "swiglu_alpha",
+        "swiglu_limit",
+        "max_position_embeddings",
+        "attention_bias",
+    ),
 }
+LOGPROB_TOLERANCE = 1e-4
 
 
 def _gguf(family: str, kind: str) -> tuple[Path, Path]:
@@ -112,30 +129,50 @@ def _prompts(vocab: int, count: int, longest: int) -> list[list[int]]:
     return [[rng.randrange(100, vocab) for _ in range(rng.randrange(3, longest))] for _ in range(count)]
 
 
-async def _generate(engine: PyTorchEngine, prompts: list[list[int]]) -> list[list[int]]:
+async def _generate(
+    engine: PyTorchEngine, prompts: list[list[int]], logprobs: list[list[float]] | None = None
+) -> list[list[int]]:
+    """Greedy answers to `prompts`; where `logprobs` is given, each answer's tokens' logprobs are appended to it."""
     batcher = ContinuousBatcher(engine, SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32))
     await batcher.start()
 
-    async def run(i: int, ids: list[int]) -> list[int]:
+    async def run(i: int, ids: list[int]) -> tuple[list[int], list[float]]:
         tokens: list[int] = []
-        params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+        found: list[float] = []
+        params = SamplingParams(
+            temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=None if logprobs is None else 0
+        )
         async for out in batcher.generate(GenerationRequest(f"r{i}", ids, params)):
             tokens.extend(out.new_token_ids)
-        return tokens
+            found.extend(lp.logprob for lp in out.logprobs or [])
+        return tokens, found
 
     try:
-        return await asyncio.gather(*(run(i, p) for i, p in enumerate(prompts)))
+        answers = await asyncio.gather(*(run(i, p) for i, p in enumerate(prompts)))
     finally:
         await batcher.stop()
+    if logprobs is not None:
+        logprobs.extend(found for _tokens, found in answers)
+    return [tokens for tokens, _found in answers]
 
 
-def _reference(model: Any, prompts: list[list[int]]) -> list[list[int]]:
+def _reference(model: Any, prompts: list[list[int]], logprobs: list[list[float]] | None = None) -> list[list[int]]:
+    """transformers' greedy answers (`logprobs` as for _generate)."""
     out = []
     for ids in prompts:
         generated = model.generate(
-            torch.tensor([ids]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
+            torch.tensor([ids]),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
         )
-        out.append(generated[0][len(ids) :].tolist())
+        tokens = generated.sequences[0][len(ids) :].tolist()
+        out.append(tokens)
+        if logprobs is not None:
+            steps = torch.log_softmax(torch.stack(generated.logits)[:, 0].float(), dim=-1)
+            logprobs.append(steps.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist())
     return out
 
 
@@ -164,10 +201,12 @@ def _same_config(gguf_config: Any, folder: Path) -> None:
 def run_engine() -> Iterator[Any]:
     engines: list[PyTorchEngine] = []
 
-    def run(gguf: Path, prompts: list[list[int]]) -> tuple[PyTorchEngine, list[list[int]]]:
+    def run(
+        gguf: Path, prompts: list[list[int]], logprobs: list[list[float]] | None = None
+    ) -> tuple[PyTorchEngine, list[list[int]]]:
         engine = PyTorchEngine(gguf, dtype="float32", kv_cache_tokens=1024, block_size=16)
         engines.append(engine)
-        return engine, asyncio.run(_generate(engine, prompts))
+        return engine, asyncio.run(_generate(engine, prompts, logprobs))
 
     yield run
     engines.clear()
@@ -277,13 +316,98 @@ def test_an_architecture_transformers_cannot_read_is_refused_clearly(family: str
         PyTorchEngine(gguf, dtype="float32", kv_cache_tokens=256, block_size=16)
 
 
-@pytest.mark.parametrize("kind", ["F32", "MXFP4_MOE"])
-def test_a_gpt_oss_file_is_refused_clearly(kind: str) -> None:
-    """llama.cpp's converter writes gpt-oss (`gpt-oss`: stacked expert tensors with biases, attention sinks) and
-    its quantizer gives MXFP4_MOE files MXFP4 experts, as the released files have; the engine serves gpt-oss from
-    its HF folder only, and says so before any weight loads (naming MXFP4 where the experts are in it)."""
-    _folder, gguf = _gguf("gpt_oss", kind)
-    mxfp4 = "this file's experts are MXFP4 blocks" if kind == "MXFP4_MOE" else "HF folder"
-    with pytest.raises(ModelFileError, match="architecture 'gpt-oss' is not served from a GGUF file") as err:
-        PyTorchEngine(gguf, dtype="float32", kv_cache_tokens=256, block_size=16)
-    assert mxfp4 in str(err.value) and "HF folder" in str(err.value)
+def _gpt_oss_reference(folder: Path, gguf: Path) -> Any:
+    """transformers' gpt-oss of the folder's config holding gguf-py's dequantization of every tensor of the file,
+    each put back where llama.cpp's converter took it from (conversion/gpt_oss.py): the experts' gate and up rows
+    (and biases) as the even and odd columns of `gate_up_proj` again, the experts' projections transposed back, the
+    sinks without the `.weight` the converter gave them. Written from the converter's steps, not the engine's."""
+    from gguf import GGUFReader, dequantize
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.float32).eval()
+    tensors = {t.name: t for t in GGUFReader(gguf).tensors}
+
+    def read(name: str) -> torch.Tensor:
+        tensor = tensors.pop(name)
+        return torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).copy())
+
+    def interleaved(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:  # the converter's [:, ::2], [:, 1::2]
+        joined = gate.new_empty(gate.shape[0], 2 * gate.shape[1], *gate.shape[2:])
+        joined[:, 0::2], joined[:, 1::2] = gate, up
+        return joined
+
+    state = {
+        "model.embed_tokens.weight": read("token_embd.weight"),
+        "model.norm.weight": read("output_norm.weight"),
+        "lm_head.weight": read("output.weight"),
+    }
+    attention = (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output"))
+    for i in range(model.config.num_hidden_layers):
+        at, blk, experts = f"model.layers.{i}.", f"blk.{i}.", f"model.layers.{i}.mlp.experts."
+        state[f"{at}input_layernorm.weight"] = read(f"{blk}attn_norm.weight")
+        state[f"{at}post_attention_layernorm.weight"] = read(f"{blk}post_attention_norm.weight")
+        for ours, theirs in attention:
+            for kind in ("weight", "bias"):
+                state[f"{at}self_attn.{ours}.{kind}"] = read(f"{blk}{theirs}.{kind}")
+        state[f"{at}self_attn.sinks"] = read(f"{blk}attn_sinks.weight")
+        state[f"{at}mlp.router.weight"] = read(f"{blk}ffn_gate_inp.weight")
+        state[f"{at}mlp.router.bias"] = read(f"{blk}ffn_gate_inp.bias")
+        gate_up = interleaved(read(f"{blk}ffn_gate_exps.weight"), read(f"{blk}ffn_up_exps.weight"))
+        state[f"{experts}gate_up_proj"] = gate_up.transpose(-1, -2)
+        state[f"{experts}gate_up_proj_bias"] = interleaved(
+            read(f"{blk}ffn_gate_exps.bias"), read(f"{blk}ffn_up_exps.bias")
+        )
+        state[f"{experts}down_proj"] = read(f"{blk}ffn_down_exps.weight").transpose(-1, -2)
+        state[f"{experts}down_proj_bias"] = read(f"{blk}ffn_down_exps.bias")
+    assert not tensors, f"tensors of the file this reference leaves out: {sorted(tensors)}"
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def _same_weights(model: Any, reference: Any) -> None:
+    theirs = reference.state_dict()
+    for name, values in model.state_dict().items():
+        assert torch.equal(values, theirs[name]), name
+
+
+@pytest.mark.parametrize("kind", ["F32", "MXFP4_MOE", "Q8_0"])
+def test_a_gpt_oss_file_answers_as_transformers_gpt_oss_of_its_weights(kind: str, run_engine: Any) -> None:
+    """llama.cpp's gpt-oss files: F32 (the folder's weights: the reference is the folder's model), MXFP4_MOE (the
+    released files' types: MXFP4 experts, Q8_0 attention and embeddings) and Q8_0 (its experts served from the
+    file's blocks), against _gpt_oss_reference, logprobs within 1e-4, with prompts past the sliding window (12) and
+    YaRN's original length (64), both read from the file; decode steps replayed as the folder's are."""
+    folder, gguf = _gguf("gpt_oss", kind)
+    reference = _gpt_oss_reference(folder, gguf)
+    if kind == "F32":
+        _same_weights(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), reference)
+    prompts = _prompts(reference.config.vocab_size, 4, 80)
+    ours_logprobs: list[list[float]] = []
+    theirs_logprobs: list[list[float]] = []
+    engine, ours = run_engine(gguf, prompts, ours_logprobs)
+    assert ours == _reference(reference, prompts, theirs_logprobs)
+    for got, want in zip(ours_logprobs, theirs_logprobs, strict=True):
+        assert len(got) == NEW_TOKENS
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= LOGPROB_TOLERANCE
+    experts = _expert_projections(engine)
+    assert len(experts) == 2 * reference.config.num_local_experts * reference.config.num_hidden_layers
+    in_blocks = kind == "Q8_0" or (kind == "MXFP4_MOE" and "MXFP4" in TYPES)  # else dequantized to float32
+    assert all((p.blocks_nbytes > 0 and p.weight is None) == in_blocks for p in experts)
+    replay = engine._runner._replay
+    if replay is not None:  # the MoE block is one C call (moe_experts.py), attention with sinks a kernel
+        states = {rows: replay.plan_state(rows) for rows in range(1, 5)}
+        assert "off" not in states.values() and "replayed" in states.values(), states
+    # the float32 / bfloat16 path's model of the file (loader.py builds it: transformers' GGUF loader cannot)
+    converted_folder = resolve_hf_folder(gguf)
+    _same_config(AutoConfig.from_pretrained(converted_folder), folder)
+    _same_weights(AutoModelForCausalLM.from_pretrained(converted_folder, dtype=torch.float32), reference)
+    # the file's tokenizer (transformers' AutoTokenizer cannot make it: it makes the file's config first)
+    ours_tokenizer, theirs_tokenizer = (
+        AutoTokenizer.from_pretrained(converted_folder),
+        AutoTokenizer.from_pretrained(folder),
+    )
+    text = "Hello world, it's 2026!\n  Ünïcode\tand numbers 12345"
+    assert ours_tokenizer(text).input_ids == theirs_tokenizer(text).input_ids
+    chat = [{"role": "user", "content": "hi"}]
+    assert theirs_tokenizer.chat_template and ours_tokenizer.chat_template == theirs_tokenizer.chat_template
+    assert ours_tokenizer.apply_chat_template(chat, tokenize=False) == theirs_tokenizer.apply_chat_template(
+        chat, tokenize=False
+    )

@@ -122,12 +122,59 @@ def test_a_layers_experts_are_all_blocks_or_all_float() -> None:
         "model.embed_tokens": GGUFBlocks("Q8_0", torch.zeros(4, 34, dtype=torch.uint8)),
     }
     up = torch.randn(e, i, h, generator=gen).numpy()
-    tensors = _float_experts(Path("x.gguf"), blocks, {f"{stem}.up_proj": up})
+    tensors = _float_experts(Path("x.gguf"), blocks, {f"{stem}.up_proj": up}, {})
     assert list(blocks) == ["model.embed_tokens"]
     assert torch.equal(tensors[f"{stem}.gate_up_proj"], torch.cat([gate.dequantize(), torch.from_numpy(up)], dim=1))
     assert torch.equal(tensors[f"{stem}.down_proj"], down.dequantize())
     with pytest.raises(ValueError, match="lacks some of its gate, up and down expert tensors"):
-        _float_experts(Path("x.gguf"), {f"{stem}.gate_proj": gate}, {})
+        _float_experts(Path("x.gguf"), {f"{stem}.gate_proj": gate}, {}, {})
+
+
+def test_gpt_oss_float_experts_and_biases_are_laid_out_as_its_checkpoint() -> None:
+    """gpt-oss's experts module holds gate and up interleaved along the last dimension of `gate_up_proj`
+    [E, H, 2 I] (gate the even columns), `down_proj` [E, I, H] and their biases: the inverse of what llama.cpp's
+    converter does to them (conversion/gpt_oss.py: transposed, even and odd columns apart). Expert biases are
+    float with the experts as blocks too."""
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    from engines.interface import ModelFileError
+    from engines.pytorch.expert_blocks import expert_shapes
+    from engines.pytorch.gguf_weights import _float_experts
+
+    e, i, h = 3, 4, 6
+    module = GptOssExperts(GptOssConfig(num_local_experts=e, intermediate_size=i, hidden_size=h))
+    checkpoint = {  # as transformers holds them: what the converter read
+        "gate_up_proj": torch.randn(e, h, 2 * i),
+        "gate_up_proj_bias": torch.randn(e, 2 * i),
+        "down_proj": torch.randn(e, i, h),
+        "down_proj_bias": torch.randn(e, h),
+    }
+    gate_up = checkpoint["gate_up_proj"].transpose(-1, -2)  # the converter's steps
+    stem = "model.layers.1.mlp.experts"
+    file = {
+        f"{stem}.gate_proj": gate_up[:, ::2, :].numpy(),
+        f"{stem}.up_proj": gate_up[:, 1::2, :].numpy(),
+        f"{stem}.down_proj": checkpoint["down_proj"].transpose(-1, -2).numpy(),
+        f"{stem}.gate_proj.bias": checkpoint["gate_up_proj_bias"][..., ::2].numpy(),
+        f"{stem}.up_proj.bias": checkpoint["gate_up_proj_bias"][..., 1::2].numpy(),
+        f"{stem}.down_proj.bias": checkpoint["down_proj_bias"].numpy(),
+    }
+    assert expert_shapes(module) == {
+        path.removeprefix(f"{stem}."): tuple(values.shape) for path, values in file.items()
+    }
+    tensors = _float_experts(Path("x.gguf"), {}, file, {stem: module})
+    assert tensors.keys() == {f"{stem}.{name}" for name in checkpoint}
+    for name, values in checkpoint.items():
+        assert torch.equal(tensors[f"{stem}.{name}"], values), name
+    biases = {path: values for path, values in file.items() if path.endswith(".bias")}
+    assert _float_experts(Path("x.gguf"), {}, biases, {stem: module}).keys() == {
+        f"{stem}.gate_up_proj_bias",
+        f"{stem}.down_proj_bias",
+    }
+    del biases[f"{stem}.up_proj.bias"]
+    with pytest.raises(ModelFileError, match=r"has no up_proj\.bias expert tensor"):
+        _float_experts(Path("x.gguf"), {}, biases, {stem: module})
 
 
 @pytest.mark.slow  # a second engine, its tokenizer read out of the file again (seconds)

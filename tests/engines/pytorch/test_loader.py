@@ -27,8 +27,9 @@ def _vocabulary_file(path: Path, merges: list[str], bos: int) -> Path:
     return path
 
 
-def test_a_vocabulary_transformers_reads(tmp_path: Path) -> None:
-    tokenizer = _gguf_tokenizer(_vocabulary_file(tmp_path / "ok.gguf", ["a b"], 0))
+@pytest.mark.parametrize("model_type", ["llama", "gpt_oss"])  # AutoTokenizer; the backend alone (gpt-oss)
+def test_a_vocabulary_transformers_reads(tmp_path: Path, model_type: str) -> None:
+    tokenizer = _gguf_tokenizer(_vocabulary_file(tmp_path / "ok.gguf", ["a b"], 0), model_type)
     assert tokenizer.convert_ids_to_tokens([2]) == ["ab"]
 
 
@@ -39,6 +40,7 @@ def test_a_vocabulary_transformers_reads(tmp_path: Path) -> None:
         (["a b"], 99, "IndexError"),  # a special token past the vocabulary
     ],
 )
-def test_a_vocabulary_it_cannot_read(tmp_path: Path, merges: list[str], bos: int, raised: str) -> None:
+@pytest.mark.parametrize("model_type", ["llama", "gpt_oss"])
+def test_a_vocabulary_it_cannot_read(tmp_path: Path, merges: list[str], bos: int, raised: str, model_type: str) -> None:
     with pytest.raises(ModelFileError, match=rf"bad\.gguf: transformers cannot make a tokenizer .*\({raised}"):
-        _gguf_tokenizer(_vocabulary_file(tmp_path / "bad.gguf", merges, bos))
+        _gguf_tokenizer(_vocabulary_file(tmp_path / "bad.gguf", merges, bos), model_type)
