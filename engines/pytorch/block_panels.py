@@ -3,7 +3,8 @@
 Why repack: the kernel computes 16 output columns side by side ([N / 16, K, 16] panels, as for float32 weights), so
 it wants each k's 16 values next to each other, with each column's block scales beside them; the file stores each
 row's blocks one after the other. The panels hold the same bits per weight as the file (the K-quants' 6-bit sub-block
-scales and mins become bytes: +1/8 bit a weight), written once at load; zero columns pad the last panel.
+scales and mins become bytes: +1/8 bit a weight; MXFP4's E8M0 scale byte a bfloat16: +1/4 bit), written once at
+load; zero columns pad the last panel.
 """
 
 from __future__ import annotations
@@ -12,7 +13,17 @@ import torch
 
 from engines.pytorch.gguf_blocks import GGUFBlocks
 
-_RECORD = {"Q4_0": 288, "Q4_1": 320, "Q5_0": 352, "Q5_1": 384, "Q8_0": 544, "Q4_K": 2368, "Q5_K": 2880, "Q6_K": 3360}
+_RECORD = {
+    "Q4_0": 288,
+    "Q4_1": 320,
+    "Q5_0": 352,
+    "Q5_1": 384,
+    "Q8_0": 544,
+    "Q4_K": 2368,
+    "Q5_K": 2880,
+    "Q6_K": 3360,
+    "MXFP4": 288,
+}
 
 
 def _rows(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -49,7 +60,7 @@ def pack(blocks: GGUFBlocks, nb: int) -> torch.Tensor:
     nib = ((q[:, :, :16] & 15) | ((q[:, :, 16:] & 15) << 4)).reshape(nb, g, 256)
     d = _per_column(_rows(f.d, rows), nb)
     name = blocks.qtype
-    if name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
+    if name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4"):  # MXFP4: d as bfloat16, then its nibbles
         parts = [d]
         if f.m is not None:
             parts.append(_per_column(_rows(f.m, rows), nb))

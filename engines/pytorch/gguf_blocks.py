@@ -8,13 +8,19 @@ a repacked copy of those (block_panels.py) instead of a float32 weight.
 Exactness: gguf-py (which transformers uses to load a GGUF) dequantizes every type as one float32 rounding of an
 exact value: Q4_0 d*(q-8), Q5_0 d*(q-16), Q8_0 d*q, Q4_1/Q5_1 d*q+m, Q4_K/Q5_K (d*sc)*q-(dmin*m), Q6_K
 (d*sc)*(q-32), with float16 d, dmin, m and small integers q, sc, m (d*sc and dmin*m are exact in float32: 11 x 8
-significant bits at most); F16/BF16 widen exactly. `dequantize` computes the same float32 operations, so it equals
-gguf-py's result (tests compare), and the kernel's fma(A, q, B) with those exact A, B rounds the same exact value
-once: the same weight (up to the sign of a zero weight, which no sum can tell), and so the float32 kernel's bits.
-gguf_weights.py takes only tensors whose expansion equals gguf-py's, bit for bit (checked as it reads the file).
+significant bits at most); MXFP4 d*v with d = 2^(e-128) from the block's E8M0 byte e and v the E2M1 value of the
+weight's nibble, doubled (0, 1, 2, 3, 4, 6, 8, 12 and their negatives; ggml's table and scale); F16/BF16 widen
+exactly. `dequantize` computes the same float32 operations, so it equals gguf-py's result (tests compare), and the
+kernel's fma(A, q, B) with those exact A, B (MXFP4: A = d, q = v, B = -0) rounds the same exact value once: the same
+weight (up to the sign of a zero weight, which no sum can tell), and so the float32 kernel's bits. gguf_weights.py
+takes only tensors whose expansion equals gguf-py's, bit for bit (checked as it reads the file).
+
+MXFP4 is not d*q+m in its nibble q (the E2M1 values are not evenly spaced), so the kernels look v up by q: a byte
+permute of the nibbles (csrc/gemm_blocks.h). Its panels hold d as a bfloat16 (2^(e-128) is exact there, subnormal
+for e < 2 as in ggml; widening is a shift), so a record is Q4_0's: 1/32 byte a weight more than the file.
 
 Bytes per weight (the file's): Q4_0 0.5625, Q4_1 0.625, Q5_0 0.6875, Q5_1 0.75, Q8_0 1.0625, Q4_K 0.5625, Q5_K
-0.6875, Q6_K 0.8203, F16/BF16 2 (float32: 4).
+0.6875, Q6_K 0.8203, MXFP4 0.53125, F16/BF16 2 (float32: 4).
 """
 
 from __future__ import annotations
@@ -50,18 +56,22 @@ TYPES = {
         BlockType("Q6_K", 8, 256, 210, 256),
         BlockType("BF16", 9, 1, 2, 1),
         BlockType("F16", 10, 1, 2, 1),
+        BlockType("MXFP4", 11, 32, 17, 32),
     )
 }
+# MXFP4's values by nibble: E2M1 doubled, as ggml's kvalues_mxfp4 (its scale is halved to match)
+MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 @dataclass(frozen=True)
 class Fields:
-    """A quantized weight's blocks decoded (rows x blocks): q the unsigned code per weight (Q8_0: its int8's byte),
-    d the float16 scale per block (per super-block for the K-quants), m the float16 offset (Q4_1, Q5_1) or dmin
-    (Q4_K, Q5_K), sc and mins the K-quants' sub-block scales (Q6_K: int8 per 16 weights) and mins."""
+    """A quantized weight's blocks decoded (rows x blocks): q the unsigned code per weight (Q8_0: its int8's byte;
+    MXFP4: its nibble), d the float16 scale per block (per super-block for the K-quants; MXFP4: bfloat16, 2^(e-128)),
+    m the float16 offset (Q4_1, Q5_1) or dmin (Q4_K, Q5_K), sc and mins the K-quants' sub-block scales (Q6_K: int8
+    per 16 weights) and mins."""
 
     q: torch.Tensor  # [N, K] uint8
-    d: torch.Tensor  # [N, blocks] float16
+    d: torch.Tensor  # [N, blocks] float16 (MXFP4: bfloat16)
     m: torch.Tensor | None = None  # [N, blocks] float16
     sc: torch.Tensor | None = None  # [N, K / 32] uint8 (Q6_K: [N, K / 16] int8)
     mins: torch.Tensor | None = None  # [N, K / 32] uint8
@@ -156,6 +166,10 @@ class GGUFBlocks:
             high = ((qh[..., None, :] >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]) & 3).flatten(-3)
             q = low | (high << 4)
             return Fields(q.reshape(n, k), _f16(b[..., 208:210]), sc=b[..., 192:208].view(torch.int8).reshape(n, -1))
+        if name == "MXFP4":  # [e] then 16 bytes: k 0..15 in the low nibbles, 16..31 in the high ones
+            e = b[..., 0].to(torch.int16)
+            d = torch.where(e < 2, 32 * (e + 1), (e - 1) << 7)  # 2^(e-128) as bfloat16 bits: ggml's, subnormals too
+            return Fields(_nibbles(b[..., 1:], 16).reshape(n, k), d.view(torch.bfloat16))
         raise TypeError(f"{name} has no quantized fields")
 
     def dequantize(self) -> torch.Tensor:
@@ -174,6 +188,9 @@ class GGUFBlocks:
         if self.qtype == "Q6_K":
             scale = (d[..., None] * f.sc.view(n, -1, 16).float()).reshape(n, -1, 1)
             return (scale * (f.q.view(n, -1, 16).view(torch.int8) - 32).float()).view(n, k)
+        if self.qtype == "MXFP4":
+            values = torch.tensor(MXFP4_VALUES, dtype=torch.float32)[f.q.long()]
+            return (d[..., None] * values.view(n, -1, 32)).view(n, k)
         blocks = f.q.view(n, -1, 32)
         if self.qtype == "Q8_0":
             return (blocks.view(torch.int8).float() * d[..., None]).view(n, k)

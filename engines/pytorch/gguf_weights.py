@@ -43,6 +43,9 @@ log = logging.getLogger("switchyard.engines.pytorch")
 CACHE_FORMAT = "gguf-weights-1"  # the cache file's layout: blocks by module path (type in the metadata), floats
 CHECK_ROWS = 64  # rows of each block tensor checked against gguf-py's dequantization as the file is read
 FLOAT = "float"  # the cache file's type for a float32 tensor
+# the types read as blocks when the cache file was written: a file cached before the kernels read one of its types
+# (MXFP4 experts kept as float32) is read again, so that they become blocks
+BLOCK_TYPES = ",".join(TYPES)
 
 
 @dataclass(frozen=True)
@@ -281,7 +284,7 @@ def _from_cache(cache_file: Path) -> GGUFWeights | None:
 
     with safe_open(str(cache_file), "pt") as f:
         meta = f.metadata() or {}
-        if meta.get("format") != CACHE_FORMAT:
+        if meta.get("format") != CACHE_FORMAT or meta.get("block_types") != BLOCK_TYPES:
             return None
         blocks, tensors = {}, {}
         for key in f.keys():
@@ -307,7 +310,8 @@ def _save(weights: GGUFWeights, cache_file: Path) -> None:
     types.update({name: FLOAT for name in weights.tensors})
     tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
     try:
-        save_file(saved, tmp, metadata={"format": CACHE_FORMAT, "tied": "1" if tied else "0", **types})
+        meta = {"format": CACHE_FORMAT, "block_types": BLOCK_TYPES, "tied": "1" if tied else "0", **types}
+        save_file(saved, tmp, metadata=meta)
         tmp.replace(cache_file)
     except BaseException:
         tmp.unlink(missing_ok=True)  # a full disk keeps no half-written file

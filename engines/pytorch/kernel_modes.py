@@ -30,7 +30,7 @@ BF16_TILES = 3  # a Linear's tile-unit mode for bfloat16 weights (1: GGUF blocks
 # crossover (~10): a speculative verification step at the default settings (2 sequences x 6 rows) then gets the
 # bits of one-token steps, as speculation needs.
 TILE_UNIT_MIN_ROWS = 16
-TILE_UNIT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # csrc/gemm.c, amx_type
+TILE_UNIT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4")  # csrc/gemm.c, amx_type
 ROW_TILE = 192
 # Whether weights with GGUF blocks use the tile unit (AMX) where the CPU has one; tests turn it off to reach the
 # register kernels.

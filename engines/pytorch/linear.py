@@ -12,8 +12,8 @@ Every output element is one FMA chain over k = 0..K-1 whatever the number of row
 depend on what else is in the batch. The order differs from MKL's (torch's), so results differ from `F.linear` in
 the last bits (about 1e-6 relative), like oneDNN's do.
 
-Weights a GGUF file holds as quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; gguf_blocks.py) or
-as float16 / bfloat16 in a float32 model are kept only in that form, repacked into panels (block_panels.py): no
+Weights a GGUF file holds as quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4; gguf_blocks.py)
+or as float16 / bfloat16 in a float32 model are kept only in that form, repacked into panels (block_panels.py): no
 float32 copy of them exists. Steps of up to 16 rows expand each k row of weights in registers as fma(A, q, B) --
 the dequantized float32 weight bit for bit (gguf_blocks.py) -- straight into the FMA chains (row blocks of 8 x a
 panel pair with AVX-512, 2 with AVX2); larger steps expand a panel pair over up to 2048 k into a per-thread

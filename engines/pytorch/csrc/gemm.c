@@ -372,15 +372,15 @@ static inline int next_tile(gemm_job* j, int* n0, int* m0, int* nb, int* mc) {
 
 /* ---- AMX (CPUs with AMX-BF16): GGUF panels on the tile unit, for prompt rows and large decode steps ----
    The same panels as the register kernels (gemm_blocks.h), every quantized type. x is split once per call into
-   three bfloat16 parts whose sum is x exactly (8 + 8 + 8 significant bits), and q (0..31, Q6_K's q - 32, or
-   -128..127) is exact in bfloat16, so every product in the tile unit is exact and only float32 sums round: per
-   32-k group C = sum_k x_k q_k (three tile products, one per part), then y = b * sum_k x_k + (a * C + y) with the
-   group's scale a and offset b as the register kernels form them (group_decode; Q8_0 and Q6_K: no offset; Q6_K's
-   16-k halves, which have scales of their own, are two such products, each with the other half's q zero). The result is
-   float32-accurate (closer to the float64 product than the FMA kernel's, tests/engines/pytorch/test_linear.py) but
-   not the FMA kernel's bits; a row's bits depend only on that row and the weight, at any number of rows the caller
-   sends here. Each group's q are expanded per call into the tile unit's layout for B ([16 k pairs][16 columns][2]
-   bfloat16). */
+   three bfloat16 parts whose sum is x exactly (8 + 8 + 8 significant bits), and q (0..31, Q6_K's q - 32, -128..127,
+   or MXFP4's table value, -12..12) is exact in bfloat16, so every product in the tile unit is exact and only float32
+   sums round: per 32-k group C = sum_k x_k q_k (three tile products, one per part), then y = b * sum_k x_k + (a * C
+   + y) with the group's scale a and offset b as the register kernels form them (group_decode; Q8_0, MXFP4 and Q6_K:
+   no offset; Q6_K's 16-k halves, which have scales of their own, are two such products, each with the other half's q
+   zero). The result is float32-accurate (closer to the float64 product than the FMA kernel's,
+   tests/engines/pytorch/test_linear.py) but not the FMA kernel's bits; a row's bits depend only on that row and the
+   weight, at any number of rows the caller sends here. Each group's q are expanded per call into the tile unit's
+   layout for B ([16 k pairs][16 columns][2] bfloat16). */
 #if defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -434,7 +434,7 @@ static void amx_split_task(void* p) {
                        j->xa + (int64_t)rt * kb * 1536, j->xs + (int64_t)rt * kb * 16);
 }
 /* True for the panel types the tile unit reads: every quantized one. */
-static inline int amx_type(int t) { return t <= BT_Q6_K; }
+static inline int amx_type(int t) { return t <= BT_Q6_K || t == BT_MXFP4; }
 /* Expanded q of a 32-k group, in bfloat16 elements: the B tile's 16 k-pair rows; Q6_K's two 16-k halves have scales
    of their own, so its rows are stored as [k 0..15][8 zero rows][k 16..31], and the tiles loaded at row 0 and row 8
    each hold one half (amx_expand_group). */
@@ -453,8 +453,8 @@ static inline __m256i amx_high_pair(const uint8_t* high, int k, int bits) {
     return _mm256_and_si256(moved, _mm256_set1_epi8((char)(((1 << bits) - 1) << 4)));
 }
 /* One 32-k group's q (v: gemm_blocks.h's group_decode of it) as the B tile, bfloat16 (exact): k rows 2r and 2r + 1
-   interleaved column by column; 4- and 5-bit q by table (the low nibbles are k 0..15, the high ones k 16..31),
-   Q6_K's as q - 32 by a 64-entry table (amx_group_elems' layout), Q8_0's int8 by float. */
+   interleaved column by column; 4- and 5-bit q by table (the low nibbles are k 0..15, the high ones k 16..31; MXFP4's
+   table holds its values), Q6_K's as q - 32 by a 64-entry table (amx_group_elems' layout), Q8_0's int8 by float. */
 static inline void amx_expand_group(int t, const group_view* v, uint16_t* b) {
     if (t == BT_Q8_0) {
         for (int r = 0; r < 16; r++) {
@@ -468,7 +468,9 @@ static inline void amx_expand_group(int t, const group_view* v, uint16_t* b) {
     const int six = t == BT_Q6_K;
     const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     const __m512 first = _mm512_set1_ps(six ? -32.0f : 0.0f);  /* table entry i: the bfloat16 of first + i */
-    const __m512i bf16_lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_add_ps(iota, _mm512_add_ps(first, _mm512_set1_ps(16))),
+    const __m512 mx = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(mxfp4_table()));  /* MXFP4: entries 0..15 its values */
+    const __m512i bf16_lo = t == BT_MXFP4 ? (__m512i)_mm512_cvtne2ps_pbh(mx, mx)
+                          : (__m512i)_mm512_cvtne2ps_pbh(_mm512_add_ps(iota, _mm512_add_ps(first, _mm512_set1_ps(16))),
                                                          _mm512_add_ps(iota, first));
     const __m512i bf16_hi = (__m512i)_mm512_cvtne2ps_pbh(_mm512_add_ps(iota, _mm512_add_ps(first, _mm512_set1_ps(48))),
                                                          _mm512_add_ps(iota, _mm512_add_ps(first, _mm512_set1_ps(32))));
@@ -491,8 +493,8 @@ static inline void amx_expand_group(int t, const group_view* v, uint16_t* b) {
 #define AMX_PRODUCT(c, b, cb) do { _tile_zero(c); _tile_dpbf16ps(c, 0, b); _tile_dpbf16ps(c, 1, b); \
     _tile_dpbf16ps(c, 2, b); _tile_stored(c, cb, 64); } while (0)
 /* y (rows x 16) = b0 * xs + (a0 * C + y) for one panel's C (16 x 16, 16 floats apart) of 32-k group kb, with the
-   group's scale a0 and offset b0 (group_decode: d, m or -8 d, -16 d; the K types' d * sc, -dmin * min; Q8_0 none).
-   Q6_K, half h of the group: y = a_h * C + y (its q were expanded as q - 32: no offset). */
+   group's scale a0 and offset b0 (group_decode: d, m or -8 d, -16 d; the K types' d * sc, -dmin * min; Q8_0 and
+   MXFP4 none). Q6_K, half h of the group: y = a_h * C + y (its q were expanded as q - 32: no offset). */
 static inline void amx_fold(const float* c, const float* s, int t, const uint8_t* panel, float* y, int64_t ldy,
                             int rows, int kb, int h) {
     group_view v;
@@ -501,8 +503,8 @@ static inline void amx_fold(const float* c, const float* s, int t, const uint8_t
     for (int r = 0; r < rows; r++) {
         const __m512 prev = kb || h ? _mm512_loadu_ps(y + r * ldy) : _mm512_setzero_ps();
         const __m512 scaled = _mm512_fmadd_ps(a, _mm512_load_ps(c + r * 16), prev);
-        _mm512_storeu_ps(y + r * ldy, t == BT_Q8_0 || t == BT_Q6_K ? scaled
-                                                                   : _mm512_fmadd_ps(v.b0, _mm512_set1_ps(s[r]), scaled));
+        const int no_offset = t == BT_Q8_0 || t == BT_Q6_K || t == BT_MXFP4;
+        _mm512_storeu_ps(y + r * ldy, no_offset ? scaled : _mm512_fmadd_ps(v.b0, _mm512_set1_ps(s[r]), scaled));
     }
 }
 static __thread amx_scratch amx_q;  /* a thread's expanded q: [K / 32][16 panels][amx_group_elems] */

@@ -5,12 +5,15 @@
    Every type's float32 weight, as gguf-py (and so transformers) dequantizes it, is one rounding of A * q + B with A
    and B exact float32 values per column and sub-block and q a small integer: Q4_0 d*(q-8), Q5_0 d*(q-16), Q8_0
    d*q, Q4_1/Q5_1 d*q+m, Q4_K/Q5_K (d*sc)*q-(dmin*m), Q6_K (d*sc)*(q-32); d*sc and dmin*m are exact in float32
-   (11 x 8 significant bits at most). So fma(A, q, B) is that very weight, bit for bit (up to the sign of a zero),
-   and the float32 kernel's FMA chain over k then gives the float32 kernel's bits on the dequantized weight.
+   (11 x 8 significant bits at most). MXFP4 is d*v with d = 2^(e-128) (its E8M0 byte e) and v an int8 that the
+   nibble q picks from a 16-entry table (E2M1 doubled, ggml's: not evenly spaced, so no A * q + B of q itself): the
+   expansion permutes the nibbles into their values (one byte shuffle, mxfp4_table), then fma(d, v, -0) as Q8_0.
+   So fma(A, q, B) is that very weight, bit for bit (up to the sign of a zero), and the float32 kernel's FMA chain
+   over k then gives the float32 kernel's bits on the dequantized weight.
 
    Layout: a panel (16 columns) is a run of records over k, RK = 32 k (256 for the K-quants), nothing shared
    between panels; within a record every field is per column, 16 side by side:
-     32-k types   [d f16 x16] [m f16 x16: Q4_1, Q5_1] then Q8_0: [q int8 32 k x 16]
+     32-k types   [d f16 x16; MXFP4: d bf16 x16, exact] [m f16 x16: Q4_1, Q5_1] then Q8_0: [q int8 32 k x 16]
                   else [nibbles 16 x 16 bytes] [high bits 4 x 16 bytes: Q5_0, Q5_1]
      Q4_K, Q5_K   [d f16 x16] [dmin f16 x16], then 8 groups of 32 k: [sc u8 x16] [m u8 x16] [nibbles]
                   [high bits 4 x 16 bytes: Q5_K]
@@ -20,7 +23,9 @@
    of a 5-bit q): byte j*16 + c, bit i for k = j + 4i; (bits 4-5 of Q6_K's 6-bit q): bits 2i, 2i+1 for k = j + 8i.
    So a k row's 16 high parts are one 16-byte load, a shift by a constant and a mask; and a run of 4 k (j = 0..3 at
    one i) is 64 contiguous bytes of nibbles and 64 of high bits, which AVX-512 with VBMI and GFNI decodes at once
-   (run_decode). Bytes per weight: the file's (Q4_K, Q5_K: +1/8 bit for their sc/m as bytes).
+   (run_decode). Bytes per weight: the file's (Q4_K, Q5_K: +1/8 bit for their sc/m as bytes; MXFP4: +1/4 bit for d as
+   a bfloat16: its records are then Q4_0's 288 bytes, whose 32-byte halves of a run each lie in one cache line, see
+   load64; with the file's 272, half the records' would straddle two).
 
    Steps of up to BLOCK_REG_ROWS rows expand each k row of a panel pair in registers, straight into the FMA chains
    (reg_kernel), prefetching the panels a few groups ahead. Larger steps expand a panel pair over up to BLOCK_K k
@@ -30,10 +35,14 @@
 #ifndef SWITCHYARD_GEMM_BLOCKS_H
 #define SWITCHYARD_GEMM_BLOCKS_H
 
-enum { BT_Q4_0 = 1, BT_Q4_1, BT_Q5_0, BT_Q5_1, BT_Q8_0, BT_Q4_K, BT_Q5_K, BT_Q6_K, BT_BF16, BT_F16 };
+enum { BT_Q4_0 = 1, BT_Q4_1, BT_Q5_0, BT_Q5_1, BT_Q8_0, BT_Q4_K, BT_Q5_K, BT_Q6_K, BT_BF16, BT_F16, BT_MXFP4 };
 /* Bytes of a record of each type (index: BT_*) and k per record. */
-static const int BT_RECORD[] = {0, 288, 320, 352, 384, 544, 2368, 2880, 3360, 32, 32};
-static const int BT_RK[] = {0, 32, 32, 32, 32, 32, 256, 256, 256, 1, 1};
+static const int BT_RECORD[] = {0, 288, 320, 352, 384, 544, 2368, 2880, 3360, 32, 32, 288};
+static const int BT_RK[] = {0, 32, 32, 32, 32, 32, 256, 256, 256, 1, 1, 32};
+/* MXFP4's int8 values by nibble, a byte permute's table (gguf_blocks.MXFP4_VALUES: E2M1 doubled, ggml's). */
+static inline __m128i mxfp4_table(void) {
+    return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+}
 static inline int64_t bt_panel_bytes(int t, int K) { return (int64_t)K / BT_RK[t] * BT_RECORD[t]; }
 
 /* 16 float32 lanes: one 512-bit register, or two 256-bit ones without AVX-512. */
@@ -43,6 +52,10 @@ static inline v16 v16_f16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_load
 static inline v16 v16_u8(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
 static inline v16 v16_u8_at(const uint8_t* p) { return v16_u8(_mm_load_si128((const __m128i*)p)); }
 static inline v16 v16_i8(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+static inline v16 v16_i8_at(const uint8_t* p) { return v16_i8(_mm_load_si128((const __m128i*)p)); }
+static inline v16 v16_bf16(const uint8_t* p) {  /* 16 bfloat16: exact, by a shift */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
 static inline v16 v16_fma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
 static inline v16 v16_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
 static inline v16 v16_set1(float f) { return _mm512_set1_ps(f); }
@@ -70,6 +83,15 @@ static inline v16 v16_i8(__m128i b) {
              _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
     return r;
 }
+static inline v16 v16_i8_at(const uint8_t* p) {
+    v16 r = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))),
+             _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8))))};
+    return r;
+}
+static inline __m256 f8_bf16(const uint8_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+static inline v16 v16_bf16(const uint8_t* p) { v16 r = {f8_bf16(p), f8_bf16(p + 16)}; return r; }
 static inline v16 v16_fma(v16 a, v16 b, v16 c) {
     v16 r = {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
     return r;
@@ -86,11 +108,18 @@ static inline void v16_store(float* p, v16 a) { _mm256_storeu_ps(p, a.lo); _mm25
 static inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128((const __m128i*)p); }
 /* ---- steps of a few rows: the weights expanded in registers, k row by k row, straight into the FMA chains ---- */
 /* A 32-k group of a panel, decoded: rows k < 16 are fma(a0, q, b0), k >= 16 fma(a1, q, b1); q from nibbles (and high
-   bits) or Q8_0's bytes. */
+   bits; MXFP4: the table's int8 value of the nibble) or Q8_0's bytes. */
 typedef struct { v16 a0, b0, a1, b1; const uint8_t *nib, *q8, *high; } group_view;
 static inline __attribute__((always_inline)) void group_decode(const int t, const uint8_t* panel, int gi,
                                                                group_view* v) {
     v->q8 = v->high = v->nib = 0;
+    if (t == BT_MXFP4) {  /* d * v: d from its bfloat16, v the table's value of the nibble (run_decode) */
+        const uint8_t* g = panel + (int64_t)gi * BT_RECORD[t];
+        v->a0 = v->a1 = v16_bf16(g);
+        v->b0 = v->b1 = v16_set1(-0.0f);  /* a zero's sign too, as Q8_0 */
+        v->nib = g + 32;
+        return;
+    }
     if (t <= BT_Q8_0) {
         const uint8_t* g = panel + (int64_t)gi * BT_RECORD[t];
         v->a0 = v->a1 = v16_f16(g);
@@ -123,8 +152,9 @@ static inline __attribute__((always_inline)) void group_decode(const int t, cons
 /* AVX-512 with VBMI and GFNI: a run of 4 k rows (k = 8 c + 4 h + j, j 0..3) of the 4- to 6-bit types is decoded at
    once, its 4 x 16 q in one 512-bit register as clean bytes (run_decode: the nibbles, shifted down for c >= 2; the
    high bits moved to bits 4 (Q5) or 4-5 (Q6_K) of each byte by one gf2p8affine and merged by one vpternlog), then each
-   row's 16 bytes go to 32-bit lanes by one vpermb and to float by one conversion. Far fewer instructions a weight
-   than row by row, and a 5- or 6-bit q costs about what a nibble does. */
+   row's 16 bytes go to 32-bit lanes by one vpermb and to float by one conversion (MXFP4: one vpshufb of the run
+   makes its nibbles int8 values, and each row's go to the top byte of their lanes, sign-extended by one shift). Far
+   fewer instructions a weight than row by row, and a 5- or 6-bit q costs about what a nibble does. */
 #if defined(__AVX512VBMI__) && defined(__AVX512BW__) && defined(__GFNI__)
 #define BLOCK_RUNS 1
 typedef __m512i run_view;
@@ -152,15 +182,17 @@ static inline __attribute__((always_inline)) void run_decode(const int t, const 
     } else {
         *r = _mm512_and_si512(n, _mm512_set1_epi8(0x0F));
     }
+    if (t == BT_MXFP4) *r = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(mxfp4_table()), *r);  /* the int8 values */
 }
-/* vpermb indices: byte 4 c of lane c takes byte 16 j + c (row j of a run). */
+/* vpermb indices: bytes 4 c .. 4 c + 3 of lane c take byte 16 j + c (row j of a run): masked to byte 4 c, its q
+   zero-extended; to byte 4 c + 3, shifted down arithmetically, MXFP4's int8 value sign-extended. */
 static const uint8_t RUN_ROW_INDEX[4][64] __attribute__((aligned(64))) = {
-#define RI(j) {16 * j + 0, 0, 0, 0, 16 * j + 1, 0, 0, 0, 16 * j + 2, 0, 0, 0, 16 * j + 3, 0, 0, 0, 16 * j + 4, 0, 0, 0, \
-               16 * j + 5, 0, 0, 0, 16 * j + 6, 0, 0, 0, 16 * j + 7, 0, 0, 0, 16 * j + 8, 0, 0, 0, 16 * j + 9, 0, 0, 0, \
-               16 * j + 10, 0, 0, 0, 16 * j + 11, 0, 0, 0, 16 * j + 12, 0, 0, 0, 16 * j + 13, 0, 0, 0, 16 * j + 14, 0, \
-               0, 0, 16 * j + 15, 0, 0, 0}
+#define RB(j, c) 16 * j + c, 16 * j + c, 16 * j + c, 16 * j + c
+#define RI(j) {RB(j, 0), RB(j, 1), RB(j, 2), RB(j, 3), RB(j, 4), RB(j, 5), RB(j, 6), RB(j, 7), RB(j, 8), RB(j, 9), \
+               RB(j, 10), RB(j, 11), RB(j, 12), RB(j, 13), RB(j, 14), RB(j, 15)}
     RI(0), RI(1), RI(2), RI(3)
 #undef RI
+#undef RB
 };
 #else
 /* Without VBMI and GFNI (AVX2 CPUs; AVX-512 before Ice Lake): the run's 4 x 16 q are still made at once, 32 bytes (2 k
@@ -188,6 +220,8 @@ static inline __attribute__((always_inline)) void run_decode(const int t, const 
             q = _mm256_or_si256(q, _mm256_and_si256(
                 shift_bits(_mm256_loadu_si256((const __m256i*)(v->high + 32 * half)), 4 - (2 * c + h)),
                 _mm256_set1_epi8(0x10)));
+        else if (t == BT_MXFP4)  /* the int8 values */
+            q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(mxfp4_table()), q);
         _mm256_store_si256((__m256i*)(r->q + 32 * half), q);
     }
 }
@@ -200,11 +234,15 @@ static inline __attribute__((always_inline)) v16 group_row(const int t, const gr
     if (t == BT_Q8_0) return v16_fma(v->a0, v16_i8(load16(v->q8 + 16 * k)), v->b0);
 #ifdef BLOCK_RUNS
     const __m512i idx = _mm512_load_si512((const void*)RUN_ROW_INDEX[j]);
+    if (t == BT_MXFP4) {
+        const __m512i top = _mm512_maskz_permutexvar_epi8(0x8888888888888888ULL, idx, *r);
+        return v16_fma(v->a0, _mm512_cvtepi32_ps(_mm512_srai_epi32(top, 24)), v->b0);
+    }
     const __m512 qf = _mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(0x1111111111111111ULL, idx, *r));
     return c >= 2 ? v16_fma(v->a1, qf, v->b1) : v16_fma(v->a0, qf, v->b0);
 #else
     (void)k;
-    const v16 qf = v16_u8_at(r->q + 16 * j);
+    const v16 qf = t == BT_MXFP4 ? v16_i8_at(r->q + 16 * j) : v16_u8_at(r->q + 16 * j);
     return c >= 2 ? v16_fma(v->a1, qf, v->b1) : v16_fma(v->a0, qf, v->b0);
 #endif
 }
@@ -227,7 +265,7 @@ static void expand_groups(int t, const uint8_t* panel, int g0, int n, float* w) 
     switch (t) {
 #define EXPAND_CASE(T) case T: for (int g = 0; g < n; g++) expand_group_t(T, panel, g0 + g, w + g * 32 * 16); break;
         EXPAND_CASE(BT_Q4_0) EXPAND_CASE(BT_Q4_1) EXPAND_CASE(BT_Q5_0) EXPAND_CASE(BT_Q5_1) EXPAND_CASE(BT_Q8_0)
-        EXPAND_CASE(BT_Q4_K) EXPAND_CASE(BT_Q5_K) EXPAND_CASE(BT_Q6_K)
+        EXPAND_CASE(BT_Q4_K) EXPAND_CASE(BT_Q5_K) EXPAND_CASE(BT_Q6_K) EXPAND_CASE(BT_MXFP4)
 #undef EXPAND_CASE
     }
 }
@@ -323,7 +361,8 @@ static void reg_rows(int t, int r, const float* x, int64_t ldx, const uint8_t* w
                      int64_t ldy, int NB, int K) {
 #define REG_CASE(T, R) case T: reg_rows_t(T, R, x, ldx, wq, pstride, y, ldy, NB, K); break;
 #define REG_TYPES(R) switch (t) { REG_CASE(BT_Q4_0, R) REG_CASE(BT_Q4_1, R) REG_CASE(BT_Q5_0, R) REG_CASE(BT_Q5_1, R) \
-                                  REG_CASE(BT_Q8_0, R) REG_CASE(BT_Q4_K, R) REG_CASE(BT_Q5_K, R) REG_CASE(BT_Q6_K, R) }
+                                  REG_CASE(BT_Q8_0, R) REG_CASE(BT_Q4_K, R) REG_CASE(BT_Q5_K, R) REG_CASE(BT_Q6_K, R) \
+                                  REG_CASE(BT_MXFP4, R) }
     if (r == 1) REG_TYPES(1)
     else if (r == 2) REG_TYPES(2)
 #if REG_ROWS > 2

@@ -17,8 +17,9 @@
    order, so a row's result does not depend on its batch.
 
    Needs the 4-k runs of gemm_blocks.h (AVX-512 with VBMI and GFNI); the types with an unsigned q (all but Q8_0 and
-   the 16-bit ones, which stay on the float32 kernels). Elsewhere BLOCK_INT8 is undefined and gemm.c runs the float32
-   kernels for every job. */
+   the 16-bit ones, which stay on the float32 kernels), and MXFP4, whose signed table value v (-12..12) meets vpdpbusd
+   as v + 12 with B = -12 d (w = d (v + 12) - 12 d; past d = 2^124, scales no real file has, -12 d overflows).
+   Elsewhere BLOCK_INT8 is undefined and gemm.c runs the float32 kernels for every job. */
 #ifndef SWITCHYARD_GEMM_BLOCKS_INT8_H
 #define SWITCHYARD_GEMM_BLOCKS_INT8_H
 
@@ -30,7 +31,7 @@
    d * sum(xq) at s + m K / 16. */
 typedef struct { const int8_t* q; const float* d; const float* s; int K; } x8_rows;
 
-static inline int i8_type(int t) { return t != BT_Q8_0 && t <= BT_Q6_K; }
+static inline int i8_type(int t) { return (t != BT_Q8_0 && t <= BT_Q6_K) || t == BT_MXFP4; }
 
 /* M rows of x (K a multiple of 32) into q, d, s as x8_rows lays them out. Rounds to nearest even (vcvtps2dq); a
    group of zeros gets d = 0. */
@@ -91,6 +92,10 @@ static inline __attribute__((always_inline)) void i8_kernel(const int t, const i
         run_view r0, r1;                                                                                            \
         run_decode(t, &g0, c, h, &r0);                                                                              \
         run_decode(t, &g1, c, h, &r1);                                                                              \
+        if (t == BT_MXFP4) {  /* v + 12: unsigned for vpdpbusd, and B = -12 A (I8_FOLD) */                          \
+            r0 = _mm512_add_epi8(r0, _mm512_set1_epi8(12));                                                         \
+            r1 = _mm512_add_epi8(r1, _mm512_set1_epi8(12));                                                         \
+        }                                                                                                           \
         r0 = _mm512_permutexvar_epi8(idx, r0);                                                                      \
         r1 = _mm512_permutexvar_epi8(idx, r1);                                                                      \
         for (int r = 0; r < R; r++) {                                                                               \
@@ -104,13 +109,15 @@ static inline __attribute__((always_inline)) void i8_kernel(const int t, const i
 /* the half's integer sums into the float accumulators: A d sum(q xq) + B d sum(xq), A and B of k 0-15 (a0, b0) or
    16-31 (a1, b1) */
 #define I8_FOLD(half, A, B) {                                                                                      \
+        const v16 o0 = t == BT_MXFP4 ? v16_mul(g0.A, v16_set1(-12.0f)) : g0.B;                                     \
+        const v16 o1 = t == BT_MXFP4 ? v16_mul(g1.A, v16_set1(-12.0f)) : g1.B;                                     \
         for (int r = 0; r < R; r++) {                                                                               \
             const v16 d = v16_set1(x.d[(int64_t)r * (K / 32) + gi]);                                               \
             const v16 s = v16_set1(x.s[(int64_t)r * (K / 16) + 2 * gi + half]);                                    \
             acc[r][0] = v16_fma(v16_mul(g0.A, d), _mm512_cvtepi32_ps(i0[r]), acc[r][0]);                           \
-            acc[r][0] = v16_fma(g0.B, s, acc[r][0]);                                                               \
+            acc[r][0] = v16_fma(o0, s, acc[r][0]);                                                                 \
             acc[r][1] = v16_fma(v16_mul(g1.A, d), _mm512_cvtepi32_ps(i1[r]), acc[r][1]);                           \
-            acc[r][1] = v16_fma(g1.B, s, acc[r][1]);                                                               \
+            acc[r][1] = v16_fma(o1, s, acc[r][1]);                                                                 \
         }                                                                                                           \
     }
         for (int r = 0; r < R; r++) i0[r] = i1[r] = _mm512_setzero_si512();
@@ -140,7 +147,7 @@ static inline __attribute__((always_inline)) void i8_rows_t(const int t, const i
 static void i8_rows(int t, int r, x8_rows x, const uint8_t* wq, int64_t pstride, float* y, int64_t ldy, int NB) {
 #define I8_CASE(T, R) case T: i8_rows_t(T, R, x, wq, pstride, y, ldy, NB); break;
 #define I8_TYPES(R) switch (t) { I8_CASE(BT_Q4_0, R) I8_CASE(BT_Q4_1, R) I8_CASE(BT_Q5_0, R) I8_CASE(BT_Q5_1, R)  \
-                                 I8_CASE(BT_Q4_K, R) I8_CASE(BT_Q5_K, R) I8_CASE(BT_Q6_K, R) }
+                                 I8_CASE(BT_Q4_K, R) I8_CASE(BT_Q5_K, R) I8_CASE(BT_Q6_K, R) I8_CASE(BT_MXFP4, R) }
     if (r == 1) I8_TYPES(1)
     else if (r == 2) I8_TYPES(2)
     else if (r == 3) I8_TYPES(3)

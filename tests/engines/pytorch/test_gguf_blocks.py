@@ -73,6 +73,30 @@ def test_a_later_start_reads_the_cache_file(loaded: tuple, tmp_path: Path, monke
     assert all(torch.equal(again.tensors[n], t) for n, t in weights.tensors.items())
 
 
+def test_a_cache_file_of_other_block_types_is_read_again(
+    loaded: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache file written when the kernels read other types (an MXFP4_MOE file's experts were float32 before they
+    read MXFP4) is not used: the file is read again, and the cache rewritten."""
+    model, _, weights = loaded
+    cache = tmp_path / "weights.safetensors"
+    reads = []
+
+    def from_file(gguf: Path, model: object) -> object:
+        reads.append(gguf)
+        return weights
+
+    monkeypatch.setattr(gguf_weights, "_from_file", from_file)
+    with monkeypatch.context() as older:
+        older.setattr(gguf_weights, "BLOCK_TYPES", "Q4_0,Q8_0")
+        read_weights(GGUF, model, cache)
+    assert len(reads) == 1
+    read_weights(GGUF, model, cache)
+    assert len(reads) == 2  # this build's types: read again
+    read_weights(GGUF, model, cache)
+    assert len(reads) == 2  # and cached
+
+
 def test_blocks_that_differ_from_gguf_py_are_left_out(loaded: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
     model = loaded[0]
     dequantize = gguf.dequantize

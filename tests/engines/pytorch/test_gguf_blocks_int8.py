@@ -21,7 +21,7 @@ from engines.pytorch.linear import Linear
 from engines.pytorch.native import HelperThreads
 from tests.random_gguf_blocks import make_blocks
 
-INT8_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+INT8_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
 ROWS = (1, 3, 4, 5, 9, 17)
 
 

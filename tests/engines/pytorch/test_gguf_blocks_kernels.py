@@ -1,7 +1,8 @@
 """The GEMM kernel reading GGUF blocks gives, for every type, the float32 kernel's bits on the dequantized weight: in
 registers (steps of up to 16 rows) and through its scratch (larger steps), alone and with helper threads, a fused
 projection whose parts have different types, the fused gate/up with SiLU; with AVX-512 (4 k rows at once with VBMI
-and GFNI, row by row without), and with AVX2 only."""
+and GFNI, row by row without), and with AVX2 only. The weights the kernels expand are gguf-py's dequantization bit for
+bit on each of those builds (MXFP4's table lookup too, at its subnormal and large scales)."""
 
 from __future__ import annotations
 
@@ -104,6 +105,47 @@ def test_fused_projections_of_one_type_and_of_several(threads: int, tmp_path: Pa
     torch.testing.assert_close(mixed(x), dense.act_mul(torch.nn.SiLU(), reference), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("qtype", sorted(TYPES))
+def test_the_kernels_expand_the_blocks_to_gguf_pys_weights(qtype: str, tmp_path: Path) -> None:
+    """Rows read back through the kernels' expansion (`weight_rows`: what a tied embedding reads, the code the GEMM
+    expands panels with) are gguf-py's dequantization, bit for bit, the rows of a padded last panel included."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    blocks = make_blocks(qtype, 40, 512, seed=2)
+    lin = Linear(None, None, True, tmp_path, None, blocks)
+    if lin.kind != "kernel":
+        pytest.skip("no C compiler or no AVX2/FMA here")
+    theirs = dequantize(blocks.raw.numpy(), GGMLQuantizationType[qtype]).reshape(40, 512)
+    assert torch.equal(lin.weight_rows(torch.arange(40)), torch.from_numpy(theirs))
+
+
+def _mxfp4_extremes(n: int, k: int, seed: int) -> GGUFBlocks:
+    """MXFP4 blocks of gguf-py's quantizer with their scale bytes replaced: ggml's subnormal scales (e 0, 1), the
+    smallest normal one, and large ones (the products stay finite at these widths)."""
+    gen = torch.Generator().manual_seed(seed)
+    raw = make_blocks("MXFP4", n, k, seed).raw.view(n, k // 32, 17).clone()
+    scales = torch.tensor([0, 1, 2, 64, 127, 150], dtype=torch.uint8)
+    raw[..., 0] = scales[torch.randint(0, len(scales), (n, k // 32), generator=gen)]
+    return GGUFBlocks("MXFP4", raw.view(n, -1))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_mxfp4_extreme_scales_give_the_float32_kernels_bits(threads: int, tmp_path: Path) -> None:
+    gen = torch.Generator().manual_seed(6)
+    blocks = _mxfp4_extremes(216, 576, 7)
+    weight = blocks.dequantize()
+    helpers = _helpers(threads, tmp_path)
+    plain = Linear(weight, None, True, tmp_path, helpers)
+    from_blocks = Linear(None, None, True, tmp_path, helpers, blocks)
+    if from_blocks.kind != "kernel":
+        pytest.skip("no C compiler or no AVX2/FMA here")
+    assert torch.equal(from_blocks.weight_rows(torch.arange(216)), weight)
+    for m in ROWS:
+        x = torch.randn(m, 576, generator=gen)
+        assert torch.equal(from_blocks(x), plain(x)), m
+
+
 def test_without_the_kernel_the_blocks_are_dequantized(tmp_path: Path) -> None:
     blocks = make_blocks("Q4_K", 32, 256)
     lin = Linear(None, None, False, tmp_path, None, blocks)
@@ -121,21 +163,22 @@ def test_the_other_builds_give_the_same_bits(
     same bits as this CPU's build of the float32 kernel; it has no int8 kernels, so `int8_activations` changes
     nothing there."""
     gen = torch.Generator().manual_seed(5)
-    cases = [make_blocks(t, 40, 512, i) for i, t in enumerate(sorted(TYPES))]
+    cases = [make_blocks(t, 40, 512, i) for i, t in enumerate(sorted(TYPES))] + [_mxfp4_extremes(40, 512, 9)]
     xs = {m: torch.randn(m, 512, generator=gen) for m in (1, 2, 3, 20)}
-    native_plain = {b.qtype: Linear(b.dequantize(), None, True, tmp_path) for b in cases}
-    if next(iter(native_plain.values())).kind != "kernel":
+    native_plain = [Linear(b.dequantize(), None, True, tmp_path) for b in cases]
+    if native_plain[0].kind != "kernel":
         pytest.skip("no C compiler or no AVX2/FMA here")
-    expected = {b.qtype: {m: native_plain[b.qtype](x) for m, x in xs.items()} for b in cases}
+    expected = [{m: plain(x) for m, x in xs.items()} for plain in native_plain]
     monkeypatch.setattr(native, "CFLAGS", [*native.CFLAGS, *flags])
     monkeypatch.delitem(native._loaded, "gemm", raising=False)
     monkeypatch.setattr(gemm_library, "_lib", None)
     assert not kernel_modes.int8_available(tmp_path)
-    for b in cases:
+    for b, want in zip(cases, expected, strict=True):
         other = Linear(None, None, True, tmp_path, _helpers(2, tmp_path), b)
         assert other.kind == "kernel"
+        assert torch.equal(other.weight_rows(torch.arange(40)), b.dequantize()), b.qtype  # gguf-py's weights
         for m, x in xs.items():
-            assert torch.equal(other(x), expected[b.qtype][m]), (b.qtype, m)
+            assert torch.equal(other(x), want[m]), (b.qtype, m)
             with kernel_modes.int8_activations():
-                assert torch.equal(other(x), expected[b.qtype][m]), (b.qtype, m)
+                assert torch.equal(other(x), want[m]), (b.qtype, m)
     monkeypatch.delitem(native._loaded, "gemm")

@@ -7,15 +7,15 @@ serves: the engine reads from the file what transformers' GGUF loader drops (Lla
   every key that shapes the answer, and greedy output equals transformers' float32 model of the file (its GGUF
   loader's weights under that config). The Q4_K_M models are 256 wide so that llama.cpp gives them K blocks.
 
-Mixture of experts (Qwen3-MoE, Mixtral): the F32 files answer as the folder; in the Q8_0 files every expert is served
-from the file's blocks (no float copy of an expert is made). transformers' GGUF loader cannot build a Mixtral of its
-file (llama.cpp writes Mixtral as a `llama`: transformers makes a dense Llama with random MLPs), so a Mixtral file's
-reference is transformers' Mixtral of the folder's config holding transformers' own reading of the file's attention,
-norms and embeddings and gguf-py's dequantization of its router and experts.
+Mixture of experts (Qwen3-MoE, Mixtral): the F32 files answer as the folder; in the Q8_0, Q4_K_M and MXFP4_MOE files
+every expert is served from the file's blocks (no float copy of an expert is made). transformers' GGUF loader cannot
+build a Mixtral of its file (llama.cpp writes Mixtral as a `llama`: transformers makes a dense Llama with random MLPs),
+so a Mixtral file's reference is transformers' Mixtral of the folder's config holding transformers' own reading of the
+file's attention, norms and embeddings and gguf-py's dequantization of its router and experts.
 
 gpt-oss (`gpt-oss`: a config the engine makes of its metadata, experts stacked with biases, attention sinks): F32,
-MXFP4_MOE (MXFP4 experts, dequantized at load, and Q8_0 attention: the released files' types) and Q8_0 files (every
-expert from the file's blocks) answer as transformers' gpt-oss of the folder's config holding gguf-py's reading of
+MXFP4_MOE (MXFP4 experts and Q8_0 attention: the released files' types) and Q8_0 files (every expert from the
+file's blocks) answer as transformers' gpt-oss of the folder's config holding gguf-py's reading of
 every tensor of the file put back where the converter took it from, logprobs within 1e-4, decode steps replayed;
 for the F32 file that model is the folder's own.
 
@@ -72,10 +72,16 @@ QUANTIZED = (
     ("qwen3_wide", "Q4_K_M"),
     ("qwen3_wide", "F32"),
     ("qwen3_moe", "Q8_0"),
-    ("qwen3_moe", "MXFP4_MOE"),  # MXFP4 experts (not a kernel type): dequantized to float32 as transformers does
+    ("qwen3_moe", "MXFP4_MOE"),  # MXFP4 experts, read in place as blocks (EXPERT_BLOCKS)
 )
 # files whose experts the kernels read as blocks (the wide ones 256 wide, for K blocks)
-EXPERT_BLOCKS = (("qwen3_moe", "Q8_0"), ("mixtral", "Q8_0"), ("qwen3_moe_wide", "Q4_K_M"), ("mixtral_wide", "Q4_K_M"))
+EXPERT_BLOCKS = (
+    ("qwen3_moe", "Q8_0"),
+    ("mixtral", "Q8_0"),
+    ("qwen3_moe_wide", "Q4_K_M"),
+    ("mixtral_wide", "Q4_K_M"),
+    ("qwen3_moe", "MXFP4_MOE"),
+)
 # what must come out of the file as the folder has it (transformers' GGUF loader alone loses the first three)
 CONFIG_KEYS = (
     "head_dim",
@@ -279,6 +285,8 @@ def test_experts_are_served_from_the_files_blocks(family: str, kind: str, run_en
     experts = _expert_projections(engine)
     assert len(experts) == 2 * sum(len(layer.mlp.experts) for layer in engine._runner.model.layers)
     assert experts and all(p.blocks_nbytes > 0 and p.weight is None for p in experts)  # blocks, no float copy
+    if kind == "MXFP4_MOE":  # llama.cpp's quantizer gives the experts MXFP4 (the rest Q8_0): read as MXFP4 panels
+        assert {int(code) for p in experts for code in p._blocks.segs[1::2]} == {TYPES["MXFP4"].code}
     converted_folder = AutoModelForCausalLM.from_pretrained(resolve_hf_folder(gguf), dtype=torch.float32).eval()
     if not family.startswith("mixtral"):
         assert ours == _reference(converted_folder, prompts)
@@ -389,7 +397,7 @@ def test_a_gpt_oss_file_answers_as_transformers_gpt_oss_of_its_weights(kind: str
         assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= LOGPROB_TOLERANCE
     experts = _expert_projections(engine)
     assert len(experts) == 2 * reference.config.num_local_experts * reference.config.num_hidden_layers
-    in_blocks = kind == "Q8_0" or (kind == "MXFP4_MOE" and "MXFP4" in TYPES)  # else dequantized to float32
+    in_blocks = kind in ("Q8_0", "MXFP4_MOE")  # F32 experts are float32 tensors
     assert all((p.blocks_nbytes > 0 and p.weight is None) == in_blocks for p in experts)
     replay = engine._runner._replay
     if replay is not None:  # the MoE block is one C call (moe_experts.py), attention with sinks a kernel

@@ -341,7 +341,7 @@ def _layer_experts(reference, qtype: str) -> LayerExperts:
     )
 
 
-@pytest.mark.parametrize(("family", "qtype"), [("qwen3_moe", "Q8_0"), ("mixtral", "Q4_0")])
+@pytest.mark.parametrize(("family", "qtype"), [("qwen3_moe", "Q8_0"), ("mixtral", "Q4_0"), ("qwen3_moe", "MXFP4")])
 def test_experts_from_gguf_blocks_match_transformers_on_their_weights(family: str, qtype: str, tmp_path: Path) -> None:
     """Experts read from a 3-D GGUF tensor's blocks, per expert in place, against transformers' block holding the
     dequantized weights (what its GGUF loader makes of them: gate and up as the halves of gate_up_proj)."""
@@ -366,7 +366,7 @@ def test_experts_from_gguf_blocks_match_transformers_on_their_weights(family: st
 
 
 @pytest.mark.parametrize("build", ["native", AVX2], indirect=True)
-@pytest.mark.parametrize(("family", "qtype"), [("qwen3_moe", "Q8_0"), ("mixtral", "Q4_0")])
+@pytest.mark.parametrize(("family", "qtype"), [("qwen3_moe", "Q8_0"), ("mixtral", "Q4_0"), ("qwen3_moe", "MXFP4")])
 def test_experts_grouped_in_one_job_give_the_bits_of_one_job_each(
     family: str, qtype: str, build: str, tmp_path: Path
 ) -> None:
