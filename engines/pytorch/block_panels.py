@@ -13,6 +13,7 @@ import torch
 
 from engines.pytorch.gguf_blocks import GGUFBlocks
 
+LAYOUT = 1  # bump when `pack`'s output changes: panels saved in another layout (panel_cache.py) are then not read
 _RECORD = {
     "Q4_0": 288,
     "Q4_1": 320,

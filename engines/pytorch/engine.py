@@ -23,6 +23,7 @@ from engines.pytorch.lora_weights import read_adapter
 from engines.pytorch.memory_check import check_fits, weight_bytes
 from engines.pytorch.model_runner import PagedModelRunner
 from engines.pytorch.models import check_supported
+from engines.pytorch.panel_cache import saved_panels
 from engines.pytorch.sampler import greedy_result, plain_greedy, sample
 from engines.pytorch.step_layout import row_order
 from engines.pytorch.weight_memory import float_weights, runner_weights
@@ -99,18 +100,20 @@ class PyTorchEngine(StepEngine):
         else:
             model, hf_tok = load_hf(resolve_hf_folder(source, gguf_file, cache_dir), dtype)
             blocks = weights = None
-        self._runner = PagedModelRunner(
-            model,
-            num_blocks,
-            block_size,
-            fast_kernels=fast_kernels,
-            kernel_cache_dir=kernel_cache_dir,
-            gemm_threads=budget.threads,
-            blocks=blocks,
-            match_transformers=match_transformers,
-            packed=weights.drop_pages if weights is not None else None,
-            kv_cache_dtype=None if kv_cache_dtype == "auto" else getattr(torch, kv_cache_dtype),
-        )
+        # a start after the first reads the packed weights the first one saved (panel_cache.py)
+        with saved_panels(weights.panels if weights is not None else None):
+            self._runner = PagedModelRunner(
+                model,
+                num_blocks,
+                block_size,
+                fast_kernels=fast_kernels,
+                kernel_cache_dir=kernel_cache_dir,
+                gemm_threads=budget.threads,
+                blocks=blocks,
+                match_transformers=match_transformers,
+                packed=weights.drop_pages if weights is not None else None,
+                kv_cache_dtype=None if kv_cache_dtype == "auto" else getattr(torch, kv_cache_dtype),
+            )
         torch_threads = _set_torch_threads(self._runner.kernel_threads, budget.threads)
         self.cpu_threads = budget.threads  # its share of the CPU (switchyard_model_cpu_threads)
         self.torch_threads = TorchThreads(torch_threads)  # set again on the step thread (torch_threads.py)

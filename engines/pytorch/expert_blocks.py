@@ -62,6 +62,7 @@ class ExpertBlocks:
 
     qtype: str
     raw: torch.Tensor  # [E, N, K / block * block_bytes] uint8
+    source: str | None = None  # the module path it was read as (GGUFBlocks.source); expert e's is `source.e`
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -84,7 +85,7 @@ class ExpertBlocks:
 
     def expert(self, e: int) -> GGUFBlocks:
         """Expert `e`'s [N, K] weight: a view of the tensor's bytes (nothing is copied)."""
-        return GGUFBlocks(self.qtype, self.raw[e])
+        return GGUFBlocks(self.qtype, self.raw[e], None if self.source is None else f"{self.source}.{e}")
 
     def dequantize(self) -> torch.Tensor:
         """The float32 [E, N, K] weight, as gguf-py (and so transformers' GGUF loader) computes it."""
@@ -270,9 +271,10 @@ def expert_parameters(block_paths: Iterable[str]) -> set[str]:
     return found
 
 
-def blocks_of(qtype: str, raw: torch.Tensor) -> GGUFBlocks | ExpertBlocks:
-    """Blocks saved as their raw bytes (a loader's cache): a 3-D tensor is a layer's experts."""
-    return ExpertBlocks(qtype, raw) if raw.dim() == 3 else GGUFBlocks(qtype, raw)
+def blocks_of(qtype: str, raw: torch.Tensor, source: str | None = None) -> GGUFBlocks | ExpertBlocks:
+    """Blocks saved as their raw bytes (a loader's cache), read as module path `source`: a 3-D tensor is a layer's
+    experts."""
+    return ExpertBlocks(qtype, raw, source) if raw.dim() == 3 else GGUFBlocks(qtype, raw, source)
 
 
 def moe_config(config: Any, field: Callable[[str], Any]) -> Any:

@@ -112,10 +112,13 @@ def _nibbles(raw: torch.Tensor, span: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class GGUFBlocks:
-    """A [N, K] weight as one GGUF type's blocks: each row's blocks as the file stores them (`raw`)."""
+    """A [N, K] weight as one GGUF type's blocks: each row's blocks as the file stores them (`raw`). `source`: the
+    module path the blocks were read as (several joined by "+" for a fused weight), the name of their packed panels
+    in panel_cache.py; None for rows taken out of a weight."""
 
     qtype: str
     raw: torch.Tensor  # [N, K / block * block_bytes] uint8
+    source: str | None = None
 
     @property
     def type(self) -> BlockType:
@@ -208,14 +211,20 @@ class GGUFBlocks:
         blocks when they share it, else `MixedBlocks`."""
         flat = [p for part in parts for p in part.parts]
         if all(p.qtype == flat[0].qtype for p in flat):
-            return GGUFBlocks(flat[0].qtype, torch.cat([p.raw for p in flat]))
+            return GGUFBlocks(flat[0].qtype, torch.cat([p.raw for p in flat]), _joined(flat))
         merged: list[GGUFBlocks] = []
         for p in flat:  # neighbours of one type as one part
             if merged and merged[-1].qtype == p.qtype:
-                merged[-1] = GGUFBlocks(p.qtype, torch.cat((merged[-1].raw, p.raw)))
+                merged[-1] = GGUFBlocks(p.qtype, torch.cat((merged[-1].raw, p.raw)), _joined([merged[-1], p]))
             else:
                 merged.append(p)
         return MixedBlocks(tuple(merged))
+
+
+def _joined(parts: list[GGUFBlocks]) -> str | None:
+    """The source of `parts`' rows one after the other (None where one has none)."""
+    sources = [p.source for p in parts]
+    return None if None in sources else "+".join(s for s in sources if s is not None)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,8 @@ MLP_BIAS = re.compile(r"blk\.\d+\.ffn_(gate|up|down)\.bias")
 # llama.cpp's names of architectures transformers' GGUF loader lists under its own (it renames them as it reads)
 TRANSFORMERS_ARCH = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "gpt-oss": "gpt_oss"}
 GPT_OSS = "gpt-oss"
+# model types whose config is made here of the file's metadata, not by transformers (it misreads gpt-oss's YaRN keys)
+CONFIG_MADE_HERE = ("gpt_oss",)
 # llama.cpp's openai-moe model: without `attention.sliding_window_pattern`, layer i slides where i % 2 < 2 - 1 (the
 # first, the third ...), as GptOssConfig's default layer_types have it
 GPT_OSS_SWA_PATTERN = 2
@@ -75,7 +77,7 @@ def gguf_config(gguf: Path) -> Any:
             f"backend: vllm"
         )
     try:
-        if arch == GPT_OSS:
+        if TRANSFORMERS_ARCH.get(arch, arch) in CONFIG_MADE_HERE:
             config = _gpt_oss_config(layout)
         else:
             config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from engines.interface import ModelFileError
-from engines.pytorch import host_memory
+from engines.pytorch import block_panels, host_memory
 from engines.pytorch.expert_blocks import (
     EXPERTS,
     PROJECTIONS,
@@ -53,11 +54,13 @@ class GGUFWeights:
     """`blocks`: GGUF blocks by module path ("model.layers.3.mlp.up_proj", "lm_head", "model.embed_tokens"; a tied
     lm_head and embedding share one), rows in transformers' order. `tensors`: float32 tensors by parameter name
     ("model.norm.weight"), every other tensor of the file that the model has. `mapped`: the addresses of the block
-    tensors that are views of the cache file's mapping (`drop_pages`)."""
+    tensors that are views of the cache file's mapping (`drop_pages`). `panels`: where their packed panels are saved
+    between starts (panel_cache.py), beside the cache file; None where they were not read from one."""
 
     blocks: dict[str, GGUFBlocks | ExpertBlocks]
     tensors: dict[str, torch.Tensor]
     mapped: frozenset[int] = frozenset()
+    panels: Path | None = None
 
     def drop_pages(self, blocks: Iterable[WeightBlocks]) -> None:
         """Call once `blocks` (some of `self.blocks`) are packed: the cache file's pages under them leave the
@@ -93,7 +96,9 @@ def _checked_blocks(tensor: Any) -> GGUFBlocks | None:
     if k % spec.record_k:
         return None
     data = tensor.data.reshape(n, -1).view(np.uint8)
-    blocks = GGUFBlocks(spec.name, torch.from_numpy(data.copy()))
+    with warnings.catch_warnings():  # a view of the reader's read-only mapping (no copy): the blocks are only read
+        warnings.simplefilter("ignore", UserWarning)
+        blocks = GGUFBlocks(spec.name, torch.from_numpy(data))
     rows = np.unique(np.linspace(0, n - 1, min(n, CHECK_ROWS)).round().astype(np.int64))
     ours = blocks.rows(torch.from_numpy(rows)).dequantize()
     theirs = dequantize(np.ascontiguousarray(data[rows]), tensor.tensor_type).reshape(ours.shape)
@@ -291,10 +296,11 @@ def _from_cache(cache_file: Path) -> GGUFWeights | None:
             if meta[key] == FLOAT:
                 tensors[key] = f.get_tensor(key)
             else:
-                blocks[key] = blocks_of(meta[key], f.get_tensor(key))
+                blocks[key] = blocks_of(meta[key], f.get_tensor(key), key)
     if meta.get("tied") == "1":
         blocks["lm_head"] = blocks["model.embed_tokens"]
-    return GGUFWeights(blocks, tensors, frozenset(b.raw.data_ptr() for b in blocks.values()))
+    mapped = frozenset(b.raw.data_ptr() for b in blocks.values())
+    return GGUFWeights(blocks, tensors, mapped, cache_file.with_name(f"{cache_file.name}.panels-{block_panels.LAYOUT}"))
 
 
 def _save(weights: GGUFWeights, cache_file: Path) -> None:

@@ -23,7 +23,7 @@ import torch
 from engines.gguf_cache import cache_entry, publish
 from engines.interface import ModelFileError
 from engines.pytorch.expert_blocks import ExpertBlocks, expert_parameters, experts_module_part, transformers_experts
-from engines.pytorch.gguf_config import gguf_config
+from engines.pytorch.gguf_config import CONFIG_MADE_HERE, gguf_config
 from engines.pytorch.gguf_weights import GGUFWeights
 from engines.pytorch.models import check_supported
 
@@ -36,7 +36,6 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 # families whose GGUF weights transformers' GGUF loader cannot load, read here instead: Mixtral (written as a dense
 # `llama`), gpt-oss (its tensor processor expects other expert tensor names, and leaves the sinks out)
 NOT_LOADED_BY_TRANSFORMERS = ("mixtral", "gpt_oss")
-CONFIG_NOT_MADE_BY_TRANSFORMERS = ("gpt_oss",)  # transformers misreads its YaRN keys (gguf_config.py)
 
 
 def default_cache_dir() -> Path:
@@ -57,7 +56,7 @@ def _gguf_tokenizer(gguf: Path, model_type: str) -> Any:
     reads the file alone."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    make = PreTrainedTokenizerFast if model_type in CONFIG_NOT_MADE_BY_TRANSFORMERS else AutoTokenizer
+    make = PreTrainedTokenizerFast if model_type in CONFIG_MADE_HERE else AutoTokenizer
     try:
         return make.from_pretrained(gguf.parent, gguf_file=gguf.name)
     except Exception as exc:  # noqa: BLE001 - the file's vocabulary, read by transformers and tokenizers, may raise

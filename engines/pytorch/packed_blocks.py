@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from engines.pytorch import block_panels, host_memory, kernel_modes
+from engines.pytorch import block_panels, host_memory, kernel_modes, panel_cache
 from engines.pytorch.gguf_blocks import GGUFBlocks, WeightBlocks
 from engines.pytorch.kernel_modes import (
     INT8_MODE,
@@ -103,7 +103,13 @@ def _in_pieces(pack: Callable[[GGUFBlocks, int], torch.Tensor], parts: tuple[GGU
     """`pack(part, nb)` of each part ([NB, panel bytes] each; several parts: their panels in turn, [NB * parts, panel
     bytes]), written into one host-memory buffer a few panels at a time: a panel is made from its own 16 rows, so
     the pieces' panels are the whole's, and the scratch of packing stays a few MB however large the weight (an
-    lm_head of 128k rows would need gigabytes at once)."""
+    lm_head of 128k rows would need gigabytes at once). Where the model being built has saved panels
+    (panel_cache.py), the parts' are read from there instead, and those packed here are saved."""
+    cache, name = panel_cache.active(), panel_cache.key([p.source for p in parts], nb)
+    if cache is not None and name is not None:
+        found = cache.get(name, nb * len(parts))
+        if found is not None:
+            return found
     n = parts[0].shape[0]
     step = max(1, PIECE_BYTES // (16 * parts[0].raw.shape[1]))
     out = None
@@ -114,7 +120,10 @@ def _in_pieces(pack: Callable[[GGUFBlocks, int], torch.Tensor], parts: tuple[GGU
         if out is None:
             out = host_memory.zeros((nb, len(parts), piece.shape[-1]), torch.uint8)
         out[a:b] = piece
-    return out.view(nb * len(parts), -1)
+    panels = out.view(nb * len(parts), -1)
+    if cache is not None and name is not None:
+        cache.put(name, panels)
+    return panels
 
 
 def _pack_blocks(

@@ -20,6 +20,7 @@ from engines.types import GenerationRequest, SamplingParams
 from gateway.repository.model_config import SchedulerConfig
 from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
 from tests.family_models import DENSE, MOE, family_folder
+from tests.greedy_reference import greedy_reference
 
 NEW_TOKENS = 10
 TIE = 1e-4
@@ -52,20 +53,8 @@ def _reference(name: str) -> tuple[Path, list[list[int]], list[tuple[list[int], 
         prompts = [tokenizer(p).input_ids for p in PROMPTS]
         refs = []
         for ids in prompts:
-            out = model.generate(
-                torch.tensor([ids]),
-                max_new_tokens=NEW_TOKENS,
-                do_sample=False,
-                output_logits=True,
-                return_dict_in_generate=True,
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-            tokens = out.sequences[0, len(ids) :].tolist()
-            logits = torch.stack(out.logits)[:, 0].float()
-            logprobs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
-            top = logits.topk(2, dim=-1).values
-            refs.append((tokens, logprobs, (top[:, 0] - top[:, 1]).tolist()))
+            ref = greedy_reference(model, ids, NEW_TOKENS)
+            refs.append((ref.tokens, ref.logprobs, ref.margins))
         _REFERENCES[name] = (folder, prompts, refs)
     return _REFERENCES[name]
 

@@ -47,6 +47,7 @@ from engines.types import GenerationRequest, SamplingParams
 from gateway.repository.model_config import SchedulerConfig
 from gateway.scheduler.llm.continuous_batcher import ContinuousBatcher
 from tests.family_models import family_folder
+from tests.greedy_reference import greedy_reference
 
 NEW_TOKENS = 8
 # qwen2 is left out: transformers gives its folder (SmolLM2's tokenizer under a qwen2 config) its Qwen2Tokenizer,
@@ -164,22 +165,10 @@ async def _generate(
 
 def _reference(model: Any, prompts: list[list[int]], logprobs: list[list[float]] | None = None) -> list[list[int]]:
     """transformers' greedy answers (`logprobs` as for _generate)."""
-    out = []
-    for ids in prompts:
-        generated = model.generate(
-            torch.tensor([ids]),
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-        tokens = generated.sequences[0][len(ids) :].tolist()
-        out.append(tokens)
-        if logprobs is not None:
-            steps = torch.log_softmax(torch.stack(generated.logits)[:, 0].float(), dim=-1)
-            logprobs.append(steps.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist())
-    return out
+    refs = [greedy_reference(model, ids, NEW_TOKENS) for ids in prompts]
+    if logprobs is not None:
+        logprobs.extend(ref.logprobs for ref in refs)
+    return [ref.tokens for ref in refs]
 
 
 def _rope(config: Any) -> dict[str, Any]:
