@@ -1,5 +1,5 @@
-"""Random-weight models with the exact shapes of the models users run, as Q4_K_M GGUF files made by llama.cpp's
-own tools: the files the real-size benchmarks load (bench/llamacpp_bench.py --model NAME).
+"""Random-weight models with the exact shapes of the models users run, as GGUF files made by llama.cpp's own tools
+(Q4_K_M; gpt-oss as MXFP4_MOE, the type its published files have): the files the real-size benchmarks load (bench/llamacpp_bench.py --model NAME).
 
 SmolLM2-135M fits in a server CPU's last-level cache; a 1B to 8B model does not, so only these show how a decode
 step streams its weights from memory. Speed does not depend on the weights' values, so the weights are random
@@ -12,6 +12,9 @@ step streams its weights from memory. Speed does not depend on the weights' valu
                untied lm_head) in 12 layers instead of 48 (`--moe-layers`): 8.1 B weights, about 5 GB as Q4_K_M,
                which fits this machine's memory beside a second server; a token reads the same expert width and
                count as the 30B's
+    gpt-oss    gpt-oss-20b's layer (32 experts of width 2880, 4 a token, 64 / 8 heads of 64, hidden 2880, attention
+               sinks and biases, sliding and full layers in turn, YaRN, untied lm_head) in 8 layers instead of 24:
+               7.7 B weights, about 5 GB as MXFP4_MOE (experts MXFP4, the rest Q8_0)
 
 Every model keeps its own vocabulary size (128256 for Llama 3, 151936 for Qwen3: the embedding and lm_head are a
 large part of a small model's bytes) with SmolLM2's tokenizer (49152 tokens, from the shipped GGUF file, chat
@@ -24,11 +27,11 @@ Each model is made once, in steps whose results are kept in `--cache-dir` (defau
   2. llama.cpp's `convert_hf_to_gguf.py` (from the llama-cpp-python sdist's vendor/llama.cpp, with its
      `conversion/` package and `gguf-py`; bench/llamacpp_env.py fetches it), run with this Python, to a BF16 GGUF;
   3. llama.cpp's quantizer (`llama_model_quantize` in the llama.cpp environment, bench/llamacpp_env.py) to
-     Q4_K_M; the BF16 GGUF is then deleted (`--keep-bf16` keeps it).
+     Q4_K_M (gpt-oss: MXFP4_MOE); the BF16 GGUF is then deleted (`--keep-bf16` keeps it).
 The converter runs as bench/gguf_convert.py runs it (the sentencepiece it imports for every Llama is installed for
 it on first use). Needs disk for the HF folder plus the BF16 file (2 bytes a weight each) while a model is made.
 
-    python bench/real_size_models.py [NAME ...] [--moe-layers 12] [--cache-dir DIR] [--keep-bf16]
+    python bench/real_size_models.py [NAME ...] [--moe-layers N] [--cache-dir DIR] [--keep-bf16]
 """
 
 from __future__ import annotations
@@ -137,17 +140,57 @@ MODELS: dict[str, dict] = {
         "output_router_logits": False,
         "initializer_range": STD,
     },
+    "gpt-oss": {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "hidden_act": "silu",
+        "hidden_size": 2880,
+        "intermediate_size": 2880,
+        "num_local_experts": 32,
+        "num_experts_per_tok": 4,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "attention_bias": True,
+        "sliding_window": 128,
+        "rms_norm_eps": 1e-5,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 4096,
+        },
+        "max_position_embeddings": 131072,
+        "swiglu_limit": 7.0,
+        "vocab_size": 201088,
+        "tie_word_embeddings": False,
+        "router_aux_loss_coef": 0.9,
+        "output_router_logits": False,
+        "initializer_range": STD,
+    },
 }
-DEFAULT_MOE_LAYERS = 12
+# the MoE models' layers by default: a file of about 5 GB, so that the benchmark's three servers fit this machine's
+# memory side by side
+MOE_LAYERS = {"qwen3-moe": 12, "gpt-oss": 8}
+QUANT = {"gpt-oss": "MXFP4_MOE"}  # the others: Q4_K_M
 
 
-def config_of(name: str, moe_layers: int = DEFAULT_MOE_LAYERS) -> dict:
-    """The config.json of model `name` (the MoE scaled to `moe_layers` layers), with SmolLM2's special tokens."""
+def config_of(name: str, moe_layers: int | None = None) -> dict:
+    """The config.json of model `name` (an MoE scaled to `moe_layers` layers, default MOE_LAYERS), with SmolLM2's
+    special tokens."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; one of {', '.join(MODELS)}")
     config = {**MODELS[name], "bos_token_id": BOS, "eos_token_id": EOS, "torch_dtype": "bfloat16"}
-    if name == "qwen3-moe":
-        config["num_hidden_layers"] = moe_layers
+    if name in MOE_LAYERS:
+        config["num_hidden_layers"] = layers = moe_layers or MOE_LAYERS[name]
+        if config["model_type"] == "gpt_oss":  # sliding and full attention in turn, as the published model
+            config["layer_types"] = ["sliding_attention", "full_attention"] * (layers // 2) + ["sliding_attention"] * (
+                layers % 2
+            )
     return config
 
 
@@ -156,19 +199,30 @@ def tensor_shapes(config: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     published Qwen3-MoE checkpoints have them)."""
     h, v = config["hidden_size"], config["vocab_size"]
     d, heads, kv = config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]
+    gpt_oss = config["model_type"] == "gpt_oss"
     yield "model.embed_tokens.weight", (v, h)
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         yield p + "input_layernorm.weight", (h,)
-        yield p + "self_attn.q_proj.weight", (heads * d, h)
-        yield p + "self_attn.k_proj.weight", (kv * d, h)
-        yield p + "self_attn.v_proj.weight", (kv * d, h)
-        yield p + "self_attn.o_proj.weight", (h, heads * d)
+        for name, rows, cols in (("q", heads * d, h), ("k", kv * d, h), ("v", kv * d, h), ("o", h, heads * d)):
+            yield p + f"self_attn.{name}_proj.weight", (rows, cols)
+            if gpt_oss:
+                yield p + f"self_attn.{name}_proj.bias", (rows,)
+        if gpt_oss:
+            yield p + "self_attn.sinks", (heads,)
         if config["model_type"] == "qwen3_moe":
             yield p + "self_attn.q_norm.weight", (d,)
             yield p + "self_attn.k_norm.weight", (d,)
         yield p + "post_attention_layernorm.weight", (h,)
-        if config["model_type"] == "qwen3_moe":
+        if gpt_oss:  # transformers' layout: gate and up interleaved along the last dimension
+            e, w = config["num_local_experts"], config["intermediate_size"]
+            yield p + "mlp.router.weight", (e, h)
+            yield p + "mlp.router.bias", (e,)
+            yield p + "mlp.experts.gate_up_proj", (e, h, 2 * w)
+            yield p + "mlp.experts.gate_up_proj_bias", (e, 2 * w)
+            yield p + "mlp.experts.down_proj", (e, w, h)
+            yield p + "mlp.experts.down_proj_bias", (e, h)
+        elif config["model_type"] == "qwen3_moe":
             w = config["moe_intermediate_size"]
             yield p + "mlp.gate.weight", (config["num_experts"], h)
             for e in range(config["num_experts"]):
@@ -269,21 +323,22 @@ def default_cache() -> Path:
 def model_file(
     name: str,
     cache_dir: Path | None = None,
-    moe_layers: int = DEFAULT_MOE_LAYERS,
+    moe_layers: int | None = None,
     keep_bf16: bool = False,
     threads: int = 2,
 ) -> Path:
-    """The Q4_K_M GGUF file of model `name`, made (minutes) unless cached."""
+    """The GGUF file of model `name` (Q4_K_M, or its QUANT), made (minutes) unless cached."""
     config = config_of(name, moe_layers)
-    tag = f"{name}-{config['num_hidden_layers']}l" if name == "qwen3-moe" else name
+    tag = f"{name}-{config['num_hidden_layers']}l" if name in MOE_LAYERS else name
+    quant = QUANT.get(name, "Q4_K_M")
     folder = (cache_dir or default_cache()) / f"{tag}-v{MAKER_VERSION}"
-    target = folder / f"{tag}.Q4_K_M.gguf"
+    target = folder / f"{tag}.{quant}.gguf"
     if target.is_file():
         return target
     folder.mkdir(parents=True, exist_ok=True)
     hf = write_hf_folder(config, folder / "hf")
     bf16 = convert(hf, folder / f"{tag}.BF16.gguf")
-    quantize(bf16, target, "Q4_K_M", threads=threads)
+    quantize(bf16, target, quant, threads=threads)
     if not keep_bf16:
         bf16.unlink()
     return target
@@ -300,8 +355,7 @@ def main() -> None:
     parser.add_argument(
         "--moe-layers",
         type=int,
-        default=DEFAULT_MOE_LAYERS,
-        help="layers of the Qwen3-MoE shape (default: %(default)s; the 30B-A3B has 48)",
+        help="layers of an MoE shape (default: qwen3-moe 12, gpt-oss 8; the published models have 48 and 24)",
     )
     parser.add_argument(
         "--cache-dir", type=Path, help="where the models are kept (default: $SWITCHYARD_CACHE_DIR/real-size)"

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import struct
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -118,17 +119,20 @@ class PanelCache:
             offset += -(-t.numel() // ALIGN) * ALIGN
         body = json.dumps(index).encode()
         start = _data_start(len(body))
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        try:
-            with tmp.open("wb") as out:
+        tmp = None
+        try:  # a name of its own: two engines of one process (instances of a model) may save at once
+            fd, made = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+            tmp = Path(made)
+            with os.fdopen(fd, "wb") as out:
                 out.write(MAGIC + struct.pack("<Q", len(body)) + body)
                 for name, t in self._held.items():
                     out.seek(start + index[name][0])
                     out.write(memoryview(t.contiguous().numpy()).cast("B"))
             tmp.replace(self.path)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            log.warning("could not save the packed weights to %s (%s); the next start packs them again", tmp, exc)
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+            log.warning("could not save the packed weights to %s (%s); the next start packs them again", self.path, exc)
             return
         log.info("saved the packed panels of %d weights to %s", len(index), self.path)
 

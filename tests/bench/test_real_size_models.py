@@ -5,22 +5,23 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
 from bench.real_size_models import MODELS, config_of, parameter_count, tensor_shapes
 
-# the weight counts of Llama-3.2-1B, Llama-3.2-3B, Llama-3.1-8B and Qwen3-30B-A3B (48 layers)
+# the weight counts of Llama-3.2-1B, Llama-3.2-3B, Llama-3.1-8B, Qwen3-30B-A3B (48 layers) and gpt-oss-20b (24)
 PUBLISHED = {
     "llama-1b": 1_235_814_400,
     "llama-3b": 3_212_749_824,
     "llama-8b": 8_030_261_248,
     "qwen3-moe": 30_532_122_624,
+    "gpt-oss": 20_914_757_184,
 }
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_weight_counts_are_the_published_ones(name: str) -> None:
-    assert parameter_count(config_of(name, moe_layers=48)) == PUBLISHED[name]
+    assert parameter_count(config_of(name, moe_layers=MODELS[name]["num_hidden_layers"])) == PUBLISHED[name]
 
 
 def test_the_moe_is_scaled_in_layers_only() -> None:
@@ -41,3 +42,13 @@ def test_llama_tensors_are_transformers_own(name: str) -> None:
     if config["tie_word_embeddings"]:
         expected.pop("lm_head.weight")
     assert dict(tensor_shapes(config)) == expected
+
+
+def test_gpt_oss_tensors_are_transformers_own_and_its_layers_alternate() -> None:
+    config = config_of("gpt-oss")
+    assert config["num_hidden_layers"] == 8
+    assert config["layer_types"] == ["sliding_attention", "full_attention"] * 4
+    made = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "model_type"}, model_type="gpt_oss")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(made)
+    assert dict(tensor_shapes(config)) == {k: tuple(v.shape) for k, v in model.state_dict().items()}

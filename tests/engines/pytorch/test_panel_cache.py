@@ -5,6 +5,7 @@ is small and random (tests/random_gguf_blocks.py), with the shipped file's token
 from __future__ import annotations
 
 import importlib.util
+import threading
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,24 @@ def test_blocks_without_a_source_have_no_name() -> None:
         "model.layers.0.mlp.gate_proj|model.layers.0.mlp.up_proj#4"
     )
     assert key(["lm_head", None], 4) is None
+
+
+def test_builds_saving_at_once_leave_one_whole_file(tmp_path: Path) -> None:
+    """Instances of one model are built in one process, each on its own thread: each saves under its own name."""
+    path = tmp_path / "panels"
+    panels = torch.arange(4 * 8192, dtype=torch.int32).view(torch.uint8).view(4, -1)
+
+    def build() -> None:
+        with saved_panels(path) as cache:
+            assert cache is not None
+            cache.put("w#4", panels)
+
+    threads = [threading.Thread(target=build) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cache = PanelCache(path)
+    assert torch.equal(cache.get("w#4", 4), panels)
+    cache.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["panels"]  # no temporary file left behind
