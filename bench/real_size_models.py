@@ -1,5 +1,6 @@
 """Random-weight models with the exact shapes of the models users run, as GGUF files made by llama.cpp's own tools
-(Q4_K_M; gpt-oss as MXFP4_MOE, the type its published files have): the files the real-size benchmarks load (bench/llamacpp_bench.py --model NAME).
+(Q4_K_M; gpt-oss as MXFP4_MOE, the type its published files have): the files the real-size benchmarks load
+(bench/llamacpp_bench.py --model NAME).
 
 SmolLM2-135M fits in a server CPU's last-level cache; a 1B to 8B model does not, so only these show how a decode
 step streams its weights from memory. Speed does not depend on the weights' values, so the weights are random
