@@ -38,7 +38,7 @@ and whether the greedy answers equal transformers' float32 generate on the same 
 
 Default file: the shipped SmolLM2-135M-Instruct Q4_1 (its tied embedding/lm_head Q8_0). `--model NAME` takes a
 random-weight Q4_K_M file with the exact shapes of a real model (bench/real_size_models.py: llama-1b, llama-3b,
-llama-8b, qwen3-moe; made on first use), `--quantize TYPE` makes a TYPE file from --gguf first with llama.cpp's
+llama-8b, qwen3-moe, gpt-oss; made on first use), `--quantize TYPE` makes a TYPE file from --gguf first with llama.cpp's
 own quantizer (requantizing; cached under --cache-dir).
 """
 
@@ -509,7 +509,7 @@ def main() -> None:
     parser.add_argument(
         "--model",
         help="a random-weight Q4_K_M file of a real model's shapes "
-        "(bench/real_size_models.py: llama-1b, llama-3b, llama-8b, qwen3-moe)",
+        "(bench/real_size_models.py: llama-1b, llama-3b, llama-8b, qwen3-moe, gpt-oss)",
     )
     parser.add_argument(
         "--quantize",

@@ -58,7 +58,7 @@ def _measure(started: Started, file_bytes: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gguf", type=Path, help="the GGUF file (default: the shipped SmolLM2 Q4_1)")
-    parser.add_argument("--model", help="a real_size_models.py file: llama-1b, llama-3b, llama-8b, qwen3-moe")
+    parser.add_argument("--model", help="a real_size_models.py file: llama-1b, llama-3b, llama-8b, qwen3-moe, gpt-oss")
     parser.add_argument("--starts", type=int, default=3, help="starts of each server (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--int8-activations", action="store_true", help="Switchyard with pytorch.int8_activations")

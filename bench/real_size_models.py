@@ -22,17 +22,19 @@ large part of a small model's bytes) with SmolLM2's tokenizer (49152 tokens, fro
 template included); llama.cpp's converter pads the vocabulary past it with unused `[PADn]` tokens, as it does for
 any model whose embedding is larger than its tokenizer.
 
-Each model is made once, in steps whose results are kept in `--cache-dir` (default: $SWITCHYARD_CACHE_DIR/real-size):
+Each model is made once, in steps, in `--cache-dir` (default: $SWITCHYARD_CACHE_DIR/real-size):
   1. an HF folder: config.json, the tokenizer, and bfloat16 safetensors written a shard (about 1 GB) at a time, so
      no step holds the whole model (the 8B in float32 would be 32 GB);
   2. llama.cpp's `convert_hf_to_gguf.py` (from the llama-cpp-python sdist's vendor/llama.cpp, with its
      `conversion/` package and `gguf-py`; bench/llamacpp_env.py fetches it), run with this Python, to a BF16 GGUF;
   3. llama.cpp's quantizer (`llama_model_quantize` in the llama.cpp environment, bench/llamacpp_env.py) to
-     Q4_K_M (gpt-oss: MXFP4_MOE); the BF16 GGUF is then deleted (`--keep-bf16` keeps it).
+     Q4_K_M (gpt-oss: MXFP4_MOE).
+The HF folder is deleted once the BF16 file is made, and the BF16 file once the quantized one is
+(`--keep-intermediates` keeps both).
 The converter runs as bench/gguf_convert.py runs it (the sentencepiece it imports for every Llama is installed for
 it on first use). Needs disk for the HF folder plus the BF16 file (2 bytes a weight each) while a model is made.
 
-    python bench/real_size_models.py [NAME ...] [--moe-layers N] [--cache-dir DIR] [--keep-bf16]
+    python bench/real_size_models.py [NAME ...] [--moe-layers N] [--cache-dir DIR] [--keep-intermediates]
 """
 
 from __future__ import annotations
@@ -325,7 +327,7 @@ def model_file(
     name: str,
     cache_dir: Path | None = None,
     moe_layers: int | None = None,
-    keep_bf16: bool = False,
+    keep_intermediates: bool = False,
     threads: int = 2,
 ) -> Path:
     """The GGUF file of model `name` (Q4_K_M, or its QUANT), made (minutes) unless cached."""
@@ -337,10 +339,14 @@ def model_file(
     if target.is_file():
         return target
     folder.mkdir(parents=True, exist_ok=True)
-    hf = write_hf_folder(config, folder / "hf")
-    bf16 = convert(hf, folder / f"{tag}.BF16.gguf")
+    bf16 = folder / f"{tag}.BF16.gguf"
+    if not bf16.is_file():
+        hf = write_hf_folder(config, folder / "hf")
+        convert(hf, bf16)
+        if not keep_intermediates:  # the disk of one copy: gpt-oss's folder and BF16 file are 15 GB each
+            shutil.rmtree(hf)
     quantize(bf16, target, quant, threads=threads)
-    if not keep_bf16:
+    if not keep_intermediates:
         bf16.unlink()
     return target
 
@@ -361,13 +367,15 @@ def main() -> None:
     parser.add_argument(
         "--cache-dir", type=Path, help="where the models are kept (default: $SWITCHYARD_CACHE_DIR/real-size)"
     )
-    parser.add_argument("--keep-bf16", action="store_true", help="keep the BF16 GGUF the Q4_K_M file is made from")
+    parser.add_argument(
+        "--keep-intermediates", action="store_true", help="keep the HF folder and the BF16 GGUF the file is made from"
+    )
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="quantizer threads")
     args = parser.parse_args()
     for name in args.names:
         config = config_of(name, args.moe_layers)
         start = time.monotonic()
-        path = model_file(name, args.cache_dir, args.moe_layers, args.keep_bf16, args.threads)
+        path = model_file(name, args.cache_dir, args.moe_layers, args.keep_intermediates, args.threads)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GiB (ru_maxrss is in KiB)
         children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
         print(
