@@ -592,9 +592,9 @@ def main() -> None:
         )
     do_check = args.check if args.check is not None else gguf.stat().st_size < CHECK_MAX_BYTES
 
-    from transformers import AutoTokenizer
+    from engines.pytorch.loader import file_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)  # the file's own tokenizer
+    tokenizer = file_tokenizer(gguf)  # the file's own, as the engine reads it (gpt-oss: not through AutoTokenizer)
     counts = {c: max(args.prompts, 2 * c) for c in levels}
     prompts = {c: make_prompts(tokenizer, counts[c], args.rounds, args.input_len, offset=1000 * c) for c in levels}
     weights = decode_bytes(gguf)

@@ -23,7 +23,8 @@ import torch
 from engines.gguf_cache import cache_entry, publish
 from engines.interface import ModelFileError
 from engines.pytorch.expert_blocks import ExpertBlocks, expert_parameters, experts_module_part, transformers_experts
-from engines.pytorch.gguf_config import CONFIG_MADE_HERE, gguf_config
+from engines.pytorch.gguf_config import CONFIG_MADE_HERE, TRANSFORMERS_ARCH, gguf_config
+from engines.pytorch.gguf_file import read_layout
 from engines.pytorch.gguf_weights import GGUFWeights
 from engines.pytorch.models import check_supported
 
@@ -67,6 +68,13 @@ def _gguf_tokenizer(gguf: Path, model_type: str) -> Any:
             f"({type(exc).__name__}: {str(exc)[:300]}); serve the model's HF folder instead, or "
             "use backend: vllm"
         ) from None
+
+
+def file_tokenizer(gguf: Path) -> Any:
+    """The tokenizer of `gguf` alone, as a start reads it (for what needs no model of the file: a benchmark's
+    prompts)."""
+    arch = read_layout(gguf).architecture
+    return _gguf_tokenizer(gguf, TRANSFORMERS_ARCH.get(arch, arch))
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
