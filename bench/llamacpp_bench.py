@@ -294,7 +294,7 @@ class InProcess:
 
 
 async def _stream(session: aiohttp.ClientSession, url: str, body: dict) -> Sample:
-    """One streamed /v1/completions request: time to the first text, total time, the text, and the finish
+    """One streamed /v1/completions request: time to the first token, total time, the text, and the finish
     reason, which must be `length` (all max_tokens tokens produced)."""
     start = time.perf_counter()
     ttft, text, finish, usage = 0.0, [], None, None
@@ -307,7 +307,7 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict) -> Sampl
                 continue
             choice = chunk["choices"][0]
             finish = choice.get("finish_reason") or finish
-            if choice.get("text"):
+            if "text" in choice:  # a token (llama-server streams one chunk a token, "" for a token of no text)
                 if not ttft:
                     ttft = time.perf_counter() - start
                 text.append(choice["text"])
