@@ -38,7 +38,6 @@ transformers' experts modules say how they hold a layer's experts (`use_experts_
 from __future__ import annotations
 
 import re
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -46,7 +45,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from engines.pytorch.gguf_blocks import TYPES, GGUFBlocks
+from engines.pytorch.gguf_blocks import TYPES, GGUFBlocks, file_view
 
 CHECK_EXPERT_ROWS = 16  # rows of each checked expert compared with gguf-py's dequantization as the file is read
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
@@ -150,9 +149,7 @@ def expert_tensor(tensor: Any, file: str = "the GGUF file") -> ExpertBlocks | No
     if spec is None or k % spec.record_k:
         return None
     data = np.asarray(tensor.data).view(np.uint8).reshape(e, n, -1)
-    with warnings.catch_warnings():  # the reader's mapping is read-only: the blocks are only ever read
-        warnings.simplefilter("ignore", UserWarning)
-        blocks = ExpertBlocks(spec.name, torch.from_numpy(data))
+    blocks = ExpertBlocks(spec.name, file_view(data))
     rows = np.unique(np.linspace(0, n - 1, min(n, CHECK_EXPERT_ROWS)).round().astype(np.int64))
     for x in sorted({0, e - 1}):
         ours = blocks.expert(x).rows(torch.from_numpy(rows)).dequantize()

@@ -25,8 +25,9 @@ Bytes per weight (the file's): Q4_0 0.5625, Q4_1 0.625, Q5_0 0.6875, Q5_1 0.75, 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -108,6 +109,14 @@ def _nibbles(raw: torch.Tensor, span: int) -> torch.Tensor:
     """Bytes in runs of `span`: each run's low nibbles, then its high nibbles (GGUF's order)."""
     runs = raw.unflatten(-1, (-1, span))
     return torch.stack((runs & 15, runs >> 4), dim=-2).flatten(-3)
+
+
+def file_view(data: Any) -> torch.Tensor:
+    """`data`, a numpy view of gguf-py's read-only mapping of a file, as a tensor without a copy (torch warns that
+    it is not writable: blocks are only ever read)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(data)
 
 
 @dataclass(frozen=True)

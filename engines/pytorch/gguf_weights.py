@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ from engines.pytorch.expert_blocks import (
     experts_module_part,
     transformers_experts,
 )
-from engines.pytorch.gguf_blocks import TYPES, GGUFBlocks, WeightBlocks
+from engines.pytorch.gguf_blocks import TYPES, GGUFBlocks, WeightBlocks, file_view
 from engines.pytorch.gguf_file import open_reader
 
 log = logging.getLogger("switchyard.engines.pytorch")
@@ -96,9 +95,7 @@ def _checked_blocks(tensor: Any) -> GGUFBlocks | None:
     if k % spec.record_k:
         return None
     data = tensor.data.reshape(n, -1).view(np.uint8)
-    with warnings.catch_warnings():  # a view of the reader's read-only mapping (no copy): the blocks are only read
-        warnings.simplefilter("ignore", UserWarning)
-        blocks = GGUFBlocks(spec.name, torch.from_numpy(data))
+    blocks = GGUFBlocks(spec.name, file_view(data))  # no copy: the cache file is written of the mapping
     rows = np.unique(np.linspace(0, n - 1, min(n, CHECK_ROWS)).round().astype(np.int64))
     ours = blocks.rows(torch.from_numpy(rows)).dequantize()
     theirs = dequantize(np.ascontiguousarray(data[rows]), tensor.tensor_type).reshape(ours.shape)

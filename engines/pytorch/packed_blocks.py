@@ -105,7 +105,8 @@ def _in_pieces(pack: Callable[[GGUFBlocks, int], torch.Tensor], parts: tuple[GGU
     the pieces' panels are the whole's, and the scratch of packing stays a few MB however large the weight (an
     lm_head of 128k rows would need gigabytes at once). Where the model being built has saved panels
     (panel_cache.py), the parts' are read from there instead, and those packed here are saved."""
-    cache, name = panel_cache.active(), panel_cache.key([p.source for p in parts], nb)
+    cache = panel_cache.active()
+    name = panel_cache.key([p.source for p in parts], nb) if cache is not None else None
     if cache is not None and name is not None:
         found = cache.get(name, nb * len(parts))
         if found is not None:

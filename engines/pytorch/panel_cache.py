@@ -62,15 +62,12 @@ class PanelCache:
         self.path = path
         self._saved: dict[str, tuple[int, int, int]] = {}  # key: (offset, rows, bytes a row)
         self._file = None
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, struct.error):
-            file = path.open("rb", buffering=0)
-            try:
-                self._saved = self._read_index(file)
-                self._file, file = file, None
-            finally:
-                if file is not None:
-                    file.close()
         self._held: dict[str, torch.Tensor] = {}  # every weight's panels in this build, read or packed
+        try:
+            self._file = path.open("rb", buffering=0)
+            self._saved = self._read_index(self._file)
+        except (OSError, ValueError, KeyError, TypeError, struct.error):
+            self.close()
         self.packed = 0  # weights packed in this build (none: the file already had them all)
 
     def _read_index(self, file) -> dict[str, tuple[int, int, int]]:
@@ -110,7 +107,6 @@ class PanelCache:
     def save(self) -> None:
         """Write every weight's panels of this build to the file, where some were packed (the file lacked them).
         A full or read-only disk leaves the file as it was: the next start packs again."""
-        self.close()
         if not self.packed:
             return
         index, offset = {}, 0  # offsets from the first page after the index
@@ -137,10 +133,11 @@ class PanelCache:
         log.info("saved the packed panels of %d weights to %s", len(index), self.path)
 
     def close(self) -> None:
-        """Close the saved file (the panels read stay)."""
+        """Close the saved file and drop this build's references (the engine holds the panels it uses)."""
         if self._file is not None:
             self._file.close()
             self._file = None
+        self._held.clear()
 
 
 def _data_start(index_bytes: int) -> int:
@@ -162,4 +159,3 @@ def saved_panels(path: Path | None) -> Iterator[PanelCache | None]:
         _active.reset(token)
         if cache is not None:
             cache.close()
-            cache._held.clear()
